@@ -1,0 +1,70 @@
+//! `CudaDevice`: one GPU's context and stream, and its loaded modules (each source compiled and
+//! loaded at most once per device).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
+
+use super::{driver_available, driver_error, nvrtc, sources};
+use crate::error::{KernelError, Result};
+
+/// A CUDA device ready to run the workspace's kernels.
+pub struct CudaDevice {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
+}
+
+impl CudaDevice {
+    /// Opens GPU `ordinal`, or returns `CudaUnavailable` where there is no driver or no such GPU.
+    pub fn new(ordinal: usize) -> Result<Self> {
+        if !driver_available() {
+            return Err(KernelError::CudaUnavailable { reason: "no CUDA driver (libcuda.so) on this machine".into() });
+        }
+        let count = CudaContext::device_count().map_err(driver_error("cuDeviceGetCount"))?;
+        if ordinal >= usize::try_from(count).unwrap_or(0) {
+            return Err(KernelError::CudaUnavailable { reason: format!("GPU {ordinal} asked for, {count} present") });
+        }
+        let ctx = CudaContext::new(ordinal).map_err(driver_error("cuCtxCreate"))?;
+        let stream = ctx.default_stream();
+        Ok(Self { ctx, stream, modules: Mutex::new(HashMap::new()) })
+    }
+
+    /// The context.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// The stream kernels are launched on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// The device's name (e.g. "NVIDIA H200").
+    pub fn name(&self) -> Result<String> {
+        self.ctx.name().map_err(driver_error("cuDeviceGetName"))
+    }
+
+    /// Kernel `kernel` of source `module`, compiling and loading the module on first use.
+    pub fn function(&self, module: &'static str, kernel: &str) -> Result<CudaFunction> {
+        let m = {
+            let mut modules = self.modules.lock().map_err(|_| KernelError::Cuda {
+                context: "module cache".into(),
+                message: "a thread panicked while holding the cache".into(),
+            })?;
+            match modules.get(module) {
+                Some(m) => m.clone(),
+                None => {
+                    let src = sources::source(module)
+                        .ok_or_else(|| KernelError::invalid("module", module, "no kernel source of that name"))?;
+                    let compiled = nvrtc::compile(&src)?;
+                    let m = self.ctx.load_module(compiled.ptx).map_err(driver_error(format!("loading module {module}")))?;
+                    modules.insert(module, m.clone());
+                    m
+                }
+            }
+        };
+        m.load_function(kernel).map_err(driver_error(format!("loading kernel {module}::{kernel}")))
+    }
+}

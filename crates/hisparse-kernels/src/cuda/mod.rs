@@ -1,0 +1,27 @@
+//! The CUDA side of the kernels (feature `cuda`): availability checks that never panic, NVRTC
+//! compilation of the embedded `.cu` sources for `sm_90a`, and a device handle that loads each
+//! module once.
+//!
+//! With cudarc's dynamic loading this module always compiles; on a machine without a driver or
+//! NVRTC every entry point returns [`KernelError::CudaUnavailable`].
+
+mod device;
+mod nvrtc;
+mod sources;
+
+pub use device::CudaDevice;
+pub use nvrtc::{CompiledKernel, compile, cuda_include_dir, nvrtc_available, nvrtc_version};
+pub use sources::{KernelSource, all_sources, source};
+
+use crate::error::KernelError;
+
+/// Whether a CUDA driver library (`libcuda`) can be loaded here.
+pub fn driver_available() -> bool {
+    // SAFETY: only tries to dlopen the driver library; no CUDA call is made.
+    unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
+fn driver_error(context: impl Into<String>) -> impl FnOnce(cudarc::driver::DriverError) -> KernelError {
+    let context = context.into();
+    move |e| KernelError::Cuda { context, message: e.to_string() }
+}

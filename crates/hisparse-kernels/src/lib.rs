@@ -1,0 +1,34 @@
+//! # hisparse-kernels
+//!
+//! Owns the arithmetic of a decode step: the [`Backend`] trait (lightning indexer, top-k, sparse
+//! MLA attention over a backend's own device memory), the exact CPU implementation
+//! [`CpuBackend`], the LSE merge of partial attention, the dense f64 oracle, and — behind the
+//! `cuda` feature — the CUDA kernels, compiled at run time by NVRTC for `sm_90a`.
+//!
+//! Invariant: this crate knows nothing about requests' lifetimes, scheduling or eviction; it
+//! computes on the buffers and spans it is given.
+//!
+//! ```
+//! use hisparse_kernels::{Backend, CpuBackend, Span};
+//! let cpu = CpuBackend::new();
+//! let scores = vec![0.5f32, 2.0, -1.0, 2.0, 7.0];
+//! let mut top = vec![0i32; 3];
+//! cpu.top_k(&scores, &[Span::new(0, 5)], 3, &mut top)?;
+//! assert_eq!(top, vec![1, 3, 4]); // positions, ascending
+//! # Ok::<(), hisparse_kernels::KernelError>(())
+//! ```
+
+pub mod backend;
+pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+pub mod error;
+pub mod merge;
+pub mod oracle;
+pub mod random;
+
+pub use backend::{AttentionBatch, Backend, Buf, IndexerBatch, IndexerRequest, Span};
+pub use cpu::CpuBackend;
+pub use error::{KernelError, Result};
+pub use merge::merge_partial;
+pub use oracle::dense_attention;

@@ -1,0 +1,33 @@
+//! Every CUDA kernel source compiles for sm_90a under NVRTC (when an NVRTC library is present;
+//! otherwise the test says it was skipped).
+#![cfg(feature = "cuda")]
+
+use hisparse_kernels::cuda;
+
+#[test]
+fn every_kernel_source_compiles_for_sm90a() {
+    if !cuda::nvrtc_available() {
+        eprintln!("SKIPPED: no NVRTC library here (source ../shared/tools/nvrtc-env.sh)");
+        return;
+    }
+    for src in cuda::all_sources() {
+        let k = cuda::compile(&src).unwrap_or_else(|e| panic!("{e}"));
+        let ptx = k.ptx.to_src();
+        assert!(ptx.contains(".target sm_90a"), "{}: {}", src.name, &ptx[..200.min(ptx.len())]);
+        for name in src.kernels {
+            assert!(ptx.contains(&format!(".entry {name}")), "{}: kernel {name} missing", src.name);
+        }
+    }
+}
+
+#[test]
+fn a_broken_source_reports_the_compiler_log() {
+    if !cuda::nvrtc_available() {
+        eprintln!("SKIPPED: no NVRTC library here");
+        return;
+    }
+    let bad = cuda::KernelSource { name: "broken", code: "extern \"C\" __global__ void k() { undefined_thing(); }".into(), kernels: &["k"] };
+    let e = cuda::compile(&bad).err().expect("must fail");
+    let msg = e.to_string();
+    assert!(msg.contains("broken") && msg.contains("undefined_thing"), "{msg}");
+}

@@ -1,0 +1,165 @@
+//! The fp8 e4m3 scalar codec, bit-exact with CUDA's `__nv_fp8_e4m3(float)` constructor.
+//!
+//! Encoding uses the [`float8`] crate (a port of CUDA's host reference conversion) with CUDA's
+//! saturating semantics (`__NV_SATFINITE`): round to nearest, ties to even; every finite value
+//! above 448 in magnitude, and ±infinity, becomes ±448; values of magnitude at most 2^-10 become
+//! ±0; NaN becomes the canonical NaN `0x7f` (CUDA canonicalises the sign of a float NaN away;
+//! `float8` alone would keep it). Decoding is exact: every e4m3 value is an f32.
+
+use float8::F8E4M3;
+
+/// Largest finite e4m3 magnitude.
+pub const E4M3_MAX: f32 = 448.0;
+
+/// The canonical NaN byte that CUDA produces for any NaN input.
+pub const E4M3_NAN: u8 = 0x7f;
+
+/// Encodes one f32 as e4m3, exactly as CUDA's `__nv_fp8_e4m3(float)` does.
+#[inline]
+pub fn encode_e4m3(x: f32) -> u8 {
+    if x.is_nan() { E4M3_NAN } else { F8E4M3::from_f32(x).to_bits() }
+}
+
+/// Decodes one e4m3 byte to f32 (exact; `0x7f`/`0xff` decode to NaN).
+#[inline]
+pub fn decode_e4m3(b: u8) -> f32 {
+    E4M3_TABLE[usize::from(b)]
+}
+
+/// All 256 e4m3 values as f32, indexed by the byte.
+pub static E4M3_TABLE: [f32; 256] = build_table();
+
+const fn build_table() -> [f32; 256] {
+    let mut t = [0.0f32; 256];
+    let mut i = 0;
+    while i < 256 {
+        t[i] = F8E4M3::from_bits(i as u8).to_f32();
+        i += 1;
+    }
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Independent oracle: nearest e4m3 value by f64 distance, ties to the even code, saturating.
+    fn oracle(x: f32) -> u8 {
+        if x.is_nan() {
+            return E4M3_NAN;
+        }
+        let sign = if x.is_sign_negative() { 0x80u8 } else { 0 };
+        let ax = f64::from(x.abs());
+        if ax > 448.0 {
+            return sign | 0x7e;
+        }
+        let mut best = 0u8;
+        let mut best_d = f64::INFINITY;
+        for code in 0u8..0x7f {
+            let v = f64::from(F8E4M3::from_bits(code).to_f32());
+            let d = (v - ax).abs();
+            if d < best_d || (d == best_d && code % 2 == 0) {
+                best = code;
+                best_d = d;
+            }
+        }
+        sign | best
+    }
+
+    #[test]
+    fn saturates_at_448() {
+        assert_eq!(encode_e4m3(448.0), 0x7e);
+        assert_eq!(encode_e4m3(449.0), 0x7e);
+        assert_eq!(encode_e4m3(464.0), 0x7e);
+        assert_eq!(encode_e4m3(1.0e6), 0x7e);
+        assert_eq!(encode_e4m3(f32::INFINITY), 0x7e);
+        assert_eq!(encode_e4m3(f32::NEG_INFINITY), 0xfe);
+        assert_eq!(encode_e4m3(-500.0), 0xfe);
+        assert_eq!(decode_e4m3(0x7e), 448.0);
+    }
+
+    #[test]
+    fn nan_is_canonical() {
+        assert_eq!(encode_e4m3(f32::NAN), 0x7f);
+        assert_eq!(encode_e4m3(-f32::NAN), 0x7f);
+        assert!(decode_e4m3(0x7f).is_nan());
+        assert!(decode_e4m3(0xff).is_nan());
+    }
+
+    #[test]
+    fn subnormals_and_underflow() {
+        // Smallest subnormal 2^-9 = 0x01; largest subnormal 7 * 2^-9 = 0x07; smallest normal 2^-6 = 0x08.
+        assert_eq!(decode_e4m3(0x01), 2f32.powi(-9));
+        assert_eq!(decode_e4m3(0x07), 7.0 * 2f32.powi(-9));
+        assert_eq!(decode_e4m3(0x08), 2f32.powi(-6));
+        assert_eq!(encode_e4m3(2f32.powi(-9)), 0x01);
+        // Exactly half the smallest subnormal is a tie between 0 and 0x01: even wins (0).
+        assert_eq!(encode_e4m3(2f32.powi(-10)), 0x00);
+        assert_eq!(encode_e4m3(-(2f32.powi(-10))), 0x80);
+        // Just above half rounds up.
+        assert_eq!(encode_e4m3(2f32.powi(-10) * 1.0001), 0x01);
+        // 1.5 * 2^-9 is a tie between 0x01 and 0x02: even (0x02) wins.
+        assert_eq!(encode_e4m3(1.5 * 2f32.powi(-9)), 0x02);
+        // 2.5 * 2^-9 ties between 0x02 and 0x03: even (0x02).
+        assert_eq!(encode_e4m3(2.5 * 2f32.powi(-9)), 0x02);
+        assert_eq!(encode_e4m3(f32::MIN_POSITIVE), 0x00);
+    }
+
+    #[test]
+    fn round_to_nearest_even() {
+        // 1.0 = 0x38, next 1.125 = 0x39, 1.25 = 0x3a.
+        assert_eq!(encode_e4m3(1.0625), 0x38); // tie 1.0 / 1.125 -> even 0x38
+        assert_eq!(encode_e4m3(1.1875), 0x3a); // tie 1.125 / 1.25 -> even 0x3a
+        assert_eq!(encode_e4m3(1.07), 0x39);
+        assert_eq!(encode_e4m3(-1.0625), 0xb8);
+        // Largest normals: 416 (0x7d) and 448 (0x7e); 432 ties -> even 0x7e.
+        assert_eq!(encode_e4m3(432.0), 0x7e);
+        assert_eq!(encode_e4m3(424.0), 0x7d);
+    }
+
+    #[test]
+    fn every_code_round_trips() {
+        for b in 0u8..=255 {
+            let v = decode_e4m3(b);
+            if v.is_nan() {
+                continue;
+            }
+            let back = encode_e4m3(v);
+            // -0 keeps its sign bit; all others map back to themselves.
+            assert_eq!(back, b, "code {b:#04x} = {v}");
+        }
+    }
+
+    #[test]
+    fn matches_the_nearest_value_oracle() {
+        // Every code, the midpoints between neighbours, and their f32 neighbours.
+        let mut xs = Vec::new();
+        for code in 0u8..0x7f {
+            let v = decode_e4m3(code);
+            let next = decode_e4m3(code + 1);
+            xs.push(v);
+            if next.is_finite() {
+                let mid = (v + next) / 2.0;
+                xs.extend([mid, f32::from_bits(mid.to_bits() + 1), f32::from_bits(mid.to_bits() - 1)]);
+            }
+        }
+        xs.extend([448.0, 460.0, 464.0, 465.0, 1e30, 3.0e-3, 1e-7]);
+        for x in xs.clone() {
+            xs.push(-x);
+        }
+        for x in xs {
+            assert_eq!(encode_e4m3(x), oracle(x), "x = {x:e}");
+        }
+    }
+
+    #[test]
+    fn random_values_match_the_oracle() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        for _ in 0..20_000 {
+            let x = f32::from_bits(rng.random::<u32>());
+            let x = if x.is_finite() && x.abs() < 1e3 { x } else { rng.random_range(-500.0..500.0) };
+            assert_eq!(encode_e4m3(x), oracle(x), "x = {x:e}");
+        }
+    }
+}

@@ -1,0 +1,239 @@
+//! `KvGeometry`: the shape of one model's sparse-attention KV (layers, heads, dims, top-k, row
+//! format), with the named presets `deepseek-v3.2`, `glm-5.1` and `cpu-small`.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{MemoryError, Result};
+use crate::row::{IndexKeyLayout, KvRowFormat, KvRowLayout};
+
+/// The shape of a sparse-attention (DSA) model's KV cache, as one GPU sees it with data-parallel
+/// attention (all query heads of the model on every GPU).
+///
+/// MLA decode runs in MQA form: one KV row per token per layer holds `d_latent` latent values
+/// (which are also the values) and `d_rope` rotary values, so `d_qk = d_latent + d_rope` and
+/// `d_v = d_latent`.
+///
+/// ```
+/// use hisparse_memory::KvGeometry;
+/// let g = KvGeometry::preset("deepseek-v3.2")?;
+/// assert_eq!((g.layers, g.q_heads, g.d_qk(), g.d_v()), (61, 128, 576, 512));
+/// assert_eq!(g.kv_row()?.row_bytes(), 656);
+/// assert_eq!(g.index_key()?.row_bytes(), 132);
+/// # Ok::<(), hisparse_memory::MemoryError>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KvGeometry {
+    /// A name for reports (the preset name, or anything for a custom geometry).
+    pub name: String,
+    /// Sparse-attention layers.
+    pub layers: usize,
+    /// Query heads per GPU.
+    pub q_heads: usize,
+    /// Latent (NoPE) dims of a KV row; also the value dims.
+    pub d_latent: usize,
+    /// Rotary dims of a KV row.
+    pub d_rope: usize,
+    /// Lightning-indexer heads.
+    pub index_heads: usize,
+    /// Lightning-indexer head dim (the length of one index key).
+    pub index_dim: usize,
+    /// Tokens selected per request, layer and step.
+    pub top_k: usize,
+    /// How KV rows are stored.
+    pub kv_format: KvRowFormat,
+}
+
+impl KvGeometry {
+    /// Names accepted by [`KvGeometry::preset`].
+    pub const PRESETS: [&'static str; 3] = ["deepseek-v3.2", "glm-5.1", "cpu-small"];
+
+    /// A named preset:
+    ///
+    /// | preset | layers | q heads | indexer | top-k | rows |
+    /// | --- | --- | --- | --- | --- | --- |
+    /// | `deepseek-v3.2` | 61 | 128 | 64 x 128 | 2048 | fp8 (656 B) |
+    /// | `glm-5.1` | 78 | 64 | 32 x 128 | 2048 | fp8 (656 B) |
+    /// | `cpu-small` | 4 | 16 | 8 x 128 | 256 | fp8 (656 B) |
+    ///
+    /// `cpu-small` keeps the real row formats and dims but few layers, heads and a small top-k,
+    /// so that the whole engine runs in seconds on a laptop.
+    pub fn preset(name: &str) -> Result<Self> {
+        let (layers, q_heads, index_heads, top_k) = match name {
+            "deepseek-v3.2" => (61, 128, 64, 2048),
+            "glm-5.1" => (78, 64, 32, 2048),
+            "cpu-small" => (4, 16, 8, 256),
+            _ => {
+                return Err(MemoryError::UnknownPreset {
+                    name: name.to_owned(),
+                    known: Self::PRESETS.join(", "),
+                });
+            }
+        };
+        Ok(Self {
+            name: name.to_owned(),
+            layers,
+            q_heads,
+            d_latent: 512,
+            d_rope: 64,
+            index_heads,
+            index_dim: 128,
+            top_k,
+            kv_format: KvRowFormat::Fp8,
+        })
+    }
+
+    /// The same geometry with another KV row format.
+    pub fn with_kv_format(mut self, kv_format: KvRowFormat) -> Self {
+        self.kv_format = kv_format;
+        self
+    }
+
+    /// Query/key dims: `d_latent + d_rope` (576 for every preset).
+    pub fn d_qk(&self) -> usize {
+        self.d_latent + self.d_rope
+    }
+
+    /// Value dims: `d_latent` (512 for every preset).
+    pub fn d_v(&self) -> usize {
+        self.d_latent
+    }
+
+    /// The KV row layout of this geometry.
+    pub fn kv_row(&self) -> Result<KvRowLayout> {
+        KvRowLayout::new(self.kv_format, self.d_latent, self.d_rope)
+    }
+
+    /// The index-key layout of this geometry.
+    pub fn index_key(&self) -> Result<IndexKeyLayout> {
+        IndexKeyLayout::new(self.index_dim)
+    }
+
+    /// Checks that `layout` is this geometry's KV row layout (same format and dims).
+    pub fn check_kv_row(&self, layout: KvRowLayout) -> Result<()> {
+        let mine = self.kv_row()?;
+        if layout == mine {
+            return Ok(());
+        }
+        Err(MemoryError::invalid(
+            "kv_format",
+            format!("{} ({}+{} dims)", layout.format(), layout.d_latent(), layout.d_rope()),
+            format!(
+                "geometry {} stores {} rows of {}+{} dims",
+                self.name,
+                mine.format(),
+                mine.d_latent(),
+                mine.d_rope()
+            ),
+        ))
+    }
+
+    /// The softmax scale used by default: `1 / sqrt(d_qk)`.
+    pub fn default_softmax_scale(&self) -> f32 {
+        // d_qk is small (hundreds); the cast is exact.
+        1.0 / (self.d_qk() as f32).sqrt()
+    }
+
+    /// Checks every field; the error names the first field at fault.
+    pub fn validate(&self) -> Result<()> {
+        for (field, value) in [
+            ("layers", self.layers),
+            ("q_heads", self.q_heads),
+            ("d_latent", self.d_latent),
+            ("index_heads", self.index_heads),
+            ("index_dim", self.index_dim),
+            ("top_k", self.top_k),
+        ] {
+            if value == 0 {
+                return Err(MemoryError::invalid(field, value, "must be at least 1"));
+            }
+        }
+        if self.top_k > i32::MAX as usize {
+            return Err(MemoryError::invalid("top_k", self.top_k, "must fit in an i32 position"));
+        }
+        self.kv_row()?;
+        self.index_key()?;
+        Ok(())
+    }
+
+    /// Device bytes of one token's KV rows over all layers.
+    pub fn kv_bytes_per_token(&self) -> Result<usize> {
+        Ok(self.kv_row()?.row_bytes() * self.layers)
+    }
+
+    /// Device bytes of one token's index keys over all layers.
+    pub fn index_bytes_per_token(&self) -> Result<usize> {
+        Ok(self.index_key()?.row_bytes() * self.layers)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn presets_have_the_published_shapes() {
+        let v32 = KvGeometry::preset("deepseek-v3.2").unwrap();
+        assert_eq!((v32.layers, v32.q_heads, v32.index_heads, v32.index_dim, v32.top_k), (61, 128, 64, 128, 2048));
+        let glm = KvGeometry::preset("glm-5.1").unwrap();
+        assert_eq!((glm.layers, glm.q_heads, glm.index_heads, glm.index_dim, glm.top_k), (78, 64, 32, 128, 2048));
+        for name in KvGeometry::PRESETS {
+            let g = KvGeometry::preset(name).unwrap();
+            g.validate().unwrap();
+            assert_eq!((g.d_qk(), g.d_v()), (576, 512));
+            assert_eq!(g.kv_row().unwrap().row_bytes(), 656);
+            assert_eq!(g.clone().with_kv_format(KvRowFormat::Bf16).kv_row().unwrap().row_bytes(), 1152);
+            assert_eq!(g.index_key().unwrap().row_bytes(), 132);
+        }
+        // 656 B x 61 layers = 40 016 B of MLA rows per token for V3.2 (DESIGN.md).
+        assert_eq!(v32.kv_bytes_per_token().unwrap(), 40_016);
+        assert_eq!(v32.index_bytes_per_token().unwrap(), 132 * 61);
+    }
+
+    #[test]
+    fn unknown_preset_names_the_known_ones() {
+        let e = KvGeometry::preset("llama").unwrap_err();
+        assert!(e.to_string().contains("llama") && e.to_string().contains("glm-5.1"), "{e}");
+    }
+
+    #[test]
+    fn zero_heads_is_rejected_by_name() {
+        let mut g = KvGeometry::preset("cpu-small").unwrap();
+        g.q_heads = 0;
+        let e = g.validate().unwrap_err();
+        assert!(matches!(e, MemoryError::InvalidField { field: "q_heads", .. }), "{e}");
+        assert!(e.to_string().contains("q_heads = 0"), "{e}");
+    }
+
+    #[test]
+    fn fp8_rows_need_latent_dims_in_blocks_of_128() {
+        let mut g = KvGeometry::preset("cpu-small").unwrap();
+        g.d_latent = 500;
+        let e = g.validate().unwrap_err();
+        assert!(matches!(e, MemoryError::InvalidField { field: "d_latent", .. }), "{e}");
+        // bf16 rows take any latent width.
+        g.kv_format = KvRowFormat::Bf16;
+        g.validate().unwrap();
+    }
+
+    #[test]
+    fn a_row_layout_of_another_format_is_named() {
+        let g = KvGeometry::preset("glm-5.1").unwrap();
+        g.check_kv_row(g.kv_row().unwrap()).unwrap();
+        let other = KvRowLayout::new(KvRowFormat::Bf16, 512, 64).unwrap();
+        let e = g.check_kv_row(other).unwrap_err();
+        assert!(matches!(e, MemoryError::InvalidField { field: "kv_format", .. }), "{e}");
+        assert!(e.to_string().contains("bf16") && e.to_string().contains("fp8"), "{e}");
+    }
+
+    #[test]
+    fn json_round_trip_and_unknown_fields() {
+        let g = KvGeometry::preset("glm-5.1").unwrap();
+        let s = serde_json::to_string(&g).unwrap();
+        assert!(s.contains("\"kv_format\":\"fp8\""), "{s}");
+        let back: KvGeometry = serde_json::from_str(&s).unwrap();
+        assert_eq!(back, g);
+        let bad = s.replace("\"top_k\"", "\"topk\"");
+        assert!(serde_json::from_str::<KvGeometry>(&bad).is_err());
+    }
+}

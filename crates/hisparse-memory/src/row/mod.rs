@@ -1,0 +1,201 @@
+//! Row codecs: how one token's KV row (bf16 or FlashMLA-style fp8) and one index key are laid
+//! out in bytes, and how they are encoded from and decoded to f32.
+//!
+//! Byte layouts (all multi-byte values little-endian):
+//!
+//! | row | bytes | layout |
+//! | --- | --- | --- |
+//! | bf16 KV row (576 dims) | 1152 | `[0, 2*d_qk)`: `d_latent` latent then `d_rope` rope values, bf16 |
+//! | fp8 KV row (FlashMLA) | 656 | `[0, 512)`: latent e4m3; `[512, 528)`: 4 fp32 scales, one per 128 latent values; `[528, 656)`: 64 rope values, bf16 |
+//! | index key (dim 128) | 132 | `[0, 128)`: e4m3; `[128, 132)`: one fp32 scale |
+//!
+//! Our encoders write power-of-two scales (UE8M0-style, as FlashMLA does): the smallest power of
+//! two `s` with `amax / s <= 448`, so that decoding (`e4m3 * s`) is exact in f32. Decoders accept any
+//! finite positive scale and reject others with [`MemoryError::BadScale`].
+
+mod bf16;
+mod fp8;
+mod index_key;
+
+pub use self::bf16::{decode_bf16_into, encode_bf16_into};
+pub use self::fp8::{FP8_BLOCK, quantize_block};
+pub use self::index_key::IndexKeyLayout;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{MemoryError, Result, check_len};
+
+/// How a KV row is stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KvRowFormat {
+    /// All `d_qk` values in bf16 (1152 B for 576 dims).
+    Bf16,
+    /// FlashMLA's "fp8 with scale": latent in e4m3 with one fp32 scale per 128 values, rope in bf16
+    /// (656 B for 512 + 64 dims).
+    Fp8,
+}
+
+impl KvRowFormat {
+    /// The name used in configs and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Bf16 => "bf16",
+            Self::Fp8 => "fp8",
+        }
+    }
+}
+
+impl std::fmt::Display for KvRowFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for KvRowFormat {
+    type Err = MemoryError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "bf16" => Ok(Self::Bf16),
+            "fp8" => Ok(Self::Fp8),
+            _ => Err(MemoryError::invalid("kv_format", s, "expected bf16 or fp8")),
+        }
+    }
+}
+
+/// The byte layout of one KV row: a format and the dims it holds. Built by
+/// [`KvRowLayout::new`], which checks that the format can hold the dims.
+///
+/// ```
+/// use hisparse_memory::{KvRowFormat, KvRowLayout};
+/// let layout = KvRowLayout::new(KvRowFormat::Fp8, 512, 64)?;
+/// let values: Vec<f32> = (0..576).map(|i| (i as f32 * 0.37).sin()).collect();
+/// let mut row = vec![0u8; layout.row_bytes()];
+/// layout.encode(&values, &mut row)?;
+/// let mut back = vec![0f32; 576];
+/// layout.decode(&row, &mut back)?;
+/// assert!(values.iter().zip(&back).all(|(a, b)| (a - b).abs() <= a.abs() / 16.0 + 1e-3));
+/// # Ok::<(), hisparse_memory::MemoryError>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct KvRowLayout {
+    format: KvRowFormat,
+    d_latent: usize,
+    d_rope: usize,
+}
+
+impl KvRowLayout {
+    /// A layout for `d_latent + d_rope` values in `format`. Fp8 rows need `d_latent` to be a
+    /// non-zero multiple of 128.
+    pub fn new(format: KvRowFormat, d_latent: usize, d_rope: usize) -> Result<Self> {
+        if d_latent == 0 {
+            return Err(MemoryError::invalid("d_latent", d_latent, "must be at least 1"));
+        }
+        if format == KvRowFormat::Fp8 && d_latent % FP8_BLOCK != 0 {
+            return Err(MemoryError::invalid(
+                "d_latent",
+                d_latent,
+                format!("fp8 rows hold the latent in blocks of {FP8_BLOCK} values"),
+            ));
+        }
+        Ok(Self { format, d_latent, d_rope })
+    }
+
+    /// The row format.
+    pub fn format(&self) -> KvRowFormat {
+        self.format
+    }
+
+    /// Latent (value) dims.
+    pub fn d_latent(&self) -> usize {
+        self.d_latent
+    }
+
+    /// Rotary dims.
+    pub fn d_rope(&self) -> usize {
+        self.d_rope
+    }
+
+    /// All dims of the row: `d_latent + d_rope`.
+    pub fn d_qk(&self) -> usize {
+        self.d_latent + self.d_rope
+    }
+
+    /// Bytes of one row.
+    pub fn row_bytes(&self) -> usize {
+        match self.format {
+            KvRowFormat::Bf16 => 2 * self.d_qk(),
+            KvRowFormat::Fp8 => self.d_latent + 4 * (self.d_latent / FP8_BLOCK) + 2 * self.d_rope,
+        }
+    }
+
+    /// Byte offset of the fp32 scales inside an fp8 row (`None` for bf16 rows).
+    pub fn scales_offset(&self) -> Option<usize> {
+        (self.format == KvRowFormat::Fp8).then_some(self.d_latent)
+    }
+
+    /// Byte offset of the rope values inside a row.
+    pub fn rope_offset(&self) -> usize {
+        match self.format {
+            KvRowFormat::Bf16 => 2 * self.d_latent,
+            KvRowFormat::Fp8 => self.d_latent + 4 * (self.d_latent / FP8_BLOCK),
+        }
+    }
+
+    /// Encodes `values` (`d_qk` finite f32: latent then rope) into `row` (`row_bytes`).
+    pub fn encode(&self, values: &[f32], row: &mut [u8]) -> Result<()> {
+        check_len("values", self.d_qk(), values.len())?;
+        check_len("row", self.row_bytes(), row.len())?;
+        if let Some((index, &value)) = values.iter().enumerate().find(|(_, v)| !v.is_finite()) {
+            return Err(MemoryError::NonFinite { field: "values", index, value });
+        }
+        let (latent, rope) = values.split_at(self.d_latent);
+        let rope_at = self.rope_offset();
+        match self.format {
+            KvRowFormat::Bf16 => encode_bf16_into(values, row),
+            KvRowFormat::Fp8 => {
+                let (codes, rest) = row.split_at_mut(self.d_latent);
+                let (scales, _) = rest.split_at_mut(rope_at - self.d_latent);
+                for (b, (block, out)) in latent.chunks(FP8_BLOCK).zip(codes.chunks_mut(FP8_BLOCK)).enumerate() {
+                    let s = quantize_block(block, out);
+                    scales[4 * b..4 * b + 4].copy_from_slice(&s.to_le_bytes());
+                }
+                encode_bf16_into(rope, &mut row[rope_at..]);
+            }
+        }
+        Ok(())
+    }
+
+    /// Decodes `row` (`row_bytes`) into `out` (`d_qk` f32: latent then rope). Fails on a scale
+    /// that is not finite and positive.
+    pub fn decode(&self, row: &[u8], out: &mut [f32]) -> Result<()> {
+        check_len("row", self.row_bytes(), row.len())?;
+        check_len("out", self.d_qk(), out.len())?;
+        match self.format {
+            KvRowFormat::Bf16 => decode_bf16_into(row, out),
+            KvRowFormat::Fp8 => {
+                let (latent, rope) = out.split_at_mut(self.d_latent);
+                fp8::decode_blocks(&row[..self.rope_offset()], latent, "kv_row")?;
+                decode_bf16_into(&row[self.rope_offset()..], rope);
+            }
+        }
+        Ok(())
+    }
+
+    /// The largest error [`KvRowLayout::encode`] then [`KvRowLayout::decode`] may make on `x`,
+    /// a value of a block (of 128 latent values, for fp8) whose largest magnitude is `amax`:
+    ///
+    /// * bf16: half a unit in the last place, `|x| * 2^-8`;
+    /// * fp8 latent: `max(|x| * 2^-4, s * 2^-10)` with `s` the block's power-of-two scale
+    ///   (`s < amax / 224`), i.e. half an e4m3 ulp for normals and half the smallest subnormal.
+    pub fn error_bound(&self, x: f32, amax: f32, is_rope: bool) -> f32 {
+        if is_rope || self.format == KvRowFormat::Bf16 {
+            return x.abs() * 2f32.powi(-8);
+        }
+        let s = fp8::pow2_scale(amax);
+        (x.abs() * 2f32.powi(-4)).max(s * 2f32.powi(-10))
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,169 @@
+//! Tests of the row codecs: byte layouts, round-trip error bounds (property tests), bad input.
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::fp8::decode_e4m3;
+
+fn fp8() -> KvRowLayout {
+    KvRowLayout::new(KvRowFormat::Fp8, 512, 64).unwrap()
+}
+
+fn bf16_layout() -> KvRowLayout {
+    KvRowLayout::new(KvRowFormat::Bf16, 512, 64).unwrap()
+}
+
+fn ramp(n: usize) -> Vec<f32> {
+    (0..n).map(|i| ((i as f32) * 0.731).sin() * (1.0 + i as f32 / 50.0)).collect()
+}
+
+#[test]
+fn fp8_row_byte_layout() {
+    let l = fp8();
+    assert_eq!((l.row_bytes(), l.scales_offset(), l.rope_offset()), (656, Some(512), 528));
+    let values = ramp(576);
+    let mut row = vec![0u8; 656];
+    l.encode(&values, &mut row).unwrap();
+    for b in 0..4 {
+        let block = &values[b * 128..(b + 1) * 128];
+        let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let s = f32::from_le_bytes(row[512 + 4 * b..516 + 4 * b].try_into().unwrap());
+        // Power of two, and the smallest one that keeps amax / s within 448.
+        assert_eq!(s.log2().fract(), 0.0, "scale {s}");
+        assert!(amax / s <= 448.0 && amax / (s / 2.0) > 448.0, "block {b}: amax {amax}, s {s}");
+        // Byte i of the block is value i / s in e4m3.
+        for i in 0..128 {
+            assert_eq!(row[b * 128 + i], crate::fp8::encode_e4m3(block[i] / s));
+        }
+    }
+    // Rope: bf16 little-endian at 528.
+    for i in 0..64 {
+        let bits = u16::from_le_bytes([row[528 + 2 * i], row[529 + 2 * i]]);
+        assert_eq!(bits, half::bf16::from_f32(values[512 + i]).to_bits());
+    }
+}
+
+#[test]
+fn bf16_row_byte_layout() {
+    let l = bf16_layout();
+    assert_eq!((l.row_bytes(), l.scales_offset(), l.rope_offset()), (1152, None, 1024));
+    let values = ramp(576);
+    let mut row = vec![0u8; 1152];
+    l.encode(&values, &mut row).unwrap();
+    for (i, v) in values.iter().enumerate() {
+        let bits = u16::from_le_bytes([row[2 * i], row[2 * i + 1]]);
+        assert_eq!(bits, half::bf16::from_f32(*v).to_bits(), "value {i}");
+    }
+}
+
+#[test]
+fn index_key_byte_layout() {
+    let k = IndexKeyLayout::new(128).unwrap();
+    let values = ramp(128);
+    let mut row = vec![0u8; 132];
+    k.encode(&values, &mut row).unwrap();
+    let s = k.scale(&row).unwrap();
+    assert_eq!(f32::from_le_bytes(row[128..132].try_into().unwrap()), s);
+    for i in 0..128 {
+        assert_eq!(decode_e4m3(row[i]) * s, {
+            let mut out = vec![0f32; 128];
+            k.decode(&row, &mut out).unwrap();
+            out[i]
+        });
+    }
+}
+
+#[test]
+fn zero_block_encodes_to_zero_with_unit_scale() {
+    let l = fp8();
+    let mut values = ramp(576);
+    values[128..256].iter_mut().for_each(|v| *v = 0.0);
+    let mut row = vec![0u8; 656];
+    l.encode(&values, &mut row).unwrap();
+    assert!(row[128..256].iter().all(|&b| b == 0));
+    assert_eq!(f32::from_le_bytes(row[516..520].try_into().unwrap()), 1.0);
+}
+
+#[test]
+fn bad_input_is_named() {
+    let l = fp8();
+    let mut row = vec![0u8; 656];
+    let e = l.encode(&ramp(575), &mut row).unwrap_err();
+    assert_eq!(e, MemoryError::LengthMismatch { field: "values", expected: 576, actual: 575 });
+    let e = l.encode(&ramp(576), &mut row[..600]).unwrap_err();
+    assert_eq!(e, MemoryError::LengthMismatch { field: "row", expected: 656, actual: 600 });
+    let mut v = ramp(576);
+    v[77] = f32::NAN;
+    let e = l.encode(&v, &mut row).unwrap_err();
+    assert!(matches!(e, MemoryError::NonFinite { field: "values", index: 77, .. }), "{e}");
+    // Non-finite and non-positive scales are refused on decode.
+    l.encode(&ramp(576), &mut row).unwrap();
+    let mut out = vec![0f32; 576];
+    for bad in [f32::INFINITY, f32::NAN, 0.0, -2.0] {
+        let mut r = row.clone();
+        r[516..520].copy_from_slice(&bad.to_le_bytes());
+        let e = l.decode(&r, &mut out).unwrap_err();
+        assert!(matches!(e, MemoryError::BadScale { field: "kv_row", index: 1, .. }), "{e}");
+    }
+    let k = IndexKeyLayout::new(128).unwrap();
+    let mut key = vec![0u8; 132];
+    k.encode(&ramp(128), &mut key).unwrap();
+    key[128..].copy_from_slice(&f32::NEG_INFINITY.to_le_bytes());
+    assert!(matches!(k.scale(&key), Err(MemoryError::BadScale { field: "index_key", .. })));
+    assert!(matches!(IndexKeyLayout::new(0), Err(MemoryError::InvalidField { field: "index_dim", .. })));
+    assert!("fp16".parse::<KvRowFormat>().is_err());
+}
+
+fn row_values() -> impl Strategy<Value = Vec<f32>> {
+    // Blocks of very different magnitudes, including tiny and huge ones, and exact zeros.
+    (prop::collection::vec(-1.0f32..1.0, 576), prop::collection::vec(-20i32..20, 5), prop::collection::vec(0usize..576, 0..8))
+        .prop_map(|(mut v, exps, zeros)| {
+            for (i, x) in v.iter_mut().enumerate() {
+                let block = if i < 512 { i / 128 } else { 4 };
+                *x *= 2f32.powi(exps[block]);
+            }
+            for z in zeros {
+                v[z] = 0.0;
+            }
+            v
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+    #[test]
+    fn round_trip_within_the_stated_error(values in row_values()) {
+        for layout in [fp8(), bf16_layout()] {
+            let mut row = vec![0u8; layout.row_bytes()];
+            layout.encode(&values, &mut row).unwrap();
+            let mut back = vec![0f32; 576];
+            layout.decode(&row, &mut back).unwrap();
+            for (i, (&x, &y)) in values.iter().zip(&back).enumerate() {
+                let block = if i < 512 { &values[i / 128 * 128..i / 128 * 128 + 128] } else { &values[512..] };
+                let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let bound = layout.error_bound(x, amax, i >= 512);
+                prop_assert!((x - y).abs() <= bound, "{:?} value {}: {} -> {} (bound {})", layout.format(), i, x, y, bound);
+            }
+            // Encoding the decoded values again is the identity (the codec is idempotent).
+            let mut row2 = vec![0u8; layout.row_bytes()];
+            layout.encode(&back, &mut row2).unwrap();
+            prop_assert_eq!(&row, &row2);
+        }
+    }
+
+    #[test]
+    fn index_key_round_trip(values in prop::collection::vec(-1.0e3f32..1.0e3, 128)) {
+        let k = IndexKeyLayout::new(128).unwrap();
+        let mut row = vec![0u8; 132];
+        k.encode(&values, &mut row).unwrap();
+        let mut back = vec![0f32; 128];
+        k.decode(&row, &mut back).unwrap();
+        let amax = values.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let s = k.scale(&row).unwrap();
+        prop_assert!(amax / s <= 448.0);
+        for (&x, &y) in values.iter().zip(&back) {
+            prop_assert!((x - y).abs() <= (x.abs() / 16.0).max(s * 2f32.powi(-10)), "{} -> {}", x, y);
+        }
+    }
+}
