@@ -93,12 +93,22 @@ pub trait Backend: Send + Sync {
     /// Indexer scores for every position of every request of `batch`, written to
     /// `scores[r.score_offset..r.score_offset + r.seq_len]` for each request `r`. The spans must
     /// not overlap.
-    fn indexer_scores(&self, batch: &IndexerBatch<'_, Self::Memory>, scores: &mut Buf<Self, f32>) -> Result<()>;
+    fn indexer_scores(
+        &self,
+        batch: &IndexerBatch<'_, Self::Memory>,
+        scores: &mut Buf<Self, f32>,
+    ) -> Result<()>;
 
     /// The `k` highest scores of each request's span of `scores`, ties going to the lower
     /// position, as positions in ascending order: request `i` writes `out[i * k..(i + 1) * k]`.
     /// Fails with [`crate::KernelError::TopKExceedsLength`] when a span is shorter than `k`.
-    fn top_k(&self, scores: &Buf<Self, f32>, spans: &[Span], k: usize, out: &mut Buf<Self, i32>) -> Result<()>;
+    fn top_k(
+        &self,
+        scores: &Buf<Self, f32>,
+        spans: &[Span],
+        k: usize,
+        out: &mut Buf<Self, i32>,
+    ) -> Result<()>;
 
     /// Sparse attention of each request over its selected rows: `out` is `[batch, heads, d_v]`,
     /// `lse` is `[batch, heads]` (natural log of the softmax denominator, `-inf` for an empty

@@ -32,3 +32,8 @@ pub use cpu::CpuBackend;
 pub use error::{KernelError, Result};
 pub use merge::merge_partial;
 pub use oracle::dense_attention;
+
+/// The README's examples, compiled and run as doc-tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -1,8 +1,11 @@
 //! Bad input to the CPU kernels: every case is a typed error naming the field and the value,
 //! and nothing is written.
+#![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
 use hisparse_kernels::random;
-use hisparse_kernels::{AttentionBatch, Backend, CpuBackend, IndexerBatch, IndexerRequest, KernelError, Span};
+use hisparse_kernels::{
+    AttentionBatch, Backend, CpuBackend, IndexerBatch, IndexerRequest, KernelError, Span,
+};
 use hisparse_memory::{IndexKeyLayout, KvRowFormat, KvRowLayout, MemoryError};
 
 fn fp8() -> KvRowLayout {
@@ -18,17 +21,38 @@ struct Attn {
 fn attn() -> Attn {
     let mut rng = random::rng(21);
     let (pool, _) = random::kv_pool(&mut rng, fp8(), 10).unwrap();
-    Attn { q: random::normal_bf16(&mut rng, 4 * 576, 1.0), pool, locs: vec![0, 3, 9] }
+    Attn {
+        q: random::normal_bf16(&mut rng, 4 * 576, 1.0),
+        pool,
+        locs: vec![0, 3, 9],
+    }
 }
 
-fn attend(a: &Attn, heads: usize, layout: KvRowLayout, scale: f32, out_len: usize) -> Result<Vec<f32>, KernelError> {
+fn attend(
+    a: &Attn,
+    heads: usize,
+    layout: KvRowLayout,
+    scale: f32,
+    out_len: usize,
+) -> Result<Vec<f32>, KernelError> {
     let sel = [Span::new(0, a.locs.len())];
-    let batch = AttentionBatch { heads, layout, softmax_scale: scale, queries: &a.q, rows: &a.pool, locations: &a.locs, selections: &sel };
+    let batch = AttentionBatch {
+        heads,
+        layout,
+        softmax_scale: scale,
+        queries: &a.q,
+        rows: &a.pool,
+        locations: &a.locs,
+        selections: &sel,
+    };
     let mut out = vec![-7.0f32; out_len];
     let mut lse = vec![-7.0f32; heads];
     let r = CpuBackend::new().sparse_attention(&batch, &mut out, &mut lse);
     if r.is_err() {
-        assert!(out.iter().chain(&lse).all(|&x| x == -7.0), "a failed call wrote its outputs");
+        assert!(
+            out.iter().chain(&lse).all(|&x| x == -7.0),
+            "a failed call wrote its outputs"
+        );
     }
     r.map(|()| out)
 }
@@ -39,22 +63,51 @@ fn attention_rejects_bad_arguments_by_name() {
     attend(&a, 4, fp8(), 0.1, 4 * 512).unwrap();
     // Wrong output length.
     let e = attend(&a, 4, fp8(), 0.1, 4 * 511).unwrap_err();
-    assert_eq!(e, KernelError::Memory(MemoryError::LengthMismatch { field: "out", expected: 2048, actual: 2044 }));
+    assert_eq!(
+        e,
+        KernelError::Memory(MemoryError::LengthMismatch {
+            field: "out",
+            expected: 2048,
+            actual: 2044
+        })
+    );
     // Queries for a different head count.
     let e = attend(&a, 3, fp8(), 0.1, 3 * 512).unwrap_err();
-    assert!(matches!(e, KernelError::Memory(MemoryError::LengthMismatch { field: "queries", .. })), "{e}");
+    assert!(
+        matches!(
+            e,
+            KernelError::Memory(MemoryError::LengthMismatch {
+                field: "queries",
+                ..
+            })
+        ),
+        "{e}"
+    );
     // Zero heads.
     let e = attend(&a, 0, fp8(), 0.1, 0).unwrap_err();
     assert!(e.to_string().contains("heads = 0"), "{e}");
     // Non-finite softmax scale.
     for bad in [f32::NAN, f32::INFINITY] {
         let e = attend(&a, 4, fp8(), bad, 4 * 512).unwrap_err();
-        assert!(matches!(e, KernelError::InvalidArgument { field: "softmax_scale", .. }), "{e}");
+        assert!(
+            matches!(
+                e,
+                KernelError::InvalidArgument {
+                    field: "softmax_scale",
+                    ..
+                }
+            ),
+            "{e}"
+        );
     }
     // A row format that does not match the pool (656 B rows read as 1152 B rows).
     let bf16 = KvRowLayout::new(KvRowFormat::Bf16, 512, 64).unwrap();
     let e = attend(&a, 4, bf16, 0.1, 4 * 512).unwrap_err();
-    assert!(matches!(e, KernelError::InvalidArgument { field: "rows", .. }) && e.to_string().contains("bf16"), "{e}");
+    assert!(
+        matches!(e, KernelError::InvalidArgument { field: "rows", .. })
+            && e.to_string().contains("bf16"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -62,27 +115,71 @@ fn attention_rejects_bad_locations_and_scales() {
     let mut a = attn();
     a.locs[1] = 10;
     let e = attend(&a, 4, fp8(), 0.1, 2048).unwrap_err();
-    assert!(matches!(e, KernelError::InvalidArgument { field: "locations", .. }) && e.to_string().contains("10"), "{e}");
+    assert!(
+        matches!(
+            e,
+            KernelError::InvalidArgument {
+                field: "locations",
+                ..
+            }
+        ) && e.to_string().contains("10"),
+        "{e}"
+    );
     a.locs[1] = -1;
     assert!(attend(&a, 4, fp8(), 0.1, 2048).is_err());
     // A non-finite scale stored in a selected row.
     let mut a = attn();
     a.pool[3 * 656 + 520..3 * 656 + 524].copy_from_slice(&f32::NAN.to_le_bytes());
     let e = attend(&a, 4, fp8(), 0.1, 2048).unwrap_err();
-    assert!(matches!(e, KernelError::Memory(MemoryError::BadScale { field: "kv_row", index: 2, .. })), "{e}");
+    assert!(
+        matches!(
+            e,
+            KernelError::Memory(MemoryError::BadScale {
+                field: "kv_row",
+                index: 2,
+                ..
+            })
+        ),
+        "{e}"
+    );
 }
 
 #[test]
 fn top_k_larger_than_seq_len_is_named() {
     let scores = vec![1.0f32; 100];
     let mut out = vec![0i32; 2 * 64];
-    let e = CpuBackend::new().top_k(&scores, &[Span::new(0, 70), Span::new(70, 30)], 64, &mut out).unwrap_err();
-    assert_eq!(e, KernelError::TopKExceedsLength { request: 1, top_k: 64, seq_len: 30 });
+    let e = CpuBackend::new()
+        .top_k(
+            &scores,
+            &[Span::new(0, 70), Span::new(70, 30)],
+            64,
+            &mut out,
+        )
+        .unwrap_err();
+    assert_eq!(
+        e,
+        KernelError::TopKExceedsLength {
+            request: 1,
+            top_k: 64,
+            seq_len: 30
+        }
+    );
     assert!(e.to_string().contains("top_k = 64") && e.to_string().contains("seq_len = 30"));
     assert!(out.iter().all(|&x| x == 0), "nothing written");
     let mut one = vec![0i32; 64];
-    let e = CpuBackend::new().top_k(&scores, &[Span::new(50, 70)], 64, &mut one).unwrap_err();
-    assert!(matches!(e, KernelError::Memory(MemoryError::OutOfBounds { field: "scores", .. })), "{e}");
+    let e = CpuBackend::new()
+        .top_k(&scores, &[Span::new(50, 70)], 64, &mut one)
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            KernelError::Memory(MemoryError::OutOfBounds {
+                field: "scores",
+                ..
+            })
+        ),
+        "{e}"
+    );
 }
 
 #[test]
@@ -93,9 +190,20 @@ fn indexer_rejects_bad_arguments_by_name() {
     let q = random::normal_bf16(&mut rng, 2 * 4 * 128, 1.0);
     let w = random::head_weights(&mut rng, 2 * 4);
     let cpu = CpuBackend::new();
-    let req = |first_key, seq_len, score_offset| IndexerRequest { first_key, seq_len, score_offset };
+    let req = |first_key, seq_len, score_offset| IndexerRequest {
+        first_key,
+        seq_len,
+        score_offset,
+    };
     let run = |pool: &Vec<u8>, heads, w: &Vec<f32>, requests: &[IndexerRequest], n_scores| {
-        let batch = IndexerBatch { heads, key_layout: key, queries: &q, weights: w, keys: pool, requests };
+        let batch = IndexerBatch {
+            heads,
+            key_layout: key,
+            queries: &q,
+            weights: w,
+            keys: pool,
+            requests,
+        };
         let mut s = vec![0f32; n_scores];
         cpu.indexer_scores(&batch, &mut s)
     };
@@ -103,16 +211,53 @@ fn indexer_rejects_bad_arguments_by_name() {
     let e = run(&pool, 0, &w, &[req(0, 20, 0), req(20, 30, 20)], 50).unwrap_err();
     assert!(e.to_string().contains("heads = 0"), "{e}");
     let e = run(&pool, 4, &w, &[req(40, 20, 0), req(20, 30, 20)], 50).unwrap_err();
-    assert!(matches!(e, KernelError::InvalidArgument { field: "requests.first_key", .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            KernelError::InvalidArgument {
+                field: "requests.first_key",
+                ..
+            }
+        ),
+        "{e}"
+    );
     let e = run(&pool, 4, &w, &[req(0, 20, 0), req(20, 30, 10)], 50).unwrap_err();
     assert!(e.to_string().contains("overlap"), "{e}");
     let e = run(&pool, 4, &w, &[req(0, 20, 0), req(20, 30, 20)], 49).unwrap_err();
-    assert!(matches!(e, KernelError::Memory(MemoryError::OutOfBounds { field: "scores", .. })), "{e}");
+    assert!(
+        matches!(
+            e,
+            KernelError::Memory(MemoryError::OutOfBounds {
+                field: "scores",
+                ..
+            })
+        ),
+        "{e}"
+    );
     let mut w2 = w.clone();
     w2[5] = f32::INFINITY;
     let e = run(&pool, 4, &w2, &[req(0, 20, 0), req(20, 30, 20)], 50).unwrap_err();
-    assert!(matches!(e, KernelError::Memory(MemoryError::NonFinite { field: "weights", index: 5, .. })), "{e}");
+    assert!(
+        matches!(
+            e,
+            KernelError::Memory(MemoryError::NonFinite {
+                field: "weights",
+                index: 5,
+                ..
+            })
+        ),
+        "{e}"
+    );
     pool[7 * 132 + 128..7 * 132 + 132].copy_from_slice(&f32::NAN.to_le_bytes());
     let e = run(&pool, 4, &w, &[req(0, 20, 0), req(20, 30, 20)], 50).unwrap_err();
-    assert!(matches!(e, KernelError::Memory(MemoryError::BadScale { field: "index_key", .. })), "{e}");
+    assert!(
+        matches!(
+            e,
+            KernelError::Memory(MemoryError::BadScale {
+                field: "index_key",
+                ..
+            })
+        ),
+        "{e}"
+    );
 }

@@ -1,6 +1,7 @@
 //! Every CUDA kernel source compiles for sm_90a under NVRTC (when an NVRTC library is present;
 //! otherwise the test says it was skipped).
 #![cfg(feature = "cuda")]
+#![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
 use hisparse_kernels::cuda;
 
@@ -13,9 +14,18 @@ fn every_kernel_source_compiles_for_sm90a() {
     for src in cuda::all_sources() {
         let k = cuda::compile(&src).unwrap_or_else(|e| panic!("{e}"));
         let ptx = k.ptx.to_src();
-        assert!(ptx.contains(".target sm_90a"), "{}: {}", src.name, &ptx[..200.min(ptx.len())]);
+        assert!(
+            ptx.contains(".target sm_90a"),
+            "{}: {}",
+            src.name,
+            &ptx[..200.min(ptx.len())]
+        );
         for name in src.kernels {
-            assert!(ptx.contains(&format!(".entry {name}")), "{}: kernel {name} missing", src.name);
+            assert!(
+                ptx.contains(&format!(".entry {name}")),
+                "{}: kernel {name} missing",
+                src.name
+            );
         }
     }
 }
@@ -26,8 +36,15 @@ fn a_broken_source_reports_the_compiler_log() {
         eprintln!("SKIPPED: no NVRTC library here");
         return;
     }
-    let bad = cuda::KernelSource { name: "broken", code: "extern \"C\" __global__ void k() { undefined_thing(); }".into(), kernels: &["k"] };
+    let bad = cuda::KernelSource {
+        name: "broken",
+        code: "extern \"C\" __global__ void k() { undefined_thing(); }".into(),
+        kernels: &["k"],
+    };
     let e = cuda::compile(&bad).err().expect("must fail");
     let msg = e.to_string();
-    assert!(msg.contains("broken") && msg.contains("undefined_thing"), "{msg}");
+    assert!(
+        msg.contains("broken") && msg.contains("undefined_thing"),
+        "{msg}"
+    );
 }

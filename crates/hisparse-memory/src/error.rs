@@ -74,12 +74,28 @@ pub type Result<T, E = MemoryError> = std::result::Result<T, E>;
 
 impl MemoryError {
     /// Shorthand for [`MemoryError::InvalidField`].
-    pub fn invalid(field: &'static str, value: impl std::fmt::Display, reason: impl Into<String>) -> Self {
-        Self::InvalidField { field, value: value.to_string(), reason: reason.into() }
+    pub fn invalid(
+        field: &'static str,
+        value: impl std::fmt::Display,
+        reason: impl Into<String>,
+    ) -> Self {
+        Self::InvalidField {
+            field,
+            value: value.to_string(),
+            reason: reason.into(),
+        }
     }
 }
 
 /// Checks that `actual == expected`, naming `field` otherwise.
 pub fn check_len(field: &'static str, expected: usize, actual: usize) -> Result<()> {
-    if expected == actual { Ok(()) } else { Err(MemoryError::LengthMismatch { field, expected, actual }) }
+    if expected == actual {
+        Ok(())
+    } else {
+        Err(MemoryError::LengthMismatch {
+            field,
+            expected,
+            actual,
+        })
+    }
 }

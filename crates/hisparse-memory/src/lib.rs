@@ -25,3 +25,8 @@ pub use device_memory::{DeviceMemory, Element, EmulatedDevice};
 pub use error::{MemoryError, Result};
 pub use geometry::KvGeometry;
 pub use row::{IndexKeyLayout, KvRowFormat, KvRowLayout};
+
+/// The README's examples, compiled and run as doc-tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -14,7 +14,10 @@ use crate::error::{KernelError, Result, check_len};
 /// Positions scored per rayon task.
 const BLOCK: usize = 256;
 
-pub(super) fn indexer_scores(batch: &IndexerBatch<'_, EmulatedDevice>, scores: &mut [f32]) -> Result<()> {
+pub(super) fn indexer_scores(
+    batch: &IndexerBatch<'_, EmulatedDevice>,
+    scores: &mut [f32],
+) -> Result<()> {
     let heads = batch.heads;
     let dim = batch.key_layout.dim();
     let key_bytes = batch.key_layout.row_bytes();
@@ -24,7 +27,7 @@ pub(super) fn indexer_scores(batch: &IndexerBatch<'_, EmulatedDevice>, scores: &
     }
     check_len("queries", n * heads * dim, batch.queries.len())?;
     check_len("weights", n * heads, batch.weights.len())?;
-    if batch.keys.len() % key_bytes != 0 {
+    if !batch.keys.len().is_multiple_of(key_bytes) {
         return Err(KernelError::invalid(
             "keys",
             batch.keys.len(),
@@ -33,24 +36,47 @@ pub(super) fn indexer_scores(batch: &IndexerBatch<'_, EmulatedDevice>, scores: &
     }
     let pool_rows = batch.keys.len() / key_bytes;
     for (i, r) in batch.requests.iter().enumerate() {
-        if r.first_key.checked_add(r.seq_len).is_none_or(|end| end > pool_rows) {
+        if r.first_key
+            .checked_add(r.seq_len)
+            .is_none_or(|end| end > pool_rows)
+        {
             return Err(KernelError::invalid(
                 "requests.first_key",
                 r.first_key,
-                format!("request {i}: keys {}..{} leave the pool of {pool_rows} rows", r.first_key, r.first_key.saturating_add(r.seq_len)),
+                format!(
+                    "request {i}: keys {}..{} leave the pool of {pool_rows} rows",
+                    r.first_key,
+                    r.first_key.saturating_add(r.seq_len)
+                ),
             ));
         }
     }
-    if let Some((index, &value)) = batch.weights.iter().enumerate().find(|(_, w)| !w.is_finite()) {
-        return Err(MemoryError::NonFinite { field: "weights", index, value }.into());
+    if let Some((index, &value)) = batch
+        .weights
+        .iter()
+        .enumerate()
+        .find(|(_, w)| !w.is_finite())
+    {
+        return Err(MemoryError::NonFinite {
+            field: "weights",
+            index,
+            value,
+        }
+        .into());
     }
     // Scales first, so that a bad key fails the call before anything is written.
     for r in batch.requests {
         for t in r.first_key..r.first_key + r.seq_len {
-            batch.key_layout.scale(&batch.keys[t * key_bytes..(t + 1) * key_bytes])?;
+            batch
+                .key_layout
+                .scale(&batch.keys[t * key_bytes..(t + 1) * key_bytes])?;
         }
     }
-    let spans: Vec<Span> = batch.requests.iter().map(|r| Span::new(r.score_offset, r.seq_len)).collect();
+    let spans: Vec<Span> = batch
+        .requests
+        .iter()
+        .map(|r| Span::new(r.score_offset, r.seq_len))
+        .collect();
     let outs = disjoint_spans_mut("scores", scores, &spans)?;
 
     // Split every request's output into blocks of positions; score the blocks in parallel.

@@ -28,7 +28,10 @@ pub fn nvrtc_version() -> Result<(i32, i32)> {
     if r == cudarc::nvrtc::sys::nvrtcResult::NVRTC_SUCCESS {
         Ok((major, minor))
     } else {
-        Err(KernelError::Cuda { context: "nvrtcVersion".into(), message: format!("{r:?}") })
+        Err(KernelError::Cuda {
+            context: "nvrtcVersion".into(),
+            message: format!("{r:?}"),
+        })
     }
 }
 
@@ -43,7 +46,12 @@ pub fn cuda_include_dir() -> Result<PathBuf> {
     let candidates = std::env::var_os("HISPARSE_CUDA_INCLUDE")
         .map(PathBuf::from)
         .into_iter()
-        .chain(["CUDA_PATH", "CUDA_HOME"].into_iter().filter_map(|v| std::env::var_os(v)).map(|p| PathBuf::from(p).join("include")))
+        .chain(
+            ["CUDA_PATH", "CUDA_HOME"]
+                .into_iter()
+                .filter_map(std::env::var_os)
+                .map(|p| PathBuf::from(p).join("include")),
+        )
         .chain([PathBuf::from("/usr/local/cuda/include")]);
     let mut tried = Vec::new();
     for dir in candidates {
@@ -53,7 +61,10 @@ pub fn cuda_include_dir() -> Result<PathBuf> {
         tried.push(dir.display().to_string());
     }
     Err(KernelError::CudaUnavailable {
-        reason: format!("no CUDA headers (cuda_fp8.h) in HISPARSE_CUDA_INCLUDE or {}", tried.join(", ")),
+        reason: format!(
+            "no CUDA headers (cuda_fp8.h) in HISPARSE_CUDA_INCLUDE or {}",
+            tried.join(", ")
+        ),
     })
 }
 
@@ -75,16 +86,25 @@ pub fn compile(source: &KernelSource) -> Result<CompiledKernel> {
     let opts = CompileOptions {
         arch: Some(ARCH),
         include_paths: vec![include.display().to_string()],
-        options: vec!["--std=c++17".into(), "-lineinfo".into(), "-default-device".into()],
+        options: vec![
+            "--std=c++17".into(),
+            "-lineinfo".into(),
+            "-default-device".into(),
+        ],
         name: Some(format!("{}.cu", source.name)),
         ..CompileOptions::default()
     };
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(&source.code, opts).map_err(|e| KernelError::Compile {
-        kernel: source.name.to_owned(),
-        log: match e {
-            CompileError::CompileError { log, .. } => log.to_string_lossy().into_owned(),
-            other => format!("{other:?}"),
-        },
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(&source.code, opts).map_err(|e| {
+        KernelError::Compile {
+            kernel: source.name.to_owned(),
+            log: match e {
+                CompileError::CompileError { log, .. } => log.to_string_lossy().into_owned(),
+                other => format!("{other:?}"),
+            },
+        }
     })?;
-    Ok(CompiledKernel { name: source.name, ptx })
+    Ok(CompiledKernel {
+        name: source.name,
+        ptx,
+    })
 }

@@ -1,0 +1,52 @@
+//! `hisparse check-kernels`: compiles every CUDA kernel source for sm_90a with NVRTC and reports
+//! each one; exits 3 (and says SKIPPED) where no NVRTC library can be loaded.
+
+use crate::error::Result;
+
+/// Exit status meaning "no NVRTC here, nothing was compiled".
+pub const SKIPPED: i32 = 3;
+
+/// Runs the check; returns the process exit status.
+#[cfg(feature = "cuda")]
+pub fn run() -> Result<i32> {
+    use hisparse_kernels::cuda;
+    if !cuda::nvrtc_available() {
+        eprintln!(
+            "check-kernels: SKIPPED: no NVRTC library could be loaded (source ../shared/tools/nvrtc-env.sh)"
+        );
+        return Ok(SKIPPED);
+    }
+    let (major, minor) = cuda::nvrtc_version()?;
+    let include = cuda::cuda_include_dir()?;
+    eprintln!(
+        "check-kernels: NVRTC {major}.{minor}, headers in {}",
+        include.display()
+    );
+    let mut failed = 0;
+    let sources = cuda::all_sources();
+    for src in &sources {
+        let t = std::time::Instant::now();
+        match cuda::compile(src) {
+            Ok(k) => eprintln!(
+                "  ok    {:<20} {:>7} B of PTX for sm_90a in {:>4} ms ({})",
+                src.name,
+                k.ptx.to_src().len(),
+                t.elapsed().as_millis(),
+                src.kernels.join(", ")
+            ),
+            Err(e) => {
+                failed += 1;
+                eprintln!("  FAIL  {}: {e}", src.name);
+            }
+        }
+    }
+    eprintln!("check-kernels: {} sources, {failed} failed", sources.len());
+    Ok(if failed == 0 { 0 } else { 1 })
+}
+
+/// Without the `cuda` feature there are no kernels to compile.
+#[cfg(not(feature = "cuda"))]
+pub fn run() -> Result<i32> {
+    eprintln!("check-kernels: SKIPPED: this build has no `cuda` feature");
+    Ok(SKIPPED)
+}

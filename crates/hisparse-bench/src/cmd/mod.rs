@@ -1,0 +1,4 @@
+//! The program's commands, one module each.
+
+pub mod check_kernels;
+pub mod selfcheck;

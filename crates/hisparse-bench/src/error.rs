@@ -1,0 +1,56 @@
+//! The one error type of the `hisparse` program: everything a command can fail with, printed
+//! as one line before exiting with status 2.
+
+use hisparse_kernels::KernelError;
+use hisparse_memory::MemoryError;
+
+/// What went wrong in a `hisparse` command.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BenchError {
+    /// Bad geometry, config or buffers.
+    #[error(transparent)]
+    Memory(#[from] MemoryError),
+    /// A kernel refused its input or CUDA failed.
+    #[error(transparent)]
+    Kernel(#[from] KernelError),
+    /// A command-line value that cannot be used.
+    #[error("invalid --{flag} = {value}: {reason}")]
+    Flag {
+        /// The flag, without dashes.
+        flag: &'static str,
+        /// The value given.
+        value: String,
+        /// Why it cannot be used.
+        reason: String,
+    },
+    /// A file could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The system's error.
+        source: std::io::Error,
+    },
+    /// A self-check found a result out of tolerance.
+    #[error("self-check failed: {0}")]
+    Check(String),
+}
+
+/// Result alias of the program.
+pub type Result<T, E = BenchError> = std::result::Result<T, E>;
+
+impl BenchError {
+    /// Shorthand for [`BenchError::Flag`].
+    pub fn flag(
+        flag: &'static str,
+        value: impl std::fmt::Display,
+        reason: impl Into<String>,
+    ) -> Self {
+        Self::Flag {
+            flag,
+            value: value.to_string(),
+            reason: reason.into(),
+        }
+    }
+}

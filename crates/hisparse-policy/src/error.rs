@@ -1,0 +1,25 @@
+//! The one error type of `hisparse-policy`.
+
+use hisparse_memory::MemoryError;
+
+/// What went wrong in a policy, the swap-in step, a trace or the simulator.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PolicyError {
+    /// A memory-level error (geometry, slot tables, tiers).
+    #[error(transparent)]
+    Memory(#[from] MemoryError),
+    /// An argument or config field has a value that cannot be used.
+    #[error("invalid {field} = {value}: {reason}")]
+    Invalid {
+        /// The field.
+        field: &'static str,
+        /// The value, printed.
+        value: String,
+        /// Why it cannot be used.
+        reason: String,
+    },
+}
+
+/// Result alias of this crate.
+pub type Result<T, E = PolicyError> = std::result::Result<T, E>;

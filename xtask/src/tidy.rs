@@ -1,0 +1,73 @@
+//! Tidy checks that run with `cargo test`: every Rust file opens with a `//!` header saying what
+//! it owns, GPU tests say why they are ignored, and no debugging leftovers are committed.
+
+#[cfg(test)]
+mod tests {
+    use std::path::{Path, PathBuf};
+
+    fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            if p.is_dir() {
+                if !matches!(name, "target" | ".git" | ".gpu" | "fuzz") {
+                    rust_files(&p, out);
+                }
+            } else if name.ends_with(".rs") {
+                out.push(p);
+            }
+        }
+    }
+
+    fn files() -> Vec<PathBuf> {
+        let root = super::super::workspace_root();
+        let mut out = Vec::new();
+        rust_files(&root.join("crates"), &mut out);
+        rust_files(&root.join("xtask"), &mut out);
+        assert!(out.len() > 10, "found only {} Rust files", out.len());
+        out
+    }
+
+    #[test]
+    fn every_rust_file_has_a_module_header() {
+        let missing: Vec<_> = files()
+            .into_iter()
+            .filter(|p| {
+                !std::fs::read_to_string(p)
+                    .unwrap_or_default()
+                    .trim_start()
+                    .starts_with("//!")
+            })
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "files without a //! header: {missing:?}"
+        );
+    }
+
+    #[test]
+    fn ignored_tests_say_why_and_no_debug_leftovers() {
+        let bare_ignore = ["#[ignore", "]"].concat();
+        let dbg = ["dbg", "!("].concat();
+        for p in files() {
+            let text = std::fs::read_to_string(&p).unwrap_or_default();
+            for (i, line) in text.lines().enumerate() {
+                assert!(
+                    !line.contains(&bare_ignore),
+                    "{}:{}: #[ignore] without a reason",
+                    p.display(),
+                    i + 1
+                );
+                assert!(
+                    !line.contains(&dbg),
+                    "{}:{}: leftover debug macro",
+                    p.display(),
+                    i + 1
+                );
+            }
+        }
+    }
+}
