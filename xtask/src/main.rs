@@ -63,6 +63,7 @@ impl TestTotals {
         };
         self.binaries += 1;
         for part in rest.split(';') {
+            let part = part.trim().trim_end_matches(" out");
             let mut words = part.split_whitespace().rev();
             let (Some(what), Some(n)) = (words.next(), words.next()) else {
                 continue;
@@ -73,7 +74,7 @@ impl TestTotals {
                 "failed" => self.failed += n,
                 "ignored" => self.ignored += n,
                 "measured" => self.measured += n,
-                "out" => self.filtered += n,
+                "filtered" => self.filtered += n,
                 _ => {}
             }
         }

@@ -57,7 +57,7 @@ mod tests {
             for (i, line) in text.lines().enumerate() {
                 assert!(
                     !line.contains(&bare_ignore),
-                    "{}:{}: #[ignore] without a reason",
+                    "{}:{}: an ignore attribute without a reason",
                     p.display(),
                     i + 1
                 );
