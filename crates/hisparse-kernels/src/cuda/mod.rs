@@ -10,7 +10,7 @@ mod nvrtc;
 mod sources;
 
 pub use device::CudaDevice;
-pub use nvrtc::{CompiledKernel, compile, cuda_include_dir, nvrtc_available, nvrtc_version};
+pub use nvrtc::{ARCH, CompiledKernel, compile, cuda_include_dir, nvrtc_available, nvrtc_version};
 pub use sources::{KernelSource, all_sources, source};
 
 use crate::error::KernelError;
