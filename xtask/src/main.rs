@@ -23,10 +23,7 @@ fn cargo() -> Command {
 
 fn workspace_root() -> std::path::PathBuf {
     // xtask lives one level below the workspace root.
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(ToOwned::to_owned)
-        .unwrap_or_default()
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(ToOwned::to_owned).unwrap_or_default()
 }
 
 /// Runs a step; returns whether it succeeded.
@@ -98,10 +95,7 @@ impl TestTotals {
 fn run_tests() -> (bool, TestTotals) {
     println!("\n=== xtask ci: tests (cargo test --workspace --all-features)");
     let mut totals = TestTotals::default();
-    let child = cargo()
-        .args(["test", "--workspace", "--all-features"])
-        .stdout(Stdio::piped())
-        .spawn();
+    let child = cargo().args(["test", "--workspace", "--all-features"]).stdout(Stdio::piped()).spawn();
     let mut child = match child {
         Ok(c) => c,
         Err(e) => {
@@ -120,21 +114,11 @@ fn run_tests() -> (bool, TestTotals) {
 }
 
 fn ci() -> bool {
-    let mut steps_ok = step(
-        "cargo fmt --check",
-        cargo().args(["fmt", "--all", "--", "--check"]),
-    ) && step(
-        "clippy (all targets, all features, -D warnings)",
-        cargo().args([
-            "clippy",
-            "--workspace",
-            "--all-targets",
-            "--all-features",
-            "--",
-            "-D",
-            "warnings",
-        ]),
-    );
+    let mut steps_ok = step("cargo fmt --check", cargo().args(["fmt", "--all", "--", "--check"]))
+        && step(
+            "clippy (all targets, all features, -D warnings)",
+            cargo().args(["clippy", "--workspace", "--all-targets", "--all-features", "--", "-D", "warnings"]),
+        );
     if !steps_ok {
         return false;
     }
@@ -142,19 +126,10 @@ fn ci() -> bool {
     steps_ok = tests_ok
         && step(
             "cargo doc --no-deps (warnings denied)",
-            cargo()
-                .args(["doc", "--workspace", "--no-deps", "--all-features"])
-                .env("RUSTDOCFLAGS", "-D warnings"),
+            cargo().args(["doc", "--workspace", "--no-deps", "--all-features"]).env("RUSTDOCFLAGS", "-D warnings"),
         )
         && kernel_check();
-    println!(
-        "\n=== xtask ci: {}",
-        if steps_ok {
-            "all steps passed"
-        } else {
-            "FAILED"
-        }
-    );
+    println!("\n=== xtask ci: {}", if steps_ok { "all steps passed" } else { "FAILED" });
     println!("{}", totals.summary());
     steps_ok
 }
@@ -163,17 +138,7 @@ fn ci() -> bool {
 fn kernel_check() -> bool {
     println!("\n=== xtask ci: CUDA kernel compile check (NVRTC, sm_90a)");
     let status = cargo()
-        .args([
-            "run",
-            "--quiet",
-            "-p",
-            "hisparse-bench",
-            "--all-features",
-            "--bin",
-            "hisparse",
-            "--",
-            "check-kernels",
-        ])
+        .args(["run", "--quiet", "-p", "hisparse-bench", "--all-features", "--bin", "hisparse", "--", "check-kernels"])
         .status();
     match status.map(|s| s.code()) {
         Ok(Some(0)) => true,
@@ -201,9 +166,7 @@ fn main() -> ExitCode {
             }
         }
         _ => {
-            println!(
-                "usage: cargo xtask ci    # fmt, clippy, tests, docs, CUDA kernel compile check"
-            );
+            println!("usage: cargo xtask ci    # fmt, clippy, tests, docs, CUDA kernel compile check");
             ExitCode::from(2)
         }
     }
@@ -219,20 +182,7 @@ mod tests {
         t.add_line("test result: ok. 20 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; finished in 0.07s");
         t.add_line("test result: FAILED. 3 passed; 2 failed; 0 ignored; 0 measured; 4 filtered out; finished in 1s");
         t.add_line("running 4 tests");
-        assert_eq!(
-            t,
-            TestTotals {
-                binaries: 2,
-                passed: 23,
-                failed: 2,
-                ignored: 1,
-                measured: 0,
-                filtered: 4
-            }
-        );
-        assert!(
-            t.summary()
-                .starts_with("test result: FAILED. 23 passed; 2 failed; 1 ignored")
-        );
+        assert_eq!(t, TestTotals { binaries: 2, passed: 23, failed: 2, ignored: 1, measured: 0, filtered: 4 });
+        assert!(t.summary().starts_with("test result: FAILED. 23 passed; 2 failed; 1 ignored"));
     }
 }

@@ -35,17 +35,9 @@ mod tests {
     fn every_rust_file_has_a_module_header() {
         let missing: Vec<_> = files()
             .into_iter()
-            .filter(|p| {
-                !std::fs::read_to_string(p)
-                    .unwrap_or_default()
-                    .trim_start()
-                    .starts_with("//!")
-            })
+            .filter(|p| !std::fs::read_to_string(p).unwrap_or_default().trim_start().starts_with("//!"))
             .collect();
-        assert!(
-            missing.is_empty(),
-            "files without a //! header: {missing:?}"
-        );
+        assert!(missing.is_empty(), "files without a //! header: {missing:?}");
     }
 
     #[test]
@@ -61,12 +53,7 @@ mod tests {
                     p.display(),
                     i + 1
                 );
-                assert!(
-                    !line.contains(&dbg),
-                    "{}:{}: leftover debug macro",
-                    p.display(),
-                    i + 1
-                );
+                assert!(!line.contains(&dbg), "{}:{}: leftover debug macro", p.display(), i + 1);
             }
         }
     }

@@ -42,15 +42,7 @@ pub type Result<T, E = BenchError> = std::result::Result<T, E>;
 
 impl BenchError {
     /// Shorthand for [`BenchError::Flag`].
-    pub fn flag(
-        flag: &'static str,
-        value: impl std::fmt::Display,
-        reason: impl Into<String>,
-    ) -> Self {
-        Self::Flag {
-            flag,
-            value: value.to_string(),
-            reason: reason.into(),
-        }
+    pub fn flag(flag: &'static str, value: impl std::fmt::Display, reason: impl Into<String>) -> Self {
+        Self::Flag { flag, value: value.to_string(), reason: reason.into() }
     }
 }

@@ -18,31 +18,27 @@ fn indexer(c: &mut Criterion) {
         let keys = random::index_key_pool(&mut rng, key, batch * len).unwrap();
         let q = random::normal_bf16(&mut rng, batch * heads * 128, 1.0);
         let w = random::head_weights(&mut rng, batch * heads);
+        let page_table: Vec<u32> = (0..(batch * len / 64) as u32).collect();
         let requests: Vec<_> = (0..batch)
-            .map(|i| IndexerRequest {
-                first_key: i * len,
-                seq_len: len,
-                score_offset: i * len,
-            })
+            .map(|i| IndexerRequest { first_page: i * len / 64, seq_len: len, score_offset: i * len })
             .collect();
         let mut scores = vec![0f32; batch * len];
         g.throughput(Throughput::Bytes((batch * len * key.row_bytes()) as u64));
-        g.bench_function(
-            BenchmarkId::from_parameter(format!("b{batch}xL{len}xH{heads}")),
-            |bch| {
-                bch.iter(|| {
-                    let b = IndexerBatch {
-                        heads,
-                        key_layout: key,
-                        queries: &q,
-                        weights: &w,
-                        keys: &keys,
-                        requests: &requests,
-                    };
-                    cpu.indexer_scores(&b, &mut scores).unwrap();
-                })
-            },
-        );
+        g.bench_function(BenchmarkId::from_parameter(format!("b{batch}xL{len}xH{heads}")), |bch| {
+            bch.iter(|| {
+                let b = IndexerBatch {
+                    heads,
+                    key_layout: key,
+                    queries: &q,
+                    weights: &w,
+                    keys: &keys,
+                    page_tokens: 64,
+                    page_table: &page_table,
+                    requests: &requests,
+                };
+                cpu.indexer_scores(&b, &mut scores).unwrap();
+            })
+        });
     }
     g.finish();
 }
@@ -56,10 +52,9 @@ fn top_k(c: &mut Criterion) {
         let spans: Vec<Span> = (0..batch).map(|i| Span::new(i * len, len)).collect();
         let mut out = vec![0i32; batch * 2048];
         g.throughput(Throughput::Elements((batch * len) as u64));
-        g.bench_function(
-            BenchmarkId::from_parameter(format!("2048_of_{len}_b{batch}")),
-            |b| b.iter(|| cpu.top_k(&scores, &spans, 2048, &mut out).unwrap()),
-        );
+        g.bench_function(BenchmarkId::from_parameter(format!("2048_of_{len}_b{batch}")), |b| {
+            b.iter(|| cpu.top_k(&scores, &spans, 2048, &mut out).unwrap())
+        });
     }
     g.finish();
 }
@@ -68,40 +63,30 @@ fn sparse_attention(c: &mut Criterion) {
     let mut g = c.benchmark_group("sparse_attention");
     g.sample_size(10);
     let cpu = CpuBackend::new();
-    for (format, heads, batch) in [
-        (KvRowFormat::Fp8, 64usize, 1usize),
-        (KvRowFormat::Bf16, 128, 4),
-    ] {
+    for (format, heads, batch) in [(KvRowFormat::Fp8, 64usize, 1usize), (KvRowFormat::Bf16, 128, 4)] {
         let layout = KvRowLayout::new(format, 512, 64).unwrap();
         let mut rng = random::rng(3);
         let (pool, _) = random::kv_pool(&mut rng, layout, 8192).unwrap();
         let q = random::normal_bf16(&mut rng, batch * heads * 576, 1.0);
-        let locations: Vec<i32> = (0..batch * 2048)
-            .map(|i| ((i * 7919) % 8192) as i32)
-            .collect();
+        let locations: Vec<i32> = (0..batch * 2048).map(|i| ((i * 7919) % 8192) as i32).collect();
         let sel: Vec<Span> = (0..batch).map(|i| Span::new(i * 2048, 2048)).collect();
         let mut out = vec![0f32; batch * heads * 512];
         let mut lse = vec![0f32; batch * heads];
-        g.throughput(Throughput::Bytes(
-            (batch * 2048 * layout.row_bytes()) as u64,
-        ));
-        g.bench_function(
-            BenchmarkId::from_parameter(format!("{format}_h{heads}_b{batch}_k2048")),
-            |b| {
-                b.iter(|| {
-                    let a = AttentionBatch {
-                        heads,
-                        layout,
-                        softmax_scale: 0.04,
-                        queries: &q,
-                        rows: &pool,
-                        locations: &locations,
-                        selections: &sel,
-                    };
-                    cpu.sparse_attention(&a, &mut out, &mut lse).unwrap();
-                })
-            },
-        );
+        g.throughput(Throughput::Bytes((batch * 2048 * layout.row_bytes()) as u64));
+        g.bench_function(BenchmarkId::from_parameter(format!("{format}_h{heads}_b{batch}_k2048")), |b| {
+            b.iter(|| {
+                let a = AttentionBatch {
+                    heads,
+                    layout,
+                    softmax_scale: 0.04,
+                    queries: &q,
+                    rows: &pool,
+                    locations: &locations,
+                    selections: &sel,
+                };
+                cpu.sparse_attention(&a, &mut out, &mut lse).unwrap();
+            })
+        });
     }
     g.finish();
 }

@@ -33,8 +33,9 @@ impl Span {
 /// Where one request's index keys are and where its scores go.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct IndexerRequest {
-    /// Row of the key pool holding the key of position 0; position `t` is row `first_key + t`.
-    pub first_key: usize,
+    /// Index into the page table of the request's first page: the key of position `t` is row
+    /// `page_table[first_page + t / page_tokens] * page_tokens + t % page_tokens` of the pool.
+    pub first_page: usize,
     /// Number of positions to score.
     pub seq_len: usize,
     /// Index of the score of position 0 in the output buffer.
@@ -52,8 +53,12 @@ pub struct IndexerBatch<'a, M: DeviceMemory> {
     pub queries: &'a M::Buffer<bf16>,
     /// Head weights, `[batch, heads]`.
     pub weights: &'a M::Buffer<f32>,
-    /// The key pool: rows of `key_layout.row_bytes()` bytes.
+    /// The key pool: rows of `key_layout.row_bytes()` bytes, in pages of `page_tokens` rows.
     pub keys: &'a M::Buffer<u8>,
+    /// Positions per page of the key pool.
+    pub page_tokens: usize,
+    /// Page ids of every request, concatenated (see [`IndexerRequest::first_page`]).
+    pub page_table: &'a M::Buffer<u32>,
     /// One entry per request of the batch.
     pub requests: &'a [IndexerRequest],
 }
@@ -93,22 +98,12 @@ pub trait Backend: Send + Sync {
     /// Indexer scores for every position of every request of `batch`, written to
     /// `scores[r.score_offset..r.score_offset + r.seq_len]` for each request `r`. The spans must
     /// not overlap.
-    fn indexer_scores(
-        &self,
-        batch: &IndexerBatch<'_, Self::Memory>,
-        scores: &mut Buf<Self, f32>,
-    ) -> Result<()>;
+    fn indexer_scores(&self, batch: &IndexerBatch<'_, Self::Memory>, scores: &mut Buf<Self, f32>) -> Result<()>;
 
     /// The `k` highest scores of each request's span of `scores`, ties going to the lower
     /// position, as positions in ascending order: request `i` writes `out[i * k..(i + 1) * k]`.
     /// Fails with [`crate::KernelError::TopKExceedsLength`] when a span is shorter than `k`.
-    fn top_k(
-        &self,
-        scores: &Buf<Self, f32>,
-        spans: &[Span],
-        k: usize,
-        out: &mut Buf<Self, i32>,
-    ) -> Result<()>;
+    fn top_k(&self, scores: &Buf<Self, f32>, spans: &[Span], k: usize, out: &mut Buf<Self, i32>) -> Result<()>;
 
     /// Sparse attention of each request over its selected rows: `out` is `[batch, heads, d_v]`,
     /// `lse` is `[batch, heads]` (natural log of the softmax denominator, `-inf` for an empty

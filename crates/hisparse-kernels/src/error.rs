@@ -59,16 +59,8 @@ pub type Result<T, E = KernelError> = std::result::Result<T, E>;
 
 impl KernelError {
     /// Shorthand for [`KernelError::InvalidArgument`].
-    pub fn invalid(
-        field: &'static str,
-        value: impl std::fmt::Display,
-        reason: impl Into<String>,
-    ) -> Self {
-        Self::InvalidArgument {
-            field,
-            value: value.to_string(),
-            reason: reason.into(),
-        }
+    pub fn invalid(field: &'static str, value: impl std::fmt::Display, reason: impl Into<String>) -> Self {
+        Self::InvalidArgument { field, value: value.to_string(), reason: reason.into() }
     }
 }
 

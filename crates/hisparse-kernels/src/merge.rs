@@ -18,13 +18,7 @@ use crate::error::{KernelError, Result, check_len};
 /// assert!((l[0] - 2f32.ln()).abs() < 1e-7);
 /// # Ok::<(), hisparse_kernels::KernelError>(())
 /// ```
-pub fn merge_partial(
-    out_a: &mut [f32],
-    lse_a: &mut [f32],
-    out_b: &[f32],
-    lse_b: &[f32],
-    d_v: usize,
-) -> Result<()> {
+pub fn merge_partial(out_a: &mut [f32], lse_a: &mut [f32], out_b: &[f32], lse_b: &[f32], d_v: usize) -> Result<()> {
     let heads = lse_a.len();
     if d_v == 0 {
         return Err(KernelError::invalid("d_v", d_v, "must be at least 1"));

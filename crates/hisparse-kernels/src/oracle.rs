@@ -31,23 +31,13 @@ pub fn dense_attention(
         let qh = &q[h * d_qk..(h + 1) * d_qk];
         let logits: Vec<f64> = kv
             .chunks(d_qk)
-            .map(|k| {
-                f64::from(scale)
-                    * qh.iter()
-                        .zip(k)
-                        .map(|(a, b)| f64::from(*a) * f64::from(*b))
-                        .sum::<f64>()
-            })
+            .map(|k| f64::from(scale) * qh.iter().zip(k).map(|(a, b)| f64::from(*a) * f64::from(*b)).sum::<f64>())
             .collect();
         let m = logits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         let weights: Vec<f64> = logits.iter().map(|l| (l - m).exp()).collect();
         let sum: f64 = weights.iter().sum();
         for d in 0..d_v {
-            let acc: f64 = kv
-                .chunks(d_qk)
-                .zip(&weights)
-                .map(|(k, w)| w * f64::from(k[d]))
-                .sum();
+            let acc: f64 = kv.chunks(d_qk).zip(&weights).map(|(k, w)| w * f64::from(k[d])).sum();
             out[h * d_v + d] = (acc / sum) as f32;
         }
         lse[h] = (m + sum.ln()) as f32;

@@ -16,17 +16,12 @@ pub fn rng(seed: u64) -> StdRng {
 
 /// `n` normal values with standard deviation `std`.
 pub fn normal(rng: &mut StdRng, n: usize, std: f32) -> Vec<f32> {
-    (0..n)
-        .map(|_| rng.sample::<f32, _>(StandardNormal) * std)
-        .collect()
+    (0..n).map(|_| rng.sample::<f32, _>(StandardNormal) * std).collect()
 }
 
 /// `n` normal values rounded to bf16.
 pub fn normal_bf16(rng: &mut StdRng, n: usize, std: f32) -> Vec<bf16> {
-    normal(rng, n, std)
-        .into_iter()
-        .map(bf16::from_f32)
-        .collect()
+    normal(rng, n, std).into_iter().map(bf16::from_f32).collect()
 }
 
 /// A pool of `rows` KV rows with normal values (latent std 1, rope std 0.5), encoded in
@@ -66,10 +61,7 @@ pub fn decode_kv_rows(layout: KvRowLayout, pool: &[u8]) -> Result<Vec<f32>> {
 pub fn index_key_pool(rng: &mut StdRng, layout: IndexKeyLayout, rows: usize) -> Result<Vec<u8>> {
     let values = normal(rng, rows * layout.dim(), 1.0);
     let mut pool = vec![0u8; rows * layout.row_bytes()];
-    for (v, r) in values
-        .chunks(layout.dim())
-        .zip(pool.chunks_mut(layout.row_bytes()))
-    {
+    for (v, r) in values.chunks(layout.dim()).zip(pool.chunks_mut(layout.row_bytes())) {
         layout.encode(v, r)?;
     }
     Ok(pool)

@@ -41,10 +41,7 @@ fn run(
 }
 
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
 }
 
 #[test]
@@ -70,28 +67,11 @@ fn full_selection_equals_dense_attention() {
         let (out, lse) = run(l, &q, &pool, &locations, &selections, scale);
         let mut start = 0;
         for (i, &n) in lens.iter().enumerate() {
-            let qf: Vec<f32> = q[i * HEADS * 576..(i + 1) * HEADS * 576]
-                .iter()
-                .map(|x| x.to_f32())
-                .collect();
-            let (o, l) = dense_attention(
-                &qf,
-                &decoded[start * 576..(start + n) * 576],
-                HEADS,
-                576,
-                512,
-                scale,
-            );
+            let qf: Vec<f32> = q[i * HEADS * 576..(i + 1) * HEADS * 576].iter().map(|x| x.to_f32()).collect();
+            let (o, l) = dense_attention(&qf, &decoded[start * 576..(start + n) * 576], HEADS, 576, 512, scale);
             let got = &out[i * HEADS * 512..(i + 1) * HEADS * 512];
-            assert!(
-                max_abs_diff(got, &o) < 2e-5,
-                "{format:?} request {i}: {}",
-                max_abs_diff(got, &o)
-            );
-            assert!(
-                max_abs_diff(&lse[i * HEADS..(i + 1) * HEADS], &l) < 2e-5,
-                "{format:?} lse {i}"
-            );
+            assert!(max_abs_diff(got, &o) < 2e-5, "{format:?} request {i}: {}", max_abs_diff(got, &o));
+            assert!(max_abs_diff(&lse[i * HEADS..(i + 1) * HEADS], &l) < 2e-5, "{format:?} lse {i}");
             start += n;
         }
     }
@@ -109,10 +89,7 @@ fn output_does_not_depend_on_selection_order_beyond_rounding() {
     let (b, lb) = run(l, &q, &pool, &sel, &[Span::new(0, sel.len())], 0.05);
     assert!(max_abs_diff(&a, &b) < 1e-5, "{}", max_abs_diff(&a, &b));
     assert!(max_abs_diff(&la, &lb) < 1e-5);
-    assert!(
-        a.iter().any(|x| x.abs() > 1e-3),
-        "outputs are not trivially zero"
-    );
+    assert!(a.iter().any(|x| x.abs() > 1e-3), "outputs are not trivially zero");
 }
 
 #[test]
@@ -134,10 +111,7 @@ fn output_does_not_depend_on_where_rows_live() {
     let pool2 = encode_kv_rows(l, &moved).unwrap();
     let sel2: Vec<i32> = sel.iter().map(|&r| 499 - r).collect();
     let (b, lb) = run(l, &q, &pool2, &sel2, &spans, 0.04);
-    assert_eq!(
-        a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-        b.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
-    );
+    assert_eq!(a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), b.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
     assert_eq!(la, lb);
 }
 

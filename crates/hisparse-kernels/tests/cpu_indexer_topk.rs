@@ -6,6 +6,7 @@ use hisparse_kernels::random;
 use hisparse_kernels::{Backend, CpuBackend, IndexerBatch, IndexerRequest, Span};
 use hisparse_memory::IndexKeyLayout;
 use rand::Rng;
+use rand::seq::SliceRandom;
 
 #[test]
 fn indexer_matches_the_f64_oracle_for_requests_of_different_lengths() {
@@ -13,19 +14,20 @@ fn indexer_matches_the_f64_oracle_for_requests_of_different_lengths() {
     let (heads, dim) = (8, 128);
     let key = IndexKeyLayout::new(dim).unwrap();
     let lens = [1usize, 300, 1111];
-    // Requests' keys live at scattered places of one pool; scores are packed with a gap.
-    let firsts = [2000usize, 10, 500];
-    let pool = random::index_key_pool(&mut rng, key, 3200).unwrap();
+    // Keys live in pages of 64 scattered over one pool (shuffled page ids); scores are packed
+    // with gaps.
+    let p = 64;
+    let pool = random::index_key_pool(&mut rng, key, 50 * p).unwrap();
+    let mut ids: Vec<u32> = (0..50).collect();
+    ids.shuffle(&mut rng);
     let q = random::normal_bf16(&mut rng, lens.len() * heads * dim, 1.0);
     let w = random::head_weights(&mut rng, lens.len() * heads);
     let mut requests = Vec::new();
+    let mut page_table = Vec::new();
     let mut offset = 5;
-    for (&n, &first) in lens.iter().zip(&firsts) {
-        requests.push(IndexerRequest {
-            first_key: first,
-            seq_len: n,
-            score_offset: offset,
-        });
+    for &n in &lens {
+        requests.push(IndexerRequest { first_page: page_table.len(), seq_len: n, score_offset: offset });
+        page_table.extend(ids.drain(..n.div_ceil(p)));
         offset += n + 3;
     }
     let mut scores = vec![f32::NAN; offset];
@@ -35,47 +37,33 @@ fn indexer_matches_the_f64_oracle_for_requests_of_different_lengths() {
         queries: &q,
         weights: &w,
         keys: &pool,
+        page_tokens: p,
+        page_table: &page_table,
         requests: &requests,
     };
-    CpuBackend::new()
-        .indexer_scores(&batch, &mut scores)
-        .unwrap();
+    CpuBackend::new().indexer_scores(&batch, &mut scores).unwrap();
     let mut decoded = vec![0f32; dim];
     let mut positive = 0;
     for (i, r) in requests.iter().enumerate() {
         for t in 0..r.seq_len {
-            let row = (r.first_key + t) * 132;
+            let row = (page_table[r.first_page + t / p] as usize * p + t % p) * 132;
             key.decode(&pool[row..row + 132], &mut decoded).unwrap();
             let (mut s, mut mag) = (0f64, 0f64);
             for h in 0..heads {
                 let qh = &q[(i * heads + h) * dim..(i * heads + h + 1) * dim];
-                let d: f64 = qh
-                    .iter()
-                    .zip(&decoded)
-                    .map(|(a, b)| f64::from(a.to_f32()) * f64::from(*b))
-                    .sum();
-                let m: f64 = qh
-                    .iter()
-                    .zip(&decoded)
-                    .map(|(a, b)| (f64::from(a.to_f32()) * f64::from(*b)).abs())
-                    .sum();
+                let d: f64 = qh.iter().zip(&decoded).map(|(a, b)| f64::from(a.to_f32()) * f64::from(*b)).sum();
+                let m: f64 = qh.iter().zip(&decoded).map(|(a, b)| (f64::from(a.to_f32()) * f64::from(*b)).abs()).sum();
                 s += f64::from(w[i * heads + h]) * d.max(0.0);
                 mag += f64::from(w[i * heads + h]) * m;
             }
             let got = f64::from(scores[r.score_offset + t]);
-            assert!(
-                (got - s).abs() <= 1e-5 * mag + 1e-6,
-                "request {i} position {t}: {got} vs {s}"
-            );
+            assert!((got - s).abs() <= 1e-5 * mag + 1e-6, "request {i} position {t}: {got} vs {s}");
             positive += usize::from(s > 0.0);
         }
     }
     // Untouched gaps stay untouched.
     assert!(scores[..5].iter().all(|x| x.is_nan()));
-    assert!(
-        positive > 1000,
-        "scores are not trivially zero ({positive} positive)"
-    );
+    assert!(positive > 1000, "scores are not trivially zero ({positive} positive)");
 }
 
 /// Sort-based oracle: sort all positions by (score desc, position asc), take k, sort positions.
@@ -94,13 +82,9 @@ fn top_k_matches_the_oracle_with_many_ties() {
     let ks = [5usize, 1, 17, 2048];
     for (&n, &k) in lens.iter().zip(&ks) {
         // Only 8 distinct values: most of the selection is decided by the tie rule.
-        let scores: Vec<f32> = (0..n)
-            .map(|_| f32::from(rng.random_range(0u8..8)) - 3.0)
-            .collect();
+        let scores: Vec<f32> = (0..n).map(|_| f32::from(rng.random_range(0u8..8)) - 3.0).collect();
         let mut out = vec![0i32; k];
-        CpuBackend::new()
-            .top_k(&scores, &[Span::new(0, n)], k, &mut out)
-            .unwrap();
+        CpuBackend::new().top_k(&scores, &[Span::new(0, n)], k, &mut out).unwrap();
         assert_eq!(out, oracle(&scores, k), "n = {n}, k = {k}");
     }
 }
@@ -120,15 +104,9 @@ fn top_k_2048_of_128k_for_a_batch() {
     }
     let k = 2048;
     let mut out = vec![0i32; lens.len() * k];
-    CpuBackend::new()
-        .top_k(&scores, &spans, k, &mut out)
-        .unwrap();
+    CpuBackend::new().top_k(&scores, &spans, k, &mut out).unwrap();
     for (i, s) in spans.iter().enumerate() {
-        assert_eq!(
-            &out[i * k..(i + 1) * k],
-            oracle(&scores[s.offset..s.end()], k).as_slice(),
-            "request {i}"
-        );
+        assert_eq!(&out[i * k..(i + 1) * k], oracle(&scores[s.offset..s.end()], k).as_slice(), "request {i}");
     }
     // Selecting all of a span returns every position.
     assert_eq!(&out[2 * k..], (0..2048).collect::<Vec<i32>>().as_slice());
@@ -138,9 +116,7 @@ fn top_k_2048_of_128k_for_a_batch() {
 fn top_k_orders_special_values_totally() {
     let scores = vec![0.0f32, -0.0, f32::NAN, f32::INFINITY, -1.0, 0.0];
     let mut out = vec![0i32; 3];
-    CpuBackend::new()
-        .top_k(&scores, &[Span::new(0, 6)], 3, &mut out)
-        .unwrap();
+    CpuBackend::new().top_k(&scores, &[Span::new(0, 6)], 3, &mut out).unwrap();
     // NaN > +inf > +0 (first +0 at position 0 beats the one at 5) > -0.
     assert_eq!(out, vec![0, 2, 3]);
 }

@@ -14,18 +14,9 @@ fn every_kernel_source_compiles_for_sm90a() {
     for src in cuda::all_sources() {
         let k = cuda::compile(&src).unwrap_or_else(|e| panic!("{e}"));
         let ptx = k.ptx.to_src();
-        assert!(
-            ptx.contains(".target sm_90a"),
-            "{}: {}",
-            src.name,
-            &ptx[..200.min(ptx.len())]
-        );
+        assert!(ptx.contains(".target sm_90a"), "{}: {}", src.name, &ptx[..200.min(ptx.len())]);
         for name in src.kernels {
-            assert!(
-                ptx.contains(&format!(".entry {name}")),
-                "{}: kernel {name} missing",
-                src.name
-            );
+            assert!(ptx.contains(&format!(".entry {name}")), "{}: kernel {name} missing", src.name);
         }
     }
 }
@@ -43,8 +34,5 @@ fn a_broken_source_reports_the_compiler_log() {
     };
     let e = cuda::compile(&bad).err().expect("must fail");
     let msg = e.to_string();
-    assert!(
-        msg.contains("broken") && msg.contains("undefined_thing"),
-        "{msg}"
-    );
+    assert!(msg.contains("broken") && msg.contains("undefined_thing"), "{msg}");
 }

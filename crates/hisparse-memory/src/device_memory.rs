@@ -57,20 +57,10 @@ pub trait DeviceMemory: Send + Sync + 'static {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct EmulatedDevice;
 
-fn range(
-    field: &'static str,
-    offset: usize,
-    n: usize,
-    len: usize,
-) -> Result<std::ops::Range<usize>> {
+fn range(field: &'static str, offset: usize, n: usize, len: usize) -> Result<std::ops::Range<usize>> {
     match offset.checked_add(n) {
         Some(end) if end <= len => Ok(offset..end),
-        _ => Err(MemoryError::OutOfBounds {
-            field,
-            start: offset,
-            end: offset.saturating_add(n),
-            len,
-        }),
+        _ => Err(MemoryError::OutOfBounds { field, start: offset, end: offset.saturating_add(n), len }),
     }
 }
 
@@ -111,20 +101,9 @@ mod tests {
         let m = EmulatedDevice;
         let mut b = m.alloc_zeroed::<f32>(8).unwrap();
         m.write(&mut b, 5, &[1.0, 2.0, 3.0]).unwrap();
-        assert_eq!(
-            m.download(&b).unwrap(),
-            vec![0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 2.0, 3.0]
-        );
+        assert_eq!(m.download(&b).unwrap(), vec![0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 2.0, 3.0]);
         let e = m.write(&mut b, 6, &[1.0, 2.0, 3.0]).unwrap_err();
-        assert_eq!(
-            e,
-            MemoryError::OutOfBounds {
-                field: "dst",
-                start: 6,
-                end: 9,
-                len: 8
-            }
-        );
+        assert_eq!(e, MemoryError::OutOfBounds { field: "dst", start: 6, end: 9, len: 8 });
         let mut out = [0f32; 2];
         m.read(&b, 6, &mut out).unwrap();
         assert_eq!(out, [2.0, 3.0]);

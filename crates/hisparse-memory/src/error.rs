@@ -67,6 +67,54 @@ pub enum MemoryError {
         /// Length of the buffer.
         len: usize,
     },
+    /// A pool has too few free units for an allocation; nothing was allocated.
+    #[error("{pool}: {needed} more {unit} needed, {free} free")]
+    CapacityExhausted {
+        /// The pool (`host tier`, `device index pages`, ...).
+        pool: &'static str,
+        /// Units asked for.
+        needed: usize,
+        /// Units free.
+        free: usize,
+        /// What a unit is (`pages`, `seats`).
+        unit: &'static str,
+    },
+    /// A request id the pool does not know.
+    #[error("{pool}: unknown request {request}")]
+    UnknownRequest {
+        /// The pool.
+        pool: &'static str,
+        /// The request id.
+        request: u64,
+    },
+    /// A request id that is already registered.
+    #[error("{pool}: request {request} is already registered")]
+    DuplicateRequest {
+        /// The pool.
+        pool: &'static str,
+        /// The request id.
+        request: u64,
+    },
+    /// A position a request has no room for (beyond what was grown).
+    #[error("{pool}: position {position} of request {request} is beyond its {capacity} allocated positions")]
+    PositionOutOfRange {
+        /// The pool.
+        pool: &'static str,
+        /// The request id.
+        request: u64,
+        /// The position asked for.
+        position: usize,
+        /// Positions allocated.
+        capacity: usize,
+    },
+    /// The operating system refused a mapping or a file operation.
+    #[error("{what}: {message}")]
+    Io {
+        /// What we were doing (with the path, if any).
+        what: String,
+        /// The system's message.
+        message: String,
+    },
 }
 
 /// Result alias of this crate.
@@ -74,28 +122,12 @@ pub type Result<T, E = MemoryError> = std::result::Result<T, E>;
 
 impl MemoryError {
     /// Shorthand for [`MemoryError::InvalidField`].
-    pub fn invalid(
-        field: &'static str,
-        value: impl std::fmt::Display,
-        reason: impl Into<String>,
-    ) -> Self {
-        Self::InvalidField {
-            field,
-            value: value.to_string(),
-            reason: reason.into(),
-        }
+    pub fn invalid(field: &'static str, value: impl std::fmt::Display, reason: impl Into<String>) -> Self {
+        Self::InvalidField { field, value: value.to_string(), reason: reason.into() }
     }
 }
 
 /// Checks that `actual == expected`, naming `field` otherwise.
 pub fn check_len(field: &'static str, expected: usize, actual: usize) -> Result<()> {
-    if expected == actual {
-        Ok(())
-    } else {
-        Err(MemoryError::LengthMismatch {
-            field,
-            expected,
-            actual,
-        })
-    }
+    if expected == actual { Ok(()) } else { Err(MemoryError::LengthMismatch { field, expected, actual }) }
 }

@@ -17,11 +17,7 @@ pub const E4M3_NAN: u8 = 0x7f;
 /// Encodes one f32 as e4m3, exactly as CUDA's `__nv_fp8_e4m3(float)` does.
 #[inline]
 pub fn encode_e4m3(x: f32) -> u8 {
-    if x.is_nan() {
-        E4M3_NAN
-    } else {
-        F8E4M3::from_f32(x).to_bits()
-    }
+    if x.is_nan() { E4M3_NAN } else { F8E4M3::from_f32(x).to_bits() }
 }
 
 /// Decodes one e4m3 byte to f32 (exact; `0x7f`/`0xff` decode to NaN).
@@ -144,11 +140,7 @@ mod tests {
             xs.push(v);
             if next.is_finite() {
                 let mid = (v + next) / 2.0;
-                xs.extend([
-                    mid,
-                    f32::from_bits(mid.to_bits() + 1),
-                    f32::from_bits(mid.to_bits() - 1),
-                ]);
+                xs.extend([mid, f32::from_bits(mid.to_bits() + 1), f32::from_bits(mid.to_bits() - 1)]);
             }
         }
         xs.extend([448.0, 460.0, 464.0, 465.0, 1e30, 3.0e-3, 1e-7]);
@@ -166,11 +158,7 @@ mod tests {
         let mut rng = rand::rngs::StdRng::seed_from_u64(7);
         for _ in 0..20_000 {
             let x = f32::from_bits(rng.random::<u32>());
-            let x = if x.is_finite() && x.abs() < 1e3 {
-                x
-            } else {
-                rng.random_range(-500.0..500.0)
-            };
+            let x = if x.is_finite() && x.abs() < 1e3 { x } else { rng.random_range(-500.0..500.0) };
             assert_eq!(encode_e4m3(x), oracle(x), "x = {x:e}");
         }
     }

@@ -64,10 +64,7 @@ impl KvGeometry {
             "glm-5.1" => (78, 64, 32, 2048),
             "cpu-small" => (4, 16, 8, 256),
             _ => {
-                return Err(MemoryError::UnknownPreset {
-                    name: name.to_owned(),
-                    known: Self::PRESETS.join(", "),
-                });
+                return Err(MemoryError::UnknownPreset { name: name.to_owned(), known: Self::PRESETS.join(", ") });
             }
         };
         Ok(Self {
@@ -117,12 +114,7 @@ impl KvGeometry {
         }
         Err(MemoryError::invalid(
             "kv_format",
-            format!(
-                "{} ({}+{} dims)",
-                layout.format(),
-                layout.d_latent(),
-                layout.d_rope()
-            ),
+            format!("{} ({}+{} dims)", layout.format(), layout.d_latent(), layout.d_rope()),
             format!(
                 "geometry {} stores {} rows of {}+{} dims",
                 self.name,
@@ -154,11 +146,7 @@ impl KvGeometry {
             }
         }
         if self.top_k > i32::MAX as usize {
-            return Err(MemoryError::invalid(
-                "top_k",
-                self.top_k,
-                "must fit in an i32 position",
-            ));
+            return Err(MemoryError::invalid("top_k", self.top_k, "must fit in an i32 position"));
         }
         self.kv_row()?;
         self.index_key()?;
@@ -183,40 +171,15 @@ mod tests {
     #[test]
     fn presets_have_the_published_shapes() {
         let v32 = KvGeometry::preset("deepseek-v3.2").unwrap();
-        assert_eq!(
-            (
-                v32.layers,
-                v32.q_heads,
-                v32.index_heads,
-                v32.index_dim,
-                v32.top_k
-            ),
-            (61, 128, 64, 128, 2048)
-        );
+        assert_eq!((v32.layers, v32.q_heads, v32.index_heads, v32.index_dim, v32.top_k), (61, 128, 64, 128, 2048));
         let glm = KvGeometry::preset("glm-5.1").unwrap();
-        assert_eq!(
-            (
-                glm.layers,
-                glm.q_heads,
-                glm.index_heads,
-                glm.index_dim,
-                glm.top_k
-            ),
-            (78, 64, 32, 128, 2048)
-        );
+        assert_eq!((glm.layers, glm.q_heads, glm.index_heads, glm.index_dim, glm.top_k), (78, 64, 32, 128, 2048));
         for name in KvGeometry::PRESETS {
             let g = KvGeometry::preset(name).unwrap();
             g.validate().unwrap();
             assert_eq!((g.d_qk(), g.d_v()), (576, 512));
             assert_eq!(g.kv_row().unwrap().row_bytes(), 656);
-            assert_eq!(
-                g.clone()
-                    .with_kv_format(KvRowFormat::Bf16)
-                    .kv_row()
-                    .unwrap()
-                    .row_bytes(),
-                1152
-            );
+            assert_eq!(g.clone().with_kv_format(KvRowFormat::Bf16).kv_row().unwrap().row_bytes(), 1152);
             assert_eq!(g.index_key().unwrap().row_bytes(), 132);
         }
         // 656 B x 61 layers = 40 016 B of MLA rows per token for V3.2 (DESIGN.md).
@@ -227,10 +190,7 @@ mod tests {
     #[test]
     fn unknown_preset_names_the_known_ones() {
         let e = KvGeometry::preset("llama").unwrap_err();
-        assert!(
-            e.to_string().contains("llama") && e.to_string().contains("glm-5.1"),
-            "{e}"
-        );
+        assert!(e.to_string().contains("llama") && e.to_string().contains("glm-5.1"), "{e}");
     }
 
     #[test]
@@ -238,16 +198,7 @@ mod tests {
         let mut g = KvGeometry::preset("cpu-small").unwrap();
         g.q_heads = 0;
         let e = g.validate().unwrap_err();
-        assert!(
-            matches!(
-                e,
-                MemoryError::InvalidField {
-                    field: "q_heads",
-                    ..
-                }
-            ),
-            "{e}"
-        );
+        assert!(matches!(e, MemoryError::InvalidField { field: "q_heads", .. }), "{e}");
         assert!(e.to_string().contains("q_heads = 0"), "{e}");
     }
 
@@ -256,16 +207,7 @@ mod tests {
         let mut g = KvGeometry::preset("cpu-small").unwrap();
         g.d_latent = 500;
         let e = g.validate().unwrap_err();
-        assert!(
-            matches!(
-                e,
-                MemoryError::InvalidField {
-                    field: "d_latent",
-                    ..
-                }
-            ),
-            "{e}"
-        );
+        assert!(matches!(e, MemoryError::InvalidField { field: "d_latent", .. }), "{e}");
         // bf16 rows take any latent width.
         g.kv_format = KvRowFormat::Bf16;
         g.validate().unwrap();
@@ -277,20 +219,8 @@ mod tests {
         g.check_kv_row(g.kv_row().unwrap()).unwrap();
         let other = KvRowLayout::new(KvRowFormat::Bf16, 512, 64).unwrap();
         let e = g.check_kv_row(other).unwrap_err();
-        assert!(
-            matches!(
-                e,
-                MemoryError::InvalidField {
-                    field: "kv_format",
-                    ..
-                }
-            ),
-            "{e}"
-        );
-        assert!(
-            e.to_string().contains("bf16") && e.to_string().contains("fp8"),
-            "{e}"
-        );
+        assert!(matches!(e, MemoryError::InvalidField { field: "kv_format", .. }), "{e}");
+        assert!(e.to_string().contains("bf16") && e.to_string().contains("fp8"), "{e}");
     }
 
     #[test]

@@ -1,9 +1,11 @@
 //! # hisparse-memory
 //!
 //! Owns bytes and places in the hisparse KV hierarchy: the model geometry ([`KvGeometry`]),
-//! the row codecs (bf16 and FlashMLA-style fp8 KV rows, fp8 index keys, bit-exact e4m3), and
-//! the memory a backend's kernels read and write ([`DeviceMemory`], with the CPU emulation
-//! [`EmulatedDevice`]).
+//! the row codecs (bf16 and FlashMLA-style fp8 KV rows, fp8 index keys, bit-exact e4m3), the
+//! memory a backend's kernels read and write ([`DeviceMemory`], with the CPU emulation
+//! [`EmulatedDevice`]), the host tier ([`HostTier`], memory-mapped, anonymous or file-backed),
+//! the device tier ([`DeviceTier`]), per-(request, layer) slot tables ([`SlotTable`]) and
+//! admission accounting for both modes ([`AdmissionControl`]).
 //!
 //! Nothing here knows about requests' scheduling, policies or kernels: this crate sits at the
 //! bottom of the workspace (see ARCHITECTURE.md).
@@ -15,16 +17,28 @@
 //! # Ok::<(), hisparse_memory::MemoryError>(())
 //! ```
 
+pub mod admission;
 pub mod device_memory;
+pub mod device_tier;
 pub mod error;
 pub mod fp8;
 pub mod geometry;
+pub mod host_tier;
+pub mod page_pool;
+pub mod request;
 pub mod row;
+pub mod slot_table;
 
+pub use admission::{Admission, AdmissionControl, CapacityPlan, Resources};
 pub use device_memory::{DeviceMemory, Element, EmulatedDevice};
+pub use device_tier::{DeviceTier, DeviceTierConfig};
 pub use error::{MemoryError, Result};
 pub use geometry::KvGeometry;
+pub use host_tier::{HostRowLocation, HostRowWriter, HostTier, HostTierConfig};
+pub use page_pool::PagePool;
+pub use request::{Mode, RequestId};
 pub use row::{IndexKeyLayout, KvRowFormat, KvRowLayout};
+pub use slot_table::SlotTable;
 
 /// The README's examples, compiled and run as doc-tests.
 #[cfg(doctest)]

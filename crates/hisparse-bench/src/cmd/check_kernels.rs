@@ -11,17 +11,12 @@ pub const SKIPPED: i32 = 3;
 pub fn run() -> Result<i32> {
     use hisparse_kernels::cuda;
     if !cuda::nvrtc_available() {
-        eprintln!(
-            "check-kernels: SKIPPED: no NVRTC library could be loaded (source ../shared/tools/nvrtc-env.sh)"
-        );
+        eprintln!("check-kernels: SKIPPED: no NVRTC library could be loaded (source ../shared/tools/nvrtc-env.sh)");
         return Ok(SKIPPED);
     }
     let (major, minor) = cuda::nvrtc_version()?;
     let include = cuda::cuda_include_dir()?;
-    eprintln!(
-        "check-kernels: NVRTC {major}.{minor}, headers in {}",
-        include.display()
-    );
+    eprintln!("check-kernels: NVRTC {major}.{minor}, headers in {}", include.display());
     let mut failed = 0;
     let sources = cuda::all_sources();
     for src in &sources {

@@ -6,9 +6,7 @@ use std::path::PathBuf;
 
 use half::bf16;
 use hisparse_kernels::random::{self, decode_kv_rows, encode_kv_rows};
-use hisparse_kernels::{
-    AttentionBatch, Backend, CpuBackend, IndexerBatch, IndexerRequest, Span, dense_attention,
-};
+use hisparse_kernels::{AttentionBatch, Backend, CpuBackend, IndexerBatch, IndexerRequest, Span, dense_attention};
 use hisparse_memory::{KvGeometry, KvRowFormat};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
@@ -112,23 +110,22 @@ pub fn run(args: &SelfcheckArgs) -> Result<SelfcheckReport> {
     // Indexer over every position of every request.
     bar.set_message("indexer");
     let key = g.index_key()?;
-    let keys = random::index_key_pool(&mut rng, key, b * l)?;
+    // Whole pages of 64 keys per request; position t of request i is key i * pages + t.
+    let keys = random::index_key_pool(&mut rng, key, b * l.div_ceil(64) * 64)?;
     let (ih, dim) = (g.index_heads, g.index_dim);
     let q_idx = random::normal_bf16(&mut rng, b * ih * dim, 1.0);
     let w = random::head_weights(&mut rng, b * ih);
-    let requests: Vec<IndexerRequest> = (0..b)
-        .map(|i| IndexerRequest {
-            first_key: i * l,
-            seq_len: l,
-            score_offset: i * l,
-        })
-        .collect();
+    let requests: Vec<IndexerRequest> =
+        (0..b).map(|i| IndexerRequest { first_page: i * l.div_ceil(64), seq_len: l, score_offset: i * l }).collect();
+    let page_table: Vec<u32> = (0..(b * l.div_ceil(64)) as u32).collect();
     let batch = IndexerBatch {
         heads: ih,
         key_layout: key,
         queries: &q_idx,
         weights: &w,
         keys: &keys,
+        page_tokens: 64,
+        page_table: &page_table,
         requests: &requests,
     };
     let mut scores = vec![0f32; b * l];
@@ -169,11 +166,7 @@ pub fn run(args: &SelfcheckArgs) -> Result<SelfcheckReport> {
     let layout = g.kv_row()?;
     let (pool, values) = random::kv_pool(&mut rng, layout, b * l)?;
     let q = random::normal_bf16(&mut rng, b * g.q_heads * g.d_qk(), 1.0);
-    let locations: Vec<i32> = top
-        .iter()
-        .enumerate()
-        .map(|(j, &p)| p + ((j / k) * l) as i32)
-        .collect();
+    let locations: Vec<i32> = top.iter().enumerate().map(|(j, &p)| p + ((j / k) * l) as i32).collect();
     let sel: Vec<Span> = (0..b).map(|i| Span::new(i * k, k)).collect();
     let scale = g.default_softmax_scale();
     let attn = AttentionBatch {
@@ -187,32 +180,21 @@ pub fn run(args: &SelfcheckArgs) -> Result<SelfcheckReport> {
     };
     let mut out = vec![0f32; b * g.q_heads * g.d_v()];
     let mut lse = vec![0f32; b * g.q_heads];
-    let t = median_secs(1, args.runs, || {
-        cpu.sparse_attention(&attn, &mut out, &mut lse)
-    });
+    let t = median_secs(1, args.runs, || cpu.sparse_attention(&attn, &mut out, &mut lse));
     cpu.sparse_attention(&attn, &mut out, &mut lse)?;
     bar.inc(1);
     bar.set_message("dense f64 oracle");
     let sel_rows: Vec<u8> = locations[..k]
         .iter()
-        .flat_map(|&r| {
-            pool[r as usize * layout.row_bytes()..(r as usize + 1) * layout.row_bytes()].to_vec()
-        })
+        .flat_map(|&r| pool[r as usize * layout.row_bytes()..(r as usize + 1) * layout.row_bytes()].to_vec())
         .collect();
     let decoded = decode_kv_rows(layout, &sel_rows)?;
-    let q0: Vec<f32> = q[..g.q_heads * g.d_qk()]
-        .iter()
-        .map(|x| bf16::to_f32(*x))
-        .collect();
+    let q0: Vec<f32> = q[..g.q_heads * g.d_qk()].iter().map(|x| bf16::to_f32(*x)).collect();
     let (o_ref, l_ref) = dense_attention(&q0, &decoded, g.q_heads, g.d_qk(), g.d_v(), scale);
-    let err =
-        max_diff(&out[..g.q_heads * g.d_v()], &o_ref).max(max_diff(&lse[..g.q_heads], &l_ref));
+    let err = max_diff(&out[..g.q_heads * g.d_v()], &o_ref).max(max_diff(&lse[..g.q_heads], &l_ref));
     lines.push(KernelLine {
         kernel: format!("sparse attention ({})", layout.format()),
-        check: format!(
-            "{b} x {k} rows, {} heads; request 0 vs dense f64 attention (abs)",
-            g.q_heads
-        ),
+        check: format!("{b} x {k} rows, {} heads; request 0 vs dense f64 attention (abs)", g.q_heads),
         max_error: err,
         tolerance: 2e-5,
         median_s: t,
@@ -224,10 +206,8 @@ pub fn run(args: &SelfcheckArgs) -> Result<SelfcheckReport> {
     // The same selected values in bf16 rows: how far fp8 moves the output.
     bar.set_message("fp8 vs bf16 rows");
     let bf = g.clone().with_kv_format(KvRowFormat::Bf16).kv_row()?;
-    let orig: Vec<f32> = locations[..k]
-        .iter()
-        .flat_map(|&r| values[r as usize * 576..(r as usize + 1) * 576].to_vec())
-        .collect();
+    let orig: Vec<f32> =
+        locations[..k].iter().flat_map(|&r| values[r as usize * 576..(r as usize + 1) * 576].to_vec()).collect();
     let (fp8, _) = (g.clone().with_kv_format(KvRowFormat::Fp8).kv_row()?, ());
     let p8 = encode_kv_rows(fp8, &orig)?;
     let p16 = encode_kv_rows(bf, &orig)?;
@@ -248,11 +228,7 @@ pub fn run(args: &SelfcheckArgs) -> Result<SelfcheckReport> {
         selections: &one,
     };
     cpu.sparse_attention(&a8, &mut o8, &mut l8)?;
-    let a16 = AttentionBatch {
-        rows: &p16,
-        layout: bf,
-        ..a8
-    };
+    let a16 = AttentionBatch { rows: &p16, layout: bf, ..a8 };
     let t = median_secs(0, 1, || cpu.sparse_attention(&a16, &mut o16, &mut l16));
     lines.push(KernelLine {
         kernel: "fp8 vs bf16 rows".into(),
@@ -275,21 +251,14 @@ pub fn run(args: &SelfcheckArgs) -> Result<SelfcheckReport> {
         kernels: lines,
     };
     if let Some(path) = &args.json {
-        let text =
-            serde_json::to_string_pretty(&report).map_err(|e| BenchError::Check(e.to_string()))?;
-        std::fs::write(path, text).map_err(|source| BenchError::Io {
-            path: path.display().to_string(),
-            source,
-        })?;
+        let text = serde_json::to_string_pretty(&report).map_err(|e| BenchError::Check(e.to_string()))?;
+        std::fs::write(path, text).map_err(|source| BenchError::Io { path: path.display().to_string(), source })?;
     }
     Ok(report)
 }
 
 fn max_diff(a: &[f32], b: &[f32]) -> f64 {
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| f64::from((x - y).abs()))
-        .fold(0.0, f64::max)
+    a.iter().zip(b).map(|(x, y)| f64::from((x - y).abs())).fold(0.0, f64::max)
 }
 
 /// Worst relative error of sampled indexer scores against f64.
@@ -309,21 +278,13 @@ fn check_indexer(
     let mut kf = vec![0f32; dim];
     for i in 0..b {
         for t in (0..l).step_by((l / 256).max(1)) {
-            let row = (i * l + t) * key.row_bytes();
+            let row = (i * l.div_ceil(64) * 64 + t) * key.row_bytes();
             key.decode(&keys[row..row + key.row_bytes()], &mut kf)?;
             let (mut s, mut mag) = (0f64, 0f64);
             for h in 0..heads {
                 let qh = &q[(i * heads + h) * dim..(i * heads + h + 1) * dim];
-                let d: f64 = qh
-                    .iter()
-                    .zip(&kf)
-                    .map(|(a, b)| f64::from(a.to_f32()) * f64::from(*b))
-                    .sum();
-                let m: f64 = qh
-                    .iter()
-                    .zip(&kf)
-                    .map(|(a, b)| (f64::from(a.to_f32()) * f64::from(*b)).abs())
-                    .sum();
+                let d: f64 = qh.iter().zip(&kf).map(|(a, b)| f64::from(a.to_f32()) * f64::from(*b)).sum();
+                let m: f64 = qh.iter().zip(&kf).map(|(a, b)| (f64::from(a.to_f32()) * f64::from(*b)).abs()).sum();
                 s += f64::from(w[i * heads + h]) * d.max(0.0);
                 mag += f64::from(w[i * heads + h]) * m;
             }
@@ -359,11 +320,7 @@ pub fn render(r: &SelfcheckReport) -> String {
         "kernel", "max err", "tolerance", "median", "GB/s", "GFLOP/s"
     );
     for k in &r.kernels {
-        let ok = if k.max_error <= k.tolerance {
-            "ok"
-        } else {
-            "FAIL"
-        };
+        let ok = if k.max_error <= k.tolerance { "ok" } else { "FAIL" };
         s += &format!(
             "{:<26} {:>10.2e} {:>10.1e} {:>9.2} ms {:>9.2} {:>10.2}  {ok}: {}\n",
             k.kernel,
@@ -384,12 +341,7 @@ pub fn failures(r: &SelfcheckReport) -> Option<String> {
         .kernels
         .iter()
         .filter(|k| !k.passed())
-        .map(|k| {
-            format!(
-                "{} error {:.3e} > {:.1e}",
-                k.kernel, k.max_error, k.tolerance
-            )
-        })
+        .map(|k| format!("{} error {:.3e} > {:.1e}", k.kernel, k.max_error, k.tolerance))
         .collect();
     (!bad.is_empty()).then(|| bad.join("; "))
 }

@@ -24,11 +24,7 @@ pub(super) fn sparse_attention(
         return Err(KernelError::invalid("heads", heads, "must be at least 1"));
     }
     if !batch.softmax_scale.is_finite() {
-        return Err(KernelError::invalid(
-            "softmax_scale",
-            batch.softmax_scale,
-            "must be finite",
-        ));
+        return Err(KernelError::invalid("softmax_scale", batch.softmax_scale, "must be finite"));
     }
     check_len("queries", n * heads * d_qk, batch.queries.len())?;
     check_len("out", n * heads * d_v, out.len())?;
@@ -37,10 +33,7 @@ pub(super) fn sparse_attention(
         return Err(KernelError::invalid(
             "rows",
             batch.rows.len(),
-            format!(
-                "row pool length is not a multiple of the {} row size {row_bytes}",
-                layout.format()
-            ),
+            format!("row pool length is not a multiple of the {} row size {row_bytes}", layout.format()),
         ));
     }
     let pool_rows = batch.rows.len() / row_bytes;
@@ -54,10 +47,7 @@ pub(super) fn sparse_attention(
             }
             .into());
         }
-        if let Some(&bad) = batch.locations[s.offset..s.end()]
-            .iter()
-            .find(|&&l| l < 0 || l as usize >= pool_rows)
-        {
+        if let Some(&bad) = batch.locations[s.offset..s.end()].iter().find(|&&l| l < 0 || l as usize >= pool_rows) {
             return Err(KernelError::invalid(
                 "locations",
                 bad,
@@ -70,18 +60,10 @@ pub(super) fn sparse_attention(
         for s in batch.selections {
             for &loc in &batch.locations[s.offset..s.end()] {
                 let row = loc as usize * row_bytes;
-                for (b, sc) in batch.rows[row + at..row + layout.rope_offset()]
-                    .chunks_exact(4)
-                    .enumerate()
-                {
+                for (b, sc) in batch.rows[row + at..row + layout.rope_offset()].chunks_exact(4).enumerate() {
                     let v = f32::from_le_bytes([sc[0], sc[1], sc[2], sc[3]]);
                     if !(v.is_finite() && v > 0.0) {
-                        return Err(MemoryError::BadScale {
-                            field: "kv_row",
-                            index: b,
-                            value: v,
-                        }
-                        .into());
+                        return Err(MemoryError::BadScale { field: "kv_row", index: b, value: v }.into());
                     }
                 }
             }
@@ -89,12 +71,7 @@ pub(super) fn sparse_attention(
     }
     let queries: Vec<f32> = batch.queries.iter().map(|q| bf16::to_f32(*q)).collect();
     if let Some((index, &value)) = queries.iter().enumerate().find(|(_, q)| !q.is_finite()) {
-        return Err(MemoryError::NonFinite {
-            field: "queries",
-            index,
-            value,
-        }
-        .into());
+        return Err(MemoryError::NonFinite { field: "queries", index, value }.into());
     }
 
     out.par_chunks_mut(heads * d_v)
@@ -110,33 +87,16 @@ pub(super) fn sparse_attention(
                 layout.decode(&batch.rows[at..at + row_bytes], dst)?;
             }
             let q = &queries[i * heads * d_qk..(i + 1) * heads * d_qk];
-            out.par_chunks_mut(d_v)
-                .zip(lse.par_iter_mut())
-                .enumerate()
-                .for_each(|(h, (o, l))| {
-                    *l = attend_one_head(
-                        &q[h * d_qk..(h + 1) * d_qk],
-                        &kv,
-                        d_qk,
-                        d_v,
-                        batch.softmax_scale,
-                        o,
-                    );
-                });
+            out.par_chunks_mut(d_v).zip(lse.par_iter_mut()).enumerate().for_each(|(h, (o, l))| {
+                *l = attend_one_head(&q[h * d_qk..(h + 1) * d_qk], &kv, d_qk, d_v, batch.softmax_scale, o);
+            });
             Ok::<(), KernelError>(())
         })
 }
 
 /// One head over decoded rows `kv` (`[n, d_qk]`): writes the output to `o` (`d_v`) and returns the
 /// log-sum-exp (`-inf` and a zero output for no rows).
-pub(crate) fn attend_one_head(
-    q: &[f32],
-    kv: &[f32],
-    d_qk: usize,
-    d_v: usize,
-    scale: f32,
-    o: &mut [f32],
-) -> f32 {
+pub(crate) fn attend_one_head(q: &[f32], kv: &[f32], d_qk: usize, d_v: usize, scale: f32, o: &mut [f32]) -> f32 {
     o.fill(0.0);
     if kv.is_empty() {
         return f32::NEG_INFINITY;

@@ -1,6 +1,7 @@
 //! CPU lightning indexer: `s_t = scale_t * sum_h w_h * relu(q_h . k~_t)`, where `k~_t` are the key's
 //! e4m3 values and `scale_t` its fp32 scale (equal to `sum_h w_h relu(q_h . k_t)` because scales
-//! are positive). f32 accumulation; parallel over requests and blocks of positions.
+//! are positive). Keys are found through each request's pages. f32 accumulation; parallel over
+//! requests and blocks of positions.
 
 use half::bf16;
 use hisparse_memory::fp8::E4M3_TABLE;
@@ -8,75 +9,78 @@ use hisparse_memory::{EmulatedDevice, MemoryError};
 use rayon::prelude::*;
 
 use super::{disjoint_spans_mut, dot};
-use crate::backend::{IndexerBatch, Span};
+use crate::backend::{IndexerBatch, IndexerRequest, Span};
 use crate::error::{KernelError, Result, check_len};
 
 /// Positions scored per rayon task.
 const BLOCK: usize = 256;
 
-pub(super) fn indexer_scores(
-    batch: &IndexerBatch<'_, EmulatedDevice>,
-    scores: &mut [f32],
-) -> Result<()> {
-    let heads = batch.heads;
-    let dim = batch.key_layout.dim();
-    let key_bytes = batch.key_layout.row_bytes();
+/// Checks the batch's shapes, pages and stored scales; returns nothing but errors.
+fn validate(batch: &IndexerBatch<'_, EmulatedDevice>) -> Result<()> {
+    let (heads, dim, key_bytes, p) =
+        (batch.heads, batch.key_layout.dim(), batch.key_layout.row_bytes(), batch.page_tokens);
     let n = batch.requests.len();
     if heads == 0 {
         return Err(KernelError::invalid("heads", heads, "must be at least 1"));
     }
+    if p == 0 {
+        return Err(KernelError::invalid("page_tokens", p, "must be at least 1"));
+    }
     check_len("queries", n * heads * dim, batch.queries.len())?;
     check_len("weights", n * heads, batch.weights.len())?;
-    if !batch.keys.len().is_multiple_of(key_bytes) {
+    if !batch.keys.len().is_multiple_of(key_bytes * p) {
         return Err(KernelError::invalid(
             "keys",
             batch.keys.len(),
-            format!("key pool length is not a multiple of the key size {key_bytes}"),
+            format!("key pool length is not a whole number of pages of {p} keys of {key_bytes} B"),
         ));
     }
-    let pool_rows = batch.keys.len() / key_bytes;
+    let pool_pages = batch.keys.len() / (key_bytes * p);
     for (i, r) in batch.requests.iter().enumerate() {
-        if r.first_key
-            .checked_add(r.seq_len)
-            .is_none_or(|end| end > pool_rows)
-        {
+        let pages = r.seq_len.div_ceil(p);
+        let table = r
+            .first_page
+            .checked_add(pages)
+            .and_then(|end| batch.page_table.get(r.first_page..end))
+            .ok_or_else(|| {
+                KernelError::invalid(
+                    "requests.first_page",
+                    r.first_page,
+                    format!("request {i}: {pages} pages leave the page table of {} entries", batch.page_table.len()),
+                )
+            })?;
+        if let Some(&bad) = table.iter().find(|&&pg| pg as usize >= pool_pages) {
             return Err(KernelError::invalid(
-                "requests.first_key",
-                r.first_key,
-                format!(
-                    "request {i}: keys {}..{} leave the pool of {pool_rows} rows",
-                    r.first_key,
-                    r.first_key.saturating_add(r.seq_len)
-                ),
+                "page_table",
+                bad,
+                format!("request {i}: not a page of the key pool of {pool_pages} pages"),
             ));
         }
     }
-    if let Some((index, &value)) = batch
-        .weights
-        .iter()
-        .enumerate()
-        .find(|(_, w)| !w.is_finite())
-    {
-        return Err(MemoryError::NonFinite {
-            field: "weights",
-            index,
-            value,
-        }
-        .into());
+    if let Some((index, &value)) = batch.weights.iter().enumerate().find(|(_, w)| !w.is_finite()) {
+        return Err(MemoryError::NonFinite { field: "weights", index, value }.into());
     }
-    // Scales first, so that a bad key fails the call before anything is written.
+    // Stored scales too, so that a bad key fails the call before anything is written.
     for r in batch.requests {
-        for t in r.first_key..r.first_key + r.seq_len {
-            batch
-                .key_layout
-                .scale(&batch.keys[t * key_bytes..(t + 1) * key_bytes])?;
+        for t in 0..r.seq_len {
+            let row = key_row(batch, r, t) * key_bytes;
+            batch.key_layout.scale(&batch.keys[row..row + key_bytes])?;
         }
     }
-    let spans: Vec<Span> = batch
-        .requests
-        .iter()
-        .map(|r| Span::new(r.score_offset, r.seq_len))
-        .collect();
+    Ok(())
+}
+
+/// Pool row of position `t` of request `r` (pages checked by `validate`).
+#[inline]
+fn key_row(batch: &IndexerBatch<'_, EmulatedDevice>, r: &IndexerRequest, t: usize) -> usize {
+    let p = batch.page_tokens;
+    batch.page_table[r.first_page + t / p] as usize * p + t % p
+}
+
+pub(super) fn indexer_scores(batch: &IndexerBatch<'_, EmulatedDevice>, scores: &mut [f32]) -> Result<()> {
+    validate(batch)?;
+    let (heads, dim, key_bytes) = (batch.heads, batch.key_layout.dim(), batch.key_layout.row_bytes());
+    let spans: Vec<Span> = batch.requests.iter().map(|r| Span::new(r.score_offset, r.seq_len)).collect();
     let outs = disjoint_spans_mut("scores", scores, &spans)?;
 
     // Split every request's output into blocks of positions; score the blocks in parallel.
@@ -87,15 +91,15 @@ pub(super) fn indexer_scores(
         }
     }
     let queries: Vec<f32> = batch.queries.iter().map(|q| bf16::to_f32(*q)).collect();
-    tasks.into_par_iter().try_for_each(|(i, start, out)| {
+    tasks.into_par_iter().for_each(|(i, start, out)| {
         let r = &batch.requests[i];
         let q = &queries[i * heads * dim..(i + 1) * heads * dim];
         let w = &batch.weights[i * heads..(i + 1) * heads];
         let mut key = vec![0f32; dim];
         for (t, o) in out.iter_mut().enumerate() {
-            let row = (r.first_key + start + t) * key_bytes;
+            let row = key_row(batch, r, start + t) * key_bytes;
             let bytes = &batch.keys[row..row + key_bytes];
-            let scale = batch.key_layout.scale(bytes)?;
+            let scale = f32::from_le_bytes([bytes[dim], bytes[dim + 1], bytes[dim + 2], bytes[dim + 3]]);
             for (k, &c) in key.iter_mut().zip(&bytes[..dim]) {
                 *k = E4M3_TABLE[usize::from(c)];
             }
@@ -105,6 +109,6 @@ pub(super) fn indexer_scores(
             }
             *o = scale * s;
         }
-        Ok(())
-    })
+    });
+    Ok(())
 }

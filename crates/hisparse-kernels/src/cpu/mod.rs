@@ -37,11 +37,7 @@ impl Backend for CpuBackend {
         &self.memory
     }
 
-    fn indexer_scores(
-        &self,
-        batch: &IndexerBatch<'_, EmulatedDevice>,
-        scores: &mut Vec<f32>,
-    ) -> Result<()> {
+    fn indexer_scores(&self, batch: &IndexerBatch<'_, EmulatedDevice>, scores: &mut Vec<f32>) -> Result<()> {
         indexer::indexer_scores(batch, scores)
     }
 
@@ -92,16 +88,9 @@ pub(crate) fn disjoint_spans_mut<'a, T>(
     let mut consumed = 0usize;
     for i in order {
         let s = spans[i];
-        let end = s
-            .offset
-            .checked_add(s.len)
-            .ok_or_else(|| KernelError::invalid(field, s.offset, "span overflows"))?;
+        let end = s.offset.checked_add(s.len).ok_or_else(|| KernelError::invalid(field, s.offset, "span overflows"))?;
         if s.offset < consumed {
-            return Err(KernelError::invalid(
-                field,
-                format!("{}..{}", s.offset, end),
-                "spans overlap",
-            ));
+            return Err(KernelError::invalid(field, format!("{}..{}", s.offset, end), "spans overlap"));
         }
         if end > consumed + rest.len() {
             return Err(hisparse_memory::MemoryError::OutOfBounds {
@@ -130,23 +119,14 @@ mod tests {
     fn dot_matches_f64() {
         let a: Vec<f32> = (0..577).map(|i| (i as f32 * 0.1).sin()).collect();
         let b: Vec<f32> = (0..577).map(|i| (i as f32 * 0.3).cos()).collect();
-        let exact: f64 = a
-            .iter()
-            .zip(&b)
-            .map(|(x, y)| f64::from(*x) * f64::from(*y))
-            .sum();
-        assert!(
-            (f64::from(dot(&a, &b)) - exact).abs() < 1e-4,
-            "{} vs {exact}",
-            dot(&a, &b)
-        );
+        let exact: f64 = a.iter().zip(&b).map(|(x, y)| f64::from(*x) * f64::from(*y)).sum();
+        assert!((f64::from(dot(&a, &b)) - exact).abs() < 1e-4, "{} vs {exact}", dot(&a, &b));
     }
 
     #[test]
     fn disjoint_spans_split_and_refuse_overlap() {
         let mut v = vec![0u8; 10];
-        let parts =
-            disjoint_spans_mut("scores", &mut v, &[Span::new(6, 3), Span::new(0, 2)]).unwrap();
+        let parts = disjoint_spans_mut("scores", &mut v, &[Span::new(6, 3), Span::new(0, 2)]).unwrap();
         assert_eq!((parts[0].len(), parts[1].len()), (3, 2));
         assert!(disjoint_spans_mut("scores", &mut v, &[Span::new(0, 5), Span::new(4, 2)]).is_err());
         assert!(disjoint_spans_mut("scores", &mut v, &[Span::new(8, 3)]).is_err());

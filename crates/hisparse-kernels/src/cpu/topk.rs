@@ -11,11 +11,7 @@ use crate::error::{KernelError, Result, check_len};
 #[inline]
 fn ordered_bits(x: f32) -> u32 {
     let b = x.to_bits();
-    if b & 0x8000_0000 != 0 {
-        !b
-    } else {
-        b | 0x8000_0000
-    }
+    if b & 0x8000_0000 != 0 { !b } else { b | 0x8000_0000 }
 }
 
 /// The `k` best positions of `scores` (highest score first, then lowest position), written to
@@ -26,11 +22,8 @@ pub fn top_k_positions(scores: &[f32], k: usize, out: &mut [i32]) {
         return;
     }
     // Smaller key = better: the complemented score order in the high half, the position below.
-    let mut keys: Vec<u64> = scores
-        .iter()
-        .enumerate()
-        .map(|(i, &s)| (u64::from(!ordered_bits(s)) << 32) | i as u64)
-        .collect();
+    let mut keys: Vec<u64> =
+        scores.iter().enumerate().map(|(i, &s)| (u64::from(!ordered_bits(s)) << 32) | i as u64).collect();
     if k < keys.len() {
         keys.select_nth_unstable(k - 1);
     }
@@ -45,18 +38,10 @@ pub(super) fn top_k(scores: &[f32], spans: &[Span], k: usize, out: &mut [i32]) -
     check_len("out", spans.len() * k, out.len())?;
     for (request, s) in spans.iter().enumerate() {
         if s.len < k {
-            return Err(KernelError::TopKExceedsLength {
-                request,
-                top_k: k,
-                seq_len: s.len,
-            });
+            return Err(KernelError::TopKExceedsLength { request, top_k: k, seq_len: s.len });
         }
         if s.len > i32::MAX as usize {
-            return Err(KernelError::invalid(
-                "spans.len",
-                s.len,
-                "positions must fit in an i32",
-            ));
+            return Err(KernelError::invalid("spans.len", s.len, "positions must fit in an i32"));
         }
         if s.end() > scores.len() {
             return Err(hisparse_memory::MemoryError::OutOfBounds {
@@ -71,8 +56,6 @@ pub(super) fn top_k(scores: &[f32], spans: &[Span], k: usize, out: &mut [i32]) -
     if k == 0 {
         return Ok(());
     }
-    out.par_chunks_mut(k)
-        .zip(spans.par_iter())
-        .for_each(|(o, s)| top_k_positions(&scores[s.offset..s.end()], k, o));
+    out.par_chunks_mut(k).zip(spans.par_iter()).for_each(|(o, s)| top_k_positions(&scores[s.offset..s.end()], k, o));
     Ok(())
 }

@@ -20,23 +20,15 @@ impl CudaDevice {
     /// Opens GPU `ordinal`, or returns `CudaUnavailable` where there is no driver or no such GPU.
     pub fn new(ordinal: usize) -> Result<Self> {
         if !driver_available() {
-            return Err(KernelError::CudaUnavailable {
-                reason: "no CUDA driver (libcuda.so) on this machine".into(),
-            });
+            return Err(KernelError::CudaUnavailable { reason: "no CUDA driver (libcuda.so) on this machine".into() });
         }
         let count = CudaContext::device_count().map_err(driver_error("cuDeviceGetCount"))?;
         if ordinal >= usize::try_from(count).unwrap_or(0) {
-            return Err(KernelError::CudaUnavailable {
-                reason: format!("GPU {ordinal} asked for, {count} present"),
-            });
+            return Err(KernelError::CudaUnavailable { reason: format!("GPU {ordinal} asked for, {count} present") });
         }
         let ctx = CudaContext::new(ordinal).map_err(driver_error("cuCtxCreate"))?;
         let stream = ctx.default_stream();
-        Ok(Self {
-            ctx,
-            stream,
-            modules: Mutex::new(HashMap::new()),
-        })
+        Ok(Self { ctx, stream, modules: Mutex::new(HashMap::new()) })
     }
 
     /// The context.
@@ -64,20 +56,16 @@ impl CudaDevice {
             match modules.get(module) {
                 Some(m) => m.clone(),
                 None => {
-                    let src = sources::source(module).ok_or_else(|| {
-                        KernelError::invalid("module", module, "no kernel source of that name")
-                    })?;
+                    let src = sources::source(module)
+                        .ok_or_else(|| KernelError::invalid("module", module, "no kernel source of that name"))?;
                     let compiled = nvrtc::compile(&src)?;
-                    let m = self
-                        .ctx
-                        .load_module(compiled.ptx)
-                        .map_err(driver_error(format!("loading module {module}")))?;
+                    let m =
+                        self.ctx.load_module(compiled.ptx).map_err(driver_error(format!("loading module {module}")))?;
                     modules.insert(module, m.clone());
                     m
                 }
             }
         };
-        m.load_function(kernel)
-            .map_err(driver_error(format!("loading kernel {module}::{kernel}")))
+        m.load_function(kernel).map_err(driver_error(format!("loading kernel {module}::{kernel}")))
     }
 }

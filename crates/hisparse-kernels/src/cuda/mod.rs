@@ -21,12 +21,7 @@ pub fn driver_available() -> bool {
     unsafe { cudarc::driver::sys::is_culib_present() }
 }
 
-fn driver_error(
-    context: impl Into<String>,
-) -> impl FnOnce(cudarc::driver::DriverError) -> KernelError {
+fn driver_error(context: impl Into<String>) -> impl FnOnce(cudarc::driver::DriverError) -> KernelError {
     let context = context.into();
-    move |e| KernelError::Cuda {
-        context,
-        message: e.to_string(),
-    }
+    move |e| KernelError::Cuda { context, message: e.to_string() }
 }

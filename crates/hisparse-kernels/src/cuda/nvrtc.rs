@@ -28,10 +28,7 @@ pub fn nvrtc_version() -> Result<(i32, i32)> {
     if r == cudarc::nvrtc::sys::nvrtcResult::NVRTC_SUCCESS {
         Ok((major, minor))
     } else {
-        Err(KernelError::Cuda {
-            context: "nvrtcVersion".into(),
-            message: format!("{r:?}"),
-        })
+        Err(KernelError::Cuda { context: "nvrtcVersion".into(), message: format!("{r:?}") })
     }
 }
 
@@ -61,10 +58,7 @@ pub fn cuda_include_dir() -> Result<PathBuf> {
         tried.push(dir.display().to_string());
     }
     Err(KernelError::CudaUnavailable {
-        reason: format!(
-            "no CUDA headers (cuda_fp8.h) in HISPARSE_CUDA_INCLUDE or {}",
-            tried.join(", ")
-        ),
+        reason: format!("no CUDA headers (cuda_fp8.h) in HISPARSE_CUDA_INCLUDE or {}", tried.join(", ")),
     })
 }
 
@@ -86,25 +80,16 @@ pub fn compile(source: &KernelSource) -> Result<CompiledKernel> {
     let opts = CompileOptions {
         arch: Some(ARCH),
         include_paths: vec![include.display().to_string()],
-        options: vec![
-            "--std=c++17".into(),
-            "-lineinfo".into(),
-            "-default-device".into(),
-        ],
+        options: vec!["--std=c++17".into(), "-lineinfo".into(), "-default-device".into()],
         name: Some(format!("{}.cu", source.name)),
         ..CompileOptions::default()
     };
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(&source.code, opts).map_err(|e| {
-        KernelError::Compile {
-            kernel: source.name.to_owned(),
-            log: match e {
-                CompileError::CompileError { log, .. } => log.to_string_lossy().into_owned(),
-                other => format!("{other:?}"),
-            },
-        }
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(&source.code, opts).map_err(|e| KernelError::Compile {
+        kernel: source.name.to_owned(),
+        log: match e {
+            CompileError::CompileError { log, .. } => log.to_string_lossy().into_owned(),
+            other => format!("{other:?}"),
+        },
     })?;
-    Ok(CompiledKernel {
-        name: source.name,
-        ptx,
-    })
+    Ok(CompiledKernel { name: source.name, ptx })
 }

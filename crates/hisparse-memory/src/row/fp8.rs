@@ -43,15 +43,7 @@ pub fn quantize_block(values: &[f32], out: &mut [u8]) -> f32 {
 /// Reads a little-endian fp32 scale and checks it is finite and positive.
 pub(crate) fn read_scale(bytes: &[u8], field: &'static str, index: usize) -> Result<f32> {
     let s = f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
-    if s.is_finite() && s > 0.0 {
-        Ok(s)
-    } else {
-        Err(MemoryError::BadScale {
-            field,
-            index,
-            value: s,
-        })
-    }
+    if s.is_finite() && s > 0.0 { Ok(s) } else { Err(MemoryError::BadScale { field, index, value: s }) }
 }
 
 /// Decodes `out.len()` e4m3 codes followed by their fp32 scales (one per `FP8_BLOCK` codes, or one

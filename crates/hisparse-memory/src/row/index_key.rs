@@ -43,11 +43,7 @@ impl IndexKeyLayout {
         check_len("values", self.dim, values.len())?;
         check_len("row", self.row_bytes(), row.len())?;
         if let Some((index, &value)) = values.iter().enumerate().find(|(_, v)| !v.is_finite()) {
-            return Err(MemoryError::NonFinite {
-                field: "values",
-                index,
-                value,
-            });
+            return Err(MemoryError::NonFinite { field: "values", index, value });
         }
         let (codes, scale) = row.split_at_mut(self.dim);
         let s = quantize_block(values, codes);

@@ -89,11 +89,7 @@ impl KvRowLayout {
     /// non-zero multiple of 128.
     pub fn new(format: KvRowFormat, d_latent: usize, d_rope: usize) -> Result<Self> {
         if d_latent == 0 {
-            return Err(MemoryError::invalid(
-                "d_latent",
-                d_latent,
-                "must be at least 1",
-            ));
+            return Err(MemoryError::invalid("d_latent", d_latent, "must be at least 1"));
         }
         if format == KvRowFormat::Fp8 && !d_latent.is_multiple_of(FP8_BLOCK) {
             return Err(MemoryError::invalid(
@@ -102,11 +98,7 @@ impl KvRowLayout {
                 format!("fp8 rows hold the latent in blocks of {FP8_BLOCK} values"),
             ));
         }
-        Ok(Self {
-            format,
-            d_latent,
-            d_rope,
-        })
+        Ok(Self { format, d_latent, d_rope })
     }
 
     /// The row format.
@@ -155,11 +147,7 @@ impl KvRowLayout {
         check_len("values", self.d_qk(), values.len())?;
         check_len("row", self.row_bytes(), row.len())?;
         if let Some((index, &value)) = values.iter().enumerate().find(|(_, v)| !v.is_finite()) {
-            return Err(MemoryError::NonFinite {
-                field: "values",
-                index,
-                value,
-            });
+            return Err(MemoryError::NonFinite { field: "values", index, value });
         }
         let (latent, rope) = values.split_at(self.d_latent);
         let rope_at = self.rope_offset();
@@ -168,11 +156,7 @@ impl KvRowLayout {
             KvRowFormat::Fp8 => {
                 let (codes, rest) = row.split_at_mut(self.d_latent);
                 let (scales, _) = rest.split_at_mut(rope_at - self.d_latent);
-                for (b, (block, out)) in latent
-                    .chunks(FP8_BLOCK)
-                    .zip(codes.chunks_mut(FP8_BLOCK))
-                    .enumerate()
-                {
+                for (b, (block, out)) in latent.chunks(FP8_BLOCK).zip(codes.chunks_mut(FP8_BLOCK)).enumerate() {
                     let s = quantize_block(block, out);
                     scales[4 * b..4 * b + 4].copy_from_slice(&s.to_le_bytes());
                 }

@@ -14,18 +14,13 @@ fn bf16_layout() -> KvRowLayout {
 }
 
 fn ramp(n: usize) -> Vec<f32> {
-    (0..n)
-        .map(|i| ((i as f32) * 0.731).sin() * (1.0 + i as f32 / 50.0))
-        .collect()
+    (0..n).map(|i| ((i as f32) * 0.731).sin() * (1.0 + i as f32 / 50.0)).collect()
 }
 
 #[test]
 fn fp8_row_byte_layout() {
     let l = fp8();
-    assert_eq!(
-        (l.row_bytes(), l.scales_offset(), l.rope_offset()),
-        (656, Some(512), 528)
-    );
+    assert_eq!((l.row_bytes(), l.scales_offset(), l.rope_offset()), (656, Some(512), 528));
     let values = ramp(576);
     let mut row = vec![0u8; 656];
     l.encode(&values, &mut row).unwrap();
@@ -35,10 +30,7 @@ fn fp8_row_byte_layout() {
         let s = f32::from_le_bytes(row[512 + 4 * b..516 + 4 * b].try_into().unwrap());
         // Power of two, and the smallest one that keeps amax / s within 448.
         assert_eq!(s.log2().fract(), 0.0, "scale {s}");
-        assert!(
-            amax / s <= 448.0 && amax / (s / 2.0) > 448.0,
-            "block {b}: amax {amax}, s {s}"
-        );
+        assert!(amax / s <= 448.0 && amax / (s / 2.0) > 448.0, "block {b}: amax {amax}, s {s}");
         // Byte i of the block is value i / s in e4m3.
         for i in 0..128 {
             assert_eq!(row[b * 128 + i], crate::fp8::encode_e4m3(block[i] / s));
@@ -54,10 +46,7 @@ fn fp8_row_byte_layout() {
 #[test]
 fn bf16_row_byte_layout() {
     let l = bf16_layout();
-    assert_eq!(
-        (l.row_bytes(), l.scales_offset(), l.rope_offset()),
-        (1152, None, 1024)
-    );
+    assert_eq!((l.row_bytes(), l.scales_offset(), l.rope_offset()), (1152, None, 1024));
     let values = ramp(576);
     let mut row = vec![0u8; 1152];
     l.encode(&values, &mut row).unwrap();
@@ -100,37 +89,13 @@ fn bad_input_is_named() {
     let l = fp8();
     let mut row = vec![0u8; 656];
     let e = l.encode(&ramp(575), &mut row).unwrap_err();
-    assert_eq!(
-        e,
-        MemoryError::LengthMismatch {
-            field: "values",
-            expected: 576,
-            actual: 575
-        }
-    );
+    assert_eq!(e, MemoryError::LengthMismatch { field: "values", expected: 576, actual: 575 });
     let e = l.encode(&ramp(576), &mut row[..600]).unwrap_err();
-    assert_eq!(
-        e,
-        MemoryError::LengthMismatch {
-            field: "row",
-            expected: 656,
-            actual: 600
-        }
-    );
+    assert_eq!(e, MemoryError::LengthMismatch { field: "row", expected: 656, actual: 600 });
     let mut v = ramp(576);
     v[77] = f32::NAN;
     let e = l.encode(&v, &mut row).unwrap_err();
-    assert!(
-        matches!(
-            e,
-            MemoryError::NonFinite {
-                field: "values",
-                index: 77,
-                ..
-            }
-        ),
-        "{e}"
-    );
+    assert!(matches!(e, MemoryError::NonFinite { field: "values", index: 77, .. }), "{e}");
     // Non-finite and non-positive scales are refused on decode.
     l.encode(&ramp(576), &mut row).unwrap();
     let mut out = vec![0f32; 576];
@@ -138,36 +103,14 @@ fn bad_input_is_named() {
         let mut r = row.clone();
         r[516..520].copy_from_slice(&bad.to_le_bytes());
         let e = l.decode(&r, &mut out).unwrap_err();
-        assert!(
-            matches!(
-                e,
-                MemoryError::BadScale {
-                    field: "kv_row",
-                    index: 1,
-                    ..
-                }
-            ),
-            "{e}"
-        );
+        assert!(matches!(e, MemoryError::BadScale { field: "kv_row", index: 1, .. }), "{e}");
     }
     let k = IndexKeyLayout::new(128).unwrap();
     let mut key = vec![0u8; 132];
     k.encode(&ramp(128), &mut key).unwrap();
     key[128..].copy_from_slice(&f32::NEG_INFINITY.to_le_bytes());
-    assert!(matches!(
-        k.scale(&key),
-        Err(MemoryError::BadScale {
-            field: "index_key",
-            ..
-        })
-    ));
-    assert!(matches!(
-        IndexKeyLayout::new(0),
-        Err(MemoryError::InvalidField {
-            field: "index_dim",
-            ..
-        })
-    ));
+    assert!(matches!(k.scale(&key), Err(MemoryError::BadScale { field: "index_key", .. })));
+    assert!(matches!(IndexKeyLayout::new(0), Err(MemoryError::InvalidField { field: "index_dim", .. })));
     assert!("fp16".parse::<KvRowFormat>().is_err());
 }
 

@@ -1,0 +1,267 @@
+//! Admission accounting for both modes: what a request needs for its whole life (pages, a
+//! hot-buffer seat, host pages), planned from byte budgets, and the decision to admit it now,
+//! let it wait, or reject it whole because it can never fit.
+
+use crate::device_tier::DeviceTierConfig;
+use crate::error::{MemoryError, Result};
+use crate::request::Mode;
+use crate::row::{IndexKeyLayout, KvRowLayout};
+
+/// Countable resources of the tiers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Resources {
+    /// Device pages of full KV rows (resident mode).
+    pub kv_pages: usize,
+    /// Device pages of index keys.
+    pub index_pages: usize,
+    /// Device hot buffers (hisparse mode).
+    pub seats: usize,
+    /// Host-tier pages (hisparse mode).
+    pub host_pages: usize,
+}
+
+impl Resources {
+    /// What a request of `tokens` positions (prompt + output) needs in `mode`.
+    pub fn need(mode: Mode, tokens: usize, page_tokens: usize) -> Self {
+        let pages = tokens.div_ceil(page_tokens.max(1));
+        match mode {
+            Mode::Resident => Self { kv_pages: pages, index_pages: pages, seats: 0, host_pages: 0 },
+            Mode::HiSparse => Self { kv_pages: 0, index_pages: pages, seats: 1, host_pages: pages },
+        }
+    }
+
+    fn fields(&self) -> [(&'static str, usize); 4] {
+        [
+            ("device KV pages", self.kv_pages),
+            ("device index-key pages", self.index_pages),
+            ("device hot-buffer seats", self.seats),
+            ("host-tier pages", self.host_pages),
+        ]
+    }
+}
+
+/// The answer to "may this request start now?".
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Admission {
+    /// Its resources are reserved; it may start.
+    Admitted,
+    /// It fits the capacity but not what is free now: it waits, holding nothing.
+    Wait {
+        /// The first resource short now.
+        short: &'static str,
+    },
+    /// It can never fit: it is rejected whole, holding nothing.
+    Rejected {
+        /// Why, naming the resource and the amounts.
+        reason: String,
+    },
+}
+
+/// Reservations against fixed capacities.
+///
+/// Invariant: `reserved <= capacity` in every resource, and every reservation made by
+/// [`AdmissionControl::try_admit`] is returned by exactly one [`AdmissionControl::release`].
+#[derive(Clone, Debug)]
+pub struct AdmissionControl {
+    capacity: Resources,
+    reserved: Resources,
+}
+
+impl AdmissionControl {
+    /// Accounting against `capacity`.
+    pub fn new(capacity: Resources) -> Self {
+        Self { capacity, reserved: Resources::default() }
+    }
+
+    /// The capacities.
+    pub fn capacity(&self) -> Resources {
+        self.capacity
+    }
+
+    /// What admitted requests hold.
+    pub fn reserved(&self) -> Resources {
+        self.reserved
+    }
+
+    /// The decision for `need`, without reserving.
+    pub fn decide(&self, need: &Resources) -> Admission {
+        for ((name, want), ((_, cap), (_, used))) in
+            need.fields().into_iter().zip(self.capacity.fields().into_iter().zip(self.reserved.fields()))
+        {
+            if want > cap {
+                return Admission::Rejected { reason: format!("needs {want} {name}, the tier holds {cap} in all") };
+            }
+            if want > cap - used {
+                return Admission::Wait { short: name };
+            }
+        }
+        Admission::Admitted
+    }
+
+    /// Decides for `need` and reserves it when admitted.
+    pub fn try_admit(&mut self, need: &Resources) -> Admission {
+        let d = self.decide(need);
+        if d == Admission::Admitted {
+            self.reserved.kv_pages += need.kv_pages;
+            self.reserved.index_pages += need.index_pages;
+            self.reserved.seats += need.seats;
+            self.reserved.host_pages += need.host_pages;
+        }
+        d
+    }
+
+    /// Returns what an admitted request reserved.
+    pub fn release(&mut self, need: &Resources) -> Result<()> {
+        let r = &mut self.reserved;
+        if need.kv_pages > r.kv_pages
+            || need.index_pages > r.index_pages
+            || need.seats > r.seats
+            || need.host_pages > r.host_pages
+        {
+            return Err(MemoryError::invalid("release", format!("{need:?}"), format!("more than reserved ({r:?})")));
+        }
+        r.kv_pages -= need.kv_pages;
+        r.index_pages -= need.index_pages;
+        r.seats -= need.seats;
+        r.host_pages -= need.host_pages;
+        Ok(())
+    }
+}
+
+/// Byte budgets and shapes from which tier capacities are planned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CapacityPlan {
+    /// Serving mode.
+    pub mode: Mode,
+    /// Layers.
+    pub layers: usize,
+    /// KV row layout.
+    pub kv_row: KvRowLayout,
+    /// Index key layout.
+    pub index_key: IndexKeyLayout,
+    /// Positions per page.
+    pub page_tokens: usize,
+    /// Regular hot-buffer slots (`device_buffer_size`).
+    pub buffer_slots: usize,
+    /// Device bytes for KV, index keys and hot buffers.
+    pub device_bytes: usize,
+    /// Host-tier bytes (hisparse mode).
+    pub host_bytes: usize,
+    /// The request length (positions) the device split between hot buffers and index keys is
+    /// sized for in hisparse mode.
+    pub typical_tokens: usize,
+}
+
+impl CapacityPlan {
+    /// Device tier capacities: resident mode spends the budget on pages of KV rows plus index
+    /// keys; hisparse mode on as many (seat + index pages of a typical request) as fit, then
+    /// the rest on index pages.
+    pub fn device_tier(&self) -> DeviceTierConfig {
+        let (kv, key, l, p) =
+            (self.kv_row.row_bytes(), self.index_key.row_bytes(), self.layers, self.page_tokens.max(1));
+        let (kv_pages, index_pages, seats) = match self.mode {
+            Mode::Resident => {
+                let pages = self.device_bytes / (p * (kv + key) * l).max(1);
+                (pages, pages, 0)
+            }
+            Mode::HiSparse => {
+                let seat = (self.buffer_slots + 1) * kv * l;
+                let page = p * key * l;
+                let per_request = seat + self.typical_tokens.div_ceil(p) * page;
+                let seats = self.device_bytes / per_request.max(1);
+                (0, (self.device_bytes - seats * seat) / page.max(1), seats)
+            }
+        };
+        DeviceTierConfig {
+            layers: l,
+            kv_row: self.kv_row,
+            index_key: self.index_key,
+            page_tokens: p,
+            kv_pages,
+            index_pages,
+            seats,
+            buffer_slots: self.buffer_slots,
+        }
+    }
+
+    /// Host-tier pages (per layer): zero in resident mode.
+    pub fn host_pages(&self) -> usize {
+        match self.mode {
+            Mode::Resident => 0,
+            Mode::HiSparse => {
+                self.host_bytes / (self.page_tokens.max(1) * self.kv_row.row_bytes() * self.layers).max(1)
+            }
+        }
+    }
+
+    /// All capacities, for [`AdmissionControl::new`].
+    pub fn resources(&self) -> Resources {
+        let d = self.device_tier();
+        Resources { kv_pages: d.kv_pages, index_pages: d.index_pages, seats: d.seats, host_pages: self.host_pages() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::row::KvRowFormat;
+
+    fn plan(mode: Mode) -> CapacityPlan {
+        CapacityPlan {
+            mode,
+            layers: 61,
+            kv_row: KvRowLayout::new(KvRowFormat::Fp8, 512, 64).unwrap(),
+            index_key: IndexKeyLayout::new(128).unwrap(),
+            page_tokens: 64,
+            buffer_slots: 4096,
+            device_bytes: 40 << 30,
+            host_bytes: 100 << 30,
+            typical_tokens: 40 * 1024,
+        }
+    }
+
+    #[test]
+    fn hisparse_fits_many_more_requests_than_resident() {
+        let res = plan(Mode::Resident).resources();
+        let hs = plan(Mode::HiSparse).resources();
+        let need_res = Resources::need(Mode::Resident, 40 * 1024, 64);
+        let need_hs = Resources::need(Mode::HiSparse, 40 * 1024, 64);
+        let fit = |cap: Resources, need: Resources| {
+            let mut a = AdmissionControl::new(cap);
+            let mut n = 0;
+            while a.try_admit(&need) == Admission::Admitted {
+                n += 1;
+            }
+            n
+        };
+        let (r, h) = (fit(res, need_res), fit(hs, need_hs));
+        // 40 GiB / (40k tokens x 61 layers x 788 B) = 21 resident requests.
+        assert_eq!(r, 21);
+        // Each hisparse request needs 4097 x 61 x 656 B of hot buffer plus its index keys on the
+        // device, and 40k x 61 x 656 B on the host: 100 GiB of host bytes hold 65.
+        assert!(h >= 3 * r, "hisparse {h} vs resident {r}");
+        assert_eq!(h, 65.min(plan(Mode::HiSparse).device_tier().seats));
+    }
+
+    #[test]
+    fn wait_then_admit_and_reject_whole() {
+        let cap = Resources { kv_pages: 10, index_pages: 10, seats: 0, host_pages: 0 };
+        let mut a = AdmissionControl::new(cap);
+        let six = Resources::need(Mode::Resident, 6 * 64, 64);
+        assert_eq!(a.try_admit(&six), Admission::Admitted);
+        assert_eq!(a.try_admit(&six), Admission::Wait { short: "device KV pages" });
+        assert_eq!(a.reserved().kv_pages, 6, "a waiting request holds nothing");
+        let huge = Resources::need(Mode::Resident, 11 * 64, 64);
+        match a.try_admit(&huge) {
+            Admission::Rejected { reason } => {
+                assert!(reason.contains("needs 11 device KV pages") && reason.contains("10 in all"), "{reason}")
+            }
+            other => panic!("{other:?}"),
+        }
+        a.release(&six).unwrap();
+        assert_eq!(a.try_admit(&six), Admission::Admitted);
+        assert!(a.release(&huge).is_err(), "cannot release more than reserved");
+        let hs = Resources::need(Mode::HiSparse, 100, 64);
+        assert!(matches!(a.decide(&hs), Admission::Rejected { .. }), "no seats in a resident plan");
+    }
+}

@@ -1,0 +1,370 @@
+//! `DeviceTier`: what lives in a backend's device memory, per layer: the index keys of every
+//! token of every live request, the hot buffers of hisparse requests (`device_buffer_size`
+//! regular slots plus the reserved newest slot, one "seat" per request), and the full KV rows of
+//! resident requests. Pages of `page_tokens` positions are shared across layers: a request holds
+//! the same page ids (and seat) in every layer's buffer.
+
+use std::collections::HashMap;
+
+use crate::device_memory::DeviceMemory;
+use crate::error::{MemoryError, Result, check_len};
+use crate::page_pool::PagePool;
+use crate::request::{Mode, RequestId};
+use crate::row::{IndexKeyLayout, KvRowLayout};
+
+/// Capacities of a device tier.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceTierConfig {
+    /// Layers.
+    pub layers: usize,
+    /// KV row layout.
+    pub kv_row: KvRowLayout,
+    /// Index key layout.
+    pub index_key: IndexKeyLayout,
+    /// Positions per page.
+    pub page_tokens: usize,
+    /// Pages of full KV rows (for resident requests).
+    pub kv_pages: usize,
+    /// Pages of index keys (for every request).
+    pub index_pages: usize,
+    /// Hot buffers (for hisparse requests).
+    pub seats: usize,
+    /// Regular slots per hot buffer (`device_buffer_size`); each seat has one more, reserved.
+    pub buffer_slots: usize,
+}
+
+impl DeviceTierConfig {
+    /// Device bytes of all buffers.
+    pub fn bytes(&self) -> usize {
+        let per_layer = self.kv_pages * self.page_tokens * self.kv_row.row_bytes()
+            + self.index_pages * self.page_tokens * self.index_key.row_bytes()
+            + self.seats * (self.buffer_slots + 1) * self.kv_row.row_bytes();
+        per_layer * self.layers
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Held {
+    mode: Mode,
+    seat: Option<u32>,
+}
+
+/// The device tier. See the module documentation.
+pub struct DeviceTier<M: DeviceMemory> {
+    mem: M,
+    cfg: DeviceTierConfig,
+    kv: Vec<M::Buffer<u8>>,
+    keys: Vec<M::Buffer<u8>>,
+    hot: Vec<M::Buffer<u8>>,
+    kv_pages: PagePool,
+    index_pages: PagePool,
+    seats: PagePool,
+    held: HashMap<RequestId, Held>,
+}
+
+impl<M: DeviceMemory> DeviceTier<M> {
+    /// Allocates every buffer of `cfg` in `mem`.
+    pub fn new(mem: M, cfg: DeviceTierConfig) -> Result<Self> {
+        for (field, v) in [("layers", cfg.layers), ("page_tokens", cfg.page_tokens), ("buffer_slots", cfg.buffer_slots)]
+        {
+            if v == 0 {
+                return Err(MemoryError::invalid(field, v, "must be at least 1"));
+            }
+        }
+        let (kvb, kb) = (cfg.kv_row.row_bytes(), cfg.index_key.row_bytes());
+        let alloc =
+            |n: usize| -> Result<Vec<M::Buffer<u8>>> { (0..cfg.layers).map(|_| mem.alloc_zeroed::<u8>(n)).collect() };
+        let kv = alloc(cfg.kv_pages * cfg.page_tokens * kvb)?;
+        let keys = alloc(cfg.index_pages * cfg.page_tokens * kb)?;
+        let hot = alloc(cfg.seats * (cfg.buffer_slots + 1) * kvb)?;
+        Ok(Self {
+            kv_pages: PagePool::new("device KV pages", cfg.kv_pages)?,
+            index_pages: PagePool::new("device index-key pages", cfg.index_pages)?,
+            seats: PagePool::new("device hot-buffer seats", cfg.seats)?,
+            mem,
+            cfg,
+            kv,
+            keys,
+            hot,
+            held: HashMap::new(),
+        })
+    }
+
+    /// The memory the buffers live in.
+    pub fn memory(&self) -> &M {
+        &self.mem
+    }
+
+    /// The capacities.
+    pub fn config(&self) -> &DeviceTierConfig {
+        &self.cfg
+    }
+
+    /// Registers `req` in `mode`: a hisparse request takes a seat now (all or nothing).
+    pub fn register(&mut self, req: RequestId, mode: Mode) -> Result<()> {
+        if self.held.contains_key(&req) {
+            return Err(MemoryError::DuplicateRequest { pool: "device tier", request: req.0 });
+        }
+        let seat = if mode == Mode::HiSparse {
+            self.seats.register(req)?;
+            match self.seats.grow_to(req, 1) {
+                Ok(s) => Some(s[0]),
+                Err(e) => {
+                    self.seats.release(req)?;
+                    return Err(e);
+                }
+            }
+        } else {
+            None
+        };
+        self.index_pages.register(req)?;
+        if mode == Mode::Resident {
+            self.kv_pages.register(req)?;
+        }
+        self.held.insert(req, Held { mode, seat });
+        Ok(())
+    }
+
+    fn held(&self, req: RequestId) -> Result<Held> {
+        self.held.get(&req).copied().ok_or(MemoryError::UnknownRequest { pool: "device tier", request: req.0 })
+    }
+
+    /// Makes room for positions `0..tokens` of `req`: index keys, and full KV rows for a
+    /// resident request (all or nothing).
+    pub fn grow(&mut self, req: RequestId, tokens: usize) -> Result<()> {
+        let held = self.held(req)?;
+        let pages = tokens.div_ceil(self.cfg.page_tokens);
+        if held.mode == Mode::Resident {
+            let more_kv = pages.saturating_sub(self.kv_pages.pages(req)?.len());
+            if more_kv > self.kv_pages.free() {
+                return Err(MemoryError::CapacityExhausted {
+                    pool: "device KV pages",
+                    needed: more_kv,
+                    free: self.kv_pages.free(),
+                    unit: "pages",
+                });
+            }
+        }
+        self.index_pages.grow_to(req, pages)?;
+        if held.mode == Mode::Resident {
+            // Room was checked above, so this cannot fail.
+            self.kv_pages.grow_to(req, pages)?;
+        }
+        Ok(())
+    }
+
+    /// Frees everything `req` holds.
+    pub fn release(&mut self, req: RequestId) -> Result<()> {
+        let held = self.held.remove(&req).ok_or(MemoryError::UnknownRequest { pool: "device tier", request: req.0 })?;
+        self.index_pages.release(req)?;
+        if held.mode == Mode::Resident {
+            self.kv_pages.release(req)?;
+        }
+        if held.seat.is_some() {
+            self.seats.release(req)?;
+        }
+        Ok(())
+    }
+
+    fn paged_row(&self, pool: &PagePool, name: &'static str, req: RequestId, position: usize) -> Result<usize> {
+        let pages = pool.pages(req)?;
+        let p = pages.get(position / self.cfg.page_tokens).ok_or(MemoryError::PositionOutOfRange {
+            pool: name,
+            request: req.0,
+            position,
+            capacity: pages.len() * self.cfg.page_tokens,
+        })?;
+        Ok(*p as usize * self.cfg.page_tokens + position % self.cfg.page_tokens)
+    }
+
+    /// Row of the index-key buffers (any layer) holding `req`'s key at `position`.
+    pub fn index_key_row(&self, req: RequestId, position: usize) -> Result<usize> {
+        self.paged_row(&self.index_pages, "device index keys", req, position)
+    }
+
+    /// Row of the KV buffers (any layer) holding resident `req`'s row at `position`.
+    pub fn kv_row(&self, req: RequestId, position: usize) -> Result<usize> {
+        self.paged_row(&self.kv_pages, "device KV", req, position)
+    }
+
+    /// Row of the hot-buffer buffers (any layer) of hisparse `req`'s `slot` (the reserved slot
+    /// is `buffer_slots`).
+    pub fn hot_row(&self, req: RequestId, slot: usize) -> Result<usize> {
+        let seat = self
+            .held(req)?
+            .seat
+            .ok_or_else(|| MemoryError::invalid("mode", "resident", format!("request {req} has no hot buffer")))?;
+        if slot > self.cfg.buffer_slots {
+            return Err(MemoryError::invalid(
+                "slot",
+                slot,
+                format!("a hot buffer has {} slots", self.cfg.buffer_slots + 1),
+            ));
+        }
+        Ok(seat as usize * (self.cfg.buffer_slots + 1) + slot)
+    }
+
+    /// The index-key pages `req` holds, in position order (for the indexer's page table).
+    pub fn index_pages(&self, req: RequestId) -> Result<&[u32]> {
+        self.index_pages.pages(req)
+    }
+
+    /// The KV pages resident `req` holds, in position order.
+    pub fn kv_pages(&self, req: RequestId) -> Result<&[u32]> {
+        self.kv_pages.pages(req)
+    }
+
+    fn layer(&self, layer: usize) -> Result<()> {
+        if layer < self.cfg.layers {
+            Ok(())
+        } else {
+            Err(MemoryError::invalid("layer", layer, format!("the device tier has {} layers", self.cfg.layers)))
+        }
+    }
+
+    /// Writes `req`'s index key at `position` of `layer`.
+    pub fn write_index_key(&mut self, req: RequestId, layer: usize, position: usize, key: &[u8]) -> Result<()> {
+        self.layer(layer)?;
+        let b = self.cfg.index_key.row_bytes();
+        check_len("key", b, key.len())?;
+        let row = self.index_key_row(req, position)?;
+        self.mem.write(&mut self.keys[layer], row * b, key)
+    }
+
+    /// Writes resident `req`'s KV row at `position` of `layer`.
+    pub fn write_kv_row(&mut self, req: RequestId, layer: usize, position: usize, bytes: &[u8]) -> Result<()> {
+        self.layer(layer)?;
+        let b = self.cfg.kv_row.row_bytes();
+        check_len("row", b, bytes.len())?;
+        let row = self.kv_row(req, position)?;
+        self.mem.write(&mut self.kv[layer], row * b, bytes)
+    }
+
+    /// Writes hisparse `req`'s hot-buffer `slot` of `layer`.
+    pub fn write_hot_row(&mut self, req: RequestId, layer: usize, slot: usize, bytes: &[u8]) -> Result<()> {
+        self.layer(layer)?;
+        let b = self.cfg.kv_row.row_bytes();
+        check_len("row", b, bytes.len())?;
+        let row = self.hot_row(req, slot)?;
+        self.mem.write(&mut self.hot[layer], row * b, bytes)
+    }
+
+    /// Reads hisparse `req`'s hot-buffer `slot` of `layer`.
+    pub fn read_hot_row(&self, req: RequestId, layer: usize, slot: usize, out: &mut [u8]) -> Result<()> {
+        self.layer(layer)?;
+        let b = self.cfg.kv_row.row_bytes();
+        check_len("out", b, out.len())?;
+        let row = self.hot_row(req, slot)?;
+        self.mem.read(&self.hot[layer], row * b, out)
+    }
+
+    /// The index-key buffer of `layer` (rows of `index_key.row_bytes()`).
+    pub fn keys(&self, layer: usize) -> &M::Buffer<u8> {
+        &self.keys[layer.min(self.cfg.layers - 1)]
+    }
+
+    /// The resident KV buffer of `layer`.
+    pub fn kv(&self, layer: usize) -> &M::Buffer<u8> {
+        &self.kv[layer.min(self.cfg.layers - 1)]
+    }
+
+    /// The hot-buffer buffer of `layer`.
+    pub fn hot(&self, layer: usize) -> &M::Buffer<u8> {
+        &self.hot[layer.min(self.cfg.layers - 1)]
+    }
+
+    /// The hot-buffer buffer of `layer`, writable (for swap-in copies).
+    pub fn hot_mut(&mut self, layer: usize) -> &mut M::Buffer<u8> {
+        let l = layer.min(self.cfg.layers - 1);
+        &mut self.hot[l]
+    }
+
+    /// Device bytes held by live requests (all layers).
+    pub fn bytes_in_use(&self) -> usize {
+        let per_layer = self.kv_pages.used() * self.cfg.page_tokens * self.cfg.kv_row.row_bytes()
+            + self.index_pages.used() * self.cfg.page_tokens * self.cfg.index_key.row_bytes()
+            + self.seats.used() * (self.cfg.buffer_slots + 1) * self.cfg.kv_row.row_bytes();
+        per_layer * self.cfg.layers
+    }
+
+    /// Live requests.
+    pub fn requests(&self) -> usize {
+        self.held.len()
+    }
+
+    /// Checks every pool's invariant.
+    pub fn check(&self) -> Result<()> {
+        self.kv_pages.check()?;
+        self.index_pages.check()?;
+        self.seats.check()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device_memory::EmulatedDevice;
+    use crate::row::KvRowFormat;
+
+    fn tier() -> DeviceTier<EmulatedDevice> {
+        let cfg = DeviceTierConfig {
+            layers: 2,
+            kv_row: KvRowLayout::new(KvRowFormat::Fp8, 512, 64).unwrap(),
+            index_key: IndexKeyLayout::new(128).unwrap(),
+            page_tokens: 4,
+            kv_pages: 6,
+            index_pages: 8,
+            seats: 2,
+            buffer_slots: 3,
+        };
+        DeviceTier::new(EmulatedDevice, cfg).unwrap()
+    }
+
+    #[test]
+    fn both_modes_hold_their_rows_and_free_them() {
+        let mut t = tier();
+        let (res, hs) = (RequestId(1), RequestId(2));
+        t.register(res, Mode::Resident).unwrap();
+        t.register(hs, Mode::HiSparse).unwrap();
+        t.grow(res, 10).unwrap();
+        t.grow(hs, 17).unwrap();
+        assert!(matches!(t.hot_row(res, 0), Err(MemoryError::InvalidField { field: "mode", .. })));
+        assert!(matches!(t.kv_row(hs, 0), Err(MemoryError::UnknownRequest { .. })));
+        let row: Vec<u8> = (0..656).map(|i| (i % 251) as u8).collect();
+        t.write_kv_row(res, 1, 9, &row).unwrap();
+        t.write_hot_row(hs, 1, 3, &row).unwrap();
+        t.write_index_key(hs, 0, 16, &row[..132]).unwrap();
+        let mut out = vec![0u8; 656];
+        t.read_hot_row(hs, 1, 3, &mut out).unwrap();
+        assert_eq!(out, row);
+        let at = t.kv_row(res, 9).unwrap() * 656;
+        assert_eq!(&t.kv(1)[at..at + 656], row.as_slice());
+        assert!(t.write_kv_row(res, 0, 12, &row).is_err(), "position beyond the grown pages");
+        assert!(t.write_hot_row(hs, 0, 4, &row).is_err(), "3 regular slots + the reserved slot 3");
+        // 3 KV pages + 3 index pages for the resident request, 5 index pages + 1 seat for the other.
+        let want = 2 * (3 * 4 * 656 + 8 * 4 * 132 + 4 * 656);
+        assert_eq!(t.bytes_in_use(), want);
+        t.release(res).unwrap();
+        t.release(hs).unwrap();
+        assert_eq!(t.bytes_in_use(), 0);
+        t.check().unwrap();
+    }
+
+    #[test]
+    fn a_failed_grow_or_register_leaks_nothing() {
+        let mut t = tier();
+        let (a, b, c) = (RequestId(1), RequestId(2), RequestId(3));
+        t.register(a, Mode::Resident).unwrap();
+        t.grow(a, 20).unwrap(); // 5 KV pages, 5 index pages
+        t.register(b, Mode::Resident).unwrap();
+        let e = t.grow(b, 8).unwrap_err(); // needs 2 KV pages, 1 free
+        assert!(matches!(e, MemoryError::CapacityExhausted { pool: "device KV pages", .. }), "{e}");
+        assert_eq!(t.index_pages(b).unwrap().len(), 0, "index pages untouched by the failed grow");
+        t.register(c, Mode::HiSparse).unwrap();
+        t.register(RequestId(4), Mode::HiSparse).unwrap();
+        let e = t.register(RequestId(5), Mode::HiSparse).unwrap_err();
+        assert!(matches!(e, MemoryError::CapacityExhausted { pool: "device hot-buffer seats", .. }), "{e}");
+        assert!(t.grow(RequestId(5), 1).is_err(), "the refused request holds nothing");
+        t.check().unwrap();
+    }
+}
