@@ -11,7 +11,11 @@ fn every_kernel_source_compiles_for_sm90a() {
         eprintln!("SKIPPED: no NVRTC library here (source ../shared/tools/nvrtc-env.sh)");
         return;
     }
-    for src in cuda::all_sources() {
+    let sources = cuda::all_sources();
+    for policy in ["lru", "fifo", "random", "clock"] {
+        assert!(sources.iter().any(|s| s.name == format!("policy_{policy}")), "no harness for {policy}");
+    }
+    for src in sources {
         let k = cuda::compile(&src).unwrap_or_else(|e| panic!("{e}"));
         let ptx = k.ptx.to_src();
         assert!(ptx.contains(".target sm_90a"), "{}: {}", src.name, &ptx[..200.min(ptx.len())]);
@@ -28,7 +32,7 @@ fn a_broken_source_reports_the_compiler_log() {
         return;
     }
     let bad = cuda::KernelSource {
-        name: "broken",
+        name: "broken".into(),
         code: "extern \"C\" __global__ void k() { undefined_thing(); }".into(),
         kernels: &["k"],
     };

@@ -19,6 +19,24 @@ pub enum PolicyError {
         /// Why it cannot be used.
         reason: String,
     },
+    /// A trace file that cannot be read: truncated, corrupt, or of another version.
+    #[error("trace {what} at byte {offset}: {message}")]
+    Trace {
+        /// What was wrong (`truncated`, `corrupt`, `unsupported version`, ...).
+        what: &'static str,
+        /// Byte offset (from the start of the file) where the problem was found.
+        offset: u64,
+        /// Details.
+        message: String,
+    },
+    /// Reading or writing a file failed.
+    #[error("{path}: {message}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The system's message.
+        message: String,
+    },
 }
 
 /// Result alias of this crate.

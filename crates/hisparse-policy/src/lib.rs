@@ -1,13 +1,28 @@
 //! # hisparse-policy
 //!
 //! Owns the decisions of the hierarchy: which resident token gives its slot to a missing one
-//! (eviction policies, each with a Rust and a CUDA C form), what to fetch ahead (prefetchers),
-//! the CPU swap-in step that the GPU kernel must match exactly, the trace format, and the
-//! trace-driven simulator.
+//! (eviction policies, each with a Rust and a CUDA C form: [`policy`]), the CPU swap-in step
+//! that the GPU kernel must match exactly ([`swap_in`]), the configuration with SGLang's keys
+//! ([`HiSparseConfig`]), the trace format ([`trace`]), synthetic traces ([`synth`]) and the
+//! trace-driven simulator ([`simulate`]).
+//!
+//! Invariant: after every swap-in step the slot table is a bijection, every selected token is
+//! resident, no selected token was evicted, and the newest token sits in the reserved slot
+//! (property-tested for every policy in `tests/`).
 
+pub mod config;
 pub mod error;
+pub mod policy;
+pub mod simulate;
+pub mod swap_in;
+pub mod synth;
+pub mod trace;
 
+pub use config::HiSparseConfig;
 pub use error::{PolicyError, Result};
+pub use policy::{EvictionPolicy, PolicyScalars, SlotRecord, StepCtx, VictimKey};
+pub use simulate::{SimConfig, SimReport, SimResult, simulate};
+pub use swap_in::{SwapInPlan, SwapInState, copy_missing_rows};
 
 /// The README's examples, compiled and run as doc-tests.
 #[cfg(doctest)]

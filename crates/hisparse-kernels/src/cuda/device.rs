@@ -13,7 +13,7 @@ use crate::error::{KernelError, Result};
 pub struct CudaDevice {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
-    modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
+    modules: Mutex<HashMap<String, Arc<CudaModule>>>,
 }
 
 impl CudaDevice {
@@ -47,7 +47,18 @@ impl CudaDevice {
     }
 
     /// Kernel `kernel` of source `module`, compiling and loading the module on first use.
-    pub fn function(&self, module: &'static str, kernel: &str) -> Result<CudaFunction> {
+    pub fn function(&self, module: &str, kernel: &str) -> Result<CudaFunction> {
+        self.function_of(module, kernel, || sources::source(module))
+    }
+
+    /// Kernel `kernel` of the module `module` built from `make()` on first use (for sources
+    /// that are generated, such as a user policy's harness).
+    pub fn function_of(
+        &self,
+        module: &str,
+        kernel: &str,
+        make: impl FnOnce() -> Option<sources::KernelSource>,
+    ) -> Result<CudaFunction> {
         let m = {
             let mut modules = self.modules.lock().map_err(|_| KernelError::Cuda {
                 context: "module cache".into(),
@@ -56,12 +67,12 @@ impl CudaDevice {
             match modules.get(module) {
                 Some(m) => m.clone(),
                 None => {
-                    let src = sources::source(module)
+                    let src = make()
                         .ok_or_else(|| KernelError::invalid("module", module, "no kernel source of that name"))?;
                     let compiled = nvrtc::compile(&src)?;
                     let m =
                         self.ctx.load_module(compiled.ptx).map_err(driver_error(format!("loading module {module}")))?;
-                    modules.insert(module, m.clone());
+                    modules.insert(module.to_owned(), m.clone());
                     m
                 }
             }

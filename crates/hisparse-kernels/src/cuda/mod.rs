@@ -7,11 +7,13 @@
 
 mod device;
 mod nvrtc;
+mod policy;
 mod sources;
 
 pub use device::CudaDevice;
 pub use nvrtc::{ARCH, CompiledKernel, compile, cuda_include_dir, nvrtc_available, nvrtc_version};
-pub use sources::{KernelSource, all_sources, source};
+pub use policy::{GpuPolicyScalars, GpuSlotRecord, GpuStepCtx, GpuVictimKey};
+pub use sources::{KernelSource, all_sources, policy_harness, source};
 
 use crate::error::KernelError;
 

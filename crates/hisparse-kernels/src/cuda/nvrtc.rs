@@ -65,7 +65,7 @@ pub fn cuda_include_dir() -> Result<PathBuf> {
 /// A compiled kernel module: PTX text for `sm_90a`.
 pub struct CompiledKernel {
     /// The source's name.
-    pub name: &'static str,
+    pub name: String,
     /// The PTX, ready for `CudaContext::load_module`.
     pub ptx: Ptx,
 }
@@ -85,11 +85,11 @@ pub fn compile(source: &KernelSource) -> Result<CompiledKernel> {
         ..CompileOptions::default()
     };
     let ptx = cudarc::nvrtc::compile_ptx_with_opts(&source.code, opts).map_err(|e| KernelError::Compile {
-        kernel: source.name.to_owned(),
+        kernel: source.name.clone(),
         log: match e {
             CompileError::CompileError { log, .. } => log.to_string_lossy().into_owned(),
             other => format!("{other:?}"),
         },
     })?;
-    Ok(CompiledKernel { name: source.name, ptx })
+    Ok(CompiledKernel { name: source.name.clone(), ptx })
 }

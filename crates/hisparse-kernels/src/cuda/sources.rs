@@ -6,20 +6,34 @@
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KernelSource {
     /// A unique name (also the NVRTC program name).
-    pub name: &'static str,
+    pub name: String,
     /// The CUDA C++ source.
     pub code: String,
     /// The `extern "C"` kernels it defines.
     pub kernels: &'static [&'static str],
 }
 
-/// All kernel sources.
+/// All kernel sources: the fixed ones, and a policy-hook harness per GPU-capable policy.
 pub fn all_sources() -> Vec<KernelSource> {
-    vec![KernelSource {
-        name: "fp8_convert",
+    let mut v = vec![KernelSource {
+        name: "fp8_convert".into(),
         code: include_str!("../../kernels/fp8_convert.cu").to_owned(),
         kernels: &["e4m3_encode", "e4m3_decode"],
-    }]
+    }];
+    for p in hisparse_policy::policy::builtin(0) {
+        if let Some(src) = policy_harness(p.as_ref()) {
+            v.push(src);
+        }
+    }
+    v
+}
+
+/// The hook harness of `policy` (named `policy_<name>`), or `None` for a CPU-only policy.
+pub fn policy_harness(policy: &dyn hisparse_policy::EvictionPolicy) -> Option<KernelSource> {
+    let hooks = policy.cuda()?;
+    let code = include_str!("../../kernels/policy_harness.cu")
+        .replace("//@POLICY@", &format!("{}\n{hooks}", hisparse_policy::policy::CUDA_PRELUDE));
+    Some(KernelSource { name: format!("policy_{}", policy.name()), code, kernels: &["policy_hooks"] })
 }
 
 /// The source named `name`, if any.

@@ -1,0 +1,51 @@
+//! Kernel-argument forms of the policy types: `#[repr(transparent)]` wrappers of the
+//! `#[repr(C)]` structs of `hisparse_policy`, so they can be passed to kernels by value or in
+//! device buffers with the same layout as the CUDA prelude's structs.
+
+use cudarc::driver::{DeviceRepr, ValidAsZeroBits};
+use hisparse_policy::{PolicyScalars, SlotRecord, StepCtx, VictimKey};
+
+macro_rules! device_repr {
+    ($($(#[$doc:meta])* $name:ident($inner:ty);)*) => {$(
+        $(#[$doc])*
+        #[repr(transparent)]
+        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+        pub struct $name(pub $inner);
+        // SAFETY: a transparent wrapper of a #[repr(C)] struct of plain integers (and bools),
+        // laid out as the CUDA prelude's struct of the same name.
+        unsafe impl DeviceRepr for $name {}
+        // SAFETY: all-zero bytes are a valid value of every field.
+        unsafe impl ValidAsZeroBits for $name {}
+    )*};
+}
+
+device_repr! {
+    /// `SlotRecord` as a kernel sees it.
+    GpuSlotRecord(SlotRecord);
+    /// `PolicyScalars` as a kernel sees it.
+    GpuPolicyScalars(PolicyScalars);
+    /// `StepCtx` as a kernel sees it.
+    GpuStepCtx(StepCtx);
+    /// `VictimKey` as a kernel sees it.
+    GpuVictimKey(VictimKey);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layouts_match_the_cuda_prelude() {
+        // C++: struct StepCtx { unsigned step; unsigned layer; unsigned long long request;
+        //                       unsigned buffer_slots; unsigned long long seed; } -> 32 bytes.
+        assert_eq!(size_of::<GpuStepCtx>(), 32);
+        assert_eq!(std::mem::offset_of!(StepCtx, request), 8);
+        assert_eq!(std::mem::offset_of!(StepCtx, seed), 24);
+        // struct VictimKey { bool any; bool occupied; unsigned long long priority; unsigned slot; } -> 24.
+        assert_eq!(size_of::<GpuVictimKey>(), 24);
+        assert_eq!(std::mem::offset_of!(VictimKey, priority), 8);
+        assert_eq!(std::mem::offset_of!(VictimKey, slot), 16);
+        assert_eq!(size_of::<GpuSlotRecord>(), 8);
+        assert_eq!(size_of::<GpuPolicyScalars>(), 8);
+    }
+}

@@ -1,0 +1,220 @@
+//! `HiSparseConfig`: SGLang's `--hisparse-config` keys as they are (`top_k`,
+//! `device_buffer_size`, `host_to_device_ratio`, `swap_in_block_size`) plus ours, from JSON or
+//! from code, validated against a geometry with typed errors naming the field.
+
+use std::path::PathBuf;
+
+use hisparse_memory::slot_table::MAX_BUFFER_SLOTS;
+use hisparse_memory::{KvGeometry, MemoryError};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{PolicyError, Result};
+
+/// The hierarchy's configuration.
+///
+/// ```
+/// use hisparse_policy::HiSparseConfig;
+/// // SGLang's keys as they are, plus any of ours.
+/// let c = HiSparseConfig::from_json(r#"{"top_k": 2048, "device_buffer_size": 4096,
+///     "host_to_device_ratio": 8, "swap_in_block_size": 512, "eviction_policy": "clock"}"#)?;
+/// assert_eq!((c.device_buffer_size, c.eviction_policy.as_str()), (4096, "clock"));
+/// let bad = HiSparseConfig { device_buffer_size: 1024, ..HiSparseConfig::default() };
+/// let geometry = hisparse_memory::KvGeometry::preset("glm-5.1")?;
+/// assert!(bad.validate(&geometry).unwrap_err().to_string().contains("device_buffer_size = 1024"));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HiSparseConfig {
+    /// SGLang: tokens selected per request, layer and step (must equal the geometry's).
+    pub top_k: usize,
+    /// SGLang: regular hot-buffer slots per request and layer (plus one reserved newest slot).
+    pub device_buffer_size: usize,
+    /// SGLang: host-tier capacity as a multiple of the device bytes given to the KV cache.
+    pub host_to_device_ratio: f64,
+    /// SGLang: threads per request block of the swap-in kernel (1..=1024).
+    pub swap_in_block_size: usize,
+    /// Ours: the eviction policy (`lru`, `fifo`, `random`, `clock`; `belady` in the simulator).
+    pub eviction_policy: String,
+    /// Ours: seed of the `random` policy.
+    pub policy_seed: u64,
+    /// Ours: positions per page of the host tier and the device pools.
+    pub page_tokens: usize,
+    /// Ours: device bytes for KV rows, index keys and hot buffers (0: decided by the engine).
+    pub device_kv_bytes: u64,
+    /// Ours: host-tier bytes; 0 means `host_to_device_ratio * device_kv_bytes`.
+    pub host_tier_bytes: u64,
+    /// Ours: back the host tier with this file (the NVMe tier) instead of anonymous memory.
+    pub host_tier_path: Option<PathBuf>,
+    /// Ours: the longest request (prompt + output tokens) the tiers must be able to hold.
+    pub max_request_tokens: usize,
+}
+
+impl Default for HiSparseConfig {
+    /// The LMSYS blog's colocated setting: `{top_k 2048, buffer 4096, ratio 8, block 512}`, LRU.
+    fn default() -> Self {
+        Self {
+            top_k: 2048,
+            device_buffer_size: 4096,
+            host_to_device_ratio: 8.0,
+            swap_in_block_size: 512,
+            eviction_policy: "lru".into(),
+            policy_seed: 0,
+            page_tokens: 64,
+            device_kv_bytes: 0,
+            host_tier_bytes: 0,
+            host_tier_path: None,
+            max_request_tokens: 131_072,
+        }
+    }
+}
+
+fn invalid(field: &'static str, value: impl std::fmt::Display, reason: impl Into<String>) -> PolicyError {
+    PolicyError::Memory(MemoryError::invalid(field, value, reason))
+}
+
+impl HiSparseConfig {
+    /// Parses JSON (unknown keys are errors; missing keys take their defaults).
+    pub fn from_json(text: &str) -> Result<Self> {
+        serde_json::from_str(text).map_err(|e| invalid("hisparse_config", format!("{e}"), "not a valid config (JSON)"))
+    }
+
+    /// The defaults with `top_k` taken from `geometry` and a buffer of twice that (the blog's
+    /// 4096 slots for top-k 2048).
+    pub fn for_geometry(geometry: &KvGeometry) -> Self {
+        Self { top_k: geometry.top_k, device_buffer_size: 2 * geometry.top_k, ..Self::default() }
+    }
+
+    /// Host-tier bytes this config gives (explicit, or the ratio times the device bytes).
+    pub fn host_bytes(&self) -> u64 {
+        if self.host_tier_bytes > 0 {
+            self.host_tier_bytes
+        } else {
+            (self.host_to_device_ratio * self.device_kv_bytes as f64) as u64
+        }
+    }
+
+    /// Checks every field against `geometry`; the error names the first field at fault.
+    pub fn validate(&self, geometry: &KvGeometry) -> Result<()> {
+        geometry.validate()?;
+        for (field, v) in [
+            ("top_k", self.top_k),
+            ("device_buffer_size", self.device_buffer_size),
+            ("page_tokens", self.page_tokens),
+            ("max_request_tokens", self.max_request_tokens),
+        ] {
+            if v == 0 {
+                return Err(invalid(field, v, "must be at least 1"));
+            }
+        }
+        if self.top_k != geometry.top_k {
+            return Err(invalid(
+                "top_k",
+                self.top_k,
+                format!("the geometry {} selects top_k = {}", geometry.name, geometry.top_k),
+            ));
+        }
+        if self.top_k > self.device_buffer_size {
+            return Err(invalid(
+                "device_buffer_size",
+                self.device_buffer_size,
+                format!("must be at least top_k = {} so that a step's selection fits", self.top_k),
+            ));
+        }
+        if self.device_buffer_size > MAX_BUFFER_SLOTS {
+            return Err(invalid("device_buffer_size", self.device_buffer_size, format!("at most {MAX_BUFFER_SLOTS}")));
+        }
+        if !(1..=1024).contains(&self.swap_in_block_size) {
+            return Err(invalid(
+                "swap_in_block_size",
+                self.swap_in_block_size,
+                "must be in 1..=1024 (threads per block)",
+            ));
+        }
+        if !(self.host_to_device_ratio.is_finite() && self.host_to_device_ratio > 0.0) {
+            return Err(invalid("host_to_device_ratio", self.host_to_device_ratio, "must be a finite number above 0"));
+        }
+        crate::policy::by_name(&self.eviction_policy, self.policy_seed)?;
+        if self.device_kv_bytes > 0 {
+            let one = self.max_request_tokens.div_ceil(self.page_tokens) as u64
+                * self.page_tokens as u64
+                * geometry.kv_bytes_per_token()? as u64;
+            if self.host_bytes() < one {
+                let (field, value) = if self.host_tier_bytes > 0 {
+                    ("host_tier_bytes", self.host_tier_bytes.to_string())
+                } else {
+                    ("host_to_device_ratio", self.host_to_device_ratio.to_string())
+                };
+                return Err(invalid(
+                    field,
+                    value,
+                    format!(
+                        "the host tier ({} B) cannot hold one request of max_request_tokens = {} ({one} B)",
+                        self.host_bytes(),
+                        self.max_request_tokens
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn glm() -> KvGeometry {
+        KvGeometry::preset("glm-5.1").unwrap()
+    }
+
+    fn field_of(e: PolicyError) -> &'static str {
+        match e {
+            PolicyError::Memory(MemoryError::InvalidField { field, .. }) => field,
+            other => panic!("{other}"),
+        }
+    }
+
+    #[test]
+    fn sglang_keys_parse_as_they_are() {
+        let c = HiSparseConfig::from_json(
+            r#"{"top_k": 2048, "device_buffer_size": 6144, "host_to_device_ratio": 10, "swap_in_block_size": 960}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            (c.top_k, c.device_buffer_size, c.host_to_device_ratio, c.swap_in_block_size),
+            (2048, 6144, 10.0, 960)
+        );
+        assert_eq!(c.eviction_policy, "lru");
+        c.validate(&glm()).unwrap();
+        assert!(HiSparseConfig::from_json(r#"{"topk": 2048}"#).unwrap_err().to_string().contains("topk"));
+    }
+
+    #[test]
+    fn each_bad_field_is_named() {
+        let g = glm();
+        let cases: Vec<(HiSparseConfig, &str)> = vec![
+            (HiSparseConfig { device_buffer_size: 2047, ..Default::default() }, "device_buffer_size"),
+            (HiSparseConfig { device_buffer_size: 0, ..Default::default() }, "device_buffer_size"),
+            (HiSparseConfig { top_k: 0, ..Default::default() }, "top_k"),
+            (HiSparseConfig { top_k: 1024, ..Default::default() }, "top_k"),
+            (HiSparseConfig { swap_in_block_size: 0, ..Default::default() }, "swap_in_block_size"),
+            (HiSparseConfig { swap_in_block_size: 1025, ..Default::default() }, "swap_in_block_size"),
+            (HiSparseConfig { host_to_device_ratio: 0.0, ..Default::default() }, "host_to_device_ratio"),
+            (HiSparseConfig { page_tokens: 0, ..Default::default() }, "page_tokens"),
+            (HiSparseConfig { eviction_policy: "lfu-9000".into(), ..Default::default() }, "eviction_policy"),
+            (HiSparseConfig { device_buffer_size: 70_000, top_k: 2048, ..Default::default() }, "device_buffer_size"),
+            // 1 MiB of device bytes x 8 cannot hold a 128k-token request of 51 KB per token.
+            (HiSparseConfig { device_kv_bytes: 1 << 20, ..Default::default() }, "host_to_device_ratio"),
+            (
+                HiSparseConfig { device_kv_bytes: 1 << 30, host_tier_bytes: 1 << 20, ..Default::default() },
+                "host_tier_bytes",
+            ),
+        ];
+        for (c, field) in cases {
+            assert_eq!(field_of(c.validate(&g).unwrap_err()), field, "{c:?}");
+        }
+        // Enough host bytes for one request passes.
+        HiSparseConfig { device_kv_bytes: 1 << 30, ..Default::default() }.validate(&g).unwrap();
+    }
+}

@@ -1,0 +1,37 @@
+//! Belady's MIN, adapted to steps: among the slots not selected in this step, evict the token
+//! whose next selection is farthest in the future (never selected again: first). Offline — it
+//! needs the future — so it runs in the simulator only; its misses bound every online policy's.
+
+use super::{EvictionPolicy, PolicyScalars, SlotRecord, StepCtx};
+
+/// The offline optimum (tested against exhaustive search on small traces).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Belady;
+
+impl EvictionPolicy for Belady {
+    fn name(&self) -> &'static str {
+        "belady"
+    }
+
+    fn priority(
+        &self,
+        _rec: &SlotRecord,
+        _slot: u32,
+        _token: u32,
+        _s: &PolicyScalars,
+        _ctx: &StepCtx,
+        next_use: u32,
+    ) -> u64 {
+        u64::from(u32::MAX - next_use)
+    }
+
+    fn on_insert(&self, _rec: &mut SlotRecord, _ctx: &StepCtx) {}
+
+    fn needs_future(&self) -> bool {
+        true
+    }
+
+    fn cuda(&self) -> Option<&'static str> {
+        None
+    }
+}

@@ -1,0 +1,177 @@
+//! Unit tests of the built-in policies' semantics, through the CPU swap-in step.
+
+use super::*;
+use crate::swap_in::{SwapInPlan, SwapInState};
+
+/// Runs `steps` (each a selection; the sequence grows by one per step from 100) and returns the
+/// plans.
+fn run(policy: &dyn EvictionPolicy, slots: usize, steps: &[&[u32]]) -> (SwapInState, Vec<SwapInPlan>) {
+    let mut st = SwapInState::new(slots).unwrap();
+    let mut plans = Vec::new();
+    for (i, sel) in steps.iter().enumerate() {
+        let mut p = SwapInPlan::default();
+        let ctx = StepCtx { step: i as u32 + 1, layer: 0, request: 9, buffer_slots: slots as u32, seed: policy.seed() };
+        st.step(policy, sel, 100 + i, &ctx, None, &mut p).unwrap();
+        plans.push(p);
+    }
+    (st, plans)
+}
+
+#[test]
+fn lru_keeps_hits_and_ranks_fresh_misses_below_them() {
+    let (st, plans) = run(&Lru, 4, &[&[1, 2, 3], &[2, 4], &[5], &[6, 7]]);
+    // Step 1: cold buffer, misses fill empty slots in slot order.
+    assert_eq!(plans[0].misses, vec![(1, 0), (2, 1), (3, 2)]);
+    // Step 2: 2 hits in slot 1; 4 takes the empty slot 3.
+    assert_eq!((plans[1].hits.clone(), plans[1].misses.clone()), (vec![(2, 1)], vec![(4, 3)]));
+    // Step 3: slots 0 (token 1) and 2 (token 3) were last used at step 1; slot 0 goes first.
+    assert_eq!(plans[2].evictions, vec![(1, 0)]);
+    // Step 4: token 3 (step 1) and token 4 (filled at step 2, ranked below step 2's hit on 2) go.
+    assert_eq!(plans[3].evictions, vec![(3, 2), (4, 3)]);
+    assert_eq!(plans[3].misses, vec![(6, 2), (7, 3)]);
+    assert_eq!(st.table().slot_of(2), Some(1), "the hit of step 2 survives");
+}
+
+#[test]
+fn fifo_ignores_hits() {
+    let (_, plans) = run(&Fifo, 3, &[&[1, 2, 3], &[1], &[4]]);
+    // Token 1 was filled first; a later hit does not save it.
+    assert_eq!(plans[2].evictions, vec![(1, 0)]);
+    let (_, plans) = run(&Lru, 3, &[&[1, 2, 3], &[1], &[4]]);
+    assert_eq!(plans[2].evictions, vec![(2, 1)], "LRU keeps the hit");
+}
+
+#[test]
+fn random_is_reproducible_and_seed_dependent() {
+    let steps: Vec<Vec<u32>> = (0..30).map(|i| vec![i, i + 40, i + 70]).collect();
+    let refs: Vec<&[u32]> = steps.iter().map(Vec::as_slice).collect();
+    let victims = |seed| {
+        let (_, plans) = run(&Random::new(seed), 8, &refs);
+        plans.iter().flat_map(|p| p.evictions.clone()).collect::<Vec<_>>()
+    };
+    assert_eq!(victims(1), victims(1));
+    assert_ne!(victims(1), victims(2));
+    assert!(!victims(1).is_empty());
+}
+
+/// Sequential CLOCK, one miss at a time: empties first, hits and just-filled slots pinned.
+fn sequential_clock(
+    refbits: &mut [u32],
+    hand: &mut u32,
+    occupied: &[bool],
+    pinned: &[bool],
+    misses: usize,
+) -> Vec<u32> {
+    let b = refbits.len() as u32;
+    let mut taken = vec![false; refbits.len()];
+    let mut victims = Vec::new();
+    for s in 0..b {
+        if victims.len() < misses && !occupied[s as usize] && !pinned[s as usize] {
+            victims.push(s);
+            taken[s as usize] = true;
+        }
+    }
+    while victims.len() < misses {
+        let s = *hand;
+        *hand = (*hand + 1) % b;
+        if pinned[s as usize] || taken[s as usize] {
+            continue;
+        }
+        if refbits[s as usize] == 1 {
+            refbits[s as usize] = 0;
+            continue;
+        }
+        victims.push(s);
+        taken[s as usize] = true;
+    }
+    victims.sort_unstable();
+    victims
+}
+
+#[test]
+fn batched_clock_equals_sequential_clock() {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+    for _ in 0..500 {
+        let b = rng.random_range(2..24u32);
+        let occupied: Vec<bool> = (0..b).map(|_| rng.random_bool(0.9)).collect();
+        let pinned: Vec<bool> = (0..b).map(|_| rng.random_bool(0.3)).collect();
+        let mut refbits: Vec<u32> = (0..b).map(|_| u32::from(rng.random_bool(0.5))).collect();
+        let free = (0..b as usize).filter(|&s| !pinned[s]).count();
+        let misses = rng.random_range(0..=free);
+        let hand0 = rng.random_range(0..b);
+        // Batched form.
+        let ctx = StepCtx { step: 3, layer: 0, request: 0, buffer_slots: b, seed: 0 };
+        let scalars = PolicyScalars { a: hand0, b: 0 };
+        let mut keys: Vec<(bool, u64, u32)> = (0..b)
+            .filter(|&s| !pinned[s as usize])
+            .map(|s| {
+                let rec = SlotRecord { a: refbits[s as usize], b: 0 };
+                (
+                    occupied[s as usize],
+                    if occupied[s as usize] { Clock.priority(&rec, s, 0, &scalars, &ctx, 0) } else { 0 },
+                    s,
+                )
+            })
+            .collect();
+        keys.sort_unstable();
+        let victims = &keys[..misses];
+        let v = victims.last().map_or(VictimKey::default(), |&(o, p, s)| VictimKey {
+            any: true,
+            occupied: o,
+            priority: p,
+            slot: s,
+        });
+        let mut batched: Vec<u32> = victims.iter().map(|k| k.2).collect();
+        batched.sort_unstable();
+        let mut bits = refbits.clone();
+        for s in 0..b {
+            let kept = occupied[s as usize] && !pinned[s as usize] && !batched.contains(&s);
+            if kept {
+                let mut rec = SlotRecord { a: bits[s as usize], b: 0 };
+                Clock.on_keep(&mut rec, s, &scalars, &v, &ctx);
+                bits[s as usize] = rec.a;
+            }
+        }
+        let mut sc = scalars;
+        Clock.finish_step(&mut sc, &v, &ctx);
+        // Sequential form.
+        let mut hand = hand0;
+        let seq = sequential_clock(&mut refbits, &mut hand, &occupied, &pinned, misses);
+        assert_eq!(batched, seq, "victims, b = {b}");
+        for s in 0..b as usize {
+            if occupied[s] && !pinned[s] && !seq.contains(&(s as u32)) {
+                assert_eq!(bits[s], refbits[s], "reference bit of kept slot {s}");
+            }
+        }
+        if v.occupied {
+            assert_eq!(sc.a, hand, "hand");
+        }
+    }
+}
+
+#[test]
+fn names_and_gpu_forms() {
+    for name in POLICY_NAMES {
+        let p = by_name(name, 3).unwrap();
+        assert_eq!(p.name(), name);
+        assert_eq!(p.cuda().is_some(), name != "belady", "{name}");
+        assert_eq!(p.needs_future(), name == "belady");
+        if let Some(src) = p.cuda() {
+            for hook in ["policy_priority", "policy_on_hit", "policy_on_insert", "policy_on_keep", "policy_finish"] {
+                assert!(src.contains(hook), "{name} lacks {hook}");
+            }
+        }
+    }
+    let e = by_name("arc", 0).unwrap_err();
+    assert!(e.to_string().contains("eviction_policy = arc") && e.to_string().contains("clock"), "{e}");
+    assert_eq!(builtin(0).len(), POLICY_NAMES.len());
+}
+
+#[test]
+fn belady_refuses_to_run_without_the_future() {
+    let mut st = SwapInState::new(4).unwrap();
+    let ctx = StepCtx { step: 1, layer: 0, request: 0, buffer_slots: 4, seed: 0 };
+    let e = st.step(&Belady, &[1, 2], 50, &ctx, None, &mut SwapInPlan::default()).unwrap_err();
+    assert!(e.to_string().contains("simulator only"), "{e}");
+}

@@ -1,0 +1,143 @@
+//! Synthetic selection traces from a latent-relevance process, for trying the simulator and
+//! for tests: each token has a fixed relevance plus a drifting part (an AR(1) process per step),
+//! partly shared across layers; each step selects the `top_k` most relevant positions, the newest
+//! always among them. Persistence (`rho`) and the drift's size set the consecutive-step overlap;
+//! the shared fraction sets the adjacent-layer overlap.
+//!
+//! This generates selections directly; the engine's workload (hisparse-engine) instead builds
+//! index keys and queries whose *real* indexer scores follow such a process.
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use rand_distr::StandardNormal;
+
+use crate::error::{PolicyError, Result};
+use crate::trace::{TraceHeader, TraceRecord};
+
+/// Parameters of a synthetic trace.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SynthConfig {
+    /// Requests decoded together.
+    pub requests: usize,
+    /// Layers.
+    pub layers: usize,
+    /// Decode steps.
+    pub steps: usize,
+    /// Tokens in each request's prompt (the first step's sequence is one longer).
+    pub prompt_tokens: usize,
+    /// Positions selected per step.
+    pub top_k: usize,
+    /// Per-step persistence of the drifting part (0: fresh every step, 1: frozen).
+    pub rho: f64,
+    /// Size of the drifting part relative to the fixed part.
+    pub drift: f64,
+    /// Fraction of the drift's variance shared by all layers.
+    pub layer_share: f64,
+    /// Record the relevance of the selected positions as scores.
+    pub scores: bool,
+    /// Seed.
+    pub seed: u64,
+}
+
+impl Default for SynthConfig {
+    fn default() -> Self {
+        Self {
+            requests: 4,
+            layers: 4,
+            steps: 200,
+            prompt_tokens: 16_384,
+            top_k: 2048,
+            rho: 0.95,
+            drift: 0.6,
+            layer_share: 0.8,
+            scores: false,
+            seed: 1,
+        }
+    }
+}
+
+/// The header of the trace [`synth_trace`] writes for `cfg`.
+pub fn synth_header(cfg: &SynthConfig, row_bytes: u32) -> TraceHeader {
+    TraceHeader { top_k: cfg.top_k as u32, layers: cfg.layers as u32, row_bytes, has_scores: cfg.scores }
+}
+
+/// Generates the trace, handing each record to `sink` in (step, request, layer) order.
+pub fn synth_trace(cfg: &SynthConfig, mut sink: impl FnMut(TraceRecord) -> Result<()>) -> Result<()> {
+    if cfg.top_k == 0 || cfg.top_k > cfg.prompt_tokens + 1 {
+        return Err(PolicyError::Invalid {
+            field: "top_k",
+            value: cfg.top_k.to_string(),
+            reason: "must be in 1..=prompt_tokens + 1".into(),
+        });
+    }
+    let ok = (0.0..=1.0).contains(&cfg.rho)
+        && (0.0..=1.0).contains(&cfg.layer_share)
+        && cfg.drift.is_finite()
+        && cfg.drift >= 0.0;
+    if !ok {
+        return Err(PolicyError::Invalid {
+            field: "rho",
+            value: format!("{}/{}/{}", cfg.rho, cfg.layer_share, cfg.drift),
+            reason: "rho and layer_share in [0, 1], drift >= 0".into(),
+        });
+    }
+    let max_len = cfg.prompt_tokens + cfg.steps;
+    let innov = (1.0 - cfg.rho * cfg.rho).sqrt();
+    let (ws, wl) = (cfg.layer_share.sqrt(), (1.0 - cfg.layer_share).sqrt());
+    let mut rng = StdRng::seed_from_u64(cfg.seed);
+    let n = |rng: &mut StdRng| rng.sample::<f64, _>(StandardNormal);
+    struct Req {
+        base: Vec<f64>,
+        shared: Vec<f64>,
+        layer: Vec<Vec<f64>>,
+    }
+    let mut reqs: Vec<Req> = (0..cfg.requests)
+        .map(|_| Req {
+            base: (0..max_len).map(|_| n(&mut rng)).collect(),
+            shared: (0..max_len).map(|_| n(&mut rng)).collect(),
+            layer: (0..cfg.layers).map(|_| (0..max_len).map(|_| n(&mut rng)).collect()).collect(),
+        })
+        .collect();
+    let mut rel = vec![0f64; max_len];
+    let mut idx: Vec<u32> = Vec::with_capacity(max_len);
+    for step in 1..=cfg.steps {
+        let seq_len = cfg.prompt_tokens + step;
+        for (r, req) in reqs.iter_mut().enumerate() {
+            for x in &mut req.shared[..seq_len] {
+                *x = cfg.rho * *x + innov * n(&mut rng);
+            }
+            for l in 0..cfg.layers {
+                let lay = &mut req.layer[l];
+                for x in &mut lay[..seq_len] {
+                    *x = cfg.rho * *x + innov * n(&mut rng);
+                }
+                for t in 0..seq_len {
+                    rel[t] = req.base[t] + cfg.drift * (ws * req.shared[t] + wl * lay[t]);
+                }
+                rel[seq_len - 1] = f64::INFINITY; // the newest token is always selected
+                idx.clear();
+                idx.extend(0..seq_len as u32);
+                let k = cfg.top_k;
+                if k < seq_len {
+                    idx.select_nth_unstable_by(k - 1, |&a, &b| {
+                        rel[b as usize].total_cmp(&rel[a as usize]).then(a.cmp(&b))
+                    });
+                }
+                let mut selected = idx[..k].to_vec();
+                selected.sort_unstable();
+                let scores = cfg
+                    .scores
+                    .then(|| selected.iter().map(|&t| rel[t as usize].min(f64::from(f32::MAX)) as f32).collect());
+                sink(TraceRecord {
+                    step: step as u32,
+                    request: r as u64,
+                    layer: l as u32,
+                    seq_len: seq_len as u32,
+                    selected,
+                    scores,
+                })?;
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,347 @@
+//! The binary trace format, version 1: compact (positions delta-coded as LEB128 varints) and
+//! checksummed (CRC-32 per record), read as a stream.
+//!
+//! All integers are little-endian.
+//!
+//! **File header, 32 bytes**
+//!
+//! | bytes | field |
+//! | --- | --- |
+//! | 0..8 | magic `HSPTRACE` |
+//! | 8..10 | version, u16 = 1 |
+//! | 10..12 | flags, u16: bit 0 = records carry scores; other bits 0 |
+//! | 12..16 | top_k, u32 |
+//! | 16..20 | layers, u32 |
+//! | 20..24 | row_bytes, u32 (0: unknown) |
+//! | 24..28 | reserved, u32 = 0 |
+//! | 28..32 | CRC-32 of bytes 0..28 |
+//!
+//! **Records**, each starting with a tag byte:
+//!
+//! * `0x01`, a selection: `len` u32 (bytes that follow, CRC included), then `step` u32,
+//!   `request` u64, `layer` u32, `seq_len` u32, `count` u32; then `count` varints: the first
+//!   position, then for each next position its distance to the previous minus one; then, if the
+//!   header's flag is set, `count` f32 scores; then the CRC-32 of everything after `len`.
+//! * `0xFF`, the end: `records` u64 (how many selections came before), then the CRC-32 of
+//!   those 8 bytes. Nothing may follow.
+//!
+//! A reader reports truncation, a bad checksum, a bad tag, an unknown version or flag, and any
+//! record that breaks the rules of [`TraceRecord::check`](super::TraceRecord::check) as a
+//! [`PolicyError::Trace`] naming the byte offset; it never panics.
+
+use std::io::{Read, Write};
+
+use super::{TraceHeader, TraceRecord};
+use crate::error::{PolicyError, Result};
+
+/// The file magic.
+pub const MAGIC: &[u8; 8] = b"HSPTRACE";
+/// The version this code writes and reads.
+pub const VERSION: u16 = 1;
+const TAG_RECORD: u8 = 0x01;
+const TAG_END: u8 = 0xFF;
+/// Largest record payload a reader accepts (guards allocations against corrupt lengths).
+const MAX_PAYLOAD: u32 = 64 << 20;
+
+fn crc(bytes: &[u8]) -> u32 {
+    crc32fast::hash(bytes)
+}
+
+fn put_varint(out: &mut Vec<u8>, mut v: u32) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+/// Writes a binary trace.
+pub struct TraceWriter<W: Write> {
+    out: W,
+    header: TraceHeader,
+    records: u64,
+    offset: u64,
+    buf: Vec<u8>,
+}
+
+impl<W: Write> TraceWriter<W> {
+    /// Starts a trace on `out` (the header is written at once).
+    pub fn new(mut out: W, header: TraceHeader) -> Result<Self> {
+        let mut h = Vec::with_capacity(32);
+        h.extend_from_slice(MAGIC);
+        h.extend_from_slice(&VERSION.to_le_bytes());
+        h.extend_from_slice(&u16::from(header.has_scores).to_le_bytes());
+        for v in [header.top_k, header.layers, header.row_bytes, 0] {
+            h.extend_from_slice(&v.to_le_bytes());
+        }
+        let c = crc(&h);
+        h.extend_from_slice(&c.to_le_bytes());
+        out.write_all(&h).map_err(write_err)?;
+        Ok(Self { out, header, records: 0, offset: 32, buf: Vec::new() })
+    }
+
+    /// Appends one record (checked first; nothing is written for a bad one).
+    pub fn write(&mut self, rec: &TraceRecord) -> Result<()> {
+        rec.check(&self.header, self.offset)?;
+        let b = &mut self.buf;
+        b.clear();
+        b.extend_from_slice(&rec.step.to_le_bytes());
+        b.extend_from_slice(&rec.request.to_le_bytes());
+        b.extend_from_slice(&rec.layer.to_le_bytes());
+        b.extend_from_slice(&rec.seq_len.to_le_bytes());
+        // count <= top_k, a u32 (checked above).
+        b.extend_from_slice(&(rec.selected.len() as u32).to_le_bytes());
+        let mut prev: Option<u32> = None;
+        for &p in &rec.selected {
+            put_varint(b, prev.map_or(p, |q| p - q - 1));
+            prev = Some(p);
+        }
+        for s in rec.scores.iter().flatten() {
+            b.extend_from_slice(&s.to_le_bytes());
+        }
+        let c = crc(b);
+        b.extend_from_slice(&c.to_le_bytes());
+        let len = u32::try_from(b.len()).ok().filter(|&l| l <= MAX_PAYLOAD).ok_or_else(|| PolicyError::Invalid {
+            field: "selected",
+            value: rec.selected.len().to_string(),
+            reason: "record too large".into(),
+        })?;
+        self.out.write_all(&[TAG_RECORD]).map_err(write_err)?;
+        self.out.write_all(&len.to_le_bytes()).map_err(write_err)?;
+        self.out.write_all(b).map_err(write_err)?;
+        self.records += 1;
+        self.offset += 5 + u64::from(len);
+        Ok(())
+    }
+
+    /// Records written so far.
+    pub fn records(&self) -> u64 {
+        self.records
+    }
+
+    /// Writes the end marker and returns the sink.
+    pub fn finish(mut self) -> Result<W> {
+        let n = self.records.to_le_bytes();
+        self.out.write_all(&[TAG_END]).map_err(write_err)?;
+        self.out.write_all(&n).map_err(write_err)?;
+        self.out.write_all(&crc(&n).to_le_bytes()).map_err(write_err)?;
+        self.out.flush().map_err(write_err)?;
+        Ok(self.out)
+    }
+}
+
+fn write_err(e: std::io::Error) -> PolicyError {
+    PolicyError::Io { path: "trace".into(), message: e.to_string() }
+}
+
+/// Reads a binary trace record by record (an iterator of `Result<TraceRecord>`).
+pub struct TraceReader<R: Read> {
+    input: R,
+    header: TraceHeader,
+    offset: u64,
+    records: u64,
+    done: bool,
+    buf: Vec<u8>,
+}
+
+fn err(what: &'static str, offset: u64, message: impl Into<String>) -> PolicyError {
+    PolicyError::Trace { what, offset, message: message.into() }
+}
+
+/// Reads exactly `buf.len()` bytes at `offset`, or reports truncation.
+fn read_exact(input: &mut impl Read, buf: &mut [u8], offset: u64, what: &str) -> Result<()> {
+    let mut got = 0;
+    while got < buf.len() {
+        match input.read(&mut buf[got..]) {
+            Ok(0) => {
+                return Err(err(
+                    "truncated",
+                    offset + got as u64,
+                    format!("{what}: {} more bytes expected", buf.len() - got),
+                ));
+            }
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(err("unreadable", offset + got as u64, e.to_string())),
+        }
+    }
+    Ok(())
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+impl<R: Read> TraceReader<R> {
+    /// Reads and checks the file header.
+    pub fn new(mut input: R) -> Result<Self> {
+        let mut h = [0u8; 32];
+        read_exact(&mut input, &mut h, 0, "file header")?;
+        if &h[..8] != MAGIC {
+            return Err(err(
+                "not a trace",
+                0,
+                format!("magic {:?}, expected \"HSPTRACE\"", String::from_utf8_lossy(&h[..8])),
+            ));
+        }
+        let version = u16::from_le_bytes([h[8], h[9]]);
+        if version != VERSION {
+            return Err(err(
+                "unsupported version",
+                8,
+                format!("version {version}; this reader reads version {VERSION}"),
+            ));
+        }
+        let stored = u32_at(&h, 28);
+        if crc(&h[..28]) != stored {
+            return Err(err("corrupt header", 28, "header checksum mismatch"));
+        }
+        let flags = u16::from_le_bytes([h[10], h[11]]);
+        if flags & !1 != 0 {
+            return Err(err("unsupported flags", 10, format!("flags {flags:#06x}; only bit 0 is defined")));
+        }
+        let header = TraceHeader {
+            top_k: u32_at(&h, 12),
+            layers: u32_at(&h, 16),
+            row_bytes: u32_at(&h, 20),
+            has_scores: flags & 1 == 1,
+        };
+        Ok(Self { input, header, offset: 32, records: 0, done: false, buf: Vec::new() })
+    }
+
+    /// The file header.
+    pub fn header(&self) -> &TraceHeader {
+        &self.header
+    }
+
+    /// Byte offset of the next unread byte.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    fn next_record(&mut self) -> Result<Option<TraceRecord>> {
+        let start = self.offset;
+        let mut tag = [0u8; 1];
+        read_exact(&mut self.input, &mut tag, start, "record tag (a trace ends with an end marker)")?;
+        match tag[0] {
+            TAG_END => {
+                let mut tail = [0u8; 12];
+                read_exact(&mut self.input, &mut tail, start + 1, "end marker")?;
+                let n = u64::from_le_bytes(tail[..8].try_into().unwrap_or_default());
+                if crc(&tail[..8]) != u32_at(&tail, 8) {
+                    return Err(err("corrupt end marker", start + 9, "checksum mismatch"));
+                }
+                if n != self.records {
+                    return Err(err(
+                        "corrupt end marker",
+                        start + 1,
+                        format!("says {n} records, {} were read", self.records),
+                    ));
+                }
+                let mut extra = [0u8; 1];
+                if self.input.read(&mut extra).map_err(|e| err("unreadable", start + 13, e.to_string()))? != 0 {
+                    return Err(err("trailing bytes", start + 13, "bytes after the end marker"));
+                }
+                self.offset = start + 13;
+                Ok(None)
+            }
+            TAG_RECORD => {
+                let mut len = [0u8; 4];
+                read_exact(&mut self.input, &mut len, start + 1, "record length")?;
+                let len = u32::from_le_bytes(len);
+                if !(28..=MAX_PAYLOAD).contains(&len) {
+                    return Err(err("corrupt record", start + 1, format!("record length {len} out of range")));
+                }
+                self.buf.resize(len as usize, 0);
+                read_exact(&mut self.input, &mut self.buf, start + 5, "record")?;
+                let body = &self.buf[..self.buf.len() - 4];
+                if crc(body) != u32_at(&self.buf, self.buf.len() - 4) {
+                    return Err(err("corrupt record", start, "record checksum mismatch"));
+                }
+                let rec = self.decode(body, start)?;
+                rec.check(&self.header, start)?;
+                self.records += 1;
+                self.offset = start + 5 + u64::from(len);
+                Ok(Some(rec))
+            }
+            t => Err(err("corrupt record", start, format!("unknown tag {t:#04x}"))),
+        }
+    }
+
+    fn decode(&self, b: &[u8], start: u64) -> Result<TraceRecord> {
+        let at = |i: usize| start + 5 + i as u64;
+        let count = u32_at(b, 20) as usize;
+        if count > self.header.top_k as usize {
+            return Err(err("corrupt record", at(20), format!("{count} positions, top_k is {}", self.header.top_k)));
+        }
+        let mut selected = Vec::with_capacity(count);
+        let mut i = 24;
+        let mut prev: Option<u32> = None;
+        for _ in 0..count {
+            let (mut v, mut shift) = (0u64, 0);
+            loop {
+                let byte = *b.get(i).ok_or_else(|| err("corrupt record", at(i), "positions run past the record"))?;
+                i += 1;
+                v |= u64::from(byte & 0x7f) << shift;
+                if byte & 0x80 == 0 {
+                    break;
+                }
+                shift += 7;
+                if shift > 28 {
+                    return Err(err("corrupt record", at(i), "varint longer than 5 bytes"));
+                }
+            }
+            let p = match prev {
+                None => v,
+                Some(q) => u64::from(q) + v + 1,
+            };
+            let p = u32::try_from(p).map_err(|_| err("corrupt record", at(i), format!("position {p} above 2^32")))?;
+            selected.push(p);
+            prev = Some(p);
+        }
+        let scores = if self.header.has_scores {
+            let end = i + 4 * count;
+            let s = b.get(i..end).ok_or_else(|| err("corrupt record", at(i), "scores run past the record"))?;
+            i = end;
+            Some(s.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+        } else {
+            None
+        };
+        if i != b.len() {
+            return Err(err(
+                "corrupt record",
+                at(i),
+                format!("{} unexplained bytes at the end of the record", b.len() - i),
+            ));
+        }
+        Ok(TraceRecord {
+            step: u32_at(b, 0),
+            request: u64::from_le_bytes(b[4..12].try_into().unwrap_or_default()),
+            layer: u32_at(b, 12),
+            seq_len: u32_at(b, 16),
+            selected,
+            scores,
+        })
+    }
+}
+
+impl<R: Read> Iterator for TraceReader<R> {
+    type Item = Result<TraceRecord>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        match self.next_record() {
+            Ok(Some(r)) => Some(Ok(r)),
+            Ok(None) => {
+                self.done = true;
+                None
+            }
+            Err(e) => {
+                self.done = true;
+                Some(Err(e))
+            }
+        }
+    }
+}
