@@ -14,6 +14,9 @@ pub enum BenchError {
     /// A kernel refused its input or CUDA failed.
     #[error(transparent)]
     Kernel(#[from] KernelError),
+    /// A policy, trace or simulator error.
+    #[error(transparent)]
+    Policy(#[from] hisparse_policy::PolicyError),
     /// A command-line value that cannot be used.
     #[error("invalid --{flag} = {value}: {reason}")]
     Flag {

@@ -1,7 +1,8 @@
 //! The `hisparse` program: the user's view of the workspace.
 //!
 //! Commands: `selfcheck` (every CPU kernel checked against its oracle and timed against the
-//! in-run memcpy ceiling) and `check-kernels` (NVRTC compile of every CUDA kernel for sm_90a).
+//! in-run memcpy ceiling), `check-kernels` (NVRTC compile of every CUDA kernel for sm_90a),
+//! `simulate` (policy simulator over a trace) and `trace synth|info`.
 //! Errors print one line and exit with status 2.
 
 // A command-line program: printing results to stdout is its job.
@@ -9,6 +10,8 @@
 
 mod cmd;
 mod error;
+mod progress;
+mod report;
 mod timing;
 
 use std::process::ExitCode;
@@ -31,6 +34,11 @@ enum Command {
     Selfcheck(cmd::selfcheck::SelfcheckArgs),
     /// Compile every CUDA kernel source for sm_90a with NVRTC (exit 3: no NVRTC, skipped).
     CheckKernels,
+    /// Replay a selection trace under several eviction policies and buffer sizes.
+    Simulate(cmd::simulate::SimulateArgs),
+    /// Write or describe selection traces.
+    #[command(subcommand)]
+    Trace(cmd::trace::TraceCommand),
 }
 
 fn run(cli: Cli) -> Result<i32> {
@@ -44,6 +52,12 @@ fn run(cli: Cli) -> Result<i32> {
             }
         }
         Command::CheckKernels => cmd::check_kernels::run(),
+        Command::Simulate(args) => {
+            let (report, out) = cmd::simulate::run(&args)?;
+            print!("{}", cmd::simulate::render(&report, &out));
+            Ok(0)
+        }
+        Command::Trace(c) => cmd::trace::run(&c).map(|()| 0),
     }
 }
 

@@ -2,3 +2,5 @@
 
 pub mod check_kernels;
 pub mod selfcheck;
+pub mod simulate;
+pub mod trace;

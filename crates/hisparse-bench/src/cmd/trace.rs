@@ -1,0 +1,195 @@
+//! `hisparse trace synth|info`: write a synthetic selection trace, or describe a trace (header,
+//! streams, consecutive-step and adjacent-layer overlap).
+
+use std::collections::BTreeMap;
+use std::io::BufWriter;
+use std::path::PathBuf;
+
+use hisparse_policy::synth::{SynthConfig, synth_header, synth_trace};
+use hisparse_policy::trace::{TraceRecord, TraceWriter, jsonl, read_trace};
+use serde::Serialize;
+
+use crate::error::{BenchError, Result};
+use crate::progress;
+
+/// `hisparse trace ...`
+#[derive(Debug, clap::Subcommand)]
+pub enum TraceCommand {
+    /// Write a synthetic trace (latent-relevance selections).
+    Synth(SynthArgs),
+    /// Describe a trace: header, streams, overlaps.
+    Info {
+        /// The trace (binary .hstrace or JSON lines).
+        trace: PathBuf,
+    },
+}
+
+/// Options of `hisparse trace synth`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SynthArgs {
+    /// Output file (.hstrace; .jsonl writes JSON lines).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Requests.
+    #[arg(long, default_value_t = 4)]
+    pub requests: usize,
+    /// Layers.
+    #[arg(long, default_value_t = 4)]
+    pub layers: usize,
+    /// Decode steps.
+    #[arg(long, default_value_t = 200)]
+    pub steps: usize,
+    /// Prompt tokens per request.
+    #[arg(long, default_value_t = 16384)]
+    pub prompt: usize,
+    /// Positions selected per step.
+    #[arg(long, default_value_t = 2048)]
+    pub top_k: usize,
+    /// Per-step persistence of the drifting relevance (0..=1).
+    #[arg(long, default_value_t = 0.95)]
+    pub rho: f64,
+    /// Size of the drifting relevance relative to the fixed part.
+    #[arg(long, default_value_t = 0.6)]
+    pub drift: f64,
+    /// Fraction of the drift shared by all layers (0..=1).
+    #[arg(long, default_value_t = 0.8)]
+    pub layer_share: f64,
+    /// Record scores of the selected positions.
+    #[arg(long)]
+    pub scores: bool,
+    /// Bytes per KV row written into the header (656: fp8 rows).
+    #[arg(long, default_value_t = 656)]
+    pub row_bytes: u32,
+    /// Seed.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+}
+
+/// Runs a trace command.
+pub fn run(cmd: &TraceCommand) -> Result<()> {
+    match cmd {
+        TraceCommand::Synth(a) => synth(a),
+        TraceCommand::Info { trace } => {
+            let (header, records) = read_trace(trace)?;
+            let info = describe(&records);
+            println!(
+                "{}: top_k {}, {} layers, row {} B, scores: {}",
+                trace.display(),
+                header.top_k,
+                header.layers,
+                header.row_bytes,
+                header.has_scores
+            );
+            println!(
+                "{} records, {} streams (request x layer), steps {}..={}",
+                records.len(),
+                info.streams,
+                info.first_step,
+                info.last_step
+            );
+            println!(
+                "mean consecutive-step overlap {:.1}%, adjacent-layer overlap {:.1}%",
+                100.0 * info.step_overlap,
+                100.0 * info.layer_overlap
+            );
+            Ok(())
+        }
+    }
+}
+
+fn synth(a: &SynthArgs) -> Result<()> {
+    let cfg = SynthConfig {
+        requests: a.requests,
+        layers: a.layers,
+        steps: a.steps,
+        prompt_tokens: a.prompt,
+        top_k: a.top_k,
+        rho: a.rho,
+        drift: a.drift,
+        layer_share: a.layer_share,
+        scores: a.scores,
+        seed: a.seed,
+    };
+    let header = synth_header(&cfg, a.row_bytes);
+    let file =
+        std::fs::File::create(&a.out).map_err(|source| BenchError::Io { path: a.out.display().to_string(), source })?;
+    let bar = progress::bar((a.steps * a.requests * a.layers) as u64, "records");
+    if a.out.extension().is_some_and(|e| e == "jsonl") {
+        let mut records = Vec::new();
+        synth_trace(&cfg, |r| {
+            bar.inc(1);
+            records.push(r);
+            Ok(())
+        })?;
+        jsonl::write(BufWriter::new(file), &header, &records)?;
+    } else {
+        let mut w = TraceWriter::new(BufWriter::new(file), header)?;
+        synth_trace(&cfg, |r| {
+            bar.inc(1);
+            w.write(&r)
+        })?;
+        w.finish()?;
+    }
+    bar.finish_and_clear();
+    let size = std::fs::metadata(&a.out).map(|m| m.len()).unwrap_or(0);
+    println!("wrote {} ({} records, {:.1} MB)", a.out.display(), a.steps * a.requests * a.layers, size as f64 / 1e6);
+    Ok(())
+}
+
+/// Overlap statistics of a trace.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct TraceInfo {
+    /// (request, layer) streams.
+    pub streams: usize,
+    /// First step.
+    pub first_step: u32,
+    /// Last step.
+    pub last_step: u32,
+    /// Mean `|S_t ∩ S_{t-1}| / |S_t|` over consecutive records of a stream (newest excluded).
+    pub step_overlap: f64,
+    /// Mean `|S_l ∩ S_{l-1}| / |S_l|` over adjacent layers of one request and step.
+    pub layer_overlap: f64,
+}
+
+fn overlap(a: &[u32], b: &[u32], skip: u32) -> Option<f64> {
+    let a: Vec<u32> = a.iter().copied().filter(|&t| t != skip).collect();
+    if a.is_empty() {
+        return None;
+    }
+    let common = a.iter().filter(|t| b.binary_search(t).is_ok()).count();
+    Some(common as f64 / a.len() as f64)
+}
+
+/// Overlaps of `records`.
+pub fn describe(records: &[TraceRecord]) -> TraceInfo {
+    let mut by: BTreeMap<(u64, u32), Vec<&TraceRecord>> = BTreeMap::new();
+    let mut by_step: BTreeMap<(u64, u32), BTreeMap<u32, &TraceRecord>> = BTreeMap::new();
+    for r in records {
+        by.entry((r.request, r.layer)).or_default().push(r);
+        by_step.entry((r.request, r.step)).or_default().insert(r.layer, r);
+    }
+    let mean = |v: Vec<f64>| if v.is_empty() { 0.0 } else { v.iter().sum::<f64>() / v.len() as f64 };
+    let mut steps = Vec::new();
+    for recs in by.values_mut() {
+        recs.sort_by_key(|r| r.step);
+        for w in recs.windows(2) {
+            steps.extend(overlap(&w[1].selected, &w[0].selected, w[1].seq_len - 1));
+        }
+    }
+    let mut layers = Vec::new();
+    for ls in by_step.values() {
+        let v: Vec<&&TraceRecord> = ls.values().collect();
+        for w in v.windows(2) {
+            if w[1].layer == w[0].layer + 1 {
+                layers.extend(overlap(&w[1].selected, &w[0].selected, w[1].seq_len - 1));
+            }
+        }
+    }
+    TraceInfo {
+        streams: by.len(),
+        first_step: records.iter().map(|r| r.step).min().unwrap_or(0),
+        last_step: records.iter().map(|r| r.step).max().unwrap_or(0),
+        step_overlap: mean(steps),
+        layer_overlap: mean(layers),
+    }
+}
