@@ -29,7 +29,7 @@ pub struct SimulateArgs {
     /// Bytes per fetched row (default: the trace's, else 656).
     #[arg(long, default_value_t = 0)]
     pub row_bytes: usize,
-    /// Output folder (default: results/simulate-<trace name>).
+    /// Output folder (default: `results/simulate-NAME`, NAME being the trace file name).
     #[arg(long)]
     pub out: Option<PathBuf>,
 }
