@@ -4,7 +4,7 @@
 //! (eviction policies, each with a Rust and a CUDA C form: [`policy`]), the CPU swap-in step
 //! that the GPU kernel must match exactly ([`swap_in`]), the configuration with SGLang's keys
 //! ([`HiSparseConfig`]), the trace format ([`trace`]), synthetic traces ([`synth`]) and the
-//! trace-driven simulator ([`simulate`]).
+//! trace-driven simulator ([`mod@simulate`]).
 //!
 //! Invariant: after every swap-in step the slot table is a bijection, every selected token is
 //! resident, no selected token was evicted, and the newest token sits in the reserved slot
