@@ -11,12 +11,33 @@ pub enum EngineError {
     /// A memory-level error.
     #[error(transparent)]
     Memory(#[from] MemoryError),
-    /// A policy or swap-in error.
+    /// A policy, config or swap-in error.
     #[error(transparent)]
     Policy(#[from] PolicyError),
     /// A kernel error.
     #[error(transparent)]
     Kernel(#[from] KernelError),
+    /// A configuration value the engine cannot use.
+    #[error("invalid {field} = {value}: {reason}")]
+    Config {
+        /// The field.
+        field: &'static str,
+        /// The value, printed.
+        value: String,
+        /// Why.
+        reason: String,
+    },
+    /// A request the engine cannot take (duplicate id, zero tokens).
+    #[error("request {id}: {reason}")]
+    Request {
+        /// The request id.
+        id: u64,
+        /// Why.
+        reason: String,
+    },
+    /// The backup worker failed.
+    #[error("backup worker: {0}")]
+    Worker(String),
 }
 
 /// Result alias of this crate.

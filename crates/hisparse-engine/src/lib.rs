@@ -1,12 +1,24 @@
 //! # hisparse-engine
 //!
 //! Owns time: requests and their lifecycle, continuous batching, admission in the resident and
-//! hisparse modes, the per-layer decode loop, background backup and prefetch workers, the
-//! synthetic workload, and metrics.
+//! hisparse modes, the per-layer decode loop, background backup workers, the synthetic
+//! workload ([`workload`]) and its calibration ([`calibrate`]), and metrics.
 
+pub mod backup;
+pub mod calibrate;
+pub mod engine;
 pub mod error;
+pub mod metrics;
+pub mod request;
+pub mod runtime;
+pub mod workload;
 
+pub use engine::{Engine, EngineConfig, StepReport};
 pub use error::{EngineError, Result};
+pub use metrics::{RunSummary, StageTimes, StepMetrics};
+pub use request::{Outcome, RequestSpec};
+pub use runtime::{RuntimeConfig, RuntimeHandle};
+pub use workload::{LocalityParams, Workload};
 
 /// The README's examples, compiled and run as doc-tests.
 #[cfg(doctest)]

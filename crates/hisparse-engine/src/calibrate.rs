@@ -1,0 +1,171 @@
+//! Calibration of the workload: run the real indexer and top-k (CPU backend) over a few
+//! requests and layers, record the selections as a trace, and measure what the published
+//! figures describe — LRU misses at 1, 2 and 4 times top-k slots, FIFO, random and Belady at 2x,
+//! consecutive-step overlap per layer, adjacent-layer overlap.
+
+use half::bf16;
+use hisparse_kernels::{Backend, CpuBackend, IndexerBatch, IndexerRequest, Span};
+use hisparse_memory::KvGeometry;
+use hisparse_policy::trace::{TraceHeader, TraceRecord};
+use hisparse_policy::{SimConfig, simulate};
+use serde::Serialize;
+
+use crate::error::Result;
+use crate::workload::Workload;
+
+/// What to run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CalibrationSpec {
+    /// Requests.
+    pub requests: usize,
+    /// Layers to run (indices into the geometry's layers).
+    pub layers: Vec<usize>,
+    /// Decode steps.
+    pub steps: usize,
+    /// Prompt tokens per request.
+    pub context: usize,
+}
+
+/// Measured locality of a workload.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Calibration {
+    /// Top-k.
+    pub top_k: usize,
+    /// LRU miss ratio at 1, 2 and 4 times top-k slots.
+    pub lru: [f64; 3],
+    /// FIFO, random and Belady miss ratios at 2 times top-k slots.
+    pub fifo_random_belady_2x: [f64; 3],
+    /// Mean consecutive-step overlap per run layer (newest token excluded).
+    pub step_overlap: Vec<(usize, f64)>,
+    /// Mean overlap between each run layer and the previous run layer when adjacent.
+    pub layer_overlap: Option<f64>,
+    /// The selections, for the simulator or a trace file.
+    #[serde(skip)]
+    pub records: Vec<TraceRecord>,
+}
+
+/// Runs the real indexer and top-k for `spec` and returns the selections.
+pub fn selections(geometry: &KvGeometry, workload: &Workload, spec: &CalibrationSpec) -> Result<Vec<TraceRecord>> {
+    let cpu = CpuBackend::new();
+    let key = geometry.index_key()?;
+    let (h, dim, k) = (geometry.index_heads, geometry.index_dim, geometry.top_k);
+    let total = spec.context + spec.steps;
+    let p = 64;
+    let pages = total.div_ceil(p);
+    let mut records = Vec::new();
+    let mut vals = vec![0f32; dim];
+    for r in 0..spec.requests as u64 {
+        // Keys of every position of every run layer.
+        let keys: Vec<Vec<u8>> = spec
+            .layers
+            .iter()
+            .map(|&l| {
+                let mut pool = vec![0u8; pages * p * key.row_bytes()];
+                for (t, row) in pool.chunks_mut(key.row_bytes()).take(total).enumerate() {
+                    workload.index_key(r, l, t, &mut vals);
+                    key.encode(&vals, row)?;
+                }
+                // Padding keys of the last page need a valid scale.
+                for row in pool.chunks_mut(key.row_bytes()).skip(total) {
+                    row[dim..].copy_from_slice(&1f32.to_le_bytes());
+                }
+                Ok(pool)
+            })
+            .collect::<Result<_>>()?;
+        let table: Vec<u32> = (0..pages as u32).collect();
+        let mut drift = workload.start(r);
+        let (mut q, mut w) = (vec![0f32; h * dim], vec![0f32; h]);
+        let mut scores = vec![0f32; total];
+        let mut top = vec![0i32; k];
+        for step in 1..=spec.steps {
+            workload.advance(r, &mut drift);
+            let seq_len = spec.context + step;
+            for (li, &l) in spec.layers.iter().enumerate() {
+                workload.indexer_query(r, l, &drift, &mut q, &mut w);
+                let qb: Vec<bf16> = q.iter().map(|x| bf16::from_f32(*x)).collect();
+                let req = [IndexerRequest { first_page: 0, seq_len, score_offset: 0 }];
+                let batch = IndexerBatch {
+                    heads: h,
+                    key_layout: key,
+                    queries: &qb,
+                    weights: &w,
+                    keys: &keys[li],
+                    page_tokens: p,
+                    page_table: &table,
+                    requests: &req,
+                };
+                cpu.indexer_scores(&batch, &mut scores)?;
+                scores[seq_len - 1] = f32::INFINITY; // the newest token is always attended to
+                cpu.top_k(&scores, &[Span::new(0, seq_len)], k, &mut top)?;
+                records.push(TraceRecord {
+                    step: step as u32,
+                    request: r,
+                    layer: l as u32,
+                    seq_len: seq_len as u32,
+                    selected: top.iter().map(|&x| x as u32).collect(),
+                    scores: None,
+                });
+            }
+        }
+    }
+    Ok(records)
+}
+
+fn overlap(a: &[u32], b: &[u32], skip: u32) -> f64 {
+    let n = a.iter().filter(|&&t| t != skip).count().max(1);
+    a.iter().filter(|&&t| t != skip && b.binary_search(&t).is_ok()).count() as f64 / n as f64
+}
+
+/// Measures the locality of `workload` under `spec`.
+pub fn calibrate(geometry: &KvGeometry, workload: &Workload, spec: &CalibrationSpec) -> Result<Calibration> {
+    let records = selections(geometry, workload, spec)?;
+    let k = geometry.top_k;
+    let header = TraceHeader { top_k: k as u32, layers: geometry.layers as u32, row_bytes: 656, has_scores: false };
+    let cfg = SimConfig {
+        policies: ["lru", "fifo", "random", "belady"].map(String::from).to_vec(),
+        buffer_sizes: vec![k, 2 * k, 4 * k],
+        seed: 1,
+        row_bytes: 0,
+    };
+    let report = simulate(&header, &records, &cfg, &|_| {})?;
+    // Steady state: leave out each stream's first steps (cold buffer) by subtracting them.
+    let ratio = |policy: &str, slots: usize| {
+        let r = report.results.iter().find(|x| x.policy == policy && x.buffer_slots == slots);
+        r.map_or(0.0, |x| {
+            let warm: Vec<f64> = x.series.iter().skip(x.series.len() / 4).copied().collect();
+            warm.iter().sum::<f64>() / warm.len().max(1) as f64 / k as f64
+        })
+    };
+    let n_layers = spec.layers.len();
+    let rec = |r: usize, s: usize, li: usize| &records[(r * spec.steps + s) * n_layers + li];
+    let mut step_overlap = Vec::new();
+    for (li, &l) in spec.layers.iter().enumerate() {
+        let mut v = Vec::new();
+        for r in 0..spec.requests {
+            for s in 1..spec.steps {
+                let (a, b) = (rec(r, s, li), rec(r, s - 1, li));
+                v.push(overlap(&a.selected, &b.selected, a.seq_len - 1));
+            }
+        }
+        step_overlap.push((l, v.iter().sum::<f64>() / v.len().max(1) as f64));
+    }
+    let mut lo = Vec::new();
+    for li in 1..n_layers {
+        if spec.layers[li] == spec.layers[li - 1] + 1 {
+            for r in 0..spec.requests {
+                for s in 0..spec.steps {
+                    let (a, b) = (rec(r, s, li), rec(r, s, li - 1));
+                    lo.push(overlap(&a.selected, &b.selected, a.seq_len - 1));
+                }
+            }
+        }
+    }
+    Ok(Calibration {
+        top_k: k,
+        lru: [ratio("lru", k), ratio("lru", 2 * k), ratio("lru", 4 * k)],
+        fifo_random_belady_2x: [ratio("fifo", 2 * k), ratio("random", 2 * k), ratio("belady", 2 * k)],
+        step_overlap,
+        layer_overlap: (!lo.is_empty()).then(|| lo.iter().sum::<f64>() / lo.len() as f64),
+        records,
+    })
+}

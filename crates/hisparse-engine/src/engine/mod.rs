@@ -1,0 +1,261 @@
+//! The engine: serves many decode requests at once with continuous batching, in the resident
+//! or the hisparse mode, on any [`Backend`]. This module holds its state and set-up;
+//! `admit.rs` admits requests and writes their prompts; `step.rs` runs one decode step.
+
+mod admit;
+mod step;
+
+use std::collections::{HashSet, VecDeque};
+use std::io::Write;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use hisparse_kernels::Backend;
+use hisparse_memory::{
+    AdmissionControl, CapacityPlan, DeviceTier, HostTier, HostTierConfig, IndexKeyLayout, KvGeometry, KvRowLayout, Mode, RequestId,
+    Resources,
+};
+use hisparse_policy::trace::{TraceHeader, TraceWriter};
+use hisparse_policy::{EvictionPolicy, HiSparseConfig, SwapInState};
+
+use crate::backup::BackupWorker;
+use crate::error::{EngineError, Result};
+use crate::request::{Outcome, RequestSpec};
+use crate::runtime::{Runtime, RuntimeConfig, RuntimeHandle};
+use crate::workload::{RequestDrift, Workload};
+
+pub use step::StepReport;
+
+/// Everything an engine is built from.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EngineConfig {
+    /// Model geometry.
+    pub geometry: KvGeometry,
+    /// Serving mode.
+    pub mode: Mode,
+    /// The hierarchy's configuration (buffer size, budgets, policy, page size, host file).
+    pub hisparse: HiSparseConfig,
+    /// Seed of the synthetic workload.
+    pub workload_seed: u64,
+    /// Request length the device split (hot buffers against index keys) is sized for.
+    pub typical_tokens: usize,
+    /// Record a digest of every request's attention output per layer (for lossless checks).
+    pub capture_digests: bool,
+    /// Test hook: delay every backup copy by this much.
+    pub backup_delay: Option<Duration>,
+}
+
+impl EngineConfig {
+    /// A config for `geometry` in `mode` with `device_kv_bytes` of device memory for the KV
+    /// cache; defaults elsewhere (LRU, buffer of twice top-k, host = 8 x device).
+    pub fn new(geometry: KvGeometry, mode: Mode, device_kv_bytes: u64) -> Self {
+        let hisparse = HiSparseConfig { device_kv_bytes, ..HiSparseConfig::for_geometry(&geometry) };
+        let typical_tokens = hisparse.max_request_tokens;
+        Self { geometry, mode, hisparse, workload_seed: 1, typical_tokens, capture_digests: false, backup_delay: None }
+    }
+}
+
+/// A request being decoded.
+pub(crate) struct Running {
+    pub spec: RequestSpec,
+    /// Positions with KV so far (the next token is at `seq_len`).
+    pub seq_len: usize,
+    pub generated: usize,
+    pub need: Resources,
+    /// Swap-in state per layer (hisparse mode).
+    pub swap: Vec<SwapInState>,
+    pub drift: RequestDrift,
+    /// Sequence number of the request's newest backup job per layer.
+    pub last_backup: Vec<u64>,
+    pub first_step: u64,
+}
+
+/// The engine. See the crate documentation.
+pub struct Engine<B: Backend> {
+    backend: B,
+    cfg: EngineConfig,
+    kv_row: KvRowLayout,
+    key: IndexKeyLayout,
+    device: DeviceTier<B::Memory>,
+    host: Option<HostTier>,
+    backup: Option<BackupWorker>,
+    admission: AdmissionControl,
+    runtime: Arc<ArcSwap<Runtime>>,
+    last_policy: Arc<dyn EvictionPolicy>,
+    workload: Workload,
+    queue: VecDeque<RequestSpec>,
+    running: Vec<Running>,
+    outcomes: Vec<(RequestId, Outcome)>,
+    seen: HashSet<RequestId>,
+    step: u64,
+    trace: Option<TraceWriter<Box<dyn Write + Send>>>,
+}
+
+impl<B: Backend> Engine<B>
+where
+    B::Memory: Clone,
+{
+    /// Builds an engine: validates the config, plans the tiers from the byte budgets, and
+    /// allocates them.
+    pub fn new(backend: B, cfg: EngineConfig) -> Result<Self> {
+        let g = &cfg.geometry;
+        cfg.hisparse.validate(g)?;
+        if cfg.hisparse.device_kv_bytes == 0 {
+            return Err(EngineError::Config { field: "device_kv_bytes", value: "0".into(), reason: "the engine needs a device budget for the KV cache".into() });
+        }
+        let kv_row = g.kv_row()?;
+        let key = g.index_key()?;
+        let plan = CapacityPlan {
+            mode: cfg.mode,
+            layers: g.layers,
+            kv_row,
+            index_key: key,
+            page_tokens: cfg.hisparse.page_tokens,
+            buffer_slots: cfg.hisparse.device_buffer_size,
+            device_bytes: usize::try_from(cfg.hisparse.device_kv_bytes).unwrap_or(usize::MAX),
+            host_bytes: usize::try_from(cfg.hisparse.host_bytes()).unwrap_or(usize::MAX),
+            typical_tokens: cfg.typical_tokens.max(1),
+        };
+        let device = DeviceTier::new(backend.memory().clone(), plan.device_tier())?;
+        let (host, backup) = match cfg.mode {
+            Mode::Resident => (None, None),
+            Mode::HiSparse => {
+                let host = HostTier::new(&HostTierConfig {
+                    bytes: plan.host_bytes,
+                    layers: g.layers,
+                    row_bytes: kv_row.row_bytes(),
+                    page_tokens: cfg.hisparse.page_tokens,
+                    path: cfg.hisparse.host_tier_path.clone(),
+                })?;
+                let backup = BackupWorker::start(host.row_writer(), cfg.backup_delay)?;
+                (Some(host), Some(backup))
+            }
+        };
+        let mut capacity = plan.resources();
+        if let Some(h) = &host {
+            capacity.host_pages = h.total_pages();
+        }
+        let runtime = Runtime::new(RuntimeConfig {
+            eviction_policy: cfg.hisparse.eviction_policy.clone(),
+            policy_seed: cfg.hisparse.policy_seed,
+            max_running: 0,
+        })?;
+        let last_policy = Arc::clone(&runtime.policy);
+        let workload = Workload::new(g, cfg.workload_seed);
+        Ok(Self {
+            backend,
+            kv_row,
+            key,
+            device,
+            host,
+            backup,
+            admission: AdmissionControl::new(capacity),
+            runtime: Arc::new(ArcSwap::from_pointee(runtime)),
+            last_policy,
+            workload,
+            queue: VecDeque::new(),
+            running: Vec::new(),
+            outcomes: Vec::new(),
+            seen: HashSet::new(),
+            step: 0,
+            trace: None,
+            cfg,
+        })
+    }
+
+    /// The config.
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+
+    /// The workload (to inspect or replace its locality before requests arrive).
+    pub fn workload_mut(&mut self) -> &mut Workload {
+        &mut self.workload
+    }
+
+    /// A handle to swap the eviction policy and batch cap between steps, from any thread.
+    pub fn runtime(&self) -> RuntimeHandle {
+        RuntimeHandle { cell: Arc::clone(&self.runtime) }
+    }
+
+    /// Capacities of the tiers (what a request may at most hold).
+    pub fn capacity(&self) -> Resources {
+        self.admission.capacity()
+    }
+
+    /// Records every selection of every later step into a trace written to `out`.
+    pub fn record_trace(&mut self, out: Box<dyn Write + Send>) -> Result<()> {
+        let g = &self.cfg.geometry;
+        let header = TraceHeader { top_k: g.top_k as u32, layers: g.layers as u32, row_bytes: self.kv_row.row_bytes() as u32, has_scores: false };
+        self.trace = Some(TraceWriter::new(out, header)?);
+        Ok(())
+    }
+
+    /// Ends the trace (writes its end marker).
+    pub fn finish_trace(&mut self) -> Result<()> {
+        if let Some(t) = self.trace.take() {
+            t.finish()?;
+        }
+        Ok(())
+    }
+
+    /// Queues a request; it is admitted at the start of a later step, in arrival order.
+    pub fn submit(&mut self, spec: RequestSpec) -> Result<()> {
+        let bad = |reason: &str| Err(EngineError::Request { id: spec.id.0, reason: reason.into() });
+        if spec.output_tokens == 0 {
+            return bad("output_tokens must be at least 1");
+        }
+        if spec.prompt_tokens == 0 {
+            return bad("prompt_tokens must be at least 1");
+        }
+        if spec.total_tokens() > u32::MAX as usize / 2 {
+            return bad("too many tokens");
+        }
+        if !self.seen.insert(spec.id) {
+            return bad("duplicate request id");
+        }
+        self.queue.push_back(spec);
+        Ok(())
+    }
+
+    /// Requests waiting, decoding, and done (finished or rejected).
+    pub fn counts(&self) -> (usize, usize, usize) {
+        (self.queue.len(), self.running.len(), self.outcomes.len())
+    }
+
+    /// Whether nothing is queued or running.
+    pub fn is_idle(&self) -> bool {
+        self.queue.is_empty() && self.running.is_empty()
+    }
+
+    /// What became of every request that left.
+    pub fn outcomes(&self) -> &[(RequestId, Outcome)] {
+        &self.outcomes
+    }
+
+    /// Device bytes held by live requests.
+    pub fn device_bytes_in_use(&self) -> usize {
+        self.device.bytes_in_use()
+    }
+
+    /// Host bytes held by live requests.
+    pub fn host_bytes_in_use(&self) -> usize {
+        self.host.as_ref().map_or(0, HostTier::bytes_in_use)
+    }
+
+    /// Checks that every pool holds exactly what live requests hold (no leak).
+    pub fn check_pools(&self) -> Result<()> {
+        self.device.check()?;
+        if let Some(h) = &self.host {
+            h.check()?;
+        }
+        if self.running.is_empty() {
+            let r = self.admission.reserved();
+            if r != Resources::default() || self.device.bytes_in_use() != 0 || self.host_bytes_in_use() != 0 {
+                return Err(EngineError::Config { field: "pools", value: format!("{r:?}"), reason: "held with no request running".into() });
+            }
+        }
+        Ok(())
+    }
+}

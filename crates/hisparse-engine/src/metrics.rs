@@ -1,0 +1,139 @@
+//! Metrics of every decode step and of a whole run: throughput, time per stage, hits and misses,
+//! bytes moved per tier, bytes in use, and the request counts.
+
+use serde::Serialize;
+
+/// Seconds spent per stage of a decode step (summed over layers).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct StageTimes {
+    /// Writing the new token's KV row and index key into the device tier.
+    pub append: f64,
+    /// Lightning indexer.
+    pub indexer: f64,
+    /// Top-k.
+    pub top_k: f64,
+    /// Swap-in: decisions and host → device copies (hisparse), row lookups (resident).
+    pub swap_in: f64,
+    /// Sparse attention.
+    pub attention: f64,
+    /// Backup: queueing copies, and waiting for earlier ones before a slot is reused.
+    pub backup: f64,
+    /// Admission and prompt KV written into the tiers (not part of decode throughput).
+    pub admission: f64,
+}
+
+impl StageTimes {
+    /// Adds `o` stage by stage.
+    pub fn add(&mut self, o: &StageTimes) {
+        self.append += o.append;
+        self.indexer += o.indexer;
+        self.top_k += o.top_k;
+        self.swap_in += o.swap_in;
+        self.attention += o.attention;
+        self.backup += o.backup;
+        self.admission += o.admission;
+    }
+
+    /// Decode time: every stage but admission.
+    pub fn decode(&self) -> f64 {
+        self.append + self.indexer + self.top_k + self.swap_in + self.attention + self.backup
+    }
+}
+
+/// One decode step.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct StepMetrics {
+    /// Engine step number (from 1).
+    pub step: u64,
+    /// Wall seconds of the decode (admission excluded).
+    pub seconds: f64,
+    /// Tokens generated (one per running request).
+    pub tokens: usize,
+    /// Time per stage.
+    pub stages: StageTimes,
+    /// Selected tokens found in the hot buffer (the newest included).
+    pub hits: u64,
+    /// Selected tokens copied in from the host tier.
+    pub misses: u64,
+    /// Largest misses of one (request, layer) this step: what a batch waits for.
+    pub max_misses: u64,
+    /// Bytes copied host → device by swap-in.
+    pub bytes_h2d: u64,
+    /// Bytes copied device → host by backup.
+    pub bytes_d2h: u64,
+    /// Prompt bytes written into the host tier at admission.
+    pub bytes_prompt_host: u64,
+    /// Prompt bytes written into the device tier at admission (KV, keys, preloaded slots).
+    pub bytes_prompt_device: u64,
+    /// Device bytes held by live requests after the step.
+    pub device_bytes_in_use: u64,
+    /// Host bytes held by live requests after the step.
+    pub host_bytes_in_use: u64,
+    /// Requests decoded this step.
+    pub running: usize,
+    /// Requests waiting for capacity.
+    pub queued: usize,
+    /// Requests admitted this step.
+    pub admitted: usize,
+    /// Requests rejected so far.
+    pub rejected: usize,
+    /// Requests finished so far.
+    pub finished: usize,
+}
+
+/// A whole run.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct RunSummary {
+    /// Decode steps.
+    pub steps: u64,
+    /// Decode seconds (admission excluded).
+    pub seconds: f64,
+    /// Tokens generated.
+    pub tokens: u64,
+    /// `tokens / seconds`.
+    pub tokens_per_s: f64,
+    /// Time per stage.
+    pub stages: StageTimes,
+    /// Hits.
+    pub hits: u64,
+    /// Misses.
+    pub misses: u64,
+    /// `misses / (hits + misses)`.
+    pub miss_ratio: f64,
+    /// Bytes host → device.
+    pub bytes_h2d: u64,
+    /// Bytes device → host.
+    pub bytes_d2h: u64,
+    /// Most requests decoded in one step.
+    pub max_running: usize,
+    /// Peak device bytes in use.
+    pub peak_device_bytes: u64,
+    /// Peak host bytes in use.
+    pub peak_host_bytes: u64,
+    /// Requests rejected.
+    pub rejected: usize,
+    /// Requests finished.
+    pub finished: usize,
+}
+
+impl RunSummary {
+    /// Adds one step.
+    pub fn add(&mut self, s: &StepMetrics) {
+        self.steps += 1;
+        self.seconds += s.seconds;
+        self.tokens += s.tokens as u64;
+        self.tokens_per_s = if self.seconds > 0.0 { self.tokens as f64 / self.seconds } else { 0.0 };
+        self.stages.add(&s.stages);
+        self.hits += s.hits;
+        self.misses += s.misses;
+        let sel = self.hits + self.misses;
+        self.miss_ratio = if sel > 0 { self.misses as f64 / sel as f64 } else { 0.0 };
+        self.bytes_h2d += s.bytes_h2d;
+        self.bytes_d2h += s.bytes_d2h;
+        self.max_running = self.max_running.max(s.running);
+        self.peak_device_bytes = self.peak_device_bytes.max(s.device_bytes_in_use);
+        self.peak_host_bytes = self.peak_host_bytes.max(s.host_bytes_in_use);
+        self.rejected = s.rejected;
+        self.finished = s.finished;
+    }
+}

@@ -1,0 +1,59 @@
+//! The synthetic workload's *real* indexer selections have the locality the presets are
+//! calibrated to (DESIGN.md section 5), within the tolerances stated here:
+//!
+//! * glm-5.1 (published: LRU misses 30 / 13.4 / 6.7% at 1 / 2 / 4 x top-k slots; FIFO 17.2%,
+//!   random 16.1%, Belady 8.2% at 2x): each within 35% of the published value, and the order
+//!   Belady < LRU < random < FIFO; adjacent-layer overlap 70-100%;
+//! * deepseek-v3.2 (published: consecutive-step overlap 35-50% in deep layers, 1-2% in layers
+//!   0-1, adjacent layers 70-100%): deep layers within 35-50%, layers 0-1 below 6% (a random
+//!   choice of 2048 of 64k overlaps 3%), adjacent deep layers within 70-100%.
+//!
+//! Context 64k tokens (LongBench-v2 lengths); one request; steady state after a quarter of the
+//! steps.
+#![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
+
+use hisparse_engine::Workload;
+use hisparse_engine::calibrate::{CalibrationSpec, calibrate};
+use hisparse_memory::KvGeometry;
+
+fn within(name: &str, got: f64, published: f64, rel: f64) {
+    assert!((got - published).abs() <= rel * published, "{name}: measured {:.1}%, published {:.1}% (tolerance {:.0}%)", 100.0 * got, 100.0 * published, 100.0 * rel);
+}
+
+#[test]
+fn glm_5_1_misses_follow_the_published_curve() {
+    let g = KvGeometry::preset("glm-5.1").unwrap();
+    let w = Workload::new(&g, 7);
+    let c = calibrate(&g, &w, &CalibrationSpec { requests: 1, layers: vec![40, 41], steps: 80, context: 65_536 }).unwrap();
+    let [lru1, lru2, lru4] = c.lru;
+    let [fifo, random, belady] = c.fifo_random_belady_2x;
+    eprintln!("glm-5.1: LRU {lru1:.3}/{lru2:.3}/{lru4:.3}, FIFO {fifo:.3}, random {random:.3}, Belady {belady:.3}, layers {:?}", c.layer_overlap);
+    within("LRU at 2048 slots", lru1, 0.30, 0.35);
+    within("LRU at 4096 slots", lru2, 0.134, 0.35);
+    within("LRU at 8192 slots", lru4, 0.067, 0.35);
+    within("FIFO at 4096 slots", fifo, 0.172, 0.35);
+    within("random at 4096 slots", random, 0.161, 0.35);
+    within("Belady at 4096 slots", belady, 0.082, 0.35);
+    assert!(belady < lru2 && lru2 < random && random < fifo, "order: Belady {belady} LRU {lru2} random {random} FIFO {fifo}");
+    let lo = c.layer_overlap.unwrap();
+    assert!((0.70..=1.0).contains(&lo), "adjacent-layer overlap {lo}");
+}
+
+#[test]
+fn deepseek_v3_2_overlaps_follow_the_published_figures() {
+    let g = KvGeometry::preset("deepseek-v3.2").unwrap();
+    let w = Workload::new(&g, 7);
+    let c = calibrate(&g, &w, &CalibrationSpec { requests: 1, layers: vec![0, 1, 30, 31], steps: 24, context: 65_536 }).unwrap();
+    eprintln!("deepseek-v3.2: step overlap {:?}, adjacent layers {:?}", c.step_overlap, c.layer_overlap);
+    for &(layer, o) in &c.step_overlap {
+        if layer < 2 {
+            assert!(o < 0.06, "layer {layer}: consecutive-step overlap {o}");
+        } else {
+            assert!((0.35..=0.50).contains(&o), "layer {layer}: consecutive-step overlap {o}");
+        }
+    }
+    // Layers 0-1 are adjacent too but random; the pair 30-31 dominates only if we look at it alone.
+    let deep = calibrate(&g, &w, &CalibrationSpec { requests: 1, layers: vec![30, 31], steps: 4, context: 65_536 }).unwrap();
+    let lo = deep.layer_overlap.unwrap();
+    assert!((0.70..=1.0).contains(&lo), "adjacent-layer overlap {lo}");
+}
