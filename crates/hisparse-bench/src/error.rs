@@ -14,6 +14,9 @@ pub enum BenchError {
     /// A kernel refused its input or CUDA failed.
     #[error(transparent)]
     Kernel(#[from] KernelError),
+    /// An engine error.
+    #[error(transparent)]
+    Engine(#[from] hisparse_engine::EngineError),
     /// A policy, trace or simulator error.
     #[error(transparent)]
     Policy(#[from] hisparse_policy::PolicyError),

@@ -1,8 +1,10 @@
 //! The `hisparse` program: the user's view of the workspace.
 //!
-//! Commands: `selfcheck` (every CPU kernel checked against its oracle and timed against the
-//! in-run memcpy ceiling), `check-kernels` (NVRTC compile of every CUDA kernel for sm_90a),
-//! `simulate` (policy simulator over a trace) and `trace synth|info`.
+//! Commands: `sweep` (throughput over concurrency x context, both modes), `run` (one
+//! configuration), `dump-step` (one step as safetensors), `simulate` (policy simulator over a
+//! trace), `trace synth|info`, `calibrate` (the workload's locality), `selfcheck` (every CPU
+//! kernel against its oracle, timed against the in-run memcpy ceiling) and `check-kernels`
+//! (NVRTC compile of every CUDA kernel for sm_90a). `HISPARSE_LOG=debug` prints tracing spans.
 //! Errors print one line and exit with status 2.
 
 // A command-line program: printing results to stdout is its job.
@@ -30,6 +32,14 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Steady-state decode throughput over concurrency x context, resident against hisparse.
+    Sweep(cmd::sweep::SweepArgs),
+    /// One configuration decoded to the end, in one or both modes.
+    Run(cmd::run::RunArgs),
+    /// One decode step's inputs and outputs as a safetensors file.
+    DumpStep(cmd::dump_step::DumpStepArgs),
+    /// Measure the synthetic workload's locality against the published figures.
+    Calibrate(cmd::calibrate::CalibrateArgs),
     /// Check every CPU kernel against its oracle on random data and time it.
     Selfcheck(cmd::selfcheck::SelfcheckArgs),
     /// Compile every CUDA kernel source for sm_90a with NVRTC (exit 3: no NVRTC, skipped).
@@ -43,6 +53,28 @@ enum Command {
 
 fn run(cli: Cli) -> Result<i32> {
     match cli.command {
+        Command::Sweep(args) => {
+            let (report, out) = cmd::sweep::run(&args)?;
+            print!("{}", cmd::sweep::render(&report, &out));
+            Ok(0)
+        }
+        Command::Run(args) => {
+            let (runs, out) = cmd::run::run(&args)?;
+            print!("{}", cmd::run::render(&runs, &out));
+            Ok(0)
+        }
+        Command::DumpStep(args) => {
+            let (path, n) = cmd::dump_step::run(&args)?;
+            println!(
+                "wrote {} ({n} tensors); tensor names are documented in `hisparse dump-step --help`",
+                path.display()
+            );
+            Ok(0)
+        }
+        Command::Calibrate(args) => {
+            print!("{}", cmd::calibrate::run(&args)?);
+            Ok(0)
+        }
         Command::Selfcheck(args) => {
             let report = cmd::selfcheck::run(&args)?;
             print!("{}", cmd::selfcheck::render(&report));
@@ -62,7 +94,24 @@ fn run(cli: Cli) -> Result<i32> {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_env("HISPARSE_LOG"))
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) if matches!(e.kind(), clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion) => {
+            e.exit()
+        }
+        Err(e) if e.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => e.exit(),
+        Err(e) => {
+            // One line: clap's first line, without its "error: " prefix.
+            let text = e.to_string();
+            let first = text.lines().next().unwrap_or("bad arguments").trim_start_matches("error: ");
+            eprintln!("hisparse: {first}");
+            return ExitCode::from(2);
+        }
+    };
     match run(cli) {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
         Err(e) => {

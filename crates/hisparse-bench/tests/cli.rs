@@ -93,3 +93,137 @@ fn bad_input_prints_one_line_and_exits_2() {
     assert!(err.contains("at byte 8") && err.contains("version"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn a_small_sweep_writes_its_table_and_plots() {
+    let dir = tmp("sweep");
+    let out = dir.join("out");
+    let o = hisparse(&[
+        "sweep",
+        "--backend",
+        "cpu",
+        "--concurrency",
+        "1,3",
+        "--context",
+        "600",
+        "--warmup",
+        "1",
+        "--window",
+        "2",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let table = String::from_utf8_lossy(&o.stdout);
+    assert!(table.contains("throughput.svg") && table.contains("ratio"), "{table}");
+    for f in ["sweep.json", "sweep.csv", "throughput.svg", "misses_over_time.svg"] {
+        assert!(std::fs::metadata(out.join(f)).unwrap().len() > 200, "{f}");
+    }
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("sweep.json")).unwrap()).unwrap();
+    assert_eq!(json["points"].as_array().unwrap().len(), 4);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn run_rejects_the_too_large_request_and_records_a_trace_the_simulator_reads() {
+    let dir = tmp("run");
+    let trace = dir.join("run.hstrace");
+    let out = dir.join("out");
+    let o = hisparse(&[
+        "run",
+        "--backend",
+        "cpu",
+        "--concurrency",
+        "3",
+        "--context",
+        "700,10000000",
+        "--output",
+        "3",
+        "--record-trace",
+        trace.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let table = String::from_utf8_lossy(&o.stdout);
+    assert!(table.contains("request 1 rejected: needs"), "{table}");
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("run.json")).unwrap()).unwrap();
+    assert_eq!(json[1]["summary"]["tokens"], 6, "the two others generated their tokens");
+    let o = hisparse(&[
+        "simulate",
+        "--trace",
+        trace.to_str().unwrap(),
+        "--out",
+        dir.join("sim").to_str().unwrap(),
+        "--buffers",
+        "256,512",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn dump_step_writes_tensors_that_reproduce_the_attention() {
+    use hisparse_kernels::dense_attention;
+    use safetensors::SafeTensors;
+    let dir = tmp("dump");
+    let path = dir.join("step.safetensors");
+    let o = hisparse(&[
+        "dump-step",
+        "--backend",
+        "cpu",
+        "--concurrency",
+        "2",
+        "--context",
+        "900",
+        "--step",
+        "2",
+        "--out",
+        path.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let bytes = std::fs::read(&path).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let f32s = |name: &str| -> Vec<f32> {
+        st.tensor(name).unwrap().data().chunks(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+    };
+    let i32s = |name: &str| -> Vec<i32> {
+        st.tensor(name).unwrap().data().chunks(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+    };
+    let (_, meta) = SafeTensors::read_metadata(&bytes).unwrap();
+    let meta = meta.metadata().clone().unwrap();
+    let scale: f32 = meta["softmax_scale"].parse().unwrap();
+    assert_eq!(meta["mode"], "hisparse");
+    for layer in 0..4 {
+        let q: Vec<f32> = st
+            .tensor(&format!("L{layer}.attention_queries"))
+            .unwrap()
+            .data()
+            .chunks(2)
+            .map(|c| half::bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
+            .collect();
+        let rows = f32s(&format!("L{layer}.selected_rows_f32"));
+        let lens = i32s(&format!("L{layer}.selection_lens"));
+        let (out, lse) = (f32s(&format!("L{layer}.out")), f32s(&format!("L{layer}.lse")));
+        let (heads, dqk, dv) = (16, 576, 512);
+        let mut start = 0;
+        for (r, &n) in lens.iter().enumerate() {
+            let n = n as usize;
+            let (o, l) = dense_attention(
+                &q[r * heads * dqk..(r + 1) * heads * dqk],
+                &rows[start * dqk..(start + n) * dqk],
+                heads,
+                dqk,
+                dv,
+                scale,
+            );
+            let got = &out[r * heads * dv..(r + 1) * heads * dv];
+            let err = o.iter().zip(got).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            assert!(err < 2e-5, "layer {layer} request {r}: out differs by {err}");
+            let err = l.iter().zip(&lse[r * heads..(r + 1) * heads]).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            assert!(err < 2e-5, "layer {layer} request {r}: lse differs by {err}");
+            start += n;
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -36,7 +36,7 @@ fn main() {
         100.0 * c.fifo_random_belady_2x[1],
         100.0 * c.fifo_random_belady_2x[2],
         100.0 * c.step_overlap.iter().map(|x| x.1).sum::<f64>() / c.step_overlap.len() as f64,
-        100.0 * c.layer_overlap.unwrap_or(0.0),
+        100.0 * c.layer_overlap.last().map_or(0.0, |x| x.1),
         t.elapsed().as_secs_f64()
     );
 }

@@ -37,8 +37,8 @@ pub struct Calibration {
     pub fifo_random_belady_2x: [f64; 3],
     /// Mean consecutive-step overlap per run layer (newest token excluded).
     pub step_overlap: Vec<(usize, f64)>,
-    /// Mean overlap between each run layer and the previous run layer when adjacent.
-    pub layer_overlap: Option<f64>,
+    /// Mean overlap between each pair of adjacent run layers `(l - 1, l)`.
+    pub layer_overlap: Vec<((usize, usize), f64)>,
     /// The selections, for the simulator or a trace file.
     #[serde(skip)]
     pub records: Vec<TraceRecord>,
@@ -149,15 +149,18 @@ pub fn calibrate(geometry: &KvGeometry, workload: &Workload, spec: &CalibrationS
         }
         step_overlap.push((l, v.iter().sum::<f64>() / v.len().max(1) as f64));
     }
-    let mut lo = Vec::new();
+    let mut layer_overlap = Vec::new();
     for li in 1..n_layers {
         if spec.layers[li] == spec.layers[li - 1] + 1 {
+            let mut lo = Vec::new();
             for r in 0..spec.requests {
                 for s in 0..spec.steps {
                     let (a, b) = (rec(r, s, li), rec(r, s, li - 1));
                     lo.push(overlap(&a.selected, &b.selected, a.seq_len - 1));
                 }
             }
+            layer_overlap
+                .push(((spec.layers[li - 1], spec.layers[li]), lo.iter().sum::<f64>() / lo.len().max(1) as f64));
         }
     }
     Ok(Calibration {
@@ -165,7 +168,7 @@ pub fn calibrate(geometry: &KvGeometry, workload: &Workload, spec: &CalibrationS
         lru: [ratio("lru", k), ratio("lru", 2 * k), ratio("lru", 4 * k)],
         fifo_random_belady_2x: [ratio("fifo", 2 * k), ratio("random", 2 * k), ratio("belady", 2 * k)],
         step_overlap,
-        layer_overlap: (!lo.is_empty()).then(|| lo.iter().sum::<f64>() / lo.len() as f64),
+        layer_overlap,
         records,
     })
 }

@@ -3,21 +3,27 @@
 
 use serde::Serialize;
 
-/// Seconds spent per stage of a decode step (summed over layers).
+/// Seconds spent per stage of a decode step (summed over layers). Kernel stages time the
+/// backend call alone; `bookkeeping` is everything else the engine does (batch assembly,
+/// uploads of per-step metadata, scheduling, retiring, metrics).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
 pub struct StageTimes {
+    /// Generating the synthetic model's new rows, keys and queries (the emulated model).
+    pub workload: f64,
     /// Writing the new token's KV row and index key into the device tier.
     pub append: f64,
-    /// Lightning indexer.
+    /// Lightning indexer kernel.
     pub indexer: f64,
-    /// Top-k.
+    /// Top-k kernel.
     pub top_k: f64,
     /// Swap-in: decisions and host → device copies (hisparse), row lookups (resident).
     pub swap_in: f64,
-    /// Sparse attention.
+    /// Sparse attention kernel.
     pub attention: f64,
     /// Backup: queueing copies, and waiting for earlier ones before a slot is reused.
     pub backup: f64,
+    /// Scheduling and bookkeeping outside kernels, copies and the workload.
+    pub bookkeeping: f64,
     /// Admission and prompt KV written into the tiers (not part of decode throughput).
     pub admission: f64,
 }
@@ -25,6 +31,8 @@ pub struct StageTimes {
 impl StageTimes {
     /// Adds `o` stage by stage.
     pub fn add(&mut self, o: &StageTimes) {
+        self.workload += o.workload;
+        self.bookkeeping += o.bookkeeping;
         self.append += o.append;
         self.indexer += o.indexer;
         self.top_k += o.top_k;
@@ -36,7 +44,14 @@ impl StageTimes {
 
     /// Decode time: every stage but admission.
     pub fn decode(&self) -> f64 {
-        self.append + self.indexer + self.top_k + self.swap_in + self.attention + self.backup
+        self.workload
+            + self.append
+            + self.indexer
+            + self.top_k
+            + self.swap_in
+            + self.attention
+            + self.backup
+            + self.bookkeeping
     }
 }
 

@@ -51,7 +51,15 @@ impl LocalityParams {
         // LRU misses 34.0 / 13.8 / 5.5% at 1 / 2 / 4 x top-k slots; FIFO 18.6%, random 17.1%,
         // Belady 7.5% at 2x; adjacent-layer overlap 81% (published: 30 / 13.4 / 6.7%; 17.2,
         // 16.1, 8.2%; 70-100%).
-        let glm = Self { drift: 0.55, fast_drift: 1.0, rho_slow: 0.97, rho_fast: 0.0, fast_heads: 0.09, layer_noise: 0.1, random: false };
+        let glm = Self {
+            drift: 0.55,
+            fast_drift: 1.0,
+            rho_slow: 0.97,
+            rho_fast: 0.0,
+            fast_heads: 0.09,
+            layer_noise: 0.1,
+            random: false,
+        };
         match geometry.name.as_str() {
             // deepseek-v3.2: faster drift (consecutive-step overlap 46% in deep layers, published
             // 35-50%); layers 0 and 1 select afresh every step (published 1-2%).
@@ -74,7 +82,7 @@ fn splitmix(state: &mut u64) -> u64 {
 
 /// A seed for the stream named by `parts`.
 fn stream_seed(parts: [u64; 5]) -> u64 {
-    let mut s = 0x5eed_0f_4150_a75e_u64;
+    let mut s = 0x005e_ed0f_4150_a75e_u64;
     for p in parts {
         s ^= p;
         splitmix(&mut s);
@@ -256,7 +264,13 @@ impl LocalityParams {
 fn ar1(state: &mut [f32], innov: &[f32], heads: usize, dim: usize, p: &LocalityParams) {
     let fast = p.fast_count(heads);
     for h in 0..heads {
-        let rho = if p.random { 0.0 } else if h < fast { p.rho_fast } else { p.rho_slow };
+        let rho = if p.random {
+            0.0
+        } else if h < fast {
+            p.rho_fast
+        } else {
+            p.rho_slow
+        };
         let s = (1.0 - rho * rho).sqrt();
         for (x, e) in state[h * dim..(h + 1) * dim].iter_mut().zip(&innov[h * dim..(h + 1) * dim]) {
             *x = rho * *x + s * e;

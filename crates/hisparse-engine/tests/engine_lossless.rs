@@ -18,7 +18,11 @@ fn requests() -> Vec<RequestSpec> {
     [(100, 12), (300, 20), (500, 30), (700, 16), (1500, 10)]
         .iter()
         .enumerate()
-        .map(|(i, &(prompt_tokens, output_tokens))| RequestSpec { id: RequestId(i as u64 + 10), prompt_tokens, output_tokens })
+        .map(|(i, &(prompt_tokens, output_tokens))| RequestSpec {
+            id: RequestId(i as u64 + 10),
+            prompt_tokens,
+            output_tokens,
+        })
         .collect()
 }
 

@@ -1,6 +1,11 @@
 //! The program's commands, one module each.
 
+pub mod calibrate;
 pub mod check_kernels;
+pub mod common;
+pub mod dump_step;
+pub mod run;
 pub mod selfcheck;
 pub mod simulate;
+pub mod sweep;
 pub mod trace;

@@ -3,6 +3,7 @@
 //! `admit.rs` admits requests and writes their prompts; `step.rs` runs one decode step.
 
 mod admit;
+mod layer;
 mod step;
 
 use std::collections::{HashSet, VecDeque};
@@ -13,8 +14,8 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use hisparse_kernels::Backend;
 use hisparse_memory::{
-    AdmissionControl, CapacityPlan, DeviceTier, HostTier, HostTierConfig, IndexKeyLayout, KvGeometry, KvRowLayout, Mode, RequestId,
-    Resources,
+    AdmissionControl, CapacityPlan, DeviceTier, HostTier, HostTierConfig, IndexKeyLayout, KvGeometry, KvRowLayout,
+    Mode, RequestId, Resources,
 };
 use hisparse_policy::trace::{TraceHeader, TraceWriter};
 use hisparse_policy::{EvictionPolicy, HiSparseConfig, SwapInState};
@@ -25,7 +26,7 @@ use crate::request::{Outcome, RequestSpec};
 use crate::runtime::{Runtime, RuntimeConfig, RuntimeHandle};
 use crate::workload::{RequestDrift, Workload};
 
-pub use step::StepReport;
+pub use step::{LayerDump, StepReport};
 
 /// Everything an engine is built from.
 #[derive(Clone, Debug, PartialEq)]
@@ -38,7 +39,8 @@ pub struct EngineConfig {
     pub hisparse: HiSparseConfig,
     /// Seed of the synthetic workload.
     pub workload_seed: u64,
-    /// Request length the device split (hot buffers against index keys) is sized for.
+    /// Request length the device split (hot buffers against index keys) is sized for
+    /// (0: `hisparse.max_request_tokens`).
     pub typical_tokens: usize,
     /// Record a digest of every request's attention output per layer (for lossless checks).
     pub capture_digests: bool,
@@ -51,8 +53,15 @@ impl EngineConfig {
     /// cache; defaults elsewhere (LRU, buffer of twice top-k, host = 8 x device).
     pub fn new(geometry: KvGeometry, mode: Mode, device_kv_bytes: u64) -> Self {
         let hisparse = HiSparseConfig { device_kv_bytes, ..HiSparseConfig::for_geometry(&geometry) };
-        let typical_tokens = hisparse.max_request_tokens;
-        Self { geometry, mode, hisparse, workload_seed: 1, typical_tokens, capture_digests: false, backup_delay: None }
+        Self {
+            geometry,
+            mode,
+            hisparse,
+            workload_seed: 1,
+            typical_tokens: 0,
+            capture_digests: false,
+            backup_delay: None,
+        }
     }
 }
 
@@ -90,6 +99,8 @@ pub struct Engine<B: Backend> {
     seen: HashSet<RequestId>,
     step: u64,
     trace: Option<TraceWriter<Box<dyn Write + Send>>>,
+    capture_next: bool,
+    scratch: Option<step::StepBatch<B::Memory>>,
 }
 
 impl<B: Backend> Engine<B>
@@ -102,7 +113,11 @@ where
         let g = &cfg.geometry;
         cfg.hisparse.validate(g)?;
         if cfg.hisparse.device_kv_bytes == 0 {
-            return Err(EngineError::Config { field: "device_kv_bytes", value: "0".into(), reason: "the engine needs a device budget for the KV cache".into() });
+            return Err(EngineError::Config {
+                field: "device_kv_bytes",
+                value: "0".into(),
+                reason: "the engine needs a device budget for the KV cache".into(),
+            });
         }
         let kv_row = g.kv_row()?;
         let key = g.index_key()?;
@@ -115,7 +130,7 @@ where
             buffer_slots: cfg.hisparse.device_buffer_size,
             device_bytes: usize::try_from(cfg.hisparse.device_kv_bytes).unwrap_or(usize::MAX),
             host_bytes: usize::try_from(cfg.hisparse.host_bytes()).unwrap_or(usize::MAX),
-            typical_tokens: cfg.typical_tokens.max(1),
+            typical_tokens: if cfg.typical_tokens > 0 { cfg.typical_tokens } else { cfg.hisparse.max_request_tokens },
         };
         let device = DeviceTier::new(backend.memory().clone(), plan.device_tier())?;
         let (host, backup) = match cfg.mode {
@@ -160,6 +175,8 @@ where
             seen: HashSet::new(),
             step: 0,
             trace: None,
+            capture_next: false,
+            scratch: None,
             cfg,
         })
     }
@@ -187,7 +204,12 @@ where
     /// Records every selection of every later step into a trace written to `out`.
     pub fn record_trace(&mut self, out: Box<dyn Write + Send>) -> Result<()> {
         let g = &self.cfg.geometry;
-        let header = TraceHeader { top_k: g.top_k as u32, layers: g.layers as u32, row_bytes: self.kv_row.row_bytes() as u32, has_scores: false };
+        let header = TraceHeader {
+            top_k: g.top_k as u32,
+            layers: g.layers as u32,
+            row_bytes: self.kv_row.row_bytes() as u32,
+            has_scores: false,
+        };
         self.trace = Some(TraceWriter::new(out, header)?);
         Ok(())
     }
@@ -198,6 +220,12 @@ where
             t.finish()?;
         }
         Ok(())
+    }
+
+    /// Captures every input and output of the next step that decodes anything
+    /// ([`StepReport::dump`]).
+    pub fn capture_next_step(&mut self) {
+        self.capture_next = true;
     }
 
     /// Queues a request; it is admitted at the start of a later step, in arrival order.
@@ -253,7 +281,11 @@ where
         if self.running.is_empty() {
             let r = self.admission.reserved();
             if r != Resources::default() || self.device.bytes_in_use() != 0 || self.host_bytes_in_use() != 0 {
-                return Err(EngineError::Config { field: "pools", value: format!("{r:?}"), reason: "held with no request running".into() });
+                return Err(EngineError::Config {
+                    field: "pools",
+                    value: format!("{r:?}"),
+                    reason: "held with no request running".into(),
+                });
             }
         }
         Ok(())

@@ -7,28 +7,96 @@
 use std::time::Instant;
 
 use half::bf16;
-use hisparse_kernels::{AttentionBatch, Backend, IndexerBatch, IndexerRequest, Span};
-use hisparse_memory::{DeviceMemory, Mode, RequestId};
-use hisparse_policy::trace::TraceRecord;
-use hisparse_policy::{StepCtx, SwapInPlan, copy_missing_rows};
+use hisparse_kernels::{Backend, IndexerRequest, Span};
+use hisparse_memory::{DeviceMemory, RequestId};
 
 use super::Engine;
-use crate::error::{EngineError, Result};
+use crate::error::Result;
 use crate::metrics::StepMetrics;
 use crate::request::Outcome;
+
+/// Every input and output of one layer of one step, for `hisparse dump-step` (requests in
+/// running order; per-request arrays concatenated).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LayerDump {
+    /// The layer.
+    pub layer: u32,
+    /// Request ids.
+    pub requests: Vec<u64>,
+    /// Sequence length of each request this step (the newest token included).
+    pub seq_lens: Vec<u32>,
+    /// Indexer queries, `[batch, index_heads, index_dim]`.
+    pub index_queries: Vec<bf16>,
+    /// Indexer head weights, `[batch, index_heads]`.
+    pub index_weights: Vec<f32>,
+    /// Indexer scores of every position of every request, concatenated (the newest set to +inf).
+    pub scores: Vec<f32>,
+    /// Selected positions, concatenated, ascending per request.
+    pub selections: Vec<u32>,
+    /// Selected positions per request.
+    pub selection_lens: Vec<u32>,
+    /// Attention queries, `[batch, heads, d_qk]`.
+    pub attention_queries: Vec<bf16>,
+    /// The selected KV rows' bytes in selection order, `[total selected, row_bytes]`.
+    pub selected_rows: Vec<u8>,
+    /// Attention output, `[batch, heads, d_v]`.
+    pub out: Vec<f32>,
+    /// Log-sum-exp per head, `[batch, heads]`.
+    pub lse: Vec<f32>,
+}
 
 /// What one step did.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct StepReport {
     /// Its metrics.
     pub metrics: StepMetrics,
+    /// After [`Engine::capture_next_step`]: every layer's inputs and outputs.
+    pub dump: Vec<LayerDump>,
     /// With `capture_digests`: a 64-bit digest of the attention output and LSE bits of each
     /// (request, token index, layer), token index counting the request's generated tokens from 0.
     pub digests: Vec<(RequestId, u32, u32, u64)>,
 }
 
+/// What every layer of one step shares, and the buffers every layer reuses (kernels overwrite
+/// their outputs whole, so nothing is cleared between layers).
+pub(super) struct StepBatch<M: DeviceMemory> {
+    pub reqs: Vec<IndexerRequest>,
+    pub table: M::Buffer<u32>,
+    pub long: Vec<usize>,
+    pub spans: Vec<Span>,
+    pub index_q: M::Buffer<bf16>,
+    pub index_w: M::Buffer<f32>,
+    pub scores: M::Buffer<f32>,
+    pub top: M::Buffer<i32>,
+    pub attn_q: M::Buffer<bf16>,
+    pub out: M::Buffer<f32>,
+    pub lse: M::Buffer<f32>,
+    pub locs: M::Buffer<i32>,
+    /// Host staging reused by every layer.
+    pub stage_top: Vec<i32>,
+    pub stage_q: Vec<bf16>,
+    pub stage_w: Vec<f32>,
+    pub selections: Vec<u32>,
+    pub sel_spans: Vec<Span>,
+    pub locations: Vec<i32>,
+}
+
+/// Makes `buf` hold `len` elements (exactly, or at least), reallocating only when it must.
+fn fit<M: DeviceMemory, T: hisparse_memory::Element>(
+    mem: &M,
+    buf: &mut M::Buffer<T>,
+    len: usize,
+    exact: bool,
+) -> Result<()> {
+    let have = mem.len(buf);
+    if have != len && (exact || have < len) {
+        *buf = mem.alloc_zeroed(len)?;
+    }
+    Ok(())
+}
+
 /// FNV-1a over the bits of `a` then `b`.
-fn digest(a: &[f32], b: &[f32]) -> u64 {
+pub(super) fn digest(a: &[f32], b: &[f32]) -> u64 {
     let mut h = 0xcbf2_9ce4_8422_2325_u64;
     for x in a.iter().chain(b) {
         for byte in x.to_bits().to_le_bytes() {
@@ -38,7 +106,7 @@ fn digest(a: &[f32], b: &[f32]) -> u64 {
     h
 }
 
-fn secs(t: Instant) -> f64 {
+pub(super) fn secs(t: Instant) -> f64 {
     t.elapsed().as_secs_f64()
 }
 
@@ -62,23 +130,34 @@ where
             self.last_policy = std::sync::Arc::clone(&rt.policy);
         }
         let t0 = Instant::now();
+        let capture = self.capture_next;
         if !self.running.is_empty() {
             let _span = tracing::info_span!("decode_step", step = self.step, batch = self.running.len()).entered();
+            let t = Instant::now();
             for r in &mut self.running {
                 self.workload.advance(r.spec.id.0, &mut r.drift);
             }
-            for l in 0..self.cfg.geometry.layers {
-                self.layer(l, rt.policy.as_ref(), &mut rep)?;
-            }
+            rep.metrics.stages.workload += secs(t);
+            let mut sb = self.plan_batch()?;
+            let res =
+                (0..self.cfg.geometry.layers).try_for_each(|l| self.layer(l, rt.policy.as_ref(), &mut sb, &mut rep));
+            self.scratch = Some(sb);
+            res?;
             for r in &mut self.running {
                 r.seq_len += 1;
                 r.generated += 1;
             }
         }
+        if capture && !self.running.is_empty() {
+            self.capture_next = false;
+        }
         let m = &mut rep.metrics;
         m.tokens = self.running.len();
         m.running = self.running.len();
         m.seconds = secs(t0);
+        let st = &m.stages;
+        let counted = st.workload + st.append + st.indexer + st.top_k + st.swap_in + st.attention + st.backup;
+        m.stages.bookkeeping = (m.seconds - counted).max(0.0);
         self.retire()?;
         let m = &mut rep.metrics;
         m.queued = self.queue.len();
@@ -98,190 +177,69 @@ where
         Ok(out)
     }
 
-    /// One layer of the step for the whole batch.
-    fn layer(&mut self, l: usize, policy: &dyn hisparse_policy::EvictionPolicy, rep: &mut StepReport) -> Result<()> {
-        let g = &self.cfg.geometry;
-        let (b, k, p_tok) = (self.cfg.hisparse.device_buffer_size, g.top_k, self.cfg.hisparse.page_tokens);
-        let (h, dim, qh, d_qk) = (g.index_heads, g.index_dim, g.q_heads, g.d_qk());
-        let (kv_row, key) = (self.kv_row, self.key);
-        let mode = self.cfg.mode;
-        let mem = self.backend.memory().clone();
-        let m = &mut rep.metrics;
-
-        // 1. The new token's row and key.
-        let t = Instant::now();
-        let mut new_rows = Vec::with_capacity(self.running.len());
-        let mut vals = vec![0f32; d_qk];
-        let mut kvals = vec![0f32; dim];
-        let mut kbytes = vec![0u8; key.row_bytes()];
+    /// Grows every running request's tiers by one position and assembles what every layer of
+    /// the step shares: the indexer's requests and page table, the top-k spans.
+    fn plan_batch(&mut self) -> Result<StepBatch<B::Memory>> {
+        let (k, p_tok) = (self.cfg.geometry.top_k, self.cfg.hisparse.page_tokens);
+        let (mut table, mut reqs, mut total) = (Vec::new(), Vec::with_capacity(self.running.len()), 0);
         for r in &self.running {
-            let (id, p) = (r.spec.id, r.seq_len);
-            self.device.grow(id, p + 1)?;
+            let (id, n) = (r.spec.id, r.seq_len + 1);
+            self.device.grow(id, n)?;
             if let Some(host) = self.host.as_mut() {
-                host.grow(id, p + 1)?;
+                host.grow(id, n)?;
             }
-            self.workload.index_key(id.0, l, p, &mut kvals);
-            key.encode(&kvals, &mut kbytes)?;
-            self.device.write_index_key(id, l, p, &kbytes)?;
-            self.workload.kv_row(id.0, l, p, &mut vals);
-            let mut row = vec![0u8; kv_row.row_bytes()];
-            kv_row.encode(&vals, &mut row)?;
-            match mode {
-                Mode::Resident => self.device.write_kv_row(id, l, p, &row)?,
-                Mode::HiSparse => {
-                    let slot = if p < b { p } else { b };
-                    if slot == b {
-                        // The reserved slot's previous token must be safe in the host tier first.
-                        let tw = Instant::now();
-                        if let Some(bk) = &self.backup {
-                            bk.wait(r.last_backup[l])?;
-                        }
-                        m.stages.backup += secs(tw);
-                    }
-                    self.device.write_hot_row(id, l, slot, &row)?;
-                }
-            }
-            new_rows.push(row);
-        }
-        m.stages.append += secs(t);
-
-        // 2. Indexer over every position of every request.
-        let t = Instant::now();
-        let mut q = vec![0f32; h * dim];
-        let mut w = vec![0f32; h];
-        let (mut qs, mut ws, mut table, mut reqs) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        let mut total = 0;
-        for r in &self.running {
-            let n = r.seq_len + 1;
-            self.workload.indexer_query(r.spec.id.0, l, &r.drift, &mut q, &mut w);
-            qs.extend(q.iter().map(|x| bf16::from_f32(*x)));
-            ws.extend_from_slice(&w);
             reqs.push(IndexerRequest { first_page: table.len(), seq_len: n, score_offset: total });
-            table.extend_from_slice(&self.device.index_pages(r.spec.id)?[..n.div_ceil(p_tok)]);
+            table.extend_from_slice(&self.device.index_pages(id)?[..n.div_ceil(p_tok)]);
             total += n;
         }
-        let (qs, ws, table_d) = (mem.upload(&qs)?, mem.upload(&ws)?, mem.upload(&table)?);
-        let mut scores = mem.alloc_zeroed::<f32>(total)?;
-        {
-            let _s = tracing::debug_span!("indexer", layer = l).entered();
-            let batch = IndexerBatch {
-                heads: h,
-                key_layout: key,
-                queries: &qs,
-                weights: &ws,
-                keys: self.device.keys(l),
-                page_tokens: p_tok,
-                page_table: &table_d,
-                requests: &reqs,
-            };
-            self.backend.indexer_scores(&batch, &mut scores)?;
-        }
-        // The newest token is always attended to.
-        for r in &reqs {
-            mem.write(&mut scores, r.score_offset + r.seq_len - 1, &[f32::INFINITY])?;
-        }
-        m.stages.indexer += secs(t);
-
-        // 3. Top-k for the requests longer than k; shorter ones select everything.
-        let t = Instant::now();
         let long: Vec<usize> = (0..reqs.len()).filter(|&i| reqs[i].seq_len > k).collect();
         let spans: Vec<Span> = long.iter().map(|&i| Span::new(reqs[i].score_offset, reqs[i].seq_len)).collect();
-        let mut top = mem.alloc_zeroed::<i32>(spans.len() * k)?;
-        if !spans.is_empty() {
-            let _s = tracing::debug_span!("top_k", layer = l).entered();
-            self.backend.top_k(&scores, &spans, k, &mut top)?;
+        let mem = self.backend.memory();
+        let g = &self.cfg.geometry;
+        let n = reqs.len();
+        let table = mem.upload(&table)?;
+        // Reuse the previous step's buffers where their sizes still fit.
+        let mut sb = match self.scratch.take() {
+            Some(sb) => sb,
+            None => StepBatch {
+                table: mem.alloc_zeroed(0)?,
+                index_q: mem.alloc_zeroed(0)?,
+                index_w: mem.alloc_zeroed(0)?,
+                scores: mem.alloc_zeroed(0)?,
+                top: mem.alloc_zeroed(0)?,
+                attn_q: mem.alloc_zeroed(0)?,
+                out: mem.alloc_zeroed(0)?,
+                lse: mem.alloc_zeroed(0)?,
+                locs: mem.alloc_zeroed(0)?,
+                stage_top: Vec::new(),
+                stage_q: Vec::new(),
+                stage_w: Vec::new(),
+                selections: Vec::new(),
+                sel_spans: Vec::new(),
+                locations: Vec::new(),
+                reqs: Vec::new(),
+                long: Vec::new(),
+                spans: Vec::new(),
+            },
+        };
+        fit(mem, &mut sb.index_q, n * g.index_heads * g.index_dim, true)?;
+        fit(mem, &mut sb.index_w, n * g.index_heads, true)?;
+        // Scores grow by one position per request and step: keep headroom.
+        if mem.len(&sb.scores) < total {
+            sb.scores = mem.alloc_zeroed(total + 64 * n)?;
         }
-        let top = mem.download(&top)?;
-        let mut selections: Vec<Vec<u32>> = reqs.iter().map(|r| (0..r.seq_len as u32).collect()).collect();
-        for (j, &i) in long.iter().enumerate() {
-            selections[i] = top[j * k..(j + 1) * k].iter().map(|&x| x as u32).collect();
-        }
-        m.stages.top_k += secs(t);
-
-        // 4. Swap-in (hisparse) or rows by position (resident).
-        let t = Instant::now();
-        let mut locations: Vec<i32> = Vec::new();
-        let mut sel_spans = Vec::with_capacity(selections.len());
-        let mut plan = SwapInPlan::default();
-        for (i, sel) in selections.iter().enumerate() {
-            let (id, n) = (self.running[i].spec.id, reqs[i].seq_len);
-            sel_spans.push(Span::new(locations.len(), sel.len()));
-            match mode {
-                Mode::Resident => {
-                    for &tok in sel {
-                        locations.push(self.device.kv_row(id, tok as usize)? as i32);
-                    }
-                }
-                Mode::HiSparse => {
-                    let r = &mut self.running[i];
-                    let ctx = StepCtx { step: r.generated as u32 + 1, layer: l as u32, request: id.0, buffer_slots: b as u32, seed: policy.seed() };
-                    r.swap[l].step(policy, sel, n, &ctx, None, &mut plan)?;
-                    let host = self.host.as_ref().ok_or_else(|| EngineError::Worker("no host tier".into()))?;
-                    m.bytes_h2d += copy_missing_rows(&plan, host, &mut self.device, id, l)? as u64;
-                    m.hits += plan.hits.len() as u64;
-                    m.misses += plan.misses.len() as u64;
-                    m.max_misses = m.max_misses.max(plan.misses.len() as u64);
-                    for &slot in &plan.locations {
-                        locations.push(self.device.hot_row(id, slot as usize)? as i32);
-                    }
-                }
-            }
-            if let Some(tr) = self.trace.as_mut() {
-                tr.write(&TraceRecord { step: self.step as u32, request: id.0, layer: l as u32, seq_len: n as u32, selected: sel.clone(), scores: None })?;
-            }
-        }
-        if mode == Mode::Resident {
-            m.hits += locations.len() as u64;
-        }
-        m.stages.swap_in += secs(t);
-
-        // 5. Attention.
-        let t = Instant::now();
-        let mut aq = vec![0f32; qh * d_qk];
-        let mut queries = Vec::with_capacity(self.running.len() * qh * d_qk);
-        for r in &self.running {
-            self.workload.attention_query(r.spec.id.0, l, r.drift.step, &mut aq);
-            queries.extend(aq.iter().map(|x| bf16::from_f32(*x)));
-        }
-        let (queries, locs) = (mem.upload(&queries)?, mem.upload(&locations)?);
-        let n = self.running.len();
-        let (mut out, mut lse) = (mem.alloc_zeroed::<f32>(n * qh * g.d_v())?, mem.alloc_zeroed::<f32>(n * qh)?);
-        {
-            let _s = tracing::debug_span!("attention", layer = l).entered();
-            let rows = if mode == Mode::Resident { self.device.kv(l) } else { self.device.hot(l) };
-            let batch = AttentionBatch {
-                heads: qh,
-                layout: kv_row,
-                softmax_scale: g.default_softmax_scale(),
-                queries: &queries,
-                rows,
-                locations: &locs,
-                selections: &sel_spans,
-            };
-            self.backend.sparse_attention(&batch, &mut out, &mut lse)?;
-        }
-        if self.cfg.capture_digests {
-            let (out, lse) = (mem.download(&out)?, mem.download(&lse)?);
-            for (i, r) in self.running.iter().enumerate() {
-                let per = qh * g.d_v();
-                let d = digest(&out[i * per..(i + 1) * per], &lse[i * qh..(i + 1) * qh]);
-                rep.digests.push((r.spec.id, r.generated as u32, l as u32, d));
-            }
-        }
-        let m = &mut rep.metrics;
-        m.stages.attention += secs(t);
-
-        // 6. Backup of the new rows (hisparse).
-        if let (Some(bk), Some(host)) = (self.backup.as_mut(), self.host.as_ref()) {
-            let t = Instant::now();
-            for (r, row) in self.running.iter_mut().zip(new_rows) {
-                let at = host.locate(r.spec.id, l, r.seq_len)?;
-                m.bytes_d2h += row.len() as u64;
-                r.last_backup[l] = bk.submit(at, row)?;
-            }
-            m.stages.backup += secs(t);
-        }
-        Ok(())
+        fit(mem, &mut sb.top, spans.len() * k, true)?;
+        fit(mem, &mut sb.attn_q, n * g.q_heads * g.d_qk(), true)?;
+        fit(mem, &mut sb.out, n * g.q_heads * g.d_v(), true)?;
+        fit(mem, &mut sb.lse, n * g.q_heads, true)?;
+        let selected: usize = reqs.iter().map(|r| r.seq_len.min(k)).sum();
+        fit(mem, &mut sb.locs, selected, false)?;
+        sb.stage_top.resize(spans.len() * k, 0);
+        sb.table = table;
+        sb.reqs = reqs;
+        sb.long = long;
+        sb.spans = spans;
+        Ok(sb)
     }
 
     /// Retires finished requests: waits for their backups, frees their tiers and reservation.

@@ -1,0 +1,93 @@
+//! `hisparse calibrate`: the synthetic workload's real indexer selections, measured against the
+//! published figures the preset is calibrated to.
+
+use hisparse_engine::Workload;
+use hisparse_engine::calibrate::{CalibrationSpec, calibrate};
+use hisparse_memory::KvGeometry;
+
+use crate::error::{BenchError, Result};
+
+/// Options of `hisparse calibrate`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct CalibrateArgs {
+    /// Preset (glm-5.1 or deepseek-v3.2).
+    #[arg(long, default_value = "glm-5.1")]
+    pub preset: String,
+    /// Context (prompt tokens).
+    #[arg(long, default_value_t = 65_536)]
+    pub context: usize,
+    /// Decode steps.
+    #[arg(long, default_value_t = 80)]
+    pub steps: usize,
+    /// Layers to run, comma separated (default: two adjacent deep layers, plus 0 and 1 for deepseek-v3.2).
+    #[arg(long, value_delimiter = ',')]
+    pub layers: Vec<usize>,
+    /// Requests.
+    #[arg(long, default_value_t = 1)]
+    pub requests: usize,
+    /// Workload seed.
+    #[arg(long, default_value_t = 7)]
+    pub seed: u64,
+}
+
+/// Runs and renders the comparison.
+pub fn run(a: &CalibrateArgs) -> Result<String> {
+    let g = KvGeometry::preset(&a.preset)?;
+    let layers = if a.layers.is_empty() {
+        let mid = g.layers / 2;
+        if g.name == "deepseek-v3.2" { vec![0, 1, mid, mid + 1] } else { vec![mid, mid + 1] }
+    } else {
+        a.layers.clone()
+    };
+    if let Some(&l) = layers.iter().find(|&&l| l >= g.layers) {
+        return Err(BenchError::flag("layers", l, format!("the preset has {} layers", g.layers)));
+    }
+    if a.context < g.top_k || a.steps < 4 || a.requests == 0 {
+        return Err(BenchError::flag(
+            "context",
+            a.context,
+            format!("need context >= top_k = {}, steps >= 4, requests >= 1", g.top_k),
+        ));
+    }
+    let c = calibrate(
+        &g,
+        &Workload::new(&g, a.seed),
+        &CalibrationSpec { requests: a.requests, layers, steps: a.steps, context: a.context },
+    )?;
+    let pct = |x: f64| format!("{:.1}%", 100.0 * x);
+    let mut s = format!(
+        "workload calibration: {} at {} tokens of context, {} steps, layers {:?}\n\n",
+        g.name,
+        a.context,
+        a.steps,
+        c.step_overlap.iter().map(|x| x.0).collect::<Vec<_>>()
+    );
+    s += &format!("{:<44} {:>10} {:>16}\n", "statistic", "measured", "published");
+    let k = g.top_k;
+    let rows: Vec<(String, f64, &str)> = vec![
+        (format!("LRU misses per step, {k} slots"), c.lru[0], "30% (GLM-5.1)"),
+        (format!("LRU misses per step, {} slots", 2 * k), c.lru[1], "13.4% (GLM-5.1)"),
+        (format!("LRU misses per step, {} slots", 4 * k), c.lru[2], "6.7% (GLM-5.1)"),
+        (format!("FIFO misses per step, {} slots", 2 * k), c.fifo_random_belady_2x[0], "17.2% (GLM-5.1)"),
+        (format!("random misses per step, {} slots", 2 * k), c.fifo_random_belady_2x[1], "16.1% (GLM-5.1)"),
+        (format!("Belady misses per step, {} slots", 2 * k), c.fifo_random_belady_2x[2], "8.2% (GLM-5.1)"),
+    ];
+    for (name, v, p) in rows {
+        // DeepSeek-V3.2's miss curve is unpublished; its calibration targets are the overlaps.
+        let p = if g.name == "deepseek-v3.2" { "unpublished" } else { p };
+        s += &format!("{name:<44} {:>10} {p:>16}\n", pct(v));
+    }
+    for (l, o) in &c.step_overlap {
+        let p = if g.name == "deepseek-v3.2" {
+            if *l < 2 { "1-2% (V3.2)" } else { "35-50% (V3.2)" }
+        } else {
+            "~70% (implied)"
+        };
+        s += &format!("{:<44} {:>10} {p:>16}\n", format!("consecutive-step overlap, layer {l}"), pct(*o));
+    }
+    for ((a, b), o) in &c.layer_overlap {
+        let p = if g.name == "deepseek-v3.2" && *a < 2 { "(random layers)" } else { "70-100%" };
+        s += &format!("{:<44} {:>10} {p:>16}\n", format!("adjacent-layer overlap, layers {a}-{b}"), pct(*o));
+    }
+    Ok(s)
+}

@@ -1,0 +1,203 @@
+//! Options shared by the engine commands (`run`, `sweep`, `dump-step`): preset, backend, the
+//! hierarchy's config (a `--config` JSON file with SGLang's hisparse-config keys, then flags),
+//! the device budget; and building an engine from them.
+
+use std::path::PathBuf;
+
+use hisparse_engine::{Engine, EngineConfig};
+use hisparse_kernels::CpuBackend;
+use hisparse_memory::{KvGeometry, KvRowFormat, Mode};
+use hisparse_policy::HiSparseConfig;
+
+use crate::error::{BenchError, Result};
+
+/// Which backend runs the kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendKind {
+    /// CUDA where a driver is found, else the CPU.
+    Auto,
+    /// The CPU backend (exact reference kernels, rayon).
+    Cpu,
+    /// The CUDA backend.
+    Cuda,
+}
+
+/// Options that build an engine.
+#[derive(Debug, Clone, clap::Args)]
+pub struct EngineArgs {
+    /// Model geometry preset (deepseek-v3.2, glm-5.1, cpu-small).
+    #[arg(long, default_value = "cpu-small")]
+    pub preset: String,
+    /// Backend: auto (CUDA where a driver is found, else CPU), cpu, or cuda.
+    #[arg(long, value_enum, default_value_t = BackendKind::Auto)]
+    pub backend: BackendKind,
+    /// A JSON file with SGLang's hisparse-config keys (top_k, device_buffer_size,
+    /// host_to_device_ratio, swap_in_block_size) and ours; flags below override it.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Regular hot-buffer slots per request and layer (default: twice the preset's top_k).
+    #[arg(long)]
+    pub device_buffer_size: Option<usize>,
+    /// Host-tier bytes as a multiple of the device KV budget.
+    #[arg(long)]
+    pub host_to_device_ratio: Option<f64>,
+    /// Threads per request block of the GPU swap-in kernel (1..=1024).
+    #[arg(long)]
+    pub swap_in_block_size: Option<usize>,
+    /// Eviction policy: lru, fifo, random, clock.
+    #[arg(long)]
+    pub eviction_policy: Option<String>,
+    /// KV row format: fp8 (656 B rows) or bf16 (1152 B rows).
+    #[arg(long, value_parser = ["fp8", "bf16"])]
+    pub kv_format: Option<String>,
+    /// Device memory for the KV cache, index keys and hot buffers, e.g. 48MiB, 80GiB
+    /// (default: 48MiB for cpu-small, 64GiB otherwise).
+    #[arg(long)]
+    pub device_memory: Option<String>,
+    /// Back the host tier with this file (the NVMe tier) instead of anonymous memory.
+    #[arg(long)]
+    pub host_tier_file: Option<PathBuf>,
+    /// Seed of the synthetic workload.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+}
+
+/// Parses a byte count: a number with an optional unit (B, KiB, MiB, GiB, KB, MB, GB).
+pub fn parse_bytes(flag: &'static str, s: &str) -> Result<u64> {
+    let t = s.trim();
+    let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| BenchError::flag(flag, s, "expected a number of bytes such as 48MiB or 80GiB"))?;
+    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "kib" | "k" => 1024.0,
+        "mib" | "m" => 1024.0 * 1024.0,
+        "gib" | "g" => 1024.0 * 1024.0 * 1024.0,
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        _ => return Err(BenchError::flag(flag, s, "unknown unit (B, KiB, MiB, GiB, KB, MB, GB)")),
+    };
+    if !(n.is_finite() && n > 0.0) {
+        return Err(BenchError::flag(flag, s, "must be above 0"));
+    }
+    Ok((n * mult) as u64)
+}
+
+impl EngineArgs {
+    /// The geometry of the preset, in the chosen row format.
+    pub fn geometry(&self) -> Result<KvGeometry> {
+        let mut g = KvGeometry::preset(&self.preset)?;
+        if let Some(f) = &self.kv_format {
+            g = g.with_kv_format(f.parse::<KvRowFormat>()?);
+        }
+        Ok(g)
+    }
+
+    /// The hierarchy's config: file, then flags, checked against the geometry.
+    pub fn hisparse(&self, g: &KvGeometry) -> Result<HiSparseConfig> {
+        let mut c = match &self.config {
+            Some(p) => {
+                let text = std::fs::read_to_string(p)
+                    .map_err(|source| BenchError::Io { path: p.display().to_string(), source })?;
+                HiSparseConfig::from_json(&text)?
+            }
+            None => HiSparseConfig::for_geometry(g),
+        };
+        if let Some(v) = self.device_buffer_size {
+            c.device_buffer_size = v;
+        }
+        if let Some(v) = self.host_to_device_ratio {
+            c.host_to_device_ratio = v;
+        }
+        if let Some(v) = self.swap_in_block_size {
+            c.swap_in_block_size = v;
+        }
+        if let Some(v) = &self.eviction_policy {
+            c.eviction_policy = v.clone();
+        }
+        if let Some(p) = &self.host_tier_file {
+            c.host_tier_path = Some(p.clone());
+        }
+        let default = if g.name == "cpu-small" { 48u64 << 20 } else { 64u64 << 30 };
+        c.device_kv_bytes = match &self.device_memory {
+            Some(s) => parse_bytes("device-memory", s)?,
+            None if c.device_kv_bytes > 0 => c.device_kv_bytes,
+            None => default,
+        };
+        c.validate(g)?;
+        Ok(c)
+    }
+
+    /// An engine config for `mode`, sized for requests of `typical_tokens`.
+    pub fn engine_config(&self, mode: Mode, typical_tokens: usize) -> Result<EngineConfig> {
+        let g = self.geometry()?;
+        let mut hs = self.hisparse(&g)?;
+        hs.max_request_tokens = hs.max_request_tokens.max(typical_tokens);
+        Ok(EngineConfig {
+            geometry: g,
+            mode,
+            hisparse: hs,
+            workload_seed: self.seed,
+            typical_tokens,
+            capture_digests: false,
+            backup_delay: None,
+        })
+    }
+
+    /// Resolves the backend: the CPU one, or a one-line error where CUDA is asked for and
+    /// cannot be used.
+    pub fn backend(&self) -> Result<CpuBackend> {
+        let driver = cuda_driver_present();
+        match self.backend {
+            BackendKind::Cpu => Ok(CpuBackend::new()),
+            BackendKind::Auto if !driver => Ok(CpuBackend::new()),
+            BackendKind::Auto => {
+                eprintln!(
+                    "hisparse: a CUDA driver is present, but the CUDA decode backend is not built yet; running on the CPU"
+                );
+                Ok(CpuBackend::new())
+            }
+            BackendKind::Cuda if !driver => {
+                Err(BenchError::flag("backend", "cuda", "no CUDA driver (libcuda.so) on this machine"))
+            }
+            BackendKind::Cuda => {
+                Err(BenchError::flag("backend", "cuda", "the CUDA decode backend is not built yet; use --backend cpu"))
+            }
+        }
+    }
+
+    /// Builds an engine for `mode`.
+    pub fn engine(&self, mode: Mode, typical_tokens: usize) -> Result<Engine<CpuBackend>> {
+        let cfg = self.engine_config(mode, typical_tokens)?;
+        Ok(Engine::new(self.backend()?, cfg)?)
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_driver_present() -> bool {
+    hisparse_kernels::cuda::driver_available()
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_driver_present() -> bool {
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_counts_parse_with_units() {
+        assert_eq!(parse_bytes("x", "48MiB").unwrap(), 48 << 20);
+        assert_eq!(parse_bytes("x", "1.5 GiB").unwrap(), 3 << 29);
+        assert_eq!(parse_bytes("x", "1000").unwrap(), 1000);
+        assert_eq!(parse_bytes("x", "2GB").unwrap(), 2_000_000_000);
+        assert!(parse_bytes("x", "12 parsecs").is_err());
+        assert!(parse_bytes("x", "-3MiB").is_err());
+    }
+}

@@ -1,0 +1,160 @@
+//! `hisparse dump-step`: one decode step's inputs and outputs as a safetensors file, so that
+//! anyone can check our arithmetic with their own tools. Tensor names, per layer `L`:
+//!
+//! | name | dtype | shape | what |
+//! | --- | --- | --- | --- |
+//! | `L{l}.index_queries` | BF16 | `[batch, index_heads, index_dim]` | indexer queries |
+//! | `L{l}.index_weights` | F32 | `[batch, index_heads]` | indexer head weights |
+//! | `L{l}.scores` | F32 | `[sum of seq_lens]` | indexer scores, requests concatenated (newest = +inf) |
+//! | `L{l}.seq_lens` | I32 | `[batch]` | positions per request (newest included) |
+//! | `L{l}.selections` | I32 | `[total selected]` | selected positions, ascending per request |
+//! | `L{l}.selection_lens` | I32 | `[batch]` | selected positions per request |
+//! | `L{l}.attention_queries` | BF16 | `[batch, heads, d_qk]` | attention queries |
+//! | `L{l}.selected_rows` | U8 | `[total selected, row_bytes]` | the selected KV rows' bytes, in selection order |
+//! | `L{l}.selected_rows_f32` | F32 | `[total selected, d_qk]` | the same rows decoded |
+//! | `L{l}.out` | F32 | `[batch, heads, d_v]` | attention output |
+//! | `L{l}.lse` | F32 | `[batch, heads]` | natural-log sum of exp of the scaled logits |
+//!
+//! Metadata: `geometry` (JSON), `mode`, `step`, `softmax_scale`, `requests` (ids, JSON), and
+//! `row_format` (the byte layout of a row). The check: for each request and head,
+//! `softmax(scale * q . rows_f32) @ rows_f32[:, :d_v] == out` and `logsumexp(scale * q . rows_f32) == lse`.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use hisparse_engine::RequestSpec;
+use hisparse_memory::{Mode, RequestId};
+use safetensors::{Dtype, tensor::TensorView};
+
+use super::common::EngineArgs;
+use super::run::ModeArg;
+use crate::error::{BenchError, Result};
+
+/// Options of `hisparse dump-step`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DumpStepArgs {
+    /// Engine options.
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    /// Mode (resident or hisparse).
+    #[arg(long, value_enum, default_value_t = ModeArg::Hisparse)]
+    pub mode: ModeArg,
+    /// Requests.
+    #[arg(long, default_value_t = 2)]
+    pub concurrency: usize,
+    /// Prompt tokens per request.
+    #[arg(long, default_value_t = 1024)]
+    pub context: usize,
+    /// Which decode step to dump (from 1).
+    #[arg(long, default_value_t = 3)]
+    pub step: usize,
+    /// The safetensors file to write.
+    #[arg(long, default_value = "results/step.safetensors")]
+    pub out: PathBuf,
+}
+
+/// The little-endian bytes of `v` (every target we build for is little-endian).
+fn bytes_of<T: bytemuck::Pod>(v: &[T]) -> Vec<u8> {
+    bytemuck::cast_slice(v).to_vec()
+}
+
+/// Runs up to the step and writes the file; returns its path and the tensor count.
+pub fn run(a: &DumpStepArgs) -> Result<(PathBuf, usize)> {
+    let mode = match a.mode {
+        ModeArg::Resident => Mode::Resident,
+        ModeArg::Hisparse => Mode::HiSparse,
+        ModeArg::Both => {
+            return Err(BenchError::flag("mode", "both", "dump-step dumps one mode: resident or hisparse"));
+        }
+    };
+    if a.concurrency == 0 || a.step == 0 {
+        return Err(BenchError::flag(
+            "concurrency",
+            format!("{}/{}", a.concurrency, a.step),
+            "concurrency and step must be at least 1",
+        ));
+    }
+    let mut e = a.engine.engine(mode, a.context + a.step)?;
+    for i in 0..a.concurrency {
+        e.submit(RequestSpec { id: RequestId(i as u64), prompt_tokens: a.context, output_tokens: a.step })?;
+    }
+    for _ in 1..a.step {
+        e.step()?;
+    }
+    e.capture_next_step();
+    let rep = e.step()?;
+    if rep.dump.is_empty() {
+        return Err(BenchError::Check("no request was decoding at that step (capacity too small?)".into()));
+    }
+    let g = e.config().geometry.clone();
+    let layout = g.kv_row()?;
+    let mut tensors: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
+    for d in &rep.dump {
+        let b = d.requests.len();
+        let total: usize = d.selection_lens.iter().map(|&x| x as usize).sum();
+        let l = d.layer;
+        let i32s = |v: &[u32]| bytes_of(&v.iter().map(|&x| x as i32).collect::<Vec<_>>());
+        let mut decoded = vec![0f32; total * layout.d_qk()];
+        for (row, o) in d.selected_rows.chunks(layout.row_bytes()).zip(decoded.chunks_mut(layout.d_qk())) {
+            layout.decode(row, o)?;
+        }
+        tensors.push((
+            format!("L{l}.index_queries"),
+            Dtype::BF16,
+            vec![b, g.index_heads, g.index_dim],
+            bytes_of(&d.index_queries),
+        ));
+        tensors.push((format!("L{l}.index_weights"), Dtype::F32, vec![b, g.index_heads], bytes_of(&d.index_weights)));
+        tensors.push((format!("L{l}.scores"), Dtype::F32, vec![d.scores.len()], bytes_of(&d.scores)));
+        tensors.push((format!("L{l}.seq_lens"), Dtype::I32, vec![b], i32s(&d.seq_lens)));
+        tensors.push((format!("L{l}.selections"), Dtype::I32, vec![total], i32s(&d.selections)));
+        tensors.push((format!("L{l}.selection_lens"), Dtype::I32, vec![b], i32s(&d.selection_lens)));
+        tensors.push((
+            format!("L{l}.attention_queries"),
+            Dtype::BF16,
+            vec![b, g.q_heads, g.d_qk()],
+            bytes_of(&d.attention_queries),
+        ));
+        tensors.push((
+            format!("L{l}.selected_rows"),
+            Dtype::U8,
+            vec![total, layout.row_bytes()],
+            d.selected_rows.clone(),
+        ));
+        tensors.push((format!("L{l}.selected_rows_f32"), Dtype::F32, vec![total, layout.d_qk()], bytes_of(&decoded)));
+        tensors.push((format!("L{l}.out"), Dtype::F32, vec![b, g.q_heads, g.d_v()], bytes_of(&d.out)));
+        tensors.push((format!("L{l}.lse"), Dtype::F32, vec![b, g.q_heads], bytes_of(&d.lse)));
+    }
+    let views = tensors
+        .iter()
+        .map(|(n, dt, shape, data)| {
+            TensorView::new(*dt, shape.clone(), data)
+                .map(|v| (n.clone(), v))
+                .map_err(|e| BenchError::Check(format!("tensor {n}: {e}")))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mut meta = HashMap::new();
+    meta.insert("geometry".to_string(), serde_json::to_string(&g).unwrap_or_default());
+    meta.insert("mode".to_string(), mode.to_string());
+    meta.insert("step".to_string(), a.step.to_string());
+    meta.insert("softmax_scale".to_string(), format!("{:e}", g.default_softmax_scale()));
+    meta.insert("requests".to_string(), serde_json::to_string(&rep.dump[0].requests).unwrap_or_default());
+    meta.insert(
+        "row_format".to_string(),
+        match layout.format() {
+            hisparse_memory::KvRowFormat::Fp8 => {
+                "fp8: 512 e4m3 latent, 4 fp32 scales (one per 128), 64 bf16 rope; little-endian".into()
+            }
+            hisparse_memory::KvRowFormat::Bf16 => {
+                "bf16: 576 bf16 values (512 latent then 64 rope); little-endian".into()
+            }
+        },
+    );
+    let bytes =
+        safetensors::serialize(views, Some(meta)).map_err(|e| BenchError::Check(format!("safetensors: {e}")))?;
+    if let Some(dir) = a.out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        crate::report::ensure_dir(dir)?;
+    }
+    std::fs::write(&a.out, bytes).map_err(|source| BenchError::Io { path: a.out.display().to_string(), source })?;
+    Ok((a.out.clone(), tensors.len()))
+}

@@ -1,0 +1,223 @@
+//! `hisparse run`: one configuration, in one or both modes: a batch of equal requests decoded
+//! to the end, with the run's summary (throughput, time per stage, hits and misses, bytes moved
+//! and held) printed and written as JSON, and every step's metrics as CSV.
+
+use std::path::PathBuf;
+
+use hisparse_engine::{RequestSpec, RunSummary, StepMetrics};
+use hisparse_memory::{Mode, RequestId};
+use serde::Serialize;
+
+use super::common::EngineArgs;
+use crate::error::{BenchError, Result};
+use crate::progress;
+use crate::report::{Csv, ensure_dir, write_json, write_text};
+
+/// Which modes to run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ModeArg {
+    /// Both, resident first.
+    Both,
+    /// The baseline: whole KV on the device.
+    Resident,
+    /// Full KV on the host, a hot buffer on the device.
+    Hisparse,
+}
+
+impl ModeArg {
+    /// The modes to run.
+    pub fn modes(self) -> Vec<Mode> {
+        match self {
+            Self::Both => vec![Mode::Resident, Mode::HiSparse],
+            Self::Resident => vec![Mode::Resident],
+            Self::Hisparse => vec![Mode::HiSparse],
+        }
+    }
+}
+
+/// Options of `hisparse run`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunArgs {
+    /// Engine options.
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    /// Modes to run.
+    #[arg(long, value_enum, default_value_t = ModeArg::Both)]
+    pub mode: ModeArg,
+    /// Requests submitted at once.
+    #[arg(long, default_value_t = 8)]
+    pub concurrency: usize,
+    /// Prompt tokens per request; a comma-separated list is cycled through (request i gets
+    /// entry i modulo the list's length).
+    #[arg(long, value_delimiter = ',', default_value = "4096")]
+    pub context: Vec<usize>,
+    /// Tokens to generate per request.
+    #[arg(long, default_value_t = 32)]
+    pub output: usize,
+    /// Record the hisparse run's selections as a trace (for `hisparse simulate`).
+    #[arg(long)]
+    pub record_trace: Option<PathBuf>,
+    /// Output folder (default: results/run).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+/// One mode's result.
+#[derive(Debug, Clone, Serialize)]
+pub struct ModeRun {
+    /// The mode.
+    pub mode: Mode,
+    /// The summary.
+    pub summary: RunSummary,
+    /// Every step.
+    pub steps: Vec<StepMetrics>,
+    /// Requests rejected whole, with the reason.
+    pub rejected: Vec<(u64, String)>,
+}
+
+/// Runs; returns the results and the output folder.
+pub fn run(a: &RunArgs) -> Result<(Vec<ModeRun>, PathBuf)> {
+    if a.concurrency == 0 {
+        return Err(BenchError::flag("concurrency", 0, "must be at least 1"));
+    }
+    if a.context.is_empty() || a.context.contains(&0) {
+        return Err(BenchError::flag("context", format!("{:?}", a.context), "every context must be at least 1"));
+    }
+    if a.output == 0 {
+        return Err(BenchError::flag("output", 0, "must be at least 1"));
+    }
+    let out = a.out.clone().unwrap_or_else(|| PathBuf::from("results/run"));
+    ensure_dir(&out)?;
+    let mut runs = Vec::new();
+    for mode in a.mode.modes() {
+        let typical = a.context.iter().copied().min().unwrap_or(1) + a.output;
+        let mut e = a.engine.engine(mode, typical)?;
+        if mode == Mode::HiSparse
+            && let Some(p) = &a.record_trace
+        {
+            let f =
+                std::fs::File::create(p).map_err(|source| BenchError::Io { path: p.display().to_string(), source })?;
+            e.record_trace(Box::new(std::io::BufWriter::new(f)))?;
+        }
+        for i in 0..a.concurrency {
+            let prompt_tokens = a.context[i % a.context.len()];
+            e.submit(RequestSpec { id: RequestId(i as u64), prompt_tokens, output_tokens: a.output })?;
+        }
+        let bar = progress::bar((a.concurrency * a.output) as u64, &format!("{mode} tokens"));
+        let mut rejected = Vec::new();
+        let mut summary = RunSummary::default();
+        let mut steps = Vec::new();
+        while !e.is_idle() {
+            let r = e.step()?;
+            bar.inc(r.metrics.tokens as u64);
+            summary.add(&r.metrics);
+            steps.push(r.metrics);
+        }
+        bar.finish_and_clear();
+        e.finish_trace()?;
+        e.check_pools()?;
+        for (id, o) in e.outcomes() {
+            if let hisparse_engine::Outcome::Rejected { reason } = o {
+                rejected.push((id.0, reason.clone()));
+            }
+        }
+        runs.push(ModeRun { mode, summary, steps, rejected });
+    }
+    write_json(&out, "run.json", &runs)?;
+    let mut csv = Csv::new(&[
+        "mode",
+        "step",
+        "seconds",
+        "tokens",
+        "running",
+        "queued",
+        "hits",
+        "misses",
+        "max_misses",
+        "bytes_h2d",
+        "bytes_d2h",
+        "indexer_s",
+        "top_k_s",
+        "swap_in_s",
+        "attention_s",
+        "backup_s",
+        "append_s",
+        "device_bytes",
+        "host_bytes",
+    ]);
+    for r in &runs {
+        for s in &r.steps {
+            let st = &s.stages;
+            csv.row([
+                r.mode.to_string(),
+                s.step.to_string(),
+                format!("{:.6}", s.seconds),
+                s.tokens.to_string(),
+                s.running.to_string(),
+                s.queued.to_string(),
+                s.hits.to_string(),
+                s.misses.to_string(),
+                s.max_misses.to_string(),
+                s.bytes_h2d.to_string(),
+                s.bytes_d2h.to_string(),
+                format!("{:.6}", st.indexer),
+                format!("{:.6}", st.top_k),
+                format!("{:.6}", st.swap_in),
+                format!("{:.6}", st.attention),
+                format!("{:.6}", st.backup),
+                format!("{:.6}", st.append),
+                s.device_bytes_in_use.to_string(),
+                s.host_bytes_in_use.to_string(),
+            ]);
+        }
+    }
+    write_text(&out, "steps.csv", csv.text())?;
+    Ok((runs, out))
+}
+
+/// The runs as a table.
+pub fn render(runs: &[ModeRun], out: &std::path::Path) -> String {
+    let mut s = format!(
+        "{:<9} {:>6} {:>8} {:>10} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>10} {:>10}\n",
+        "mode",
+        "steps",
+        "tokens",
+        "tokens/s",
+        "running",
+        "index%",
+        "topk%",
+        "swap%",
+        "attn%",
+        "backup%",
+        "miss%",
+        "device MB",
+        "host MB"
+    );
+    for r in runs {
+        let x = &r.summary;
+        let d = x.stages.decode().max(1e-12);
+        s += &format!(
+            "{:<9} {:>6} {:>8} {:>10.1} {:>8} {:>7.1}% {:>7.1}% {:>7.1}% {:>7.1}% {:>7.1}% {:>7.2}% {:>10.1} {:>10.1}\n",
+            r.mode.to_string(),
+            x.steps,
+            x.tokens,
+            x.tokens_per_s,
+            x.max_running,
+            100.0 * x.stages.indexer / d,
+            100.0 * x.stages.top_k / d,
+            100.0 * x.stages.swap_in / d,
+            100.0 * x.stages.attention / d,
+            100.0 * x.stages.backup / d,
+            100.0 * x.miss_ratio,
+            x.peak_device_bytes as f64 / 1e6,
+            x.peak_host_bytes as f64 / 1e6
+        );
+    }
+    for r in runs {
+        for (id, reason) in &r.rejected {
+            s += &format!("{}: request {id} rejected: {reason}\n", r.mode);
+        }
+    }
+    s += &format!("\nwrote {}/{{run.json, steps.csv}}\n", out.display());
+    s
+}
