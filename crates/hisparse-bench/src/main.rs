@@ -40,6 +40,9 @@ enum Command {
     DumpStep(cmd::dump_step::DumpStepArgs),
     /// Measure the synthetic workload's locality against the published figures.
     Calibrate(cmd::calibrate::CalibrateArgs),
+    /// GPU swap-in path: ceilings, host-tier set-up, miss-gather bandwidth, swap-in latency.
+    #[cfg(feature = "cuda")]
+    GpuBench(cmd::gpu_bench::GpuBenchArgs),
     /// Check every CPU kernel against its oracle on random data and time it.
     Selfcheck(cmd::selfcheck::SelfcheckArgs),
     /// Compile every CUDA kernel source for sm_90a with NVRTC (exit 3: no NVRTC, skipped).
@@ -69,6 +72,12 @@ fn run(cli: Cli) -> Result<i32> {
                 "wrote {} ({n} tensors); tensor names are documented in `hisparse dump-step --help`",
                 path.display()
             );
+            Ok(0)
+        }
+        #[cfg(feature = "cuda")]
+        Command::GpuBench(args) => {
+            let figs = cmd::gpu_bench::run(&args)?;
+            println!("{} figures written to {}/gpu-bench.json", figs.len(), args.out.display());
             Ok(0)
         }
         Command::Calibrate(args) => {

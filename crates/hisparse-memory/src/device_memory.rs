@@ -4,7 +4,22 @@
 use crate::error::{MemoryError, Result};
 
 /// A plain-old-data element type that kernels read and write.
+#[cfg(not(feature = "cuda"))]
 pub trait Element: bytemuck::Pod + Default + Send + Sync + std::fmt::Debug + 'static {}
+
+/// A plain-old-data element type that kernels read and write (also a CUDA kernel argument type).
+#[cfg(feature = "cuda")]
+pub trait Element:
+    bytemuck::Pod
+    + Default
+    + Send
+    + Sync
+    + std::fmt::Debug
+    + 'static
+    + cudarc::driver::DeviceRepr
+    + cudarc::driver::ValidAsZeroBits
+{
+}
 
 impl Element for u8 {}
 impl Element for u16 {}

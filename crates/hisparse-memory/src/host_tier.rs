@@ -39,6 +39,9 @@ pub struct HostRowLocation(pub u64);
 
 /// The host tier. See the module documentation for the layout.
 pub struct HostTier {
+    // Declared before `map`: unregistered before the mapping can go away.
+    #[cfg(feature = "cuda")]
+    registration: Option<crate::cuda::HostRegistration>,
     map: Arc<MmapRaw>,
     path: Option<PathBuf>,
     hugepages: bool,
@@ -95,6 +98,8 @@ impl HostTier {
             Some(path) => (Self::map_file(path, len)?, false),
         };
         Ok(Self {
+            #[cfg(feature = "cuda")]
+            registration: None,
             map: Arc::new(map),
             path: cfg.path.clone(),
             hugepages,
@@ -228,6 +233,37 @@ impl HostTier {
             std::ptr::copy_nonoverlapping(self.map.as_ptr().add(at.0 as usize), out.as_mut_ptr(), self.row_bytes)
         };
         Ok(())
+    }
+
+    /// Registers the whole mapping with `ctx`'s device as mapped pinned memory (once) and returns
+    /// the address kernels read it through.
+    #[cfg(feature = "cuda")]
+    pub fn register_cuda(&mut self, ctx: &Arc<cudarc::driver::CudaContext>) -> Result<u64> {
+        if let Some(r) = &self.registration {
+            return Ok(r.device_ptr());
+        }
+        // SAFETY: the mapping lives in `self.map` (never moved or resized) and the guard is
+        // dropped before it (field order).
+        let r = unsafe { crate::cuda::HostRegistration::register(ctx, self.map.as_mut_ptr(), self.map.len())? };
+        let p = r.device_ptr();
+        self.registration = Some(r);
+        Ok(p)
+    }
+
+    /// The registered device address, if registered.
+    #[cfg(feature = "cuda")]
+    pub fn cuda_ptr(&self) -> Option<u64> {
+        self.registration.as_ref().map(crate::cuda::HostRegistration::device_ptr)
+    }
+
+    /// Pages per layer region (for kernels computing row addresses).
+    pub fn layers(&self) -> usize {
+        self.layers
+    }
+
+    /// The page ids `req` holds, in position order (the same in every layer).
+    pub fn pages(&self, req: RequestId) -> Result<&[u32]> {
+        self.pages.pages(req)
     }
 
     /// A handle that writes rows from another thread (the backup worker).

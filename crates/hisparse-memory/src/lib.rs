@@ -18,6 +18,8 @@
 //! ```
 
 pub mod admission;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod device_memory;
 pub mod device_tier;
 pub mod error;

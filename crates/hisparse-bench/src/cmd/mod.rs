@@ -4,6 +4,8 @@ pub mod calibrate;
 pub mod check_kernels;
 pub mod common;
 pub mod dump_step;
+#[cfg(feature = "cuda")]
+pub mod gpu_bench;
 pub mod run;
 pub mod selfcheck;
 pub mod simulate;

@@ -20,8 +20,16 @@ pub fn all_sources() -> Vec<KernelSource> {
         code: include_str!("../../kernels/fp8_convert.cu").to_owned(),
         kernels: &["e4m3_encode", "e4m3_decode"],
     }];
+    v.push(KernelSource {
+        name: "backup".into(),
+        code: include_str!("../../kernels/backup.cu").to_owned(),
+        kernels: &["scatter_rows", "delay_ns"],
+    });
     for p in hisparse_policy::policy::builtin(0) {
         if let Some(src) = policy_harness(p.as_ref()) {
+            v.push(src);
+        }
+        if let Some(src) = super::swap_in::swap_in_source(p.as_ref()) {
             v.push(src);
         }
     }
