@@ -5,8 +5,18 @@
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
+/// The built program: cargo's path, or (where tests were packed and carried elsewhere, as
+/// gpu-pack does) the `hisparse` beside this test executable.
+fn program() -> PathBuf {
+    let built = PathBuf::from(env!("CARGO_BIN_EXE_hisparse"));
+    if built.exists() {
+        return built;
+    }
+    std::env::current_exe().unwrap().with_file_name("hisparse")
+}
+
 fn hisparse(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_hisparse")).args(args).output().unwrap()
+    Command::new(program()).args(args).output().unwrap()
 }
 
 fn tmp(name: &str) -> PathBuf {

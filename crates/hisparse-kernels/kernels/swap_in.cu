@@ -2,8 +2,8 @@
 // exactly the decisions of hisparse_policy::SwapInState::step (the semantics are written down in
 // hisparse_policy::policy): hits keep their slots, victims are the misses' count of smallest
 // (occupied, priority, slot) keys among the non-selected slots, misses in ascending position take
-// them in ascending slot order, and each hook touches only its own slot. Then every missed row is
-// copied from the mapped host tier into the hot buffer, a warp per row, 16 bytes per lane.
+// them in ascending slot order, and each hook touches only its own slot. A second kernel,
+// copy_misses, then copies every missed row from the mapped host tier into the hot buffer.
 //
 // The eviction policy's hooks are spliced in below (after the prelude's types) by
 // cuda/sources.rs; the block size is a multiple of 32 (the launcher rounds it up).
@@ -314,11 +314,22 @@ extern "C" __global__ void swap_in(const SwapReq* __restrict__ reqs, const unsig
         counts[3 * blockIdx.x + 1] = M;
         counts[3 * blockIdx.x + 2] = evictions;
     }
-    __syncthreads();
-    // 6. Missed rows, host -> device: a warp per row, misses in ascending position.
-    const unsigned lane = tid & 31, warp = tid >> 5, warps = T >> 5;
+}
+
+// The missed rows, host -> device, for a whole launch of the swap-in: block (x, y) copies the
+// misses y, y + gridDim.y, ... (in warps) of request x, a warp per row, 16 bytes per lane. Spread
+// over many blocks per request so that enough row reads are in flight to fill the PCIe link.
+extern "C" __global__ void copy_misses(const SwapReq* __restrict__ reqs, const unsigned* __restrict__ counts,
+                                       const unsigned* __restrict__ miss_tokens, const unsigned* __restrict__ miss_slots,
+                                       const unsigned* __restrict__ host_pages, unsigned char* __restrict__ hot_rows,
+                                       SwapParams p) {
+    const SwapReq r = reqs[blockIdx.x];
+    const unsigned misses = counts[3 * blockIdx.x + 1];
+    const unsigned lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    const unsigned first = blockIdx.y * warps + (threadIdx.x >> 5), stride = gridDim.y * warps;
+    const long long base = (long long)r.seat * (p.buffer_slots + 1);
     const unsigned char* host = reinterpret_cast<const unsigned char*>(p.host_base);
-    for (unsigned m = warp; m < M; m += warps) {
+    for (unsigned m = first; m < misses; m += stride) {
         const unsigned tok = miss_tokens[r.sel_offset + m];
         const unsigned s = miss_slots[r.sel_offset + m];
         const unsigned page = host_pages[r.page_offset + tok / p.page_tokens];

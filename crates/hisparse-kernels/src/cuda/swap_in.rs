@@ -98,7 +98,7 @@ pub fn swap_in_source(policy: &dyn EvictionPolicy) -> Option<KernelSource> {
     let hooks = policy.cuda()?;
     let code = include_str!("../../kernels/swap_in.cu")
         .replace("//@POLICY@", &format!("{}\n{hooks}", hisparse_policy::policy::CUDA_PRELUDE));
-    Some(KernelSource { name: format!("swap_in_{}", policy.name()), code, kernels: &["swap_in", "gather_rows"] })
+    Some(KernelSource { name: format!("swap_in_{}", policy.name()), code, kernels: &["swap_in", "copy_misses", "gather_rows"] })
 }
 
 fn cuda(context: &str) -> impl FnOnce(cudarc::driver::DriverError) -> KernelError + '_ {
@@ -110,6 +110,7 @@ pub struct GpuSwapIn {
     stream: Arc<CudaStream>,
     policy: Arc<dyn EvictionPolicy>,
     func: CudaFunction,
+    copy: CudaFunction,
     seats: usize,
     layers: usize,
     slots: usize,
@@ -149,6 +150,7 @@ impl GpuSwapIn {
             ));
         }
         let func = dev.function_of(&name, "swap_in", || swap_in_source(policy.as_ref()))?;
+        let copy = dev.function_of(&name, "copy_misses", || swap_in_source(policy.as_ref()))?;
         let smem = Self::shared_bytes(buffer_slots, max_sel);
         func.set_attribute(CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
             .map_err(cuda("shared memory opt-in"))?;
@@ -163,6 +165,7 @@ impl GpuSwapIn {
             stream: s,
             policy,
             func,
+            copy,
             seats,
             layers,
             slots: buffer_slots,
@@ -210,6 +213,7 @@ impl GpuSwapIn {
     pub fn reset_policy(&mut self, policy: Arc<dyn EvictionPolicy>, dev: &CudaDevice) -> Result<()> {
         let name = format!("swap_in_{}", policy.name());
         self.func = dev.function_of(&name, "swap_in", || swap_in_source(policy.as_ref()))?;
+        self.copy = dev.function_of(&name, "copy_misses", || swap_in_source(policy.as_ref()))?;
         self.func
             .set_attribute(
                 CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -284,7 +288,7 @@ impl GpuSwapIn {
             .arg(&mut self.scalars)
             .arg(&mut self.ready)
             .arg(host_pages)
-            .arg(hot_rows)
+            .arg(&mut *hot_rows)
             .arg(&mut out.locations)
             .arg(&mut out.counts)
             .arg(&mut out.miss_tokens)
@@ -295,6 +299,13 @@ impl GpuSwapIn {
         // selections within `selections`, seats within the state arrays, hot rows for every
         // seat; host pages and the mapped host range are the caller's (a registered host tier).
         unsafe { b.launch(cfg) }.map_err(cuda("swap-in launch"))?;
+        // The copies: enough blocks per request for about 4096 warps in all.
+        let per_request = (4096 / (reqs.len() * 8)).clamp(1, 512) as u32;
+        let cfg = LaunchConfig { grid_dim: (reqs.len() as u32, per_request, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let mut b = self.stream.launch_builder(&self.copy);
+        b.arg(&reqs_d).arg(&out.counts).arg(&out.miss_tokens).arg(&out.miss_slots).arg(host_pages).arg(hot_rows).arg(&params);
+        // SAFETY: as for the swap-in: the miss lists were just written by it for these requests.
+        unsafe { b.launch(cfg) }.map_err(cuda("copy misses launch"))?;
         Ok(())
     }
 
