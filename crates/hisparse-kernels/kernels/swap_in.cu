@@ -62,13 +62,21 @@ __device__ unsigned block_scan(unsigned v, unsigned* warp_sums, unsigned* total)
     return before + x - v;
 }
 
-// Copies one row (row_bytes, a multiple of 16) with the lanes of a warp.
+// Copies one row (row_bytes, a multiple of 16) with the lanes of a warp: each lane issues all
+// its 16-byte loads (up to three: rows of up to 1536 B) before its stores, so that a warp keeps
+// several host reads in flight.
 __device__ __forceinline__ void copy_row(const unsigned char* src, unsigned char* dst, unsigned row_bytes, unsigned lane) {
     const uint4* s = reinterpret_cast<const uint4*>(src);
     uint4* d = reinterpret_cast<uint4*>(dst);
-    for (unsigned c = lane; c < row_bytes / 16; c += 32) {
-        __stcg(d + c, __ldg(s + c));
-    }
+    const unsigned n = row_bytes / 16;
+    uint4 v[3];
+#pragma unroll
+    for (unsigned i = 0; i < 3; ++i)
+        if (lane + 32 * i < n) v[i] = __ldg(s + lane + 32 * i);
+#pragma unroll
+    for (unsigned i = 0; i < 3; ++i)
+        if (lane + 32 * i < n) __stcg(d + lane + 32 * i, v[i]);
+    for (unsigned c = lane + 96; c < n; c += 32) __stcg(d + c, __ldg(s + c));
 }
 
 __device__ int find_sorted(const unsigned* a, unsigned n, unsigned x) {

@@ -44,7 +44,8 @@ fn two_steps(dev: &CudaDevice, host: &mut HostTier, host_base: u64, seat_req: u6
             page_offset: 0,
             request: seat_req,
         };
-        gpu.launch(0, &[r], &sels, &pages, (host_base, host.total_pages(), ROW, 16), hot, &mut out).unwrap();
+        let rd = gpu.upload_requests(&[r]).unwrap();
+        gpu.launch(0, &[r], &rd, &sels, &pages, (host_base, host.total_pages(), ROW, 16), hot, &mut out).unwrap();
         out
     };
     // Step 1: the new token L goes into the reserved slot, then is backed up (slowly).

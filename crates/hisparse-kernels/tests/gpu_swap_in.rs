@@ -134,9 +134,11 @@ fn gpu_swap_in_matches_the_cpu_swap_in_for_every_gpu_policy() {
                 }
                 let sels_d = s.clone_htod(&sels).unwrap();
                 let mut out = SwapOutputs::new(&s, reqs.len(), sels.len()).unwrap();
+                let reqs_d = gpu.upload_requests(&reqs).unwrap();
                 gpu.launch(
                     l,
                     &reqs,
+                    &reqs_d,
                     &sels_d,
                     &pages_d,
                     (host_base, host.total_pages(), ROW, PAGE),

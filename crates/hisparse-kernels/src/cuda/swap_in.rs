@@ -98,7 +98,11 @@ pub fn swap_in_source(policy: &dyn EvictionPolicy) -> Option<KernelSource> {
     let hooks = policy.cuda()?;
     let code = include_str!("../../kernels/swap_in.cu")
         .replace("//@POLICY@", &format!("{}\n{hooks}", hisparse_policy::policy::CUDA_PRELUDE));
-    Some(KernelSource { name: format!("swap_in_{}", policy.name()), code, kernels: &["swap_in", "copy_misses", "gather_rows"] })
+    Some(KernelSource {
+        name: format!("swap_in_{}", policy.name()),
+        code,
+        kernels: &["swap_in", "copy_misses", "gather_rows"],
+    })
 }
 
 fn cuda(context: &str) -> impl FnOnce(cudarc::driver::DriverError) -> KernelError + '_ {
@@ -224,13 +228,20 @@ impl GpuSwapIn {
         self.stream.memset_zeros(&mut self.ready).map_err(cuda("reset ready flags"))
     }
 
-    /// Launches the swap-in of `layer` for `reqs` (selections and host pages already on the
-    /// device; `hot_rows` is this layer's hot-buffer pool), writing `out`.
+    /// Copies a batch's requests to the device (once per step: every layer's launch reads them).
+    pub fn upload_requests(&self, reqs: &[SwapReq]) -> Result<CudaSlice<SwapReq>> {
+        self.stream.clone_htod(reqs).map_err(cuda("swap-in requests"))
+    }
+
+    /// Launches the swap-in of `layer` for `reqs` (also on the device as `reqs_d`, from
+    /// [`GpuSwapIn::upload_requests`]; selections and host pages too; `hot_rows` is this layer's
+    /// hot-buffer pool), writing `out`.
     #[allow(clippy::too_many_arguments)]
     pub fn launch(
         &mut self,
         layer: usize,
         reqs: &[SwapReq],
+        reqs_d: &CudaSlice<SwapReq>,
         selections: &CudaSlice<u32>,
         host_pages: &CudaSlice<u32>,
         host: (u64, usize, usize, usize),
@@ -264,7 +275,9 @@ impl GpuSwapIn {
         if reqs.is_empty() {
             return Ok(());
         }
-        let reqs_d = self.stream.clone_htod(reqs).map_err(cuda("swap-in requests"))?;
+        if reqs_d.len() < reqs.len() {
+            return Err(KernelError::invalid("reqs_d", reqs_d.len(), format!("{} requests on the host", reqs.len())));
+        }
         let params = SwapParams {
             layer: layer as u32,
             layers: self.layers as u32,
@@ -281,7 +294,7 @@ impl GpuSwapIn {
             shared_mem_bytes: Self::shared_bytes(self.slots, self.max_sel) as u32,
         };
         let mut b = self.stream.launch_builder(&self.func);
-        b.arg(&reqs_d)
+        b.arg(reqs_d)
             .arg(selections)
             .arg(&mut self.slot_tokens)
             .arg(&mut self.records)
@@ -301,9 +314,16 @@ impl GpuSwapIn {
         unsafe { b.launch(cfg) }.map_err(cuda("swap-in launch"))?;
         // The copies: enough blocks per request for about 4096 warps in all.
         let per_request = (4096 / (reqs.len() * 8)).clamp(1, 512) as u32;
-        let cfg = LaunchConfig { grid_dim: (reqs.len() as u32, per_request, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let cfg =
+            LaunchConfig { grid_dim: (reqs.len() as u32, per_request, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         let mut b = self.stream.launch_builder(&self.copy);
-        b.arg(&reqs_d).arg(&out.counts).arg(&out.miss_tokens).arg(&out.miss_slots).arg(host_pages).arg(hot_rows).arg(&params);
+        b.arg(reqs_d)
+            .arg(&out.counts)
+            .arg(&out.miss_tokens)
+            .arg(&out.miss_slots)
+            .arg(host_pages)
+            .arg(hot_rows)
+            .arg(&params);
         // SAFETY: as for the swap-in: the miss lists were just written by it for these requests.
         unsafe { b.launch(cfg) }.map_err(cuda("copy misses launch"))?;
         Ok(())
