@@ -55,6 +55,8 @@ impl DeviceMemory for CudaMemory {
         "cuda"
     }
 
+    /// A zero-length request gets one element (the driver refuses empty allocations); pools
+    /// that may be empty (a resident-mode tier's hot buffers) are never indexed.
     fn alloc_zeroed<T: Element>(&self, len: usize) -> Result<CudaSlice<T>> {
         self.stream.alloc_zeros::<T>(len.max(1)).map_err(driver("alloc"))
     }
