@@ -53,6 +53,10 @@ fn run(mut cfg: EngineConfig, swap_policies: &[&str], delay: Option<Duration>) -
         if step > 0 && step % 7 == 0 && !swap_policies.is_empty() {
             let p = swap_policies[(step / 7) % swap_policies.len()];
             e.runtime().set_policy(p, 5).unwrap();
+            // The batch cap changes too: 2 requests, then no cap, then 3.
+            let mut c = e.runtime().get();
+            c.max_running = [2, 0, 3][(step / 7) % 3];
+            e.runtime().set(c).unwrap();
         }
         let rep = e.step().unwrap();
         for (id, tok, layer, d) in rep.digests {
@@ -84,7 +88,7 @@ fn hisparse_equals_resident_for_every_policy() {
 }
 
 #[test]
-fn swapping_the_policy_mid_run_stays_lossless() {
+fn swapping_the_policy_and_batch_cap_mid_run_stays_lossless() {
     let resident = run(config(Mode::Resident, "lru"), &[], None);
     let hs = run(config(Mode::HiSparse, "lru"), &["clock", "random", "fifo", "lru"], None);
     assert_eq!(hs, resident);
