@@ -8,7 +8,7 @@ use hisparse_policy::{SimConfig, SimReport, simulate};
 
 use crate::error::{BenchError, Result};
 use crate::progress;
-use crate::report::plot::{Chart, Series, line_chart};
+use crate::report::plot::{Chart, Series, line_chart, misses_over_time};
 use crate::report::{Csv, ensure_dir, write_json, write_text};
 
 /// Options of `hisparse simulate`.
@@ -137,23 +137,12 @@ fn plots(report: &SimReport, buffers: &[usize], out: &std::path::Path) -> Result
     line_chart(&out.join("miss_ratio.svg"), &chart, &curves)?;
     // Misses per step over time: the first policy at every buffer size.
     if let Some(first) = names.first() {
-        let series: Vec<Series> = report
+        let lines = report
             .results
             .iter()
             .filter(|r| r.policy == *first)
-            .map(|r| Series {
-                label: format!("{} {} slots", r.policy, r.buffer_slots),
-                points: r.series.iter().enumerate().map(|(i, &m)| (i as f64, m)).collect(),
-                dashed: false,
-            })
-            .collect();
-        let chart = Chart {
-            title: "Misses per step over time",
-            x_label: "decode step",
-            y_label: "mean misses per request and layer",
-            log_x: false,
-        };
-        line_chart(&out.join("misses_over_time.svg"), &chart, &series)?;
+            .map(|r| (format!("{} {} slots", r.policy, r.buffer_slots), r.series.clone()));
+        misses_over_time(&out.join("misses_over_time.svg"), lines)?;
     }
     Ok(())
 }

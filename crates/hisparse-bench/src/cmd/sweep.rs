@@ -16,7 +16,7 @@ use serde::Serialize;
 use super::common::EngineArgs;
 use crate::error::{BenchError, Result};
 use crate::progress;
-use crate::report::plot::{Chart, Series, line_chart};
+use crate::report::plot::{Chart, Series, line_chart, misses_over_time};
 use crate::report::{Csv, ensure_dir, write_json, write_text};
 
 /// Options of `hisparse sweep`.
@@ -242,22 +242,8 @@ fn write_outputs(r: &SweepReport, out: &std::path::Path) -> Result<()> {
     };
     line_chart(&out.join("throughput.svg"), &chart, &series)?;
     if !r.misses_over_time.is_empty() {
-        let s: Vec<Series> = r
-            .misses_over_time
-            .iter()
-            .map(|(b, v)| Series {
-                label: format!("LRU, {b} slots"),
-                points: v.iter().enumerate().map(|(i, &m)| (i as f64, m)).collect(),
-                dashed: false,
-            })
-            .collect();
-        let chart = Chart {
-            title: "Misses per step over time",
-            x_label: "decode step",
-            y_label: "mean misses per request and layer",
-            log_x: false,
-        };
-        line_chart(&out.join("misses_over_time.svg"), &chart, &s)?;
+        let lines = r.misses_over_time.iter().map(|(b, v)| (format!("LRU, {b} slots"), v.clone()));
+        misses_over_time(&out.join("misses_over_time.svg"), lines)?;
     }
     Ok(())
 }

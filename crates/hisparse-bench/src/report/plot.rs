@@ -113,3 +113,22 @@ pub fn line_chart(path: &Path, chart: &Chart<'_>, series: &[Series]) -> Result<(
     root.present().map_err(draw_err)?;
     Ok(())
 }
+
+/// The "misses per step over time" chart: one line per `(label, misses per step)`.
+pub fn misses_over_time(path: &Path, lines: impl IntoIterator<Item = (String, Vec<f64>)>) -> Result<()> {
+    let series: Vec<Series> = lines
+        .into_iter()
+        .map(|(label, v)| Series {
+            label,
+            points: v.iter().enumerate().map(|(i, &m)| (i as f64, m)).collect(),
+            dashed: false,
+        })
+        .collect();
+    let chart = Chart {
+        title: "Misses per step over time",
+        x_label: "decode step",
+        y_label: "mean misses per request and layer",
+        log_x: false,
+    };
+    line_chart(path, &chart, &series)
+}
