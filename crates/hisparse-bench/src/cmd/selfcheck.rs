@@ -208,7 +208,7 @@ pub fn run(args: &SelfcheckArgs) -> Result<SelfcheckReport> {
     let bf = g.clone().with_kv_format(KvRowFormat::Bf16).kv_row()?;
     let orig: Vec<f32> =
         locations[..k].iter().flat_map(|&r| values[r as usize * 576..(r as usize + 1) * 576].to_vec()).collect();
-    let (fp8, _) = (g.clone().with_kv_format(KvRowFormat::Fp8).kv_row()?, ());
+    let fp8 = g.clone().with_kv_format(KvRowFormat::Fp8).kv_row()?;
     let p8 = encode_kv_rows(fp8, &orig)?;
     let p16 = encode_kv_rows(bf, &orig)?;
     let lin: Vec<i32> = (0..k as i32).collect();

@@ -36,11 +36,16 @@ pub fn all_sources() -> Vec<KernelSource> {
     v
 }
 
+/// `template` with `policy`'s CUDA hooks (after the prelude's types) spliced in at `//@POLICY@`,
+/// or `None` for a CPU-only policy.
+pub(crate) fn splice_policy(template: &str, policy: &dyn hisparse_policy::EvictionPolicy) -> Option<String> {
+    let hooks = policy.cuda()?;
+    Some(template.replace("//@POLICY@", &format!("{}\n{hooks}", hisparse_policy::policy::CUDA_PRELUDE)))
+}
+
 /// The hook harness of `policy` (named `policy_<name>`), or `None` for a CPU-only policy.
 pub fn policy_harness(policy: &dyn hisparse_policy::EvictionPolicy) -> Option<KernelSource> {
-    let hooks = policy.cuda()?;
-    let code = include_str!("../../kernels/policy_harness.cu")
-        .replace("//@POLICY@", &format!("{}\n{hooks}", hisparse_policy::policy::CUDA_PRELUDE));
+    let code = splice_policy(include_str!("../../kernels/policy_harness.cu"), policy)?;
     Some(KernelSource { name: format!("policy_{}", policy.name()), code, kernels: &["policy_hooks"] })
 }
 

@@ -95,9 +95,7 @@ impl SwapOutputs {
 
 /// The source of the swap-in kernel with `policy`'s hooks, or `None` for a CPU-only policy.
 pub fn swap_in_source(policy: &dyn EvictionPolicy) -> Option<KernelSource> {
-    let hooks = policy.cuda()?;
-    let code = include_str!("../../kernels/swap_in.cu")
-        .replace("//@POLICY@", &format!("{}\n{hooks}", hisparse_policy::policy::CUDA_PRELUDE));
+    let code = super::sources::splice_policy(include_str!("../../kernels/swap_in.cu"), policy)?;
     Some(KernelSource {
         name: format!("swap_in_{}", policy.name()),
         code,
