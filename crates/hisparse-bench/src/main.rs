@@ -43,6 +43,9 @@ enum Command {
     /// GPU swap-in path: ceilings, host-tier set-up, miss-gather bandwidth, swap-in latency.
     #[cfg(feature = "cuda")]
     GpuBench(cmd::gpu_bench::GpuBenchArgs),
+    /// CUDA decode kernels (indexer, top-k, attention) against HBM-copy and cuBLAS ceilings.
+    #[cfg(feature = "cuda")]
+    KernelBench(cmd::kernel_bench::KernelBenchArgs),
     /// Check every CPU kernel against its oracle on random data and time it.
     Selfcheck(cmd::selfcheck::SelfcheckArgs),
     /// Compile every CUDA kernel source for sm_90a with NVRTC (exit 3: no NVRTC, skipped).
@@ -78,6 +81,12 @@ fn run(cli: Cli) -> Result<i32> {
         Command::GpuBench(args) => {
             let figs = cmd::gpu_bench::run(&args)?;
             println!("{} figures written to {}/gpu-bench.json", figs.len(), args.out.display());
+            Ok(0)
+        }
+        #[cfg(feature = "cuda")]
+        Command::KernelBench(args) => {
+            let figs = cmd::kernel_bench::run(&args)?;
+            println!("{} figures written to {}/kernel-bench.json", figs.len(), args.out.display());
             Ok(0)
         }
         Command::Calibrate(args) => {

@@ -17,6 +17,7 @@ struct NullBackend(EmulatedDevice);
 
 impl Backend for NullBackend {
     type Memory = EmulatedDevice;
+    type SwapIn = hisparse_kernels::NoDeviceSwapIn;
     fn name(&self) -> &'static str {
         "null"
     }

@@ -93,6 +93,7 @@ pub fn selections(geometry: &KvGeometry, workload: &Workload, spec: &Calibration
                     page_tokens: p,
                     page_table: &table,
                     requests: &req,
+                    pin_newest: false,
                 };
                 cpu.indexer_scores(&batch, &mut scores)?;
                 scores[seq_len - 1] = f32::INFINITY; // the newest token is always attended to

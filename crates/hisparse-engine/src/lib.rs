@@ -13,7 +13,7 @@ pub mod request;
 pub mod runtime;
 pub mod workload;
 
-pub use engine::{Engine, EngineConfig, LayerDump, StepReport};
+pub use engine::{DecodeEngine, Engine, EngineConfig, LayerDump, StepReport};
 pub use error::{EngineError, Result};
 pub use metrics::{RunSummary, StageTimes, StepMetrics};
 pub use request::{Outcome, RequestSpec};

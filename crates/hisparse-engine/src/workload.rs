@@ -21,6 +21,7 @@
 //! data. KV rows and attention queries are uniform noise of unit variance (their values do not
 //! affect locality).
 
+use hisparse_kernels::unit_stream;
 use hisparse_memory::KvGeometry;
 use serde::{Deserialize, Serialize};
 
@@ -73,11 +74,8 @@ impl LocalityParams {
 /// SplitMix64 step: the next state and its mixed output.
 #[inline]
 fn splitmix(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
+    *state = state.wrapping_add(unit_stream::GOLDEN);
+    unit_stream::mix(*state)
 }
 
 /// A seed for the stream named by `parts`.
@@ -93,15 +91,7 @@ fn stream_seed(parts: [u64; 5]) -> u64 {
 
 /// Fills `out` with uniform values of unit variance (in `[-√3, √3)`), from the stream `parts`.
 fn fill_unit(parts: [u64; 5], out: &mut [f32]) {
-    let mut s = stream_seed(parts);
-    const SCALE: f32 = 2.0 * 1.732_050_8 / (1u64 << 24) as f32;
-    for pair in out.chunks_mut(2) {
-        let r = splitmix(&mut s);
-        for (i, o) in pair.iter_mut().enumerate() {
-            let bits = ((r >> (32 * i)) & 0xff_ffff) as f32;
-            *o = bits * SCALE - 1.732_050_8;
-        }
-    }
+    unit_stream::fill_unit(stream_seed(parts), out);
 }
 
 // Stream kinds.
@@ -143,6 +133,10 @@ pub struct RequestDrift {
     pub step: u32,
     shared: Vec<f32>,
     layer: Vec<f32>,
+    /// Per layer, the query's fixed part `c μ_shared + b μ_layer` (it never changes; cached).
+    fixed: Vec<f32>,
+    /// Head weights (shared by all layers; cached).
+    weights: Vec<f32>,
 }
 
 impl Workload {
@@ -191,6 +185,12 @@ impl Workload {
         fill_unit(self.parts(ATTN_QUERY, req, layer, u64::from(step)), out);
     }
 
+    /// The unit-stream seed of [`Workload::attention_query`] (to generate it on the device with
+    /// `Backend::fill_unit_bf16`).
+    pub fn attention_query_seed(&self, req: u64, layer: usize, step: u32) -> u64 {
+        stream_seed(self.parts(ATTN_QUERY, req, layer, u64::from(step)))
+    }
+
     /// A fresh drift state for a request (`step` 0: nothing drawn yet).
     pub fn start(&self, req: u64) -> RequestDrift {
         let n = self.index_heads * self.index_dim;
@@ -200,7 +200,24 @@ impl Workload {
         for (l, chunk) in layer.chunks_mut(n).enumerate() {
             fill_unit(self.parts(RHO_START, req, l, 1), chunk);
         }
-        RequestDrift { step: 0, shared, layer }
+        let mut fixed = vec![0f32; self.layers * n];
+        let (mut mu, mut mu_l) = (vec![0f32; n], vec![0f32; n]);
+        fill_unit(self.parts(FIXED_SHARED, req, 0, 0), &mut mu);
+        for (l, chunk) in fixed.chunks_mut(n).enumerate() {
+            let b = self.locality[l].layer_noise;
+            let c = (1.0 - b * b).sqrt();
+            fill_unit(self.parts(FIXED_LAYER, req, l, 0), &mut mu_l);
+            for ((f, m), ml) in chunk.iter_mut().zip(&mu).zip(&mu_l) {
+                *f = c * m + b * ml;
+            }
+        }
+        let mut weights = vec![0f32; self.index_heads];
+        fill_unit(self.parts(WEIGHTS, req, 0, 0), &mut weights);
+        let inv = 1.0 / (self.index_heads as f32).sqrt();
+        for x in weights.iter_mut() {
+            *x = (1.0 + 0.4 * *x / 1.732_050_8) * inv; // in [0.6, 1.4] / sqrt(H)
+        }
+        RequestDrift { step: 0, shared, layer, fixed, weights }
     }
 
     /// Advances `d` by one decode step (AR(1) with each head's persistence).
@@ -225,29 +242,22 @@ impl Workload {
     pub fn indexer_query(&self, req: u64, layer: usize, d: &RequestDrift, q: &mut [f32], w: &mut [f32]) {
         let p = self.locality[layer];
         let n = self.index_heads * self.index_dim;
-        fill_unit(self.parts(WEIGHTS, req, 0, 0), w); // shared by all layers
-        let inv = 1.0 / (self.index_heads as f32).sqrt();
-        for x in w.iter_mut() {
-            *x = (1.0 + 0.4 * *x / 1.732_050_8) * inv; // in [0.6, 1.4] / sqrt(H)
-        }
+        w.copy_from_slice(&d.weights);
         if p.random {
             fill_unit(self.parts(RANDOM_QUERY, req, layer, u64::from(d.step)), q);
             return;
         }
         let b = p.layer_noise;
         let c = (1.0 - b * b).sqrt();
-        let mut fixed_layer = vec![0f32; n];
-        fill_unit(self.parts(FIXED_SHARED, req, 0, 0), q);
-        fill_unit(self.parts(FIXED_LAYER, req, layer, 0), &mut fixed_layer);
+        let fixed = &d.fixed[layer * n..(layer + 1) * n];
         let u_l = &d.layer[layer * n..(layer + 1) * n];
         let fast = p.fast_count(self.index_heads);
         for hd in 0..self.index_heads {
             let da = if hd < fast { p.fast_drift } else { p.drift };
             let fa = (1.0 - da * da).max(0.0).sqrt();
             for i in hd * self.index_dim..(hd + 1) * self.index_dim {
-                let fixed = c * q[i] + b * fixed_layer[i];
                 let drift = c * d.shared[i] + b * u_l[i];
-                q[i] = fa * fixed + da * drift;
+                q[i] = fa * fixed[i] + da * drift;
             }
         }
     }

@@ -35,6 +35,7 @@ fn indexer(c: &mut Criterion) {
                     page_tokens: 64,
                     page_table: &page_table,
                     requests: &requests,
+                    pin_newest: false,
                 };
                 cpu.indexer_scores(&b, &mut scores).unwrap();
             })

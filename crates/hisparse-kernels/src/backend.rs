@@ -4,6 +4,7 @@
 use half::bf16;
 use hisparse_memory::{DeviceMemory, IndexKeyLayout, KvRowLayout};
 
+use crate::device_swap_in::DeviceSwapIn;
 use crate::error::Result;
 
 /// A buffer of `T` in backend `B`'s device memory.
@@ -61,6 +62,8 @@ pub struct IndexerBatch<'a, M: DeviceMemory> {
     pub page_table: &'a M::Buffer<u32>,
     /// One entry per request of the batch.
     pub requests: &'a [IndexerRequest],
+    /// Score each request's last position `+inf` instead (the newest token is always selected).
+    pub pin_newest: bool,
 }
 
 /// Sparse MLA decode attention of one query token per request over a list of KV rows.
@@ -81,6 +84,44 @@ pub struct AttentionBatch<'a, M: DeviceMemory> {
     pub selections: &'a [Span],
 }
 
+/// A stage of the decode step that a backend can time on its own clock ([`Backend::mark_stage`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KernelStage {
+    /// The indexer.
+    Indexer,
+    /// Top-k.
+    TopK,
+    /// The swap-in (decisions and miss copies).
+    SwapIn,
+    /// Sparse attention.
+    Attention,
+}
+
+/// Seconds a backend measured per stage on its own clock (CUDA: events on its stream).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StageSeconds {
+    /// Indexer.
+    pub indexer: f64,
+    /// Top-k.
+    pub top_k: f64,
+    /// Swap-in.
+    pub swap_in: f64,
+    /// Attention.
+    pub attention: f64,
+}
+
+impl StageSeconds {
+    /// Adds `secs` to `stage`.
+    pub fn add(&mut self, stage: KernelStage, secs: f64) {
+        match stage {
+            KernelStage::Indexer => self.indexer += secs,
+            KernelStage::TopK => self.top_k += secs,
+            KernelStage::SwapIn => self.swap_in += secs,
+            KernelStage::Attention => self.attention += secs,
+        }
+    }
+}
+
 /// The kernels of one decode step, implemented once per device (CPU, CUDA).
 ///
 /// Every method checks its arguments and returns a typed error naming the field at fault before
@@ -88,6 +129,10 @@ pub struct AttentionBatch<'a, M: DeviceMemory> {
 pub trait Backend: Send + Sync {
     /// The memory this backend's kernels read and write.
     type Memory: DeviceMemory;
+
+    /// The backend's device-side swap-in ([`Backend::device_swap_in`]); backends without one
+    /// name [`crate::NoDeviceSwapIn`].
+    type SwapIn: DeviceSwapIn<Self::Memory>;
 
     /// A short name (`"cpu"`, `"cuda"`).
     fn name(&self) -> &'static str;
@@ -114,4 +159,77 @@ pub trait Backend: Send + Sync {
         out: &mut Buf<Self, f32>,
         lse: &mut Buf<Self, f32>,
     ) -> Result<()>;
+
+    /// Marks the beginning (`begin`) or end of a stage on the backend's own clock. Launches are
+    /// asynchronous on some backends, so host timers around them measure nothing; the default
+    /// does nothing and [`Backend::finish_step`] then returns `None`.
+    fn mark_stage(&self, stage: KernelStage, begin: bool) -> Result<()> {
+        let _ = (stage, begin);
+        Ok(())
+    }
+
+    /// Waits for all launched work, reports any fault a kernel found in its data (an
+    /// out-of-range page id or row location), and returns the seconds measured per stage since
+    /// the last call (or `None` where the backend does not time stages itself).
+    fn finish_step(&self) -> Result<Option<StageSeconds>> {
+        Ok(None)
+    }
+
+    /// A swap-in that runs on the device over `host` (registered with the device here), or
+    /// `None` where the backend has none (the engine then runs the host swap-in and copies rows
+    /// through [`Backend::memory`]).
+    fn device_swap_in(
+        &self,
+        cfg: &crate::device_swap_in::DeviceSwapInConfig,
+        host: &mut hisparse_memory::HostTier,
+    ) -> Result<Option<Self::SwapIn>> {
+        let _ = (cfg, host);
+        Ok(None)
+    }
+
+    /// Writes row `i` of `data` (`rows.len()` rows of `row_bytes`) to row `rows[i]` of `pool`,
+    /// for all rows at once (the default writes them one by one through [`Backend::memory`]).
+    fn write_rows(&self, pool: &mut Buf<Self, u8>, row_bytes: usize, rows: &[u32], data: &[u8]) -> Result<()> {
+        crate::error::check_len("data", rows.len() * row_bytes, data.len())?;
+        for (&r, d) in rows.iter().zip(data.chunks_exact(row_bytes.max(1))) {
+            self.memory().write(pool, r as usize * row_bytes, d)?;
+        }
+        Ok(())
+    }
+
+    /// Maps selected positions to pool rows through page tables: for request `i`,
+    /// `out[s + j] = page_table[first_pages[i] + x / page_tokens] * page_tokens + x % page_tokens`
+    /// with `x = selections[s + j]`, `s = spans[i].offset`, `j < spans[i].len` (the resident
+    /// mode's rows by position). The default computes on the host.
+    fn locate_rows(
+        &self,
+        selections: &Buf<Self, i32>,
+        spans: &[Span],
+        page_table: &Buf<Self, u32>,
+        first_pages: &[usize],
+        page_tokens: usize,
+        out: &mut Buf<Self, i32>,
+    ) -> Result<()> {
+        crate::locate::locate_on_host(self.memory(), selections, spans, page_table, first_pages, page_tokens, out)
+    }
+
+    /// Whether the engine should keep selections on the device between kernels (its launches
+    /// are asynchronous and a host round trip per layer would stall them).
+    fn prefers_device_selection(&self) -> bool {
+        false
+    }
+
+    /// Fills `out` with `seeds.len()` segments of `len` values: segment `i` is the unit stream
+    /// seeded `seeds[i]` ([`crate::unit_stream`]) rounded to bf16 — an emulated model's data,
+    /// generated where it is used. The default generates on the host and copies.
+    fn fill_unit_bf16(&self, seeds: &[u64], len: usize, out: &mut Buf<Self, bf16>) -> Result<()> {
+        crate::error::check_len("out", seeds.len() * len, self.memory().len(out))?;
+        let (mut v, mut host) = (vec![0f32; len], Vec::with_capacity(seeds.len() * len));
+        for &s in seeds {
+            crate::unit_stream::fill_unit(s, &mut v);
+            host.extend(v.iter().map(|&x| bf16::from_f32(x)));
+        }
+        self.memory().write(out, 0, &host)?;
+        Ok(())
+    }
 }

@@ -22,13 +22,17 @@ pub mod backend;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod device_swap_in;
 pub mod error;
+pub mod locate;
 pub mod merge;
 pub mod oracle;
 pub mod random;
+pub mod unit_stream;
 
-pub use backend::{AttentionBatch, Backend, Buf, IndexerBatch, IndexerRequest, Span};
+pub use backend::{AttentionBatch, Backend, Buf, IndexerBatch, IndexerRequest, KernelStage, Span, StageSeconds};
 pub use cpu::CpuBackend;
+pub use device_swap_in::{DeviceSwapCounts, DeviceSwapIn, DeviceSwapInConfig, DeviceSwapReq, NoDeviceSwapIn};
 pub use error::{KernelError, Result};
 pub use merge::merge_partial;
 pub use oracle::dense_attention;

@@ -119,6 +119,7 @@ fn indexer_rejects_bad_arguments_by_name() {
             page_tokens,
             page_table: &table,
             requests,
+            pin_newest: false,
         };
         let mut s = vec![-3f32; n_scores];
         let r = cpu.indexer_scores(&batch, &mut s);

@@ -40,6 +40,7 @@ fn indexer_matches_the_f64_oracle_for_requests_of_different_lengths() {
         page_tokens: p,
         page_table: &page_table,
         requests: &requests,
+        pin_newest: false,
     };
     CpuBackend::new().indexer_scores(&batch, &mut scores).unwrap();
     let mut decoded = vec![0f32; dim];

@@ -45,7 +45,8 @@ fn two_steps(dev: &CudaDevice, host: &mut HostTier, host_base: u64, seat_req: u6
             request: seat_req,
         };
         let rd = gpu.upload_requests(&[r]).unwrap();
-        gpu.launch(0, &[r], &rd, &sels, &pages, (host_base, host.total_pages(), ROW, 16), hot, &mut out).unwrap();
+        gpu.launch(0, &[r], &rd, &sels.as_view(), &pages, (host_base, host.total_pages(), ROW, 16), hot, &mut out)
+            .unwrap();
         out
     };
     // Step 1: the new token L goes into the reserved slot, then is backed up (slowly).

@@ -139,7 +139,7 @@ fn gpu_swap_in_matches_the_cpu_swap_in_for_every_gpu_policy() {
                     l,
                     &reqs,
                     &reqs_d,
-                    &sels_d,
+                    &sels_d.as_view(),
                     &pages_d,
                     (host_base, host.total_pages(), ROW, PAGE),
                     &mut hot[l],

@@ -273,6 +273,18 @@ impl<M: DeviceMemory> DeviceTier<M> {
         &self.hot[layer.min(self.cfg.layers - 1)]
     }
 
+    /// The index-key buffer of `layer`, writable (for batched writes).
+    pub fn keys_mut(&mut self, layer: usize) -> &mut M::Buffer<u8> {
+        let l = layer.min(self.cfg.layers - 1);
+        &mut self.keys[l]
+    }
+
+    /// The resident KV buffer of `layer`, writable (for batched writes).
+    pub fn kv_mut(&mut self, layer: usize) -> &mut M::Buffer<u8> {
+        let l = layer.min(self.cfg.layers - 1);
+        &mut self.kv[l]
+    }
+
     /// The hot-buffer buffer of `layer`, writable (for swap-in copies).
     pub fn hot_mut(&mut self, layer: usize) -> &mut M::Buffer<u8> {
         let l = layer.min(self.cfg.layers - 1);

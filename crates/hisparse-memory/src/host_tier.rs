@@ -224,6 +224,36 @@ impl HostTier {
         Ok(())
     }
 
+    /// Writes consecutive rows: row `i` of `rows` goes to position `first + i` (one copy per
+    /// page run; every position is checked before anything is written).
+    pub fn write_rows(&mut self, req: RequestId, layer: usize, first: usize, rows: &[u8]) -> Result<()> {
+        if !rows.len().is_multiple_of(self.row_bytes) {
+            return Err(MemoryError::invalid(
+                "rows",
+                rows.len(),
+                format!("not a whole number of {} B rows", self.row_bytes),
+            ));
+        }
+        let n = rows.len() / self.row_bytes;
+        if n == 0 {
+            return Ok(());
+        }
+        self.locate(req, layer, first + n - 1)?;
+        let (mut pos, mut done) = (first, 0);
+        while done < n {
+            let run = (self.page_tokens - pos % self.page_tokens).min(n - done);
+            let at = self.locate(req, layer, pos)?;
+            let src = &rows[done * self.row_bytes..(done + run) * self.row_bytes];
+            // SAFETY: `at .. at + run rows` stays inside one held page of the mapping (the run
+            // ends at the page's end at the latest); as in `write_row`, no reference to these
+            // bytes exists.
+            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.map.as_mut_ptr().add(at.0 as usize), src.len()) };
+            done += run;
+            pos += run;
+        }
+        Ok(())
+    }
+
     /// Reads one row into `out`.
     pub fn read_row(&self, req: RequestId, layer: usize, position: usize, out: &mut [u8]) -> Result<()> {
         check_len("out", self.row_bytes, out.len())?;
@@ -350,6 +380,36 @@ mod tests {
         t.release(r).unwrap();
         assert_eq!(t.bytes_in_use(), 0);
         t.check().unwrap();
+    }
+
+    #[test]
+    fn bulk_writes_equal_row_writes_across_pages_and_check_first() {
+        let mut a = HostTier::new(&cfg(656 * 4 * 3 * 10, None)).unwrap();
+        let mut b = HostTier::new(&cfg(656 * 4 * 3 * 10, None)).unwrap();
+        let r = RequestId(2);
+        for t in [&mut a, &mut b] {
+            t.register(RequestId(9)).unwrap();
+            t.grow(RequestId(9), 3).unwrap(); // so that r's pages are not the first ones
+            t.register(r).unwrap();
+            t.grow(r, 11).unwrap();
+        }
+        let rows: Vec<u8> = (3..10).flat_map(|p| row(p as u8)).collect();
+        a.write_rows(r, 1, 3, &rows).unwrap();
+        for p in 3..10 {
+            b.write_row(r, 1, p, &row(p as u8)).unwrap();
+        }
+        let (mut x, mut y) = (vec![0u8; 656], vec![0u8; 656]);
+        for p in 0..11 {
+            a.read_row(r, 1, p, &mut x).unwrap();
+            b.read_row(r, 1, p, &mut y).unwrap();
+            assert_eq!(x, y, "position {p}");
+        }
+        // Past the capacity: refused whole, nothing written.
+        let before = (0..12).map(|p| a.read_row(r, 2, p.min(11), &mut x).map(|()| x.clone())).collect::<Vec<_>>();
+        assert!(a.write_rows(r, 2, 8, &rows[..5 * 656]).is_err());
+        let after = (0..12).map(|p| a.read_row(r, 2, p.min(11), &mut x).map(|()| x.clone())).collect::<Vec<_>>();
+        assert_eq!(before, after);
+        assert!(a.write_rows(r, 1, 0, &rows[..100]).is_err(), "not whole rows");
     }
 
     #[test]

@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use hisparse_engine::{Engine, EngineConfig};
+use hisparse_engine::{DecodeEngine, Engine, EngineConfig};
 use hisparse_kernels::CpuBackend;
 use hisparse_memory::{KvGeometry, KvRowFormat, Mode};
 use hisparse_policy::HiSparseConfig;
@@ -148,33 +148,39 @@ impl EngineArgs {
         })
     }
 
-    /// Resolves the backend: the CPU one, or a one-line error where CUDA is asked for and
-    /// cannot be used.
-    pub fn backend(&self) -> Result<CpuBackend> {
+    /// Builds an engine for `mode` on the chosen backend: `auto` takes CUDA where a driver is
+    /// found (falling back to the CPU with a note if the GPU cannot be opened), `cuda` fails with
+    /// a one-line error where it cannot be used.
+    pub fn engine(&self, mode: Mode, typical_tokens: usize) -> Result<Box<dyn DecodeEngine>> {
+        let cfg = self.engine_config(mode, typical_tokens)?;
         let driver = cuda_driver_present();
         match self.backend {
-            BackendKind::Cpu => Ok(CpuBackend::new()),
-            BackendKind::Auto if !driver => Ok(CpuBackend::new()),
-            BackendKind::Auto => {
-                eprintln!(
-                    "hisparse: a CUDA driver is present, but the CUDA decode backend is not built yet; running on the CPU"
-                );
-                Ok(CpuBackend::new())
-            }
+            BackendKind::Cpu => Ok(Box::new(Engine::new(CpuBackend::new(), cfg)?)),
+            BackendKind::Auto if !driver => Ok(Box::new(Engine::new(CpuBackend::new(), cfg)?)),
             BackendKind::Cuda if !driver => {
                 Err(BenchError::flag("backend", "cuda", "no CUDA driver (libcuda.so) on this machine"))
             }
-            BackendKind::Cuda => {
-                Err(BenchError::flag("backend", "cuda", "the CUDA decode backend is not built yet; use --backend cpu"))
-            }
+            BackendKind::Auto | BackendKind::Cuda => match cuda_engine(cfg.clone()) {
+                Ok(e) => Ok(e),
+                Err(e) if self.backend == BackendKind::Auto => {
+                    eprintln!("hisparse: the CUDA backend could not start ({e}); running on the CPU");
+                    Ok(Box::new(Engine::new(CpuBackend::new(), cfg)?))
+                }
+                Err(e) => Err(BenchError::flag("backend", "cuda", e.to_string())),
+            },
         }
     }
+}
 
-    /// Builds an engine for `mode`.
-    pub fn engine(&self, mode: Mode, typical_tokens: usize) -> Result<Engine<CpuBackend>> {
-        let cfg = self.engine_config(mode, typical_tokens)?;
-        Ok(Engine::new(self.backend()?, cfg)?)
-    }
+#[cfg(feature = "cuda")]
+fn cuda_engine(cfg: EngineConfig) -> std::result::Result<Box<dyn DecodeEngine>, String> {
+    let be = hisparse_kernels::cuda::CudaBackend::new(0).map_err(|e| e.to_string())?;
+    Ok(Box::new(Engine::new(be, cfg).map_err(|e| e.to_string())?))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_engine(_cfg: hisparse_engine::EngineConfig) -> std::result::Result<Box<dyn DecodeEngine>, String> {
+    Err("this build has no CUDA support (feature `cuda`)".into())
 }
 
 #[cfg(feature = "cuda")]

@@ -56,17 +56,17 @@ pub struct Figure {
     pub note: String,
 }
 
-fn cuda(what: &'static str) -> impl FnOnce(cudarc::driver::DriverError) -> BenchError {
+pub(crate) fn cuda(what: &'static str) -> impl FnOnce(cudarc::driver::DriverError) -> BenchError {
     move |e| BenchError::Check(format!("CUDA {what}: {e}"))
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }
 
 /// Times `f` (enqueueing work on `s`) with events: median milliseconds over `reps` after 3 warm-ups.
-fn time_ms(s: &Arc<CudaStream>, reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+pub(crate) fn time_ms(s: &Arc<CudaStream>, reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
     for _ in 0..3 {
         f()?;
     }
@@ -350,7 +350,7 @@ pub fn run(a: &GpuBenchArgs) -> Result<Vec<Figure>> {
                     0,
                     &reqs,
                     &reqs_d,
-                    &sels_d,
+                    &sels_d.as_view(),
                     &pages_d,
                     (host, tier.total_pages(), 656, 64),
                     &mut hot,

@@ -6,6 +6,8 @@ pub mod common;
 pub mod dump_step;
 #[cfg(feature = "cuda")]
 pub mod gpu_bench;
+#[cfg(feature = "cuda")]
+pub mod kernel_bench;
 pub mod run;
 pub mod selfcheck;
 pub mod simulate;

@@ -127,6 +127,7 @@ pub fn run(args: &SelfcheckArgs) -> Result<SelfcheckReport> {
         page_tokens: 64,
         page_table: &page_table,
         requests: &requests,
+        pin_newest: false,
     };
     let mut scores = vec![0f32; b * l];
     let t = median_secs(1, args.runs, || cpu.indexer_scores(&batch, &mut scores));

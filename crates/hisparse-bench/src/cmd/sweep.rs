@@ -7,7 +7,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use hisparse_engine::RequestSpec;
+use hisparse_engine::{RequestSpec, StageTimes};
 use hisparse_memory::{Mode, RequestId};
 use hisparse_policy::trace::TraceReader;
 use hisparse_policy::{SimConfig, simulate};
@@ -63,6 +63,10 @@ pub struct Point {
     pub miss_ratio: f64,
     /// Share of decode time in swap-in (and backup).
     pub swap_in_share: f64,
+    /// Kernel time per step (ms): indexer, top-k, swap-in and attention; on CUDA from events.
+    pub kernel_ms: f64,
+    /// Mean time per step and stage over the window (milliseconds).
+    pub stages_ms: StageTimes,
 }
 
 /// The sweep's output.
@@ -95,6 +99,21 @@ impl Write for SharedBuf {
     }
 }
 
+/// `s` with every stage multiplied by `f`.
+fn scale_stages(s: &StageTimes, f: f64) -> StageTimes {
+    StageTimes {
+        workload: s.workload * f,
+        append: s.append * f,
+        indexer: s.indexer * f,
+        top_k: s.top_k * f,
+        swap_in: s.swap_in * f,
+        attention: s.attention * f,
+        backup: s.backup * f,
+        bookkeeping: s.bookkeeping * f,
+        admission: s.admission * f,
+    }
+}
+
 /// Runs the sweep; returns the report and the output folder.
 pub fn run(a: &SweepArgs) -> Result<(SweepReport, PathBuf)> {
     if a.concurrency.is_empty() || a.concurrency.contains(&0) {
@@ -108,29 +127,27 @@ pub fn run(a: &SweepArgs) -> Result<(SweepReport, PathBuf)> {
     }
     let g = a.engine.geometry()?;
     let hs = a.engine.hisparse(&g)?;
-    a.engine.backend()?;
     let out = a.out.clone().unwrap_or_else(|| PathBuf::from("results/sweep"));
     ensure_dir(&out)?;
     let steps = a.warmup + a.window;
     let total: usize = a.context.len() * a.concurrency.iter().sum::<usize>() * 2 * steps;
     let bar = progress::bar(total as u64, "request-steps");
     let mut points = Vec::new();
+    let mut backend = "cpu";
     let trace = SharedBuf::default();
     let max_n = a.concurrency.iter().copied().max().unwrap_or(1);
-    for (ci, &context) in a.context.iter().enumerate() {
+    for &context in &a.context {
         for &n in &a.concurrency {
             for mode in [Mode::Resident, Mode::HiSparse] {
                 bar.set_message(format!("context {context}, {n} requests, {mode}"));
                 let mut e = a.engine.engine(mode, context + steps)?;
-                let record = ci == 0 && n == max_n && mode == Mode::HiSparse;
-                if record {
-                    e.record_trace(Box::new(trace.clone()))?;
-                }
+                backend = e.backend_name();
                 for i in 0..n {
                     e.submit(RequestSpec { id: RequestId(i as u64), prompt_tokens: context, output_tokens: steps })?;
                 }
-                let (mut tokens, mut secs, mut running, mut misses, mut hits, mut swap) =
-                    (0usize, 0f64, 0usize, 0u64, 0u64, 0f64);
+                let (mut tokens, mut secs, mut running, mut misses, mut hits, mut swap, mut kernels) =
+                    (0usize, 0f64, 0usize, 0u64, 0u64, 0f64, 0f64);
+                let mut stages = StageTimes::default();
                 for s in 0..steps {
                     let r = e.step()?;
                     bar.inc(n as u64);
@@ -141,10 +158,10 @@ pub fn run(a: &SweepArgs) -> Result<(SweepReport, PathBuf)> {
                         misses += r.metrics.misses;
                         hits += r.metrics.hits;
                         swap += r.metrics.stages.swap_in + r.metrics.stages.backup;
+                        let st = &r.metrics.stages;
+                        kernels += st.indexer + st.top_k + st.swap_in + st.attention;
+                        stages.add(st);
                     }
-                }
-                if record {
-                    e.finish_trace()?;
                 }
                 let w = a.window as f64;
                 points.push(Point {
@@ -157,15 +174,31 @@ pub fn run(a: &SweepArgs) -> Result<(SweepReport, PathBuf)> {
                     misses_per_step: misses as f64 / w,
                     miss_ratio: if hits + misses > 0 { misses as f64 / (hits + misses) as f64 } else { 0.0 },
                     swap_in_share: if secs > 0.0 { swap / secs } else { 0.0 },
+                    kernel_ms: 1e3 * kernels / w,
+                    stages_ms: scale_stages(&stages, 1e3 / w),
                 });
             }
         }
+    }
+    // The misses-over-time trace comes from a separate, untimed run of the largest point of the
+    // first context (recording slows a step down).
+    if let Some(&context) = a.context.first() {
+        bar.set_message("selection trace for the misses-over-time plot");
+        let mut e = a.engine.engine(Mode::HiSparse, context + steps)?;
+        e.record_trace(Box::new(trace.clone()))?;
+        for i in 0..max_n {
+            e.submit(RequestSpec { id: RequestId(i as u64), prompt_tokens: context, output_tokens: steps })?;
+        }
+        for _ in 0..steps {
+            e.step()?;
+        }
+        e.finish_trace()?;
     }
     bar.finish_and_clear();
     let misses_over_time = replay(&trace, g.top_k)?;
     let report = SweepReport {
         preset: g.name.clone(),
-        backend: "cpu".into(),
+        backend: backend.into(),
         device_buffer_size: hs.device_buffer_size,
         device_kv_bytes: hs.device_kv_bytes,
         points,
@@ -201,6 +234,7 @@ fn write_outputs(r: &SweepReport, out: &std::path::Path) -> Result<()> {
         "misses_per_step",
         "miss_ratio",
         "swap_in_share",
+        "kernel_ms",
     ]);
     for p in &r.points {
         csv.row([
@@ -213,6 +247,7 @@ fn write_outputs(r: &SweepReport, out: &std::path::Path) -> Result<()> {
             format!("{:.1}", p.misses_per_step),
             format!("{:.5}", p.miss_ratio),
             format!("{:.4}", p.swap_in_share),
+            format!("{:.3}", p.kernel_ms),
         ]);
     }
     write_text(out, "sweep.csv", csv.text())?;
@@ -233,7 +268,7 @@ fn write_outputs(r: &SweepReport, out: &std::path::Path) -> Result<()> {
             });
         }
     }
-    let title = format!("Decode throughput vs concurrency ({}, CPU backend)", r.preset);
+    let title = format!("Decode throughput vs concurrency ({}, {} backend)", r.preset, r.backend.to_uppercase());
     let chart = Chart {
         title: &title,
         x_label: "concurrent requests",

@@ -6,7 +6,7 @@
 
 use std::time::Instant;
 
-use hisparse_kernels::Backend;
+use hisparse_kernels::{Backend, DeviceSwapIn};
 use hisparse_memory::{Admission, Mode, Resources};
 use hisparse_policy::SwapInState;
 use rayon::prelude::*;
@@ -69,6 +69,17 @@ where
         let preload = self.cfg.mode == Mode::HiSparse && prompt < b;
         let (kv_row, key) = (self.kv_row, self.key);
         let (kb, keyb) = (kv_row.row_bytes(), key.row_bytes());
+        // Destination rows of the prompt's keys and KV rows (the same in every layer).
+        let key_rows = (0..prompt).map(|t| Ok(self.device.index_key_row(id, t)? as u32)).collect::<Result<Vec<_>>>()?;
+        let kv_rows = (0..prompt)
+            .map(|t| {
+                Ok(match self.cfg.mode {
+                    Mode::Resident => self.device.kv_row(id, t)? as u32,
+                    Mode::HiSparse if preload => self.device.hot_row(id, t)? as u32,
+                    Mode::HiSparse => 0,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
         for l in 0..layers {
             // Rows and keys of the whole prompt of this layer, generated in parallel.
             let wl = &self.workload;
@@ -82,32 +93,28 @@ where
                 wl.index_key(id.0, l, t, &mut kv);
                 key.encode(&kv, k)
             })?;
-            for (t, k) in keys.chunks(keyb).enumerate() {
-                self.device.write_index_key(id, l, t, k)?;
-            }
+            self.backend.write_rows(self.device.keys_mut(l), keyb, &key_rows, &keys)?;
             m.bytes_prompt_device += keys.len() as u64;
             match self.cfg.mode {
                 Mode::Resident => {
-                    for (t, r) in rows.chunks(kb).enumerate() {
-                        self.device.write_kv_row(id, l, t, r)?;
-                    }
+                    self.backend.write_rows(self.device.kv_mut(l), kb, &kv_rows, &rows)?;
                     m.bytes_prompt_device += rows.len() as u64;
                 }
                 Mode::HiSparse => {
                     if let Some(h) = self.host.as_mut() {
-                        for (t, r) in rows.chunks(kb).enumerate() {
-                            h.write_row(id, l, t, r)?;
-                        }
+                        h.write_rows(id, l, 0, &rows)?;
                     }
                     m.bytes_prompt_host += rows.len() as u64;
                     if preload {
-                        for (t, r) in rows.chunks(kb).enumerate() {
-                            self.device.write_hot_row(id, l, t, r)?;
-                        }
+                        self.backend.write_rows(self.device.hot_mut(l), kb, &kv_rows, &rows)?;
                         m.bytes_prompt_device += rows.len() as u64;
                     }
                 }
             }
+        }
+        if let Some(d) = self.dswap.as_mut() {
+            let seat = self.device.hot_row(id, 0)? / (b + 1);
+            d.reset_seat(seat, if preload { prompt } else { 0 })?;
         }
         let swap = match self.cfg.mode {
             Mode::Resident => Vec::new(),

@@ -5,7 +5,6 @@
 
 use std::time::Instant;
 
-use half::bf16;
 use hisparse_kernels::{AttentionBatch, Backend, IndexerBatch, Span};
 use hisparse_memory::{DeviceMemory, Mode};
 use hisparse_policy::trace::TraceRecord;
@@ -27,65 +26,18 @@ where
         sb: &mut StepBatch<B::Memory>,
         rep: &mut StepReport,
     ) -> Result<()> {
+        // 1. The new token's row and key.
+        let new_rows = self.append_tokens(l, &mut rep.metrics)?;
         let g = &self.cfg.geometry;
         let (b, k, p_tok) = (self.cfg.hisparse.device_buffer_size, g.top_k, self.cfg.hisparse.page_tokens);
-        let (h, dim, qh, d_qk) = (g.index_heads, g.index_dim, g.q_heads, g.d_qk());
+        let (h, qh) = (g.index_heads, g.q_heads);
         let (kv_row, key) = (self.kv_row, self.key);
         let mode = self.cfg.mode;
         let mem = self.backend.memory().clone();
         let m = &mut rep.metrics;
 
-        // 1. The new token's row and key.
-        let mut new_rows = Vec::with_capacity(self.running.len());
-        let mut vals = vec![0f32; d_qk];
-        let mut kvals = vec![0f32; dim];
-        let mut kbytes = vec![0u8; key.row_bytes()];
-        for r in &self.running {
-            let (id, p) = (r.spec.id, r.seq_len);
-            let t = Instant::now();
-            self.workload.index_key(id.0, l, p, &mut kvals);
-            key.encode(&kvals, &mut kbytes)?;
-            self.workload.kv_row(id.0, l, p, &mut vals);
-            let mut row = vec![0u8; kv_row.row_bytes()];
-            kv_row.encode(&vals, &mut row)?;
-            m.stages.workload += secs(t);
-            let t = Instant::now();
-            self.device.write_index_key(id, l, p, &kbytes)?;
-            match mode {
-                Mode::Resident => self.device.write_kv_row(id, l, p, &row)?,
-                Mode::HiSparse => {
-                    let slot = if p < b { p } else { b };
-                    if slot == b {
-                        // The reserved slot's previous token must be safe in the host tier first.
-                        let tw = Instant::now();
-                        if let Some(bk) = &self.backup {
-                            bk.wait(r.last_backup[l])?;
-                        }
-                        m.stages.backup += secs(tw);
-                    }
-                    self.device.write_hot_row(id, l, slot, &row)?;
-                }
-            }
-            m.stages.append += secs(t);
-            if mode == Mode::HiSparse {
-                new_rows.push(row);
-            }
-        }
-
         // 2. Indexer over every position of every request (queries: the emulated model's).
-        let t = Instant::now();
-        let mut q = vec![0f32; h * dim];
-        let mut w = vec![0f32; h];
-        sb.stage_q.clear();
-        sb.stage_w.clear();
-        for r in &self.running {
-            self.workload.indexer_query(r.spec.id.0, l, &r.drift, &mut q, &mut w);
-            sb.stage_q.extend(q.iter().map(|x| bf16::from_f32(*x)));
-            sb.stage_w.extend_from_slice(&w);
-        }
-        mem.write(&mut sb.index_q, 0, &sb.stage_q)?;
-        mem.write(&mut sb.index_w, 0, &sb.stage_w)?;
-        m.stages.workload += secs(t);
+        self.stage_index_queries(l, sb, m)?;
         {
             let _s = tracing::debug_span!("indexer", layer = l).entered();
             let batch = IndexerBatch {
@@ -97,14 +49,11 @@ where
                 page_tokens: p_tok,
                 page_table: &sb.table,
                 requests: &sb.reqs,
+                pin_newest: true,
             };
             let t = Instant::now();
             self.backend.indexer_scores(&batch, &mut sb.scores)?;
             m.stages.indexer += secs(t);
-        }
-        // The newest token is always attended to.
-        for r in &sb.reqs {
-            mem.write(&mut sb.scores, r.score_offset + r.seq_len - 1, &[f32::INFINITY])?;
         }
 
         // 3. Top-k for the requests longer than k; shorter ones select everything.
@@ -177,15 +126,7 @@ where
         m.stages.swap_in += secs(t);
 
         // 5. Attention (queries: the emulated model's).
-        let t = Instant::now();
-        let mut aq = vec![0f32; qh * d_qk];
-        sb.stage_q.clear();
-        for r in &self.running {
-            self.workload.attention_query(r.spec.id.0, l, r.drift.step, &mut aq);
-            sb.stage_q.extend(aq.iter().map(|x| bf16::from_f32(*x)));
-        }
-        mem.write(&mut sb.attn_q, 0, &sb.stage_q)?;
-        m.stages.workload += secs(t);
+        self.stage_attention_queries(l, sb, m)?;
         mem.write(&mut sb.locs, 0, &sb.locations)?;
         {
             let _s = tracing::debug_span!("attention", layer = l).entered();
@@ -230,7 +171,7 @@ where
     }
 
     /// Copies every input and output of layer `l` into the report (`hisparse dump-step`).
-    fn dump_layer(&self, l: usize, sb: &StepBatch<B::Memory>, rep: &mut StepReport) -> Result<()> {
+    pub(super) fn dump_layer(&self, l: usize, sb: &StepBatch<B::Memory>, rep: &mut StepReport) -> Result<()> {
         let mem = self.backend.memory();
         let rows = if self.cfg.mode == Mode::Resident { self.device.kv(l) } else { self.device.hot(l) };
         let rows = mem.download(rows)?;

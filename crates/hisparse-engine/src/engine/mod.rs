@@ -3,7 +3,9 @@
 //! `admit.rs` admits requests and writes their prompts; `step.rs` runs one decode step.
 
 mod admit;
+mod dynamic;
 mod layer;
+mod layer_device;
 mod step;
 
 use std::collections::{HashSet, VecDeque};
@@ -12,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use hisparse_kernels::Backend;
+use hisparse_kernels::{Backend, DeviceSwapInConfig};
 use hisparse_memory::{
     AdmissionControl, CapacityPlan, DeviceTier, HostTier, HostTierConfig, IndexKeyLayout, KvGeometry, KvRowLayout,
     Mode, RequestId, Resources,
@@ -26,6 +28,7 @@ use crate::request::{Outcome, RequestSpec};
 use crate::runtime::{Runtime, RuntimeConfig, RuntimeHandle};
 use crate::workload::{RequestDrift, Workload};
 
+pub use dynamic::DecodeEngine;
 pub use step::{LayerDump, StepReport};
 
 /// Everything an engine is built from.
@@ -101,6 +104,10 @@ pub struct Engine<B: Backend> {
     trace: Option<TraceWriter<Box<dyn Write + Send>>>,
     capture_next: bool,
     scratch: Option<step::StepBatch<B::Memory>>,
+    /// Selections stay on the device between kernels (`Backend::prefers_device_selection`).
+    device_path: bool,
+    /// The backend's device swap-in (hisparse mode on the device path).
+    dswap: Option<B::SwapIn>,
 }
 
 impl<B: Backend> Engine<B>
@@ -133,29 +140,51 @@ where
             typical_tokens: if cfg.typical_tokens > 0 { cfg.typical_tokens } else { cfg.hisparse.max_request_tokens },
         };
         let device = DeviceTier::new(backend.memory().clone(), plan.device_tier())?;
-        let (host, backup) = match cfg.mode {
-            Mode::Resident => (None, None),
+        let device_path = backend.prefers_device_selection();
+        let runtime = Runtime::new(RuntimeConfig {
+            eviction_policy: cfg.hisparse.eviction_policy.clone(),
+            policy_seed: cfg.hisparse.policy_seed,
+            max_running: 0,
+        })?;
+        let (host, backup, dswap) = match cfg.mode {
+            Mode::Resident => (None, None, None),
             Mode::HiSparse => {
-                let host = HostTier::new(&HostTierConfig {
+                let mut host = HostTier::new(&HostTierConfig {
                     bytes: plan.host_bytes,
                     layers: g.layers,
                     row_bytes: kv_row.row_bytes(),
                     page_tokens: cfg.hisparse.page_tokens,
                     path: cfg.hisparse.host_tier_path.clone(),
                 })?;
+                let dswap = if device_path {
+                    let dcfg = DeviceSwapInConfig {
+                        policy: Arc::clone(&runtime.policy),
+                        seats: device.config().seats,
+                        layers: g.layers,
+                        buffer_slots: cfg.hisparse.device_buffer_size,
+                        block_size: cfg.hisparse.swap_in_block_size,
+                        max_selected: g.top_k,
+                    };
+                    let d = backend.device_swap_in(&dcfg, &mut host)?;
+                    if d.is_none() {
+                        return Err(EngineError::Config {
+                            field: "backend",
+                            value: backend.name().into(),
+                            reason: "keeps selections on the device but has no device swap-in".into(),
+                        });
+                    }
+                    d
+                } else {
+                    None
+                };
                 let backup = BackupWorker::start(host.row_writer(), cfg.backup_delay)?;
-                (Some(host), Some(backup))
+                (Some(host), Some(backup), dswap)
             }
         };
         let mut capacity = plan.resources();
         if let Some(h) = &host {
             capacity.host_pages = h.total_pages();
         }
-        let runtime = Runtime::new(RuntimeConfig {
-            eviction_policy: cfg.hisparse.eviction_policy.clone(),
-            policy_seed: cfg.hisparse.policy_seed,
-            max_running: 0,
-        })?;
         let last_policy = Arc::clone(&runtime.policy);
         let workload = Workload::new(g, cfg.workload_seed);
         Ok(Self {
@@ -177,6 +206,8 @@ where
             trace: None,
             capture_next: false,
             scratch: None,
+            device_path,
+            dswap,
             cfg,
         })
     }

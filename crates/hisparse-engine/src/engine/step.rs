@@ -7,8 +7,9 @@
 use std::time::Instant;
 
 use half::bf16;
-use hisparse_kernels::{Backend, IndexerRequest, Span};
+use hisparse_kernels::{Backend, DeviceSwapIn, IndexerRequest, Span};
 use hisparse_memory::{DeviceMemory, RequestId};
+use rayon::prelude::*;
 
 use super::Engine;
 use crate::error::Result;
@@ -79,6 +80,14 @@ pub(super) struct StepBatch<M: DeviceMemory> {
     pub selections: Vec<u32>,
     pub sel_spans: Vec<Span>,
     pub locations: Vec<i32>,
+    /// Device path: every request's selection at `i * k` (`sel_dev_spans`), and the host form
+    /// of the short requests' selections (all their positions) for the layers to complete.
+    pub sel: M::Buffer<i32>,
+    pub sel_dev_spans: Vec<Span>,
+    pub sel_template: Vec<i32>,
+    /// Device path, resident mode: the KV page table and each request's first entry.
+    pub kv_table: M::Buffer<u32>,
+    pub kv_first: Vec<usize>,
 }
 
 /// Makes `buf` hold `len` elements (exactly, or at least), reallocating only when it must.
@@ -127,6 +136,9 @@ where
             for r in &mut self.running {
                 r.swap.iter_mut().for_each(|s| s.reset_policy());
             }
+            if let Some(d) = self.dswap.as_mut() {
+                d.set_policy(std::sync::Arc::clone(&rt.policy))?;
+            }
             self.last_policy = std::sync::Arc::clone(&rt.policy);
         }
         let t0 = Instant::now();
@@ -134,15 +146,20 @@ where
         if !self.running.is_empty() {
             let _span = tracing::info_span!("decode_step", step = self.step, batch = self.running.len()).entered();
             let t = Instant::now();
-            for r in &mut self.running {
-                self.workload.advance(r.spec.id.0, &mut r.drift);
-            }
+            let wl = &self.workload;
+            self.running.par_iter_mut().for_each(|r| wl.advance(r.spec.id.0, &mut r.drift));
             rep.metrics.stages.workload += secs(t);
             let mut sb = self.plan_batch()?;
-            let res =
-                (0..self.cfg.geometry.layers).try_for_each(|l| self.layer(l, rt.policy.as_ref(), &mut sb, &mut rep));
+            let res = (0..self.cfg.geometry.layers).try_for_each(|l| {
+                if self.device_path {
+                    self.layer_device(l, &mut sb, &mut rep)
+                } else {
+                    self.layer(l, rt.policy.as_ref(), &mut sb, &mut rep)
+                }
+            });
             self.scratch = Some(sb);
             res?;
+            self.finish_device_step(&mut rep.metrics)?;
             for r in &mut self.running {
                 r.seq_len += 1;
                 r.generated += 1;
@@ -211,6 +228,11 @@ where
                 out: mem.alloc_zeroed(0)?,
                 lse: mem.alloc_zeroed(0)?,
                 locs: mem.alloc_zeroed(0)?,
+                sel: mem.alloc_zeroed(0)?,
+                kv_table: mem.alloc_zeroed(0)?,
+                sel_dev_spans: Vec::new(),
+                sel_template: Vec::new(),
+                kv_first: Vec::new(),
                 stage_top: Vec::new(),
                 stage_q: Vec::new(),
                 stage_w: Vec::new(),
@@ -233,7 +255,24 @@ where
         fit(mem, &mut sb.out, n * g.q_heads * g.d_v(), true)?;
         fit(mem, &mut sb.lse, n * g.q_heads, true)?;
         let selected: usize = reqs.iter().map(|r| r.seq_len.min(k)).sum();
-        fit(mem, &mut sb.locs, selected, false)?;
+        if self.device_path {
+            fit(mem, &mut sb.locs, n * k, false)?;
+            // Exact: when every request is long, top-k writes into it whole.
+            fit(mem, &mut sb.sel, n * k, true)?;
+            sb.sel_dev_spans = reqs.iter().enumerate().map(|(i, r)| Span::new(i * k, r.seq_len.min(k))).collect();
+            sb.sel_template.clear();
+            if long.len() < n {
+                // Short requests select all their positions; long ones are filled per layer.
+                sb.sel_template.resize(n * k, 0);
+                for (i, r) in reqs.iter().enumerate().filter(|(_, r)| r.seq_len <= k) {
+                    sb.sel_template[i * k..i * k + r.seq_len].iter_mut().zip(0..).for_each(|(x, t)| *x = t);
+                }
+                mem.write(&mut sb.sel, 0, &sb.sel_template)?;
+            }
+            self.plan_device_step(&reqs, &mut sb)?;
+        } else {
+            fit(mem, &mut sb.locs, selected, false)?;
+        }
         sb.stage_top.resize(spans.len() * k, 0);
         sb.table = table;
         sb.reqs = reqs;

@@ -107,7 +107,7 @@ pub(super) fn indexer_scores(batch: &IndexerBatch<'_, EmulatedDevice>, scores: &
             for (h, wh) in w.iter().enumerate() {
                 s += wh * dot(&q[h * dim..(h + 1) * dim], &key).max(0.0);
             }
-            *o = scale * s;
+            *o = if batch.pin_newest && start + t + 1 == r.seq_len { f32::INFINITY } else { scale * s };
         }
     });
     Ok(())

@@ -28,6 +28,7 @@ impl CpuBackend {
 
 impl Backend for CpuBackend {
     type Memory = EmulatedDevice;
+    type SwapIn = crate::NoDeviceSwapIn;
 
     fn name(&self) -> &'static str {
         "cpu"

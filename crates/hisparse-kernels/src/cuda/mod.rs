@@ -5,19 +5,23 @@
 //! With cudarc's dynamic loading this module always compiles; on a machine without a driver or
 //! NVRTC every entry point returns [`KernelError::CudaUnavailable`].
 
+mod backend;
 mod backup;
 mod device;
 mod nvrtc;
 mod policy;
 mod sources;
 mod swap_in;
+mod swap_in_backend;
 
+pub use backend::CudaBackend;
 pub use backup::GpuBackup;
 pub use device::CudaDevice;
 pub use nvrtc::{ARCH, CompiledKernel, compile, cuda_include_dir, nvrtc_available, nvrtc_version};
 pub use policy::{GpuPolicyScalars, GpuSlotRecord, GpuStepCtx, GpuVictimKey};
 pub use sources::{KernelSource, all_sources, policy_harness, source};
 pub use swap_in::{GpuSwapIn, SwapOutputs, SwapParams, SwapReq, swap_in_source};
+pub use swap_in_backend::CudaSwapIn;
 
 use crate::error::KernelError;
 

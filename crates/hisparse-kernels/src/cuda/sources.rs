@@ -25,6 +25,26 @@ pub fn all_sources() -> Vec<KernelSource> {
         code: include_str!("../../kernels/backup.cu").to_owned(),
         kernels: &["scatter_rows", "delay_ns"],
     });
+    v.push(KernelSource {
+        name: "indexer".into(),
+        code: include_str!("../../kernels/indexer.cu").to_owned(),
+        kernels: &["indexer_scores"],
+    });
+    v.push(KernelSource {
+        name: "topk".into(),
+        code: include_str!("../../kernels/topk.cu").to_owned(),
+        kernels: &["top_k_select"],
+    });
+    v.push(KernelSource {
+        name: "attention".into(),
+        code: include_str!("../../kernels/attention.cu").to_owned(),
+        kernels: &["sparse_mla_decode", "merge_splits"],
+    });
+    v.push(KernelSource {
+        name: "rows".into(),
+        code: include_str!("../../kernels/rows.cu").to_owned(),
+        kernels: &["write_rows", "locate_rows", "fill_unit_bf16"],
+    });
     for p in hisparse_policy::policy::builtin(0) {
         if let Some(src) = policy_harness(p.as_ref()) {
             v.push(src);

@@ -5,7 +5,9 @@
 use std::sync::Arc;
 
 use cudarc::driver::sys::CUfunction_attribute_enum;
-use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits};
+use cudarc::driver::{
+    CudaFunction, CudaSlice, CudaStream, CudaView, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits,
+};
 use hisparse_policy::{EvictionPolicy, PolicyScalars, SlotRecord};
 
 use super::device::CudaDevice;
@@ -240,7 +242,7 @@ impl GpuSwapIn {
         layer: usize,
         reqs: &[SwapReq],
         reqs_d: &CudaSlice<SwapReq>,
-        selections: &CudaSlice<u32>,
+        selections: &CudaView<'_, u32>,
         host_pages: &CudaSlice<u32>,
         host: (u64, usize, usize, usize),
         hot_rows: &mut CudaSlice<u8>,

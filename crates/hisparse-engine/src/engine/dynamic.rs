@@ -1,0 +1,81 @@
+//! `DecodeEngine`: the engine's driving interface as a trait object, so that a program picks
+//! the backend at run time (`Box<dyn DecodeEngine>` over `Engine<CpuBackend>` or
+//! `Engine<CudaBackend>`) and drives either with the same code.
+
+use std::io::Write;
+
+use hisparse_kernels::Backend;
+use hisparse_memory::RequestId;
+
+use super::{Engine, EngineConfig, StepReport};
+use crate::error::Result;
+use crate::request::{Outcome, RequestSpec};
+
+/// What a program needs of an engine, whatever its backend.
+pub trait DecodeEngine {
+    /// The backend's name.
+    fn backend_name(&self) -> &'static str;
+    /// See [`Engine::config`].
+    fn config(&self) -> &EngineConfig;
+    /// See [`Engine::submit`].
+    fn submit(&mut self, spec: RequestSpec) -> Result<()>;
+    /// See [`Engine::step`].
+    fn step(&mut self) -> Result<StepReport>;
+    /// See [`Engine::is_idle`].
+    fn is_idle(&self) -> bool;
+    /// See [`Engine::outcomes`].
+    fn outcomes(&self) -> &[(RequestId, Outcome)];
+    /// See [`Engine::check_pools`].
+    fn check_pools(&self) -> Result<()>;
+    /// See [`Engine::record_trace`].
+    fn record_trace(&mut self, out: Box<dyn Write + Send>) -> Result<()>;
+    /// See [`Engine::finish_trace`].
+    fn finish_trace(&mut self) -> Result<()>;
+    /// See [`Engine::capture_next_step`].
+    fn capture_next_step(&mut self);
+}
+
+impl<B: Backend> DecodeEngine for Engine<B>
+where
+    B::Memory: Clone,
+{
+    fn backend_name(&self) -> &'static str {
+        self.backend.name()
+    }
+
+    fn config(&self) -> &EngineConfig {
+        Engine::config(self)
+    }
+
+    fn submit(&mut self, spec: RequestSpec) -> Result<()> {
+        Engine::submit(self, spec)
+    }
+
+    fn step(&mut self) -> Result<StepReport> {
+        Engine::step(self)
+    }
+
+    fn is_idle(&self) -> bool {
+        Engine::is_idle(self)
+    }
+
+    fn outcomes(&self) -> &[(RequestId, Outcome)] {
+        Engine::outcomes(self)
+    }
+
+    fn check_pools(&self) -> Result<()> {
+        Engine::check_pools(self)
+    }
+
+    fn record_trace(&mut self, out: Box<dyn Write + Send>) -> Result<()> {
+        Engine::record_trace(self, out)
+    }
+
+    fn finish_trace(&mut self) -> Result<()> {
+        Engine::finish_trace(self)
+    }
+
+    fn capture_next_step(&mut self) {
+        Engine::capture_next_step(self);
+    }
+}

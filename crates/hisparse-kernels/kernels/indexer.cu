@@ -1,0 +1,170 @@
+// The lightning indexer on tensor cores: s_t = scale_t * sum_h w_h * relu(q_h . k~_t) for every
+// position t of every request, k~_t the key's e4m3 values (converted exactly to bf16), q_h bf16,
+// products summed in fp32 by mma.sync.m16n8k16 (the sum order differs from the CPU twin's, so
+// scores agree within fp32 rounding, not bit for bit).
+//
+// Work split: a warp scores 32 positions at a time (two 16-row MMA tiles) for all heads; the
+// block's warps stride over a request's 32-position chunks; gridDim.x blocks share a request.
+// Keys (132 B: 128 e4m3 + f32 scale) are read a row per load instruction (coalesced 128 B) into
+// a per-warp staging tile, transposed through shared memory into MMA fragments. The dot product
+// is order-free, so dims are permuted: thread (g, tig) of the warp owns dims 32*tig..32*tig+31 of
+// rows g and g+8, and k-step kk uses its dims 32*tig + 4*kk .. +3 — the same permutation is
+// applied to the queries (stored in shared memory in fragment order, conflict-free).
+//
+// Invariant: index_dim is 128 and heads a multiple of 8 (the launcher checks).
+
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+
+struct IndexerReq {
+    unsigned first_page;
+    unsigned seq_len;
+    unsigned score_offset;
+    unsigned pad;
+};
+
+#define DIM 128
+#define KEY_WORDS 33  // 132 B
+#define WARPS 4
+
+__device__ __forceinline__ unsigned bf16x2_from_e4m3x2(unsigned short v) {
+    __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)v, __NV_E4M3);
+    float2 f = __half22float2(*reinterpret_cast<__half2*>(&h));
+    __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);  // exact: e4m3 values fit bf16
+    return *reinterpret_cast<unsigned*>(&b);
+}
+
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, unsigned bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"((unsigned)__cvta_generic_to_shared(dst)),
+                 "l"(src), "r"(bytes));
+}
+
+__device__ __forceinline__ void mma_bf16(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Grid (blocks_per_request, requests); WARPS warps per block. Dynamic shared memory:
+// heads * 256 B of query fragments, heads * 4 B of weights, WARPS * 2 * 32 * 33 words of staging.
+extern "C" __global__ void __launch_bounds__(WARPS * 32) indexer_scores(
+    const __nv_bfloat16* __restrict__ queries,  // [n, heads, 128]
+    const float* __restrict__ weights,          // [n, heads]
+    const unsigned char* __restrict__ keys,     // pool of 132 B rows
+    const unsigned* __restrict__ page_table,
+    const IndexerReq* __restrict__ reqs,
+    float* __restrict__ scores,
+    unsigned heads,
+    unsigned page_tokens,
+    unsigned pool_pages,
+    unsigned pin_newest,
+    unsigned* __restrict__ fault) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    uint2* qfrag = reinterpret_cast<uint2*>(smem);                        // [heads/8][8][32]
+    float* w = reinterpret_cast<float*>(smem + heads * 256);             // [heads]
+    unsigned* stage = reinterpret_cast<unsigned*>(smem + heads * 260);   // [WARPS][2][32][33]
+    const unsigned lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const unsigned g = lane >> 2, tig = lane & 3;
+    const unsigned i = blockIdx.y;
+    const IndexerReq r = reqs[i];
+
+    // Query fragments: entry (nt, kk, lane') holds q[8nt + g'][32 tig' + 4 kk .. +3].
+    const __nv_bfloat16* q = queries + (size_t)i * heads * DIM;
+    for (unsigned e = threadIdx.x; e < heads * 32; e += blockDim.x) {
+        unsigned l2 = e & 31, kk = (e >> 5) & 7, nt = e >> 8;
+        unsigned h = 8 * nt + (l2 >> 2), d = 32 * (l2 & 3) + 4 * kk;
+        qfrag[e] = *reinterpret_cast<const uint2*>(q + (size_t)h * DIM + d);
+    }
+    for (unsigned h = threadIdx.x; h < heads; h += blockDim.x) w[h] = weights[(size_t)i * heads + h];
+    __syncthreads();
+
+    // Two staging tiles per warp: the next chunk's rows are copied (cp.async, 4 B each, zero
+    // filled past the end) while this one is computed.
+    unsigned* st2 = stage + warp * 2 * 32 * KEY_WORDS;
+    const unsigned chunks = (r.seq_len + 31) / 32;
+    const unsigned stride = gridDim.x * WARPS;
+    // Lane j's row of chunk c (-1 past the end or on a bad page): looked up one chunk ahead of
+    // its copies, so that the page-table read is not waited for.
+    auto lookup = [&](unsigned c) -> long long {
+        unsigned t = c * 32 + lane;
+        if (c >= chunks || t >= r.seq_len) return -1;
+        unsigned page = page_table[r.first_page + t / page_tokens];
+        if (page < pool_pages) return (long long)page * page_tokens + t % page_tokens;
+        atomicOr(fault, 1u);
+        return -1;
+    };
+    auto issue = [&](long long row, unsigned buf) {
+        unsigned* st = st2 + buf * 32 * KEY_WORDS;
+        #pragma unroll 8
+        for (unsigned j = 0; j < 32; ++j) {
+            long long rj = __shfl_sync(0xffffffffu, row, j);
+            const unsigned char* src = rj >= 0 ? keys + rj * 132 + 4 * lane : keys;
+            cp_async4(st + j * KEY_WORDS + lane, src, rj >= 0 ? 4u : 0u);
+        }
+        cp_async4(st + lane * KEY_WORDS + 32, row >= 0 ? keys + row * 132 + 128 : keys, row >= 0 ? 4u : 0u);
+        asm volatile("cp.async.commit_group;\n" ::);
+    };
+    unsigned c = blockIdx.x * WARPS + warp;
+    if (c < chunks) issue(lookup(c), 0);
+    long long ahead = lookup(c + stride);
+    for (unsigned buf = 0; c < chunks; c += stride, buf ^= 1) {
+        if (c + stride < chunks) {
+            issue(ahead, buf ^ 1);
+            ahead = lookup(c + 2 * stride);
+            asm volatile("cp.async.wait_group 1;\n" ::);
+        } else {
+            asm volatile("cp.async.wait_group 0;\n" ::);
+        }
+        __syncwarp();
+        const unsigned* st = st2 + buf * 32 * KEY_WORDS;
+        // A fragments of both 16-row tiles.
+        unsigned a[2][8][4];
+        #pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+            #pragma unroll
+            for (int kk = 0; kk < 8; ++kk) {
+                unsigned lo = st[(16 * mt + g) * KEY_WORDS + 8 * tig + kk];
+                unsigned hi = st[(16 * mt + g + 8) * KEY_WORDS + 8 * tig + kk];
+                a[mt][kk][0] = bf16x2_from_e4m3x2((unsigned short)(lo & 0xffff));
+                a[mt][kk][1] = bf16x2_from_e4m3x2((unsigned short)(hi & 0xffff));
+                a[mt][kk][2] = bf16x2_from_e4m3x2((unsigned short)(lo >> 16));
+                a[mt][kk][3] = bf16x2_from_e4m3x2((unsigned short)(hi >> 16));
+            }
+        }
+        float part[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
+        #pragma unroll 2
+        for (unsigned nt = 0; nt < heads / 8; ++nt) {
+            float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+            #pragma unroll
+            for (int kk = 0; kk < 8; ++kk) {
+                uint2 b = qfrag[(nt * 8 + kk) * 32 + lane];
+                mma_bf16(acc[0], a[0][kk], b.x, b.y);
+                mma_bf16(acc[1], a[1][kk], b.x, b.y);
+            }
+            float w0 = w[8 * nt + 2 * tig], w1 = w[8 * nt + 2 * tig + 1];
+            #pragma unroll
+            for (int mt = 0; mt < 2; ++mt) {
+                part[mt][0] += w0 * fmaxf(acc[mt][0], 0.f) + w1 * fmaxf(acc[mt][1], 0.f);
+                part[mt][1] += w0 * fmaxf(acc[mt][2], 0.f) + w1 * fmaxf(acc[mt][3], 0.f);
+            }
+        }
+        #pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+            #pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+                float v = part[mt][hf];
+                v += __shfl_xor_sync(0xffffffffu, v, 1);
+                v += __shfl_xor_sync(0xffffffffu, v, 2);
+                unsigned rr = 16 * mt + 8 * hf + g;
+                unsigned pos = c * 32 + rr;
+                if (tig == 0 && pos < r.seq_len) {
+                    float scale = __uint_as_float(st[rr * KEY_WORDS + 32]);
+                    scores[r.score_offset + pos] = pin_newest && pos + 1 == r.seq_len ? __int_as_float(0x7f800000) : scale * v;
+                }
+            }
+        }
+        __syncwarp();
+    }
+}

@@ -1,0 +1,156 @@
+//! `CudaSwapIn`: [`GpuSwapIn`] behind the backend-neutral [`DeviceSwapIn`] interface the engine
+//! drives — the host tier registered as mapped memory, the step's requests and host pages
+//! uploaded once per step, each layer's hit/miss counts gathered on the device and read once at
+//! the end of the step.
+
+use std::sync::Arc;
+
+use cudarc::driver::CudaSlice;
+use hisparse_memory::HostTier;
+use hisparse_memory::cuda::CudaMemory;
+use hisparse_policy::EvictionPolicy;
+
+use super::device::CudaDevice;
+use super::driver_error;
+use super::swap_in::{GpuSwapIn, SwapOutputs, SwapReq};
+use crate::device_swap_in::{DeviceSwapCounts, DeviceSwapIn, DeviceSwapInConfig, DeviceSwapReq};
+use crate::error::{KernelError, Result};
+
+/// The CUDA device swap-in.
+pub struct CudaSwapIn {
+    dev: Arc<CudaDevice>,
+    gpu: GpuSwapIn,
+    /// Mapped host-tier address, pages per layer, row bytes, positions per page.
+    host: (u64, usize, usize, usize),
+    reqs: Vec<SwapReq>,
+    reqs_d: Option<CudaSlice<SwapReq>>,
+    pages_d: CudaSlice<u32>,
+    out: SwapOutputs,
+    /// Hits, misses, evictions of every request of every launched layer of the step.
+    counts: CudaSlice<u32>,
+    launched: usize,
+    layers: usize,
+}
+
+impl CudaSwapIn {
+    /// Registers `host` with the device and sets up the swap-in state.
+    pub fn new(dev: &Arc<CudaDevice>, cfg: &DeviceSwapInConfig, host: &mut HostTier) -> Result<Self> {
+        let base = host.register_cuda(dev.context())?;
+        let gpu = GpuSwapIn::new(
+            dev,
+            Arc::clone(&cfg.policy),
+            cfg.seats,
+            cfg.layers,
+            cfg.buffer_slots,
+            cfg.block_size,
+            cfg.max_selected,
+        )?;
+        let s = dev.stream();
+        Ok(Self {
+            dev: Arc::clone(dev),
+            gpu,
+            host: (base, host.total_pages(), host.row_bytes(), host.page_tokens()),
+            reqs: Vec::new(),
+            reqs_d: None,
+            pages_d: s.alloc_zeros(1).map_err(driver_error("host pages"))?,
+            out: SwapOutputs::new(s, 1, 1)?,
+            counts: s.alloc_zeros(3).map_err(driver_error("swap-in counts"))?,
+            launched: 0,
+            layers: cfg.layers,
+        })
+    }
+}
+
+impl DeviceSwapIn<CudaMemory> for CudaSwapIn {
+    fn reset_seat(&mut self, seat: usize, preload: usize) -> Result<()> {
+        self.gpu.reset_seat(seat, preload)
+    }
+
+    fn set_policy(&mut self, policy: Arc<dyn EvictionPolicy>) -> Result<()> {
+        self.gpu.reset_policy(policy, &self.dev)
+    }
+
+    fn begin_step(&mut self, reqs: &[DeviceSwapReq], host_pages: &[u32]) -> Result<()> {
+        self.reqs = reqs
+            .iter()
+            .map(|r| SwapReq {
+                seat: r.seat,
+                seq_len: r.seq_len,
+                step: r.step,
+                sel_offset: r.sel_offset,
+                sel_len: r.sel_len,
+                page_offset: r.page_offset,
+                request: r.request,
+            })
+            .collect();
+        self.launched = 0;
+        if reqs.is_empty() {
+            return Ok(());
+        }
+        let s = self.dev.stream();
+        self.reqs_d = Some(self.gpu.upload_requests(&self.reqs)?);
+        self.pages_d = s.clone_htod(host_pages).map_err(driver_error("host pages"))?;
+        let selected = reqs.iter().map(|r| (r.sel_offset + r.sel_len) as usize).max().unwrap_or(0);
+        if self.out.miss_tokens.len() < selected || self.out.counts.len() < 3 * reqs.len() {
+            self.out = SwapOutputs::new(s, reqs.len().next_power_of_two(), selected.next_power_of_two())?;
+        }
+        let need = 3 * reqs.len() * self.layers;
+        if self.counts.len() < need {
+            self.counts = s.alloc_zeros(need).map_err(driver_error("swap-in counts"))?;
+        }
+        Ok(())
+    }
+
+    fn launch(
+        &mut self,
+        layer: usize,
+        selections: &CudaSlice<i32>,
+        hot: &mut CudaSlice<u8>,
+        locations: &mut CudaSlice<i32>,
+    ) -> Result<()> {
+        let Some(reqs_d) = self.reqs_d.as_ref() else {
+            return Err(KernelError::invalid("begin_step", "missing", "launch before the step's requests"));
+        };
+        if self.reqs.is_empty() {
+            return Ok(());
+        }
+        if self.launched >= self.layers {
+            return Err(KernelError::invalid("layer", layer, "more launches than layers in one step"));
+        }
+        // SAFETY: positions are non-negative i32s; u32 has the same size and alignment.
+        let sels = unsafe { selections.transmute::<u32>(selections.len()) }
+            .ok_or_else(|| KernelError::invalid("selections", selections.len(), "cannot be viewed as u32"))?;
+        // The kernel writes locations into the swap-in's output; lend it the caller's buffer.
+        std::mem::swap(&mut self.out.locations, locations);
+        let r = self.gpu.launch(layer, &self.reqs, reqs_d, &sels, &self.pages_d, self.host, hot, &mut self.out);
+        std::mem::swap(&mut self.out.locations, locations);
+        r?;
+        let n3 = 3 * self.reqs.len();
+        let at = self.launched * n3;
+        self.dev
+            .stream()
+            .memcpy_dtod(&self.out.counts.slice(..n3), &mut self.counts.slice_mut(at..at + n3))
+            .map_err(driver_error("swap-in counts"))?;
+        self.launched += 1;
+        Ok(())
+    }
+
+    fn end_step(&mut self) -> Result<DeviceSwapCounts> {
+        let n3 = 3 * self.reqs.len() * self.launched;
+        let mut c = DeviceSwapCounts::default();
+        if n3 == 0 {
+            return Ok(c);
+        }
+        let mut host = vec![0u32; n3];
+        let s = self.dev.stream();
+        s.memcpy_dtoh(&self.counts.slice(..n3), &mut host).map_err(driver_error("swap-in counts"))?;
+        s.synchronize().map_err(driver_error("synchronize"))?;
+        for x in host.chunks_exact(3) {
+            c.hits += u64::from(x[0]);
+            c.misses += u64::from(x[1]);
+            c.max_misses = c.max_misses.max(u64::from(x[1]));
+        }
+        c.bytes_h2d = c.misses * self.host.2 as u64;
+        Ok(c)
+    }
+}

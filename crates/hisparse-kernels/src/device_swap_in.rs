@@ -1,0 +1,114 @@
+//! `DeviceSwapIn`: a swap-in whose state (slot tables, policy records) lives on the device and
+//! whose decisions and miss copies run there, as one launch per layer for the batch — the
+//! interface the engine drives when its backend has one ([`crate::Backend::device_swap_in`]).
+//! It makes exactly the host swap-in's decisions (`hisparse_policy::SwapInState::step`).
+
+use std::sync::Arc;
+
+use hisparse_memory::DeviceMemory;
+use hisparse_policy::EvictionPolicy;
+
+use crate::error::Result;
+
+/// How a device swap-in is sized.
+#[derive(Clone, Debug)]
+pub struct DeviceSwapInConfig {
+    /// The eviction policy (it must have a GPU form).
+    pub policy: Arc<dyn EvictionPolicy>,
+    /// Hot-buffer seats (requests at once).
+    pub seats: usize,
+    /// Layers.
+    pub layers: usize,
+    /// Regular slots per hot buffer (the reserved newest slot comes on top).
+    pub buffer_slots: usize,
+    /// Threads per request of the decision kernel.
+    pub block_size: usize,
+    /// Most selected tokens of one request (top-k).
+    pub max_selected: usize,
+}
+
+/// One request of a step, for every layer of it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeviceSwapReq {
+    /// Hot-buffer seat.
+    pub seat: u32,
+    /// Tokens in the sequence (the newest, `seq_len - 1`, included).
+    pub seq_len: u32,
+    /// The request's decode step (from 1).
+    pub step: u32,
+    /// First selected position in the selection buffer (also where its locations go).
+    pub sel_offset: u32,
+    /// Selected positions (strictly ascending).
+    pub sel_len: u32,
+    /// First of its host pages in the step's host-page list.
+    pub page_offset: u32,
+    /// Request id.
+    pub request: u64,
+}
+
+/// Hits and misses a device swap-in counted over a step.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeviceSwapCounts {
+    /// Selected tokens found in the hot buffer.
+    pub hits: u64,
+    /// Selected tokens copied from the host tier.
+    pub misses: u64,
+    /// The most misses of one (request, layer).
+    pub max_misses: u64,
+    /// Bytes copied host → device.
+    pub bytes_h2d: u64,
+}
+
+/// A device swap-in over memory `M`. Calls of one step: [`DeviceSwapIn::begin_step`], then
+/// [`DeviceSwapIn::launch`] per layer, then [`DeviceSwapIn::end_step`].
+pub trait DeviceSwapIn<M: DeviceMemory>: Send {
+    /// Empties `seat` in every layer for a new request; tokens `0..preload` are already in
+    /// slots `0..preload` (a prompt that fits the buffer).
+    fn reset_seat(&mut self, seat: usize, preload: usize) -> Result<()>;
+
+    /// Switches the policy; every buffer's records are rebuilt from the slots' contents.
+    fn set_policy(&mut self, policy: Arc<dyn EvictionPolicy>) -> Result<()>;
+
+    /// The step's requests and their host pages (concatenated; see `page_offset`).
+    fn begin_step(&mut self, reqs: &[DeviceSwapReq], host_pages: &[u32]) -> Result<()>;
+
+    /// The swap-in of `layer`: selections (positions, per request from its `sel_offset`) →
+    /// `locations` (the hot-buffer row of each selected token, same indexing); missed rows are
+    /// copied from the host tier into `hot`, the layer's hot-buffer pool.
+    fn launch(
+        &mut self,
+        layer: usize,
+        selections: &M::Buffer<i32>,
+        hot: &mut M::Buffer<u8>,
+        locations: &mut M::Buffer<i32>,
+    ) -> Result<()>;
+
+    /// Waits for the step's launches and returns what they counted.
+    fn end_step(&mut self) -> Result<DeviceSwapCounts>;
+}
+
+/// The device swap-in of a backend that has none: it cannot be built.
+#[derive(Debug)]
+pub enum NoDeviceSwapIn {}
+
+impl<M: DeviceMemory> DeviceSwapIn<M> for NoDeviceSwapIn {
+    fn reset_seat(&mut self, _: usize, _: usize) -> Result<()> {
+        match *self {}
+    }
+
+    fn set_policy(&mut self, _: Arc<dyn EvictionPolicy>) -> Result<()> {
+        match *self {}
+    }
+
+    fn begin_step(&mut self, _: &[DeviceSwapReq], _: &[u32]) -> Result<()> {
+        match *self {}
+    }
+
+    fn launch(&mut self, _: usize, _: &M::Buffer<i32>, _: &mut M::Buffer<u8>, _: &mut M::Buffer<i32>) -> Result<()> {
+        match *self {}
+    }
+
+    fn end_step(&mut self) -> Result<DeviceSwapCounts> {
+        match *self {}
+    }
+}

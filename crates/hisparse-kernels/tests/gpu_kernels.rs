@@ -1,0 +1,287 @@
+//! The CUDA backend's kernels against their CPU twins on random data: indexer scores within fp32
+//! rounding, top-k selections identical (ties, infinities, NaN, 2048 of 128k), sparse attention
+//! within the bf16 tolerance for bf16 and fp8 rows at 16, 64 and 128 heads with and without
+//! splits, placement independence bit for bit, and out-of-range locations reported as faults.
+#![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
+
+use half::bf16;
+use hisparse_kernels::cuda::CudaBackend;
+use hisparse_kernels::random;
+use hisparse_kernels::{AttentionBatch, Backend, CpuBackend, IndexerBatch, IndexerRequest, Span};
+use hisparse_memory::{DeviceMemory, IndexKeyLayout, KvRowFormat, KvRowLayout};
+use rand::Rng;
+use rand::seq::SliceRandom;
+
+fn gpu() -> CudaBackend {
+    CudaBackend::new(0).expect("a CUDA GPU")
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_indexer_matches_the_cpu_indexer() {
+    let (cpu, gpu) = (CpuBackend::new(), gpu());
+    let mem = gpu.memory().clone();
+    let key = IndexKeyLayout::new(128).unwrap();
+    for (heads, lens) in [(64usize, vec![1usize, 31, 4097, 20_000]), (32, vec![70_000, 5]), (8, vec![300])] {
+        let mut rng = random::rng(heads as u64);
+        let p = 64;
+        let pages: usize = lens.iter().map(|n| n.div_ceil(p)).sum::<usize>() + 7;
+        let pool = random::index_key_pool(&mut rng, key, pages * p).unwrap();
+        let mut ids: Vec<u32> = (0..pages as u32).collect();
+        ids.shuffle(&mut rng);
+        let q = random::normal_bf16(&mut rng, lens.len() * heads * 128, 1.0);
+        let w = random::head_weights(&mut rng, lens.len() * heads);
+        let (mut requests, mut table, mut offset) = (Vec::new(), Vec::new(), 3);
+        for &n in &lens {
+            requests.push(IndexerRequest { first_page: table.len(), seq_len: n, score_offset: offset });
+            table.extend(ids.drain(..n.div_ceil(p)));
+            offset += n + 5;
+        }
+        let mut want = vec![-7f32; offset];
+        let batch = IndexerBatch {
+            heads,
+            key_layout: key,
+            queries: &q,
+            weights: &w,
+            keys: &pool,
+            page_tokens: p,
+            page_table: &table,
+            requests: &requests,
+            pin_newest: heads == 32,
+        };
+        cpu.indexer_scores(&batch, &mut want).unwrap();
+        let (qd, wd, kd, td) =
+            (mem.upload(&q).unwrap(), mem.upload(&w).unwrap(), mem.upload(&pool).unwrap(), mem.upload(&table).unwrap());
+        let mut got_d = mem.upload(&vec![-7f32; offset]).unwrap();
+        let batch = IndexerBatch {
+            heads,
+            key_layout: key,
+            queries: &qd,
+            weights: &wd,
+            keys: &kd,
+            page_tokens: p,
+            page_table: &td,
+            requests: &requests,
+            pin_newest: heads == 32,
+        };
+        gpu.indexer_scores(&batch, &mut got_d).unwrap();
+        gpu.finish_step().unwrap();
+        let got = mem.download(&got_d).unwrap();
+        let max = want.iter().filter(|x| x.is_finite()).fold(0f32, |m, x| m.max(x.abs()));
+        assert!(max > 1.0, "scores are not trivial");
+        assert_eq!(want.iter().filter(|x| x.is_infinite()).count(), if heads == 32 { 2 } else { 0 });
+        for (i, (g, c)) in got.iter().zip(&want).enumerate() {
+            assert!(g == c || (g - c).abs() <= 2e-5 * max, "heads {heads}, score {i}: gpu {g} vs cpu {c}");
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_top_k_selects_exactly_what_the_cpu_selects() {
+    let (cpu, gpu) = (CpuBackend::new(), gpu());
+    let mem = gpu.memory().clone();
+    let mut rng = random::rng(5);
+    // Quantised scores make many ties; a few infinities and NaNs too.
+    let lens = [131_072usize, 2048, 5000, 65_537, 2049];
+    let total: usize = lens.iter().sum::<usize>() + 10;
+    let mut scores: Vec<f32> = (0..total).map(|_| (rng.random::<f32>() * 300.0).round() / 8.0 - 10.0).collect();
+    for _ in 0..50 {
+        let i = rng.random_range(0..total);
+        scores[i] = [f32::INFINITY, f32::NEG_INFINITY, f32::NAN, -0.0, 0.0][rng.random_range(0..5)];
+    }
+    let mut spans = Vec::new();
+    let mut at = 4;
+    for &n in &lens {
+        spans.push(Span::new(at, n));
+        at += n + 1;
+    }
+    for k in [2048usize, 1, 777] {
+        let mut want = vec![0i32; spans.len() * k];
+        cpu.top_k(&scores, &spans, k, &mut want).unwrap();
+        let sd = mem.upload(&scores).unwrap();
+        let mut got = mem.upload(&vec![-1i32; spans.len() * k]).unwrap();
+        gpu.top_k(&sd, &spans, k, &mut got).unwrap();
+        gpu.finish_step().unwrap();
+        assert_eq!(mem.download(&got).unwrap(), want, "k = {k}");
+    }
+    let sd = mem.upload(&scores).unwrap();
+    let mut out = mem.alloc_zeroed::<i32>(4096).unwrap();
+    assert!(gpu.top_k(&sd, &[Span::new(0, 10)], 4096, &mut out).is_err(), "k above the length is refused");
+}
+
+/// Random queries, a pool of rows and per-request selections of distinct rows.
+struct AttnCase {
+    heads: usize,
+    layout: KvRowLayout,
+    q: Vec<bf16>,
+    pool: Vec<u8>,
+    locs: Vec<i32>,
+    sels: Vec<Span>,
+}
+
+fn attn_case(seed: u64, heads: usize, format: KvRowFormat, lens: &[usize]) -> AttnCase {
+    let mut rng = random::rng(seed);
+    let layout = KvRowLayout::new(format, 512, 64).unwrap();
+    let rows = 3000;
+    let (pool, _) = random::kv_pool(&mut rng, layout, rows).unwrap();
+    let q = random::normal_bf16(&mut rng, lens.len() * heads * 576, 1.0);
+    let (mut locs, mut sels) = (Vec::new(), Vec::new());
+    let mut all: Vec<i32> = (0..rows as i32).collect();
+    for &n in lens {
+        all.shuffle(&mut rng);
+        sels.push(Span::new(locs.len(), n));
+        locs.extend_from_slice(&all[..n]);
+    }
+    AttnCase { heads, layout, q, pool, locs, sels }
+}
+
+fn run_cpu(c: &AttnCase) -> (Vec<f32>, Vec<f32>) {
+    let n = c.sels.len();
+    let (mut out, mut lse) = (vec![0f32; n * c.heads * 512], vec![0f32; n * c.heads]);
+    let b = AttentionBatch {
+        heads: c.heads,
+        layout: c.layout,
+        softmax_scale: 1.0 / 24.0,
+        queries: &c.q,
+        rows: &c.pool,
+        locations: &c.locs,
+        selections: &c.sels,
+    };
+    CpuBackend::new().sparse_attention(&b, &mut out, &mut lse).unwrap();
+    (out, lse)
+}
+
+fn run_gpu(gpu: &CudaBackend, c: &AttnCase, pool: &[u8], locs: &[i32]) -> (Vec<f32>, Vec<f32>) {
+    let mem = gpu.memory();
+    let n = c.sels.len();
+    let (qd, pd, ld) = (mem.upload(&c.q).unwrap(), mem.upload(pool).unwrap(), mem.upload(locs).unwrap());
+    let mut out = mem.upload(&vec![f32::NAN; n * c.heads * 512]).unwrap();
+    let mut lse = mem.upload(&vec![f32::NAN; n * c.heads]).unwrap();
+    let b = AttentionBatch {
+        heads: c.heads,
+        layout: c.layout,
+        softmax_scale: 1.0 / 24.0,
+        queries: &qd,
+        rows: &pd,
+        locations: &ld,
+        selections: &c.sels,
+    };
+    gpu.sparse_attention(&b, &mut out, &mut lse).unwrap();
+    gpu.finish_step().unwrap();
+    (mem.download(&out).unwrap(), mem.download(&lse).unwrap())
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_attention_matches_the_cpu_attention_within_bf16_tolerance() {
+    for (seed, heads, format) in [(1, 128, KvRowFormat::Fp8), (2, 64, KvRowFormat::Bf16), (3, 16, KvRowFormat::Fp8)] {
+        let c = attn_case(seed, heads, format, &[2048, 100, 1, 0, 2047, 33]);
+        let (want, want_lse) = run_cpu(&c);
+        for splits in [1usize, 0, 7] {
+            let gpu = gpu().with_splits(splits);
+            let (got, lse) = run_gpu(&gpu, &c, &c.pool, &c.locs);
+            let max = want.iter().fold(0f32, |m, x| m.max(x.abs()));
+            assert!(max > 0.01, "outputs are not trivial");
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                // P is rounded to bf16 before P V: at most 2^-9 of the weights' mass.
+                assert!(
+                    (g - w).abs() <= 4e-3 * max + 1e-5,
+                    "{format} heads {heads} splits {splits} out[{i}]: {g} vs {w}"
+                );
+            }
+            for (i, (g, w)) in lse.iter().zip(&want_lse).enumerate() {
+                let ok = if w.is_infinite() { g == w } else { (g - w).abs() <= 1e-4 * w.abs().max(1.0) };
+                assert!(ok, "{format} heads {heads} splits {splits} lse[{i}]: {g} vs {w}");
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_attention_does_not_depend_on_where_rows_live() {
+    let c = attn_case(9, 128, KvRowFormat::Fp8, &[2048, 700, 2048]);
+    let gpu = gpu();
+    let (a, la) = run_gpu(&gpu, &c, &c.pool, &c.locs);
+    // The same rows, moved: reversed pool order.
+    let rb = c.layout.row_bytes();
+    let rows = c.pool.len() / rb;
+    let moved: Vec<u8> = c.pool.chunks(rb).rev().flatten().copied().collect();
+    let locs: Vec<i32> = c.locs.iter().map(|&l| rows as i32 - 1 - l).collect();
+    let (b, lb) = run_gpu(&gpu, &c, &moved, &locs);
+    assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()), "outputs differ in bits");
+    assert!(la.iter().zip(&lb).all(|(x, y)| x.to_bits() == y.to_bits()), "LSEs differ in bits");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_attention_reports_out_of_range_locations() {
+    let mut c = attn_case(4, 64, KvRowFormat::Fp8, &[64]);
+    c.locs[10] = 1 << 30;
+    let gpu = gpu();
+    let mem = gpu.memory();
+    let (qd, pd, ld) = (mem.upload(&c.q).unwrap(), mem.upload(&c.pool).unwrap(), mem.upload(&c.locs).unwrap());
+    let (mut out, mut lse) = (mem.alloc_zeroed(64 * 512).unwrap(), mem.alloc_zeroed(64).unwrap());
+    let b = AttentionBatch {
+        heads: 64,
+        layout: c.layout,
+        softmax_scale: 0.1,
+        queries: &qd,
+        rows: &pd,
+        locations: &ld,
+        selections: &c.sels,
+    };
+    gpu.sparse_attention(&b, &mut out, &mut lse).unwrap();
+    let e = gpu.finish_step().unwrap_err();
+    assert!(e.to_string().contains("locations"), "{e}");
+    gpu.finish_step().expect("the fault is reported once");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_step_helpers_match_their_host_forms() {
+    let (cpu, gpu) = (CpuBackend::new(), gpu());
+    let mem = gpu.memory().clone();
+    // The unit stream, bit for bit (odd lengths too).
+    let seeds = [1u64, 0xdead_beef, u64::MAX, 77];
+    for len in [576usize * 16, 129] {
+        let mut want = vec![bf16::ZERO; seeds.len() * len];
+        cpu.fill_unit_bf16(&seeds, len, &mut want).unwrap();
+        let mut got = mem.alloc_zeroed::<bf16>(seeds.len() * len).unwrap();
+        gpu.fill_unit_bf16(&seeds, len, &mut got).unwrap();
+        let got = mem.download(&got).unwrap();
+        assert!(want.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()), "len {len}");
+        assert!(want.iter().any(|x| x.to_f32().abs() > 1.0));
+    }
+    // Batched row writes (132 B keys and 656 B rows).
+    let mut rng = random::rng(3);
+    for row_bytes in [132usize, 656] {
+        let mut pool_c = vec![0u8; 100 * row_bytes];
+        rng.fill(&mut pool_c[..]);
+        let mut pool_g = mem.upload(&pool_c).unwrap();
+        let rows: Vec<u32> = vec![5, 99, 0, 42, 43];
+        let mut data = vec![0u8; rows.len() * row_bytes];
+        rng.fill(&mut data[..]);
+        cpu.write_rows(&mut pool_c, row_bytes, &rows, &data).unwrap();
+        gpu.write_rows(&mut pool_g, row_bytes, &rows, &data).unwrap();
+        assert_eq!(mem.download(&pool_g).unwrap(), pool_c, "row bytes {row_bytes}");
+    }
+    // Rows by position through page tables.
+    let sel: Vec<i32> = vec![0, 1, 63, 64, 200, 3, 17, 70];
+    let spans = [Span::new(0, 5), Span::new(5, 3)];
+    let table: Vec<u32> = vec![9, 2, 7, 4, 1, 8];
+    let first = [0usize, 4];
+    let mut want = vec![-1i32; 8];
+    cpu.locate_rows(&sel, &spans, &table, &first, 64, &mut want).unwrap();
+    assert_eq!(want, vec![576, 577, 639, 128, 264, 67, 81, 518]);
+    let (sd, td) = (mem.upload(&sel).unwrap(), mem.upload(&table).unwrap());
+    let mut got = mem.upload(&[-1i32; 8]).unwrap();
+    gpu.locate_rows(&sd, &spans, &td, &first, 64, &mut got).unwrap();
+    gpu.finish_step().unwrap();
+    assert_eq!(mem.download(&got).unwrap(), want);
+    // A position past a request's pages is a fault, not a read.
+    let bad = mem.upload(&[0i32, 1, 63, 64, 200, 3, 17, 700]).unwrap();
+    gpu.locate_rows(&bad, &spans, &td, &first, 64, &mut got).unwrap();
+    assert!(gpu.finish_step().is_err());
+}
