@@ -6,7 +6,8 @@
 //   - S = Q K^T: warp w computes heads 16*(w%4).. x all 32 rows over dims 288*(w/4)..+287 (four
 //     independent MMA chains); the two halves are added through shared memory, so both warps
 //     of a head tile hold the same S;
-//   - online softmax in base 2, each warp for its 16 heads (no further exchange);
+//   - online softmax in base 2, each warp for its 16 heads (no further exchange), with the
+//     running maximum raised lazily (only when scores exceed it by 2^8);
 //   - O += P V: warp w owns heads 16*(w%4).. x value dims 256*(w/4).., P rounded to bf16.
 // One split writes out/lse directly; several write normalised partials that `merge_splits`
 // combines by their LSE. Rows past a selection's end are masked.
@@ -83,54 +84,62 @@ __device__ void fetch_locs(int* tl, const int* locs, unsigned first, unsigned en
     }
 }
 
-// Issues the copies of tile `t`'s rows (locations in `tl`, `valid` of them) into `raw`.
+// Issues the copies of tile `t`'s rows (locations in `tl`, `valid` of them) into `raw`: warp w
+// copies rows w, w+8, ..., 16 bytes per lane.
 __device__ void fetch_tile(unsigned char* raw, const unsigned char* rows, const int* tl, unsigned valid,
                            const AttnParams& p, unsigned* fault) {
-    const unsigned chunks = p.row_bytes / 16;
-    for (unsigned e = threadIdx.x; e < TILE * chunks; e += THREADS) {
-        unsigned r = e / chunks, c = e % chunks;
-        if (r >= valid) continue;
+    const unsigned lane = threadIdx.x & 31, warp = threadIdx.x >> 5, chunks = p.row_bytes / 16;
+    for (unsigned r = warp; r < valid; r += THREADS / 32) {
         int loc = tl[r];
         if (loc < 0 || (unsigned long long)loc >= p.pool_rows) {
-            if (c == 0) atomicOr(fault, 1u);
+            if (lane == 0) atomicOr(fault, 1u);
             continue;
         }
-        cp_async16(raw + r * p.row_bytes + 16 * c, rows + (size_t)loc * p.row_bytes + 16 * c);
+        const unsigned char* src = rows + (size_t)loc * p.row_bytes;
+        unsigned char* dst = raw + r * p.row_bytes;
+        for (unsigned c = lane; c < chunks; c += 32) cp_async16(dst + 16 * c, src + 16 * c);
     }
 }
 
-// Dequantizes the fetched tile into K ([TILE][LDS] bf16); rows past `valid` become zeros.
+// 8 e4m3 codes times a power-of-two scale, as 8 bf16 (exact).
+__device__ __forceinline__ uint4 dequant8(uint2 codes, float s) {
+    unsigned cw[2] = {codes.x, codes.y};
+    unsigned o[4];
+    #pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(cw[j] & 0xffff), __NV_E4M3);
+        __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(cw[j] >> 16), __NV_E4M3);
+        float2 a = __half22float2(*reinterpret_cast<__half2*>(&lo));
+        float2 b = __half22float2(*reinterpret_cast<__half2*>(&hi));
+        o[2 * j] = pack_bf16(a.x * s, a.y * s);
+        o[2 * j + 1] = pack_bf16(b.x * s, b.y * s);
+    }
+    return make_uint4(o[0], o[1], o[2], o[3]);
+}
+
+// Dequantizes the fetched tile into K ([TILE][LDS] bf16); rows past `valid` (or with a bad
+// location) become zeros. Warp w converts rows w, w+8, ...: 72 chunks of 8 values per row.
 __device__ void convert_tile(__nv_bfloat16* K, const unsigned char* raw, unsigned valid, const AttnParams& p,
                              const int* tl) {
-    for (unsigned e = threadIdx.x; e < TILE * 72; e += THREADS) {
-        unsigned r = e / 72, c = e % 72;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        int loc = r < valid ? tl[r] : -1;
-        bool ok = r < valid && loc >= 0 && (unsigned long long)loc < p.pool_rows;
+    const unsigned lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (unsigned r = warp; r < TILE; r += THREADS / 32) {
+        const int loc = r < valid ? tl[r] : -1;
+        const bool ok = loc >= 0 && (unsigned long long)loc < p.pool_rows;
         const unsigned char* row = raw + r * p.row_bytes;
-        if (ok) {
-            if (!p.fp8) {
-                v = *reinterpret_cast<const uint4*>(row + 16 * c);
-            } else if (c >= 64) {
-                v = *reinterpret_cast<const uint4*>(row + 528 + 16 * (c - 64));
-            } else {
-                uint2 codes = *reinterpret_cast<const uint2*>(row + 8 * c);
-                float s = *reinterpret_cast<const float*>(row + 512 + 4 * (c / 16));
-                unsigned cw[2] = {codes.x, codes.y};
-                unsigned o[4];
-                #pragma unroll
-                for (int j = 0; j < 2; ++j) {
-                    __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(cw[j] & 0xffff), __NV_E4M3);
-                    __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(cw[j] >> 16), __NV_E4M3);
-                    float2 a = __half22float2(*reinterpret_cast<__half2*>(&lo));
-                    float2 b = __half22float2(*reinterpret_cast<__half2*>(&hi));
-                    o[2 * j] = pack_bf16(a.x * s, a.y * s);
-                    o[2 * j + 1] = pack_bf16(b.x * s, b.y * s);
-                }
-                v = make_uint4(o[0], o[1], o[2], o[3]);
+        __nv_bfloat16* dst = K + r * LDS;
+        #pragma unroll
+        for (unsigned i = 0; i < 3; ++i) {
+            const unsigned c = lane + 32 * i;
+            if (c >= 72) break;
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if (ok) {
+                if (!p.fp8) v = *reinterpret_cast<const uint4*>(row + 16 * c);
+                else if (c >= 64) v = *reinterpret_cast<const uint4*>(row + 528 + 16 * (c - 64));
+                else v = dequant8(*reinterpret_cast<const uint2*>(row + 8 * c),
+                                  *reinterpret_cast<const float*>(row + 512 + 4 * (c / 16)));
             }
+            *reinterpret_cast<uint4*>(dst + 8 * c) = v;
         }
-        *reinterpret_cast<uint4*>(K + r * LDS + 8 * c) = v;
     }
 }
 
@@ -245,15 +254,24 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) sparse_mla_decode(
                 mx[e >> 1] = fmaxf(mx[e >> 1], s[j][e]);
             }
         }
-        float alpha[2];
+        // Lazy rescaling: the running maximum moves only when a row's new scores exceed it by
+        // more than 2^8 (P then stays below 256), so most tiles skip rescaling O. The decision
+        // is per warp, and both warps of a head tile hold the same S, so they agree.
+        float alpha[2] = {1.f, 1.f};
         #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
             mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(0xffffffffu, mx[hf], 1));
             mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(0xffffffffu, mx[hf], 2));
-            float mn = fmaxf(m[hf], mx[hf]);
-            alpha[hf] = exp2f(m[hf] - mn);  // m = -inf at first: 0
-            m[hf] = mn;
-            l[hf] *= alpha[hf];
+        }
+        const bool grow = __any_sync(0xffffffffu, mx[0] > m[0] + 8.f || mx[1] > m[1] + 8.f);
+        if (grow) {
+            #pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+                float mn = fmaxf(m[hf], mx[hf]);
+                alpha[hf] = exp2f(m[hf] - mn);  // m = -inf at first: 0
+                m[hf] = mn;
+                l[hf] *= alpha[hf];
+            }
         }
         // P = 2^(s - m): full row sums here; this warp writes its half of the rows to P.
         #pragma unroll
@@ -270,12 +288,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) sparse_mla_decode(
         }
         __syncthreads();
         // O = alpha O + P V over value dims 256kh..
-        #pragma unroll
-        for (int j = 0; j < 32; ++j) {
-            o[j][0] *= alpha[0];
-            o[j][1] *= alpha[0];
-            o[j][2] *= alpha[1];
-            o[j][3] *= alpha[1];
+        if (grow) {
+            #pragma unroll
+            for (int j = 0; j < 32; ++j) {
+                o[j][0] *= alpha[0];
+                o[j][1] *= alpha[0];
+                o[j][2] *= alpha[1];
+                o[j][3] *= alpha[1];
+            }
         }
         const __nv_bfloat16* pa = P + (16 * hg + (lane & 15)) * LDP + 8 * (lane >> 4);
         const __nv_bfloat16* vb = K + ((lane & 7) + 8 * ((lane >> 3) & 1)) * LDS + 256 * kh + 8 * (lane >> 4);

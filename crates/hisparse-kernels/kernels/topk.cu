@@ -1,9 +1,9 @@
 // Top-k by radix selection: one block of 1024 threads per request. Scores map to 32-bit keys
 // whose unsigned order is the float's total order (as the CPU twin's f32::total_cmp); three
-// histogram passes (11, 11 and 10 bits, in shared memory) find the k-th largest key T and how
-// many keys equal to T to take. A last pass gives each thread a contiguous run of positions, so
-// two block-wide prefix sums (of the ties, then of the selected) place every selected position
-// at its rank: the output is ascending, and ties go to the lower positions — exactly the CPU
+// histogram passes (11, 11 and 10 bits; eight copies of the histogram in shared memory) find
+// the k-th largest key T and how many keys equal to T to take. A last pass in rounds of
+// consecutive positions places every selected position at its rank with one block-wide prefix
+// sum per round: the output is ascending, and ties go to the lower positions — exactly the CPU
 // twin's selection.
 
 struct Span {
@@ -14,6 +14,8 @@ struct Span {
 #define THREADS 1024
 #define BINS 2048
 #define UNROLL 8
+#define COPIES 8
+#define V 4
 
 __device__ __forceinline__ unsigned ordered_bits(float x) {
     unsigned b = __float_as_uint(x);
@@ -48,12 +50,12 @@ __device__ unsigned scan_block(unsigned v, unsigned* sums, unsigned* total) {
     return before;
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS) top_k_select(
+extern "C" __global__ void __launch_bounds__(THREADS, 1) top_k_select(
     const float* __restrict__ scores,
     const Span* __restrict__ spans,
     unsigned k,
     int* __restrict__ out) {
-    __shared__ unsigned hist[BINS];
+    extern __shared__ unsigned hist[];  // [COPIES][BINS]
     __shared__ unsigned sums[33];
     __shared__ unsigned found[2];
     const Span sp = spans[blockIdx.x];
@@ -68,11 +70,12 @@ extern "C" __global__ void __launch_bounds__(THREADS) top_k_select(
     #pragma unroll
     for (int pass = 0; pass < 3; ++pass) {
         const unsigned shift = shifts[pass], digit_mask = (1u << widths[pass]) - 1;
-        for (unsigned b = threadIdx.x; b < BINS; b += THREADS) hist[b] = 0;
+        for (unsigned b = threadIdx.x; b < COPIES * BINS; b += THREADS) hist[b] = 0;
         __syncthreads();
-        // Whole warps iterate together so that lanes adding to the same bin combine first (the
-        // top digit of real scores falls in few bins: one atomic per bin per warp, not per lane);
-        // each lane loads UNROLL scores before using any (loads in flight hide the latency).
+        // Lanes add into COPIES copies of the histogram (lane % COPIES), so that lanes of a warp
+        // hitting the same bin (the top digit of real scores falls in few bins) conflict at most
+        // 32 / COPIES ways; each lane loads UNROLL scores before using any.
+        unsigned* mine = hist + (threadIdx.x % COPIES) * BINS;
         for (unsigned base = 0; base < n; base += THREADS * UNROLL) {
             unsigned keys[UNROLL];
             #pragma unroll
@@ -83,15 +86,17 @@ extern "C" __global__ void __launch_bounds__(THREADS) top_k_select(
             #pragma unroll
             for (unsigned u = 0; u < UNROLL; ++u) {
                 unsigned t = base + u * THREADS + threadIdx.x;
-                unsigned bin = (t < n && (keys[u] & mask) == prefix) ? (keys[u] >> shift) & digit_mask : 0xffffffffu;
-                unsigned peers = __match_any_sync(0xffffffffu, bin);
-                if (bin != 0xffffffffu && (unsigned)(__ffs(peers) - 1) == (threadIdx.x & 31))
-                    atomicAdd(&hist[bin], (unsigned)__popc(peers));
+                if (t < n && (keys[u] & mask) == prefix) atomicAdd(&mine[(keys[u] >> shift) & digit_mask], 1u);
             }
         }
         __syncthreads();
         // Thread j owns bins BINS-1-2j and BINS-2-2j (from the top): counts above each bin.
-        unsigned hi = hist[BINS - 1 - 2 * threadIdx.x], lo = hist[BINS - 2 - 2 * threadIdx.x];
+        unsigned hi = 0, lo = 0;
+        #pragma unroll
+        for (unsigned c = 0; c < COPIES; ++c) {
+            hi += hist[c * BINS + BINS - 1 - 2 * threadIdx.x];
+            lo += hist[c * BINS + BINS - 2 - 2 * threadIdx.x];
+        }
         unsigned total;
         unsigned above = scan_block(hi + lo, sums, &total);
         if (above < remaining && above + hi >= remaining) {
@@ -108,29 +113,34 @@ extern "C" __global__ void __launch_bounds__(THREADS) top_k_select(
         __syncthreads();
     }
     // prefix is the k-th largest key; `remaining` keys equal to it are taken, lowest first.
-    const unsigned per = (n + THREADS - 1) / THREADS;
-    const unsigned begin = min(n, threadIdx.x * per), end = min(n, begin + per);
-    unsigned gt = 0, eq = 0;
-    for (unsigned t0 = begin; t0 < end; t0 += UNROLL) {
-        float v[UNROLL];
+    // Rounds of THREADS * V consecutive positions (coalesced; thread t owns V in a row): one
+    // block scan of the (greater, equal) counts packed in 16-bit halves places each thread's
+    // selected positions; the output is ascending and the ties taken are the lowest ones.
+    unsigned ties_seen = 0, written = 0;
+    for (unsigned base = 0; base < n && written < k; base += THREADS * V) {
+        const unsigned first = base + threadIdx.x * V;
+        unsigned keys[V], gt = 0, eq = 0;
         #pragma unroll
-        for (unsigned u = 0; u < UNROLL; ++u) v[u] = t0 + u < end ? __ldg(s + t0 + u) : 0.f;
+        for (unsigned u = 0; u < V; ++u) {
+            keys[u] = first + u < n ? ordered_bits(__ldg(s + first + u)) : 0u;
+            gt += first + u < n && keys[u] > prefix;
+            eq += first + u < n && keys[u] == prefix;
+        }
+        unsigned total;
+        const unsigned before = scan_block((gt << 16) | eq, sums, &total);
+        const unsigned gt_before = before >> 16, eq_before = before & 0xffffu;
+        const unsigned quota = remaining > ties_seen ? remaining - ties_seen : 0u;
+        unsigned take = quota > eq_before ? min(eq, quota - eq_before) : 0u;
+        unsigned at = written + gt_before + min(eq_before, quota);
         #pragma unroll
-        for (unsigned u = 0; u < UNROLL; ++u) {
-            unsigned key = ordered_bits(v[u]);
-            gt += t0 + u < end && key > prefix;
-            eq += t0 + u < end && key == prefix;
+        for (unsigned u = 0; u < V; ++u) {
+            bool tie = first + u < n && keys[u] == prefix;
+            if ((first + u < n && keys[u] > prefix) || (tie && take > 0)) {
+                if (tie) --take;
+                o[at++] = (int)(first + u);
+            }
         }
-    }
-    unsigned total;
-    unsigned eq_before = scan_block(eq, sums, &total);
-    unsigned take = remaining > eq_before ? min(eq, remaining - eq_before) : 0u;
-    unsigned at = scan_block(gt + take, sums, &total);
-    for (unsigned t = begin; t < end; ++t) {
-        unsigned key = ordered_bits(s[t]);
-        if (key > prefix || (key == prefix && take > 0)) {
-            if (key == prefix) --take;
-            o[at++] = (int)t;
-        }
+        ties_seen += total & 0xffffu;
+        written += (total >> 16) + min(total & 0xffffu, quota);
     }
 }

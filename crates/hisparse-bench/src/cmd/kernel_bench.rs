@@ -13,7 +13,7 @@ use hisparse_kernels::cuda::CudaBackend;
 use hisparse_kernels::{AttentionBatch, Backend, IndexerBatch, IndexerRequest, Span};
 use hisparse_memory::{DeviceMemory, IndexKeyLayout, KvRowFormat, KvRowLayout};
 use rand::seq::SliceRandom;
-use rand::{Rng, RngCore, SeedableRng};
+use rand::{RngCore, SeedableRng};
 
 use super::gpu_bench::{Figure, cuda, time_ms};
 use crate::error::{BenchError, Result};
@@ -31,6 +31,10 @@ pub struct KernelBenchArgs {
     /// Timed repetitions (medians are reported).
     #[arg(long, default_value_t = 20)]
     pub reps: usize,
+    /// Sections to run, comma separated: indexer (with top-k), attention, graphs (launch gaps);
+    /// the ceilings always run.
+    #[arg(long, value_delimiter = ',', default_value = "indexer,attention,graphs")]
+    pub only: Vec<String>,
     /// Output folder.
     #[arg(long, default_value = "results/kernel-bench")]
     pub out: PathBuf,
@@ -125,15 +129,46 @@ pub fn run(a: &KernelBenchArgs) -> Result<Vec<Figure>> {
     push(format!("cuBLAS bf16 GEMM {d}^3 (fp32 accumulate)"), gemm / 1e12, "TFLOP/s", "ceiling".into());
     drop((am, bm, cm));
 
-    // Indexer and top-k.
+    let want = |x: &str| a.only.iter().any(|o| o == x);
+    if want("indexer") {
+        indexer_and_top_k(a, &gpu, &s, &mut rng, hbm, &mut figs)?;
+    }
+    if want("attention") {
+        attention(a, &gpu, &s, &mut rng, gemm, &mut figs)?;
+    }
+    if want("graphs") {
+        for b in [1usize, 8, 64] {
+            super::launch_gaps::measure(&gpu, &s, &mut rng, (b, 32768, 61, a.reps.min(10)), &mut figs)?;
+        }
+    }
+    gpu.finish_step().map_err(kerr)?;
+    ensure_dir(&a.out)?;
+    write_json(&a.out, "kernel-bench.json", &figs)?;
+    Ok(figs)
+}
+
+/// Indexer bytes/s and top-k latency over contexts and batches.
+fn indexer_and_top_k(
+    a: &KernelBenchArgs,
+    gpu: &CudaBackend,
+    s: &std::sync::Arc<cudarc::driver::CudaStream>,
+    rng: &mut rand::rngs::StdRng,
+    hbm: f64,
+    figs: &mut Vec<Figure>,
+) -> Result<()> {
+    let mem = gpu.memory().clone();
+    let mut push = |name: String, value: f64, unit: &str, note: String| {
+        eprintln!("{name:<60} {value:>10.2} {unit:<7} {note}");
+        figs.push(Figure { name, value, unit: unit.into(), note });
+    };
     let key = IndexKeyLayout::new(128).map_err(|e| BenchError::Check(e.to_string()))?;
     let ctx_max = a.contexts.iter().copied().max().unwrap_or(0);
     let b_max = a.batches.iter().copied().filter(|&b| b <= 64).max().unwrap_or(1);
     let p = 64;
     let pages = b_max * ctx_max.div_ceil(p);
-    let keys = mem.upload(&random_keys(&mut rng, pages * p)).map_err(|e| BenchError::Check(e.to_string()))?;
+    let keys = mem.upload(&random_keys(rng, pages * p)).map_err(|e| BenchError::Check(e.to_string()))?;
     let mut ids: Vec<u32> = (0..pages as u32).collect();
-    ids.shuffle(&mut rng);
+    ids.shuffle(rng);
     let table = mem.upload(&ids).map_err(|e| BenchError::Check(e.to_string()))?;
     for &heads in &[64usize, 32] {
         for &ctx in &a.contexts {
@@ -146,10 +181,10 @@ pub fn run(a: &KernelBenchArgs) -> Result<Vec<Figure>> {
                     })
                     .collect();
                 let q = mem
-                    .upload(&hisparse_kernels::random::normal_bf16(&mut rng, b * heads * 128, 1.0))
+                    .upload(&hisparse_kernels::random::normal_bf16(rng, b * heads * 128, 1.0))
                     .map_err(|e| BenchError::Check(e.to_string()))?;
                 let w = mem
-                    .upload(&hisparse_kernels::random::head_weights(&mut rng, b * heads))
+                    .upload(&hisparse_kernels::random::head_weights(rng, b * heads))
                     .map_err(|e| BenchError::Check(e.to_string()))?;
                 let mut scores = mem.alloc_zeroed::<f32>(b * ctx).map_err(|e| BenchError::Check(e.to_string()))?;
                 let batch = IndexerBatch {
@@ -196,10 +231,10 @@ pub fn run(a: &KernelBenchArgs) -> Result<Vec<Figure>> {
             .map(|i| IndexerRequest { first_page: i * ctx_max.div_ceil(p), seq_len: ctx, score_offset: i * ctx })
             .collect();
         let q = mem
-            .upload(&hisparse_kernels::random::normal_bf16(&mut rng, 64 * 64 * 128, 1.0))
+            .upload(&hisparse_kernels::random::normal_bf16(rng, 64 * 64 * 128, 1.0))
             .map_err(|e| BenchError::Check(e.to_string()))?;
         let w = mem
-            .upload(&hisparse_kernels::random::head_weights(&mut rng, 64 * 64))
+            .upload(&hisparse_kernels::random::head_weights(rng, 64 * 64))
             .map_err(|e| BenchError::Check(e.to_string()))?;
         let mut scores = mem.alloc_zeroed::<f32>(64 * ctx).map_err(|e| BenchError::Check(e.to_string()))?;
         let batch = IndexerBatch {
@@ -222,22 +257,36 @@ pub fn run(a: &KernelBenchArgs) -> Result<Vec<Figure>> {
             format!("{:.0} GB/s = {:.0}% of HBM copy", bw / 1e9, 100.0 * bw / hbm),
         );
     }
-    drop((keys, table));
     gpu.finish_step().map_err(kerr)?;
+    Ok(())
+}
 
-    // Sparse MLA decode.
+/// Sparse attention FLOP/s over formats, heads and batches.
+fn attention(
+    a: &KernelBenchArgs,
+    gpu: &CudaBackend,
+    s: &std::sync::Arc<cudarc::driver::CudaStream>,
+    rng: &mut rand::rngs::StdRng,
+    gemm: f64,
+    figs: &mut Vec<Figure>,
+) -> Result<()> {
+    let mem = gpu.memory().clone();
+    let mut push = |name: String, value: f64, unit: &str, note: String| {
+        eprintln!("{name:<60} {value:>10.2} {unit:<7} {note}");
+        figs.push(Figure { name, value, unit: unit.into(), note });
+    };
     for format in [KvRowFormat::Fp8, KvRowFormat::Bf16] {
         let layout = KvRowLayout::new(format, 512, 64).map_err(|e| BenchError::Check(e.to_string()))?;
         let b_max = a.batches.iter().copied().max().unwrap_or(1);
         let region = 4096;
         let pool =
-            mem.upload(&random_rows(&mut rng, layout, b_max * region)).map_err(|e| BenchError::Check(e.to_string()))?;
+            mem.upload(&random_rows(rng, layout, b_max * region)).map_err(|e| BenchError::Check(e.to_string()))?;
         for &heads in &[128usize, 64] {
             for &b in &a.batches {
                 let mut locs = Vec::with_capacity(b * 2048);
                 for i in 0..b {
                     let mut r: Vec<i32> = (0..region as i32).collect();
-                    r.shuffle(&mut rng);
+                    r.shuffle(rng);
                     let mut sel: Vec<i32> = r[..2048].iter().map(|&x| (i * region) as i32 + x).collect();
                     sel.sort_unstable();
                     locs.extend(sel);
@@ -245,7 +294,7 @@ pub fn run(a: &KernelBenchArgs) -> Result<Vec<Figure>> {
                 let spans: Vec<Span> = (0..b).map(|i| Span::new(i * 2048, 2048)).collect();
                 let ld = mem.upload(&locs).map_err(|e| BenchError::Check(e.to_string()))?;
                 let q = mem
-                    .upload(&hisparse_kernels::random::normal_bf16(&mut rng, b * heads * 576, 1.0))
+                    .upload(&hisparse_kernels::random::normal_bf16(rng, b * heads * 576, 1.0))
                     .map_err(|e| BenchError::Check(e.to_string()))?;
                 let mut out = mem.alloc_zeroed::<f32>(b * heads * 512).map_err(|e| BenchError::Check(e.to_string()))?;
                 let mut lse = mem.alloc_zeroed::<f32>(b * heads).map_err(|e| BenchError::Check(e.to_string()))?;
@@ -276,8 +325,5 @@ pub fn run(a: &KernelBenchArgs) -> Result<Vec<Figure>> {
         }
     }
     gpu.finish_step().map_err(kerr)?;
-    let _ = rng.random::<u8>();
-    ensure_dir(&a.out)?;
-    write_json(&a.out, "kernel-bench.json", &figs)?;
-    Ok(figs)
+    Ok(())
 }

@@ -8,6 +8,8 @@ pub mod dump_step;
 pub mod gpu_bench;
 #[cfg(feature = "cuda")]
 pub mod kernel_bench;
+#[cfg(feature = "cuda")]
+pub mod launch_gaps;
 pub mod run;
 pub mod selfcheck;
 pub mod simulate;

@@ -27,6 +27,9 @@ const TILE: usize = 32;
 /// tiles of locations, raw rows.
 const ATTN_SMEM: usize = 64 * 584 * 2 + 32 * 584 * 2 + 64 * 40 * 2 + 2 * 64 * 40 * 4 + 2 * 32 * 4 + 32 * 1152;
 
+/// Dynamic shared memory of top-k: eight copies of a 2048-bin histogram.
+const TOPK_SMEM: usize = 8 * 2048 * 4;
+
 /// Most indexer heads (shared memory of the query fragments).
 const MAX_INDEX_HEADS: usize = 256;
 
@@ -163,9 +166,10 @@ fn room<T: DeviceRepr + ValidAsZeroBits>(dev: &CudaDevice, buf: &mut CudaSlice<T
 }
 
 impl CudaBackend {
-    /// The backend of GPU `ordinal`: opens it and compiles (NVRTC) and loads the kernels.
+    /// The backend of GPU `ordinal` on a stream of its own: opens it and compiles (NVRTC) and
+    /// loads the kernels.
     pub fn new(ordinal: usize) -> Result<Self> {
-        Self::on(Arc::new(CudaDevice::new(ordinal)?))
+        Self::on(Arc::new(CudaDevice::with_own_stream(ordinal)?))
     }
 
     /// The backend of an opened device.
@@ -187,6 +191,9 @@ impl CudaBackend {
                 indexer_smem(MAX_INDEX_HEADS) as i32,
             )
             .map_err(driver_error("indexer shared memory opt-in"))?;
+        top_k
+            .set_attribute(CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, TOPK_SMEM as i32)
+            .map_err(driver_error("top-k shared memory opt-in"))?;
         attention
             .set_attribute(CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, ATTN_SMEM as i32)
             .map_err(driver_error("attention shared memory opt-in"))?;
@@ -311,7 +318,8 @@ impl Backend for CudaBackend {
         let s = self.dev.stream();
         // About four blocks per SM in all; each warp then walks many 32-position chunks.
         let chunks = max_len.div_ceil(32);
-        let per_request = (4 * self.sms).div_ceil(n).clamp(1, chunks.div_ceil(4));
+        // At most one wave of four blocks per SM (a second, nearly empty wave would double the time).
+        let per_request = (4 * self.sms / n).clamp(1, chunks.div_ceil(4));
         if heads > MAX_INDEX_HEADS {
             return Err(KernelError::invalid(
                 "heads",
@@ -375,7 +383,8 @@ impl Backend for CudaBackend {
         let Scratch { spans: sd, spans_c, .. } = &mut *sc;
         upload_cached(&self.dev, sd, spans_c, &host)?;
         let s = self.dev.stream();
-        let cfg = LaunchConfig { grid_dim: (n as u32, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
+        let cfg =
+            LaunchConfig { grid_dim: (n as u32, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: TOPK_SMEM as u32 };
         let k32 = k as u32;
         let mut b = s.launch_builder(&self.top_k);
         b.arg(scores).arg(&sc.spans).arg(&k32).arg(out);

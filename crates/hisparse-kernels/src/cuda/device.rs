@@ -31,6 +31,19 @@ impl CudaDevice {
         Ok(Self { ctx, stream, modules: Mutex::new(HashMap::new()) })
     }
 
+    /// GPU `ordinal` with a stream of its own (not the legacy default stream, so that work on
+    /// it can be captured into CUDA graphs) and cudarc's per-buffer event tracking off: every
+    /// buffer of this device is used on that one stream, in stream order.
+    pub fn with_own_stream(ordinal: usize) -> Result<Self> {
+        let base = Self::new(ordinal)?;
+        // SAFETY: called before any buffer exists on this context (the context is new); all of
+        // the device's buffers are then used on its single stream, so no cross-stream
+        // synchronisation is needed.
+        unsafe { base.ctx.disable_event_tracking() };
+        let stream = base.ctx.new_stream().map_err(driver_error("cuStreamCreate"))?;
+        Ok(Self { stream, ..base })
+    }
+
     /// The context.
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.ctx
