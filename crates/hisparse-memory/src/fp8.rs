@@ -14,10 +14,32 @@ pub const E4M3_MAX: f32 = 448.0;
 /// The canonical NaN byte that CUDA produces for any NaN input.
 pub const E4M3_NAN: u8 = 0x7f;
 
-/// Encodes one f32 as e4m3, exactly as CUDA's `__nv_fp8_e4m3(float)` does.
+/// Encodes one f32 as e4m3, exactly as CUDA's `__nv_fp8_e4m3(float)` does (bit manipulation;
+/// the tests hold it to [`F8E4M3::from_f32`] and to an independent nearest-value oracle).
 #[inline]
 pub fn encode_e4m3(x: f32) -> u8 {
-    if x.is_nan() { E4M3_NAN } else { F8E4M3::from_f32(x).to_bits() }
+    let bits = x.to_bits();
+    let sign = ((bits >> 24) & 0x80) as u8;
+    let a = bits & 0x7fff_ffff;
+    if a > 0x7f80_0000 {
+        return E4M3_NAN;
+    }
+    if a >= 0x43e0_0000 {
+        // |x| >= 448 (infinity included): saturate.
+        return sign | 0x7e;
+    }
+    if a < 0x3c80_0000 {
+        // |x| < 2^-6: subnormal codes, steps of 2^-9; |x| * 2^9 < 8 is exact, and adding and
+        // removing 2^23 rounds it to an integer, ties to even.
+        let m = f32::from_bits(a) * 512.0;
+        let q = (m + 8_388_608.0) - 8_388_608.0;
+        return sign | q as u8;
+    }
+    // Normal: round the 23-bit mantissa to 3 bits, ties to even (a carry moves the exponent up),
+    // then rebias the exponent from 127 to 7.
+    let r = (a + 0x7_ffff + ((a >> 20) & 1)) >> 20;
+    let code = r - (120 << 3);
+    sign | code.min(0x7e) as u8
 }
 
 /// Decodes one e4m3 byte to f32 (exact; `0x7f`/`0xff` decode to NaN).
@@ -64,6 +86,24 @@ mod tests {
             }
         }
         sign | best
+    }
+
+    #[test]
+    fn the_bit_encoder_equals_the_float8_reference_on_a_dense_sweep() {
+        let reference = |x: f32| if x.is_nan() { E4M3_NAN } else { F8E4M3::from_f32(x).to_bits() };
+        // Every 97th f32 bit pattern of both signs, plus neighbours of every e4m3 midpoint.
+        for hi in (0u32..0x8000_0000).step_by(97) {
+            for x in [f32::from_bits(hi), f32::from_bits(hi | 0x8000_0000)] {
+                assert_eq!(encode_e4m3(x), reference(x), "{x:e} ({:#x})", x.to_bits());
+            }
+        }
+        for c in 0u8..0x7e {
+            let mid = (f64::from(E4M3_TABLE[usize::from(c)]) + f64::from(E4M3_TABLE[usize::from(c) + 1])) / 2.0;
+            let m = mid as f32;
+            for x in [m, f32::from_bits(m.to_bits() + 1), f32::from_bits(m.to_bits() - 1), -m] {
+                assert_eq!(encode_e4m3(x), reference(x), "{x:e}");
+            }
+        }
     }
 
     #[test]

@@ -33,15 +33,19 @@ where
         let n = self.running.len();
         let (mut keys, mut key_rows) = (vec![0u8; n * key.row_bytes()], Vec::with_capacity(n));
         let (mut rows, mut kv_rows) = (vec![0u8; n * kv_row.row_bytes()], Vec::with_capacity(n));
-        let (mut vals, mut kvals) = (vec![0f32; d_qk], vec![0f32; dim]);
         let t = Instant::now();
-        for (i, r) in self.running.iter().enumerate() {
-            let (id, p) = (r.spec.id, r.seq_len);
-            self.workload.index_key(id.0, l, p, &mut kvals);
-            key.encode(&kvals, &mut keys[i * key.row_bytes()..(i + 1) * key.row_bytes()])?;
-            self.workload.kv_row(id.0, l, p, &mut vals);
-            kv_row.encode(&vals, &mut rows[i * kv_row.row_bytes()..(i + 1) * kv_row.row_bytes()])?;
-        }
+        let wl = &self.workload;
+        keys.par_chunks_mut(key.row_bytes())
+            .zip(rows.par_chunks_mut(kv_row.row_bytes()))
+            .zip(self.running.par_iter())
+            .try_for_each(|((kb, rb), r)| {
+                let (id, p) = (r.spec.id, r.seq_len);
+                let (mut vals, mut kvals) = (vec![0f32; d_qk], vec![0f32; dim]);
+                wl.index_key(id.0, l, p, &mut kvals);
+                key.encode(&kvals, kb)?;
+                wl.kv_row(id.0, l, p, &mut vals);
+                kv_row.encode(&vals, rb)
+            })?;
         m.stages.workload += secs(t);
         let t = Instant::now();
         for r in &self.running {
