@@ -198,7 +198,7 @@ fn indexer_and_top_k(
                     requests: &reqs,
                     pin_newest: false,
                 };
-                let ms = time_ms(&s, a.reps, || gpu.indexer_scores(&batch, &mut scores).map_err(kerr))?;
+                let ms = time_ms(s, a.reps, || gpu.indexer_scores(&batch, &mut scores).map_err(kerr))?;
                 let bytes = (b * ctx) as f64 * (132.0 + 4.0 + 4.0 / p as f64);
                 let bw = bytes / (ms * 1e-3);
                 let flops = (b * ctx * heads * 128 * 2) as f64 / (ms * 1e-3);
@@ -211,7 +211,7 @@ fn indexer_and_top_k(
                 if heads == 64 {
                     let spans: Vec<Span> = (0..b).map(|i| Span::new(i * ctx, ctx)).collect();
                     let mut top = mem.alloc_zeroed::<i32>(b * 2048).map_err(|e| BenchError::Check(e.to_string()))?;
-                    let ms = time_ms(&s, a.reps, || gpu.top_k(&scores, &spans, 2048, &mut top).map_err(kerr))?;
+                    let ms = time_ms(s, a.reps, || gpu.top_k(&scores, &spans, 2048, &mut top).map_err(kerr))?;
                     push(
                         format!("top-k 2048 of {ctx}, batch {b}"),
                         ms * 1e3,
@@ -248,7 +248,7 @@ fn indexer_and_top_k(
             requests: &reqs,
             pin_newest: false,
         };
-        let ms = time_ms(&s, a.reps, || gpu.indexer_scores(&batch, &mut scores).map_err(kerr))?;
+        let ms = time_ms(s, a.reps, || gpu.indexer_scores(&batch, &mut scores).map_err(kerr))?;
         let bw = (64 * ctx) as f64 * (132.0 + 4.0 + 4.0 / p as f64) / (ms * 1e-3);
         push(
             format!("indexer 64 heads, ctx {ctx}, batch 64, pages in order"),
@@ -307,7 +307,7 @@ fn attention(
                     locations: &ld,
                     selections: &spans,
                 };
-                let ms = time_ms(&s, a.reps, || gpu.sparse_attention(&batch, &mut out, &mut lse).map_err(kerr))?;
+                let ms = time_ms(s, a.reps, || gpu.sparse_attention(&batch, &mut out, &mut lse).map_err(kerr))?;
                 let flops = (b * heads * 2048 * (576 + 512) * 2) as f64 / (ms * 1e-3);
                 let bytes = (b * 2048 * layout.row_bytes()) as f64 / (ms * 1e-3);
                 push(
