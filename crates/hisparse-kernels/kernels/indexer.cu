@@ -1,7 +1,8 @@
 // The lightning indexer on tensor cores: s_t = scale_t * sum_h w_h * relu(q_h . k~_t) for every
-// position t of every request, k~_t the key's e4m3 values (converted exactly to bf16), q_h bf16,
-// products summed in fp32 by mma.sync.m16n8k16 (the sum order differs from the CPU twin's, so
-// scores agree within fp32 rounding, not bit for bit).
+// position t of every request, k~_t the key's e4m3 values (converted exactly to f16, one
+// instruction per pair), q_h bf16 scaled by a power of two into f16 range, products summed in
+// fp32 by mma.sync.m16n8k16 (the sum order differs from the CPU twin's, so scores agree within
+// fp32 rounding, not bit for bit).
 //
 // Work split: a warp scores 32 positions at a time (two 16-row MMA tiles) for all heads; the
 // block's warps stride over a request's 32-position chunks; gridDim.x blocks share a request.
@@ -27,11 +28,14 @@ struct IndexerReq {
 #define KEY_WORDS 33  // 132 B
 #define WARPS 4
 
-__device__ __forceinline__ unsigned bf16x2_from_e4m3x2(unsigned short v) {
-    __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)v, __NV_E4M3);
-    float2 f = __half22float2(*reinterpret_cast<__half2*>(&h));
-    __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);  // exact: e4m3 values fit bf16
-    return *reinterpret_cast<unsigned*>(&b);
+__device__ __forceinline__ unsigned f16x2_from_e4m3x2(unsigned short v) {
+    __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)v, __NV_E4M3);  // exact
+    return *reinterpret_cast<unsigned*>(&h);
+}
+
+__device__ __forceinline__ unsigned f16x2_from_scaled(__nv_bfloat16 a, __nv_bfloat16 b, float scale) {
+    __half2 h = __floats2half2_rn(__bfloat162float(a) * scale, __bfloat162float(b) * scale);
+    return *reinterpret_cast<unsigned*>(&h);
 }
 
 __device__ __forceinline__ void cp_async4(void* dst, const void* src, unsigned bytes) {
@@ -39,9 +43,9 @@ __device__ __forceinline__ void cp_async4(void* dst, const void* src, unsigned b
                  "l"(src), "r"(bytes));
 }
 
-__device__ __forceinline__ void mma_bf16(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+__device__ __forceinline__ void mma_f16(float* c, const unsigned* a, unsigned b0, unsigned b1) {
     asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%0,%1,%2,%3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
@@ -70,12 +74,26 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, 4) indexer_scores(
     const unsigned i = blockIdx.y;
     const IndexerReq r = reqs[i];
 
-    // Query fragments: entry (nt, kk, lane') holds q[8nt + g'][32 tig' + 4 kk .. +3].
+    // The queries go to f16 times 2^e, e chosen from the request's largest |q| so that it lands
+    // in [2^13, 2^14): the scaling is exact, every bf16 value keeps its bits (f16 has more
+    // mantissa) unless it is 2^-27 below the largest, and scores are scaled back by 2^-e.
     const __nv_bfloat16* q = queries + (size_t)i * heads * DIM;
+    __shared__ float amax_w[WARPS];
+    float amax = 0.f;
+    for (unsigned e = threadIdx.x; e < heads * DIM; e += blockDim.x) amax = fmaxf(amax, fabsf(__bfloat162float(q[e])));
+    #pragma unroll
+    for (unsigned d = 16; d > 0; d >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, d));
+    if (lane == 0) amax_w[warp] = amax;
+    __syncthreads();
+    amax = fmaxf(fmaxf(amax_w[0], amax_w[1]), fmaxf(amax_w[2], amax_w[3]));
+    const int ex = amax > 0.f ? max(-126, min(126, 13 - ilogbf(amax))) : 0;
+    const float up = ldexpf(1.f, ex), down = ldexpf(1.f, -ex);
+    // Query fragments: entry (nt, kk, lane') holds q[8nt + g'][32 tig' + 4 kk .. +3].
     for (unsigned e = threadIdx.x; e < heads * 32; e += blockDim.x) {
         unsigned l2 = e & 31, kk = (e >> 5) & 7, nt = e >> 8;
         unsigned h = 8 * nt + (l2 >> 2), d = 32 * (l2 & 3) + 4 * kk;
-        qfrag[e] = *reinterpret_cast<const uint2*>(q + (size_t)h * DIM + d);
+        const __nv_bfloat16* src = q + (size_t)h * DIM + d;
+        qfrag[e] = make_uint2(f16x2_from_scaled(src[0], src[1], up), f16x2_from_scaled(src[2], src[3], up));
     }
     for (unsigned h = threadIdx.x; h < heads; h += blockDim.x) w[h] = weights[(size_t)i * heads + h];
     __syncthreads();
@@ -140,10 +158,10 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, 4) indexer_scores(
             for (int kk = 0; kk < 8; ++kk) {
                 unsigned lo = st[(16 * mt + g) * KEY_WORDS + 8 * tig + kk];
                 unsigned hi = st[(16 * mt + g + 8) * KEY_WORDS + 8 * tig + kk];
-                a[mt][kk][0] = bf16x2_from_e4m3x2((unsigned short)(lo & 0xffff));
-                a[mt][kk][1] = bf16x2_from_e4m3x2((unsigned short)(hi & 0xffff));
-                a[mt][kk][2] = bf16x2_from_e4m3x2((unsigned short)(lo >> 16));
-                a[mt][kk][3] = bf16x2_from_e4m3x2((unsigned short)(hi >> 16));
+                a[mt][kk][0] = f16x2_from_e4m3x2((unsigned short)(lo & 0xffff));
+                a[mt][kk][1] = f16x2_from_e4m3x2((unsigned short)(hi & 0xffff));
+                a[mt][kk][2] = f16x2_from_e4m3x2((unsigned short)(lo >> 16));
+                a[mt][kk][3] = f16x2_from_e4m3x2((unsigned short)(hi >> 16));
             }
         }
         float part[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
@@ -153,8 +171,8 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, 4) indexer_scores(
             #pragma unroll
             for (int kk = 0; kk < 8; ++kk) {
                 uint2 b = qfrag[(nt * 8 + kk) * 32 + lane];
-                mma_bf16(acc[0], a[0][kk], b.x, b.y);
-                mma_bf16(acc[1], a[1][kk], b.x, b.y);
+                mma_f16(acc[0], a[0][kk], b.x, b.y);
+                mma_f16(acc[1], a[1][kk], b.x, b.y);
             }
             float w0 = w[8 * nt + 2 * tig], w1 = w[8 * nt + 2 * tig + 1];
             #pragma unroll
@@ -173,7 +191,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, 4) indexer_scores(
                 unsigned rr = 16 * mt + 8 * hf + g;
                 unsigned pos = c * 32 + rr;
                 if (tig == 0 && pos < r.seq_len) {
-                    float scale = __uint_as_float(st[rr * KEY_WORDS + 32]);
+                    float scale = __uint_as_float(st[rr * KEY_WORDS + 32]) * down;
                     scores[r.score_offset + pos] = pin_newest && pos + 1 == r.seq_len ? __int_as_float(0x7f800000) : scale * v;
                 }
             }

@@ -57,7 +57,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) top_k_select(
     int* __restrict__ out) {
     extern __shared__ unsigned hist[];  // [COPIES][BINS]
     __shared__ unsigned sums[33];
-    __shared__ unsigned found[2];
+    __shared__ unsigned found[3];
     const Span sp = spans[blockIdx.x];
     const float* s = scores + sp.offset;
     const unsigned n = (unsigned)sp.len;
@@ -102,17 +102,24 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) top_k_select(
         if (above < remaining && above + hi >= remaining) {
             found[0] = BINS - 1 - 2 * threadIdx.x;
             found[1] = above;
+            found[2] = hi;
         } else if (above + hi < remaining && above + hi + lo >= remaining) {
             found[0] = BINS - 2 - 2 * threadIdx.x;
             found[1] = above + hi;
+            found[2] = lo;
         }
         __syncthreads();
         prefix |= found[0] << shift;
         mask |= digit_mask << shift;
         remaining -= found[1];
+        const bool whole_bin = remaining == found[2];
         __syncthreads();
+        // Every key of the bin is taken: its order inside the bin does not matter, so the keys
+        // need no finer digits (the usual case after two passes over continuous scores).
+        if (whole_bin) break;
     }
-    // prefix is the k-th largest key; `remaining` keys equal to it are taken, lowest first.
+    // `prefix` is the k-th largest key on the bits of `mask`; `remaining` keys equal to it there
+    // are taken, lowest positions first (all of them when the passes stopped early).
     // Rounds of THREADS * V consecutive positions (coalesced; thread t owns V in a row): one
     // block scan of the (greater, equal) counts packed in 16-bit halves places each thread's
     // selected positions; the output is ascending and the ties taken are the lowest ones.
@@ -122,7 +129,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) top_k_select(
         unsigned keys[V], gt = 0, eq = 0;
         #pragma unroll
         for (unsigned u = 0; u < V; ++u) {
-            keys[u] = first + u < n ? ordered_bits(__ldg(s + first + u)) : 0u;
+            keys[u] = first + u < n ? ordered_bits(__ldg(s + first + u)) & mask : 0u;
             gt += first + u < n && keys[u] > prefix;
             eq += first + u < n && keys[u] == prefix;
         }

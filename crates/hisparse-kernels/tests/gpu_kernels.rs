@@ -1,7 +1,8 @@
 //! The CUDA backend's kernels against their CPU twins on random data: indexer scores within fp32
-//! rounding, top-k selections identical (ties, infinities, NaN, 2048 of 128k), sparse attention
-//! within the bf16 tolerance for bf16 and fp8 rows at 16, 64 and 128 heads with and without
-//! splits, placement independence bit for bit, and out-of-range locations reported as faults.
+//! rounding, top-k selections identical (ties, infinities, NaN, continuous scores, 2048 of 128k),
+//! sparse attention within the bf16 tolerance for bf16 and fp8 rows at 16, 64 and 128 heads with
+//! and without splits, placement independence bit for bit, and out-of-range locations reported
+//! as faults.
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
 use half::bf16;
@@ -22,14 +23,21 @@ fn gpu_indexer_matches_the_cpu_indexer() {
     let (cpu, gpu) = (CpuBackend::new(), gpu());
     let mem = gpu.memory().clone();
     let key = IndexKeyLayout::new(128).unwrap();
-    for (heads, lens) in [(64usize, vec![1usize, 31, 4097, 20_000]), (32, vec![70_000, 5]), (8, vec![300])] {
+    // Query scales far from 1 too: the kernel moves queries into f16 range by a power of two.
+    let cases = [
+        (64usize, vec![1usize, 31, 4097, 20_000], 1.0f32),
+        (32, vec![70_000, 5], 1.0),
+        (8, vec![300], 3e-7),
+        (16, vec![999, 64], 2e4),
+    ];
+    for (heads, lens, q_std) in cases {
         let mut rng = random::rng(heads as u64);
         let p = 64;
         let pages: usize = lens.iter().map(|n| n.div_ceil(p)).sum::<usize>() + 7;
         let pool = random::index_key_pool(&mut rng, key, pages * p).unwrap();
         let mut ids: Vec<u32> = (0..pages as u32).collect();
         ids.shuffle(&mut rng);
-        let q = random::normal_bf16(&mut rng, lens.len() * heads * 128, 1.0);
+        let q = random::normal_bf16(&mut rng, lens.len() * heads * 128, q_std);
         let w = random::head_weights(&mut rng, lens.len() * heads);
         let (mut requests, mut table, mut offset) = (Vec::new(), Vec::new(), 3);
         for &n in &lens {
@@ -68,7 +76,7 @@ fn gpu_indexer_matches_the_cpu_indexer() {
         gpu.finish_step().unwrap();
         let got = mem.download(&got_d).unwrap();
         let max = want.iter().filter(|x| x.is_finite()).fold(0f32, |m, x| m.max(x.abs()));
-        assert!(max > 1.0, "scores are not trivial");
+        assert!(max > q_std, "scores are not trivial");
         assert_eq!(want.iter().filter(|x| x.is_infinite()).count(), if heads == 32 { 2 } else { 0 });
         for (i, (g, c)) in got.iter().zip(&want).enumerate() {
             assert!(g == c || (g - c).abs() <= 2e-5 * max, "heads {heads}, score {i}: gpu {g} vs cpu {c}");
@@ -104,6 +112,17 @@ fn gpu_top_k_selects_exactly_what_the_cpu_selects() {
         gpu.top_k(&sd, &spans, k, &mut got).unwrap();
         gpu.finish_step().unwrap();
         assert_eq!(mem.download(&got).unwrap(), want, "k = {k}");
+    }
+    // Continuous scores: the radix passes usually stop after two digits (whole bin taken).
+    let smooth = random::normal(&mut rng, total, 3.0);
+    let sd = mem.upload(&smooth).unwrap();
+    for k in [2048usize, 3] {
+        let mut want = vec![0i32; spans.len() * k];
+        cpu.top_k(&smooth, &spans, k, &mut want).unwrap();
+        let mut got = mem.upload(&vec![-1i32; spans.len() * k]).unwrap();
+        gpu.top_k(&sd, &spans, k, &mut got).unwrap();
+        gpu.finish_step().unwrap();
+        assert_eq!(mem.download(&got).unwrap(), want, "continuous scores, k = {k}");
     }
     let sd = mem.upload(&scores).unwrap();
     let mut out = mem.alloc_zeroed::<i32>(4096).unwrap();
