@@ -80,7 +80,17 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, 4) indexer_scores(
     const __nv_bfloat16* q = queries + (size_t)i * heads * DIM;
     __shared__ float amax_w[WARPS];
     float amax = 0.f;
-    for (unsigned e = threadIdx.x; e < heads * DIM; e += blockDim.x) amax = fmaxf(amax, fabsf(__bfloat162float(q[e])));
+    // 16-byte loads: 8 values each (rows of 128 bf16 are 256 B, so 16-byte aligned).
+    for (unsigned e = threadIdx.x; e < heads * DIM / 8; e += blockDim.x) {
+        uint4 v = reinterpret_cast<const uint4*>(q)[e];
+        unsigned wv[4] = {v.x, v.y, v.z, v.w};
+        #pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            __nv_bfloat162 b = *reinterpret_cast<__nv_bfloat162*>(&wv[j]);
+            float2 f = __bfloat1622float2(b);
+            amax = fmaxf(amax, fmaxf(fabsf(f.x), fabsf(f.y)));
+        }
+    }
     #pragma unroll
     for (unsigned d = 16; d > 0; d >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, d));
     if (lane == 0) amax_w[warp] = amax;
