@@ -7,10 +7,12 @@
 
 mod backend;
 mod backup;
+mod decode_launch;
 mod device;
 mod nvrtc;
 mod policy;
 mod sources;
+mod step_launch;
 mod swap_in;
 mod swap_in_backend;
 

@@ -1,0 +1,290 @@
+//! The decode kernels' launches of [`CudaBackend`]: the indexer, top-k and sparse attention
+//! (with the split merge), their kernel-argument structs, and the host-side checks that run
+//! before anything is launched.
+
+use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits};
+use hisparse_memory::KvRowFormat;
+use hisparse_memory::cuda::CudaMemory;
+
+use super::backend::{
+    ATTN_SMEM, CudaBackend, HEAD_BLOCK, MAX_INDEX_HEADS, Scratch, TOPK_SMEM, indexer_smem, lock, room, upload_cached,
+};
+use super::driver_error;
+use crate::backend::{AttentionBatch, IndexerBatch, Span};
+use crate::error::{KernelError, Result, check_len};
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(super) struct GpuIndexerReq {
+    pub(super) first_page: u32,
+    pub(super) seq_len: u32,
+    pub(super) score_offset: u32,
+    pub(super) pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(super) struct GpuSpan {
+    pub(super) offset: u64,
+    pub(super) len: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct AttnParams {
+    pub(super) heads: u32,
+    pub(super) row_bytes: u32,
+    pub(super) fp8: u32,
+    pub(super) splits: u32,
+    pub(super) pool_rows: u64,
+    pub(super) scale_log2: f32,
+    pub(super) pad: u32,
+}
+
+// SAFETY: #[repr(C)] structs of plain numbers, laid out as the kernels' structs of the same name.
+unsafe impl DeviceRepr for GpuIndexerReq {}
+// SAFETY: as above.
+unsafe impl ValidAsZeroBits for GpuIndexerReq {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for GpuSpan {}
+// SAFETY: as above.
+unsafe impl ValidAsZeroBits for GpuSpan {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for AttnParams {}
+
+impl CudaBackend {
+    pub(super) fn launch_indexer(
+        &self,
+        batch: &IndexerBatch<'_, CudaMemory>,
+        scores: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        let (heads, dim, kb, p) =
+            (batch.heads, batch.key_layout.dim(), batch.key_layout.row_bytes(), batch.page_tokens);
+        if heads == 0 || !heads.is_multiple_of(8) {
+            return Err(KernelError::invalid("heads", heads, "the CUDA indexer needs a multiple of 8"));
+        }
+        if dim != 128 {
+            return Err(KernelError::invalid("key_layout.dim", dim, "the CUDA indexer is built for 128"));
+        }
+        if p == 0 {
+            return Err(KernelError::invalid("page_tokens", p, "must be at least 1"));
+        }
+        let n = batch.requests.len();
+        check_len("queries", n * heads * dim, batch.queries.len())?;
+        check_len("weights", n * heads, batch.weights.len())?;
+        if !batch.keys.len().is_multiple_of(kb * p) {
+            return Err(KernelError::invalid("keys", batch.keys.len(), "not a whole number of key pages"));
+        }
+        let pool_pages = batch.keys.len() / (kb * p);
+        let mut reqs = Vec::with_capacity(n);
+        let mut max_len = 0;
+        for (i, r) in batch.requests.iter().enumerate() {
+            if r.first_page + r.seq_len.div_ceil(p) > batch.page_table.len() {
+                return Err(KernelError::invalid(
+                    "requests.first_page",
+                    r.first_page,
+                    format!("request {i}: pages leave the page table"),
+                ));
+            }
+            if r.score_offset + r.seq_len > scores.len() {
+                return Err(KernelError::invalid(
+                    "requests.score_offset",
+                    r.score_offset,
+                    format!("request {i}: scores leave the output"),
+                ));
+            }
+            let fit = |x: usize, f| u32::try_from(x).map_err(|_| KernelError::invalid(f, x, "must fit in 32 bits"));
+            reqs.push(GpuIndexerReq {
+                first_page: fit(r.first_page, "requests.first_page")?,
+                seq_len: fit(r.seq_len, "requests.seq_len")?,
+                score_offset: fit(r.score_offset, "requests.score_offset")?,
+                pad: 0,
+            });
+            max_len = max_len.max(r.seq_len);
+        }
+        if n == 0 || max_len == 0 {
+            return Ok(());
+        }
+        let mut sc = lock(&self.scratch)?;
+        let Scratch { reqs: rd, reqs_c, .. } = &mut *sc;
+        upload_cached(&self.dev, rd, reqs_c, &reqs)?;
+        let s = self.dev.stream();
+        // About four blocks per SM in all; each warp then walks many 32-position chunks.
+        let chunks = max_len.div_ceil(32);
+        // At most one wave of four blocks per SM (a second, nearly empty wave would double the time).
+        let per_request = (4 * self.sms / n).clamp(1, chunks.div_ceil(4));
+        if heads > MAX_INDEX_HEADS {
+            return Err(KernelError::invalid(
+                "heads",
+                heads,
+                format!("the CUDA indexer takes at most {MAX_INDEX_HEADS}"),
+            ));
+        }
+        let smem = indexer_smem(heads);
+        let cfg = LaunchConfig {
+            grid_dim: (per_request as u32, n as u32, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: smem as u32,
+        };
+        let (h, pt, pp, pin) = (heads as u32, p as u32, pool_pages as u32, u32::from(batch.pin_newest));
+        let Scratch { fault, reqs: reqs_d, .. } = &mut *sc;
+        let mut b = s.launch_builder(&self.indexer);
+        b.arg(batch.queries)
+            .arg(batch.weights)
+            .arg(batch.keys)
+            .arg(batch.page_table)
+            .arg(&*reqs_d)
+            .arg(scores)
+            .arg(&h)
+            .arg(&pt)
+            .arg(&pp)
+            .arg(&pin)
+            .arg(fault);
+        // SAFETY: queries/weights hold n requests (checked); every request's page-table entries
+        // and score span lie within their buffers (checked); page ids are checked in the kernel.
+        unsafe { b.launch(cfg) }.map_err(driver_error("indexer launch"))?;
+        Ok(())
+    }
+
+    pub(super) fn launch_top_k(
+        &self,
+        scores: &CudaSlice<f32>,
+        spans: &[Span],
+        k: usize,
+        out: &mut CudaSlice<i32>,
+    ) -> Result<()> {
+        if k > 0 && !spans.is_empty() {
+            check_len("out", spans.len() * k, out.len())?;
+        }
+        for (request, s) in spans.iter().enumerate() {
+            if s.len < k {
+                return Err(KernelError::TopKExceedsLength { request, top_k: k, seq_len: s.len });
+            }
+            if s.len > i32::MAX as usize {
+                return Err(KernelError::invalid("spans.len", s.len, "positions must fit in an i32"));
+            }
+            if s.end() > scores.len() {
+                return Err(hisparse_memory::MemoryError::OutOfBounds {
+                    field: "scores",
+                    start: s.offset,
+                    end: s.end(),
+                    len: scores.len(),
+                }
+                .into());
+            }
+        }
+        if k == 0 || spans.is_empty() {
+            return Ok(());
+        }
+        let n = spans.len();
+        let host: Vec<GpuSpan> = spans.iter().map(|s| GpuSpan { offset: s.offset as u64, len: s.len as u64 }).collect();
+        let mut sc = lock(&self.scratch)?;
+        let Scratch { spans: sd, spans_c, .. } = &mut *sc;
+        upload_cached(&self.dev, sd, spans_c, &host)?;
+        let s = self.dev.stream();
+        let cfg =
+            LaunchConfig { grid_dim: (n as u32, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: TOPK_SMEM as u32 };
+        let k32 = k as u32;
+        let mut b = s.launch_builder(&self.top_k);
+        b.arg(scores).arg(&sc.spans).arg(&k32).arg(out);
+        // SAFETY: every span lies within `scores` and `out` holds n * k positions (checked).
+        unsafe { b.launch(cfg) }.map_err(driver_error("top-k launch"))?;
+        Ok(())
+    }
+
+    pub(super) fn launch_attention(
+        &self,
+        batch: &AttentionBatch<'_, CudaMemory>,
+        out: &mut CudaSlice<f32>,
+        lse: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        let (heads, layout) = (batch.heads, batch.layout);
+        let n = batch.selections.len();
+        if heads == 0 {
+            return Err(KernelError::invalid("heads", heads, "must be at least 1"));
+        }
+        if layout.d_latent() != 512 || layout.d_rope() != 64 {
+            return Err(KernelError::invalid(
+                "layout",
+                format!("{}+{}", layout.d_latent(), layout.d_rope()),
+                "the CUDA attention is built for 512 latent + 64 rope dims",
+            ));
+        }
+        if !batch.softmax_scale.is_finite() {
+            return Err(KernelError::invalid("softmax_scale", batch.softmax_scale, "must be finite"));
+        }
+        check_len("queries", n * heads * 576, batch.queries.len())?;
+        check_len("out", n * heads * 512, out.len())?;
+        check_len("lse", n * heads, lse.len())?;
+        let rb = layout.row_bytes();
+        if !batch.rows.len().is_multiple_of(rb) {
+            return Err(KernelError::invalid("rows", batch.rows.len(), format!("not a multiple of the row size {rb}")));
+        }
+        let mut max_len = 0;
+        for s in batch.selections {
+            if s.end() > batch.locations.len() {
+                return Err(hisparse_memory::MemoryError::OutOfBounds {
+                    field: "locations",
+                    start: s.offset,
+                    end: s.end(),
+                    len: batch.locations.len(),
+                }
+                .into());
+            }
+            max_len = max_len.max(s.len);
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let groups = heads.div_ceil(HEAD_BLOCK);
+        let splits = self.choose_splits(n * groups, max_len);
+        let params = AttnParams {
+            heads: heads as u32,
+            row_bytes: rb as u32,
+            fp8: u32::from(layout.format() == KvRowFormat::Fp8),
+            splits: splits as u32,
+            pool_rows: (batch.rows.len() / rb) as u64,
+            scale_log2: batch.softmax_scale * std::f32::consts::LOG2_E,
+            pad: 0,
+        };
+        let host: Vec<GpuSpan> =
+            batch.selections.iter().map(|s| GpuSpan { offset: s.offset as u64, len: s.len as u64 }).collect();
+        let mut sc = lock(&self.scratch)?;
+        let Scratch { sels: sd, sels_c, .. } = &mut *sc;
+        upload_cached(&self.dev, sd, sels_c, &host)?;
+        let s = self.dev.stream();
+        let cfg = LaunchConfig {
+            grid_dim: (splits as u32, groups as u32, n as u32),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: ATTN_SMEM as u32,
+        };
+        if splits > 1 {
+            room(&self.dev, &mut sc.part_out, n * heads * splits * 512)?;
+            room(&self.dev, &mut sc.part_lse, n * heads * splits)?;
+        }
+        let Scratch { fault, sels, part_out, part_lse, .. } = &mut *sc;
+        let mut b = s.launch_builder(&self.attention);
+        b.arg(batch.queries).arg(batch.rows).arg(batch.locations).arg(&*sels).arg(&params);
+        if splits > 1 {
+            b.arg(&mut *part_out).arg(&mut *part_lse);
+        } else {
+            b.arg(&mut *out).arg(&mut *lse);
+        }
+        b.arg(&mut *fault);
+        // SAFETY: queries, out and lse hold n requests' heads (checked); selections lie within
+        // `locations` (checked); locations are checked against the pool in the kernel; partials
+        // hold n * heads * splits entries.
+        unsafe { b.launch(cfg) }.map_err(driver_error("attention launch"))?;
+        if splits > 1 {
+            let cfg =
+                LaunchConfig { grid_dim: ((n * heads) as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+            let sp = splits as u32;
+            let mut b = s.launch_builder(&self.merge);
+            b.arg(&*part_out).arg(&*part_lse).arg(&sp).arg(out).arg(lse);
+            // SAFETY: the partials were written for n * heads rows of `splits` each; out and lse
+            // hold n * heads rows (checked).
+            unsafe { b.launch(cfg) }.map_err(driver_error("merge launch"))?;
+        }
+        Ok(())
+    }
+}
