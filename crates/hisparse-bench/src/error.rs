@@ -41,6 +41,9 @@ pub enum BenchError {
     /// A self-check found a result out of tolerance.
     #[error("self-check failed: {0}")]
     Check(String),
+    /// A GPU benchmark could not run or measure (CUDA, cuBLAS, a kernel's error).
+    #[error("GPU benchmark: {0}")]
+    Gpu(String),
 }
 
 /// Result alias of the program.

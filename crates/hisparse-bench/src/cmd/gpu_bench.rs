@@ -57,7 +57,7 @@ pub struct Figure {
 }
 
 pub(crate) fn cuda(what: &'static str) -> impl FnOnce(cudarc::driver::DriverError) -> BenchError {
-    move |e| BenchError::Check(format!("CUDA {what}: {e}"))
+    move |e| BenchError::Gpu(format!("CUDA {what}: {e}"))
 }
 
 pub(crate) fn median(mut v: Vec<f64>) -> f64 {
@@ -127,7 +127,7 @@ pub fn run(a: &GpuBenchArgs) -> Result<Vec<Figure>> {
         if r == sys::CUresult::CUDA_SUCCESS {
             Ok(())
         } else {
-            Err(BenchError::Check(format!("cuMemcpyHtoDAsync: {r:?}")))
+            Err(BenchError::Gpu(format!("cuMemcpyHtoDAsync: {r:?}")))
         }
     })?;
     let pcie = bytes as f64 / (ms * 1e-3);
@@ -207,7 +207,7 @@ pub fn run(a: &GpuBenchArgs) -> Result<Vec<Figure>> {
 
     // Miss-gather bandwidth: 32 requests x 267 sorted misses (13% of 2048), one layer's rows.
     let lru = by_name("lru", 0)?;
-    let module = swap_in_source(lru.as_ref()).ok_or_else(|| BenchError::Check("lru has no GPU form".into()))?;
+    let module = swap_in_source(lru.as_ref()).ok_or_else(|| BenchError::Gpu("lru has no GPU form".into()))?;
     let gather = dev.function_of("swap_in_lru", "gather_rows", || Some(module))?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(5);
     for &gib in &a.tier_gib {

@@ -41,7 +41,7 @@ pub struct KernelBenchArgs {
 }
 
 fn kerr(e: hisparse_kernels::KernelError) -> BenchError {
-    BenchError::Check(e.to_string())
+    BenchError::Kernel(e)
 }
 
 /// Random e4m3 codes (no NaN codes) with unit f32 scales: `rows` index keys of 132 B.
@@ -98,17 +98,17 @@ pub fn run(a: &KernelBenchArgs) -> Result<Vec<Figure>> {
     drop((src, dst));
     // SAFETY: only tries to load libcublas.
     if !unsafe { blas::is_culib_present() } {
-        return Err(BenchError::Check("libcublas not found (set LD_LIBRARY_PATH to the CUDA lib64)".into()));
+        return Err(BenchError::Gpu("libcublas not found (set LD_LIBRARY_PATH to the CUDA lib64)".into()));
     }
-    let blas_h = CudaBlas::new(s.clone()).map_err(|e| BenchError::Check(format!("cuBLAS: {e}")))?;
+    let blas_h = CudaBlas::new(s.clone()).map_err(|e| BenchError::Gpu(format!("cuBLAS: {e}")))?;
     let d = 8192usize;
     let am = mem
         .upload(&hisparse_kernels::random::normal_bf16(&mut rng, d * d, 0.1))
-        .map_err(|e| BenchError::Check(e.to_string()))?;
+        .map_err(|e| BenchError::Gpu(e.to_string()))?;
     let bm = mem
         .upload(&hisparse_kernels::random::normal_bf16(&mut rng, d * d, 0.1))
-        .map_err(|e| BenchError::Check(e.to_string()))?;
-    let mut cm = mem.alloc_zeroed::<bf16>(d * d).map_err(|e| BenchError::Check(e.to_string()))?;
+        .map_err(|e| BenchError::Gpu(e.to_string()))?;
+    let mut cm = mem.alloc_zeroed::<bf16>(d * d).map_err(|e| BenchError::Gpu(e.to_string()))?;
     let cfg = GemmConfig {
         transa: blas::cublasOperation_t::CUBLAS_OP_N,
         transb: blas::cublasOperation_t::CUBLAS_OP_N,
@@ -123,7 +123,7 @@ pub fn run(a: &KernelBenchArgs) -> Result<Vec<Figure>> {
     };
     let ms = time_ms(&s, a.reps.min(10), || {
         // SAFETY: all three matrices hold d x d elements.
-        unsafe { blas_h.gemm(cfg, &am, &bm, &mut cm) }.map_err(|e| BenchError::Check(format!("cuBLAS gemm: {e}")))
+        unsafe { blas_h.gemm(cfg, &am, &bm, &mut cm) }.map_err(|e| BenchError::Gpu(format!("cuBLAS gemm: {e}")))
     })?;
     let gemm = 2.0 * (d as f64).powi(3) / (ms * 1e-3);
     push(format!("cuBLAS bf16 GEMM {d}^3 (fp32 accumulate)"), gemm / 1e12, "TFLOP/s", "ceiling".into());
@@ -161,15 +161,15 @@ fn indexer_and_top_k(
         eprintln!("{name:<60} {value:>10.2} {unit:<7} {note}");
         figs.push(Figure { name, value, unit: unit.into(), note });
     };
-    let key = IndexKeyLayout::new(128).map_err(|e| BenchError::Check(e.to_string()))?;
+    let key = IndexKeyLayout::new(128).map_err(|e| BenchError::Gpu(e.to_string()))?;
     let ctx_max = a.contexts.iter().copied().max().unwrap_or(0);
     let b_max = a.batches.iter().copied().filter(|&b| b <= 64).max().unwrap_or(1);
     let p = 64;
     let pages = b_max * ctx_max.div_ceil(p);
-    let keys = mem.upload(&random_keys(rng, pages * p)).map_err(|e| BenchError::Check(e.to_string()))?;
+    let keys = mem.upload(&random_keys(rng, pages * p)).map_err(|e| BenchError::Gpu(e.to_string()))?;
     let mut ids: Vec<u32> = (0..pages as u32).collect();
     ids.shuffle(rng);
-    let table = mem.upload(&ids).map_err(|e| BenchError::Check(e.to_string()))?;
+    let table = mem.upload(&ids).map_err(|e| BenchError::Gpu(e.to_string()))?;
     for &heads in &[64usize, 32] {
         for &ctx in &a.contexts {
             for &b in a.batches.iter().filter(|&&b| b <= 64) {
@@ -182,11 +182,11 @@ fn indexer_and_top_k(
                     .collect();
                 let q = mem
                     .upload(&hisparse_kernels::random::normal_bf16(rng, b * heads * 128, 1.0))
-                    .map_err(|e| BenchError::Check(e.to_string()))?;
+                    .map_err(|e| BenchError::Gpu(e.to_string()))?;
                 let w = mem
                     .upload(&hisparse_kernels::random::head_weights(rng, b * heads))
-                    .map_err(|e| BenchError::Check(e.to_string()))?;
-                let mut scores = mem.alloc_zeroed::<f32>(b * ctx).map_err(|e| BenchError::Check(e.to_string()))?;
+                    .map_err(|e| BenchError::Gpu(e.to_string()))?;
+                let mut scores = mem.alloc_zeroed::<f32>(b * ctx).map_err(|e| BenchError::Gpu(e.to_string()))?;
                 let batch = IndexerBatch {
                     heads,
                     key_layout: key,
@@ -210,7 +210,7 @@ fn indexer_and_top_k(
                 );
                 if heads == 64 {
                     let spans: Vec<Span> = (0..b).map(|i| Span::new(i * ctx, ctx)).collect();
-                    let mut top = mem.alloc_zeroed::<i32>(b * 2048).map_err(|e| BenchError::Check(e.to_string()))?;
+                    let mut top = mem.alloc_zeroed::<i32>(b * 2048).map_err(|e| BenchError::Gpu(e.to_string()))?;
                     let ms = time_ms(s, a.reps, || gpu.top_k(&scores, &spans, 2048, &mut top).map_err(kerr))?;
                     push(
                         format!("top-k 2048 of {ctx}, batch {b}"),
@@ -226,17 +226,17 @@ fn indexer_and_top_k(
     // scatter costs.
     if let (Some(&ctx), true) = (a.contexts.iter().max(), b_max == 64) {
         let seq: Vec<u32> = (0..pages as u32).collect();
-        let table_seq = mem.upload(&seq).map_err(|e| BenchError::Check(e.to_string()))?;
+        let table_seq = mem.upload(&seq).map_err(|e| BenchError::Gpu(e.to_string()))?;
         let reqs: Vec<IndexerRequest> = (0..64)
             .map(|i| IndexerRequest { first_page: i * ctx_max.div_ceil(p), seq_len: ctx, score_offset: i * ctx })
             .collect();
         let q = mem
             .upload(&hisparse_kernels::random::normal_bf16(rng, 64 * 64 * 128, 1.0))
-            .map_err(|e| BenchError::Check(e.to_string()))?;
+            .map_err(|e| BenchError::Gpu(e.to_string()))?;
         let w = mem
             .upload(&hisparse_kernels::random::head_weights(rng, 64 * 64))
-            .map_err(|e| BenchError::Check(e.to_string()))?;
-        let mut scores = mem.alloc_zeroed::<f32>(64 * ctx).map_err(|e| BenchError::Check(e.to_string()))?;
+            .map_err(|e| BenchError::Gpu(e.to_string()))?;
+        let mut scores = mem.alloc_zeroed::<f32>(64 * ctx).map_err(|e| BenchError::Gpu(e.to_string()))?;
         let batch = IndexerBatch {
             heads: 64,
             key_layout: key,
@@ -276,11 +276,10 @@ fn attention(
         figs.push(Figure { name, value, unit: unit.into(), note });
     };
     for format in [KvRowFormat::Fp8, KvRowFormat::Bf16] {
-        let layout = KvRowLayout::new(format, 512, 64).map_err(|e| BenchError::Check(e.to_string()))?;
+        let layout = KvRowLayout::new(format, 512, 64).map_err(|e| BenchError::Gpu(e.to_string()))?;
         let b_max = a.batches.iter().copied().max().unwrap_or(1);
         let region = 4096;
-        let pool =
-            mem.upload(&random_rows(rng, layout, b_max * region)).map_err(|e| BenchError::Check(e.to_string()))?;
+        let pool = mem.upload(&random_rows(rng, layout, b_max * region)).map_err(|e| BenchError::Gpu(e.to_string()))?;
         for &heads in &[128usize, 64] {
             for &b in &a.batches {
                 let mut locs = Vec::with_capacity(b * 2048);
@@ -292,12 +291,12 @@ fn attention(
                     locs.extend(sel);
                 }
                 let spans: Vec<Span> = (0..b).map(|i| Span::new(i * 2048, 2048)).collect();
-                let ld = mem.upload(&locs).map_err(|e| BenchError::Check(e.to_string()))?;
+                let ld = mem.upload(&locs).map_err(|e| BenchError::Gpu(e.to_string()))?;
                 let q = mem
                     .upload(&hisparse_kernels::random::normal_bf16(rng, b * heads * 576, 1.0))
-                    .map_err(|e| BenchError::Check(e.to_string()))?;
-                let mut out = mem.alloc_zeroed::<f32>(b * heads * 512).map_err(|e| BenchError::Check(e.to_string()))?;
-                let mut lse = mem.alloc_zeroed::<f32>(b * heads).map_err(|e| BenchError::Check(e.to_string()))?;
+                    .map_err(|e| BenchError::Gpu(e.to_string()))?;
+                let mut out = mem.alloc_zeroed::<f32>(b * heads * 512).map_err(|e| BenchError::Gpu(e.to_string()))?;
+                let mut lse = mem.alloc_zeroed::<f32>(b * heads).map_err(|e| BenchError::Gpu(e.to_string()))?;
                 let batch = AttentionBatch {
                     heads,
                     layout,

@@ -17,7 +17,7 @@ use super::gpu_bench::{Figure, cuda, time_ms};
 use crate::error::{BenchError, Result};
 
 fn e(x: impl std::fmt::Display) -> BenchError {
-    BenchError::Check(x.to_string())
+    BenchError::Gpu(x.to_string())
 }
 
 /// Measures `layers` layers at `batch` requests of `ctx` tokens, eagerly and as one graph.
@@ -90,7 +90,7 @@ pub fn measure(
     let captured = step();
     let graph = s.end_capture(CUgraphInstantiate_flags(0)).map_err(cuda("end capture"))?;
     captured?;
-    let graph = graph.ok_or_else(|| BenchError::Check("the capture recorded no work".into()))?;
+    let graph = graph.ok_or_else(|| BenchError::Gpu("the capture recorded no work".into()))?;
     graph.upload().map_err(cuda("graph upload"))?;
     let replay = time_ms(s, reps, || graph.launch().map_err(cuda("graph launch")))?;
     gpu.finish_step().map_err(e)?;
