@@ -60,6 +60,14 @@ pub(crate) fn cuda(what: &'static str) -> impl FnOnce(cudarc::driver::DriverErro
     move |e| BenchError::Gpu(format!("CUDA {what}: {e}"))
 }
 
+impl Figure {
+    /// Prints the figure as a table line and appends it to `figs`.
+    pub(crate) fn record(figs: &mut Vec<Figure>, name: String, value: f64, unit: &str, note: String) {
+        eprintln!("{name:<60} {value:>10.2} {unit:<7} {note}");
+        figs.push(Figure { name, value, unit: unit.into(), note });
+    }
+}
+
 pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -100,10 +108,8 @@ pub fn run(a: &GpuBenchArgs) -> Result<Vec<Figure>> {
     let dev = CudaDevice::new(0)?;
     let s = dev.stream().clone();
     let mut figs = Vec::new();
-    let mut push = |name: String, value: f64, unit: &str, note: String| {
-        eprintln!("{name:<58} {value:>10.2} {unit:<6} {note}");
-        figs.push(Figure { name, value, unit: unit.into(), note });
-    };
+    let mut push =
+        |name: String, value: f64, unit: &str, note: String| Figure::record(&mut figs, name, value, unit, note);
     eprintln!("device: {}", dev.name()?);
 
     // Ceilings: HBM copy, pinned host-to-device memcpy.

@@ -81,10 +81,8 @@ pub fn run(a: &KernelBenchArgs) -> Result<Vec<Figure>> {
     let mem = gpu.memory().clone();
     let s = gpu.device().stream().clone();
     let mut figs = Vec::new();
-    let mut push = |name: String, value: f64, unit: &str, note: String| {
-        eprintln!("{name:<60} {value:>10.2} {unit:<7} {note}");
-        figs.push(Figure { name, value, unit: unit.into(), note });
-    };
+    let mut push =
+        |name: String, value: f64, unit: &str, note: String| Figure::record(&mut figs, name, value, unit, note);
     eprintln!("device: {}", gpu.device().name().map_err(kerr)?);
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
 
@@ -157,10 +155,7 @@ fn indexer_and_top_k(
     figs: &mut Vec<Figure>,
 ) -> Result<()> {
     let mem = gpu.memory().clone();
-    let mut push = |name: String, value: f64, unit: &str, note: String| {
-        eprintln!("{name:<60} {value:>10.2} {unit:<7} {note}");
-        figs.push(Figure { name, value, unit: unit.into(), note });
-    };
+    let mut push = |name: String, value: f64, unit: &str, note: String| Figure::record(figs, name, value, unit, note);
     let key = IndexKeyLayout::new(128).map_err(|e| BenchError::Gpu(e.to_string()))?;
     let ctx_max = a.contexts.iter().copied().max().unwrap_or(0);
     let b_max = a.batches.iter().copied().filter(|&b| b <= 64).max().unwrap_or(1);
@@ -271,10 +266,7 @@ fn attention(
     figs: &mut Vec<Figure>,
 ) -> Result<()> {
     let mem = gpu.memory().clone();
-    let mut push = |name: String, value: f64, unit: &str, note: String| {
-        eprintln!("{name:<60} {value:>10.2} {unit:<7} {note}");
-        figs.push(Figure { name, value, unit: unit.into(), note });
-    };
+    let mut push = |name: String, value: f64, unit: &str, note: String| Figure::record(figs, name, value, unit, note);
     for format in [KvRowFormat::Fp8, KvRowFormat::Bf16] {
         let layout = KvRowLayout::new(format, 512, 64).map_err(|e| BenchError::Gpu(e.to_string()))?;
         let b_max = a.batches.iter().copied().max().unwrap_or(1);

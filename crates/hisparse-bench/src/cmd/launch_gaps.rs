@@ -94,12 +94,11 @@ pub fn measure(
     graph.upload().map_err(cuda("graph upload"))?;
     let replay = time_ms(s, reps, || graph.launch().map_err(cuda("graph launch")))?;
     gpu.finish_step().map_err(e)?;
+    let per_layer = |ms: f64| 1e3 * ms / layers as f64;
     let name = format!("{layers} layers, batch {batch}, ctx {ctx}: eager launches");
-    eprintln!("{name:<60} {:>10.2} us/layer", 1e3 * eager / layers as f64);
-    figs.push(Figure { name, value: 1e3 * eager / layers as f64, unit: "us/layer".into(), note: String::new() });
+    Figure::record(figs, name, per_layer(eager), "us/layer", String::new());
     let name = format!("{layers} layers, batch {batch}, ctx {ctx}: one CUDA graph");
     let note = format!("{:.1}% less than eager", 100.0 * (1.0 - replay / eager));
-    eprintln!("{name:<60} {:>10.2} us/layer {note}", 1e3 * replay / layers as f64);
-    figs.push(Figure { name, value: 1e3 * replay / layers as f64, unit: "us/layer".into(), note });
+    Figure::record(figs, name, per_layer(replay), "us/layer", note);
     Ok(())
 }

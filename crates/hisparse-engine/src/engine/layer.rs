@@ -144,19 +144,32 @@ where
             self.backend.sparse_attention(&batch, &mut sb.out, &mut sb.lse)?;
             m.stages.attention += secs(t);
         }
+        // 6. Dump, digests, backup of the new rows (hisparse).
+        self.finish_layer(l, new_rows, sb, rep)
+    }
+
+    /// The end of a layer on either path: the dump and digests when asked for, and the new rows
+    /// queued for backup to the host tier (hisparse).
+    pub(super) fn finish_layer(
+        &mut self,
+        l: usize,
+        new_rows: Vec<Vec<u8>>,
+        sb: &StepBatch<B::Memory>,
+        rep: &mut StepReport,
+    ) -> Result<()> {
         if self.capture_next {
             self.dump_layer(l, sb, rep)?;
         }
         if self.cfg.capture_digests {
+            let mem = self.backend.memory();
             let (out, lse) = (mem.download(&sb.out)?, mem.download(&sb.lse)?);
-            let per = qh * g.d_v();
+            let qh = self.cfg.geometry.q_heads;
+            let per = qh * self.cfg.geometry.d_v();
             for (i, r) in self.running.iter().enumerate() {
                 let d = digest(&out[i * per..(i + 1) * per], &lse[i * qh..(i + 1) * qh]);
                 rep.digests.push((r.spec.id, r.generated as u32, l as u32, d));
             }
         }
-
-        // 6. Backup of the new rows (hisparse).
         let m = &mut rep.metrics;
         if let (Some(bk), Some(host)) = (self.backup.as_mut(), self.host.as_ref()) {
             let t = Instant::now();

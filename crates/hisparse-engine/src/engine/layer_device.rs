@@ -16,7 +16,7 @@ use hisparse_policy::trace::TraceRecord;
 use rayon::prelude::*;
 
 use super::Engine;
-use super::step::{StepBatch, StepReport, digest, secs};
+use super::step::{StepBatch, StepReport, secs};
 use crate::error::{EngineError, Result};
 use crate::metrics::StepMetrics;
 
@@ -284,29 +284,6 @@ where
         self.backend.sparse_attention(&batch, &mut sb.out, &mut sb.lse)?;
         self.backend.mark_stage(KernelStage::Attention, false)?;
         m.stages.attention += secs(t);
-        if self.capture_next {
-            self.dump_layer(l, sb, rep)?;
-        }
-        if self.cfg.capture_digests {
-            let (out, lse) = (mem.download(&sb.out)?, mem.download(&sb.lse)?);
-            let per = qh * g.d_v();
-            for (i, r) in self.running.iter().enumerate() {
-                let d = digest(&out[i * per..(i + 1) * per], &lse[i * qh..(i + 1) * qh]);
-                rep.digests.push((r.spec.id, r.generated as u32, l as u32, d));
-            }
-        }
-
-        // Backup of the new rows (hisparse).
-        let m = &mut rep.metrics;
-        if let (Some(bk), Some(host)) = (self.backup.as_mut(), self.host.as_ref()) {
-            let t = Instant::now();
-            for (r, row) in self.running.iter_mut().zip(new_rows) {
-                let at = host.locate(r.spec.id, l, r.seq_len)?;
-                m.bytes_d2h += row.len() as u64;
-                r.last_backup[l] = bk.submit(at, row)?;
-            }
-            m.stages.backup += secs(t);
-        }
-        Ok(())
+        self.finish_layer(l, new_rows, sb, rep)
     }
 }

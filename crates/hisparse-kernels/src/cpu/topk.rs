@@ -34,8 +34,8 @@ pub fn top_k_positions(scores: &[f32], k: usize, out: &mut [i32]) {
     out.sort_unstable();
 }
 
-pub(super) fn top_k(scores: &[f32], spans: &[Span], k: usize, out: &mut [i32]) -> Result<()> {
-    check_len("out", spans.len() * k, out.len())?;
+/// Checks a top-k call's spans against `k` and the scores' length (shared by every backend).
+pub(crate) fn check_spans(spans: &[Span], k: usize, scores_len: usize) -> Result<()> {
     for (request, s) in spans.iter().enumerate() {
         if s.len < k {
             return Err(KernelError::TopKExceedsLength { request, top_k: k, seq_len: s.len });
@@ -43,16 +43,22 @@ pub(super) fn top_k(scores: &[f32], spans: &[Span], k: usize, out: &mut [i32]) -
         if s.len > i32::MAX as usize {
             return Err(KernelError::invalid("spans.len", s.len, "positions must fit in an i32"));
         }
-        if s.end() > scores.len() {
+        if s.end() > scores_len {
             return Err(hisparse_memory::MemoryError::OutOfBounds {
                 field: "scores",
                 start: s.offset,
                 end: s.end(),
-                len: scores.len(),
+                len: scores_len,
             }
             .into());
         }
     }
+    Ok(())
+}
+
+pub(super) fn top_k(scores: &[f32], spans: &[Span], k: usize, out: &mut [i32]) -> Result<()> {
+    check_len("out", spans.len() * k, out.len())?;
+    check_spans(spans, k, scores.len())?;
     if k == 0 {
         return Ok(());
     }

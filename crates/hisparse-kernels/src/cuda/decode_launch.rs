@@ -156,23 +156,7 @@ impl CudaBackend {
         if k > 0 && !spans.is_empty() {
             check_len("out", spans.len() * k, out.len())?;
         }
-        for (request, s) in spans.iter().enumerate() {
-            if s.len < k {
-                return Err(KernelError::TopKExceedsLength { request, top_k: k, seq_len: s.len });
-            }
-            if s.len > i32::MAX as usize {
-                return Err(KernelError::invalid("spans.len", s.len, "positions must fit in an i32"));
-            }
-            if s.end() > scores.len() {
-                return Err(hisparse_memory::MemoryError::OutOfBounds {
-                    field: "scores",
-                    start: s.offset,
-                    end: s.end(),
-                    len: scores.len(),
-                }
-                .into());
-            }
-        }
+        crate::cpu::check_top_k_spans(spans, k, scores.len())?;
         if k == 0 || spans.is_empty() {
             return Ok(());
         }
