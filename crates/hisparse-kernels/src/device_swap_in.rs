@@ -27,7 +27,9 @@ pub struct DeviceSwapInConfig {
     pub max_selected: usize,
 }
 
-/// One request of a step, for every layer of it.
+/// One request of a step, for every layer of it (`#[repr(C)]`: the CUDA swap-in kernel reads
+/// it as is).
+#[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DeviceSwapReq {
     /// Hot-buffer seat.
@@ -110,5 +112,20 @@ impl<M: DeviceMemory> DeviceSwapIn<M> for NoDeviceSwapIn {
 
     fn end_step(&mut self) -> Result<DeviceSwapCounts> {
         match *self {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_is_laid_out_as_the_kernels_swap_req() {
+        // kernels/swap_in.cu: six u32 fields, then the u64 request id; 32 bytes.
+        assert_eq!(size_of::<DeviceSwapReq>(), 32);
+        assert_eq!(std::mem::offset_of!(DeviceSwapReq, seat), 0);
+        assert_eq!(std::mem::offset_of!(DeviceSwapReq, sel_len), 16);
+        assert_eq!(std::mem::offset_of!(DeviceSwapReq, page_offset), 20);
+        assert_eq!(std::mem::offset_of!(DeviceSwapReq, request), 24);
     }
 }

@@ -13,27 +13,12 @@ use hisparse_policy::{EvictionPolicy, PolicyScalars, SlotRecord};
 use super::device::CudaDevice;
 use super::policy::{GpuPolicyScalars, GpuSlotRecord};
 use super::sources::KernelSource;
+use crate::device_swap_in::DeviceSwapReq;
 use crate::error::{KernelError, Result};
 
-/// One request of a swap-in launch.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct SwapReq {
-    /// Hot-buffer seat.
-    pub seat: u32,
-    /// Tokens in the sequence (the newest is `seq_len - 1`).
-    pub seq_len: u32,
-    /// The request's decode step (from 1).
-    pub step: u32,
-    /// First selected position in the selections buffer.
-    pub sel_offset: u32,
-    /// Selected positions (strictly ascending, below `seq_len`).
-    pub sel_len: u32,
-    /// First of the request's host pages in the host-page buffer.
-    pub page_offset: u32,
-    /// Request id (policies may hash it).
-    pub request: u64,
-}
+/// One request of a swap-in launch: the backend-neutral [`DeviceSwapReq`], which is laid out
+/// as the kernel's `SwapReq`.
+pub type SwapReq = DeviceSwapReq;
 
 /// Where the host tier is, for the miss copies.
 #[repr(C)]
@@ -58,9 +43,9 @@ pub struct SwapParams {
 }
 
 // SAFETY: #[repr(C)] structs of plain integers, laid out as the kernel's `SwapReq`/`SwapParams`.
-unsafe impl DeviceRepr for SwapReq {}
+unsafe impl DeviceRepr for DeviceSwapReq {}
 // SAFETY: as above.
-unsafe impl ValidAsZeroBits for SwapReq {}
+unsafe impl ValidAsZeroBits for DeviceSwapReq {}
 // SAFETY: as above.
 unsafe impl DeviceRepr for SwapParams {}
 

@@ -71,18 +71,7 @@ impl DeviceSwapIn<CudaMemory> for CudaSwapIn {
     }
 
     fn begin_step(&mut self, reqs: &[DeviceSwapReq], host_pages: &[u32]) -> Result<()> {
-        self.reqs = reqs
-            .iter()
-            .map(|r| SwapReq {
-                seat: r.seat,
-                seq_len: r.seq_len,
-                step: r.step,
-                sel_offset: r.sel_offset,
-                sel_len: r.sel_len,
-                page_offset: r.page_offset,
-                request: r.request,
-            })
-            .collect();
+        self.reqs = reqs.to_vec();
         self.launched = 0;
         if reqs.is_empty() {
             return Ok(());
