@@ -20,6 +20,9 @@ pub struct StageTimes {
     pub swap_in: f64,
     /// Sparse attention kernel.
     pub attention: f64,
+    /// Layers replayed as one captured launch graph (every kernel stage of them; the stages
+    /// above then count the layers launched one by one).
+    pub graph: f64,
     /// Backup: queueing copies, and waiting for earlier ones before a slot is reused.
     pub backup: f64,
     /// Scheduling and bookkeeping outside kernels, copies and the workload.
@@ -38,6 +41,7 @@ impl StageTimes {
         self.top_k += o.top_k;
         self.swap_in += o.swap_in;
         self.attention += o.attention;
+        self.graph += o.graph;
         self.backup += o.backup;
         self.admission += o.admission;
     }
@@ -50,6 +54,7 @@ impl StageTimes {
             + self.top_k
             + self.swap_in
             + self.attention
+            + self.graph
             + self.backup
             + self.bookkeeping
     }
@@ -76,6 +81,10 @@ pub struct StepMetrics {
     pub bytes_h2d: u64,
     /// Bytes copied device → host by backup.
     pub bytes_d2h: u64,
+    /// Launch graphs captured this step.
+    pub graph_captures: u64,
+    /// Launch graphs replayed this step (layers 1..L as one graph).
+    pub graph_replays: u64,
     /// Prompt bytes written into the host tier at admission.
     pub bytes_prompt_host: u64,
     /// Prompt bytes written into the device tier at admission (KV, keys, preloaded slots).

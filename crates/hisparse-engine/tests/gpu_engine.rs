@@ -9,7 +9,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{config, expected_count, requests, run_on};
+use common::{config, expected_count, requests, run_counted, run_on};
 use hisparse_engine::{Engine, EngineConfig, LayerDump};
 use hisparse_kernels::CpuBackend;
 use hisparse_kernels::cuda::CudaBackend;
@@ -20,18 +20,23 @@ fn gpu() -> CudaBackend {
     CudaBackend::new(0).expect("a CUDA GPU").with_splits(3)
 }
 
+/// `config` with every layer launched one by one (every layer's digest is then recorded).
+fn eager(mode: Mode, policy: &str) -> EngineConfig {
+    EngineConfig { launch_graphs: false, ..config(mode, policy) }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn on_cuda_hisparse_equals_resident_bit_for_bit() {
-    let resident = run_on(gpu(), config(Mode::Resident, "lru"), &[], None);
+    let resident = run_on(gpu(), eager(Mode::Resident, "lru"), &[], None);
     assert_eq!(resident.len(), expected_count());
     for policy in ["lru", "fifo", "random", "clock"] {
-        let hs = run_on(gpu(), config(Mode::HiSparse, policy), &[], None);
+        let hs = run_on(gpu(), eager(Mode::HiSparse, policy), &[], None);
         assert_eq!(hs, resident, "{policy}: outputs differ from the resident baseline");
     }
-    let hs = run_on(gpu(), config(Mode::HiSparse, "lru"), &["clock", "random", "fifo", "lru"], None);
+    let hs = run_on(gpu(), eager(Mode::HiSparse, "lru"), &["clock", "random", "fifo", "lru"], None);
     assert_eq!(hs, resident, "policy and batch cap swapped mid-run");
-    let hs = run_on(gpu(), config(Mode::HiSparse, "clock"), &[], Some(Duration::from_millis(2)));
+    let hs = run_on(gpu(), eager(Mode::HiSparse, "clock"), &[], Some(Duration::from_millis(2)));
     assert_eq!(hs, resident, "slow backup worker");
     let distinct: std::collections::HashSet<u64> = resident.values().copied().collect();
     assert!(distinct.len() > resident.len() / 2, "outputs are not trivial");
@@ -85,6 +90,36 @@ fn on_cuda_the_engine_matches_the_cpu_backend() {
             for (x, y) in c.lse.iter().zip(&g.lse) {
                 assert!((x - y).abs() <= 1e-4 * x.abs().max(1.0), "{mode} layer {}: lse {x} vs {y}", c.layer);
             }
+        }
+    }
+}
+
+/// Launch graphs: replaying layers 1..L as one captured graph computes what launching them one
+/// by one does. Digests of the replayed steps exist for layer 0 and the last layer (the others'
+/// outputs are overwritten inside the graph); the swap-in's hits and misses, which every layer's
+/// decisions feed, are compared for every step.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn on_cuda_launch_graphs_replay_what_eager_launches_compute() {
+    let mut resident_graphs = None;
+    for (mode, policy) in [(Mode::Resident, "lru"), (Mode::HiSparse, "lru"), (Mode::HiSparse, "clock")] {
+        let (eager_d, eager_c) = run_counted(gpu(), eager(mode, policy), &[], None);
+        let (graph_d, graph_c) = run_counted(gpu(), config(mode, policy), &[], None);
+        let replays: u64 = graph_c.iter().map(|c| c.replays).sum();
+        let captures: u64 = graph_c.iter().map(|c| c.captures).sum();
+        assert!(replays >= 10 && captures >= 1, "{mode:?} {policy}: {replays} replays, {captures} captures");
+        assert!(captures < replays, "{mode:?} {policy}: every replay was captured anew ({captures})");
+        assert_eq!(eager_c.iter().map(|c| c.replays).sum::<u64>(), 0);
+        let strip = |c: &[common::StepCounts]| c.iter().map(|c| (c.hits, c.misses)).collect::<Vec<_>>();
+        assert_eq!(strip(&graph_c), strip(&eager_c), "{mode:?} {policy}: hits and misses differ");
+        assert!(graph_d.len() < eager_d.len(), "no layer was replayed");
+        for (k, d) in &graph_d {
+            assert_eq!(eager_d.get(k), Some(d), "{mode:?} {policy}: digest {k:?} differs");
+        }
+        match (&resident_graphs, mode) {
+            (None, Mode::Resident) => resident_graphs = Some(graph_d),
+            (Some(r), _) => assert_eq!(&graph_d, r, "{policy}: hisparse with graphs differs from resident"),
+            _ => {}
         }
     }
 }

@@ -95,6 +95,8 @@ pub enum KernelStage {
     SwapIn,
     /// Sparse attention.
     Attention,
+    /// Layers replayed as one captured launch sequence (every stage of them).
+    Graph,
 }
 
 /// Seconds a backend measured per stage on its own clock (CUDA: events on its stream).
@@ -108,6 +110,8 @@ pub struct StageSeconds {
     pub swap_in: f64,
     /// Attention.
     pub attention: f64,
+    /// Replayed launch sequences ([`Backend::replay`]).
+    pub graph: f64,
 }
 
 impl StageSeconds {
@@ -118,6 +122,7 @@ impl StageSeconds {
             KernelStage::TopK => self.top_k += secs,
             KernelStage::SwapIn => self.swap_in += secs,
             KernelStage::Attention => self.attention += secs,
+            KernelStage::Graph => self.graph += secs,
         }
     }
 }
@@ -217,6 +222,49 @@ pub trait Backend: Send + Sync {
     /// are asynchronous and a host round trip per layer would stall them).
     fn prefers_device_selection(&self) -> bool {
         false
+    }
+
+    /// [`Backend::write_rows`] with its input already in device memory: `packed` holds `n` row
+    /// indices (little-endian `u32`), then the `n` rows. The default copies it to the host.
+    fn write_rows_packed(&self, pool: &mut Buf<Self, u8>, row_bytes: usize, n: usize, packed: &Buf<Self, u8>) -> Result<()> {
+        let host = self.memory().download(packed)?;
+        crate::error::check_len("packed", n * (4 + row_bytes), host.len())?;
+        let rows: Vec<u32> = host[..4 * n].chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        self.write_rows(pool, row_bytes, &rows, &host[4 * n..])
+    }
+
+    /// [`Backend::fill_unit_bf16`] with the seeds already in device memory. The default copies
+    /// them to the host.
+    fn fill_unit_bf16_seeded(&self, seeds: &Buf<Self, u64>, len: usize, out: &mut Buf<Self, bf16>) -> Result<()> {
+        let host = self.memory().download(seeds)?;
+        self.fill_unit_bf16(&host, len, out)
+    }
+
+    /// The print of every launch since the last call (kernel, grid and every argument, by value
+    /// or by device address), which starts a new one: two launch sequences with equal prints do
+    /// the same work, so one captured earlier may be replayed instead ([`Backend::replay`]).
+    /// `0` on backends that do not capture.
+    fn launch_print(&self) -> u64 {
+        0
+    }
+
+    /// Starts capturing: launches until [`Backend::end_capture`] are recorded, not run. `false`
+    /// (the default) where the backend cannot capture; its launches then run as usual.
+    fn begin_capture(&self) -> Result<bool> {
+        Ok(false)
+    }
+
+    /// Ends the capture and keeps what was recorded under `key` (replacing what was kept);
+    /// fails, keeping nothing, when something in the capture could not be recorded.
+    fn end_capture(&self, key: u64) -> Result<()> {
+        let _ = key;
+        Ok(())
+    }
+
+    /// Runs the launch sequence kept under `key`; `false` when none is kept under it.
+    fn replay(&self, key: u64) -> Result<bool> {
+        let _ = key;
+        Ok(false)
     }
 
     /// Fills `out` with `seeds.len()` segments of `len` values: segment `i` is the unit stream

@@ -31,6 +31,10 @@ pub struct EngineArgs {
     /// Backend: auto (CUDA where a driver is found, else CPU), cpu, or cuda.
     #[arg(long, value_enum, default_value_t = BackendKind::Auto)]
     pub backend: BackendKind,
+    /// Launch every layer's kernels one by one instead of replaying layers 1..L as one
+    /// captured CUDA graph.
+    #[arg(long)]
+    pub no_graphs: bool,
     /// A JSON file with SGLang's hisparse-config keys (top_k, device_buffer_size,
     /// host_to_device_ratio, swap_in_block_size) and ours; flags below override it.
     #[arg(long)]
@@ -145,6 +149,7 @@ impl EngineArgs {
             typical_tokens,
             capture_digests: false,
             backup_delay: None,
+            launch_graphs: !self.no_graphs,
         })
     }
 

@@ -178,7 +178,7 @@ pub fn run(a: &RunArgs) -> Result<(Vec<ModeRun>, PathBuf)> {
 /// The runs as a table.
 pub fn render(runs: &[ModeRun], out: &std::path::Path) -> String {
     let mut s = format!(
-        "{:<9} {:>6} {:>8} {:>10} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>10} {:>10}\n",
+        "{:<9} {:>6} {:>8} {:>10} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>10} {:>10}\n",
         "mode",
         "steps",
         "tokens",
@@ -188,6 +188,7 @@ pub fn render(runs: &[ModeRun], out: &std::path::Path) -> String {
         "topk%",
         "swap%",
         "attn%",
+        "graph%",
         "backup%",
         "miss%",
         "device MB",
@@ -197,7 +198,7 @@ pub fn render(runs: &[ModeRun], out: &std::path::Path) -> String {
         let x = &r.summary;
         let d = x.stages.decode().max(1e-12);
         s += &format!(
-            "{:<9} {:>6} {:>8} {:>10.1} {:>8} {:>7.1}% {:>7.1}% {:>7.1}% {:>7.1}% {:>7.1}% {:>7.2}% {:>10.1} {:>10.1}\n",
+            "{:<9} {:>6} {:>8} {:>10.1} {:>8} {:>7.1}% {:>7.1}% {:>7.1}% {:>7.1}% {:>7.1}% {:>7.1}% {:>7.2}% {:>10.1} {:>10.1}\n",
             r.mode.to_string(),
             x.steps,
             x.tokens,
@@ -207,6 +208,7 @@ pub fn render(runs: &[ModeRun], out: &std::path::Path) -> String {
             100.0 * x.stages.top_k / d,
             100.0 * x.stages.swap_in / d,
             100.0 * x.stages.attention / d,
+            100.0 * x.stages.graph / d,
             100.0 * x.stages.backup / d,
             100.0 * x.miss_ratio,
             x.peak_device_bytes as f64 / 1e6,

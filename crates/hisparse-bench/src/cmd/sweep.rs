@@ -63,7 +63,8 @@ pub struct Point {
     pub miss_ratio: f64,
     /// Share of decode time in swap-in (and backup).
     pub swap_in_share: f64,
-    /// Kernel time per step (ms): indexer, top-k, swap-in and attention; on CUDA from events.
+    /// Kernel time per step (ms): indexer, top-k, swap-in, attention and replayed launch graphs;
+    /// on CUDA from events.
     pub kernel_ms: f64,
     /// Mean time per step and stage over the window (milliseconds).
     pub stages_ms: StageTimes,
@@ -108,6 +109,7 @@ fn scale_stages(s: &StageTimes, f: f64) -> StageTimes {
         top_k: s.top_k * f,
         swap_in: s.swap_in * f,
         attention: s.attention * f,
+        graph: s.graph * f,
         backup: s.backup * f,
         bookkeeping: s.bookkeeping * f,
         admission: s.admission * f,
@@ -159,7 +161,7 @@ pub fn run(a: &SweepArgs) -> Result<(SweepReport, PathBuf)> {
                         hits += r.metrics.hits;
                         swap += r.metrics.stages.swap_in + r.metrics.stages.backup;
                         let st = &r.metrics.stages;
-                        kernels += st.indexer + st.top_k + st.swap_in + st.attention;
+                        kernels += st.indexer + st.top_k + st.swap_in + st.attention + st.graph;
                         stages.add(st);
                     }
                 }

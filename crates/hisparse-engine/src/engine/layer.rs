@@ -145,7 +145,7 @@ where
             m.stages.attention += secs(t);
         }
         // 6. Dump, digests, backup of the new rows (hisparse).
-        self.finish_layer(l, new_rows, sb, rep)
+        self.finish_layer(l, &new_rows, sb, rep, true)
     }
 
     /// The end of a layer on either path: the dump and digests when asked for, and the new rows
@@ -153,14 +153,15 @@ where
     pub(super) fn finish_layer(
         &mut self,
         l: usize,
-        new_rows: Vec<Vec<u8>>,
+        new_rows: &[u8],
         sb: &StepBatch<B::Memory>,
         rep: &mut StepReport,
+        outputs: bool,
     ) -> Result<()> {
         if self.capture_next {
             self.dump_layer(l, sb, rep)?;
         }
-        if self.cfg.capture_digests {
+        if self.cfg.capture_digests && outputs {
             let mem = self.backend.memory();
             let (out, lse) = (mem.download(&sb.out)?, mem.download(&sb.lse)?);
             let qh = self.cfg.geometry.q_heads;
@@ -173,7 +174,8 @@ where
         let m = &mut rep.metrics;
         if let (Some(bk), Some(host)) = (self.backup.as_mut(), self.host.as_ref()) {
             let t = Instant::now();
-            for (r, row) in self.running.iter_mut().zip(new_rows) {
+            for (r, row) in self.running.iter_mut().zip(new_rows.chunks_exact(self.kv_row.row_bytes().max(1))) {
+                let row = row.to_vec();
                 let at = host.locate(r.spec.id, l, r.seq_len)?;
                 m.bytes_d2h += row.len() as u64;
                 r.last_backup[l] = bk.submit(at, row)?;
@@ -193,8 +195,14 @@ where
             layer: l as u32,
             requests: self.running.iter().map(|r| r.spec.id.0).collect(),
             seq_lens: sb.reqs.iter().map(|r| r.seq_len as u32).collect(),
-            index_queries: mem.download(&sb.index_q)?,
-            index_weights: mem.download(&sb.index_w)?,
+            index_queries: match sb.inputs.layers.get(l) {
+                Some(inp) if self.device_path => mem.download(&inp.index_q)?,
+                _ => mem.download(&sb.index_q)?,
+            },
+            index_weights: match sb.inputs.layers.get(l) {
+                Some(inp) if self.device_path => mem.download(&inp.index_w)?,
+                _ => mem.download(&sb.index_w)?,
+            },
             scores: mem.download(&sb.scores)?,
             selections: sb.selections.clone(),
             selection_lens: sb.sel_spans.iter().map(|s| s.len as u32).collect(),

@@ -26,7 +26,7 @@ where
 {
     /// Writes the new token's index key and KV row of layer `l` for every running request (one
     /// batched write per pool); returns the rows (hisparse: for the backup).
-    pub(super) fn append_tokens(&mut self, l: usize, m: &mut StepMetrics) -> Result<Vec<Vec<u8>>> {
+    pub(super) fn append_tokens(&mut self, l: usize, m: &mut StepMetrics) -> Result<Vec<u8>> {
         let g = &self.cfg.geometry;
         let (b, d_qk, dim) = (self.cfg.hisparse.device_buffer_size, g.d_qk(), g.index_dim);
         let (kv_row, key, mode) = (self.kv_row, self.key, self.cfg.mode);
@@ -73,7 +73,7 @@ where
         m.stages.append += secs(t);
         Ok(match mode {
             Mode::Resident => Vec::new(),
-            Mode::HiSparse => rows.chunks(kv_row.row_bytes()).map(<[u8]>::to_vec).collect(),
+            Mode::HiSparse => rows,
         })
     }
 
@@ -132,7 +132,11 @@ where
                     first.push(table.len());
                     table.extend_from_slice(self.device.kv_pages(r.spec.id)?);
                 }
-                sb.kv_table = self.backend.memory().upload(&table)?;
+                let mem = self.backend.memory();
+                if mem.len(&sb.kv_table) < table.len().max(1) {
+                    sb.kv_table = mem.alloc_zeroed(table.len().max(1).next_power_of_two())?;
+                }
+                mem.write(&mut sb.kv_table, 0, &table)?;
                 sb.kv_first = first;
             }
             Mode::HiSparse => {
@@ -173,27 +177,32 @@ where
             m.stages.top_k = s.top_k;
             m.stages.swap_in = s.swap_in;
             m.stages.attention = s.attention;
+            m.stages.graph = s.graph;
         }
         Ok(())
     }
 
-    /// One layer of the step on the device path.
-    pub(super) fn layer_device(&mut self, l: usize, sb: &mut StepBatch<B::Memory>, rep: &mut StepReport) -> Result<()> {
-        let g = self.cfg.geometry.clone();
-        let (k, p_tok) = (g.top_k, self.cfg.hisparse.page_tokens);
-        let (h, qh) = (g.index_heads, g.q_heads);
-        let mode = self.cfg.mode;
+    /// The launches of layer `l` on the device path (nothing here waits for the device, so the
+    /// sequence can be captured): the new keys and rows, indexer, top-k, swap-in or rows by
+    /// position, attention queries, attention.
+    pub(super) fn launch_layer_device(&mut self, l: usize, sb: &mut StepBatch<B::Memory>, m: &mut StepMetrics) -> Result<()> {
+        let g = &self.cfg.geometry;
+        let (k, p_tok, n) = (g.top_k, self.cfg.hisparse.page_tokens, self.running.len());
+        let (h, qh, mode) = (g.index_heads, g.q_heads, self.cfg.mode);
         let mem = self.backend.memory().clone();
-        let new_rows = self.append_tokens(l, &mut rep.metrics)?;
-        let m = &mut rep.metrics;
+        let inp = &sb.inputs.layers[l];
+        let t = Instant::now();
+        self.backend.write_rows_packed(self.device.keys_mut(l), self.key.row_bytes(), n, &inp.keys)?;
+        let pool = if mode == Mode::Resident { self.device.kv_mut(l) } else { self.device.hot_mut(l) };
+        self.backend.write_rows_packed(pool, self.kv_row.row_bytes(), n, &inp.rows)?;
+        m.stages.append += secs(t);
 
         // Indexer (the newest token pinned to +inf), then top-k into the selection buffer.
-        self.stage_index_queries(l, sb, m)?;
         let batch = IndexerBatch {
             heads: h,
             key_layout: self.key,
-            queries: &sb.index_q,
-            weights: &sb.index_w,
+            queries: &inp.index_q,
+            weights: &inp.index_w,
             keys: self.device.keys(l),
             page_tokens: p_tok,
             page_table: &sb.table,
@@ -238,11 +247,48 @@ where
                     p_tok,
                     &mut sb.locs,
                 )?;
-                m.hits += sb.sel_dev_spans.iter().map(|s| s.len as u64).sum::<u64>();
             }
         }
         self.backend.mark_stage(KernelStage::SwapIn, false)?;
         m.stages.swap_in += secs(t);
+
+        // Attention.
+        let t = Instant::now();
+        self.backend.fill_unit_bf16_seeded(&inp.seeds, g.q_heads * g.d_qk(), &mut sb.attn_q)?;
+        m.stages.workload += secs(t);
+        let rows = if mode == Mode::Resident { self.device.kv(l) } else { self.device.hot(l) };
+        let batch = AttentionBatch {
+            heads: qh,
+            layout: self.kv_row,
+            softmax_scale: g.default_softmax_scale(),
+            queries: &sb.attn_q,
+            rows,
+            locations: &sb.locs,
+            selections: &sb.sel_dev_spans,
+        };
+        let t = Instant::now();
+        self.backend.mark_stage(KernelStage::Attention, true)?;
+        self.backend.sparse_attention(&batch, &mut sb.out, &mut sb.lse)?;
+        self.backend.mark_stage(KernelStage::Attention, false)?;
+        m.stages.attention += secs(t);
+        Ok(())
+    }
+
+    /// The host's part of layer `l` after its launches: the trace and dump (which read the
+    /// device), the resident mode's hit count, and [`Engine::finish_layer`]. `outputs`: whether
+    /// the attention output buffers hold this layer's output (not so for a replayed layer other
+    /// than the last).
+    pub(super) fn after_layer_device(
+        &mut self,
+        l: usize,
+        sb: &mut StepBatch<B::Memory>,
+        rep: &mut StepReport,
+        outputs: bool,
+    ) -> Result<()> {
+        let mem = self.backend.memory().clone();
+        if self.cfg.mode == Mode::Resident {
+            rep.metrics.hits += sb.sel_dev_spans.iter().map(|s| s.len as u64).sum::<u64>();
+        }
         if self.trace.is_some() || self.capture_next {
             let sel = mem.download(&sb.sel)?;
             sb.selections.clear();
@@ -266,24 +312,7 @@ where
                 })?;
             }
         }
-
-        // Attention.
-        self.stage_attention_queries(l, sb, m)?;
-        let rows = if mode == Mode::Resident { self.device.kv(l) } else { self.device.hot(l) };
-        let batch = AttentionBatch {
-            heads: qh,
-            layout: self.kv_row,
-            softmax_scale: g.default_softmax_scale(),
-            queries: &sb.attn_q,
-            rows,
-            locations: &sb.locs,
-            selections: &sb.sel_dev_spans,
-        };
-        let t = Instant::now();
-        self.backend.mark_stage(KernelStage::Attention, true)?;
-        self.backend.sparse_attention(&batch, &mut sb.out, &mut sb.lse)?;
-        self.backend.mark_stage(KernelStage::Attention, false)?;
-        m.stages.attention += secs(t);
-        self.finish_layer(l, new_rows, sb, rep)
+        let rows = if self.cfg.mode == Mode::HiSparse { sb.inputs.host_rows(l, self.running.len()) } else { &[] };
+        self.finish_layer(l, rows, sb, rep, outputs)
     }
 }

@@ -6,7 +6,9 @@ mod admit;
 mod dynamic;
 mod layer;
 mod layer_device;
+mod layer_graph;
 mod step;
+mod step_inputs;
 
 use std::collections::{HashSet, VecDeque};
 use std::io::Write;
@@ -49,6 +51,9 @@ pub struct EngineConfig {
     pub capture_digests: bool,
     /// Test hook: delay every backup copy by this much.
     pub backup_delay: Option<Duration>,
+    /// Replay each step's launches of layers 1..L as one captured graph where the backend can
+    /// (CUDA), instead of launching them one by one.
+    pub launch_graphs: bool,
 }
 
 impl EngineConfig {
@@ -64,6 +69,7 @@ impl EngineConfig {
             typical_tokens: 0,
             capture_digests: false,
             backup_delay: None,
+            launch_graphs: true,
         }
     }
 }
@@ -106,6 +112,8 @@ pub struct Engine<B: Backend> {
     scratch: Option<step::StepBatch<B::Memory>>,
     /// Selections stay on the device between kernels (`Backend::prefers_device_selection`).
     device_path: bool,
+    /// A launch-graph capture failed: layers are launched one by one from now on.
+    graphs_failed: bool,
     /// The backend's device swap-in (hisparse mode on the device path).
     dswap: Option<B::SwapIn>,
 }
@@ -207,6 +215,7 @@ where
             capture_next: false,
             scratch: None,
             device_path,
+            graphs_failed: false,
             dswap,
             cfg,
         })

@@ -12,6 +12,7 @@ use hisparse_memory::{DeviceMemory, RequestId};
 use rayon::prelude::*;
 
 use super::Engine;
+use super::step_inputs::StepInputs;
 use crate::error::Result;
 use crate::metrics::StepMetrics;
 use crate::request::Outcome;
@@ -88,6 +89,8 @@ pub(super) struct StepBatch<M: DeviceMemory> {
     /// Device path, resident mode: the KV page table and each request's first entry.
     pub kv_table: M::Buffer<u32>,
     pub kv_first: Vec<usize>,
+    /// Device path: every layer's inputs of the step.
+    pub inputs: StepInputs<M>,
 }
 
 /// Makes `buf` hold `len` elements (exactly, or at least), reallocating only when it must.
@@ -150,13 +153,11 @@ where
             self.running.par_iter_mut().for_each(|r| wl.advance(r.spec.id.0, &mut r.drift));
             rep.metrics.stages.workload += secs(t);
             let mut sb = self.plan_batch()?;
-            let res = (0..self.cfg.geometry.layers).try_for_each(|l| {
-                if self.device_path {
-                    self.layer_device(l, &mut sb, &mut rep)
-                } else {
-                    self.layer(l, rt.policy.as_ref(), &mut sb, &mut rep)
-                }
-            });
+            let res = if self.device_path {
+                self.layers_device(&mut sb, &mut rep)
+            } else {
+                (0..self.cfg.geometry.layers).try_for_each(|l| self.layer(l, rt.policy.as_ref(), &mut sb, &mut rep))
+            };
             self.scratch = Some(sb);
             res?;
             self.finish_device_step(&mut rep.metrics)?;
@@ -173,7 +174,8 @@ where
         m.running = self.running.len();
         m.seconds = secs(t0);
         let st = &m.stages;
-        let counted = st.workload + st.append + st.indexer + st.top_k + st.swap_in + st.attention + st.backup;
+        let counted =
+            st.workload + st.append + st.indexer + st.top_k + st.swap_in + st.attention + st.graph + st.backup;
         m.stages.bookkeeping = (m.seconds - counted).max(0.0);
         self.retire()?;
         let m = &mut rep.metrics;
@@ -214,7 +216,7 @@ where
         let mem = self.backend.memory();
         let g = &self.cfg.geometry;
         let n = reqs.len();
-        let table = mem.upload(&table)?;
+
         // Reuse the previous step's buffers where their sizes still fit.
         let mut sb = match self.scratch.take() {
             Some(sb) => sb,
@@ -242,8 +244,12 @@ where
                 reqs: Vec::new(),
                 long: Vec::new(),
                 spans: Vec::new(),
+                inputs: StepInputs::default(),
             },
         };
+        // In place while it fits: a captured launch sequence reads it there.
+        fit(mem, &mut sb.table, table.len().max(1), false)?;
+        mem.write(&mut sb.table, 0, &table)?;
         fit(mem, &mut sb.index_q, n * g.index_heads * g.index_dim, true)?;
         fit(mem, &mut sb.index_w, n * g.index_heads, true)?;
         // Scores grow by one position per request and step: keep headroom.
@@ -274,7 +280,6 @@ where
             fit(mem, &mut sb.locs, selected, false)?;
         }
         sb.stage_top.resize(spans.len() * k, 0);
-        sb.table = table;
         sb.reqs = reqs;
         sb.long = long;
         sb.spans = spans;

@@ -35,10 +35,33 @@ pub fn config(mode: Mode, policy: &str) -> EngineConfig {
 }
 
 /// Runs the requests (arriving two at a time) on `backend` and returns every digest.
-pub fn run_on<B: Backend>(backend: B, mut cfg: EngineConfig, swap_policies: &[&str], delay: Option<Duration>) -> Digests
+pub fn run_on<B: Backend>(backend: B, cfg: EngineConfig, swap_policies: &[&str], delay: Option<Duration>) -> Digests
 where
     B::Memory: Clone,
 {
+    run_counted(backend, cfg, swap_policies, delay).0
+}
+
+/// What one step counted: hits, misses, launch graphs captured and replayed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepCounts {
+    pub hits: u64,
+    pub misses: u64,
+    pub captures: u64,
+    pub replays: u64,
+}
+
+/// [`run_on`], also returning every step's counts.
+pub fn run_counted<B: Backend>(
+    backend: B,
+    mut cfg: EngineConfig,
+    swap_policies: &[&str],
+    delay: Option<Duration>,
+) -> (Digests, Vec<StepCounts>)
+where
+    B::Memory: Clone,
+{
+    let mut counts = Vec::new();
     cfg.backup_delay = delay;
     let mut e = Engine::new(backend, cfg).unwrap();
     let reqs = requests();
@@ -61,6 +84,8 @@ where
             e.runtime().set(c).unwrap();
         }
         let rep = e.step().unwrap();
+        let m = &rep.metrics;
+        counts.push(StepCounts { hits: m.hits, misses: m.misses, captures: m.graph_captures, replays: m.graph_replays });
         for (id, tok, layer, d) in rep.digests {
             assert!(digests.insert((id.0, tok, layer), d).is_none(), "digest recorded twice");
         }
@@ -69,7 +94,7 @@ where
     }
     assert!(e.outcomes().iter().all(|(_, o)| matches!(o, Outcome::Finished { .. })), "{:?}", e.outcomes());
     e.check_pools().unwrap();
-    digests
+    (digests, counts)
 }
 
 pub fn expected_count() -> usize {

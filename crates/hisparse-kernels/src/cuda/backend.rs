@@ -18,6 +18,7 @@ use hisparse_memory::cuda::CudaMemory;
 use super::decode_launch::{GpuIndexerReq, GpuSpan};
 use super::device::CudaDevice;
 use super::driver_error;
+use super::launch_graph::LaunchGraph;
 use super::step_launch::LocateReq;
 use crate::backend::{AttentionBatch, Backend, IndexerBatch, KernelStage, Span, StageSeconds};
 use crate::error::{KernelError, Result};
@@ -81,6 +82,8 @@ pub struct CudaBackend {
     pub(super) fill_unit: CudaFunction,
     pub(super) scratch: Mutex<Scratch>,
     pub(super) timer: Mutex<Timer>,
+    /// The launch sequence last captured, and its key.
+    pub(super) graph: Mutex<Option<(u64, LaunchGraph)>>,
     /// Split count of the attention (0: chosen per call from the batch and the SM count).
     pub(super) splits: usize,
 }
@@ -181,6 +184,7 @@ impl CudaBackend {
             fill_unit,
             scratch: Mutex::new(scratch),
             timer: Mutex::new(Timer::default()),
+            graph: Mutex::new(None),
             splits: 0,
             dev,
         })
@@ -256,11 +260,47 @@ impl Backend for CudaBackend {
         self.launch_fill_unit(seeds, len, out)
     }
 
+    fn write_rows_packed(&self, pool: &mut CudaSlice<u8>, row_bytes: usize, n: usize, packed: &CudaSlice<u8>) -> Result<()> {
+        self.launch_write_rows_packed(pool, row_bytes, n, packed)
+    }
+
+    fn fill_unit_bf16_seeded(&self, seeds: &CudaSlice<u64>, len: usize, out: &mut CudaSlice<bf16>) -> Result<()> {
+        self.launch_fill_unit_seeded(seeds, len, out)
+    }
+
     fn prefers_device_selection(&self) -> bool {
         true
     }
 
+    fn launch_print(&self) -> u64 {
+        self.dev.take_print()
+    }
+
+    fn begin_capture(&self) -> Result<bool> {
+        self.dev.begin_capture()?;
+        Ok(true)
+    }
+
+    fn end_capture(&self, key: u64) -> Result<()> {
+        let mut g = lock(&self.graph)?;
+        *g = None;
+        *g = self.dev.end_capture()?.map(|graph| (key, graph));
+        Ok(())
+    }
+
+    fn replay(&self, key: u64) -> Result<bool> {
+        match &*lock(&self.graph)? {
+            Some((k, g)) if *k == key => g.launch().map(|()| true),
+            _ => Ok(false),
+        }
+    }
+
     fn mark_stage(&self, stage: KernelStage, begin: bool) -> Result<()> {
+        if self.dev.capturing() {
+            // Inside a capture the events would be recorded into the graph: the replay is
+            // timed as a whole instead (`KernelStage::Graph`).
+            return Ok(());
+        }
         let mut t = lock(&self.timer)?;
         let ev = match t.pool.pop() {
             Some(e) => e,

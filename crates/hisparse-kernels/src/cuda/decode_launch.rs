@@ -10,6 +10,7 @@ use super::backend::{
     ATTN_SMEM, CudaBackend, HEAD_BLOCK, MAX_INDEX_HEADS, Scratch, TOPK_SMEM, indexer_smem, lock, room, upload_cached,
 };
 use super::driver_error;
+use super::launch_graph::addr;
 use crate::backend::{AttentionBatch, IndexerBatch, Span};
 use crate::error::{KernelError, Result, check_len};
 
@@ -128,6 +129,10 @@ impl CudaBackend {
         };
         let (h, pt, pp, pin) = (heads as u32, p as u32, pool_pages as u32, u32::from(batch.pin_newest));
         let Scratch { fault, reqs: reqs_d, .. } = &mut *sc;
+        let ptrs = [addr(batch.queries, s), addr(batch.weights, s), addr(batch.keys, s), addr(batch.page_table, s)];
+        let ptrs2 = [addr(&*reqs_d, s), addr(&*scores, s), addr(&*fault, s)];
+        let vals = [u64::from(h), u64::from(pt), u64::from(pp), u64::from(pin)];
+        self.dev.note(&self.indexer, &cfg, &[&ptrs[..], &ptrs2[..], &vals[..]].concat());
         let mut b = s.launch_builder(&self.indexer);
         b.arg(batch.queries)
             .arg(batch.weights)
@@ -169,6 +174,7 @@ impl CudaBackend {
         let cfg =
             LaunchConfig { grid_dim: (n as u32, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: TOPK_SMEM as u32 };
         let k32 = k as u32;
+        self.dev.note(&self.top_k, &cfg, &[addr(scores, s), addr(&sc.spans, s), u64::from(k32), addr(&*out, s)]);
         let mut b = s.launch_builder(&self.top_k);
         b.arg(scores).arg(&sc.spans).arg(&k32).arg(out);
         // SAFETY: every span lies within `scores` and `out` holds n * k positions (checked).
@@ -247,6 +253,21 @@ impl CudaBackend {
             room(&self.dev, &mut sc.part_lse, n * heads * splits)?;
         }
         let Scratch { fault, sels, part_out, part_lse, .. } = &mut *sc;
+        let (o, l) = if splits > 1 { (addr(&*part_out, s), addr(&*part_lse, s)) } else { (addr(&*out, s), addr(&*lse, s)) };
+        let words = [
+            addr(batch.queries, s),
+            addr(batch.rows, s),
+            addr(batch.locations, s),
+            addr(&*sels, s),
+            u64::from(params.heads) | u64::from(params.row_bytes) << 32,
+            u64::from(params.fp8) | u64::from(params.splits) << 32,
+            params.pool_rows,
+            u64::from(params.scale_log2.to_bits()),
+            o,
+            l,
+            addr(&*fault, s),
+        ];
+        self.dev.note(&self.attention, &cfg, &words);
         let mut b = s.launch_builder(&self.attention);
         b.arg(batch.queries).arg(batch.rows).arg(batch.locations).arg(&*sels).arg(&params);
         if splits > 1 {
@@ -263,6 +284,8 @@ impl CudaBackend {
             let cfg =
                 LaunchConfig { grid_dim: ((n * heads) as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
             let sp = splits as u32;
+            let words = [addr(&*part_out, s), addr(&*part_lse, s), u64::from(sp), addr(&*out, s), addr(&*lse, s)];
+            self.dev.note(&self.merge, &cfg, &words);
             let mut b = s.launch_builder(&self.merge);
             b.arg(&*part_out).arg(&*part_lse).arg(&sp).arg(out).arg(lse);
             // SAFETY: the partials were written for n * heads rows of `splits` each; out and lse

@@ -2,6 +2,7 @@
 //! loaded at most once per device).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
@@ -14,6 +15,10 @@ pub struct CudaDevice {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     modules: Mutex<HashMap<String, Arc<CudaModule>>>,
+    /// Print of the launches since it was last taken (see `launch_graph.rs`).
+    pub(super) print: AtomicU64,
+    /// Whether the stream is being captured into a graph.
+    pub(super) capturing: AtomicBool,
 }
 
 impl CudaDevice {
@@ -28,7 +33,13 @@ impl CudaDevice {
         }
         let ctx = CudaContext::new(ordinal).map_err(driver_error("cuCtxCreate"))?;
         let stream = ctx.default_stream();
-        Ok(Self { ctx, stream, modules: Mutex::new(HashMap::new()) })
+        Ok(Self {
+            ctx,
+            stream,
+            modules: Mutex::new(HashMap::new()),
+            print: AtomicU64::new(super::launch_graph::PRINT_SEED),
+            capturing: AtomicBool::new(false),
+        })
     }
 
     /// GPU `ordinal` with a stream of its own (not the legacy default stream, so that work on

@@ -6,6 +6,7 @@ use half::bf16;
 
 use super::backend::{CudaBackend, Scratch, lock, room, upload_cached};
 use super::driver_error;
+use super::launch_graph::addr;
 use crate::backend::Span;
 use crate::error::{KernelError, Result, check_len};
 
@@ -32,35 +33,64 @@ impl CudaBackend {
         data: &[u8],
     ) -> Result<()> {
         check_len("data", rows.len() * row_bytes, data.len())?;
-        if row_bytes == 0 || !row_bytes.is_multiple_of(4) {
-            return Err(KernelError::invalid("row_bytes", row_bytes, "must be a non-zero multiple of 4"));
-        }
+        check_row_bytes(row_bytes)?;
         if rows.is_empty() {
             return Ok(());
         }
-        let n = rows.len();
         // One upload: the destination rows, then the data.
-        let mut packed = Vec::with_capacity(4 * n + data.len());
+        let mut packed = Vec::with_capacity(4 * rows.len() + data.len());
         rows.iter().for_each(|r| packed.extend_from_slice(&r.to_le_bytes()));
         packed.extend_from_slice(data);
         let mut sc = lock(&self.scratch)?;
         room(&self.dev, &mut sc.rows_data, packed.len())?;
         let s = self.dev.stream();
         s.memcpy_htod(&packed, &mut sc.rows_data.slice_mut(..packed.len())).map_err(driver_error("row data"))?;
-        let (n32, words, pool_rows) = (n as u32, (row_bytes / 4) as u32, (pool.len() / row_bytes) as u64);
         let Scratch { fault, rows_data, .. } = &mut *sc;
-        // SAFETY: the packed buffer holds whole words (rows and data are multiples of 4 bytes).
-        let words_view = unsafe { rows_data.transmute::<u32>(packed.len() / 4) }
-            .ok_or_else(|| KernelError::invalid("data", data.len(), "cannot be viewed as words"))?;
+        self.write_packed(pool, row_bytes, rows.len(), rows_data, fault)
+    }
+
+    pub(super) fn launch_write_rows_packed(
+        &self,
+        pool: &mut CudaSlice<u8>,
+        row_bytes: usize,
+        n: usize,
+        packed: &CudaSlice<u8>,
+    ) -> Result<()> {
+        check_row_bytes(row_bytes)?;
+        check_len("packed", n * (4 + row_bytes), packed.len())?;
+        if n == 0 {
+            return Ok(());
+        }
+        let mut sc = lock(&self.scratch)?;
+        self.write_packed(pool, row_bytes, n, packed, &mut sc.fault)
+    }
+
+    /// The write kernel over `n` packed rows (indices, then data) already on the device.
+    fn write_packed(
+        &self,
+        pool: &mut CudaSlice<u8>,
+        row_bytes: usize,
+        n: usize,
+        packed: &CudaSlice<u8>,
+        fault: &mut CudaSlice<u32>,
+    ) -> Result<()> {
+        let len = n * (4 + row_bytes);
+        let s = self.dev.stream();
+        let (n32, words, pool_rows) = (n as u32, (row_bytes / 4) as u32, (pool.len() / row_bytes) as u64);
+        // SAFETY: the packed rows are whole words (indices and rows are multiples of 4 bytes).
+        let words_view = unsafe { packed.transmute::<u32>(len / 4) }
+            .ok_or_else(|| KernelError::invalid("packed", packed.len(), "cannot be viewed as words"))?;
         let pool_len = pool.len();
         // SAFETY: as above; the pool is viewed as whole words (rows checked in the kernel).
         let mut pool_words = unsafe { pool.transmute_mut::<u32>(pool_len / 4) }
             .ok_or_else(|| KernelError::invalid("pool", pool_len, "cannot be viewed as words"))?;
         let cfg = LaunchConfig { grid_dim: (n.div_ceil(8) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let words_print = [addr(&words_view, s), u64::from(n32), u64::from(words), pool_rows, addr(&pool_words, s)];
+        self.dev.note(&self.write_rows, &cfg, &[&words_print[..], &[addr(&*fault, s)]].concat());
         let mut b = s.launch_builder(&self.write_rows);
         b.arg(&words_view).arg(&n32).arg(&words).arg(&pool_rows).arg(&mut pool_words).arg(fault);
-        // SAFETY: n row indices then n rows of `words` words in the packed buffer; pool rows are
-        // checked in the kernel.
+        // SAFETY: n row indices then n rows of `words` words in the packed buffer (checked by
+        // the callers); pool rows are checked in the kernel.
         unsafe { b.launch(cfg) }.map_err(driver_error("write rows launch"))?;
         Ok(())
     }
@@ -108,6 +138,8 @@ impl CudaBackend {
         let pt = page_tokens as u32;
         let Scratch { fault, locate, .. } = &mut *sc;
         let cfg = LaunchConfig { grid_dim: (n as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let words = [addr(selections, s), addr(&*locate, s), addr(page_table, s), u64::from(pt), addr(&*out, s)];
+        self.dev.note(&self.locate_rows, &cfg, &[&words[..], &[addr(&*fault, s)]].concat());
         let mut b = s.launch_builder(&self.locate_rows);
         b.arg(selections).arg(&*locate).arg(page_table).arg(&pt).arg(out).arg(fault);
         // SAFETY: spans lie within selections and out; page indices are checked in the kernel
@@ -126,16 +158,45 @@ impl CudaBackend {
         room(&self.dev, &mut sc.seeds, n)?;
         let s = self.dev.stream();
         s.memcpy_htod(seeds, &mut sc.seeds.slice_mut(..n)).map_err(driver_error("stream seeds"))?;
+        self.fill_with(&sc.seeds, n, len, out)
+    }
+
+    pub(super) fn launch_fill_unit_seeded(
+        &self,
+        seeds: &CudaSlice<u64>,
+        len: usize,
+        out: &mut CudaSlice<bf16>,
+    ) -> Result<()> {
+        check_len("out", seeds.len() * len, out.len())?;
+        if seeds.is_empty() || len == 0 {
+            return Ok(());
+        }
+        self.fill_with(seeds, seeds.len(), len, out)
+    }
+
+    /// The unit-stream kernel: `n` segments of `len` values from the seeds on the device.
+    fn fill_with(&self, seeds: &CudaSlice<u64>, n: usize, len: usize, out: &mut CudaSlice<bf16>) -> Result<()> {
+        let s = self.dev.stream();
         let total = n * len.div_ceil(2);
         let blocks = total.div_ceil(256).min(8 * self.sms) as u32;
         let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         let (segs, l32) =
             (n as u32, u32::try_from(len).map_err(|_| KernelError::invalid("len", len, "must fit 32 bits"))?);
         let (step, half) = (crate::unit_stream::STEP, crate::unit_stream::HALF_WIDTH);
+        self.dev.note(&self.fill_unit, &cfg, &[addr(seeds, s), u64::from(segs), u64::from(l32), addr(&*out, s)]);
         let mut b = s.launch_builder(&self.fill_unit);
-        b.arg(&sc.seeds).arg(&segs).arg(&l32).arg(&step).arg(&half).arg(out);
-        // SAFETY: `out` holds seeds.len() * len values (checked); the kernel writes no others.
+        b.arg(seeds).arg(&segs).arg(&l32).arg(&step).arg(&half).arg(out);
+        // SAFETY: `out` holds n * len values (checked by the callers); the kernel writes no
+        // others and reads n seeds.
         unsafe { b.launch(cfg) }.map_err(driver_error("fill launch"))?;
         Ok(())
     }
+}
+
+/// Rows the write kernel can move: whole words.
+fn check_row_bytes(row_bytes: usize) -> Result<()> {
+    if row_bytes == 0 || !row_bytes.is_multiple_of(4) {
+        return Err(KernelError::invalid("row_bytes", row_bytes, "must be a non-zero multiple of 4"));
+    }
+    Ok(())
 }

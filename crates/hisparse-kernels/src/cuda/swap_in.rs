@@ -218,6 +218,23 @@ impl GpuSwapIn {
         self.stream.clone_htod(reqs).map_err(cuda("swap-in requests"))
     }
 
+    /// What the swap-in's launches read besides their arguments (kernels, state buffers, policy
+    /// seed, block size), for a launch print (`launch_graph.rs`).
+    pub(super) fn state_words(&self) -> [u64; 8] {
+        let s = &self.stream;
+        use super::launch_graph::addr;
+        [
+            self.func.cu_function() as usize as u64,
+            self.copy.cu_function() as usize as u64,
+            addr(&self.slot_tokens, s),
+            addr(&self.records, s),
+            addr(&self.scalars, s),
+            addr(&self.ready, s),
+            self.policy.seed(),
+            u64::from(self.block),
+        ]
+    }
+
     /// Launches the swap-in of `layer` for `reqs` (also on the device as `reqs_d`, from
     /// [`GpuSwapIn::upload_requests`]; selections and host pages too; `hot_rows` is this layer's
     /// hot-buffer pool), writing `out`.

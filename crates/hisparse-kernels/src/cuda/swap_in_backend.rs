@@ -12,6 +12,7 @@ use hisparse_policy::EvictionPolicy;
 
 use super::device::CudaDevice;
 use super::driver_error;
+use super::launch_graph::addr;
 use super::swap_in::{GpuSwapIn, SwapOutputs, SwapReq};
 use crate::device_swap_in::{DeviceSwapCounts, DeviceSwapIn, DeviceSwapInConfig, DeviceSwapReq};
 use crate::error::{KernelError, Result};
@@ -77,8 +78,24 @@ impl DeviceSwapIn<CudaMemory> for CudaSwapIn {
             return Ok(());
         }
         let s = self.dev.stream();
-        self.reqs_d = Some(self.gpu.upload_requests(&self.reqs)?);
-        self.pages_d = s.clone_htod(host_pages).map_err(driver_error("host pages"))?;
+        // Into the same buffers while they fit: a captured launch sequence reads them there.
+        match self.reqs_d.as_mut() {
+            Some(d) if d.len() >= reqs.len() => {
+                s.memcpy_htod(&self.reqs, &mut d.slice_mut(..reqs.len())).map_err(driver_error("swap-in requests"))?
+            }
+            _ => {
+                let mut padded = self.reqs.clone();
+                padded.resize(reqs.len().next_power_of_two(), DeviceSwapReq::default());
+                self.reqs_d = Some(self.gpu.upload_requests(&padded)?);
+            }
+        }
+        if self.pages_d.len() < host_pages.len() {
+            self.pages_d = s.alloc_zeros(host_pages.len().next_power_of_two()).map_err(driver_error("host pages"))?;
+        }
+        if !host_pages.is_empty() {
+            s.memcpy_htod(host_pages, &mut self.pages_d.slice_mut(..host_pages.len()))
+                .map_err(driver_error("host pages"))?;
+        }
         let selected = reqs.iter().map(|r| (r.sel_offset + r.sel_len) as usize).max().unwrap_or(0);
         if self.out.miss_tokens.len() < selected || self.out.counts.len() < 3 * reqs.len() {
             self.out = SwapOutputs::new(s, reqs.len().next_power_of_two(), selected.next_power_of_two())?;
@@ -103,8 +120,8 @@ impl DeviceSwapIn<CudaMemory> for CudaSwapIn {
         if self.reqs.is_empty() {
             return Ok(());
         }
-        if self.launched >= self.layers {
-            return Err(KernelError::invalid("layer", layer, "more launches than layers in one step"));
+        if layer >= self.layers {
+            return Err(KernelError::invalid("layer", layer, format!("the swap-in holds {} layers", self.layers)));
         }
         // SAFETY: positions are non-negative i32s; u32 has the same size and alignment.
         let sels = unsafe { selections.transmute::<u32>(selections.len()) }
@@ -115,13 +132,35 @@ impl DeviceSwapIn<CudaMemory> for CudaSwapIn {
         std::mem::swap(&mut self.out.locations, locations);
         r?;
         let n3 = 3 * self.reqs.len();
-        let at = self.launched * n3;
-        self.dev
-            .stream()
-            .memcpy_dtod(&self.out.counts.slice(..n3), &mut self.counts.slice_mut(at..at + n3))
+        let at = layer * n3;
+        let s = self.dev.stream();
+        let o = &self.out;
+        let words = [
+            addr(reqs_d, s),
+            addr(&sels, s),
+            addr(&self.pages_d, s),
+            addr(&*hot, s),
+            addr(&*locations, s),
+            addr(&o.counts, s),
+            addr(&o.miss_tokens, s),
+            addr(&o.miss_slots, s),
+            addr(&o.evicted, s),
+            layer as u64,
+            self.reqs.len() as u64,
+            self.host.0,
+            self.host.1 as u64,
+            (self.host.2 as u64) << 32 | self.host.3 as u64,
+        ];
+        self.dev.note_words(&[&words[..], &self.gpu.state_words()[..]].concat());
+        s.memcpy_dtod(&self.out.counts.slice(..n3), &mut self.counts.slice_mut(at..at + n3))
             .map_err(driver_error("swap-in counts"))?;
-        self.launched += 1;
+        self.dev.note_copy(addr(&self.out.counts, s), addr(&self.counts, s) + 4 * at as u64, 4 * n3 as u64);
+        self.launched = self.launched.max(layer + 1);
         Ok(())
+    }
+
+    fn note_replayed(&mut self, layers: usize) {
+        self.launched = self.launched.max(layers.min(self.layers));
     }
 
     fn end_step(&mut self) -> Result<DeviceSwapCounts> {
