@@ -26,7 +26,11 @@ impl Backend for DevicePathCpu {
         self.0.memory()
     }
 
-    fn indexer_scores(&self, b: &IndexerBatch<'_, EmulatedDevice>, scores: &mut Vec<f32>) -> hisparse_kernels::Result<()> {
+    fn indexer_scores(
+        &self,
+        b: &IndexerBatch<'_, EmulatedDevice>,
+        scores: &mut Vec<f32>,
+    ) -> hisparse_kernels::Result<()> {
         self.0.indexer_scores(b, scores)
     }
 

@@ -226,10 +226,17 @@ pub trait Backend: Send + Sync {
 
     /// [`Backend::write_rows`] with its input already in device memory: `packed` holds `n` row
     /// indices (little-endian `u32`), then the `n` rows. The default copies it to the host.
-    fn write_rows_packed(&self, pool: &mut Buf<Self, u8>, row_bytes: usize, n: usize, packed: &Buf<Self, u8>) -> Result<()> {
+    fn write_rows_packed(
+        &self,
+        pool: &mut Buf<Self, u8>,
+        row_bytes: usize,
+        n: usize,
+        packed: &Buf<Self, u8>,
+    ) -> Result<()> {
         let host = self.memory().download(packed)?;
         crate::error::check_len("packed", n * (4 + row_bytes), host.len())?;
-        let rows: Vec<u32> = host[..4 * n].chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        let rows: Vec<u32> =
+            host[..4 * n].chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
         self.write_rows(pool, row_bytes, &rows, &host[4 * n..])
     }
 

@@ -185,7 +185,12 @@ where
     /// The launches of layer `l` on the device path (nothing here waits for the device, so the
     /// sequence can be captured): the new keys and rows, indexer, top-k, swap-in or rows by
     /// position, attention queries, attention.
-    pub(super) fn launch_layer_device(&mut self, l: usize, sb: &mut StepBatch<B::Memory>, m: &mut StepMetrics) -> Result<()> {
+    pub(super) fn launch_layer_device(
+        &mut self,
+        l: usize,
+        sb: &mut StepBatch<B::Memory>,
+        m: &mut StepMetrics,
+    ) -> Result<()> {
         let g = &self.cfg.geometry;
         let (k, p_tok, n) = (g.top_k, self.cfg.hisparse.page_tokens, self.running.len());
         let (h, qh, mode) = (g.index_heads, g.q_heads, self.cfg.mode);

@@ -65,7 +65,8 @@ where
             self.graphs_failed = true;
             return Ok(false);
         }
-        let launched = (1..self.cfg.geometry.layers).try_for_each(|l| self.launch_layer_device(l, sb, &mut rep.metrics));
+        let launched =
+            (1..self.cfg.geometry.layers).try_for_each(|l| self.launch_layer_device(l, sb, &mut rep.metrics));
         let ended = self.backend.end_capture(key).map_err(Into::into);
         if let Err(e) = launched.and(ended) {
             tracing::warn!("launch graph: capture failed ({e}); layers run one by one from now on");

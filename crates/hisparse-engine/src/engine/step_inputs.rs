@@ -64,7 +64,11 @@ impl<M: DeviceMemory> StepInputs<M> {
 }
 
 /// Makes `buf` hold exactly `len` elements; `true` when it was reallocated.
-fn fit_exact<M: DeviceMemory, T: hisparse_memory::Element>(mem: &M, buf: &mut M::Buffer<T>, len: usize) -> Result<bool> {
+fn fit_exact<M: DeviceMemory, T: hisparse_memory::Element>(
+    mem: &M,
+    buf: &mut M::Buffer<T>,
+    len: usize,
+) -> Result<bool> {
     if mem.len(buf) == len {
         return Ok(false);
     }

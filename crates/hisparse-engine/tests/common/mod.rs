@@ -85,7 +85,12 @@ where
         }
         let rep = e.step().unwrap();
         let m = &rep.metrics;
-        counts.push(StepCounts { hits: m.hits, misses: m.misses, captures: m.graph_captures, replays: m.graph_replays });
+        counts.push(StepCounts {
+            hits: m.hits,
+            misses: m.misses,
+            captures: m.graph_captures,
+            replays: m.graph_replays,
+        });
         for (id, tok, layer, d) in rep.digests {
             assert!(digests.insert((id.0, tok, layer), d).is_none(), "digest recorded twice");
         }

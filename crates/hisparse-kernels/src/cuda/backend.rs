@@ -260,7 +260,13 @@ impl Backend for CudaBackend {
         self.launch_fill_unit(seeds, len, out)
     }
 
-    fn write_rows_packed(&self, pool: &mut CudaSlice<u8>, row_bytes: usize, n: usize, packed: &CudaSlice<u8>) -> Result<()> {
+    fn write_rows_packed(
+        &self,
+        pool: &mut CudaSlice<u8>,
+        row_bytes: usize,
+        n: usize,
+        packed: &CudaSlice<u8>,
+    ) -> Result<()> {
         self.launch_write_rows_packed(pool, row_bytes, n, packed)
     }
 

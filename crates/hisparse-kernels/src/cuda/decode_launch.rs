@@ -253,7 +253,8 @@ impl CudaBackend {
             room(&self.dev, &mut sc.part_lse, n * heads * splits)?;
         }
         let Scratch { fault, sels, part_out, part_lse, .. } = &mut *sc;
-        let (o, l) = if splits > 1 { (addr(&*part_out, s), addr(&*part_lse, s)) } else { (addr(&*out, s), addr(&*lse, s)) };
+        let (o, l) =
+            if splits > 1 { (addr(&*part_out, s), addr(&*part_lse, s)) } else { (addr(&*out, s), addr(&*lse, s)) };
         let words = [
             addr(batch.queries, s),
             addr(batch.rows, s),
