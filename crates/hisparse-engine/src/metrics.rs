@@ -20,6 +20,8 @@ pub struct StageTimes {
     pub swap_in: f64,
     /// Sparse attention kernel.
     pub attention: f64,
+    /// The emulated model's non-attention GEMMs (when emulated).
+    pub model: f64,
     /// Layers replayed as one captured launch graph (every kernel stage of them; the stages
     /// above then count the layers launched one by one).
     pub graph: f64,
@@ -42,6 +44,7 @@ impl StageTimes {
         self.swap_in += o.swap_in;
         self.attention += o.attention;
         self.graph += o.graph;
+        self.model += o.model;
         self.backup += o.backup;
         self.admission += o.admission;
     }
@@ -55,6 +58,7 @@ impl StageTimes {
             + self.swap_in
             + self.attention
             + self.graph
+            + self.model
             + self.backup
             + self.bookkeeping
     }

@@ -97,6 +97,8 @@ pub enum KernelStage {
     Attention,
     /// Layers replayed as one captured launch sequence (every stage of them).
     Graph,
+    /// The emulated model's non-attention GEMMs.
+    Model,
 }
 
 /// Seconds a backend measured per stage on its own clock (CUDA: events on its stream).
@@ -112,6 +114,8 @@ pub struct StageSeconds {
     pub attention: f64,
     /// Replayed launch sequences ([`Backend::replay`]).
     pub graph: f64,
+    /// The emulated model's GEMMs.
+    pub model: f64,
 }
 
 impl StageSeconds {
@@ -123,6 +127,7 @@ impl StageSeconds {
             KernelStage::SwapIn => self.swap_in += secs,
             KernelStage::Attention => self.attention += secs,
             KernelStage::Graph => self.graph += secs,
+            KernelStage::Model => self.model += secs,
         }
     }
 }
@@ -245,6 +250,24 @@ pub trait Backend: Send + Sync {
     fn fill_unit_bf16_seeded(&self, seeds: &Buf<Self, u64>, len: usize, out: &mut Buf<Self, bf16>) -> Result<()> {
         let host = self.memory().download(seeds)?;
         self.fill_unit_bf16(&host, len, out)
+    }
+
+    /// A batch of bf16 GEMMs ([`crate::GemmShape`]): `c_i = a_i · b_i`, f32 accumulation. The
+    /// default runs the CPU twin ([`crate::gemm::gemm_bf16`]) on host copies.
+    fn gemm_bf16(
+        &self,
+        shape: &crate::GemmShape,
+        a: &Buf<Self, bf16>,
+        b: &Buf<Self, bf16>,
+        c: &mut Buf<Self, bf16>,
+    ) -> Result<()> {
+        let mem = self.memory();
+        shape.check(mem.len(a), mem.len(b), mem.len(c))?;
+        let (ha, hb) = (mem.download(a)?, mem.download(b)?);
+        let mut hc = vec![bf16::ZERO; shape.c_len()];
+        crate::gemm::gemm_bf16(shape, &ha, &hb, &mut hc)?;
+        mem.write(c, 0, &hc)?;
+        Ok(())
     }
 
     /// The print of every launch since the last call (kernel, grid and every argument, by value

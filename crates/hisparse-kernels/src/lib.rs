@@ -24,6 +24,7 @@ pub mod cpu;
 pub mod cuda;
 pub mod device_swap_in;
 pub mod error;
+pub mod gemm;
 pub mod locate;
 pub mod merge;
 pub mod oracle;
@@ -34,6 +35,7 @@ pub use backend::{AttentionBatch, Backend, Buf, IndexerBatch, IndexerRequest, Ke
 pub use cpu::CpuBackend;
 pub use device_swap_in::{DeviceSwapCounts, DeviceSwapIn, DeviceSwapInConfig, DeviceSwapReq, NoDeviceSwapIn};
 pub use error::{KernelError, Result};
+pub use gemm::GemmShape;
 pub use merge::merge_partial;
 pub use oracle::dense_attention;
 

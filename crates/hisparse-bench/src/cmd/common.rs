@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use hisparse_engine::{DecodeEngine, Engine, EngineConfig};
+use hisparse_engine::{DecodeEngine, Engine, EngineConfig, ModelShape};
 use hisparse_kernels::CpuBackend;
 use hisparse_memory::{KvGeometry, KvRowFormat, Mode};
 use hisparse_policy::HiSparseConfig;
@@ -22,6 +22,17 @@ pub enum BackendKind {
     Cuda,
 }
 
+/// Whether the model's non-attention layers are emulated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum EmulateKind {
+    /// On where the backend is CUDA and the preset is a real model (glm-5.1, deepseek-v3.2).
+    Auto,
+    /// Always (the preset must be a real model).
+    On,
+    /// Never: attention alone.
+    Off,
+}
+
 /// Options that build an engine.
 #[derive(Debug, Clone, clap::Args)]
 pub struct EngineArgs {
@@ -35,6 +46,11 @@ pub struct EngineArgs {
     /// captured CUDA graph.
     #[arg(long)]
     pub no_graphs: bool,
+    /// Emulate the model's non-attention layers (projections, dense FFN, MoE experts) with
+    /// cuBLAS GEMMs on random weights of one GPU's share of an 8-GPU deployment, occupying
+    /// the HBM they would.
+    #[arg(long, value_enum, default_value_t = EmulateKind::Auto)]
+    pub emulate_model: EmulateKind,
     /// A JSON file with SGLang's hisparse-config keys (top_k, device_buffer_size,
     /// host_to_device_ratio, swap_in_block_size) and ours; flags below override it.
     #[arg(long)]
@@ -55,7 +71,8 @@ pub struct EngineArgs {
     #[arg(long, value_parser = ["fp8", "bf16"])]
     pub kv_format: Option<String>,
     /// Device memory for the KV cache, index keys and hot buffers, e.g. 48MiB, 80GiB
-    /// (default: 48MiB for cpu-small, 64GiB otherwise).
+    /// (default: 48MiB for cpu-small; with an emulated model, 90% of the GPU's memory less its
+    /// weights and a 4 GiB margin; 64GiB otherwise).
     #[arg(long)]
     pub device_memory: Option<String>,
     /// Back the host tier with this file (the NVMe tier) instead of anonymous memory.
@@ -127,11 +144,19 @@ impl EngineArgs {
             c.host_tier_path = Some(p.clone());
         }
         let default = if g.name == "cpu-small" { 48u64 << 20 } else { 64u64 << 30 };
-        c.device_kv_bytes = match &self.device_memory {
-            Some(s) => parse_bytes("device-memory", s)?,
-            None if c.device_kv_bytes > 0 => c.device_kv_bytes,
-            None => default,
+        c.device_kv_bytes = match (&self.device_memory, self.model()?) {
+            (Some(s), _) => parse_bytes("device-memory", s)?,
+            (None, _) if c.device_kv_bytes > 0 => c.device_kv_bytes,
+            (None, Some(m)) => super::sizing::device_kv_budget(m.weight_bytes())?,
+            (None, None) => default,
         };
+        if self.host_to_device_ratio.is_none()
+            && let Some(avail) = super::sizing::host_available()
+        {
+            // The default ratio may ask for more host memory than there is: shrink it to fit.
+            c.host_to_device_ratio =
+                c.host_to_device_ratio.min(super::sizing::host_ratio_cap(c.device_kv_bytes, avail));
+        }
         c.validate(g)?;
         Ok(c)
     }
@@ -150,7 +175,25 @@ impl EngineArgs {
             capture_digests: false,
             backup_delay: None,
             launch_graphs: !self.no_graphs,
+            model: self.model()?,
         })
+    }
+
+    /// The emulated model, if any (`--emulate-model`).
+    pub fn model(&self) -> Result<Option<ModelShape>> {
+        let uses_cuda = match self.backend {
+            BackendKind::Cpu => false,
+            BackendKind::Cuda => true,
+            BackendKind::Auto => cuda_driver_present(),
+        };
+        match self.emulate_model {
+            EmulateKind::Off => Ok(None),
+            EmulateKind::Auto if !uses_cuda => Ok(None),
+            EmulateKind::Auto => Ok(ModelShape::preset(&self.preset).ok()),
+            EmulateKind::On => ModelShape::preset(&self.preset).map(Some).map_err(|_| {
+                BenchError::flag("emulate-model", "on", format!("preset {} is not a real model", self.preset))
+            }),
+        }
     }
 
     /// Builds an engine for `mode` on the chosen backend: `auto` takes CUDA where a driver is

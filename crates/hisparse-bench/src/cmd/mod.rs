@@ -13,5 +13,6 @@ pub mod launch_gaps;
 pub mod run;
 pub mod selfcheck;
 pub mod simulate;
+pub mod sizing;
 pub mod sweep;
 pub mod trace;

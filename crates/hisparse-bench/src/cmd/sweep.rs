@@ -81,10 +81,61 @@ pub struct SweepReport {
     pub device_buffer_size: usize,
     /// Device bytes for the KV cache.
     pub device_kv_bytes: u64,
+    /// The emulated non-attention part of the model (`none` when attention runs alone).
+    pub emulation: String,
+    /// Host-tier bytes (hisparse).
+    pub host_tier_bytes: u64,
     /// Every point.
     pub points: Vec<Point>,
-    /// Misses per step over time (mean per request and layer) at several buffer sizes.
-    pub misses_over_time: Vec<(usize, Vec<f64>)>,
+    /// Misses per step (mean per request and layer) over the hisparse runs, as measured.
+    pub misses_over_time: Vec<(String, Vec<f64>)>,
+    /// Misses per step over a recorded trace replayed under LRU at several buffer sizes.
+    pub misses_by_buffer: Vec<(usize, Vec<f64>)>,
+}
+
+/// Sums over a measurement window.
+#[derive(Default)]
+struct Window {
+    tokens: usize,
+    secs: f64,
+    running: usize,
+    misses: u64,
+    hits: u64,
+    swap: f64,
+    kernels: f64,
+    stages: StageTimes,
+}
+
+impl Window {
+    fn add(&mut self, m: &hisparse_engine::StepMetrics) {
+        self.tokens += m.tokens;
+        self.secs += m.seconds;
+        self.running += m.running;
+        self.misses += m.misses;
+        self.hits += m.hits;
+        let st = &m.stages;
+        self.swap += st.swap_in + st.backup;
+        self.kernels += st.indexer + st.top_k + st.swap_in + st.attention + st.graph + st.model;
+        self.stages.add(st);
+    }
+
+    fn point(&self, context: usize, concurrency: usize, mode: Mode, window: usize) -> Point {
+        let w = window as f64;
+        let sel = self.hits + self.misses;
+        Point {
+            context,
+            concurrency,
+            mode,
+            running: self.running as f64 / w,
+            tokens_per_s: if self.secs > 0.0 { self.tokens as f64 / self.secs } else { 0.0 },
+            step_ms: 1e3 * self.secs / w,
+            misses_per_step: self.misses as f64 / w,
+            miss_ratio: if sel > 0 { self.misses as f64 / sel as f64 } else { 0.0 },
+            swap_in_share: if self.secs > 0.0 { self.swap / self.secs } else { 0.0 },
+            kernel_ms: 1e3 * self.kernels / w,
+            stages_ms: scale_stages(&self.stages, 1e3 / w),
+        }
+    }
 }
 
 #[derive(Clone, Default)]
@@ -110,6 +161,7 @@ fn scale_stages(s: &StageTimes, f: f64) -> StageTimes {
         swap_in: s.swap_in * f,
         attention: s.attention * f,
         graph: s.graph * f,
+        model: s.model * f,
         backup: s.backup * f,
         bookkeeping: s.bookkeeping * f,
         admission: s.admission * f,
@@ -129,82 +181,76 @@ pub fn run(a: &SweepArgs) -> Result<(SweepReport, PathBuf)> {
     }
     let g = a.engine.geometry()?;
     let hs = a.engine.hisparse(&g)?;
+    let model = a.engine.model()?;
     let out = a.out.clone().unwrap_or_else(|| PathBuf::from("results/sweep"));
     ensure_dir(&out)?;
+    let mut levels = a.concurrency.clone();
+    levels.sort_unstable();
+    levels.dedup();
+    let max_n = levels.last().copied().unwrap_or(1);
     let steps = a.warmup + a.window;
-    let total: usize = a.context.len() * a.concurrency.iter().sum::<usize>() * 2 * steps;
+    // Requests outlive the sweep (and the trace recorded after it): each level only admits
+    // what it adds to the previous one.
+    let life = (levels.len() + 1) * steps + 1;
+    let total: usize = a.context.len() * levels.iter().sum::<usize>() * 2 * steps;
     let bar = progress::bar(total as u64, "request-steps");
     let mut points = Vec::new();
+    let mut measured_misses = Vec::new();
     let mut backend = "cpu";
     let trace = SharedBuf::default();
-    let max_n = a.concurrency.iter().copied().max().unwrap_or(1);
     for &context in &a.context {
-        for &n in &a.concurrency {
-            for mode in [Mode::Resident, Mode::HiSparse] {
+        for mode in [Mode::Resident, Mode::HiSparse] {
+            bar.set_message(format!("context {context}, {mode}: starting the engine"));
+            let mut e = a.engine.engine(mode, context + life)?;
+            backend = e.backend_name();
+            for i in 0..max_n {
+                e.submit(RequestSpec { id: RequestId(i as u64), prompt_tokens: context, output_tokens: life })?;
+            }
+            let mut per_step = Vec::new();
+            for &n in &levels {
                 bar.set_message(format!("context {context}, {n} requests, {mode}"));
-                let mut e = a.engine.engine(mode, context + steps)?;
-                backend = e.backend_name();
-                for i in 0..n {
-                    e.submit(RequestSpec { id: RequestId(i as u64), prompt_tokens: context, output_tokens: steps })?;
-                }
-                let (mut tokens, mut secs, mut running, mut misses, mut hits, mut swap, mut kernels) =
-                    (0usize, 0f64, 0usize, 0u64, 0u64, 0f64, 0f64);
-                let mut stages = StageTimes::default();
+                let mut rc = e.runtime().get();
+                rc.max_running = n;
+                e.runtime().set(rc)?;
+                let mut w = Window::default();
                 for s in 0..steps {
                     let r = e.step()?;
                     bar.inc(n as u64);
+                    let m = &r.metrics;
+                    per_step.push(m.misses as f64 / (m.running * g.layers).max(1) as f64);
                     if s >= a.warmup {
-                        tokens += r.metrics.tokens;
-                        secs += r.metrics.seconds;
-                        running += r.metrics.running;
-                        misses += r.metrics.misses;
-                        hits += r.metrics.hits;
-                        swap += r.metrics.stages.swap_in + r.metrics.stages.backup;
-                        let st = &r.metrics.stages;
-                        kernels += st.indexer + st.top_k + st.swap_in + st.attention + st.graph;
-                        stages.add(st);
+                        w.add(m);
                     }
                 }
-                let w = a.window as f64;
-                points.push(Point {
-                    context,
-                    concurrency: n,
-                    mode,
-                    running: running as f64 / w,
-                    tokens_per_s: if secs > 0.0 { tokens as f64 / secs } else { 0.0 },
-                    step_ms: 1e3 * secs / w,
-                    misses_per_step: misses as f64 / w,
-                    miss_ratio: if hits + misses > 0 { misses as f64 / (hits + misses) as f64 } else { 0.0 },
-                    swap_in_share: if secs > 0.0 { swap / secs } else { 0.0 },
-                    kernel_ms: 1e3 * kernels / w,
-                    stages_ms: scale_stages(&stages, 1e3 / w),
-                });
+                points.push(w.point(context, n, mode, a.window));
+            }
+            if mode == Mode::HiSparse {
+                measured_misses.push((format!("context {context}, hisparse (measured)"), per_step));
+                if Some(&context) == a.context.first() {
+                    // The buffer-size comparison replays selections recorded after the
+                    // measurements (recording slows a step down).
+                    bar.set_message(format!("context {context}: selection trace for the buffer-size plot"));
+                    e.record_trace(Box::new(trace.clone()))?;
+                    for _ in 0..steps {
+                        e.step()?;
+                    }
+                    e.finish_trace()?;
+                }
             }
         }
     }
-    // The misses-over-time trace comes from a separate, untimed run of the largest point of the
-    // first context (recording slows a step down).
-    if let Some(&context) = a.context.first() {
-        bar.set_message("selection trace for the misses-over-time plot");
-        let mut e = a.engine.engine(Mode::HiSparse, context + steps)?;
-        e.record_trace(Box::new(trace.clone()))?;
-        for i in 0..max_n {
-            e.submit(RequestSpec { id: RequestId(i as u64), prompt_tokens: context, output_tokens: steps })?;
-        }
-        for _ in 0..steps {
-            e.step()?;
-        }
-        e.finish_trace()?;
-    }
     bar.finish_and_clear();
-    let misses_over_time = replay(&trace, g.top_k)?;
+    let misses_by_buffer = replay(&trace, g.top_k)?;
     let report = SweepReport {
         preset: g.name.clone(),
         backend: backend.into(),
+        emulation: model.map_or_else(|| "none: attention only".to_owned(), |m| m.describe()),
         device_buffer_size: hs.device_buffer_size,
         device_kv_bytes: hs.device_kv_bytes,
+        host_tier_bytes: hs.host_bytes(),
         points,
-        misses_over_time,
+        misses_over_time: measured_misses,
+        misses_by_buffer,
     };
     write_outputs(&report, &out)?;
     Ok((report, out))
@@ -254,6 +300,7 @@ fn write_outputs(r: &SweepReport, out: &std::path::Path) -> Result<()> {
     }
     write_text(out, "sweep.csv", csv.text())?;
     let mut contexts: Vec<usize> = r.points.iter().map(|p| p.context).collect();
+    contexts.sort_unstable();
     contexts.dedup();
     let mut series = Vec::new();
     for &c in &contexts {
@@ -270,7 +317,8 @@ fn write_outputs(r: &SweepReport, out: &std::path::Path) -> Result<()> {
             });
         }
     }
-    let title = format!("Decode throughput vs concurrency ({}, {} backend)", r.preset, r.backend.to_uppercase());
+    let emulated = if r.emulation.starts_with("none") { "attention only" } else { "non-attention part emulated" };
+    let title = format!("Decode throughput vs concurrency ({}, {}, {})", r.preset, r.backend.to_uppercase(), emulated);
     let chart = Chart {
         title: &title,
         x_label: "concurrent requests",
@@ -279,8 +327,11 @@ fn write_outputs(r: &SweepReport, out: &std::path::Path) -> Result<()> {
     };
     line_chart(&out.join("throughput.svg"), &chart, &series)?;
     if !r.misses_over_time.is_empty() {
-        let lines = r.misses_over_time.iter().map(|(b, v)| (format!("LRU, {b} slots"), v.clone()));
-        misses_over_time(&out.join("misses_over_time.svg"), lines)?;
+        misses_over_time(&out.join("misses_over_time.svg"), r.misses_over_time.iter().cloned())?;
+    }
+    if !r.misses_by_buffer.is_empty() {
+        let lines = r.misses_by_buffer.iter().map(|(b, v)| (format!("LRU, {b} slots (replayed trace)"), v.clone()));
+        misses_over_time(&out.join("misses_by_buffer.svg"), lines)?;
     }
     Ok(())
 }
@@ -288,11 +339,13 @@ fn write_outputs(r: &SweepReport, out: &std::path::Path) -> Result<()> {
 /// The sweep as a table.
 pub fn render(r: &SweepReport, out: &std::path::Path) -> String {
     let mut s = format!(
-        "hisparse sweep: {} geometry, {} backend, buffer {} slots, device KV budget {:.0} MiB\n\n{:>8} {:>11} {:>11} {:>11} {:>13} {:>13} {:>9} {:>12}\n",
+        "hisparse sweep: {} geometry, {} backend, buffer {} slots, device KV budget {:.1} GiB, host tier {:.1} GiB\nmodel: {}\n\n{:>8} {:>11} {:>11} {:>11} {:>13} {:>13} {:>9} {:>12}\n",
         r.preset,
         r.backend,
         r.device_buffer_size,
-        r.device_kv_bytes as f64 / f64::from(1 << 20),
+        r.device_kv_bytes as f64 / f64::from(1 << 30),
+        r.host_tier_bytes as f64 / f64::from(1 << 30),
+        r.emulation,
         "context",
         "concurrency",
         "resident",
@@ -303,6 +356,7 @@ pub fn render(r: &SweepReport, out: &std::path::Path) -> String {
         "hs miss %"
     );
     let mut keys: Vec<(usize, usize)> = r.points.iter().map(|p| (p.context, p.concurrency)).collect();
+    keys.sort_unstable();
     keys.dedup();
     for (c, n) in keys {
         let get = |m: Mode| r.points.iter().find(|p| p.context == c && p.concurrency == n && p.mode == m);
@@ -322,7 +376,8 @@ pub fn render(r: &SweepReport, out: &std::path::Path) -> String {
     }
     s += "\n(resident / hisparse: requests decoding at once; the rest waited for capacity)\n";
     s += &format!(
-        "wrote {}/sweep.json, sweep.csv\nplots: {}/throughput.svg, {}/misses_over_time.svg\n",
+        "wrote {}/sweep.json, sweep.csv\nplots: {}/throughput.svg, {}/misses_over_time.svg, {}/misses_by_buffer.svg\n",
+        out.display(),
         out.display(),
         out.display(),
         out.display()

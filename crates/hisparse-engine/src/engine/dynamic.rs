@@ -33,6 +33,8 @@ pub trait DecodeEngine {
     fn finish_trace(&mut self) -> Result<()>;
     /// See [`Engine::capture_next_step`].
     fn capture_next_step(&mut self);
+    /// See [`Engine::runtime`].
+    fn runtime(&self) -> crate::runtime::RuntimeHandle;
 }
 
 impl<B: Backend> DecodeEngine for Engine<B>
@@ -77,5 +79,9 @@ where
 
     fn capture_next_step(&mut self) {
         Engine::capture_next_step(self);
+    }
+
+    fn runtime(&self) -> crate::runtime::RuntimeHandle {
+        Engine::runtime(self)
     }
 }

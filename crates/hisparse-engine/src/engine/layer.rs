@@ -144,7 +144,8 @@ where
             self.backend.sparse_attention(&batch, &mut sb.out, &mut sb.lse)?;
             m.stages.attention += secs(t);
         }
-        // 6. Dump, digests, backup of the new rows (hisparse).
+        // 6. The emulated model's GEMMs; dump, digests, backup of the new rows (hisparse).
+        self.launch_model_layer(l, &mut rep.metrics)?;
         self.finish_layer(l, &new_rows, sb, rep, true)
     }
 

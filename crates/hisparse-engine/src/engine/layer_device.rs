@@ -178,6 +178,7 @@ where
             m.stages.swap_in = s.swap_in;
             m.stages.attention = s.attention;
             m.stages.graph = s.graph;
+            m.stages.model = s.model;
         }
         Ok(())
     }
@@ -276,6 +277,19 @@ where
         self.backend.sparse_attention(&batch, &mut sb.out, &mut sb.lse)?;
         self.backend.mark_stage(KernelStage::Attention, false)?;
         m.stages.attention += secs(t);
+        self.launch_model_layer(l, m)
+    }
+
+    /// The emulated model's GEMMs of layer `l` for the running batch, if it is emulated.
+    pub(super) fn launch_model_layer(&mut self, l: usize, m: &mut StepMetrics) -> Result<()> {
+        let n = self.running.len();
+        if let Some(model) = self.model.as_mut() {
+            let t = Instant::now();
+            self.backend.mark_stage(KernelStage::Model, true)?;
+            model.launch(l, n, &self.backend)?;
+            self.backend.mark_stage(KernelStage::Model, false)?;
+            m.stages.model += secs(t);
+        }
         Ok(())
     }
 

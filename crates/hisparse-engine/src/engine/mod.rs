@@ -54,6 +54,9 @@ pub struct EngineConfig {
     /// Replay each step's launches of layers 1..L as one captured graph where the backend can
     /// (CUDA), instead of launching them one by one.
     pub launch_graphs: bool,
+    /// Emulate the model's non-attention layers with GEMMs on random weights (held on the
+    /// device beside, not inside, `hisparse.device_kv_bytes`).
+    pub model: Option<crate::model::ModelShape>,
 }
 
 impl EngineConfig {
@@ -70,6 +73,7 @@ impl EngineConfig {
             capture_digests: false,
             backup_delay: None,
             launch_graphs: true,
+            model: None,
         }
     }
 }
@@ -116,6 +120,8 @@ pub struct Engine<B: Backend> {
     graphs_failed: bool,
     /// The backend's device swap-in (hisparse mode on the device path).
     dswap: Option<B::SwapIn>,
+    /// The emulated model's non-attention layers.
+    model: Option<crate::model::ModelEmulation<B::Memory>>,
 }
 
 impl<B: Backend> Engine<B>
@@ -195,6 +201,17 @@ where
         }
         let last_policy = Arc::clone(&runtime.policy);
         let workload = Workload::new(g, cfg.workload_seed);
+        let model = match &cfg.model {
+            Some(shape) if shape.layers != g.layers => {
+                return Err(EngineError::Config {
+                    field: "model.layers",
+                    value: shape.layers.to_string(),
+                    reason: format!("the geometry has {} layers", g.layers),
+                });
+            }
+            Some(shape) => Some(crate::model::ModelEmulation::new(shape.clone(), &backend)?),
+            None => None,
+        };
         Ok(Self {
             backend,
             kv_row,
@@ -217,6 +234,7 @@ where
             device_path,
             graphs_failed: false,
             dswap,
+            model,
             cfg,
         })
     }

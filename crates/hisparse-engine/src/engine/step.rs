@@ -174,8 +174,15 @@ where
         m.running = self.running.len();
         m.seconds = secs(t0);
         let st = &m.stages;
-        let counted =
-            st.workload + st.append + st.indexer + st.top_k + st.swap_in + st.attention + st.graph + st.backup;
+        let counted = st.workload
+            + st.append
+            + st.indexer
+            + st.top_k
+            + st.swap_in
+            + st.attention
+            + st.graph
+            + st.model
+            + st.backup;
         m.stages.bookkeeping = (m.seconds - counted).max(0.0);
         self.retire()?;
         let m = &mut rep.metrics;

@@ -82,6 +82,8 @@ pub struct CudaBackend {
     pub(super) fill_unit: CudaFunction,
     pub(super) scratch: Mutex<Scratch>,
     pub(super) timer: Mutex<Timer>,
+    /// cuBLAS, made on first use (`gemm_launch.rs`).
+    pub(super) blas: std::sync::OnceLock<super::gemm_launch::Blas>,
     /// The launch sequence last captured, and its key.
     pub(super) graph: Mutex<Option<(u64, LaunchGraph)>>,
     /// Split count of the attention (0: chosen per call from the batch and the SM count).
@@ -185,6 +187,7 @@ impl CudaBackend {
             scratch: Mutex::new(scratch),
             timer: Mutex::new(Timer::default()),
             graph: Mutex::new(None),
+            blas: std::sync::OnceLock::new(),
             splits: 0,
             dev,
         })
@@ -276,6 +279,16 @@ impl Backend for CudaBackend {
 
     fn prefers_device_selection(&self) -> bool {
         true
+    }
+
+    fn gemm_bf16(
+        &self,
+        shape: &crate::GemmShape,
+        a: &CudaSlice<bf16>,
+        b: &CudaSlice<bf16>,
+        c: &mut CudaSlice<bf16>,
+    ) -> Result<()> {
+        self.launch_gemm(shape, a, b, c)
     }
 
     fn launch_print(&self) -> u64 {

@@ -9,6 +9,7 @@ mod backend;
 mod backup;
 mod decode_launch;
 mod device;
+mod gemm_launch;
 mod launch_graph;
 mod nvrtc;
 mod policy;
@@ -33,6 +34,13 @@ use crate::error::KernelError;
 pub fn driver_available() -> bool {
     // SAFETY: only tries to dlopen the driver library; no CUDA call is made.
     unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
+/// Free and total bytes of GPU `ordinal`'s memory.
+pub fn memory_info(ordinal: usize) -> Result<(u64, u64), KernelError> {
+    let d = CudaDevice::new(ordinal)?;
+    let (free, total) = d.context().mem_get_info().map_err(driver_error("cuMemGetInfo"))?;
+    Ok((free as u64, total as u64))
 }
 
 fn driver_error(context: impl Into<String>) -> impl FnOnce(cudarc::driver::DriverError) -> KernelError {

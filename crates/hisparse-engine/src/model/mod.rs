@@ -1,0 +1,276 @@
+//! The emulated model: the non-attention part of each layer of a real sparse-attention model
+//! (its projections, dense FFN and MoE experts) as the GEMMs one GPU of an 8-GPU deployment runs
+//! per decode step, on random weights of the size that GPU holds. Attention itself is real (the
+//! engine's kernels); this part only makes step time grow with batch as the real model's does.
+//! `ModelShape` holds a model's dimensions and its sharding and plans each layer's GEMMs;
+//! `weights.rs` holds the weights on the device and launches the plan. The derivation (shapes,
+//! sharding, MoE routing, what is not emulated) is in `MODEL.md` beside this file.
+//!
+//! Invariant: every GEMM with fp8 weights runs as a bf16 GEMM with half the output columns —
+//! the same weight bytes read and the same tensor-core time (bf16's peak rate is half fp8's).
+
+mod weights;
+
+use serde::Serialize;
+
+pub use weights::ModelEmulation;
+
+use crate::error::{EngineError, Result};
+
+/// A model's dimensions and how one GPU of its deployment holds it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ModelShape {
+    /// Preset name.
+    pub name: String,
+    /// Transformer layers.
+    pub layers: usize,
+    /// Hidden size.
+    pub hidden: usize,
+    /// Attention heads.
+    pub heads: usize,
+    /// Query low-rank dimension.
+    pub q_lora: usize,
+    /// KV latent dimension.
+    pub kv_lora: usize,
+    /// Rotary dimensions per head.
+    pub rope: usize,
+    /// Non-rotary query/key dimensions per head.
+    pub qk_nope: usize,
+    /// Value dimensions per head.
+    pub v_head: usize,
+    /// Indexer heads and their dimension.
+    pub index_heads: usize,
+    /// Indexer head dimension.
+    pub index_dim: usize,
+    /// Intermediate size of the dense FFN layers.
+    pub dense_inter: usize,
+    /// Leading layers with a dense FFN instead of MoE.
+    pub dense_layers: usize,
+    /// Routed experts per MoE layer.
+    pub experts: usize,
+    /// Experts each token is routed to.
+    pub experts_per_token: usize,
+    /// Shared experts per MoE layer.
+    pub shared_experts: usize,
+    /// Intermediate size of one expert.
+    pub moe_inter: usize,
+    /// Vocabulary.
+    pub vocab: usize,
+    /// GPUs of the deployment: attention data-parallel (each GPU decodes its own requests with a
+    /// full copy of the attention weights); FFN, experts and LM head split `ranks` ways over the
+    /// tokens of all GPUs.
+    pub ranks: usize,
+}
+
+/// One GEMM of the plan (row-major `[m × k] · [k × n]`, `batch` of them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct PlannedGemm {
+    /// What it computes.
+    pub name: &'static str,
+    /// Rows (tokens).
+    pub m: usize,
+    /// Output columns as the GPU runs them (halved for fp8 weights).
+    pub n: usize,
+    /// Inner dimension.
+    pub k: usize,
+    /// GEMMs in the batch (heads, or experts touched).
+    pub batch: usize,
+    /// Weight matrices held for it (`batch` for heads; all experts for the routed experts).
+    pub held: usize,
+}
+
+impl PlannedGemm {
+    /// Weight bytes held on the GPU.
+    pub fn weight_bytes(&self) -> u64 {
+        2 * (self.k * self.n * self.held) as u64
+    }
+}
+
+impl ModelShape {
+    /// Presets: `glm-5.1` and `deepseek-v3.2`, fp8 weights over 8 GPUs (see `MODEL.md`).
+    pub fn preset(name: &str) -> Result<Self> {
+        let base = |name: &str| Self {
+            name: name.to_owned(),
+            layers: 0,
+            hidden: 0,
+            heads: 0,
+            q_lora: 0,
+            kv_lora: 512,
+            rope: 64,
+            qk_nope: 0,
+            v_head: 0,
+            index_heads: 0,
+            index_dim: 128,
+            dense_inter: 0,
+            dense_layers: 3,
+            experts: 256,
+            experts_per_token: 8,
+            shared_experts: 1,
+            moe_inter: 2048,
+            vocab: 0,
+            ranks: 8,
+        };
+        match name {
+            "glm-5.1" => Ok(Self {
+                layers: 78,
+                hidden: 6144,
+                heads: 64,
+                q_lora: 2048,
+                qk_nope: 192,
+                v_head: 256,
+                index_heads: 32,
+                dense_inter: 12288,
+                vocab: 154_880,
+                ..base(name)
+            }),
+            "deepseek-v3.2" => Ok(Self {
+                layers: 61,
+                hidden: 7168,
+                heads: 128,
+                q_lora: 1536,
+                qk_nope: 128,
+                v_head: 128,
+                index_heads: 64,
+                dense_inter: 18432,
+                vocab: 129_280,
+                ..base(name)
+            }),
+            other => Err(EngineError::Config {
+                field: "model",
+                value: other.to_owned(),
+                reason: "no emulated model of that name (known: glm-5.1, deepseek-v3.2)".into(),
+            }),
+        }
+    }
+
+    /// Checks that every dimension the plan divides is whole and non-zero.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |field: &'static str, v: usize, why: &str| {
+            Err(EngineError::Config { field, value: v.to_string(), reason: why.into() })
+        };
+        for (f, v) in [
+            ("model.layers", self.layers),
+            ("model.hidden", self.hidden),
+            ("model.heads", self.heads),
+            ("model.ranks", self.ranks),
+        ] {
+            if v == 0 {
+                return bad(f, v, "must be at least 1");
+            }
+        }
+        if self.experts_per_token > self.experts {
+            return bad("model.experts_per_token", self.experts_per_token, "more than the experts");
+        }
+        for (f, v) in
+            [("model.dense_inter", self.dense_inter), ("model.moe_inter", self.moe_inter), ("model.vocab", self.vocab)]
+        {
+            if !v.is_multiple_of(2 * self.ranks) {
+                return bad(f, v, "must split into 2 x ranks whole parts");
+            }
+        }
+        if !self.hidden.is_multiple_of(2) {
+            return bad("model.hidden", self.hidden, "must be even");
+        }
+        Ok(())
+    }
+
+    /// Experts a step's `tokens` touch on average when each picks `experts_per_token` of them
+    /// uniformly: `E · (1 − (1 − k/E)^T)`, rounded, at least 1.
+    pub fn experts_touched(&self, tokens: usize) -> usize {
+        if self.experts == 0 || tokens == 0 {
+            return 0;
+        }
+        let (e, k) = (self.experts as f64, self.experts_per_token as f64);
+        let u = e * (1.0 - (1.0 - k / e).powf(tokens as f64));
+        (u.round() as usize).clamp(1, self.experts)
+    }
+
+    /// The GEMMs of layer `l` for a batch of `batch` requests on this GPU (every GPU of the
+    /// deployment decoding as many). With `batch` 0 the plan still lists every weight held.
+    pub fn plan(&self, l: usize, batch: usize) -> Vec<PlannedGemm> {
+        let (h, r) = (self.hidden, self.ranks);
+        let tokens = batch * r;
+        let fp8 = |n: usize| n / 2;
+        let g = |name, m, n, k, batch, held| PlannedGemm { name, m, n, k, batch, held };
+        let mut p = vec![
+            g("q_a", batch, fp8(self.q_lora), h, 1, 1),
+            g("q_b", batch, fp8(self.heads * (self.qk_nope + self.rope)), self.q_lora, 1, 1),
+            g("kv_a", batch, fp8(self.kv_lora + self.rope), h, 1, 1),
+            // The absorbed key and value up-projections, per head, kept in bf16 (as SGLang does).
+            g("w_uk", batch, self.kv_lora, self.qk_nope, self.heads, self.heads),
+            g("w_uv", batch, self.v_head, self.kv_lora, self.heads, self.heads),
+            g("o_proj", batch, fp8(h), self.heads * self.v_head, 1, 1),
+            g("index_q", batch, fp8(self.index_heads * self.index_dim), self.q_lora, 1, 1),
+            g("index_k", batch, fp8(self.index_dim + self.index_heads), h, 1, 1),
+        ];
+        if l < self.dense_layers {
+            p.push(g("ffn_gate_up", tokens, fp8(2 * self.dense_inter / r), h, 1, 1));
+            p.push(g("ffn_down", tokens, fp8(h), self.dense_inter / r, 1, 1));
+        } else {
+            let per = self.moe_inter / r;
+            let touched = self.experts_touched(tokens);
+            let rows = if touched == 0 { 0 } else { (tokens * self.experts_per_token).div_ceil(touched) };
+            // The router's weights are not quantised.
+            p.push(g("router", tokens, self.experts, h, 1, 1));
+            p.push(g("shared_gate_up", tokens, fp8(2 * per * self.shared_experts), h, 1, 1));
+            p.push(g("shared_down", tokens, fp8(h), per * self.shared_experts, 1, 1));
+            p.push(g("experts_gate_up", rows, fp8(2 * per), h, touched, self.experts));
+            p.push(g("experts_down", rows, fp8(h), per, touched, self.experts));
+        }
+        if l + 1 == self.layers {
+            // The LM head, split over the vocabulary, in bf16.
+            p.push(g("lm_head", tokens, self.vocab / r, h, 1, 1));
+        }
+        p
+    }
+
+    /// Weight bytes one GPU holds (fp8 weights at one byte each).
+    pub fn weight_bytes(&self) -> u64 {
+        (0..self.layers).flat_map(|l| self.plan(l, 0)).map(|g| g.weight_bytes()).sum()
+    }
+
+    /// A one-line description for reports.
+    pub fn describe(&self) -> String {
+        format!(
+            "emulated {} non-attention layers: cuBLAS GEMMs on random weights, one GPU of {} \
+             (attention data-parallel, FFN/experts split {} ways), {:.1} GB of weights",
+            self.name,
+            self.ranks,
+            self.ranks,
+            self.weight_bytes() as f64 / 1e9
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn glm_5_1_weighs_what_one_of_eight_gpus_holds() {
+        let m = ModelShape::preset("glm-5.1").unwrap();
+        m.validate().unwrap();
+        // 744B parameters: attention (~13.6 GB) on every GPU, experts and FFN split 8 ways.
+        let gb = m.weight_bytes() as f64 / 1e9;
+        assert!((100.0..110.0).contains(&gb), "{gb} GB");
+        let d = ModelShape::preset("deepseek-v3.2").unwrap();
+        let gb = d.weight_bytes() as f64 / 1e9;
+        assert!((90.0..105.0).contains(&gb), "{gb} GB");
+        assert!(ModelShape::preset("llama").unwrap_err().to_string().contains("llama"));
+    }
+
+    #[test]
+    fn a_larger_batch_touches_more_experts_and_reads_more_weights() {
+        let m = ModelShape::preset("glm-5.1").unwrap();
+        let touched: Vec<usize> = [1, 4, 16, 64].iter().map(|&b| m.experts_touched(b * 8)).collect();
+        assert!(touched.windows(2).all(|w| w[0] < w[1]), "{touched:?}");
+        assert_eq!(m.experts_touched(8 * 64), 256);
+        assert_eq!(m.experts_touched(1), 8);
+        let read = |b: usize| -> u64 { m.plan(10, b).iter().map(|g| 2 * (g.k * g.n * g.batch) as u64).sum() };
+        assert!(read(1) < read(16) && read(16) < read(64));
+        // Every expert GEMM carries all the step's tokens routed to it.
+        let p = m.plan(10, 4);
+        let e = p.iter().find(|g| g.name == "experts_gate_up").unwrap();
+        assert!(e.m * e.batch >= 4 * 8 * 8);
+    }
+}
