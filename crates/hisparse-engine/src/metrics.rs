@@ -89,6 +89,8 @@ pub struct StepMetrics {
     pub graph_captures: u64,
     /// Launch graphs replayed this step (layers 1..L as one graph).
     pub graph_replays: u64,
+    /// This step's inputs were generated while the previous step's kernels ran.
+    pub inputs_ahead: bool,
     /// Prompt bytes written into the host tier at admission.
     pub bytes_prompt_host: u64,
     /// Prompt bytes written into the device tier at admission (KV, keys, preloaded slots).

@@ -1,12 +1,13 @@
 //! The engine's device path (inputs staged for every layer before the loop, packed row
-//! writes, seeds on the device, selections kept in device buffers) run over the CPU kernels:
+//! writes, seeds on the device, selections kept in device buffers, inputs generated during the
+//! previous step when the batch is unchanged) run over the CPU kernels:
 //! resident-mode outputs equal the host path's bit for bit, and every layer keeps its digest
 //! (a backend that cannot capture launches every layer).
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
 mod common;
 
-use common::{config, expected_count, run_on};
+use common::{config, expected_count, run_counted, run_on};
 use half::bf16;
 use hisparse_kernels::{AttentionBatch, Backend, CpuBackend, IndexerBatch, NoDeviceSwapIn, Span};
 use hisparse_memory::{EmulatedDevice, Mode};
@@ -63,8 +64,11 @@ fn the_device_path_equals_the_host_path_bit_for_bit() {
     for graphs in [true, false] {
         let mut cfg = config(Mode::Resident, "lru");
         cfg.launch_graphs = graphs;
-        let device = run_on(DevicePathCpu(CpuBackend::new()), cfg, &[], None);
+        let (device, counts) = run_counted(DevicePathCpu(CpuBackend::new()), cfg, &[], None);
         assert_eq!(device.len(), expected_count(), "graphs {graphs}: a layer lost its digest");
+        // Most steps' inputs were generated during the step before (the batch unchanged).
+        let ahead = counts.iter().filter(|c| c.ahead).count();
+        assert!(ahead > counts.len() / 3 && ahead < counts.len(), "{ahead} of {} steps ahead", counts.len());
         let differ = host.iter().filter(|(k, d)| device.get(k) != Some(d)).count();
         assert_eq!(differ, 0, "graphs {graphs}: {differ} of {} digests differ", host.len());
     }

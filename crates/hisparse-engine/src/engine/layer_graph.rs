@@ -42,8 +42,10 @@ where
                 self.launch_layer_device(l, sb, &mut rep.metrics)?;
                 self.after_layer_device(l, sb, rep, true)?;
             }
-            return Ok(());
+            return self.pregenerate(&mut sb.inputs);
         }
+        // The kernels run: meanwhile, the next step's inputs.
+        self.pregenerate(&mut sb.inputs)?;
         rep.metrics.graph_replays += 1;
         if let Some(d) = self.dswap.as_mut() {
             d.note_replayed(layers);

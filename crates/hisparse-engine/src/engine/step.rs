@@ -9,7 +9,6 @@ use std::time::Instant;
 use half::bf16;
 use hisparse_kernels::{Backend, DeviceSwapIn, IndexerRequest, Span};
 use hisparse_memory::{DeviceMemory, RequestId};
-use rayon::prelude::*;
 
 use super::Engine;
 use super::step_inputs::StepInputs;
@@ -149,8 +148,7 @@ where
         if !self.running.is_empty() {
             let _span = tracing::info_span!("decode_step", step = self.step, batch = self.running.len()).entered();
             let t = Instant::now();
-            let wl = &self.workload;
-            self.running.par_iter_mut().for_each(|r| wl.advance(r.spec.id.0, &mut r.drift));
+            self.advance_drifts();
             rep.metrics.stages.workload += secs(t);
             let mut sb = self.plan_batch()?;
             let res = if self.device_path {

@@ -49,6 +49,8 @@ pub struct StepCounts {
     pub misses: u64,
     pub captures: u64,
     pub replays: u64,
+    /// Inputs generated during the previous step.
+    pub ahead: bool,
 }
 
 /// [`run_on`], also returning every step's counts.
@@ -90,6 +92,7 @@ where
             misses: m.misses,
             captures: m.graph_captures,
             replays: m.graph_replays,
+            ahead: m.inputs_ahead,
         });
         for (id, tok, layer, d) in rep.digests {
             assert!(digests.insert((id.0, tok, layer), d).is_none(), "digest recorded twice");
