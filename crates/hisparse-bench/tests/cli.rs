@@ -85,6 +85,10 @@ fn bad_input_prints_one_line_and_exits_2() {
         ),
         (vec!["selfcheck".into(), "--preset".into(), "llama".into()], "unknown preset"),
         (vec!["selfcheck".into(), "--batch".into(), "0".into()], "--batch = 0"),
+        (
+            vec!["sweep".into(), "--backend".into(), "cpu".into(), "--emulate-model".into(), "on".into()],
+            "preset cpu-small is not a real model",
+        ),
     ];
     for (args, needle) in cases {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -126,11 +130,21 @@ fn a_small_sweep_writes_its_table_and_plots() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let table = String::from_utf8_lossy(&o.stdout);
     assert!(table.contains("throughput.svg") && table.contains("ratio"), "{table}");
-    for f in ["sweep.json", "sweep.csv", "throughput.svg", "misses_over_time.svg"] {
+    for f in ["sweep.json", "sweep.csv", "throughput.svg", "misses_over_time.svg", "misses_by_buffer.svg"] {
         assert!(std::fs::metadata(out.join(f)).unwrap().len() > 200, "{f}");
     }
     let json: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("sweep.json")).unwrap()).unwrap();
-    assert_eq!(json["points"].as_array().unwrap().len(), 4);
+    let points = json["points"].as_array().unwrap();
+    assert_eq!(points.len(), 4);
+    assert!(json["emulation"].as_str().unwrap().starts_with("none"), "{}", json["emulation"]);
+    for p in points {
+        let want = p["concurrency"].as_f64().unwrap();
+        assert!(p["running"].as_f64().unwrap() <= want && p["tokens_per_s"].as_f64().unwrap() > 0.0, "{p}");
+    }
+    // Steady state: one engine per mode, measured misses for every step of both levels.
+    let measured = json["misses_over_time"].as_array().unwrap();
+    assert_eq!(measured.len(), 1, "one hisparse series per context");
+    assert_eq!(measured[0][1].as_array().unwrap().len(), 2 * 3, "a value for every step of both levels");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -147,8 +147,8 @@ impl EngineArgs {
         c.device_kv_bytes = match (&self.device_memory, self.model()?) {
             (Some(s), _) => parse_bytes("device-memory", s)?,
             (None, _) if c.device_kv_bytes > 0 => c.device_kv_bytes,
-            (None, Some(m)) => super::sizing::device_kv_budget(m.weight_bytes())?,
-            (None, None) => default,
+            (None, Some(m)) if self.uses_cuda() => super::sizing::device_kv_budget(m.weight_bytes())?,
+            (None, _) => default,
         };
         if self.host_to_device_ratio.is_none()
             && let Some(avail) = super::sizing::host_available()
@@ -179,21 +179,31 @@ impl EngineArgs {
         })
     }
 
-    /// The emulated model, if any (`--emulate-model`).
-    pub fn model(&self) -> Result<Option<ModelShape>> {
-        let uses_cuda = match self.backend {
+    /// Whether the engine will run on CUDA (`--backend cuda`, or `auto` with a driver present).
+    pub fn uses_cuda(&self) -> bool {
+        match self.backend {
             BackendKind::Cpu => false,
             BackendKind::Cuda => true,
             BackendKind::Auto => cuda_driver_present(),
-        };
-        match self.emulate_model {
-            EmulateKind::Off => Ok(None),
-            EmulateKind::Auto if !uses_cuda => Ok(None),
-            EmulateKind::Auto => Ok(ModelShape::preset(&self.preset).ok()),
-            EmulateKind::On => ModelShape::preset(&self.preset).map(Some).map_err(|_| {
-                BenchError::flag("emulate-model", "on", format!("preset {} is not a real model", self.preset))
-            }),
         }
+    }
+
+    /// The emulated model, if any (`--emulate-model`).
+    pub fn model(&self) -> Result<Option<ModelShape>> {
+        let uses_cuda = self.uses_cuda();
+        let shape = match self.emulate_model {
+            EmulateKind::Off => return Ok(None),
+            EmulateKind::Auto if !uses_cuda => return Ok(None),
+            EmulateKind::Auto => return Ok(ModelShape::preset(&self.preset).ok()),
+            EmulateKind::On => ModelShape::preset(&self.preset).map_err(|_| {
+                BenchError::flag("emulate-model", "on", format!("preset {} is not a real model", self.preset))
+            })?,
+        };
+        if !uses_cuda {
+            // On the CPU the "device" is host memory: refuse weights that cannot fit there.
+            super::sizing::check_cpu_room(&shape, super::sizing::host_available().unwrap_or(0))?;
+        }
+        Ok(Some(shape))
     }
 
     /// Builds an engine for `mode` on the chosen backend: `auto` takes CUDA where a driver is

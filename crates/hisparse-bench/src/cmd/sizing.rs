@@ -42,6 +42,26 @@ fn gpu_memory() -> Result<(u64, u64)> {
     Err(BenchError::flag("backend", "cuda", "this build has no CUDA support (feature `cuda`)"))
 }
 
+/// On the CPU backend an emulated model's weights live in host memory: fails, naming the flag,
+/// when they would take more than half of `available` bytes.
+pub fn check_cpu_room(shape: &hisparse_engine::ModelShape, available: u64) -> Result<()> {
+    let w = shape.weight_bytes();
+    if w > available / 2 {
+        return Err(BenchError::flag(
+            "emulate-model",
+            "on",
+            format!(
+                "{}'s emulated weights ({:.1} GB) need a GPU: the CPU backend would hold them in host \
+                 memory ({:.1} GB available); use --backend cuda",
+                shape.name,
+                w as f64 / 1e9,
+                available as f64 / 1e9
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Bytes of memory the kernel says are available (`MemAvailable`), if it says.
 pub fn host_available() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
@@ -58,6 +78,14 @@ pub fn host_ratio_cap(device_kv_bytes: u64, available: u64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_emulated_model_too_big_for_the_host_is_refused_on_the_cpu() {
+        let glm = hisparse_engine::ModelShape::preset("glm-5.1").unwrap();
+        let e = check_cpu_room(&glm, 128 << 30).unwrap_err().to_string();
+        assert!(e.contains("--emulate-model") && e.contains("need a GPU") && e.contains("106.3 GB"), "{e}");
+        check_cpu_room(&glm, 1 << 40).unwrap();
+    }
 
     #[test]
     fn the_host_cap_keeps_a_quarter_free() {
