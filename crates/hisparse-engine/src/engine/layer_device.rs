@@ -24,15 +24,47 @@ impl<B: Backend> Engine<B>
 where
     B::Memory: Clone,
 {
+    /// Where every running request's new token goes: its index-key row and its KV row (resident)
+    /// or reserved hot-buffer slot (hisparse), the same in every layer's pool. A reserved slot
+    /// about to be reused waits for the backup of the token it holds — of `layer`, or of every
+    /// layer (`None`).
+    pub(super) fn new_token_rows(&self, layer: Option<usize>, m: &mut StepMetrics) -> Result<(Vec<u32>, Vec<u32>)> {
+        let (b, n) = (self.cfg.hisparse.device_buffer_size, self.running.len());
+        let (mut key_rows, mut kv_rows) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        for r in &self.running {
+            let (id, p) = (r.spec.id, r.seq_len);
+            key_rows.push(self.device.index_key_row(id, p)? as u32);
+            match self.cfg.mode {
+                Mode::Resident => kv_rows.push(self.device.kv_row(id, p)? as u32),
+                Mode::HiSparse => {
+                    let slot = p.min(b);
+                    if slot == b {
+                        let tw = Instant::now();
+                        if let Some(bk) = &self.backup {
+                            let seq = match layer {
+                                Some(l) => r.last_backup[l],
+                                None => r.last_backup.iter().copied().max().unwrap_or(0),
+                            };
+                            bk.wait(seq)?;
+                        }
+                        m.stages.backup += secs(tw);
+                    }
+                    kv_rows.push(self.device.hot_row(id, slot)? as u32);
+                }
+            }
+        }
+        Ok((key_rows, kv_rows))
+    }
+
     /// Writes the new token's index key and KV row of layer `l` for every running request (one
     /// batched write per pool); returns the rows (hisparse: for the backup).
     pub(super) fn append_tokens(&mut self, l: usize, m: &mut StepMetrics) -> Result<Vec<u8>> {
         let g = &self.cfg.geometry;
-        let (b, d_qk, dim) = (self.cfg.hisparse.device_buffer_size, g.d_qk(), g.index_dim);
+        let (d_qk, dim) = (g.d_qk(), g.index_dim);
         let (kv_row, key, mode) = (self.kv_row, self.key, self.cfg.mode);
         let n = self.running.len();
-        let (mut keys, mut key_rows) = (vec![0u8; n * key.row_bytes()], Vec::with_capacity(n));
-        let (mut rows, mut kv_rows) = (vec![0u8; n * kv_row.row_bytes()], Vec::with_capacity(n));
+        let mut keys = vec![0u8; n * key.row_bytes()];
+        let mut rows = vec![0u8; n * kv_row.row_bytes()];
         let t = Instant::now();
         let wl = &self.workload;
         keys.par_chunks_mut(key.row_bytes())
@@ -48,25 +80,7 @@ where
             })?;
         m.stages.workload += secs(t);
         let t = Instant::now();
-        for r in &self.running {
-            let (id, p) = (r.spec.id, r.seq_len);
-            key_rows.push(self.device.index_key_row(id, p)? as u32);
-            match mode {
-                Mode::Resident => kv_rows.push(self.device.kv_row(id, p)? as u32),
-                Mode::HiSparse => {
-                    let slot = p.min(b);
-                    if slot == b {
-                        // The reserved slot's previous token must be safe in the host tier first.
-                        let tw = Instant::now();
-                        if let Some(bk) = &self.backup {
-                            bk.wait(r.last_backup[l])?;
-                        }
-                        m.stages.backup += secs(tw);
-                    }
-                    kv_rows.push(self.device.hot_row(id, slot)? as u32);
-                }
-            }
-        }
+        let (key_rows, kv_rows) = self.new_token_rows(Some(l), m)?;
         self.backend.write_rows(self.device.keys_mut(l), key.row_bytes(), &key_rows, &keys)?;
         let pool = if mode == Mode::Resident { self.device.kv_mut(l) } else { self.device.hot_mut(l) };
         self.backend.write_rows(pool, kv_row.row_bytes(), &kv_rows, &rows)?;

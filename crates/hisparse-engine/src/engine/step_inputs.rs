@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use half::bf16;
 use hisparse_kernels::Backend;
-use hisparse_memory::{DeviceMemory, IndexKeyLayout, KvGeometry, KvRowLayout, Mode};
+use hisparse_memory::{DeviceMemory, IndexKeyLayout, KvGeometry, KvRowLayout};
 use rayon::prelude::*;
 
 use super::Engine;
@@ -132,32 +132,12 @@ where
     /// Generates and uploads every layer's inputs of this step into `inputs`.
     pub(super) fn stage_step_inputs(&mut self, inputs: &mut StepInputs<B::Memory>, m: &mut StepMetrics) -> Result<()> {
         let g = self.cfg.geometry.clone();
-        let (b, mode, layers, n) = (self.cfg.hisparse.device_buffer_size, self.cfg.mode, g.layers, self.running.len());
+        let (layers, n) = (g.layers, self.running.len());
         let (key, kv_row) = (self.key, self.kv_row);
 
         // Destination rows: the same in every layer's pool.
         let t = Instant::now();
-        let (mut key_rows, mut kv_rows) = (Vec::with_capacity(n), Vec::with_capacity(n));
-        for r in &self.running {
-            let (id, p) = (r.spec.id, r.seq_len);
-            key_rows.push(self.device.index_key_row(id, p)? as u32);
-            match mode {
-                Mode::Resident => kv_rows.push(self.device.kv_row(id, p)? as u32),
-                Mode::HiSparse => {
-                    let slot = p.min(b);
-                    if slot == b {
-                        // The reserved slot's previous token must be safe in the host tier
-                        // before any layer overwrites it.
-                        let tw = Instant::now();
-                        if let Some(bk) = &self.backup {
-                            bk.wait(r.last_backup.iter().copied().max().unwrap_or(0))?;
-                        }
-                        m.stages.backup += secs(tw);
-                    }
-                    kv_rows.push(self.device.hot_row(id, slot)? as u32);
-                }
-            }
-        }
+        let (key_rows, kv_rows) = self.new_token_rows(None, m)?;
         m.stages.append += secs(t);
 
         // Every layer's data: generated during the previous step's kernels when the batch

@@ -6,6 +6,7 @@ mod attention;
 mod indexer;
 mod topk;
 
+#[cfg(feature = "cuda")]
 pub(crate) use topk::check_spans as check_top_k_spans;
 pub use topk::top_k_positions;
 
