@@ -7,6 +7,7 @@ mod dynamic;
 mod layer;
 mod layer_device;
 mod layer_graph;
+mod layer_inputs;
 mod step;
 mod step_inputs;
 
