@@ -37,22 +37,28 @@ impl CudaDevice {
     /// Adds one launch of `f` with `cfg` and argument words `args` to the print.
     pub(super) fn note(&self, f: &CudaFunction, cfg: &LaunchConfig, args: &[u64]) {
         let (g, b) = (cfg.grid_dim, cfg.block_dim);
-        let head = [f.cu_function() as usize as u64, u64::from(g.0), u64::from(g.1), u64::from(g.2)];
-        let shape = [u64::from(b.0), u64::from(b.1), u64::from(b.2), u64::from(cfg.shared_mem_bytes)];
-        let h = head.iter().chain(&shape).chain(args).fold(PRINT_SEED, |h, &w| mix(h, w));
-        // Order matters (a sequence, not a set): fold the launch into the running print.
-        let _ = self.print.fetch_update(Ordering::AcqRel, Ordering::Acquire, |p| Some(mix(p, h)));
-    }
-
-    /// Adds the words of a launch made elsewhere (kernels, grid and arguments among them).
-    pub(super) fn note_words(&self, words: &[u64]) {
-        let h = words.iter().fold(PRINT_SEED, |h, &w| mix(h, w));
-        let _ = self.print.fetch_update(Ordering::AcqRel, Ordering::Acquire, |p| Some(mix(p, h)));
+        let head = [
+            f.cu_function() as usize as u64,
+            u64::from(g.0),
+            u64::from(g.1),
+            u64::from(g.2),
+            u64::from(b.0),
+            u64::from(b.1),
+            u64::from(b.2),
+            u64::from(cfg.shared_mem_bytes),
+        ];
+        self.note_words(&[&head[..], args].concat());
     }
 
     /// Adds one device-to-device copy to the print.
     pub(super) fn note_copy(&self, src: u64, dst: u64, bytes: u64) {
-        let h = [0xc0de, src, dst, bytes].iter().fold(PRINT_SEED, |h, &w| mix(h, w));
+        self.note_words(&[0xc0de, src, dst, bytes]);
+    }
+
+    /// Adds the words of one launch (its kernel, grid and arguments among them) to the print.
+    pub(super) fn note_words(&self, words: &[u64]) {
+        let h = words.iter().fold(PRINT_SEED, |h, &w| mix(h, w));
+        // Order matters (a sequence, not a set): fold the launch into the running print.
         let _ = self.print.fetch_update(Ordering::AcqRel, Ordering::Acquire, |p| Some(mix(p, h)));
     }
 
