@@ -16,9 +16,9 @@ pub struct RequestSpec {
 }
 
 impl RequestSpec {
-    /// Every position the request will ever hold: prompt + output.
-    pub fn total_tokens(&self) -> usize {
-        self.prompt_tokens + self.output_tokens
+    /// Every position the request will ever hold: prompt + output (`None` if that overflows).
+    pub fn total_tokens(&self) -> Option<usize> {
+        self.prompt_tokens.checked_add(self.output_tokens)
     }
 }
 

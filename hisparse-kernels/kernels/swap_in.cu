@@ -5,6 +5,11 @@
 // them in ascending slot order, and each hook touches only its own slot. A second kernel,
 // copy_misses, then copies every missed row from the mapped host tier into the hot buffer.
 //
+// What the host validated (seats, selection ranges, output sizes) is trusted; what only the
+// device holds is checked: a selected position at or beyond seq_len, or a host page id outside
+// the page list or the tier, is never dereferenced — it is skipped (its location is -1, which
+// attention reads as a fault) and the fault flag is raised for the host to turn into an error.
+//
 // The eviction policy's hooks are spliced in below (after the prelude's types) by
 // cuda/sources.rs; the block size is a multiple of 32 (the launcher rounds it up).
 
@@ -27,6 +32,8 @@ struct SwapParams {
     unsigned row_bytes;           // a multiple of 16
     unsigned page_tokens;
     unsigned host_pages_per_layer;
+    unsigned host_pages_len;      // entries of host_pages
+    unsigned pad;
     unsigned long long host_base; // mapped host-tier address (layer-major pages)
     unsigned long long seed;
 };
@@ -91,10 +98,10 @@ __device__ int find_sorted(const unsigned* a, unsigned n, unsigned x) {
 extern "C" __global__ void swap_in(const SwapReq* __restrict__ reqs, const unsigned* __restrict__ selections,
                                    int* __restrict__ slot_tokens, SlotRecord* __restrict__ records,
                                    PolicyScalars* __restrict__ scalars, unsigned* __restrict__ ready,
-                                   const unsigned* __restrict__ host_pages, unsigned char* __restrict__ hot_rows,
-                                   int* __restrict__ locations, unsigned* __restrict__ counts,
-                                   unsigned* __restrict__ miss_tokens, unsigned* __restrict__ miss_slots,
-                                   int* __restrict__ evicted, SwapParams p) {
+                                   unsigned char* __restrict__ hot_rows, int* __restrict__ locations,
+                                   unsigned* __restrict__ counts, unsigned* __restrict__ miss_tokens,
+                                   unsigned* __restrict__ miss_slots, int* __restrict__ evicted,
+                                   unsigned* __restrict__ fault, SwapParams p) {
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ unsigned warp_sums[33];
     __shared__ unsigned hist[256];
@@ -120,7 +127,15 @@ extern "C" __global__ void swap_in(const SwapReq* __restrict__ reqs, const unsig
         // Fast path: token t lives in slot t; place the tokens generated since.
         for (unsigned s = tid; s < r.seq_len; s += T)
             if (st[s] < 0) st[s] = (int)s;
-        for (unsigned j = tid; j < K; j += T) loc[j] = (int)(base + sel_g[j]);
+        for (unsigned j = tid; j < K; j += T) {
+            const unsigned t = sel_g[j];
+            if (t < r.seq_len) {
+                loc[j] = (int)(base + t);
+            } else {
+                loc[j] = -1;
+                atomicOr(fault, 1u);
+            }
+        }
         if (tid == 0) {
             counts[3 * blockIdx.x] = K;
             counts[3 * blockIdx.x + 1] = 0;
@@ -161,8 +176,14 @@ extern "C" __global__ void swap_in(const SwapReq* __restrict__ reqs, const unsig
 
     // 1. Hits and misses.
     for (unsigned j = tid; j < K; j += T) {
-        sel[j] = sel_g[j];
-        selflag[j] = 0;
+        const unsigned t = sel_g[j];
+        // Out of range: kept out of the buffer's state (marked as a hit on nothing) and faulted.
+        sel[j] = t < r.seq_len ? t : 0xffffffffu;
+        selflag[j] = t < r.seq_len ? 0 : 1;
+        if (t >= r.seq_len) {
+            loc[j] = -1;
+            atomicOr(fault, 1u);
+        }
     }
     __syncthreads();
     for (unsigned s = tid; s < B; s += T) {
@@ -330,7 +351,7 @@ extern "C" __global__ void swap_in(const SwapReq* __restrict__ reqs, const unsig
 extern "C" __global__ void copy_misses(const SwapReq* __restrict__ reqs, const unsigned* __restrict__ counts,
                                        const unsigned* __restrict__ miss_tokens, const unsigned* __restrict__ miss_slots,
                                        const unsigned* __restrict__ host_pages, unsigned char* __restrict__ hot_rows,
-                                       SwapParams p) {
+                                       unsigned* __restrict__ fault, SwapParams p) {
     const SwapReq r = reqs[blockIdx.x];
     const unsigned misses = counts[3 * blockIdx.x + 1];
     const unsigned lane = threadIdx.x & 31, warps = blockDim.x >> 5;
@@ -340,7 +361,16 @@ extern "C" __global__ void copy_misses(const SwapReq* __restrict__ reqs, const u
     for (unsigned m = first; m < misses; m += stride) {
         const unsigned tok = miss_tokens[r.sel_offset + m];
         const unsigned s = miss_slots[r.sel_offset + m];
-        const unsigned page = host_pages[r.page_offset + tok / p.page_tokens];
+        const unsigned long long at = (unsigned long long)r.page_offset + tok / p.page_tokens;
+        if (tok >= r.seq_len || at >= p.host_pages_len) {
+            if (lane == 0) atomicOr(fault, 1u);
+            continue;
+        }
+        const unsigned page = host_pages[at];
+        if (page >= p.host_pages_per_layer) {
+            if (lane == 0) atomicOr(fault, 1u);
+            continue;
+        }
         const unsigned long long src =
             ((unsigned long long)p.layer * p.host_pages_per_layer + page) * p.page_tokens + tok % p.page_tokens;
         copy_row(host + src * p.row_bytes, hot_rows + (unsigned long long)(base + s) * p.row_bytes, p.row_bytes, lane);

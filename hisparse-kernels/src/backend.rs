@@ -25,9 +25,25 @@ impl Span {
         Self { offset, len }
     }
 
-    /// One past the last element.
+    /// One past the last element. A span whose end overflows ends at `usize::MAX`, past every
+    /// buffer, so that every bounds check refuses it.
     pub fn end(&self) -> usize {
-        self.offset + self.len
+        self.offset.saturating_add(self.len)
+    }
+}
+
+/// Checks a batched row write before anything is written: `data` holds `rows.len()` rows of
+/// `row_bytes` (no overflow), and every row index lies inside a pool of `pool_len` bytes.
+pub fn check_rows_fit(rows: &[u32], row_bytes: usize, data_len: usize, pool_len: usize) -> Result<()> {
+    let want = rows
+        .len()
+        .checked_mul(row_bytes)
+        .ok_or_else(|| crate::KernelError::invalid("rows", rows.len(), format!("rows of {row_bytes} B overflow")))?;
+    crate::error::check_len("data", want, data_len)?;
+    let pool_rows = pool_len / row_bytes.max(1);
+    match rows.iter().find(|&&r| r as usize >= pool_rows) {
+        Some(&bad) => Err(crate::KernelError::invalid("rows", bad, format!("the pool holds {pool_rows} rows"))),
+        None => Ok(()),
     }
 }
 
@@ -199,8 +215,9 @@ pub trait Backend: Send + Sync {
 
     /// Writes row `i` of `data` (`rows.len()` rows of `row_bytes`) to row `rows[i]` of `pool`,
     /// for all rows at once (the default writes them one by one through [`Backend::memory`]).
+    /// All rows or none: every row index is checked before the first is written.
     fn write_rows(&self, pool: &mut Buf<Self, u8>, row_bytes: usize, rows: &[u32], data: &[u8]) -> Result<()> {
-        crate::error::check_len("data", rows.len() * row_bytes, data.len())?;
+        check_rows_fit(rows, row_bytes, data.len(), self.memory().len(pool))?;
         for (&r, d) in rows.iter().zip(data.chunks_exact(row_bytes.max(1))) {
             self.memory().write(pool, r as usize * row_bytes, d)?;
         }

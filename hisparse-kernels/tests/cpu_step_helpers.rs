@@ -27,6 +27,12 @@ fn write_rows_writes_each_row_where_asked_and_checks_lengths() {
     let e = cpu.write_rows(&mut pool, 132, &[1, 2], &data).unwrap_err();
     assert!(e.to_string().contains("data"), "{e}");
     assert!(cpu.write_rows(&mut pool, 132, &[10], &data[..132]).is_err(), "row past the pool");
+    // All rows or none: a bad index after good ones writes nothing at all.
+    let snapshot = pool.clone();
+    let e = cpu.write_rows(&mut pool, 132, &[1, 2, 10], &data).unwrap_err();
+    assert!(e.to_string().contains("rows = 10"), "{e}");
+    assert_eq!(pool, snapshot, "a refused write changed the pool");
+    assert!(cpu.write_rows(&mut pool, usize::MAX, &[0, 1], &[]).is_err(), "overflowing row sizes");
 }
 
 #[test]

@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use hisparse_kernels::cuda::{CudaDevice, GpuBackup, GpuSwapIn, SwapOutputs, SwapReq};
+use hisparse_memory::cuda::MappedHostTier;
 use hisparse_memory::{HostTier, HostTierConfig, RequestId};
 use hisparse_policy::policy::by_name;
 
@@ -20,7 +21,7 @@ fn row(tag: u8, pos: usize) -> Vec<u8> {
 
 /// Runs two steps of one request with the backup delayed; returns the row the second step's
 /// swap-in fetched for the previous newest token.
-fn two_steps(dev: &CudaDevice, host: &mut HostTier, host_base: u64, seat_req: u64, wait: bool) -> Vec<u8> {
+fn two_steps(dev: &CudaDevice, host: &mut HostTier, mapped: &MappedHostTier, seat_req: u64, wait: bool) -> Vec<u8> {
     let s = dev.stream().clone();
     let mut backup = GpuBackup::new(dev).unwrap();
     backup.inject_delay_ns = 3_000_000;
@@ -44,15 +45,14 @@ fn two_steps(dev: &CudaDevice, host: &mut HostTier, host_base: u64, seat_req: u6
             page_offset: 0,
             request: seat_req,
         };
-        let rd = gpu.upload_requests(&[r]).unwrap();
-        gpu.launch(0, &[r], &rd, &sels.as_view(), &pages, (host_base, host.total_pages(), ROW, 16), hot, &mut out)
-            .unwrap();
+        let batch = gpu.upload_requests(&[r]).unwrap();
+        gpu.launch(0, &batch, &sels.as_view(), &pages, mapped, hot, &mut out).unwrap();
         out
     };
     // Step 1: the new token L goes into the reserved slot, then is backed up (slowly).
     s.memcpy_htod(&row(0xA0, L), &mut hot.slice_mut(reserved.clone())).unwrap();
     step(1, vec![3, 17, L as u32], L + 1, &mut hot);
-    let done = backup.backup(&s, &hot, &[B as u32], &[host_row(host, L)], ROW, host_base).unwrap();
+    let done = backup.backup(&s, &hot, &[B as u32], &[host_row(host, L)], mapped).unwrap();
     // Step 2: the new token L + 1 takes the reserved slot; token L is selected: a miss.
     if wait {
         s.wait(&done).unwrap();
@@ -75,7 +75,7 @@ fn the_backup_event_orders_slot_reuse_and_swap_in_behind_a_slow_backup() {
     // SAFETY: every buffer below is ordered by hand with events (what the engine does).
     unsafe { dev.context().disable_event_tracking() };
     let mut host =
-        HostTier::new(&HostTierConfig { bytes: 16 << 20, layers: 1, row_bytes: ROW, page_tokens: 16, path: None })
+        HostTier::new(&HostTierConfig { bytes: 16 << 20, layers: 1, row_bytes: ROW, page_tokens: 16, file: None })
             .unwrap();
     for r in [1u64, 2] {
         host.register(RequestId(r)).unwrap();
@@ -87,8 +87,8 @@ fn the_backup_event_orders_slot_reuse_and_swap_in_behind_a_slow_backup() {
         }
     }
     let base = host.register_cuda(dev.context()).unwrap();
-    let fetched = two_steps(&dev, &mut host, base, 1, true);
+    let fetched = two_steps(&dev, &mut host, &base, 1, true);
     assert_eq!(fetched, row(0xA0, L), "with the wait, the miss fetches the backed-up row");
-    let control = two_steps(&dev, &mut host, base, 2, false);
+    let control = two_steps(&dev, &mut host, &base, 2, false);
     assert_eq!(control, row(0xEE, L), "without the wait, the delayed backup has not landed: the stale row is fetched");
 }

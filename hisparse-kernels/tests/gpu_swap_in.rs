@@ -2,9 +2,12 @@
 //! form, over random multi-step traces of a batch of requests of different lengths (fast path,
 //! the crossing into policy management, cold buffers): the same hits, misses, slots, evictions
 //! and locations every step, the same slot tables, records and scalars at the end, and every
-//! resident slot holding its token's row byte for byte, read from the mapped host tier.
+//! resident slot holding its token's row byte for byte, read from the mapped host tier. Once at
+//! a small size and once at the production size (top_k 2048, 4096 slots, blocks of 512 threads,
+//! 32 requests, 20 steps); and the kernels' range checks (fault flag) on hostile selections.
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use hisparse_kernels::cuda::{CudaDevice, GpuSwapIn, SwapOutputs, SwapReq};
@@ -13,43 +16,69 @@ use hisparse_policy::policy::builtin;
 use hisparse_policy::{StepCtx, SwapInPlan, SwapInState};
 use rand::{Rng, SeedableRng};
 
-const B: usize = 256;
-const K: usize = 96;
-const LAYERS: usize = 2;
 const ROW: usize = 656;
 const PAGE: usize = 16;
-const STEPS: usize = 40;
+
+/// One comparison's sizes.
+struct Sizes {
+    slots: usize,
+    top_k: usize,
+    block: usize,
+    layers: usize,
+    steps: usize,
+    /// Width of the drifting window most selected positions come from.
+    window: usize,
+    prompts: Vec<usize>,
+}
 
 fn row_of(req: usize, layer: usize, pos: usize) -> Vec<u8> {
     (0..ROW).map(|i| (i as u32 * 7 + pos as u32 * 131 + layer as u32 * 17 + req as u32 * 29) as u8).collect()
 }
 
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_swap_in_matches_the_cpu_swap_in_for_every_gpu_policy() {
+/// A selection: mostly from a window that drifts with the step, some anywhere, the newest half
+/// the time; strictly ascending, at most `k`.
+fn selection(rng: &mut impl Rng, z: &Sizes, step: usize, seq_len: usize) -> Vec<u32> {
+    let k = z.top_k.min(seq_len);
+    let mut set = BTreeSet::new();
+    if rng.random_bool(0.5) {
+        set.insert((seq_len - 1) as u32);
+    }
+    while set.len() < k {
+        let t = if rng.random_bool(0.8) {
+            (step * z.window / 20 + rng.random_range(0..z.window)) % seq_len
+        } else {
+            rng.random_range(0..seq_len)
+        };
+        set.insert(t as u32);
+    }
+    set.into_iter().collect()
+}
+
+fn compare(z: &Sizes, seed: u64) {
     let dev = CudaDevice::new(0).expect("a CUDA GPU");
     let s = dev.stream().clone();
-    let prompts = [100usize, 250, 600, 1500];
+    let (b, k, layers, steps) = (z.slots, z.top_k, z.layers, z.steps);
+    let longest = z.prompts.iter().max().unwrap() + steps + 1;
     let mut host = HostTier::new(&HostTierConfig {
-        bytes: 64 << 20,
-        layers: LAYERS,
+        bytes: (z.prompts.len() * (longest + PAGE) * ROW * layers).next_power_of_two(),
+        layers,
         row_bytes: ROW,
         page_tokens: PAGE,
-        path: None,
+        file: None,
     })
     .unwrap();
-    for (r, &p) in prompts.iter().enumerate() {
+    for (r, &p) in z.prompts.iter().enumerate() {
         host.register(RequestId(r as u64)).unwrap();
-        host.grow(RequestId(r as u64), p + STEPS + 1).unwrap();
-        for l in 0..LAYERS {
-            for t in 0..p + STEPS + 1 {
-                host.write_row(RequestId(r as u64), l, t, &row_of(r, l, t)).unwrap();
-            }
+        host.grow(RequestId(r as u64), p + steps + 1).unwrap();
+        for l in 0..layers {
+            let rows: Vec<u8> = (0..p + steps + 1).flat_map(|t| row_of(r, l, t)).collect();
+            host.write_rows(RequestId(r as u64), l, 0, &rows).unwrap();
         }
     }
-    let host_base = host.register_cuda(dev.context()).unwrap();
-    let pages: Vec<u32> = (0..prompts.len()).flat_map(|r| host.pages(RequestId(r as u64)).unwrap().to_vec()).collect();
-    let page_offsets: Vec<u32> = (0..prompts.len())
+    let mapped = host.register_cuda(dev.context()).unwrap();
+    let n = z.prompts.len();
+    let pages: Vec<u32> = (0..n).flat_map(|r| host.pages(RequestId(r as u64)).unwrap().to_vec()).collect();
+    let page_offsets: Vec<u32> = (0..n)
         .scan(0u32, |acc, r| {
             let here = *acc;
             *acc += host.pages(RequestId(r as u64)).unwrap().len() as u32;
@@ -57,65 +86,46 @@ fn gpu_swap_in_matches_the_cpu_swap_in_for_every_gpu_policy() {
         })
         .collect();
     let pages_d = s.clone_htod(&pages).unwrap();
-    let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     for policy in builtin(77).into_iter().filter(|p| p.cuda().is_some()) {
-        let mut gpu = GpuSwapIn::new(&dev, Arc::clone(&policy), prompts.len(), LAYERS, B, 128, K + 1).unwrap();
+        let mut gpu = GpuSwapIn::new(&dev, Arc::clone(&policy), n, layers, b, z.block, k + 1).unwrap();
         let mut cpu: Vec<Vec<SwapInState>> =
-            prompts.iter().map(|_| (0..LAYERS).map(|_| SwapInState::new(B).unwrap()).collect()).collect();
-        let mut hot: Vec<_> =
-            (0..LAYERS).map(|_| s.alloc_zeros::<u8>(prompts.len() * (B + 1) * ROW).unwrap()).collect();
-        for (r, &p) in prompts.iter().enumerate() {
-            let preload = if p < B { p } else { 0 };
+            z.prompts.iter().map(|_| (0..layers).map(|_| SwapInState::new(b).unwrap()).collect()).collect();
+        let mut hot: Vec<_> = (0..layers).map(|_| s.alloc_zeros::<u8>(n * (b + 1) * ROW).unwrap()).collect();
+        for (r, &p) in z.prompts.iter().enumerate() {
+            let preload = if p < b { p } else { 0 };
             gpu.reset_seat(r, preload).unwrap();
-            for l in 0..LAYERS {
+            for (l, hot_l) in hot.iter_mut().enumerate() {
                 if preload > 0 {
                     cpu[r][l].preload(preload).unwrap();
-                    for t in 0..preload {
-                        s.memcpy_htod(
-                            &row_of(r, l, t),
-                            &mut hot[l].slice_mut((r * (B + 1) + t) * ROW..(r * (B + 1) + t + 1) * ROW),
-                        )
+                    let rows: Vec<u8> = (0..preload).flat_map(|t| row_of(r, l, t)).collect();
+                    s.memcpy_htod(&rows, &mut hot_l.slice_mut(r * (b + 1) * ROW..(r * (b + 1) + preload) * ROW))
                         .unwrap();
-                    }
                 }
             }
         }
-        for step in 1..=STEPS {
-            for l in 0..LAYERS {
+        let mut batch = None;
+        for step in 1..=steps {
+            for (l, hot_l) in hot.iter_mut().enumerate() {
                 let mut reqs = Vec::new();
                 let mut sels: Vec<u32> = Vec::new();
                 let mut plans = Vec::new();
-                for (r, &p) in prompts.iter().enumerate() {
+                for (r, &p) in z.prompts.iter().enumerate() {
                     let seq_len = p + step;
                     let newest = seq_len - 1;
                     // The engine writes the newest row into its slot (fast path) or the reserved slot.
-                    let slot = if seq_len <= B { newest } else { B };
+                    let slot = if seq_len <= b { newest } else { b };
                     s.memcpy_htod(
                         &row_of(r, l, newest),
-                        &mut hot[l].slice_mut((r * (B + 1) + slot) * ROW..(r * (B + 1) + slot + 1) * ROW),
+                        &mut hot_l.slice_mut((r * (b + 1) + slot) * ROW..(r * (b + 1) + slot + 1) * ROW),
                     )
                     .unwrap();
-                    // A hot set that drifts, plus random positions, plus the newest half the time.
-                    let mut sel: Vec<u32> = (0..K)
-                        .map(|_| {
-                            if rng.random_bool(0.7) {
-                                ((step * 3 + rng.random_range(0..150)) % seq_len) as u32
-                            } else {
-                                rng.random_range(0..seq_len as u32)
-                            }
-                        })
-                        .collect();
-                    if rng.random_bool(0.5) {
-                        sel.push(newest as u32);
-                    }
-                    sel.sort_unstable();
-                    sel.dedup();
-                    sel.truncate(K);
+                    let sel = selection(&mut rng, z, step, seq_len);
                     let ctx = StepCtx {
                         step: step as u32,
                         layer: l as u32,
                         request: r as u64 + 1000,
-                        buffer_slots: B as u32,
+                        buffer_slots: b as u32,
                         seed: policy.seed(),
                     };
                     let mut plan = SwapInPlan::default();
@@ -134,18 +144,15 @@ fn gpu_swap_in_matches_the_cpu_swap_in_for_every_gpu_policy() {
                 }
                 let sels_d = s.clone_htod(&sels).unwrap();
                 let mut out = SwapOutputs::new(&s, reqs.len(), sels.len()).unwrap();
-                let reqs_d = gpu.upload_requests(&reqs).unwrap();
-                gpu.launch(
-                    l,
-                    &reqs,
-                    &reqs_d,
-                    &sels_d.as_view(),
-                    &pages_d,
-                    (host_base, host.total_pages(), ROW, PAGE),
-                    &mut hot[l],
-                    &mut out,
-                )
-                .unwrap();
+                // The batch is updated in place from the second launch on (as the engine does).
+                let bt = match batch.as_mut() {
+                    None => batch.insert(gpu.upload_requests(&reqs).unwrap()),
+                    Some(bt) => {
+                        gpu.update_requests(bt, &reqs).unwrap();
+                        bt
+                    }
+                };
+                gpu.launch(l, bt, &sels_d.as_view(), &pages_d, &mapped, hot_l, &mut out).unwrap();
                 let (locs, counts) = (s.clone_dtoh(&out.locations).unwrap(), s.clone_dtoh(&out.counts).unwrap());
                 let (mt, ms, ev) = (
                     s.clone_dtoh(&out.miss_tokens).unwrap(),
@@ -160,7 +167,7 @@ fn gpu_swap_in_matches_the_cpu_swap_in_for_every_gpu_policy() {
                         [plan.hits.len() as u32, plan.misses.len() as u32, plan.evictions.len() as u32],
                         "{what}: counts"
                     );
-                    let base = (r * (B + 1)) as i32;
+                    let base = (r * (b + 1)) as i32;
                     let gpu_locs: Vec<u32> = locs[o..o + n].iter().map(|&x| (x - base) as u32).collect();
                     assert_eq!(gpu_locs, plan.locations, "{what}: locations");
                     if !plan.fast_path {
@@ -174,21 +181,24 @@ fn gpu_swap_in_matches_the_cpu_swap_in_for_every_gpu_policy() {
                 }
             }
         }
+        assert!(!gpu.take_fault().unwrap(), "{}: no fault on valid input", policy.name());
         // Final state and rows.
-        for (r, &p) in prompts.iter().enumerate() {
-            for l in 0..LAYERS {
+        let mut managed = 0;
+        for (r, &p) in z.prompts.iter().enumerate() {
+            for (l, hot_l) in hot.iter().enumerate() {
                 let (tokens, records, scalars) = gpu.read_state(r, l).unwrap();
                 let c = &cpu[r][l];
                 let want: Vec<i32> = c.table().slots().map(|t| t.map_or(-1, |t| t as i32)).collect();
                 assert_eq!(tokens, want, "{} request {r} layer {l}: slot tables", policy.name());
-                if p + STEPS > B {
+                if p + steps > b {
+                    managed += 1;
                     assert_eq!(records, c.records(), "{} request {r} layer {l}: records", policy.name());
                     assert_eq!(scalars, c.scalars(), "{} request {r} layer {l}: scalars", policy.name());
                 }
-                let rows = s.clone_dtoh(&hot[l]).unwrap();
+                let rows = s.clone_dtoh(hot_l).unwrap();
                 for (slot, t) in tokens.iter().enumerate() {
                     if *t >= 0 {
-                        let at = (r * (B + 1) + slot) * ROW;
+                        let at = (r * (b + 1) + slot) * ROW;
                         assert_eq!(
                             &rows[at..at + ROW],
                             row_of(r, l, *t as usize).as_slice(),
@@ -199,12 +209,90 @@ fn gpu_swap_in_matches_the_cpu_swap_in_for_every_gpu_policy() {
                 }
             }
         }
+        assert!(managed > 0, "some buffers went through policy-managed steps");
         eprintln!(
-            "{}: {} steps x {} layers x {} requests match the CPU swap-in",
+            "{}: {steps} steps x {layers} layers x {n} requests (top_k {k}, {b} slots, block {}) match the CPU swap-in",
             policy.name(),
-            STEPS,
-            LAYERS,
-            prompts.len()
+            z.block
         );
     }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_swap_in_matches_the_cpu_swap_in_for_every_gpu_policy() {
+    let z = Sizes {
+        slots: 256,
+        top_k: 96,
+        block: 128,
+        layers: 2,
+        steps: 40,
+        window: 150,
+        prompts: vec![100, 250, 600, 1500],
+    };
+    compare(&z, 3);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_swap_in_matches_the_cpu_swap_in_at_production_size() {
+    // 32 requests: a few start on the fast path and cross into policy management, the rest are
+    // long from the start (cold buffers, every first selection a miss).
+    let prompts: Vec<usize> = (0..32).map(|i| if i < 4 { 4080 + i } else { 6000 + 700 * i }).collect();
+    let z = Sizes { slots: 4096, top_k: 2048, block: 512, layers: 2, steps: 20, window: 3000, prompts };
+    compare(&z, 11);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn out_of_range_selections_and_pages_raise_the_fault_flag() {
+    let dev = CudaDevice::new(0).expect("a CUDA GPU");
+    let s = dev.stream().clone();
+    let (b, layers) = (64usize, 1usize);
+    let mut host =
+        HostTier::new(&HostTierConfig { bytes: 4 << 20, layers, row_bytes: ROW, page_tokens: PAGE, file: None })
+            .unwrap();
+    host.register(RequestId(0)).unwrap();
+    host.grow(RequestId(0), 300).unwrap();
+    let mapped = host.register_cuda(dev.context()).unwrap();
+    let lru = hisparse_policy::policy::by_name("lru", 0).unwrap();
+    let mut gpu = GpuSwapIn::new(&dev, lru, 1, layers, b, 128, 32).unwrap();
+    gpu.reset_seat(0, 0).unwrap();
+    let mut hot = s.alloc_zeros::<u8>((b + 1) * ROW).unwrap();
+    let run = |gpu: &mut GpuSwapIn, hot: &mut _, seq_len: u32, sel: &[u32], pages: &[u32]| {
+        let req =
+            SwapReq { seat: 0, seq_len, step: 1, sel_offset: 0, sel_len: sel.len() as u32, page_offset: 0, request: 0 };
+        let batch = gpu.upload_requests(&[req]).unwrap();
+        let sels = s.clone_htod(sel).unwrap();
+        let pages_d = s.clone_htod(pages).unwrap();
+        let mut out = SwapOutputs::new(&s, 1, sel.len()).unwrap();
+        gpu.launch(0, &batch, &sels.as_view(), &pages_d, &mapped, hot, &mut out).unwrap();
+        (s.clone_dtoh(&out.locations).unwrap(), gpu.take_fault().unwrap())
+    };
+    let good: Vec<u32> = host.pages(RequestId(0)).unwrap().to_vec();
+    // A valid step: no fault.
+    let (_, fault) = run(&mut gpu, &mut hot, 200, &[3, 150, 199], &good);
+    assert!(!fault);
+    // A selected position beyond the sequence (fast path and managed path): fault, location -1.
+    let (locs, fault) = run(&mut gpu, &mut hot, 40, &[3, 41], &good);
+    assert!(fault && locs[1] == -1, "fast path: {locs:?}");
+    let (locs, fault) = run(&mut gpu, &mut hot, 201, &[5, 250], &good);
+    assert!(fault && locs[1] == -1, "managed path: {locs:?}");
+    // A host page id outside the tier: fault, and no read outside the mapping.
+    let mut bad = good.clone();
+    bad[0] = u32::MAX - 1;
+    let (_, fault) = run(&mut gpu, &mut hot, 202, &[0, 1, 2], &bad);
+    assert!(fault, "page id beyond the tier");
+    // What the host can see is refused before any launch: pages for the sequence beyond the list.
+    let req = SwapReq { seat: 0, seq_len: 202, step: 1, sel_offset: 0, sel_len: 1, page_offset: 0, request: 0 };
+    let batch = gpu.upload_requests(&[req]).unwrap();
+    let sels = s.clone_htod(&[0u32]).unwrap();
+    let short = s.clone_htod(&good[..2]).unwrap();
+    let mut out = SwapOutputs::new(&s, 1, 1).unwrap();
+    assert!(gpu.launch(0, &batch, &sels.as_view(), &short, &mapped, &mut hot, &mut out).is_err());
+    // And requests the swap-in cannot hold are refused when uploaded.
+    let over = SwapReq { sel_offset: u32::MAX, sel_len: 2, ..req };
+    assert!(gpu.upload_requests(&[over]).is_err(), "sel_offset + sel_len overflows");
+    assert!(gpu.upload_requests(&[SwapReq { seat: 5, ..req }]).is_err(), "no such seat");
+    assert!(gpu.upload_requests(&[SwapReq { sel_len: 33, seq_len: 400, ..req }]).is_err(), "beyond max_sel");
 }

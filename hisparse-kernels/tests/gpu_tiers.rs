@@ -70,11 +70,12 @@ fn a_registered_host_tier_is_unregistered_when_dropped() {
     let dev = CudaDevice::new(0).expect("a CUDA GPU");
     for i in 0..6u8 {
         let mut h =
-            HostTier::new(&HostTierConfig { bytes: 64 << 20, layers: 2, row_bytes: 656, page_tokens: 16, path: None })
+            HostTier::new(&HostTierConfig { bytes: 64 << 20, layers: 2, row_bytes: 656, page_tokens: 16, file: None })
                 .unwrap();
-        let p1 = h.register_cuda(dev.context()).unwrap();
-        assert_eq!(h.register_cuda(dev.context()).unwrap(), p1, "registered once");
-        assert_eq!(h.cuda_ptr(), Some(p1));
+        let mapped = h.register_cuda(dev.context()).unwrap();
+        let p1 = mapped.device_ptr();
+        assert_eq!(h.register_cuda(dev.context()).unwrap().device_ptr(), p1, "registered once");
+        assert_eq!(h.cuda_mapping().map(|m| m.device_ptr()), Some(p1));
         // The device reads what the host wrote, through the mapped address.
         h.register(RequestId(1)).unwrap();
         h.grow(RequestId(1), 10).unwrap();
@@ -90,5 +91,18 @@ fn a_registered_host_tier_is_unregistered_when_dropped() {
         };
         assert_eq!(r, cudarc::driver::sys::CUresult::CUDA_SUCCESS);
         assert_eq!(dev.stream().clone_dtoh(&d).unwrap(), row);
+        // The handle keeps the mapping registered after the tier is gone: the same read still
+        // returns the row (nothing was unmapped under the device).
+        drop(h);
+        let mut e = dev.stream().alloc_zeros::<u8>(656).unwrap();
+        // SAFETY: as above; `mapped` keeps the range mapped and registered.
+        let r = unsafe {
+            use cudarc::driver::DevicePtrMut;
+            let (dst, _g) = e.device_ptr_mut(dev.stream());
+            cudarc::driver::sys::cuMemcpyDtoD_v2(dst, mapped.device_ptr() + at, 656)
+        };
+        assert_eq!(r, cudarc::driver::sys::CUresult::CUDA_SUCCESS);
+        assert_eq!(dev.stream().clone_dtoh(&e).unwrap(), row, "read through the handle after the tier dropped");
+        assert!(mapped.check_rows("rows", &[mapped.layout().rows()]).is_err(), "one past the last row");
     }
 }

@@ -152,27 +152,40 @@ pub struct CapacityPlan {
     pub typical_tokens: usize,
 }
 
+fn overflow(field: &'static str, value: usize) -> MemoryError {
+    MemoryError::invalid(field, value, "the tier sizes computed from it overflow")
+}
+
 impl CapacityPlan {
     /// Device tier capacities: resident mode spends the budget on pages of KV rows plus index
     /// keys; hisparse mode on as many (seat + index pages of a typical request) as fit, then
-    /// the rest on index pages.
-    pub fn device_tier(&self) -> DeviceTierConfig {
+    /// the rest on index pages. Every product is checked: a plan whose sizes overflow is
+    /// refused, naming the field.
+    pub fn device_tier(&self) -> Result<DeviceTierConfig> {
         let (kv, key, l, p) =
             (self.kv_row.row_bytes(), self.index_key.row_bytes(), self.layers, self.page_tokens.max(1));
+        let mul =
+            |a: usize, b: usize, field: &'static str, v: usize| a.checked_mul(b).ok_or_else(|| overflow(field, v));
         let (kv_pages, index_pages, seats) = match self.mode {
             Mode::Resident => {
-                let pages = self.device_bytes / (p * (kv + key) * l).max(1);
+                let per_page = mul(mul(p, kv + key, "page_tokens", p)?, l, "layers", l)?;
+                let pages = self.device_bytes / per_page.max(1);
                 (pages, pages, 0)
             }
             Mode::HiSparse => {
-                let seat = (self.buffer_slots + 1) * kv * l;
-                let page = p * key * l;
-                let per_request = seat + self.typical_tokens.div_ceil(p) * page;
+                let slots =
+                    self.buffer_slots.checked_add(1).ok_or_else(|| overflow("buffer_slots", self.buffer_slots))?;
+                let seat = mul(mul(slots, kv, "buffer_slots", self.buffer_slots)?, l, "layers", l)?;
+                let page = mul(mul(p, key, "page_tokens", p)?, l, "layers", l)?;
+                let typical = mul(self.typical_tokens.div_ceil(p), page, "typical_tokens", self.typical_tokens)?;
+                let per_request =
+                    seat.checked_add(typical).ok_or_else(|| overflow("typical_tokens", self.typical_tokens))?;
                 let seats = self.device_bytes / per_request.max(1);
+                // seats * seat <= device_bytes: no overflow.
                 (0, (self.device_bytes - seats * seat) / page.max(1), seats)
             }
         };
-        DeviceTierConfig {
+        Ok(DeviceTierConfig {
             layers: l,
             kv_row: self.kv_row,
             index_key: self.index_key,
@@ -181,23 +194,34 @@ impl CapacityPlan {
             index_pages,
             seats,
             buffer_slots: self.buffer_slots,
-        }
+        })
     }
 
     /// Host-tier pages (per layer): zero in resident mode.
-    pub fn host_pages(&self) -> usize {
+    pub fn host_pages(&self) -> Result<usize> {
         match self.mode {
-            Mode::Resident => 0,
+            Mode::Resident => Ok(0),
             Mode::HiSparse => {
-                self.host_bytes / (self.page_tokens.max(1) * self.kv_row.row_bytes() * self.layers).max(1)
+                let page = self
+                    .page_tokens
+                    .max(1)
+                    .checked_mul(self.kv_row.row_bytes())
+                    .and_then(|b| b.checked_mul(self.layers))
+                    .ok_or_else(|| overflow("page_tokens", self.page_tokens))?;
+                Ok(self.host_bytes / page.max(1))
             }
         }
     }
 
     /// All capacities, for [`AdmissionControl::new`].
-    pub fn resources(&self) -> Resources {
-        let d = self.device_tier();
-        Resources { kv_pages: d.kv_pages, index_pages: d.index_pages, seats: d.seats, host_pages: self.host_pages() }
+    pub fn resources(&self) -> Result<Resources> {
+        let d = self.device_tier()?;
+        Ok(Resources {
+            kv_pages: d.kv_pages,
+            index_pages: d.index_pages,
+            seats: d.seats,
+            host_pages: self.host_pages()?,
+        })
     }
 }
 
@@ -222,8 +246,8 @@ mod tests {
 
     #[test]
     fn hisparse_fits_many_more_requests_than_resident() {
-        let res = plan(Mode::Resident).resources();
-        let hs = plan(Mode::HiSparse).resources();
+        let res = plan(Mode::Resident).resources().unwrap();
+        let hs = plan(Mode::HiSparse).resources().unwrap();
         let need_res = Resources::need(Mode::Resident, 40 * 1024, 64);
         let need_hs = Resources::need(Mode::HiSparse, 40 * 1024, 64);
         let fit = |cap: Resources, need: Resources| {
@@ -240,7 +264,20 @@ mod tests {
         // Each hisparse request needs 4097 x 61 x 656 B of hot buffer plus its index keys on the
         // device, and 40k x 61 x 656 B on the host: 100 GiB of host bytes hold 65.
         assert!(h >= 3 * r, "hisparse {h} vs resident {r}");
-        assert_eq!(h, 65.min(plan(Mode::HiSparse).device_tier().seats));
+        assert_eq!(h, 65.min(plan(Mode::HiSparse).device_tier().unwrap().seats));
+    }
+
+    #[test]
+    fn overflowing_plans_are_refused_naming_the_field() {
+        let huge = CapacityPlan { buffer_slots: usize::MAX / 2, ..plan(Mode::HiSparse) };
+        let e = huge.device_tier().unwrap_err();
+        assert!(matches!(e, MemoryError::InvalidField { field: "buffer_slots", .. }), "{e}");
+        let huge = CapacityPlan { typical_tokens: usize::MAX, ..plan(Mode::HiSparse) };
+        assert!(matches!(huge.resources().unwrap_err(), MemoryError::InvalidField { field: "typical_tokens", .. }));
+        let huge = CapacityPlan { layers: usize::MAX / 8, ..plan(Mode::Resident) };
+        assert!(matches!(huge.resources().unwrap_err(), MemoryError::InvalidField { field: "layers", .. }));
+        let huge = CapacityPlan { page_tokens: usize::MAX / 2, ..plan(Mode::HiSparse) };
+        assert!(huge.host_pages().is_err());
     }
 
     #[test]

@@ -1,6 +1,8 @@
-//! CUDA memory (feature `cuda`): [`CudaMemory`], the device tier's buffers in GPU memory, and
-//! [`HostRegistration`], which registers a host mapping (the host tier) with the driver as
-//! mapped pinned memory so that kernels read it directly, and unregisters it when dropped.
+//! CUDA memory (feature `cuda`): [`CudaMemory`], the device tier's buffers in GPU memory;
+//! [`HostRegistration`], which registers a host range with the driver as mapped pinned memory
+//! so that kernels read it directly, and unregisters it when dropped; and [`MappedHostTier`],
+//! the typed handle through which kernels reach the host tier: it keeps the mapping and its
+//! registration alive, and carries the tier's layout so that launches can bound every access.
 
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -8,8 +10,11 @@ use std::sync::Arc;
 use cudarc::driver::sys::{self, CUresult};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 
+use memmap2::MmapRaw;
+
 use crate::device_memory::{DeviceMemory, Element};
 use crate::error::{MemoryError, Result};
+use crate::host_tier::HostTierLayout;
 
 fn driver(what: &str) -> impl FnOnce(cudarc::driver::DriverError) -> MemoryError + '_ {
     move |e| MemoryError::Io { what: format!("CUDA {what}"), message: e.to_string() }
@@ -143,5 +148,66 @@ impl Drop for HostRegistration {
         let _ = self.ctx.bind_to_thread();
         // SAFETY: registered in `register`, unregistered once, before the owner unmaps it.
         unsafe { sys::cuMemHostUnregister(self.ptr) };
+    }
+}
+
+/// A registration and the mapping it covers; the registration is dropped first (field order).
+#[derive(Debug)]
+struct Mapped {
+    reg: HostRegistration,
+    _map: Arc<MmapRaw>,
+}
+
+/// The host tier as kernels see it: its device address, length and layout. Cloning shares one
+/// registration; the mapping stays mapped and registered while any clone lives, so a kernel
+/// handed this handle can never read or write unmapped memory.
+///
+/// Invariant: `layout().rows() * layout().row_bytes <= len()`.
+#[derive(Clone, Debug)]
+pub struct MappedHostTier {
+    inner: Arc<Mapped>,
+    layout: HostTierLayout,
+}
+
+impl MappedHostTier {
+    /// Registers `map` (whose first `layout.rows() * layout.row_bytes` bytes hold the rows).
+    pub(crate) fn register(ctx: &Arc<CudaContext>, map: Arc<MmapRaw>, layout: HostTierLayout) -> Result<Self> {
+        let rows_bytes = layout.rows().checked_mul(layout.row_bytes as u64);
+        if rows_bytes.is_none_or(|b| b > map.len() as u64) {
+            return Err(MemoryError::invalid("layout", format!("{layout:?}"), "larger than the mapping"));
+        }
+        // SAFETY: `map` is a live mapping kept alive by `Mapped` for as long as the registration.
+        let reg = unsafe { HostRegistration::register(ctx, map.as_mut_ptr(), map.len())? };
+        Ok(Self { inner: Arc::new(Mapped { reg, _map: map }), layout })
+    }
+
+    /// The address kernels use for the mapping's first byte.
+    pub fn device_ptr(&self) -> u64 {
+        self.inner.reg.device_ptr()
+    }
+
+    /// Bytes mapped and registered.
+    pub fn len(&self) -> usize {
+        self.inner.reg.len()
+    }
+
+    /// Whether nothing is mapped (never).
+    pub fn is_empty(&self) -> bool {
+        self.inner.reg.is_empty()
+    }
+
+    /// The tier's layout (layers, pages per layer, row size, positions per page).
+    pub fn layout(&self) -> HostTierLayout {
+        self.layout
+    }
+
+    /// Checks that every row index of `rows` lies inside the mapping (row `i` at byte
+    /// `i * row_bytes`); names `field` otherwise.
+    pub fn check_rows(&self, field: &'static str, rows: &[u64]) -> Result<()> {
+        let total = self.layout.rows();
+        match rows.iter().find(|&&r| r >= total) {
+            Some(&bad) => Err(MemoryError::invalid(field, bad, format!("the host tier has {total} rows"))),
+            None => Ok(()),
+        }
     }
 }

@@ -44,8 +44,14 @@ pub struct HiSparseConfig {
     pub device_kv_bytes: u64,
     /// Ours: host-tier bytes; 0 means `host_to_device_ratio * device_kv_bytes`.
     pub host_tier_bytes: u64,
-    /// Ours: back the host tier with this file (the NVMe tier) instead of anonymous memory.
+    /// Ours: back the host tier with this file (the NVMe tier) instead of anonymous memory. A
+    /// new file is created (an existing one is refused unless `host_tier_overwrite`), its space
+    /// reserved up front, locked while in use and removed afterwards unless `host_tier_keep`.
     pub host_tier_path: Option<PathBuf>,
+    /// Ours: replace an existing `host_tier_path` instead of refusing it.
+    pub host_tier_overwrite: bool,
+    /// Ours: leave the `host_tier_path` file in place when the tier goes away.
+    pub host_tier_keep: bool,
     /// Ours: the longest request (prompt + output tokens) the tiers must be able to hold.
     pub max_request_tokens: usize,
 }
@@ -64,6 +70,8 @@ impl Default for HiSparseConfig {
             device_kv_bytes: 0,
             host_tier_bytes: 0,
             host_tier_path: None,
+            host_tier_overwrite: false,
+            host_tier_keep: false,
             max_request_tokens: 131_072,
         }
     }
@@ -135,10 +143,25 @@ impl HiSparseConfig {
             return Err(invalid("host_to_device_ratio", self.host_to_device_ratio, "must be a finite number above 0"));
         }
         crate::policy::by_name(&self.eviction_policy, self.policy_seed)?;
+        if self.host_bytes() > isize::MAX as u64 {
+            let (field, value) = if self.host_tier_bytes > 0 {
+                ("host_tier_bytes", self.host_tier_bytes.to_string())
+            } else {
+                ("host_to_device_ratio", self.host_to_device_ratio.to_string())
+            };
+            return Err(invalid(
+                field,
+                value,
+                format!("gives a host tier of {} B, beyond the address space", self.host_bytes()),
+            ));
+        }
         if self.device_kv_bytes > 0 {
-            let one = self.max_request_tokens.div_ceil(self.page_tokens) as u64
-                * self.page_tokens as u64
-                * geometry.kv_bytes_per_token()? as u64;
+            let one = (self.max_request_tokens.div_ceil(self.page_tokens) as u64)
+                .checked_mul(self.page_tokens as u64)
+                .and_then(|t| t.checked_mul(geometry.kv_bytes_per_token().ok()? as u64))
+                .ok_or_else(|| {
+                    invalid("max_request_tokens", self.max_request_tokens, "its KV bytes overflow a 64-bit count")
+                })?;
             if self.host_bytes() < one {
                 let (field, value) = if self.host_tier_bytes > 0 {
                     ("host_tier_bytes", self.host_tier_bytes.to_string())

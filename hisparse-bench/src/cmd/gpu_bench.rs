@@ -121,7 +121,7 @@ pub fn run(a: &GpuBenchArgs) -> Result<Vec<Figure>> {
     push("HBM device-to-device copy, 2 GiB (read + write)".into(), hbm / 1e9, "GB/s", "ceiling".into());
     drop(src);
     let mut pinned =
-        HostTier::new(&HostTierConfig { bytes: 1 << 30, layers: 1, row_bytes: 4096, page_tokens: 64, path: None })?;
+        HostTier::new(&HostTierConfig { bytes: 1 << 30, layers: 1, row_bytes: 4096, page_tokens: 64, file: None })?;
     fill(&mut pinned);
     pinned.register_cuda(dev.context())?;
     let ptr = pinned.as_ptr();
@@ -146,7 +146,7 @@ pub fn run(a: &GpuBenchArgs) -> Result<Vec<Figure>> {
         let size = a.setup_gib << 30;
         let t = Instant::now();
         let mut tier =
-            HostTier::new(&HostTierConfig { bytes: size, layers: 1, row_bytes: 1 << 20, page_tokens: 64, path: None })?;
+            HostTier::new(&HostTierConfig { bytes: size, layers: 1, row_bytes: 1 << 20, page_tokens: 64, file: None })?;
         let map_s = t.elapsed().as_secs_f64();
         let base = tier.as_ptr() as usize;
         let len = tier.len();
@@ -190,13 +190,13 @@ pub fn run(a: &GpuBenchArgs) -> Result<Vec<Figure>> {
             push(format!("cuMemHostAlloc {} GiB failed", a.setup_gib), alloc_s, "s", format!("{r:?}"));
         }
     }
-    let path = std::env::temp_dir().join("hisparse-file-tier.bin");
+    let path = std::env::temp_dir().join(format!("hisparse-file-tier-{}.bin", std::process::id()));
     let file_ok = HostTier::new(&HostTierConfig {
         bytes: 256 << 20,
         layers: 1,
         row_bytes: 4096,
         page_tokens: 64,
-        path: Some(path.clone()),
+        file: Some(hisparse_memory::HostTierFile::new(&path)),
     })
     .and_then(|mut t| t.register_cuda(dev.context()).map(|_| ()));
     let _ = std::fs::remove_file(&path);
@@ -224,7 +224,7 @@ pub fn run(a: &GpuBenchArgs) -> Result<Vec<Figure>> {
                 layers,
                 row_bytes: rb,
                 page_tokens: 64,
-                path: None,
+                file: None,
             })?;
             let base_t = Instant::now();
             fill(&mut tier);
@@ -243,17 +243,19 @@ pub fn run(a: &GpuBenchArgs) -> Result<Vec<Figure>> {
                     pos.sort_unstable();
                     src.extend(pos.iter().map(|p| layer_base + (start + p) % span));
                 }
+                host.check_rows("src_rows", &src)?;
                 let n = src.len();
                 let src_d = s.clone_htod(&src).map_err(cuda("htod"))?;
                 let dst_rows: Vec<u32> = (0..n as u32).collect();
                 let dst_rows_d = s.clone_htod(&dst_rows).map_err(cuda("htod"))?;
                 let mut out = s.alloc_zeros::<u8>(n * rb).map_err(cuda("alloc"))?;
-                let (nn, rbb) = (n as u32, rb as u32);
+                let (nn, rbb, host_ptr) = (n as u32, rb as u32, host.device_ptr());
                 let ms = time_ms(&s, a.reps, || {
                     let mut b = s.launch_builder(&gather);
-                    b.arg(&host).arg(&src_d).arg(&dst_rows_d).arg(&nn).arg(&rbb).arg(&mut out);
+                    b.arg(&host_ptr).arg(&src_d).arg(&dst_rows_d).arg(&nn).arg(&rbb).arg(&mut out);
                     let cfg = LaunchConfig { grid_dim: (132 * 4, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-                    // SAFETY: src rows are rows of the registered tier; dst holds n rows.
+                    // SAFETY: src rows were checked against the registered tier's layout (`host`
+                    // keeps it mapped); dst holds n rows.
                     unsafe { b.launch(cfg) }.map(|_| ()).map_err(cuda("gather"))
                 })?;
                 let bw = (n * rb) as f64 / (ms * 1e-3);
@@ -279,7 +281,7 @@ pub fn run(a: &GpuBenchArgs) -> Result<Vec<Figure>> {
         layers: 1,
         row_bytes: 656,
         page_tokens: 64,
-        path: None,
+        file: None,
     })?;
     for r in 0..maxb {
         tier.register(RequestId(r as u64))?;
@@ -311,10 +313,12 @@ pub fn run(a: &GpuBenchArgs) -> Result<Vec<Figure>> {
             let mut times = Vec::new();
             let mut misses = 0usize;
             let mut plan = SwapInPlan::default();
+            let mut checked = 0usize;
             for step in 1..=(a.reps + 8) {
                 let seq_len = base_len + step;
                 let mut reqs = Vec::new();
                 let mut sels = Vec::new();
+                let mut want_counts = Vec::new();
                 for (r, m) in mirror.iter_mut().enumerate() {
                     let resident: Vec<u32> = m.table().slots().flatten().collect();
                     let want_hits = if step <= 4 || resident.len() < k {
@@ -333,6 +337,7 @@ pub fn run(a: &GpuBenchArgs) -> Result<Vec<Figure>> {
                     let ctx =
                         StepCtx { step: step as u32, layer: 0, request: r as u64, buffer_slots: b as u32, seed: 0 };
                     m.step(lru.as_ref(), &sel, seq_len, &ctx, None, &mut plan)?;
+                    want_counts.extend([plan.hits.len() as u32, plan.misses.len() as u32, plan.evictions.len() as u32]);
                     if step > 8 {
                         misses += plan.misses.len();
                     }
@@ -349,21 +354,27 @@ pub fn run(a: &GpuBenchArgs) -> Result<Vec<Figure>> {
                 }
                 let sels_d = s.clone_htod(&sels).map_err(cuda("htod"))?;
                 let mut out = SwapOutputs::new(&s, reqs.len(), sels.len())?;
-                let reqs_d = gpu.upload_requests(&reqs)?;
+                let batch_d = gpu.upload_requests(&reqs)?;
                 s.synchronize().map_err(cuda("sync"))?;
                 let e0 = s.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(cuda("event"))?;
-                gpu.launch(
-                    0,
-                    &reqs,
-                    &reqs_d,
-                    &sels_d.as_view(),
-                    &pages_d,
-                    (host, tier.total_pages(), 656, 64),
-                    &mut hot,
-                    &mut out,
-                )?;
+                gpu.launch(0, &batch_d, &sels_d.as_view(), &pages_d, &host, &mut hot, &mut out)?;
                 let e1 = s.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(cuda("event"))?;
                 let ms = f64::from(e0.elapsed_ms(&e1).map_err(cuda("elapsed"))?);
+                // The kernel's own counts against the CPU mirror's decisions, every step.
+                let got = s.clone_dtoh(&out.counts.slice(..3 * reqs.len())).map_err(cuda("dtoh"))?;
+                if got != want_counts {
+                    let r = (0..reqs.len()).find(|&r| got[3 * r..3 * r + 3] != want_counts[3 * r..3 * r + 3]);
+                    return Err(BenchError::Gpu(format!(
+                        "swap-in {label}, batch {batch}, step {step}: request {r:?} counted (hits, misses, \
+                         evictions) {:?} on the GPU, {:?} on the CPU mirror",
+                        r.map(|r| &got[3 * r..3 * r + 3]),
+                        r.map(|r| &want_counts[3 * r..3 * r + 3])
+                    )));
+                }
+                if gpu.take_fault()? {
+                    return Err(BenchError::Gpu(format!("swap-in {label}, batch {batch}: kernel fault flag raised")));
+                }
+                checked += reqs.len();
                 if step > 8 {
                     times.push(ms);
                 }
@@ -375,7 +386,8 @@ pub fn run(a: &GpuBenchArgs) -> Result<Vec<Figure>> {
                 med * 1e3,
                 "us",
                 format!(
-                    "{per_req:.0} misses per request ({:.1}%), {:.1} GB/s of rows",
+                    "{per_req:.0} misses per request ({:.1}%), {:.1} GB/s of rows; kernel counts equal the CPU \
+                     mirror's for {checked} request-steps",
                     100.0 * per_req / k as f64,
                     per_req * batch as f64 * 656.0 / (med * 1e-3) / 1e9
                 ),

@@ -28,7 +28,9 @@ where
             if max_running > 0 && self.running.len() >= max_running {
                 break;
             }
-            let need = Resources::need(self.cfg.mode, spec.total_tokens(), self.cfg.hisparse.page_tokens);
+            // `submit` checked that the total does not overflow.
+            let total = spec.total_tokens().unwrap_or(usize::MAX);
+            let need = Resources::need(self.cfg.mode, total, self.cfg.hisparse.page_tokens);
             match self.admission.try_admit(&need) {
                 Admission::Admitted => {
                     self.queue.pop_front();

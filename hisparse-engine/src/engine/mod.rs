@@ -154,7 +154,22 @@ where
             host_bytes: usize::try_from(cfg.hisparse.host_bytes()).unwrap_or(usize::MAX),
             typical_tokens: if cfg.typical_tokens > 0 { cfg.typical_tokens } else { cfg.hisparse.max_request_tokens },
         };
-        let device = DeviceTier::new(backend.memory().clone(), plan.device_tier())?;
+        let tier = plan.device_tier()?;
+        // Invariant relied on by every `as u32`/`as i32` of a row index in the step: the device
+        // pools' rows fit an i32 (the kernels' row locations).
+        let rows = [
+            tier.kv_pages.checked_mul(tier.page_tokens),
+            tier.index_pages.checked_mul(tier.page_tokens),
+            tier.seats.checked_mul(tier.buffer_slots + 1),
+        ];
+        if rows.iter().any(|r| r.is_none_or(|r| r > i32::MAX as usize)) {
+            return Err(EngineError::Config {
+                field: "device_kv_bytes",
+                value: cfg.hisparse.device_kv_bytes.to_string(),
+                reason: "holds more than 2^31 - 1 rows in one pool (the kernels' row index)".into(),
+            });
+        }
+        let device = DeviceTier::new(backend.memory().clone(), tier)?;
         let device_path = backend.prefers_device_selection();
         let runtime = Runtime::new(RuntimeConfig {
             eviction_policy: cfg.hisparse.eviction_policy.clone(),
@@ -169,7 +184,11 @@ where
                     layers: g.layers,
                     row_bytes: kv_row.row_bytes(),
                     page_tokens: cfg.hisparse.page_tokens,
-                    path: cfg.hisparse.host_tier_path.clone(),
+                    file: cfg.hisparse.host_tier_path.as_ref().map(|p| hisparse_memory::HostTierFile {
+                        path: p.clone(),
+                        overwrite: cfg.hisparse.host_tier_overwrite,
+                        keep: cfg.hisparse.host_tier_keep,
+                    }),
                 })?;
                 let dswap = if device_path {
                     let dcfg = DeviceSwapInConfig {
@@ -196,7 +215,7 @@ where
                 (Some(host), Some(backup), dswap)
             }
         };
-        let mut capacity = plan.resources();
+        let mut capacity = plan.resources()?;
         if let Some(h) = &host {
             capacity.host_pages = h.total_pages();
         }
@@ -296,8 +315,9 @@ where
         if spec.prompt_tokens == 0 {
             return bad("prompt_tokens must be at least 1");
         }
-        if spec.total_tokens() > u32::MAX as usize / 2 {
-            return bad("too many tokens");
+        // Keeps every position and step of the request within the kernels' 32-bit fields.
+        if spec.total_tokens().is_none_or(|t| t > u32::MAX as usize / 2) {
+            return bad("prompt_tokens + output_tokens must stay below 2^31");
         }
         if !self.seen.insert(spec.id) {
             return bad("duplicate request id");

@@ -25,7 +25,7 @@ pub use launch_graph::LaunchGraph;
 pub use nvrtc::{ARCH, CompiledKernel, compile, cuda_include_dir, nvrtc_available, nvrtc_version};
 pub use policy::{GpuPolicyScalars, GpuSlotRecord, GpuStepCtx, GpuVictimKey};
 pub use sources::{KernelSource, all_sources, policy_harness, source};
-pub use swap_in::{GpuSwapIn, SwapOutputs, SwapParams, SwapReq, swap_in_source};
+pub use swap_in::{GpuSwapIn, SwapBatch, SwapOutputs, SwapParams, SwapReq, swap_in_source};
 pub use swap_in_backend::CudaSwapIn;
 
 use crate::error::KernelError;

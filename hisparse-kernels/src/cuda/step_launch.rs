@@ -32,8 +32,9 @@ impl CudaBackend {
         rows: &[u32],
         data: &[u8],
     ) -> Result<()> {
-        check_len("data", rows.len() * row_bytes, data.len())?;
         check_row_bytes(row_bytes)?;
+        // All rows or none: the indices are checked here, before the launch.
+        crate::backend::check_rows_fit(rows, row_bytes, data.len(), pool.len())?;
         if rows.is_empty() {
             return Ok(());
         }

@@ -1,6 +1,12 @@
 //! `GpuSwapIn`: the swap-in on the GPU — one launch per layer for the whole batch, one block per
 //! request — with its state (slot tables, policy records and scalars) kept in device memory,
 //! making exactly the CPU swap-in's decisions (`hisparse_policy::SwapInState::step`).
+//!
+//! Soundness: a launch reaches host memory only through a [`MappedHostTier`] (which keeps the
+//! mapping registered), and only through a [`SwapBatch`] whose requests were validated on the
+//! host when it was made; what only the device holds (selections, page ids) is checked by the
+//! kernels, which read an out-of-range entry as nothing and raise the fault flag
+//! ([`GpuSwapIn::take_fault`]).
 
 use std::sync::Arc;
 
@@ -8,6 +14,7 @@ use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::{
     CudaFunction, CudaSlice, CudaStream, CudaView, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits,
 };
+use hisparse_memory::cuda::MappedHostTier;
 use hisparse_policy::{EvictionPolicy, PolicyScalars, SlotRecord};
 
 use super::device::CudaDevice;
@@ -36,6 +43,10 @@ pub struct SwapParams {
     pub page_tokens: u32,
     /// Pages per layer region of the host tier.
     pub host_pages_per_layer: u32,
+    /// Entries of the host-page list (`host_pages`) the kernels may read.
+    pub host_pages_len: u32,
+    /// Padding (zero).
+    pub pad: u32,
     /// The host tier's mapped device address.
     pub host_base: u64,
     /// The policy's seed.
@@ -109,6 +120,34 @@ pub struct GpuSwapIn {
     records: CudaSlice<GpuSlotRecord>,
     scalars: CudaSlice<GpuPolicyScalars>,
     ready: CudaSlice<u32>,
+    fault: CudaSlice<u32>,
+}
+
+/// A batch's requests, validated against the swap-in that made them and copied to the device:
+/// what a launch reads (host copy for checks and grids, device copy for the kernels, the same
+/// requests by construction).
+pub struct SwapBatch {
+    reqs: Vec<SwapReq>,
+    dev: CudaSlice<SwapReq>,
+    /// One past the last selection entry any request reads (`max(sel_offset + sel_len)`).
+    sel_end: usize,
+}
+
+impl SwapBatch {
+    /// The requests.
+    pub fn requests(&self) -> &[SwapReq] {
+        &self.reqs
+    }
+
+    /// One past the last selection entry the batch reads.
+    pub fn selection_end(&self) -> usize {
+        self.sel_end
+    }
+
+    /// The device copy (its address stays while the batch is updated in place).
+    pub fn device(&self) -> &CudaSlice<SwapReq> {
+        &self.dev
+    }
 }
 
 impl GpuSwapIn {
@@ -150,6 +189,7 @@ impl GpuSwapIn {
             records: s.alloc_zeros(n * buffer_slots).map_err(cuda("records"))?,
             scalars: s.alloc_zeros(n).map_err(cuda("scalars"))?,
             ready: s.alloc_zeros(n).map_err(cuda("ready flags"))?,
+            fault: s.alloc_zeros(1).map_err(cuda("fault flag"))?,
             slot_tokens,
             stream: s,
             policy,
@@ -213,14 +253,74 @@ impl GpuSwapIn {
         self.stream.memset_zeros(&mut self.ready).map_err(cuda("reset ready flags"))
     }
 
-    /// Copies a batch's requests to the device (once per step: every layer's launch reads them).
-    pub fn upload_requests(&self, reqs: &[SwapReq]) -> Result<CudaSlice<SwapReq>> {
-        self.stream.clone_htod(reqs).map_err(cuda("swap-in requests"))
+    /// Checks `reqs` against this swap-in (seats, selection lengths, offsets with checked
+    /// arithmetic); returns one past the last selection entry they read.
+    fn validate(&self, reqs: &[SwapReq]) -> Result<usize> {
+        let mut sel_end = 0usize;
+        for (i, r) in reqs.iter().enumerate() {
+            self.state_range(r.seat as usize)?;
+            let bad = |reason: &str| Err(KernelError::invalid("reqs", i, reason.to_owned()));
+            if r.step == 0 || r.seq_len == 0 {
+                return bad("step and seq_len must be at least 1");
+            }
+            if r.sel_len as usize > self.max_sel || r.sel_len > r.seq_len {
+                return bad("more selected tokens than the buffer or the sequence holds");
+            }
+            let Some(end) = r.sel_offset.checked_add(r.sel_len) else {
+                return bad("sel_offset + sel_len overflows");
+            };
+            sel_end = sel_end.max(end as usize);
+        }
+        Ok(sel_end)
+    }
+
+    /// Validates a batch's requests and copies them to the device (once per step: every
+    /// layer's launch reads them).
+    pub fn upload_requests(&self, reqs: &[SwapReq]) -> Result<SwapBatch> {
+        let sel_end = self.validate(reqs)?;
+        let mut padded = reqs.to_vec();
+        padded.resize(reqs.len().max(1), SwapReq::default());
+        let dev = self.stream.clone_htod(&padded).map_err(cuda("swap-in requests"))?;
+        Ok(SwapBatch { reqs: reqs.to_vec(), dev, sel_end })
+    }
+
+    /// Replaces `batch`'s requests with `reqs` (validated), in place while they fit its device
+    /// buffer (so that a captured launch sequence still reads them there), else in a new one
+    /// with room to grow.
+    pub fn update_requests(&self, batch: &mut SwapBatch, reqs: &[SwapReq]) -> Result<()> {
+        let sel_end = self.validate(reqs)?;
+        if batch.dev.len() >= reqs.len() {
+            if !reqs.is_empty() {
+                self.stream
+                    .memcpy_htod(reqs, &mut batch.dev.slice_mut(..reqs.len()))
+                    .map_err(cuda("swap-in requests"))?;
+            }
+        } else {
+            let mut padded = reqs.to_vec();
+            padded.resize(reqs.len().next_power_of_two(), SwapReq::default());
+            batch.dev = self.stream.clone_htod(&padded).map_err(cuda("swap-in requests"))?;
+        }
+        batch.reqs.clear();
+        batch.reqs.extend_from_slice(reqs);
+        batch.sel_end = sel_end;
+        Ok(())
+    }
+
+    /// Whether a kernel met an out-of-range selection or page id since the last call (reads the
+    /// flag, waiting for the stream, and clears it).
+    pub fn take_fault(&mut self) -> Result<bool> {
+        let mut f = [0u32];
+        self.stream.memcpy_dtoh(&self.fault, &mut f).map_err(cuda("fault flag"))?;
+        self.stream.synchronize().map_err(cuda("synchronize"))?;
+        if f[0] != 0 {
+            self.stream.memset_zeros(&mut self.fault).map_err(cuda("fault flag"))?;
+        }
+        Ok(f[0] != 0)
     }
 
     /// What the swap-in's launches read besides their arguments (kernels, state buffers, policy
     /// seed, block size), for a launch print (`launch_graph.rs`).
-    pub(super) fn state_words(&self) -> [u64; 8] {
+    pub(super) fn state_words(&self) -> [u64; 9] {
         let s = &self.stream;
         use super::launch_graph::addr;
         [
@@ -230,103 +330,128 @@ impl GpuSwapIn {
             addr(&self.records, s),
             addr(&self.scalars, s),
             addr(&self.ready, s),
+            addr(&self.fault, s),
             self.policy.seed(),
             u64::from(self.block),
         ]
     }
 
-    /// Launches the swap-in of `layer` for `reqs` (also on the device as `reqs_d`, from
-    /// [`GpuSwapIn::upload_requests`]; selections and host pages too; `hot_rows` is this layer's
-    /// hot-buffer pool), writing `out`.
+    /// Launches the swap-in of `layer` for `batch` (from [`GpuSwapIn::upload_requests`]):
+    /// `selections` hold each request's positions from its `sel_offset`; `host_pages` its host
+    /// page ids from its `page_offset`; missed rows are read from `host` into `hot_rows`, this
+    /// layer's hot-buffer pool; decisions go to `out`. Every size is checked here; a selection
+    /// or page id the device holds out of range is skipped by the kernels and raises the fault
+    /// flag.
     #[allow(clippy::too_many_arguments)]
     pub fn launch(
         &mut self,
         layer: usize,
-        reqs: &[SwapReq],
-        reqs_d: &CudaSlice<SwapReq>,
+        batch: &SwapBatch,
         selections: &CudaView<'_, u32>,
         host_pages: &CudaSlice<u32>,
-        host: (u64, usize, usize, usize),
+        host: &MappedHostTier,
         hot_rows: &mut CudaSlice<u8>,
         out: &mut SwapOutputs,
     ) -> Result<()> {
-        let (host_base, pages_per_layer, row_bytes, page_tokens) = host;
-        if layer >= self.layers {
-            return Err(KernelError::invalid("layer", layer, format!("the swap-in holds {} layers", self.layers)));
+        let lay = host.layout();
+        let reqs = batch.requests();
+        if layer >= self.layers || layer >= lay.layers {
+            return Err(KernelError::invalid(
+                "layer",
+                layer,
+                format!("the swap-in holds {} layers, the host tier {}", self.layers, lay.layers),
+            ));
         }
-        if row_bytes == 0 || !row_bytes.is_multiple_of(16) {
-            return Err(KernelError::invalid("row_bytes", row_bytes, "must be a non-zero multiple of 16"));
+        let row_bytes = lay.row_bytes;
+        if !row_bytes.is_multiple_of(16) || u32::try_from(row_bytes).is_err() {
+            return Err(KernelError::invalid("row_bytes", row_bytes, "must be a multiple of 16 below 2^32"));
         }
-        let selected: usize = reqs.iter().map(|r| r.sel_len as usize).sum();
+        let pages_len = u32::try_from(host_pages.len())
+            .map_err(|_| KernelError::invalid("host_pages", host_pages.len(), "more than 2^32 - 1 entries"))?;
         for (i, r) in reqs.iter().enumerate() {
-            self.state_range(r.seat as usize)?;
-            if r.sel_len as usize > self.max_sel
-                || (r.sel_offset + r.sel_len) as usize > selections.len()
-                || r.step == 0
-                || r.seq_len == 0
-            {
-                return Err(KernelError::invalid("reqs", i, "selection out of range, too long, or step/seq_len 0"));
+            let need = (r.seq_len as usize).div_ceil(lay.page_tokens);
+            if (r.page_offset as usize).checked_add(need).is_none_or(|end| end > host_pages.len()) {
+                return Err(KernelError::invalid(
+                    "reqs",
+                    i,
+                    format!(
+                        "pages from {} for {} tokens run past the {pages_len} host pages",
+                        r.page_offset, r.seq_len
+                    ),
+                ));
             }
         }
-        if out.locations.len() < selected
+        let sel_end = batch.selection_end();
+        let hot_need = self.seats.checked_mul(self.slots + 1).and_then(|n| n.checked_mul(row_bytes));
+        if sel_end > selections.len() {
+            return Err(KernelError::invalid("selections", selections.len(), format!("the batch reads {sel_end}")));
+        }
+        if [out.locations.len(), out.miss_tokens.len(), out.miss_slots.len(), out.evicted.len()]
+            .iter()
+            .any(|&n| n < sel_end)
             || out.counts.len() < 3 * reqs.len()
-            || hot_rows.len() < self.seats * (self.slots + 1) * row_bytes
+            || hot_need.is_none_or(|n| hot_rows.len() < n)
         {
-            return Err(KernelError::invalid("out", selected, "output or hot-row buffers too small"));
+            return Err(KernelError::invalid("out", sel_end, "output or hot-row buffers too small"));
         }
         if reqs.is_empty() {
             return Ok(());
         }
-        if reqs_d.len() < reqs.len() {
-            return Err(KernelError::invalid("reqs_d", reqs_d.len(), format!("{} requests on the host", reqs.len())));
-        }
+        let u32_of = |field: &'static str, v: usize| {
+            u32::try_from(v).map_err(|_| KernelError::invalid(field, v, "does not fit the kernel's 32-bit field"))
+        };
         let params = SwapParams {
-            layer: layer as u32,
-            layers: self.layers as u32,
-            buffer_slots: self.slots as u32,
-            row_bytes: row_bytes as u32,
-            page_tokens: page_tokens as u32,
-            host_pages_per_layer: pages_per_layer as u32,
-            host_base,
+            layer: u32_of("layer", layer)?,
+            layers: u32_of("layers", self.layers)?,
+            buffer_slots: u32_of("buffer_slots", self.slots)?,
+            row_bytes: u32_of("row_bytes", row_bytes)?,
+            page_tokens: u32_of("page_tokens", lay.page_tokens)?,
+            host_pages_per_layer: u32_of("host pages per layer", lay.pages_per_layer)?,
+            host_pages_len: pages_len,
+            pad: 0,
+            host_base: host.device_ptr(),
             seed: self.policy.seed(),
         };
+        let grid = u32_of("requests", reqs.len())?;
         let cfg = LaunchConfig {
-            grid_dim: (reqs.len() as u32, 1, 1),
+            grid_dim: (grid, 1, 1),
             block_dim: (self.block, 1, 1),
             shared_mem_bytes: Self::shared_bytes(self.slots, self.max_sel) as u32,
         };
         let mut b = self.stream.launch_builder(&self.func);
-        b.arg(reqs_d)
+        b.arg(batch.device())
             .arg(selections)
             .arg(&mut self.slot_tokens)
             .arg(&mut self.records)
             .arg(&mut self.scalars)
             .arg(&mut self.ready)
-            .arg(host_pages)
             .arg(&mut *hot_rows)
             .arg(&mut out.locations)
             .arg(&mut out.counts)
             .arg(&mut out.miss_tokens)
             .arg(&mut out.miss_slots)
             .arg(&mut out.evicted)
+            .arg(&mut self.fault)
             .arg(&params);
-        // SAFETY: every buffer was checked above to hold what the kernel indexes: requests'
-        // selections within `selections`, seats within the state arrays, hot rows for every
-        // seat; host pages and the mapped host range are the caller's (a registered host tier).
+        // SAFETY: the batch was validated against this swap-in when made (seats within the state
+        // arrays, selection ranges within `sel_end`), and every buffer was checked above to hold
+        // what the kernel indexes; selections out of range are skipped by the kernel (fault).
         unsafe { b.launch(cfg) }.map_err(cuda("swap-in launch"))?;
         // The copies: enough blocks per request for about 4096 warps in all.
         let per_request = (4096 / (reqs.len() * 8)).clamp(1, 512) as u32;
-        let cfg =
-            LaunchConfig { grid_dim: (reqs.len() as u32, per_request, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig { grid_dim: (grid, per_request, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         let mut b = self.stream.launch_builder(&self.copy);
-        b.arg(reqs_d)
+        b.arg(batch.device())
             .arg(&out.counts)
             .arg(&out.miss_tokens)
             .arg(&out.miss_slots)
             .arg(host_pages)
             .arg(hot_rows)
+            .arg(&mut self.fault)
             .arg(&params);
-        // SAFETY: as for the swap-in: the miss lists were just written by it for these requests.
+        // SAFETY: as for the swap-in: the miss lists were just written by it for these requests;
+        // host rows are reached only through `host` (registered and alive while it is), at page
+        // ids the kernel checks against `host_pages_len` and the layout (fault otherwise).
         unsafe { b.launch(cfg) }.map_err(cuda("copy misses launch"))?;
         Ok(())
     }

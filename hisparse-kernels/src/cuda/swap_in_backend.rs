@@ -1,19 +1,20 @@
 //! `CudaSwapIn`: [`GpuSwapIn`] behind the backend-neutral [`DeviceSwapIn`] interface the engine
 //! drives — the host tier registered as mapped memory, the step's requests and host pages
 //! uploaded once per step, each layer's hit/miss counts gathered on the device and read once at
-//! the end of the step.
+//! the end of the step. It holds the tier's [`MappedHostTier`], so it cannot outlive the mapping
+//! it reads.
 
 use std::sync::Arc;
 
 use cudarc::driver::CudaSlice;
 use hisparse_memory::HostTier;
-use hisparse_memory::cuda::CudaMemory;
+use hisparse_memory::cuda::{CudaMemory, MappedHostTier};
 use hisparse_policy::EvictionPolicy;
 
 use super::device::CudaDevice;
 use super::driver_error;
 use super::launch_graph::addr;
-use super::swap_in::{GpuSwapIn, SwapOutputs, SwapReq};
+use super::swap_in::{GpuSwapIn, SwapBatch, SwapOutputs};
 use crate::device_swap_in::{DeviceSwapCounts, DeviceSwapIn, DeviceSwapInConfig, DeviceSwapReq};
 use crate::error::{KernelError, Result};
 
@@ -21,10 +22,8 @@ use crate::error::{KernelError, Result};
 pub struct CudaSwapIn {
     dev: Arc<CudaDevice>,
     gpu: GpuSwapIn,
-    /// Mapped host-tier address, pages per layer, row bytes, positions per page.
-    host: (u64, usize, usize, usize),
-    reqs: Vec<SwapReq>,
-    reqs_d: Option<CudaSlice<SwapReq>>,
+    host: MappedHostTier,
+    batch: Option<SwapBatch>,
     pages_d: CudaSlice<u32>,
     out: SwapOutputs,
     /// Hits, misses, evictions of every request of every launched layer of the step.
@@ -36,7 +35,7 @@ pub struct CudaSwapIn {
 impl CudaSwapIn {
     /// Registers `host` with the device and sets up the swap-in state.
     pub fn new(dev: &Arc<CudaDevice>, cfg: &DeviceSwapInConfig, host: &mut HostTier) -> Result<Self> {
-        let base = host.register_cuda(dev.context())?;
+        let mapped = host.register_cuda(dev.context())?;
         let gpu = GpuSwapIn::new(
             dev,
             Arc::clone(&cfg.policy),
@@ -50,9 +49,8 @@ impl CudaSwapIn {
         Ok(Self {
             dev: Arc::clone(dev),
             gpu,
-            host: (base, host.total_pages(), host.row_bytes(), host.page_tokens()),
-            reqs: Vec::new(),
-            reqs_d: None,
+            host: mapped,
+            batch: None,
             pages_d: s.alloc_zeros(1).map_err(driver_error("host pages"))?,
             out: SwapOutputs::new(s, 1, 1)?,
             counts: s.alloc_zeros(3).map_err(driver_error("swap-in counts"))?,
@@ -72,23 +70,16 @@ impl DeviceSwapIn<CudaMemory> for CudaSwapIn {
     }
 
     fn begin_step(&mut self, reqs: &[DeviceSwapReq], host_pages: &[u32]) -> Result<()> {
-        self.reqs = reqs.to_vec();
         self.launched = 0;
+        // Into the same buffers while they fit: a captured launch sequence reads them there.
+        match self.batch.as_mut() {
+            Some(b) => self.gpu.update_requests(b, reqs)?,
+            None => self.batch = Some(self.gpu.upload_requests(reqs)?),
+        }
         if reqs.is_empty() {
             return Ok(());
         }
         let s = self.dev.stream();
-        // Into the same buffers while they fit: a captured launch sequence reads them there.
-        match self.reqs_d.as_mut() {
-            Some(d) if d.len() >= reqs.len() => {
-                s.memcpy_htod(&self.reqs, &mut d.slice_mut(..reqs.len())).map_err(driver_error("swap-in requests"))?
-            }
-            _ => {
-                let mut padded = self.reqs.clone();
-                padded.resize(reqs.len().next_power_of_two(), DeviceSwapReq::default());
-                self.reqs_d = Some(self.gpu.upload_requests(&padded)?);
-            }
-        }
         if self.pages_d.len() < host_pages.len() {
             self.pages_d = s.alloc_zeros(host_pages.len().next_power_of_two()).map_err(driver_error("host pages"))?;
         }
@@ -96,7 +87,7 @@ impl DeviceSwapIn<CudaMemory> for CudaSwapIn {
             s.memcpy_htod(host_pages, &mut self.pages_d.slice_mut(..host_pages.len()))
                 .map_err(driver_error("host pages"))?;
         }
-        let selected = reqs.iter().map(|r| (r.sel_offset + r.sel_len) as usize).max().unwrap_or(0);
+        let selected = self.batch.as_ref().map_or(0, SwapBatch::selection_end);
         if self.out.miss_tokens.len() < selected || self.out.counts.len() < 3 * reqs.len() {
             self.out = SwapOutputs::new(s, reqs.len().next_power_of_two(), selected.next_power_of_two())?;
         }
@@ -114,10 +105,11 @@ impl DeviceSwapIn<CudaMemory> for CudaSwapIn {
         hot: &mut CudaSlice<u8>,
         locations: &mut CudaSlice<i32>,
     ) -> Result<()> {
-        let Some(reqs_d) = self.reqs_d.as_ref() else {
+        let Some(batch) = self.batch.as_ref() else {
             return Err(KernelError::invalid("begin_step", "missing", "launch before the step's requests"));
         };
-        if self.reqs.is_empty() {
+        let n = batch.requests().len();
+        if n == 0 {
             return Ok(());
         }
         if layer >= self.layers {
@@ -128,17 +120,19 @@ impl DeviceSwapIn<CudaMemory> for CudaSwapIn {
             .ok_or_else(|| KernelError::invalid("selections", selections.len(), "cannot be viewed as u32"))?;
         // The kernel writes locations into the swap-in's output; lend it the caller's buffer.
         std::mem::swap(&mut self.out.locations, locations);
-        let r = self.gpu.launch(layer, &self.reqs, reqs_d, &sels, &self.pages_d, self.host, hot, &mut self.out);
+        let r = self.gpu.launch(layer, batch, &sels, &self.pages_d, &self.host, hot, &mut self.out);
         std::mem::swap(&mut self.out.locations, locations);
         r?;
-        let n3 = 3 * self.reqs.len();
+        let n3 = 3 * n;
         let at = layer * n3;
         let s = self.dev.stream();
         let o = &self.out;
+        let lay = self.host.layout();
         let words = [
-            addr(reqs_d, s),
+            addr(batch.device(), s),
             addr(&sels, s),
             addr(&self.pages_d, s),
+            self.pages_d.len() as u64,
             addr(&*hot, s),
             addr(&*locations, s),
             addr(&o.counts, s),
@@ -146,10 +140,10 @@ impl DeviceSwapIn<CudaMemory> for CudaSwapIn {
             addr(&o.miss_slots, s),
             addr(&o.evicted, s),
             layer as u64,
-            self.reqs.len() as u64,
-            self.host.0,
-            self.host.1 as u64,
-            (self.host.2 as u64) << 32 | self.host.3 as u64,
+            n as u64,
+            self.host.device_ptr(),
+            lay.pages_per_layer as u64,
+            (lay.row_bytes as u64) << 32 | lay.page_tokens as u64,
         ];
         self.dev.note_words(&[&words[..], &self.gpu.state_words()[..]].concat());
         s.memcpy_dtod(&self.out.counts.slice(..n3), &mut self.counts.slice_mut(at..at + n3))
@@ -164,7 +158,7 @@ impl DeviceSwapIn<CudaMemory> for CudaSwapIn {
     }
 
     fn end_step(&mut self) -> Result<DeviceSwapCounts> {
-        let n3 = 3 * self.reqs.len() * self.launched;
+        let n3 = 3 * self.batch.as_ref().map_or(0, |b| b.requests().len()) * self.launched;
         let mut c = DeviceSwapCounts::default();
         if n3 == 0 {
             return Ok(c);
@@ -173,12 +167,19 @@ impl DeviceSwapIn<CudaMemory> for CudaSwapIn {
         let s = self.dev.stream();
         s.memcpy_dtoh(&self.counts.slice(..n3), &mut host).map_err(driver_error("swap-in counts"))?;
         s.synchronize().map_err(driver_error("synchronize"))?;
+        if self.gpu.take_fault()? {
+            return Err(KernelError::invalid(
+                "selections",
+                "out of range",
+                "the swap-in met a selected position beyond its sequence or a host page outside the tier",
+            ));
+        }
         for x in host.chunks_exact(3) {
             c.hits += u64::from(x[0]);
             c.misses += u64::from(x[1]);
             c.max_misses = c.max_misses.max(u64::from(x[1]));
         }
-        c.bytes_h2d = c.misses * self.host.2 as u64;
+        c.bytes_h2d = c.misses * self.host.layout().row_bytes as u64;
         Ok(c)
     }
 }

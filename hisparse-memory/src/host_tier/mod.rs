@@ -1,15 +1,17 @@
 //! `HostTier`: every live request's full KV rows in host memory, in one memory mapping whose
 //! address and length never change (so that it can be registered with the CUDA driver once).
 //! Anonymous by default (with transparent-hugepage advice); file-backed on request — the third,
-//! NVMe tier, for a KV cache larger than RAM.
+//! NVMe tier, for a KV cache larger than RAM (`file.rs`: a new file, reserved, locked, removed
+//! when the tier goes away).
 //!
 //! Layout: layer-major. Page `p` of layer `l` holds `page_tokens` consecutive positions of one
 //! request and starts at byte `(l * pages + p) * page_tokens * row_bytes`. A request holds the
 //! same page ids in every layer and grows page by page as its sequence grows. Layer-major keeps
 //! one layer's rows — what one swap-in launch reads — within `1/layers` of the mapping.
 
-use std::fs::OpenOptions;
-use std::path::{Path, PathBuf};
+mod file;
+
+use std::path::Path;
 use std::sync::Arc;
 
 use memmap2::{Advice, MmapOptions, MmapRaw};
@@ -17,6 +19,8 @@ use memmap2::{Advice, MmapOptions, MmapRaw};
 use crate::error::{MemoryError, Result, check_len};
 use crate::page_pool::PagePool;
 use crate::request::RequestId;
+
+pub use file::HostTierFile;
 
 /// Sizes of a host tier.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -29,8 +33,29 @@ pub struct HostTierConfig {
     pub row_bytes: usize,
     /// Positions per page.
     pub page_tokens: usize,
-    /// Back the tier with this file (created or truncated to size) instead of anonymous memory.
-    pub path: Option<PathBuf>,
+    /// Back the tier with this file instead of anonymous memory (see [`HostTierFile`]).
+    pub file: Option<HostTierFile>,
+}
+
+/// The fixed shape of a host tier's mapping: what a kernel needs to find a row in it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HostTierLayout {
+    /// Layers (layer regions of the mapping).
+    pub layers: usize,
+    /// Pages per layer region.
+    pub pages_per_layer: usize,
+    /// Bytes of one row.
+    pub row_bytes: usize,
+    /// Positions per page.
+    pub page_tokens: usize,
+}
+
+impl HostTierLayout {
+    /// Rows in the whole mapping (`layers * pages_per_layer * page_tokens`; no overflow: the
+    /// mapping of that many rows exists).
+    pub fn rows(&self) -> u64 {
+        (self.layers * self.pages_per_layer * self.page_tokens) as u64
+    }
 }
 
 /// Where one row sits in the mapping: a byte offset from its start.
@@ -41,9 +66,10 @@ pub struct HostRowLocation(pub u64);
 pub struct HostTier {
     // Declared before `map`: unregistered before the mapping can go away.
     #[cfg(feature = "cuda")]
-    registration: Option<crate::cuda::HostRegistration>,
+    registration: Option<crate::cuda::MappedHostTier>,
     map: Arc<MmapRaw>,
-    path: Option<PathBuf>,
+    // Declared after `map`: the file is removed (unless kept) after it is unmapped.
+    file: Option<file::TierFile>,
     hugepages: bool,
     layers: usize,
     row_bytes: usize,
@@ -56,7 +82,7 @@ impl std::fmt::Debug for HostTier {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("HostTier")
             .field("bytes", &self.map.len())
-            .field("path", &self.path)
+            .field("path", &self.path())
             .field("pages", &self.pages.total())
             .field("used_pages", &self.pages.used())
             .finish()
@@ -68,15 +94,21 @@ fn io(what: String) -> impl FnOnce(std::io::Error) -> MemoryError {
 }
 
 impl HostTier {
-    /// Maps a host tier of `cfg.bytes` (anonymous, or the file at `cfg.path`).
+    /// Maps a host tier of `cfg.bytes` (anonymous, or the file of `cfg.file`). Sizes are
+    /// checked: a tier whose byte count overflows is refused, naming the field.
     pub fn new(cfg: &HostTierConfig) -> Result<Self> {
         for (field, v) in [("layers", cfg.layers), ("row_bytes", cfg.row_bytes), ("page_tokens", cfg.page_tokens)] {
             if v == 0 {
                 return Err(MemoryError::invalid(field, v, "must be at least 1"));
             }
         }
-        let page_bytes = cfg.row_bytes * cfg.page_tokens;
-        let pages = cfg.bytes / (page_bytes * cfg.layers);
+        let page_bytes = cfg.row_bytes.checked_mul(cfg.page_tokens).ok_or_else(|| {
+            MemoryError::invalid("page_tokens", cfg.page_tokens, format!("pages of {} B rows overflow", cfg.row_bytes))
+        })?;
+        let region = page_bytes.checked_mul(cfg.layers).ok_or_else(|| {
+            MemoryError::invalid("layers", cfg.layers, format!("pages of {page_bytes} B in every layer overflow"))
+        })?;
+        let pages = cfg.bytes / region;
         if pages == 0 {
             return Err(MemoryError::invalid(
                 "host_bytes",
@@ -84,8 +116,15 @@ impl HostTier {
                 format!("holds no page of {page_bytes} B in each of {} layers", cfg.layers),
             ));
         }
-        let len = pages * page_bytes * cfg.layers;
-        let (map, hugepages) = match &cfg.path {
+        if pages > u32::MAX as usize {
+            return Err(MemoryError::invalid("host_bytes", cfg.bytes, "more than 2^32 - 1 pages per layer"));
+        }
+        // pages * region <= cfg.bytes: no overflow.
+        let len = pages * region;
+        if isize::try_from(len).is_err() {
+            return Err(MemoryError::invalid("host_bytes", cfg.bytes, "larger than the address space"));
+        }
+        let (map, file, hugepages) = match &cfg.file {
             None => {
                 let m = MmapOptions::new()
                     .len(len)
@@ -93,15 +132,22 @@ impl HostTier {
                     .map_err(io(format!("mapping {len} B of anonymous memory")))?;
                 // Advice only: a kernel without transparent huge pages keeps 4 KiB pages.
                 let huge = m.advise(Advice::HugePage).is_ok();
-                (MmapRaw::from(m), huge)
+                (MmapRaw::from(m), None, huge)
             }
-            Some(path) => (Self::map_file(path, len)?, false),
+            Some(spec) => {
+                let f = file::TierFile::create(spec, len)?;
+                let m = MmapOptions::new()
+                    .len(len)
+                    .map_raw(f.file())
+                    .map_err(io(format!("host tier file {}", spec.path.display())))?;
+                (m, Some(f), false)
+            }
         };
         Ok(Self {
             #[cfg(feature = "cuda")]
             registration: None,
             map: Arc::new(map),
-            path: cfg.path.clone(),
+            file,
             hugepages,
             layers: cfg.layers,
             row_bytes: cfg.row_bytes,
@@ -109,14 +155,6 @@ impl HostTier {
             page_bytes,
             pages: PagePool::new("host tier", pages)?,
         })
-    }
-
-    fn map_file(path: &Path, len: usize) -> Result<MmapRaw> {
-        let what = || format!("host tier file {}", path.display());
-        let file =
-            OpenOptions::new().read(true).write(true).create(true).truncate(true).open(path).map_err(io(what()))?;
-        file.set_len(len as u64).map_err(io(what()))?;
-        MmapOptions::new().len(len).map_raw(&file).map_err(io(what()))
     }
 
     /// Address of the mapping (stable for the tier's life).
@@ -136,7 +174,17 @@ impl HostTier {
 
     /// The backing file, if file-backed.
     pub fn path(&self) -> Option<&Path> {
-        self.path.as_deref()
+        self.file.as_ref().map(file::TierFile::path)
+    }
+
+    /// The mapping's fixed shape.
+    pub fn layout(&self) -> HostTierLayout {
+        HostTierLayout {
+            layers: self.layers,
+            pages_per_layer: self.pages.total(),
+            row_bytes: self.row_bytes,
+            page_tokens: self.page_tokens,
+        }
     }
 
     /// Whether transparent-hugepage advice was accepted (anonymous tiers only).
@@ -206,6 +254,8 @@ impl HostTier {
             position,
             capacity: pages.len() * self.page_tokens,
         })?;
+        // No overflow: a held page id is below `total()`, so the offset lies inside the mapping,
+        // whose length is a usize.
         let off = (layer * self.pages.total() + *page as usize) * self.page_bytes
             + (position % self.page_tokens) * self.row_bytes;
         Ok(HostRowLocation(off as u64))
@@ -238,7 +288,10 @@ impl HostTier {
         if n == 0 {
             return Ok(());
         }
-        self.locate(req, layer, first + n - 1)?;
+        let last =
+            first.checked_add(n - 1).ok_or_else(|| MemoryError::invalid("first", first, "position overflows"))?;
+        // Every position is held when the last one is (pages are held from position 0 up).
+        self.locate(req, layer, last)?;
         let (mut pos, mut done) = (first, 0);
         while done < n {
             let run = (self.page_tokens - pos % self.page_tokens).min(n - done);
@@ -266,24 +319,30 @@ impl HostTier {
     }
 
     /// Registers the whole mapping with `ctx`'s device as mapped pinned memory (once) and returns
-    /// the address kernels read it through.
+    /// the handle kernels read it through (it keeps the mapping and its registration alive).
+    /// A file-backed tier cannot be registered (the driver pins anonymous memory only).
     #[cfg(feature = "cuda")]
-    pub fn register_cuda(&mut self, ctx: &Arc<cudarc::driver::CudaContext>) -> Result<u64> {
+    pub fn register_cuda(&mut self, ctx: &Arc<cudarc::driver::CudaContext>) -> Result<crate::cuda::MappedHostTier> {
         if let Some(r) = &self.registration {
-            return Ok(r.device_ptr());
+            return Ok(r.clone());
         }
-        // SAFETY: the mapping lives in `self.map` (never moved or resized) and the guard is
-        // dropped before it (field order).
-        let r = unsafe { crate::cuda::HostRegistration::register(ctx, self.map.as_mut_ptr(), self.map.len())? };
-        let p = r.device_ptr();
-        self.registration = Some(r);
-        Ok(p)
+        if let Some(p) = self.path() {
+            return Err(MemoryError::invalid(
+                "host_tier_file",
+                p.display(),
+                "a file-backed host tier cannot be registered with CUDA (cuMemHostRegister refuses \
+                 file mappings); use the anonymous host tier on the GPU",
+            ));
+        }
+        let r = crate::cuda::MappedHostTier::register(ctx, Arc::clone(&self.map), self.layout())?;
+        self.registration = Some(r.clone());
+        Ok(r)
     }
 
-    /// The registered device address, if registered.
+    /// The registration, if registered.
     #[cfg(feature = "cuda")]
-    pub fn cuda_ptr(&self) -> Option<u64> {
-        self.registration.as_ref().map(crate::cuda::HostRegistration::device_ptr)
+    pub fn cuda_mapping(&self) -> Option<&crate::cuda::MappedHostTier> {
+        self.registration.as_ref()
     }
 
     /// Pages per layer region (for kernels computing row addresses).

@@ -1,10 +1,12 @@
 //! Tests of the host tier: row and page-run writes, growth page by page, exhaustion, the
 //! file-backed tier, the writer on another thread.
 
+use std::path::PathBuf;
+
 use super::*;
 
-fn cfg(bytes: usize, path: Option<PathBuf>) -> HostTierConfig {
-    HostTierConfig { bytes, layers: 3, row_bytes: 656, page_tokens: 4, path }
+fn cfg(bytes: usize, file: Option<HostTierFile>) -> HostTierConfig {
+    HostTierConfig { bytes, layers: 3, row_bytes: 656, page_tokens: 4, file }
 }
 
 fn row(seed: u8) -> Vec<u8> {
@@ -93,23 +95,80 @@ fn exhaustion_is_all_or_nothing_and_freed_pages_are_reused() {
     t.check().unwrap();
 }
 
+fn tmp_path(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("hisparse-host-tier-{}-{name}.bin", std::process::id()))
+}
+
 #[test]
-fn file_backed_tier_persists_rows_in_the_file() {
-    let path = std::env::temp_dir().join(format!("hisparse-host-tier-{}.bin", std::process::id()));
-    {
-        let mut t = HostTier::new(&cfg(656 * 4 * 3 * 2, Some(path.clone()))).unwrap();
-        assert_eq!(t.path(), Some(path.as_path()));
-        let r = RequestId(1);
-        t.register(r).unwrap();
-        t.grow(r, 1).unwrap();
-        t.write_row(r, 1, 0, &row(5)).unwrap();
-        let at = t.locate(r, 1, 0).unwrap().0 as usize;
-        drop(t);
-        let bytes = std::fs::read(&path).unwrap();
-        assert_eq!(bytes.len(), 656 * 4 * 3 * 2);
-        assert_eq!(&bytes[at..at + 656], row(5).as_slice());
-    }
+fn file_backed_tier_persists_rows_in_the_file_when_kept() {
+    let path = tmp_path("kept");
+    let _ = std::fs::remove_file(&path);
+    let spec = HostTierFile { path: path.clone(), overwrite: false, keep: true };
+    let mut t = HostTier::new(&cfg(656 * 4 * 3 * 2, Some(spec))).unwrap();
+    assert_eq!(t.path(), Some(path.as_path()));
+    let r = RequestId(1);
+    t.register(r).unwrap();
+    t.grow(r, 1).unwrap();
+    t.write_row(r, 1, 0, &row(5)).unwrap();
+    let at = t.locate(r, 1, 0).unwrap().0 as usize;
+    drop(t);
+    let bytes = std::fs::read(&path).unwrap();
+    assert_eq!(bytes.len(), 656 * 4 * 3 * 2);
+    assert_eq!(&bytes[at..at + 656], row(5).as_slice());
     std::fs::remove_file(&path).unwrap();
+}
+
+#[test]
+fn an_existing_file_is_never_truncated_without_overwrite() {
+    let path = tmp_path("existing");
+    std::fs::write(&path, b"precious user data").unwrap();
+    let e = HostTier::new(&cfg(656 * 4 * 3 * 2, Some(HostTierFile::new(&path)))).unwrap_err();
+    assert!(e.to_string().contains("exists; refusing to overwrite"), "{e}");
+    assert_eq!(std::fs::read(&path).unwrap(), b"precious user data", "untouched");
+    // With the explicit flag it is replaced, and removed when the tier goes away.
+    let spec = HostTierFile { path: path.clone(), overwrite: true, keep: false };
+    let t = HostTier::new(&cfg(656 * 4 * 3 * 2, Some(spec))).unwrap();
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), 656 * 4 * 3 * 2);
+    drop(t);
+    assert!(!path.exists(), "removed on drop");
+}
+
+#[test]
+fn a_tier_file_is_locked_reserved_and_removed() {
+    let path = tmp_path("locked");
+    let _ = std::fs::remove_file(&path);
+    let a = HostTier::new(&cfg(656 * 4 * 3 * 2, Some(HostTierFile::new(&path)))).unwrap();
+    // The space is reserved up front: blocks are allocated, not a sparse hole.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(&path).unwrap();
+        assert!(m.blocks() * 512 >= m.len(), "{} blocks for {} bytes", m.blocks(), m.len());
+    }
+    // A second tier on the same file (overwrite asked) is refused while the first holds the lock.
+    let spec = HostTierFile { path: path.clone(), overwrite: true, keep: false };
+    let e = HostTier::new(&cfg(656 * 4 * 3 * 2, Some(spec))).unwrap_err();
+    assert!(e.to_string().contains("locked by another process"), "{e}");
+    assert!(path.exists(), "the refused tier removed nothing");
+    drop(a);
+    assert!(!path.exists(), "removed when the tier goes away");
+    // A directory that does not exist: an error, and nothing created.
+    let bad = std::env::temp_dir().join("hisparse-no-such-dir").join("tier.bin");
+    assert!(matches!(HostTier::new(&cfg(656 * 4 * 3 * 2, Some(HostTierFile::new(&bad)))), Err(MemoryError::Io { .. })));
+}
+
+#[test]
+fn overflowing_sizes_are_refused_naming_the_field() {
+    let big = HostTierConfig { bytes: usize::MAX, layers: 3, row_bytes: usize::MAX / 2, page_tokens: 4, file: None };
+    let e = HostTier::new(&big).unwrap_err();
+    assert!(matches!(e, MemoryError::InvalidField { field: "page_tokens", .. }), "{e}");
+    let big = HostTierConfig { bytes: usize::MAX, layers: usize::MAX / 2, row_bytes: 656, page_tokens: 4, file: None };
+    assert!(matches!(HostTier::new(&big).unwrap_err(), MemoryError::InvalidField { field: "layers", .. }));
+    let mut t = HostTier::new(&cfg(656 * 4 * 3 * 4, None)).unwrap();
+    t.register(RequestId(1)).unwrap();
+    t.grow(RequestId(1), 4).unwrap();
+    assert!(t.write_rows(RequestId(1), 0, usize::MAX, &row(1)).is_err());
+    assert!(t.locate(RequestId(1), 0, usize::MAX).is_err());
 }
 
 #[test]
