@@ -41,6 +41,9 @@ pub enum BenchError {
     /// A self-check found a result out of tolerance.
     #[error("self-check failed: {0}")]
     Check(String),
+    /// SIGINT or SIGTERM arrived; the command stopped between steps, writing nothing half-done.
+    #[error("interrupted while {0}; stopped cleanly, no partial output written")]
+    Interrupted(String),
     /// A GPU benchmark could not run or measure (CUDA, cuBLAS, a kernel's error).
     #[error("GPU benchmark: {0}")]
     Gpu(String),

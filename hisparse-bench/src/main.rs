@@ -12,6 +12,8 @@
 
 mod cmd;
 mod error;
+mod guard;
+mod interrupt;
 mod progress;
 mod report;
 mod timing;
@@ -61,7 +63,7 @@ fn run(cli: Cli) -> Result<i32> {
     match cli.command {
         Command::Sweep(args) => {
             let (report, out) = cmd::sweep::run(&args)?;
-            print!("{}", cmd::sweep::render(&report, &out));
+            print!("{}", cmd::sweep_output::render(&report, &out));
             Ok(0)
         }
         Command::Run(args) => {
@@ -130,8 +132,13 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    interrupt::install();
     match run(cli) {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+        Err(e @ BenchError::Interrupted(_)) => {
+            eprintln!("hisparse: {e}");
+            ExitCode::from(interrupt::EXIT_INTERRUPTED)
+        }
         Err(e) => {
             eprintln!("hisparse: {e}");
             ExitCode::from(2)

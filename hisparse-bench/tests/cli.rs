@@ -140,11 +140,30 @@ fn a_small_sweep_writes_its_table_and_plots() {
     for p in points {
         let want = p["concurrency"].as_f64().unwrap();
         assert!(p["running"].as_f64().unwrap() <= want && p["tokens_per_s"].as_f64().unwrap() > 0.0, "{p}");
+        // Three windows; the point is their median, with the min and max beside it.
+        let w: Vec<f64> = p["window_tokens_per_s"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+        assert_eq!(w.len(), 3, "{p}");
+        let (lo, mid, hi) = (
+            p["tokens_per_s_min"].as_f64().unwrap(),
+            p["tokens_per_s"].as_f64().unwrap(),
+            p["tokens_per_s_max"].as_f64().unwrap(),
+        );
+        let mut sorted = w.clone();
+        sorted.sort_by(f64::total_cmp);
+        assert_eq!((lo, mid, hi), (sorted[0], sorted[1], sorted[2]), "{p}");
     }
-    // Steady state: one engine per mode, measured misses for every step of both levels.
+    // Steady state: one engine per mode, measured misses for every step of both levels
+    // (1 warm-up step and 3 windows of 2 steps each).
     let measured = json["misses_over_time"].as_array().unwrap();
     assert_eq!(measured.len(), 1, "one hisparse series per context");
-    assert_eq!(measured[0][1].as_array().unwrap().len(), 2 * 3, "a value for every step of both levels");
+    assert_eq!(measured[0][1].as_array().unwrap().len(), 2 * 7, "a value for every step of both levels");
+    assert_eq!(json["level_starts"], serde_json::json!([[1, 0], [3, 7]]));
+    // The table prints the spread and the device budget the tiers really hold.
+    assert!(table.contains("median of 3 windows") && table.contains("tiers hold: resident"), "{table}");
+    let svg = std::fs::read_to_string(out.join("throughput.svg")).unwrap();
+    assert!(svg.contains("Requests decoding at once") && svg.contains("context 600"), "the running-requests panel");
+    let svg = std::fs::read_to_string(out.join("misses_over_time.svg")).unwrap();
+    assert!(svg.contains("3 req"), "the level markers");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -35,6 +35,12 @@ pub enum EngineError {
         /// Why.
         reason: String,
     },
+    /// The waiting queue is full: the request was not taken (submit it again later).
+    #[error("the waiting queue is full ({capacity} requests wait already)")]
+    QueueFull {
+        /// The queue's bound.
+        capacity: usize,
+    },
     /// The backup worker failed.
     #[error("backup worker: {0}")]
     Worker(String),

@@ -14,7 +14,7 @@ pub mod request;
 pub mod runtime;
 pub mod workload;
 
-pub use engine::{DecodeEngine, Engine, EngineConfig, LayerDump, StepReport};
+pub use engine::{DEFAULT_MAX_QUEUED, DecodeEngine, Engine, EngineConfig, LayerDump, StepReport};
 pub use error::{EngineError, Result};
 pub use metrics::{RunSummary, StageTimes, StepMetrics};
 pub use model::{ModelEmulation, ModelShape};

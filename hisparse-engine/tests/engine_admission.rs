@@ -74,6 +74,27 @@ fn metrics_add_up() {
 }
 
 #[test]
+fn the_waiting_queue_is_bounded_and_a_refused_request_holds_nothing() {
+    let mut c = cfg(Mode::HiSparse, 8 << 20);
+    c.max_queued = 3;
+    let mut e = Engine::new(CpuBackend::new(), c).unwrap();
+    for i in 0..3 {
+        e.submit(req(i, 300, 2)).unwrap();
+    }
+    assert_eq!(e.submit(req(3, 300, 2)).unwrap_err(), EngineError::QueueFull { capacity: 3 });
+    assert_eq!(e.counts(), (3, 0, 0), "the refused request was not queued");
+    e.step().unwrap();
+    // Admission emptied the queue: there is room again, and the refused id is still free.
+    e.submit(req(3, 300, 2)).unwrap();
+    e.run(100).unwrap();
+    assert_eq!(e.outcomes().len(), 4);
+    e.check_pools().unwrap();
+    // Token counts that overflow are refused, not wrapped.
+    let e2 = e.submit(req(7, usize::MAX, 2)).unwrap_err();
+    assert!(e2.to_string().contains("below 2^31"), "{e2}");
+}
+
+#[test]
 fn bad_configs_and_requests_are_named() {
     let field = |e: EngineError| e.to_string();
     let mut c = cfg(Mode::HiSparse, 8 << 20);

@@ -95,6 +95,12 @@ fn top_k_larger_than_seq_len_is_named() {
     let mut one = vec![0i32; 64];
     let e = CpuBackend::new().top_k(&scores, &[Span::new(50, 70)], 64, &mut one).unwrap_err();
     assert!(matches!(e, KernelError::Memory(MemoryError::OutOfBounds { field: "scores", .. })), "{e}");
+    // A span whose end overflows ends past every buffer: an error, not a wrapped index.
+    let huge = Span::new(usize::MAX - 3, 70);
+    assert_eq!(huge.end(), usize::MAX);
+    let e = CpuBackend::new().top_k(&scores, &[huge], 64, &mut one).unwrap_err();
+    assert!(matches!(e, KernelError::Memory(MemoryError::OutOfBounds { field: "scores", .. })), "{e}");
+    assert!(one.iter().all(|&x| x == 0), "nothing written");
 }
 
 #[test]

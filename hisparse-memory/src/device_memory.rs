@@ -86,8 +86,15 @@ impl DeviceMemory for EmulatedDevice {
         "cpu"
     }
 
+    /// Host memory: a refused allocation is an error, never an abort.
     fn alloc_zeroed<T: Element>(&self, len: usize) -> Result<Vec<T>> {
-        Ok(vec![T::zeroed(); len])
+        let mut v = Vec::new();
+        v.try_reserve_exact(len).map_err(|e| MemoryError::Io {
+            what: format!("allocating {len} elements of emulated device memory"),
+            message: e.to_string(),
+        })?;
+        v.resize(len, T::zeroed());
+        Ok(v)
     }
 
     fn len<T: Element>(&self, buf: &Vec<T>) -> usize {

@@ -34,12 +34,16 @@ pub struct DeviceTierConfig {
 }
 
 impl DeviceTierConfig {
-    /// Device bytes of all buffers.
+    /// Device bytes of all buffers (`usize::MAX` if the count overflows: more than any
+    /// allocation can give, so such a tier is refused when allocated).
     pub fn bytes(&self) -> usize {
-        let per_layer = self.kv_pages * self.page_tokens * self.kv_row.row_bytes()
-            + self.index_pages * self.page_tokens * self.index_key.row_bytes()
-            + self.seats * (self.buffer_slots + 1) * self.kv_row.row_bytes();
-        per_layer * self.layers
+        let m = |a: usize, b: usize, c: usize| a.checked_mul(b).and_then(|x| x.checked_mul(c));
+        let per_layer = m(self.kv_pages, self.page_tokens, self.kv_row.row_bytes())
+            .zip(m(self.index_pages, self.page_tokens, self.index_key.row_bytes()))
+            .and_then(|(a, b)| a.checked_add(b))
+            .zip(m(self.seats, self.buffer_slots.saturating_add(1), self.kv_row.row_bytes()))
+            .and_then(|(a, b)| a.checked_add(b));
+        per_layer.and_then(|p| p.checked_mul(self.layers)).unwrap_or(usize::MAX)
     }
 }
 
@@ -74,9 +78,14 @@ impl<M: DeviceMemory> DeviceTier<M> {
         let (kvb, kb) = (cfg.kv_row.row_bytes(), cfg.index_key.row_bytes());
         let alloc =
             |n: usize| -> Result<Vec<M::Buffer<u8>>> { (0..cfg.layers).map(|_| mem.alloc_zeroed::<u8>(n)).collect() };
-        let kv = alloc(cfg.kv_pages * cfg.page_tokens * kvb)?;
-        let keys = alloc(cfg.index_pages * cfg.page_tokens * kb)?;
-        let hot = alloc(cfg.seats * (cfg.buffer_slots + 1) * kvb)?;
+        let size = |field: &'static str, v: usize, a: usize, b: usize| {
+            v.checked_mul(a)
+                .and_then(|x| x.checked_mul(b))
+                .ok_or_else(|| MemoryError::invalid(field, v, "its buffer size overflows"))
+        };
+        let kv = alloc(size("kv_pages", cfg.kv_pages, cfg.page_tokens, kvb)?)?;
+        let keys = alloc(size("index_pages", cfg.index_pages, cfg.page_tokens, kb)?)?;
+        let hot = alloc(size("seats", cfg.seats, cfg.buffer_slots.saturating_add(1), kvb)?)?;
         Ok(Self {
             kv_pages: PagePool::new("device KV pages", cfg.kv_pages)?,
             index_pages: PagePool::new("device index-key pages", cfg.index_pages)?,

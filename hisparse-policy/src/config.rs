@@ -87,6 +87,22 @@ impl HiSparseConfig {
         serde_json::from_str(text).map_err(|e| invalid("hisparse_config", format!("{e}"), "not a valid config (JSON)"))
     }
 
+    /// Parses JSON over `base`: keys present in `text` replace `base`'s, missing ones keep it
+    /// (so a file of SGLang's keys alone, or `{}`, works with any preset when `base` is
+    /// [`HiSparseConfig::for_geometry`]). Unknown keys are errors naming the key.
+    pub fn from_json_over(base: &Self, text: &str) -> Result<Self> {
+        let bad = |e: String| invalid("hisparse_config", e, "not a valid config (JSON)");
+        let given: serde_json::Value = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
+        let serde_json::Value::Object(given) = given else {
+            return Err(bad("not a JSON object".into()));
+        };
+        let mut merged = serde_json::to_value(base).map_err(|e| bad(e.to_string()))?;
+        if let serde_json::Value::Object(m) = &mut merged {
+            m.extend(given);
+        }
+        serde_json::from_value(merged).map_err(|e| bad(e.to_string()))
+    }
+
     /// The defaults with `top_k` taken from `geometry` and a buffer of twice that (the blog's
     /// 4096 slots for top-k 2048).
     pub fn for_geometry(geometry: &KvGeometry) -> Self {
@@ -214,6 +230,25 @@ mod tests {
     }
 
     #[test]
+    fn a_partial_file_keeps_the_presets_values() {
+        let small = KvGeometry::preset("cpu-small").unwrap();
+        let base = HiSparseConfig::for_geometry(&small);
+        let empty = HiSparseConfig::from_json_over(&base, "{}").unwrap();
+        assert_eq!(empty, base);
+        empty.validate(&small).unwrap();
+        let c = HiSparseConfig::from_json_over(&base, r#"{"device_buffer_size": 1024, "swap_in_block_size": 256}"#)
+            .unwrap();
+        assert_eq!((c.top_k, c.device_buffer_size, c.swap_in_block_size), (256, 1024, 256));
+        c.validate(&small).unwrap();
+        // A value the preset fixes, set otherwise in the file: the error names both.
+        let c = HiSparseConfig::from_json_over(&base, r#"{"top_k": 2048}"#).unwrap();
+        let e = c.validate(&small).unwrap_err().to_string();
+        assert!(e.contains("top_k = 2048") && e.contains("cpu-small selects top_k = 256"), "{e}");
+        assert!(HiSparseConfig::from_json_over(&base, r#"{"topk": 1}"#).unwrap_err().to_string().contains("topk"));
+        assert!(HiSparseConfig::from_json_over(&base, "[1, 2]").is_err());
+    }
+
+    #[test]
     fn each_bad_field_is_named() {
         let g = glm();
         let cases: Vec<(HiSparseConfig, &str)> = vec![
@@ -232,6 +267,16 @@ mod tests {
             (
                 HiSparseConfig { device_kv_bytes: 1 << 30, host_tier_bytes: 1 << 20, ..Default::default() },
                 "host_tier_bytes",
+            ),
+            // A ratio whose host tier is beyond the address space (the product saturates).
+            (
+                HiSparseConfig { device_kv_bytes: 1 << 30, host_to_device_ratio: 1e300, ..Default::default() },
+                "host_to_device_ratio",
+            ),
+            // A request length whose KV bytes overflow a 64-bit count.
+            (
+                HiSparseConfig { device_kv_bytes: 1 << 30, max_request_tokens: usize::MAX - 64, ..Default::default() },
+                "max_request_tokens",
             ),
         ];
         for (c, field) in cases {

@@ -29,6 +29,9 @@ pub enum PolicyError {
         /// Details.
         message: String,
     },
+    /// The caller asked the simulator to stop; nothing was reported.
+    #[error("cancelled")]
+    Cancelled,
     /// Reading or writing a file failed.
     #[error("{path}: {message}")]
     Io {

@@ -193,6 +193,19 @@ fn compulsory(s: &Stream<'_>) -> StreamMisses {
         .collect()
 }
 
+/// Bytes the simulator's per-stream arrays may take at once for `records` (positions are dense,
+/// so arrays run to the longest sequence): per worker thread, the next-use and first-use
+/// arrays, the compulsory bits and a slot table's token index, over the longest stream.
+/// `None` if the count overflows.
+pub fn memory_estimate(records: &[TraceRecord]) -> Option<u64> {
+    let longest = records.iter().map(|r| u64::from(r.seq_len)).max().unwrap_or(0);
+    let selected: u64 = records.iter().map(|r| r.selected.len() as u64).sum();
+    let threads = rayon::current_num_threads() as u64;
+    // u32 next use + u32 first use + bool compulsory + u16 slot index, per position and thread;
+    // plus the next-use lists of every record (u32 per selected position).
+    longest.checked_mul(11)?.checked_mul(threads)?.checked_add(selected.checked_mul(4)?)
+}
+
 /// Replays `records` under every policy and buffer size of `cfg`. `progress` is called with the
 /// number of streams finished so far (out of `streams * (combinations + 1)`).
 pub fn simulate(
@@ -200,6 +213,18 @@ pub fn simulate(
     records: &[TraceRecord],
     cfg: &SimConfig,
     progress: &(dyn Fn(u64) + Sync),
+) -> Result<SimReport> {
+    simulate_with(header, records, cfg, progress, &|| false)
+}
+
+/// [`simulate`], stopping with [`PolicyError::Cancelled`] (between streams) once `cancel`
+/// returns true.
+pub fn simulate_with(
+    header: &TraceHeader,
+    records: &[TraceRecord],
+    cfg: &SimConfig,
+    progress: &(dyn Fn(u64) + Sync),
+    cancel: &(dyn Fn() -> bool + Sync),
 ) -> Result<SimReport> {
     if cfg.policies.is_empty() || cfg.buffer_sizes.is_empty() {
         return Err(PolicyError::Invalid {
@@ -231,6 +256,9 @@ pub fn simulate(
             let mut lines = combos
                 .par_iter()
                 .map(|&(p, b)| {
+                    if cancel() {
+                        return Err(PolicyError::Cancelled);
+                    }
                     let f = if policies[p].needs_future() { future.as_ref() } else { None };
                     let r = run_stream(s, policies[p].as_ref(), b, f);
                     tick();

@@ -61,26 +61,59 @@ pub fn synth_header(cfg: &SynthConfig, row_bytes: u32) -> TraceHeader {
     TraceHeader { top_k: cfg.top_k as u32, layers: cfg.layers as u32, row_bytes, has_scores: cfg.scores }
 }
 
+impl SynthConfig {
+    /// Checks every field; the error names the first at fault.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |field: &'static str, value: String, reason: &str| {
+            Err(PolicyError::Invalid { field, value, reason: reason.into() })
+        };
+        for (field, v) in [("requests", self.requests), ("layers", self.layers), ("steps", self.steps)] {
+            if v == 0 {
+                return bad(field, v.to_string(), "must be at least 1");
+            }
+        }
+        if u32::try_from(self.layers).is_err() {
+            return bad("layers", self.layers.to_string(), "must fit 32 bits");
+        }
+        if self.prompt_tokens.checked_add(self.steps).is_none_or(|n| n >= u32::MAX as usize) {
+            return bad(
+                "prompt_tokens",
+                self.prompt_tokens.to_string(),
+                "prompt + steps must stay below 2^32 positions",
+            );
+        }
+        if self.top_k == 0 || self.top_k > self.prompt_tokens + 1 {
+            return bad("top_k", self.top_k.to_string(), "must be in 1..=prompt_tokens + 1");
+        }
+        if !(0.0..=1.0).contains(&self.rho) {
+            return bad("rho", self.rho.to_string(), "must be in [0, 1]");
+        }
+        if !(0.0..=1.0).contains(&self.layer_share) {
+            return bad("layer_share", self.layer_share.to_string(), "must be in [0, 1]");
+        }
+        if !(self.drift.is_finite() && self.drift >= 0.0) {
+            return bad("drift", self.drift.to_string(), "must be a finite number >= 0");
+        }
+        Ok(())
+    }
+
+    /// Bytes the generator holds at once: every request's relevance state (`2 + layers` f64
+    /// per position) and the scratch of one selection. `None` if the count overflows.
+    pub fn memory_bytes(&self) -> Option<u64> {
+        let len = self.prompt_tokens.checked_add(self.steps)? as u64;
+        let state = (self.requests as u64).checked_mul((self.layers as u64).checked_add(2)?)?.checked_mul(len)?;
+        state.checked_mul(8)?.checked_add(len.checked_mul(12)?)
+    }
+
+    /// Records the trace holds (`steps * requests * layers`), `None` if that overflows.
+    pub fn records(&self) -> Option<u64> {
+        (self.steps as u64).checked_mul(self.requests as u64)?.checked_mul(self.layers as u64)
+    }
+}
+
 /// Generates the trace, handing each record to `sink` in (step, request, layer) order.
 pub fn synth_trace(cfg: &SynthConfig, mut sink: impl FnMut(TraceRecord) -> Result<()>) -> Result<()> {
-    if cfg.top_k == 0 || cfg.top_k > cfg.prompt_tokens + 1 {
-        return Err(PolicyError::Invalid {
-            field: "top_k",
-            value: cfg.top_k.to_string(),
-            reason: "must be in 1..=prompt_tokens + 1".into(),
-        });
-    }
-    let ok = (0.0..=1.0).contains(&cfg.rho)
-        && (0.0..=1.0).contains(&cfg.layer_share)
-        && cfg.drift.is_finite()
-        && cfg.drift >= 0.0;
-    if !ok {
-        return Err(PolicyError::Invalid {
-            field: "rho",
-            value: format!("{}/{}/{}", cfg.rho, cfg.layer_share, cfg.drift),
-            reason: "rho and layer_share in [0, 1], drift >= 0".into(),
-        });
-    }
+    cfg.validate()?;
     let max_len = cfg.prompt_tokens + cfg.steps;
     let innov = (1.0 - cfg.rho * cfg.rho).sqrt();
     let (ws, wl) = (cfg.layer_share.sqrt(), (1.0 - cfg.layer_share).sqrt());

@@ -6,6 +6,7 @@ use hisparse_engine::calibrate::{CalibrationSpec, calibrate};
 use hisparse_memory::KvGeometry;
 
 use crate::error::{BenchError, Result};
+use crate::guard;
 
 /// Options of `hisparse calibrate`.
 #[derive(Debug, Clone, clap::Args)]
@@ -42,13 +43,27 @@ pub fn run(a: &CalibrateArgs) -> Result<String> {
     if let Some(&l) = layers.iter().find(|&&l| l >= g.layers) {
         return Err(BenchError::flag("layers", l, format!("the preset has {} layers", g.layers)));
     }
-    if a.context < g.top_k || a.steps < 4 || a.requests == 0 {
+    if a.steps < 4 {
+        return Err(BenchError::flag("steps", a.steps, "need at least 4 steps (the first quarter is warm-up)"));
+    }
+    guard::at_least_one("requests", a.requests)?;
+    if a.context < g.top_k {
         return Err(BenchError::flag(
             "context",
             a.context,
-            format!("need context >= top_k = {}, steps >= 4, requests >= 1", g.top_k),
+            format!("must be at least the preset's top_k = {}", g.top_k),
         ));
     }
+    let total = guard::sum("steps", a.steps, a.context, a.steps)?;
+    if total > u32::MAX as usize / 2 {
+        let (flag, v) = if a.context > a.steps { ("context", a.context) } else { ("steps", a.steps) };
+        return Err(BenchError::flag(flag, v, "context + steps must stay below 2^31 positions"));
+    }
+    // Index keys of every run layer for one request, plus scores; and every selection.
+    let keys = guard::product(&[layers.len(), total.div_ceil(64) * 64 + 1, g.index_key()?.row_bytes() + 4]);
+    guard::memory("context", a.context, "the index keys of the run layers", keys)?;
+    let selections = guard::product(&[a.requests, a.steps, layers.len(), g.top_k, 4]);
+    guard::memory("steps", a.steps, "the selections of every request, step and layer", selections)?;
     let c = calibrate(
         &g,
         &Workload::new(&g, a.seed),

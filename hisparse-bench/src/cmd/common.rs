@@ -6,10 +6,11 @@ use std::path::PathBuf;
 
 use hisparse_engine::{DecodeEngine, Engine, EngineConfig, ModelShape};
 use hisparse_kernels::CpuBackend;
-use hisparse_memory::{KvGeometry, KvRowFormat, Mode};
-use hisparse_policy::HiSparseConfig;
+use hisparse_memory::{KvGeometry, KvRowFormat, MemoryError, Mode};
+use hisparse_policy::{HiSparseConfig, PolicyError};
 
 use crate::error::{BenchError, Result};
+use crate::guard;
 
 /// Which backend runs the kernels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -75,37 +76,65 @@ pub struct EngineArgs {
     /// weights and a 4 GiB margin; 64GiB otherwise).
     #[arg(long)]
     pub device_memory: Option<String>,
-    /// Back the host tier with this file (the NVMe tier) instead of anonymous memory.
+    /// Back the host tier with this file (the NVMe tier) instead of anonymous memory (CPU
+    /// backend only). A new file is created, its space reserved up front, locked while in use
+    /// and removed at exit; an existing file is refused.
     #[arg(long)]
     pub host_tier_file: Option<PathBuf>,
+    /// Replace an existing --host-tier-file instead of refusing it.
+    #[arg(long, requires = "host_tier_file")]
+    pub overwrite_host_tier_file: bool,
+    /// Keep the --host-tier-file at exit instead of removing it.
+    #[arg(long, requires = "host_tier_file")]
+    pub keep_host_tier_file: bool,
     /// Seed of the synthetic workload.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
 }
 
-/// Parses a byte count: a number with an optional unit (B, KiB, MiB, GiB, KB, MB, GB).
+/// Parses a byte count: a number with an optional unit (B; KiB, MiB, GiB, TiB and K, M, G, T
+/// for powers of 1024; KB, MB, GB, TB for powers of 1000); refused unless above 0 and within a
+/// 64-bit count.
 pub fn parse_bytes(flag: &'static str, s: &str) -> Result<u64> {
     let t = s.trim();
-    let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
+    let split = t.trim_end_matches(|c: char| c.is_ascii_alphabetic()).len();
     let (num, unit) = t.split_at(split);
     let n: f64 = num
         .trim()
         .parse()
-        .map_err(|_| BenchError::flag(flag, s, "expected a number of bytes such as 48MiB or 80GiB"))?;
+        .map_err(|_| BenchError::flag(flag, s, "expected a number of bytes such as 48MiB, 80GiB or 1TB"))?;
     let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1.0,
         "kib" | "k" => 1024.0,
-        "mib" | "m" => 1024.0 * 1024.0,
-        "gib" | "g" => 1024.0 * 1024.0 * 1024.0,
+        "mib" | "m" => 1024f64.powi(2),
+        "gib" | "g" => 1024f64.powi(3),
+        "tib" | "t" => 1024f64.powi(4),
         "kb" => 1e3,
         "mb" => 1e6,
         "gb" => 1e9,
-        _ => return Err(BenchError::flag(flag, s, "unknown unit (B, KiB, MiB, GiB, KB, MB, GB)")),
+        "tb" => 1e12,
+        _ => return Err(BenchError::flag(flag, s, "unknown unit (B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)")),
     };
-    if !(n.is_finite() && n > 0.0) {
-        return Err(BenchError::flag(flag, s, "must be above 0"));
+    let bytes = n * mult;
+    if !(bytes.is_finite() && bytes >= 1.0) {
+        return Err(BenchError::flag(flag, s, "must be at least 1 byte"));
     }
-    Ok((n * mult) as u64)
+    if bytes >= u64::MAX as f64 {
+        return Err(BenchError::flag(flag, s, "beyond a 64-bit byte count"));
+    }
+    Ok(bytes as u64)
+}
+
+/// The flag that sets config field `field`, if there is one.
+fn flag_of(field: &str) -> Option<&'static str> {
+    Some(match field {
+        "device_buffer_size" => "device-buffer-size",
+        "host_to_device_ratio" => "host-to-device-ratio",
+        "swap_in_block_size" => "swap-in-block-size",
+        "eviction_policy" => "eviction-policy",
+        "host_tier_file" | "host_tier_path" => "host-tier-file",
+        _ => return None,
+    })
 }
 
 impl EngineArgs {
@@ -118,15 +147,47 @@ impl EngineArgs {
         Ok(g)
     }
 
-    /// The hierarchy's config: file, then flags, checked against the geometry.
+    /// Whether the user set config field `field` with its flag.
+    fn flag_given(&self, field: &str) -> bool {
+        match field {
+            "device_buffer_size" => self.device_buffer_size.is_some(),
+            "host_to_device_ratio" => self.host_to_device_ratio.is_some(),
+            "swap_in_block_size" => self.swap_in_block_size.is_some(),
+            "eviction_policy" => self.eviction_policy.is_some(),
+            "host_tier_file" | "host_tier_path" => self.host_tier_file.is_some(),
+            _ => false,
+        }
+    }
+
+    /// A config error as the user would name it: by the flag they gave, else by the config file
+    /// it came from, else as the library named it (a preset's value).
+    fn name_error(&self, e: PolicyError) -> BenchError {
+        let PolicyError::Memory(MemoryError::InvalidField { field, value, reason }) = &e else {
+            return e.into();
+        };
+        match (flag_of(field), &self.config) {
+            (Some(flag), _) if self.flag_given(field) => BenchError::flag(flag, value, reason.clone()),
+            (_, Some(path)) => BenchError::flag("config", path.display(), format!("{field} = {value}: {reason}")),
+            _ => e.into(),
+        }
+    }
+
+    /// The hierarchy's config: the preset's defaults, then the `--config` file's keys, then
+    /// flags; checked against the geometry and against this machine's memory. Errors name the
+    /// flag (or the file) the value came from.
     pub fn hisparse(&self, g: &KvGeometry) -> Result<HiSparseConfig> {
+        let base = HiSparseConfig::for_geometry(g);
+        let mut longest_given = false;
         let mut c = match &self.config {
             Some(p) => {
                 let text = std::fs::read_to_string(p)
                     .map_err(|source| BenchError::Io { path: p.display().to_string(), source })?;
-                HiSparseConfig::from_json(&text)?
+                longest_given = serde_json::from_str::<serde_json::Value>(&text)
+                    .is_ok_and(|v| v.get("max_request_tokens").is_some());
+                HiSparseConfig::from_json_over(&base, &text)
+                    .map_err(|e| BenchError::flag("config", p.display(), e.to_string()))?
             }
-            None => HiSparseConfig::for_geometry(g),
+            None => base,
         };
         if let Some(v) = self.device_buffer_size {
             c.device_buffer_size = v;
@@ -141,30 +202,142 @@ impl EngineArgs {
             c.eviction_policy = v.clone();
         }
         if let Some(p) = &self.host_tier_file {
+            if self.uses_cuda() {
+                return Err(BenchError::flag(
+                    "host-tier-file",
+                    p.display(),
+                    "the CUDA backend cannot register a file mapping as pinned host memory \
+                     (cuMemHostRegister refuses it); use --backend cpu for the file-backed tier",
+                ));
+            }
             c.host_tier_path = Some(p.clone());
+            c.host_tier_overwrite = self.overwrite_host_tier_file;
+            c.host_tier_keep = self.keep_host_tier_file;
         }
-        let default = if g.name == "cpu-small" { 48u64 << 20 } else { 64u64 << 30 };
+        let cuda = self.uses_cuda();
+        let avail = guard::available_memory();
+        let default = if g.name == "cpu-small" {
+            48u64 << 20
+        } else if cuda {
+            64u64 << 30
+        } else {
+            // On the CPU the "device" is host memory: a quarter of what is available, at most 64 GiB.
+            (64u64 << 30).min(avail.map_or(u64::MAX, |a| a / 4)).max(48 << 20)
+        };
         c.device_kv_bytes = match (&self.device_memory, self.model()?) {
             (Some(s), _) => parse_bytes("device-memory", s)?,
             (None, _) if c.device_kv_bytes > 0 => c.device_kv_bytes,
-            (None, Some(m)) if self.uses_cuda() => super::sizing::device_kv_budget(m.weight_bytes())?,
+            (None, Some(m)) if cuda => super::sizing::device_kv_budget(m.weight_bytes())?,
             (None, _) => default,
         };
-        if self.host_to_device_ratio.is_none()
-            && let Some(avail) = super::sizing::host_available()
-        {
-            // The default ratio may ask for more host memory than there is: shrink it to fit.
-            c.host_to_device_ratio =
-                c.host_to_device_ratio.min(super::sizing::host_ratio_cap(c.device_kv_bytes, avail));
+        if !cuda && let Some(s) = &self.device_memory {
+            guard::memory("device-memory", s, "the CPU backend's device tier", Some(c.device_kv_bytes))?;
         }
-        c.validate(g)?;
+        if self.host_to_device_ratio.is_none()
+            && let Some(avail) = avail
+        {
+            // The default ratio may ask for more host memory than there is: shrink it to fit
+            // (beside the CPU backend's device tier, which is host memory too).
+            let left = if cuda { avail } else { avail.saturating_sub(c.device_kv_bytes) };
+            c.host_to_device_ratio = c.host_to_device_ratio.min(super::sizing::host_ratio_cap(c.device_kv_bytes, left));
+        }
+        // The longest request the tiers must hold: what the host tier holds, up to the default
+        // (each command checks its own lengths against the tiers, naming its flag).
+        let per_token = g.kv_bytes_per_token()? as u64;
+        let fits = (c.host_bytes() / per_token.max(1)) as usize / c.page_tokens.max(1) * c.page_tokens;
+        if fits == 0 {
+            let (flag, value) = match (self.host_to_device_ratio, &self.device_memory) {
+                (Some(r), _) => ("host-to-device-ratio", r.to_string()),
+                (None, Some(d)) => ("device-memory", d.clone()),
+                (None, None) => ("device-memory", guard::human_bytes(c.device_kv_bytes)),
+            };
+            return Err(BenchError::flag(
+                flag,
+                value,
+                format!(
+                    "the host tier ({}) holds less than one page of {} tokens of {per_token} B",
+                    guard::human_bytes(c.host_bytes()),
+                    c.page_tokens
+                ),
+            ));
+        }
+        if !longest_given {
+            c.max_request_tokens = c.max_request_tokens.min(fits);
+        }
+        c.validate(g).map_err(|e| self.name_error(e))?;
+        let host = c.host_bytes();
+        if self.host_tier_file.is_none() {
+            let both = if cuda { Some(host) } else { host.checked_add(c.device_kv_bytes) };
+            let what = if cuda { "the host tier" } else { "the host tier beside the CPU backend's device tier" };
+            match self.host_to_device_ratio {
+                Some(r) => guard::memory("host-to-device-ratio", r, what, both)?,
+                None => guard::memory("device-memory", guard::human_bytes(c.device_kv_bytes), what, both)?,
+            }
+        }
         Ok(c)
     }
 
-    /// An engine config for `mode`, sized for requests of `typical_tokens`.
-    pub fn engine_config(&self, mode: Mode, typical_tokens: usize) -> Result<EngineConfig> {
+    /// Checks that one request of `tokens` positions (set by `flag` = `value`) fits the tiers
+    /// of `c` in `mode`: below the kernels' 2^31 positions, and within the host tier (hisparse)
+    /// or the device budget (resident) on its own. Refuses naming the flag otherwise.
+    pub fn check_request_fits(
+        &self,
+        g: &KvGeometry,
+        c: &HiSparseConfig,
+        mode: Mode,
+        flag: &'static str,
+        value: impl std::fmt::Display + Copy,
+        tokens: usize,
+    ) -> Result<()> {
+        if tokens > u32::MAX as usize / 2 {
+            return Err(BenchError::flag(flag, value, "a request must stay below 2^31 positions"));
+        }
+        let (kv, key) = (g.kv_row()?.row_bytes(), g.index_key()?.row_bytes());
+        let positions = tokens.div_ceil(c.page_tokens) * c.page_tokens;
+        let keys = guard::product(&[positions, key, g.layers]);
+        let mut needs = vec![];
+        match mode {
+            Mode::HiSparse => {
+                needs.push((
+                    guard::product(&[positions, kv, g.layers]),
+                    c.host_bytes(),
+                    "host tier",
+                    "--host-to-device-ratio",
+                ));
+                let seat = guard::product(&[c.device_buffer_size + 1, kv, g.layers]);
+                let device = seat.zip(keys).and_then(|(a, b)| a.checked_add(b));
+                needs.push((device, c.device_kv_bytes, "device budget (hot buffer and index keys)", "--device-memory"));
+            }
+            Mode::Resident => {
+                let rows = guard::product(&[positions, kv, g.layers]);
+                let device = rows.zip(keys).and_then(|(a, b)| a.checked_add(b));
+                needs.push((device, c.device_kv_bytes, "device budget (KV rows and index keys)", "--device-memory"));
+            }
+        }
+        for (need, have, tier, knob) in needs {
+            if need.is_none_or(|n| n > have) {
+                return Err(BenchError::flag(
+                    flag,
+                    value,
+                    format!(
+                        "one request of {tokens} tokens needs {} of the {mode} {tier}, which holds {} (raise {knob})",
+                        need.map_or_else(|| "more than 2^64 B".into(), guard::human_bytes),
+                        guard::human_bytes(have)
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// An engine config for `mode`, sized for requests of `typical_tokens` (a length the user
+    /// set with `flag`, named if it cannot fit).
+    pub fn engine_config(&self, mode: Mode, typical_tokens: usize, flag: &'static str) -> Result<EngineConfig> {
         let g = self.geometry()?;
         let mut hs = self.hisparse(&g)?;
+        // Checked as hisparse needs it (host tier, hot buffer and keys): a resident engine is
+        // still made where its device cannot hold such a request (it rejects them whole).
+        self.check_request_fits(&g, &hs, Mode::HiSparse, flag, typical_tokens, typical_tokens)?;
         hs.max_request_tokens = hs.max_request_tokens.max(typical_tokens);
         Ok(EngineConfig {
             geometry: g,
@@ -176,6 +349,7 @@ impl EngineArgs {
             backup_delay: None,
             launch_graphs: !self.no_graphs,
             model: self.model()?,
+            max_queued: hisparse_engine::DEFAULT_MAX_QUEUED,
         })
     }
 
@@ -201,7 +375,7 @@ impl EngineArgs {
         };
         if !uses_cuda {
             // On the CPU the "device" is host memory: refuse weights that cannot fit there.
-            super::sizing::check_cpu_room(&shape, super::sizing::host_available().unwrap_or(0))?;
+            super::sizing::check_cpu_room(&shape, guard::available_memory().unwrap_or(0))?;
         }
         Ok(Some(shape))
     }
@@ -209,8 +383,8 @@ impl EngineArgs {
     /// Builds an engine for `mode` on the chosen backend: `auto` takes CUDA where a driver is
     /// found (falling back to the CPU with a note if the GPU cannot be opened), `cuda` fails with
     /// a one-line error where it cannot be used.
-    pub fn engine(&self, mode: Mode, typical_tokens: usize) -> Result<Box<dyn DecodeEngine>> {
-        let cfg = self.engine_config(mode, typical_tokens)?;
+    pub fn engine(&self, mode: Mode, typical_tokens: usize, flag: &'static str) -> Result<Box<dyn DecodeEngine>> {
+        let cfg = self.engine_config(mode, typical_tokens, flag)?;
         let driver = cuda_driver_present();
         match self.backend {
             BackendKind::Cpu => Ok(Box::new(Engine::new(CpuBackend::new(), cfg)?)),
@@ -260,8 +434,14 @@ mod tests {
         assert_eq!(parse_bytes("x", "48MiB").unwrap(), 48 << 20);
         assert_eq!(parse_bytes("x", "1.5 GiB").unwrap(), 3 << 29);
         assert_eq!(parse_bytes("x", "1000").unwrap(), 1000);
+        assert_eq!(parse_bytes("x", "1e3").unwrap(), 1000);
         assert_eq!(parse_bytes("x", "2GB").unwrap(), 2_000_000_000);
+        assert_eq!(parse_bytes("x", "2TB").unwrap(), 2_000_000_000_000);
+        assert_eq!(parse_bytes("x", "1TiB").unwrap(), 1 << 40);
         assert!(parse_bytes("x", "12 parsecs").is_err());
         assert!(parse_bytes("x", "-3MiB").is_err());
+        assert!(parse_bytes("x", "0.1").is_err(), "below one byte");
+        assert!(parse_bytes("x", "1e30").unwrap_err().to_string().contains("64-bit"));
+        assert!(parse_bytes("x", "NaN").is_err() && parse_bytes("x", "inf GiB").is_err());
     }
 }

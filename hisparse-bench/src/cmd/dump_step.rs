@@ -1,23 +1,13 @@
 //! `hisparse dump-step`: one decode step's inputs and outputs as a safetensors file, so that
-//! anyone can check our arithmetic with their own tools. Tensor names, per layer `L`:
-//!
-//! | name | dtype | shape | what |
-//! | --- | --- | --- | --- |
-//! | `L{l}.index_queries` | BF16 | `[batch, index_heads, index_dim]` | indexer queries |
-//! | `L{l}.index_weights` | F32 | `[batch, index_heads]` | indexer head weights |
-//! | `L{l}.scores` | F32 | `[sum of seq_lens]` | indexer scores, requests concatenated (newest = +inf) |
-//! | `L{l}.seq_lens` | I32 | `[batch]` | positions per request (newest included) |
-//! | `L{l}.selections` | I32 | `[total selected]` | selected positions, ascending per request |
-//! | `L{l}.selection_lens` | I32 | `[batch]` | selected positions per request |
-//! | `L{l}.attention_queries` | BF16 | `[batch, heads, d_qk]` | attention queries |
-//! | `L{l}.selected_rows` | U8 | `[total selected, row_bytes]` | the selected KV rows' bytes, in selection order |
-//! | `L{l}.selected_rows_f32` | F32 | `[total selected, d_qk]` | the same rows decoded |
-//! | `L{l}.out` | F32 | `[batch, heads, d_v]` | attention output |
-//! | `L{l}.lse` | F32 | `[batch, heads]` | natural-log sum of exp of the scaled logits |
+//! anyone can check our arithmetic with their own tools, from the index keys to the attention
+//! output. The tensors are listed in [`TENSORS`] (and by `hisparse dump-step --help`).
 //!
 //! Metadata: `geometry` (JSON), `mode`, `step`, `softmax_scale`, `requests` (ids, JSON), and
-//! `row_format` (the byte layout of a row). The check: for each request and head,
-//! `softmax(scale * q . rows_f32) @ rows_f32[:, :d_v] == out` and `logsumexp(scale * q . rows_f32) == lse`.
+//! `row_format` (the byte layout of a row). The checks: `scores[t] = sum_h w_h relu(q_h .
+//! key_t)` with `key_t = codes_t * scale_t` (the newest position set to +inf); the selections are
+//! the `top_k` highest scores (ties to the lower position); for each request and head,
+//! `softmax(scale * q . rows_f32) @ rows_f32[:, :d_v] == out` and
+//! `logsumexp(scale * q . rows_f32) == lse`.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -29,9 +19,32 @@ use safetensors::{Dtype, tensor::TensorView};
 use super::common::EngineArgs;
 use super::run::ModeArg;
 use crate::error::{BenchError, Result};
+use crate::report::{AtomicFile, OutputDir};
+use crate::{guard, interrupt};
+
+/// Every tensor of the file, per layer `l`: name, dtype, shape and meaning (also shown by
+/// `--help`).
+pub const TENSORS: &str = "\
+Tensors, per layer l (dtype, shape: meaning):
+  L{l}.index_queries      BF16 [batch, index_heads, index_dim]: indexer queries
+  L{l}.index_weights      F32  [batch, index_heads]: indexer head weights
+  L{l}.index_key_codes    U8   [sum of seq_lens, index_dim]: every position's index key, e4m3 codes
+  L{l}.index_key_scales   F32  [sum of seq_lens]: each index key's scale (key = codes * scale)
+  L{l}.scores             F32  [sum of seq_lens]: indexer scores, requests concatenated (newest = +inf)
+  L{l}.seq_lens           I32  [batch]: positions per request (newest included)
+  L{l}.selections         I32  [total selected]: selected positions, ascending per request; the
+                                position of each row of selected_rows
+  L{l}.selection_lens     I32  [batch]: selected positions per request
+  L{l}.locations          I32  [total selected]: the pool row attention read for each selection
+  L{l}.attention_queries  BF16 [batch, heads, d_qk]: attention queries
+  L{l}.selected_rows      U8   [total selected, row_bytes]: the selected KV rows' bytes
+  L{l}.selected_rows_f32  F32  [total selected, d_qk]: the same rows decoded
+  L{l}.out                F32  [batch, heads, d_v]: attention output
+  L{l}.lse                F32  [batch, heads]: natural-log sum of exp of the scaled logits";
 
 /// Options of `hisparse dump-step`.
 #[derive(Debug, Clone, clap::Args)]
+#[command(after_help = TENSORS)]
 pub struct DumpStepArgs {
     /// Engine options.
     #[command(flatten)]
@@ -48,9 +61,12 @@ pub struct DumpStepArgs {
     /// Which decode step to dump (from 1).
     #[arg(long, default_value_t = 3)]
     pub step: usize,
-    /// The safetensors file to write.
+    /// The safetensors file to write (an existing file is refused unless --overwrite is given).
     #[arg(long, default_value = "results/step.safetensors")]
     pub out: PathBuf,
+    /// Replace an existing --out file.
+    #[arg(long)]
+    pub overwrite: bool,
 }
 
 /// The little-endian bytes of `v` (every target we build for is little-endian).
@@ -67,24 +83,40 @@ pub fn run(a: &DumpStepArgs) -> Result<(PathBuf, usize)> {
             return Err(BenchError::flag("mode", "both", "dump-step dumps one mode: resident or hisparse"));
         }
     };
-    if a.concurrency == 0 || a.step == 0 {
-        return Err(BenchError::flag(
-            "concurrency",
-            format!("{}/{}", a.concurrency, a.step),
-            "concurrency and step must be at least 1",
-        ));
+    guard::within("concurrency", a.concurrency, 1, hisparse_engine::DEFAULT_MAX_QUEUED)?;
+    guard::at_least_one("step", a.step)?;
+    guard::at_least_one("context", a.context)?;
+    let total = guard::sum("step", a.step, a.context, a.step)?;
+    if total > u32::MAX as usize / 2 {
+        let (flag, v) = if a.context > a.step { ("context", a.context) } else { ("step", a.step) };
+        return Err(BenchError::flag(flag, v, "a request (context + step) must stay below 2^31 tokens"));
     }
-    let mut e = a.engine.engine(mode, a.context + a.step)?;
+    // The folder (made if missing, removed again if this fails) and the file are checked for
+    // writability, and an existing file refused, before any work.
+    let dir = match a.out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        Some(d) => Some(OutputDir::prepare("out", d)?),
+        None => None,
+    };
+    let mut file = AtomicFile::create("out", &a.out, a.overwrite)?;
+    let mut e = a.engine.engine(mode, total, "context")?;
     for i in 0..a.concurrency {
         e.submit(RequestSpec { id: RequestId(i as u64), prompt_tokens: a.context, output_tokens: a.step })?;
     }
-    for _ in 1..a.step {
+    for s in 1..a.step {
+        interrupt::check(|| format!("running up to step {} (at step {s})", a.step))?;
         e.step()?;
+        if e.is_idle() {
+            break;
+        }
     }
     e.capture_next_step();
     let rep = e.step()?;
     if rep.dump.is_empty() {
-        return Err(BenchError::Check("no request was decoding at that step (capacity too small?)".into()));
+        return Err(BenchError::flag(
+            "concurrency",
+            a.concurrency,
+            "no request was decoding at that step (did the tiers reject them? see `hisparse run`)",
+        ));
     }
     let g = e.config().geometry.clone();
     let layout = g.kv_row()?;
@@ -105,10 +137,23 @@ pub fn run(a: &DumpStepArgs) -> Result<(PathBuf, usize)> {
             bytes_of(&d.index_queries),
         ));
         tensors.push((format!("L{l}.index_weights"), Dtype::F32, vec![b, g.index_heads], bytes_of(&d.index_weights)));
+        let kb = g.index_key()?.row_bytes();
+        let positions = d.index_keys.len() / kb.max(1);
+        let (mut codes, mut key_scales) = (Vec::with_capacity(positions * g.index_dim), Vec::with_capacity(positions));
+        for row in d.index_keys.chunks_exact(kb) {
+            codes.extend_from_slice(&row[..g.index_dim]);
+            let s = row
+                .get(g.index_dim..g.index_dim + 4)
+                .ok_or_else(|| BenchError::Check("index key row too short".into()))?;
+            key_scales.push(f32::from_le_bytes([s[0], s[1], s[2], s[3]]));
+        }
+        tensors.push((format!("L{l}.index_key_codes"), Dtype::U8, vec![positions, g.index_dim], codes));
+        tensors.push((format!("L{l}.index_key_scales"), Dtype::F32, vec![positions], bytes_of(&key_scales)));
         tensors.push((format!("L{l}.scores"), Dtype::F32, vec![d.scores.len()], bytes_of(&d.scores)));
         tensors.push((format!("L{l}.seq_lens"), Dtype::I32, vec![b], i32s(&d.seq_lens)));
         tensors.push((format!("L{l}.selections"), Dtype::I32, vec![total], i32s(&d.selections)));
         tensors.push((format!("L{l}.selection_lens"), Dtype::I32, vec![b], i32s(&d.selection_lens)));
+        tensors.push((format!("L{l}.locations"), Dtype::I32, vec![d.locations.len()], bytes_of(&d.locations)));
         tensors.push((
             format!("L{l}.attention_queries"),
             Dtype::BF16,
@@ -152,9 +197,9 @@ pub fn run(a: &DumpStepArgs) -> Result<(PathBuf, usize)> {
     );
     let bytes =
         safetensors::serialize(views, Some(meta)).map_err(|e| BenchError::Check(format!("safetensors: {e}")))?;
-    if let Some(dir) = a.out.parent().filter(|d| !d.as_os_str().is_empty()) {
-        crate::report::ensure_dir(dir)?;
-    }
-    std::fs::write(&a.out, bytes).map_err(|source| BenchError::Io { path: a.out.display().to_string(), source })?;
-    Ok((a.out.clone(), tensors.len()))
+    std::io::Write::write_all(file.writer(), &bytes)
+        .map_err(|source| BenchError::Io { path: a.out.display().to_string(), source })?;
+    let path = file.commit()?;
+    dir.map(OutputDir::keep);
+    Ok((path, tensors.len()))
 }

@@ -21,7 +21,8 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use crate::error::{BenchError, Result};
-use crate::report::{ensure_dir, write_json};
+use crate::guard;
+use crate::report::OutputDir;
 
 /// Options of `hisparse gpu-bench`.
 #[derive(Debug, Clone, clap::Args)]
@@ -105,6 +106,16 @@ fn fill(tier: &mut HostTier) {
 
 /// Runs every measurement; returns the figures.
 pub fn run(a: &GpuBenchArgs) -> Result<Vec<Figure>> {
+    guard::within("reps", a.reps, 1, 100_000)?;
+    for &b in &a.batches {
+        guard::within("batches", b, 1, 1024)?;
+    }
+    for &g in &a.tier_gib {
+        guard::at_least_one("tier-gib", g)?;
+        guard::memory("tier-gib", g, "the host tier", guard::product(&[g, 1 << 30]))?;
+    }
+    guard::memory("setup-gib", a.setup_gib, "the host tier", guard::product(&[a.setup_gib, 1 << 30]))?;
+    let out = OutputDir::prepare("out", &a.out)?;
     let dev = CudaDevice::new(0)?;
     let s = dev.stream().clone();
     let mut figs = Vec::new();
@@ -394,7 +405,7 @@ pub fn run(a: &GpuBenchArgs) -> Result<Vec<Figure>> {
             );
         }
     }
-    ensure_dir(&a.out)?;
-    write_json(&a.out, "gpu-bench.json", &figs)?;
+    out.write_json("gpu-bench.json", &figs)?;
+    out.keep();
     Ok(figs)
 }

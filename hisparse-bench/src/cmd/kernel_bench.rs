@@ -17,7 +17,8 @@ use rand::{RngCore, SeedableRng};
 
 use super::gpu_bench::{Figure, cuda, time_ms};
 use crate::error::{BenchError, Result};
-use crate::report::{ensure_dir, write_json};
+use crate::guard;
+use crate::report::OutputDir;
 
 /// Options of `hisparse kernel-bench`.
 #[derive(Debug, Clone, clap::Args)]
@@ -77,6 +78,17 @@ fn random_rows(rng: &mut rand::rngs::StdRng, layout: KvRowLayout, rows: usize) -
 
 /// Runs every measurement; returns the figures.
 pub fn run(a: &KernelBenchArgs) -> Result<Vec<Figure>> {
+    guard::within("reps", a.reps, 1, 100_000)?;
+    for &b in &a.batches {
+        guard::within("batches", b, 1, 4096)?;
+    }
+    for &c in &a.contexts {
+        guard::within("contexts", c, 2048, 1 << 24)?;
+    }
+    if let Some(o) = a.only.iter().find(|o| !["indexer", "attention", "graphs"].contains(&o.as_str())) {
+        return Err(BenchError::flag("only", o, "sections are indexer, attention and graphs"));
+    }
+    let out = OutputDir::prepare("out", &a.out)?;
     let gpu = CudaBackend::new(0).map_err(kerr)?;
     let mem = gpu.memory().clone();
     let s = gpu.device().stream().clone();
@@ -140,8 +152,8 @@ pub fn run(a: &KernelBenchArgs) -> Result<Vec<Figure>> {
         }
     }
     gpu.finish_step().map_err(kerr)?;
-    ensure_dir(&a.out)?;
-    write_json(&a.out, "kernel-bench.json", &figs)?;
+    out.write_json("kernel-bench.json", &figs)?;
+    out.keep();
     Ok(figs)
 }
 

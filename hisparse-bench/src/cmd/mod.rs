@@ -15,4 +15,5 @@ pub mod selfcheck;
 pub mod simulate;
 pub mod sizing;
 pub mod sweep;
+pub mod sweep_output;
 pub mod trace;

@@ -10,8 +10,8 @@ use serde::Serialize;
 
 use super::common::EngineArgs;
 use crate::error::{BenchError, Result};
-use crate::progress;
-use crate::report::{Csv, ensure_dir, write_json, write_text};
+use crate::report::{AtomicFile, Csv, OutputDir};
+use crate::{guard, interrupt, progress};
 
 /// Which modes to run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -54,10 +54,14 @@ pub struct RunArgs {
     /// Tokens to generate per request.
     #[arg(long, default_value_t = 32)]
     pub output: usize,
-    /// Record the hisparse run's selections as a trace (for `hisparse simulate`).
+    /// Record the hisparse run's selections as a trace (for `hisparse simulate`); an existing
+    /// file is refused unless --overwrite is given.
     #[arg(long)]
     pub record_trace: Option<PathBuf>,
-    /// Output folder (default: results/run).
+    /// Replace an existing --record-trace file.
+    #[arg(long)]
+    pub overwrite: bool,
+    /// Output folder (default: results/run; this command's files in it are replaced).
     #[arg(long)]
     pub out: Option<PathBuf>,
 }
@@ -77,37 +81,58 @@ pub struct ModeRun {
 
 /// Runs; returns the results and the output folder.
 pub fn run(a: &RunArgs) -> Result<(Vec<ModeRun>, PathBuf)> {
-    if a.concurrency == 0 {
-        return Err(BenchError::flag("concurrency", 0, "must be at least 1"));
+    guard::within("concurrency", a.concurrency, 1, hisparse_engine::DEFAULT_MAX_QUEUED)?;
+    if a.context.is_empty() {
+        return Err(BenchError::flag("context", "", "give at least one length"));
     }
-    if a.context.is_empty() || a.context.contains(&0) {
-        return Err(BenchError::flag("context", format!("{:?}", a.context), "every context must be at least 1"));
+    guard::at_least_one("output", a.output)?;
+    for &c in &a.context {
+        guard::at_least_one("context", c)?;
+        // A request is at most 2^31 positions (longer ones are refused, not wrapped).
+        let total = guard::sum("output", a.output, c, a.output)?;
+        if total > u32::MAX as usize / 2 {
+            let (flag, v) = if c > a.output { ("context", c) } else { ("output", a.output) };
+            return Err(BenchError::flag(flag, v, "a request (context + output) must stay below 2^31 tokens"));
+        }
     }
-    if a.output == 0 {
-        return Err(BenchError::flag("output", 0, "must be at least 1"));
-    }
-    let out = a.out.clone().unwrap_or_else(|| PathBuf::from("results/run"));
-    ensure_dir(&out)?;
+    let out = OutputDir::prepare("out", a.out.as_deref().unwrap_or(std::path::Path::new("results/run")))?;
+    // Checked for writability now, before minutes of work; renamed into place at the end.
+    let mut trace_file = match &a.record_trace {
+        Some(p) if a.mode.modes().contains(&Mode::HiSparse) => {
+            Some(AtomicFile::create("record-trace", p, a.overwrite)?)
+        }
+        Some(p) => {
+            return Err(BenchError::flag(
+                "record-trace",
+                p.display(),
+                "records the hisparse run: use --mode hisparse or both",
+            ));
+        }
+        None => None,
+    };
     let mut runs = Vec::new();
     for mode in a.mode.modes() {
         let typical = a.context.iter().copied().min().unwrap_or(1) + a.output;
-        let mut e = a.engine.engine(mode, typical)?;
+        let mut e = a.engine.engine(mode, typical, "context")?;
         if mode == Mode::HiSparse
-            && let Some(p) = &a.record_trace
+            && let Some(f) = trace_file.as_mut()
         {
-            let f =
-                std::fs::File::create(p).map_err(|source| BenchError::Io { path: p.display().to_string(), source })?;
-            e.record_trace(Box::new(std::io::BufWriter::new(f)))?;
+            let clone = f.writer().get_ref().try_clone().map_err(|source| BenchError::Io {
+                path: a.record_trace.as_ref().map_or_else(String::new, |p| p.display().to_string()),
+                source,
+            })?;
+            e.record_trace(Box::new(std::io::BufWriter::new(clone)))?;
         }
         for i in 0..a.concurrency {
             let prompt_tokens = a.context[i % a.context.len()];
             e.submit(RequestSpec { id: RequestId(i as u64), prompt_tokens, output_tokens: a.output })?;
         }
-        let bar = progress::bar((a.concurrency * a.output) as u64, &format!("{mode} tokens"));
+        let bar = progress::bar(a.concurrency.saturating_mul(a.output) as u64, &format!("{mode} tokens"));
         let mut rejected = Vec::new();
         let mut summary = RunSummary::default();
         let mut steps = Vec::new();
         while !e.is_idle() {
+            interrupt::check(|| format!("decoding the {mode} run (step {})", steps.len() + 1))?;
             let r = e.step()?;
             bar.inc(r.metrics.tokens as u64);
             summary.add(&r.metrics);
@@ -123,7 +148,7 @@ pub fn run(a: &RunArgs) -> Result<(Vec<ModeRun>, PathBuf)> {
         }
         runs.push(ModeRun { mode, summary, steps, rejected });
     }
-    write_json(&out, "run.json", &runs)?;
+    out.write_json("run.json", &runs)?;
     let mut csv = Csv::new(&[
         "mode",
         "step",
@@ -171,8 +196,11 @@ pub fn run(a: &RunArgs) -> Result<(Vec<ModeRun>, PathBuf)> {
             ]);
         }
     }
-    write_text(&out, "steps.csv", csv.text())?;
-    Ok((runs, out))
+    out.write("steps.csv", csv.text().as_bytes())?;
+    if let Some(f) = trace_file {
+        f.commit()?;
+    }
+    Ok((runs, out.keep()))
 }
 
 /// The runs as a table.

@@ -12,6 +12,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
 use crate::error::{BenchError, Result};
+use crate::guard;
 use crate::timing::{median_secs, memcpy_bandwidth};
 
 /// Options of `hisparse selfcheck`.
@@ -32,9 +33,13 @@ pub struct SelfcheckArgs {
     /// Seed of the random data.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Also write the report as JSON to this file.
+    /// Also write the report as JSON to this file (an existing file is refused unless
+    /// --overwrite is given).
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Replace an existing --json file.
+    #[arg(long)]
+    pub overwrite: bool,
 }
 
 /// One kernel's line of the report.
@@ -83,9 +88,8 @@ pub struct SelfcheckReport {
 /// Runs the self-check; fails if any kernel is out of tolerance.
 pub fn run(args: &SelfcheckArgs) -> Result<SelfcheckReport> {
     let g = KvGeometry::preset(&args.preset)?;
-    if args.batch == 0 {
-        return Err(BenchError::flag("batch", args.batch, "must be at least 1"));
-    }
+    guard::at_least_one("batch", args.batch)?;
+    guard::within("runs", args.runs, 1, 1000)?;
     if args.context < g.top_k {
         return Err(BenchError::flag(
             "context",
@@ -94,6 +98,17 @@ pub fn run(args: &SelfcheckArgs) -> Result<SelfcheckReport> {
         ));
     }
     let (b, l, k) = (args.batch, args.context, g.top_k);
+    // Per position: its index key, score, KV row and the row decoded for the oracle.
+    let per = g.index_key()?.row_bytes() + 4 + g.kv_row()?.row_bytes() + 4 * g.d_qk();
+    let bytes = guard::product(&[b, l.div_ceil(64) * 64, per]);
+    // Name the flag that asks for more than its default.
+    let (flag, value) = if b as f64 / 4.0 >= l as f64 / 32768.0 { ("batch", b) } else { ("context", l) };
+    guard::memory(flag, value, "the batch's keys, scores and rows", bytes)?;
+    // Checked for writability (and refused if it exists) before any work.
+    let json = match &args.json {
+        Some(p) => Some(crate::report::AtomicFile::create("json", p, args.overwrite)?),
+        None => None,
+    };
     let bar = ProgressBar::new(6).with_style(
         ProgressStyle::with_template("{spinner} [{elapsed}] {bar:30} {pos}/{len} {msg}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
@@ -251,9 +266,13 @@ pub fn run(args: &SelfcheckArgs) -> Result<SelfcheckReport> {
         memcpy_bytes_per_s: memcpy,
         kernels: lines,
     };
-    if let Some(path) = &args.json {
+    if let Some(mut f) = json {
         let text = serde_json::to_string_pretty(&report).map_err(|e| BenchError::Check(e.to_string()))?;
-        std::fs::write(path, text).map_err(|source| BenchError::Io { path: path.display().to_string(), source })?;
+        std::io::Write::write_all(f.writer(), text.as_bytes()).map_err(|source| BenchError::Io {
+            path: args.json.as_ref().map_or_else(String::new, |p| p.display().to_string()),
+            source,
+        })?;
+        f.commit()?;
     }
     Ok(report)
 }

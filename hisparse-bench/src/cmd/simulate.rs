@@ -4,12 +4,12 @@
 use std::path::PathBuf;
 
 use hisparse_policy::trace::read_trace;
-use hisparse_policy::{SimConfig, SimReport, simulate};
+use hisparse_policy::{PolicyError, SimConfig, SimReport, memory_estimate, simulate_with};
 
 use crate::error::{BenchError, Result};
-use crate::progress;
 use crate::report::plot::{Chart, Series, line_chart, misses_over_time};
-use crate::report::{Csv, ensure_dir, write_json, write_text};
+use crate::report::{Csv, OutputDir};
+use crate::{guard, interrupt, progress};
 
 /// Options of `hisparse simulate`.
 #[derive(Debug, Clone, clap::Args)]
@@ -29,7 +29,8 @@ pub struct SimulateArgs {
     /// Bytes per fetched row (default: the trace's, else 656).
     #[arg(long, default_value_t = 0)]
     pub row_bytes: usize,
-    /// Output folder (default: `results/simulate-NAME`, NAME being the trace file name).
+    /// Output folder (default: `results/simulate-NAME`, NAME being the trace file name; this
+    /// command's files in it are replaced).
     #[arg(long)]
     pub out: Option<PathBuf>,
 }
@@ -40,15 +41,30 @@ pub fn run(a: &SimulateArgs) -> Result<(SimReport, PathBuf)> {
     if records.is_empty() {
         return Err(BenchError::flag("trace", a.trace.display(), "holds no records"));
     }
-    let buffers = if a.buffers.is_empty() {
-        let k = header.top_k as usize;
-        vec![k, 2 * k, 4 * k]
-    } else {
-        a.buffers.clone()
-    };
-    if buffers.contains(&0) {
-        return Err(BenchError::flag("buffers", "0", "buffer sizes must be at least 1"));
+    let k = header.top_k as usize;
+    let buffers = if a.buffers.is_empty() { vec![k, 2 * k, 4 * k] } else { a.buffers.clone() };
+    let max = hisparse_memory::slot_table::MAX_BUFFER_SLOTS;
+    for &b in &buffers {
+        if b < k.max(1) || b > max {
+            return Err(BenchError::flag(
+                "buffers",
+                b,
+                format!("buffer sizes must be in the trace's top_k ({k})..={max} (a step's selection must fit)"),
+            ));
+        }
     }
+    for p in &a.policies {
+        hisparse_policy::policy::by_name(p, a.seed).map_err(|e| BenchError::flag("policies", p, e.to_string()))?;
+    }
+    guard::memory(
+        "trace",
+        a.trace.display(),
+        "replaying this trace (its longest sequence)",
+        memory_estimate(&records),
+    )?;
+    let stem = a.trace.file_stem().map_or("trace".into(), |s| s.to_string_lossy().into_owned());
+    let dir = a.out.clone().unwrap_or_else(|| PathBuf::from("results").join(format!("simulate-{stem}")));
+    let out = OutputDir::prepare("out", &dir)?;
     let cfg =
         SimConfig { policies: a.policies.clone(), buffer_sizes: buffers.clone(), seed: a.seed, row_bytes: a.row_bytes };
     let streams = {
@@ -57,14 +73,13 @@ pub fn run(a: &SimulateArgs) -> Result<(SimReport, PathBuf)> {
         s.dedup();
         s.len()
     };
-    let bar = progress::bar((streams * (a.policies.len() * buffers.len() + 1)) as u64, "streams replayed");
-    let report = simulate(&header, &records, &cfg, &|n| bar.set_position(n))?;
+    let bar = progress::bar(streams.saturating_mul(a.policies.len() * buffers.len() + 1) as u64, "streams replayed");
+    let report = match simulate_with(&header, &records, &cfg, &|n| bar.set_position(n), &interrupt::requested) {
+        Err(PolicyError::Cancelled) => return Err(BenchError::Interrupted("replaying the trace".into())),
+        r => r?,
+    };
     bar.finish_and_clear();
-
-    let stem = a.trace.file_stem().map_or("trace".into(), |s| s.to_string_lossy().into_owned());
-    let out = a.out.clone().unwrap_or_else(|| PathBuf::from("results").join(format!("simulate-{stem}")));
-    ensure_dir(&out)?;
-    write_json(&out, "simulate.json", &report)?;
+    out.write_json("simulate.json", &report)?;
     let mut csv = Csv::new(&[
         "policy",
         "buffer_slots",
@@ -98,12 +113,13 @@ pub fn run(a: &SimulateArgs) -> Result<(SimReport, PathBuf)> {
             format!("{}", b.max),
         ]);
     }
-    write_text(&out, "simulate.csv", csv.text())?;
-    plots(&report, &buffers, &out)?;
-    Ok((report, out))
+    out.write("simulate.csv", csv.text().as_bytes())?;
+    plots(&report, &buffers, &a.trace, &out)?;
+    Ok((report, out.keep()))
 }
 
-fn plots(report: &SimReport, buffers: &[usize], out: &std::path::Path) -> Result<()> {
+fn plots(report: &SimReport, buffers: &[usize], trace: &std::path::Path, out: &OutputDir) -> Result<()> {
+    let name = trace.file_name().map_or_else(|| "trace".into(), |n| n.to_string_lossy().into_owned());
     let mut names: Vec<&str> =
         report.results.iter().map(|r| r.policy.as_str()).filter(|p| *p != "compulsory").collect();
     names.dedup();
@@ -118,6 +134,7 @@ fn plots(report: &SimReport, buffers: &[usize], out: &std::path::Path) -> Result
                 .map(|r| (r.buffer_slots as f64, 100.0 * r.miss_ratio))
                 .collect(),
             dashed: *p == "belady",
+            ..Series::default()
         })
         .collect();
     if let Some(c) = report.results.iter().find(|r| r.policy == "compulsory") {
@@ -126,15 +143,18 @@ fn plots(report: &SimReport, buffers: &[usize], out: &std::path::Path) -> Result
             label: "compulsory (infinite buffer)".into(),
             points: vec![(lo, 100.0 * c.miss_ratio), (hi, 100.0 * c.miss_ratio)],
             dashed: true,
+            ..Series::default()
         });
     }
+    let title = format!("Miss ratio vs buffer size: {name}, top_k {}", report.header.top_k);
     let chart = Chart {
-        title: "Miss ratio vs buffer size",
+        title: &title,
         x_label: "device buffer slots per request and layer",
         y_label: "misses (% of selected tokens)",
         log_x: true,
+        markers: &[],
     };
-    line_chart(&out.join("miss_ratio.svg"), &chart, &curves)?;
+    out.write("miss_ratio.svg", line_chart(&chart, &curves)?.as_bytes())?;
     // Misses per step over time: the first policy at every buffer size.
     if let Some(first) = names.first() {
         let lines = report
@@ -142,7 +162,8 @@ fn plots(report: &SimReport, buffers: &[usize], out: &std::path::Path) -> Result
             .iter()
             .filter(|r| r.policy == *first)
             .map(|r| (format!("{} {} slots", r.policy, r.buffer_slots), r.series.clone()));
-        misses_over_time(&out.join("misses_over_time.svg"), lines)?;
+        let title = format!("Misses per step over time: {name}, {first}");
+        out.write("misses_over_time.svg", misses_over_time(&title, lines, &[])?.as_bytes())?;
     }
     Ok(())
 }

@@ -62,14 +62,6 @@ pub fn check_cpu_room(shape: &hisparse_engine::ModelShape, available: u64) -> Re
     Ok(())
 }
 
-/// Bytes of memory the kernel says are available (`MemAvailable`), if it says.
-pub fn host_available() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
-}
-
 /// The largest host-to-device ratio whose host tier fits in three quarters of `available`.
 pub fn host_ratio_cap(device_kv_bytes: u64, available: u64) -> f64 {
     0.75 * available as f64 / device_kv_bytes.max(1) as f64
@@ -90,6 +82,6 @@ mod tests {
     #[test]
     fn the_host_cap_keeps_a_quarter_free() {
         assert!((host_ratio_cap(40 << 30, 128 << 30) - 2.4).abs() < 1e-9);
-        assert!(host_available().is_none_or(|b| b > 0));
+        assert!(crate::guard::available_memory().is_none_or(|b| b > 0));
     }
 }

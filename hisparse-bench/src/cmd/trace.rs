@@ -2,15 +2,16 @@
 //! streams, consecutive-step and adjacent-layer overlap).
 
 use std::collections::BTreeMap;
-use std::io::BufWriter;
 use std::path::PathBuf;
 
+use hisparse_policy::PolicyError;
 use hisparse_policy::synth::{SynthConfig, synth_header, synth_trace};
 use hisparse_policy::trace::{TraceRecord, TraceWriter, jsonl, read_trace};
 use serde::Serialize;
 
 use crate::error::{BenchError, Result};
-use crate::progress;
+use crate::report::AtomicFile;
+use crate::{guard, interrupt, progress};
 
 /// `hisparse trace ...`
 #[derive(Debug, clap::Subcommand)]
@@ -27,9 +28,13 @@ pub enum TraceCommand {
 /// Options of `hisparse trace synth`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct SynthArgs {
-    /// Output file (.hstrace; .jsonl writes JSON lines).
+    /// Output file (.hstrace; .jsonl writes JSON lines); an existing file is refused unless
+    /// --overwrite is given.
     #[arg(long)]
     pub out: PathBuf,
+    /// Replace an existing --out file.
+    #[arg(long)]
+    pub overwrite: bool,
     /// Requests.
     #[arg(long, default_value_t = 4)]
     pub requests: usize,
@@ -97,6 +102,21 @@ pub fn run(cmd: &TraceCommand) -> Result<()> {
     }
 }
 
+/// The flag of a synthetic-trace config field.
+fn synth_flag(field: &str) -> &'static str {
+    match field {
+        "requests" => "requests",
+        "layers" => "layers",
+        "steps" => "steps",
+        "prompt_tokens" => "prompt",
+        "top_k" => "top-k",
+        "rho" => "rho",
+        "layer_share" => "layer-share",
+        "drift" => "drift",
+        _ => "out",
+    }
+}
+
 fn synth(a: &SynthArgs) -> Result<()> {
     let cfg = SynthConfig {
         requests: a.requests,
@@ -110,29 +130,59 @@ fn synth(a: &SynthArgs) -> Result<()> {
         scores: a.scores,
         seed: a.seed,
     };
+    // Every flag is checked before --out is touched.
+    cfg.validate().map_err(|e| match e {
+        PolicyError::Invalid { field, value, reason } => BenchError::flag(synth_flag(field), value, reason),
+        e => e.into(),
+    })?;
+    guard::memory(
+        "prompt",
+        a.prompt,
+        "the generator's state (requests x (layers + 2) x positions)",
+        cfg.memory_bytes(),
+    )?;
+    let records =
+        cfg.records().ok_or_else(|| BenchError::flag("steps", a.steps, "steps x requests x layers overflows"))?;
+    let jsonl = a.out.extension().is_some_and(|e| e == "jsonl");
+    if jsonl {
+        // JSON lines are written whole at the end: the records are held in memory.
+        let per = (a.top_k as u64).saturating_mul(12).saturating_add(64);
+        guard::memory("steps", a.steps, "the JSON-lines trace held in memory", records.checked_mul(per))?;
+    }
+    let mut file = AtomicFile::create("out", &a.out, a.overwrite)?;
     let header = synth_header(&cfg, a.row_bytes);
-    let file =
-        std::fs::File::create(&a.out).map_err(|source| BenchError::Io { path: a.out.display().to_string(), source })?;
-    let bar = progress::bar((a.steps * a.requests * a.layers) as u64, "records");
-    if a.out.extension().is_some_and(|e| e == "jsonl") {
-        let mut records = Vec::new();
-        synth_trace(&cfg, |r| {
-            bar.inc(1);
-            records.push(r);
-            Ok(())
-        })?;
-        jsonl::write(BufWriter::new(file), &header, &records)?;
-    } else {
-        let mut w = TraceWriter::new(BufWriter::new(file), header)?;
-        synth_trace(&cfg, |r| {
-            bar.inc(1);
-            w.write(&r)
-        })?;
-        w.finish()?;
+    let bar = progress::bar(records, "records");
+    let stop = |r: &TraceRecord| {
+        interrupt::check(|| format!("writing the trace (step {})", r.step)).map_err(|_| PolicyError::Cancelled)
+    };
+    let run = |w: &mut std::io::BufWriter<std::fs::File>| -> std::result::Result<(), PolicyError> {
+        if jsonl {
+            let mut held = Vec::new();
+            synth_trace(&cfg, |r| {
+                stop(&r)?;
+                bar.inc(1);
+                held.push(r);
+                Ok(())
+            })?;
+            jsonl::write(w, &header, &held)
+        } else {
+            let mut tw = TraceWriter::new(w, header)?;
+            synth_trace(&cfg, |r| {
+                stop(&r)?;
+                bar.inc(1);
+                tw.write(&r)
+            })?;
+            tw.finish().map(|_| ())
+        }
+    };
+    match run(file.writer()) {
+        Err(PolicyError::Cancelled) => return Err(BenchError::Interrupted("writing the trace".into())),
+        r => r?,
     }
     bar.finish_and_clear();
-    let size = std::fs::metadata(&a.out).map(|m| m.len()).unwrap_or(0);
-    println!("wrote {} ({} records, {:.1} MB)", a.out.display(), a.steps * a.requests * a.layers, size as f64 / 1e6);
+    let path = file.commit()?;
+    let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+    println!("wrote {} ({records} records, {:.1} MB)", path.display(), size as f64 / 1e6);
     Ok(())
 }
 

@@ -1,30 +1,10 @@
-//! Writing results: SVG line charts, CSV files and JSON, into an output folder.
+//! Writing results: SVG line charts, CSV files and JSON, into an output folder or file, always
+//! atomically (`output.rs`).
 
+pub mod output;
 pub mod plot;
 
-use std::path::{Path, PathBuf};
-
-use serde::Serialize;
-
-use crate::error::{BenchError, Result};
-
-/// Creates `dir` (and parents).
-pub fn ensure_dir(dir: &Path) -> Result<()> {
-    std::fs::create_dir_all(dir).map_err(|source| BenchError::Io { path: dir.display().to_string(), source })
-}
-
-/// Writes `text` to `dir/name` and returns the path.
-pub fn write_text(dir: &Path, name: &str, text: &str) -> Result<PathBuf> {
-    let path = dir.join(name);
-    std::fs::write(&path, text).map_err(|source| BenchError::Io { path: path.display().to_string(), source })?;
-    Ok(path)
-}
-
-/// Writes `value` as pretty JSON to `dir/name`.
-pub fn write_json(dir: &Path, name: &str, value: &impl Serialize) -> Result<PathBuf> {
-    let text = serde_json::to_string_pretty(value).map_err(|e| BenchError::Check(format!("JSON: {e}")))?;
-    write_text(dir, name, &text)
-}
+pub use output::{AtomicFile, OutputDir};
 
 /// A CSV document built row by row (fields are numbers or simple names: no quoting needed,
 /// commas in a field are replaced by semicolons).

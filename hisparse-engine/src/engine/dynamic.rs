@@ -35,6 +35,10 @@ pub trait DecodeEngine {
     fn capture_next_step(&mut self);
     /// See [`Engine::runtime`].
     fn runtime(&self) -> crate::runtime::RuntimeHandle;
+    /// See [`Engine::device_tier_bytes`].
+    fn device_tier_bytes(&self) -> usize;
+    /// See [`Engine::counts`].
+    fn counts(&self) -> (usize, usize, usize);
 }
 
 impl<B: Backend> DecodeEngine for Engine<B>
@@ -83,5 +87,13 @@ where
 
     fn runtime(&self) -> crate::runtime::RuntimeHandle {
         Engine::runtime(self)
+    }
+
+    fn device_tier_bytes(&self) -> usize {
+        Engine::device_tier_bytes(self)
+    }
+
+    fn counts(&self) -> (usize, usize, usize) {
+        Engine::counts(self)
     }
 }

@@ -192,6 +192,35 @@ where
         let rows = if self.cfg.mode == Mode::Resident { self.device.kv(l) } else { self.device.hot(l) };
         let rows = mem.download(rows)?;
         let rb = self.kv_row.row_bytes();
+        let bad = |what: &str, x: i64| EngineError::Config {
+            field: "dump",
+            value: x.to_string(),
+            reason: format!("{what} outside its pool"),
+        };
+        let selected_rows = sb
+            .locations
+            .iter()
+            .map(|&x| {
+                let r = usize::try_from(x).map_err(|_| bad("a location", i64::from(x)))?;
+                rows.get(r * rb..(r + 1) * rb).ok_or_else(|| bad("a location", i64::from(x)))
+            })
+            .collect::<Result<Vec<_>>>()?
+            .concat();
+        // Every position's index key, through the requests' page tables.
+        let (keys, table) = (mem.download(self.device.keys(l))?, mem.download(&sb.table)?);
+        let (kb, p) = (self.key.row_bytes(), self.cfg.hisparse.page_tokens);
+        let mut index_keys = Vec::new();
+        for r in &sb.reqs {
+            for t in 0..r.seq_len {
+                let page = *table.get(r.first_page + t / p).ok_or_else(|| bad("a page", t as i64))? as usize;
+                let row = page * p + t % p;
+                index_keys
+                    .extend_from_slice(keys.get(row * kb..(row + 1) * kb).ok_or_else(|| bad("a key row", row as i64))?);
+            }
+        }
+        let total: usize = sb.reqs.iter().map(|r| r.seq_len).sum();
+        let mut scores = mem.download(&sb.scores)?;
+        scores.truncate(total);
         rep.dump.push(LayerDump {
             layer: l as u32,
             requests: self.running.iter().map(|r| r.spec.id.0).collect(),
@@ -204,15 +233,13 @@ where
                 Some(inp) if self.device_path => mem.download(&inp.index_w)?,
                 _ => mem.download(&sb.index_w)?,
             },
-            scores: mem.download(&sb.scores)?,
+            index_keys,
+            scores,
             selections: sb.selections.clone(),
             selection_lens: sb.sel_spans.iter().map(|s| s.len as u32).collect(),
             attention_queries: mem.download(&sb.attn_q)?,
-            selected_rows: sb
-                .locations
-                .iter()
-                .flat_map(|&x| rows[x as usize * rb..(x as usize + 1) * rb].iter().copied())
-                .collect(),
+            locations: sb.locations.clone(),
+            selected_rows,
             out: mem.download(&sb.out)?,
             lse: mem.download(&sb.lse)?,
         });

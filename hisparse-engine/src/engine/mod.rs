@@ -58,7 +58,13 @@ pub struct EngineConfig {
     /// Emulate the model's non-attention layers with GEMMs on random weights (held on the
     /// device beside, not inside, `hisparse.device_kv_bytes`).
     pub model: Option<crate::model::ModelShape>,
+    /// Most requests waiting for admission at once; `submit` refuses more
+    /// ([`EngineError::QueueFull`]).
+    pub max_queued: usize,
 }
+
+/// The default bound of the waiting queue.
+pub const DEFAULT_MAX_QUEUED: usize = 65_536;
 
 impl EngineConfig {
     /// A config for `geometry` in `mode` with `device_kv_bytes` of device memory for the KV
@@ -75,6 +81,7 @@ impl EngineConfig {
             backup_delay: None,
             launch_graphs: true,
             model: None,
+            max_queued: DEFAULT_MAX_QUEUED,
         }
     }
 }
@@ -306,8 +313,12 @@ where
         self.capture_next = true;
     }
 
-    /// Queues a request; it is admitted at the start of a later step, in arrival order.
+    /// Queues a request; it is admitted at the start of a later step, in arrival order. A full
+    /// queue ([`EngineConfig::max_queued`]) refuses it, holding nothing.
     pub fn submit(&mut self, spec: RequestSpec) -> Result<()> {
+        if self.queue.len() >= self.cfg.max_queued {
+            return Err(EngineError::QueueFull { capacity: self.cfg.max_queued });
+        }
         let bad = |reason: &str| Err(EngineError::Request { id: spec.id.0, reason: reason.into() });
         if spec.output_tokens == 0 {
             return bad("output_tokens must be at least 1");
@@ -339,6 +350,12 @@ where
     /// What became of every request that left.
     pub fn outcomes(&self) -> &[(RequestId, Outcome)] {
         &self.outcomes
+    }
+
+    /// Device bytes the tier's pools hold in all (what the budget bought, in whole pages and
+    /// hot buffers).
+    pub fn device_tier_bytes(&self) -> usize {
+        self.device.config().bytes()
     }
 
     /// Device bytes held by live requests.

@@ -30,7 +30,11 @@ pub struct LayerDump {
     pub index_queries: Vec<bf16>,
     /// Indexer head weights, `[batch, index_heads]`.
     pub index_weights: Vec<f32>,
-    /// Indexer scores of every position of every request, concatenated (the newest set to +inf).
+    /// Every position's index key row (`index_key` layout: e4m3 codes then the f32 scale),
+    /// requests concatenated in position order, `[sum of seq_lens, key row bytes]`.
+    pub index_keys: Vec<u8>,
+    /// Indexer scores of every position of every request, concatenated (the newest set to
+    /// +inf): exactly `sum of seq_lens` values.
     pub scores: Vec<f32>,
     /// Selected positions, concatenated, ascending per request.
     pub selections: Vec<u32>,
@@ -38,7 +42,11 @@ pub struct LayerDump {
     pub selection_lens: Vec<u32>,
     /// Attention queries, `[batch, heads, d_qk]`.
     pub attention_queries: Vec<bf16>,
-    /// The selected KV rows' bytes in selection order, `[total selected, row_bytes]`.
+    /// The pool row attention read for each selected position (hot-buffer row in hisparse mode,
+    /// KV-pool row in resident mode), selection order.
+    pub locations: Vec<i32>,
+    /// The selected KV rows' bytes in selection order, `[total selected, row_bytes]`: row `i` is
+    /// the KV row of position `selections[i]`.
     pub selected_rows: Vec<u8>,
     /// Attention output, `[batch, heads, d_v]`.
     pub out: Vec<f32>,

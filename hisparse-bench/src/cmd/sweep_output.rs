@@ -1,0 +1,203 @@
+//! What `hisparse sweep` writes and prints: JSON, CSV, the table, and three plots — throughput
+//! against requested concurrency with each point's spread, above the requests each mode really
+//! ran at once (the capacity effect the system is for); misses per step over time with the
+//! concurrency levels marked; and the misses of a replayed trace at several buffer sizes.
+
+use hisparse_engine::StageTimes;
+use hisparse_memory::Mode;
+
+use super::sweep::SweepReport;
+use crate::error::Result;
+use crate::guard::human_bytes;
+use crate::report::plot::{Chart, Marker, Series, misses_over_time, stacked_charts};
+use crate::report::{Csv, OutputDir};
+
+/// `s` with every stage multiplied by `f`.
+pub fn scale_stages(s: &StageTimes, f: f64) -> StageTimes {
+    StageTimes {
+        workload: s.workload * f,
+        append: s.append * f,
+        indexer: s.indexer * f,
+        top_k: s.top_k * f,
+        swap_in: s.swap_in * f,
+        attention: s.attention * f,
+        graph: s.graph * f,
+        model: s.model * f,
+        backup: s.backup * f,
+        bookkeeping: s.bookkeeping * f,
+        admission: s.admission * f,
+    }
+}
+
+fn contexts(r: &SweepReport) -> Vec<usize> {
+    let mut c: Vec<usize> = r.points.iter().map(|p| p.context).collect();
+    c.sort_unstable();
+    c.dedup();
+    c
+}
+
+fn context_list(r: &SweepReport) -> String {
+    contexts(r).iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+}
+
+/// Writes sweep.json, sweep.csv and the plots into `out`.
+pub fn write(r: &SweepReport, out: &OutputDir) -> Result<()> {
+    out.write_json("sweep.json", r)?;
+    let mut csv = Csv::new(&[
+        "context",
+        "concurrency",
+        "mode",
+        "running",
+        "tokens_per_s",
+        "tokens_per_s_min",
+        "tokens_per_s_max",
+        "step_ms",
+        "misses_per_step",
+        "miss_ratio",
+        "swap_in_share",
+        "kernel_ms",
+    ]);
+    for p in &r.points {
+        csv.row([
+            p.context.to_string(),
+            p.concurrency.to_string(),
+            p.mode.to_string(),
+            format!("{:.2}", p.running),
+            format!("{:.2}", p.tokens_per_s),
+            format!("{:.2}", p.tokens_per_s_min),
+            format!("{:.2}", p.tokens_per_s_max),
+            format!("{:.3}", p.step_ms),
+            format!("{:.1}", p.misses_per_step),
+            format!("{:.5}", p.miss_ratio),
+            format!("{:.4}", p.swap_in_share),
+            format!("{:.3}", p.kernel_ms),
+        ]);
+    }
+    out.write("sweep.csv", csv.text().as_bytes())?;
+    out.write("throughput.svg", throughput_svg(r)?.as_bytes())?;
+    let markers: Vec<Marker> =
+        r.level_starts.iter().map(|&(n, at)| Marker { x: at as f64, label: format!("{n} req") }).collect();
+    if !r.misses_over_time.is_empty() {
+        let title =
+            format!("Misses per step over time: {}, hisparse (measured), context {}", r.preset, context_list(r));
+        out.write(
+            "misses_over_time.svg",
+            misses_over_time(&title, r.misses_over_time.iter().cloned(), &markers)?.as_bytes(),
+        )?;
+    }
+    if !r.misses_by_buffer.is_empty() {
+        let level = r.level_starts.last().map_or(0, |l| l.0);
+        let first = contexts(r).first().copied().unwrap_or(0);
+        let title =
+            format!("LRU misses by buffer size: {}, context {first}, {level} requests (replayed trace)", r.preset);
+        let lines = r.misses_by_buffer.iter().map(|(b, v)| (format!("LRU, {b} slots"), v.clone()));
+        out.write("misses_by_buffer.svg", misses_over_time(&title, lines, &[])?.as_bytes())?;
+    }
+    Ok(())
+}
+
+/// The throughput chart above the running-requests chart, one colour per context, resident
+/// dashed.
+fn throughput_svg(r: &SweepReport) -> Result<String> {
+    let (mut tput, mut running) = (Vec::new(), Vec::new());
+    for (ci, &c) in contexts(r).iter().enumerate() {
+        for mode in [Mode::Resident, Mode::HiSparse] {
+            let pts: Vec<_> = r.points.iter().filter(|p| p.context == c && p.mode == mode).collect();
+            let color = Some(2 * ci + usize::from(mode == Mode::HiSparse));
+            tput.push(Series {
+                label: format!("{mode}, context {c}"),
+                points: pts.iter().map(|p| (p.concurrency as f64, p.tokens_per_s)).collect(),
+                spread: pts.iter().map(|p| (p.tokens_per_s_min, p.tokens_per_s_max)).collect(),
+                dashed: mode == Mode::Resident,
+                color,
+            });
+            running.push(Series {
+                label: format!("{mode}, context {c}"),
+                points: pts.iter().map(|p| (p.concurrency as f64, p.running)).collect(),
+                dashed: mode == Mode::Resident,
+                color,
+                ..Series::default()
+            });
+        }
+    }
+    let emulated = if r.emulation.starts_with("none") { "attention only" } else { "non-attention part emulated" };
+    let title = format!(
+        "Decode throughput: {}, context {}, {}, {emulated}",
+        r.preset,
+        context_list(r),
+        r.backend.to_uppercase()
+    );
+    let top = Chart {
+        title: &title,
+        x_label: "requests submitted (concurrency)",
+        y_label: "decode tokens / s (median, min-max of windows)",
+        log_x: true,
+        markers: &[],
+    };
+    let bottom_title = format!("Requests decoding at once: {} (the rest wait for capacity)", r.preset);
+    let bottom = Chart {
+        title: &bottom_title,
+        x_label: "requests submitted (concurrency)",
+        y_label: "requests running",
+        log_x: true,
+        markers: &[],
+    };
+    stacked_charts((&top, &tput), (&bottom, &running))
+}
+
+/// The sweep as a table.
+pub fn render(r: &SweepReport, out: &std::path::Path) -> String {
+    let tiers: Vec<String> = r.device_tier_bytes.iter().map(|(m, b)| format!("{m} {}", human_bytes(*b))).collect();
+    let mut s = format!(
+        "hisparse sweep: {} geometry, {} backend, buffer {} slots, host tier {}\n\
+         device KV budget {} (tiers hold: {})\nmodel: {}\n\
+         each point: median of {} windows of {} steps [min-max]\n\n{:>8} {:>11} {:>9} {:>9} {:>26} {:>26} {:>7} {:>10}\n",
+        r.preset,
+        r.backend,
+        r.device_buffer_size,
+        human_bytes(r.host_tier_bytes),
+        human_bytes(r.device_kv_bytes),
+        tiers.join(", "),
+        r.emulation,
+        r.windows,
+        r.window,
+        "context",
+        "concurrency",
+        "resident",
+        "hisparse",
+        "resident tok/s",
+        "hisparse tok/s",
+        "ratio",
+        "hs miss %"
+    );
+    let mut keys: Vec<(usize, usize)> = r.points.iter().map(|p| (p.context, p.concurrency)).collect();
+    keys.sort_unstable();
+    keys.dedup();
+    let cell = |p: &super::sweep::Point| {
+        format!("{:.1} [{:.1}-{:.1}]", p.tokens_per_s, p.tokens_per_s_min, p.tokens_per_s_max)
+    };
+    for (c, n) in keys {
+        let get = |m: Mode| r.points.iter().find(|p| p.context == c && p.concurrency == n && p.mode == m);
+        if let (Some(res), Some(hs)) = (get(Mode::Resident), get(Mode::HiSparse)) {
+            let ratio =
+                if res.tokens_per_s > 0.0 { format!("{:.2}x", hs.tokens_per_s / res.tokens_per_s) } else { "-".into() };
+            s += &format!(
+                "{:>8} {:>11} {:>9.1} {:>9.1} {:>26} {:>26} {:>7} {:>9.2}%\n",
+                c,
+                n,
+                res.running,
+                hs.running,
+                cell(res),
+                cell(hs),
+                ratio,
+                100.0 * hs.miss_ratio
+            );
+        }
+    }
+    s += "\n(resident / hisparse: requests decoding at once; the rest waited for capacity)\n";
+    s += &format!(
+        "wrote {0}/sweep.json, sweep.csv\nplots: {0}/throughput.svg, {0}/misses_over_time.svg, {0}/misses_by_buffer.svg\n",
+        out.display()
+    );
+    s
+}

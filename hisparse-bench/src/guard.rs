@@ -1,0 +1,105 @@
+//! Limits on what input may ask of this machine, checked before any work starts: counts that
+//! must be at least one, sizes computed with checked arithmetic, and memory a command would
+//! allocate against what the machine has available. Every refusal names the flag the user gave.
+
+use std::fmt::Display;
+
+use crate::error::{BenchError, Result};
+
+/// Share of the available memory one command may plan to use (the rest: the program, the page
+/// cache, the machine's other work).
+const MEMORY_SHARE: f64 = 0.9;
+
+/// Bytes of memory the kernel says are available (`MemAvailable`), if it says.
+pub fn available_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+/// `v`, refused unless it is at least 1.
+pub fn at_least_one(flag: &'static str, v: usize) -> Result<usize> {
+    if v == 0 { Err(BenchError::flag(flag, v, "must be at least 1")) } else { Ok(v) }
+}
+
+/// `v`, refused unless it is in `lo..=hi`.
+pub fn within(flag: &'static str, v: usize, lo: usize, hi: usize) -> Result<usize> {
+    if (lo..=hi).contains(&v) { Ok(v) } else { Err(BenchError::flag(flag, v, format!("must be in {lo}..={hi}"))) }
+}
+
+/// The product of `factors`, `None` if it overflows a u64.
+pub fn product(factors: &[usize]) -> Option<u64> {
+    factors.iter().try_fold(1u64, |acc, &f| acc.checked_mul(u64::try_from(f).ok()?))
+}
+
+/// `a + b`, refused naming `flag` when it overflows.
+pub fn sum(flag: &'static str, value: impl Display, a: usize, b: usize) -> Result<usize> {
+    a.checked_add(b).ok_or_else(|| BenchError::flag(flag, value, "too large: the counts it adds up to overflow"))
+}
+
+/// Refuses `flag = value` when `what` would need `bytes` of memory (`None`: the size overflows)
+/// beyond what this machine has available (where it says).
+pub fn memory(flag: &'static str, value: impl Display, what: &str, bytes: Option<u64>) -> Result<()> {
+    memory_within(flag, value, what, bytes, available_memory())
+}
+
+/// [`memory`] against a given amount of available memory (`None`: unknown, only overflow is
+/// refused).
+pub fn memory_within(
+    flag: &'static str,
+    value: impl Display,
+    what: &str,
+    bytes: Option<u64>,
+    available: Option<u64>,
+) -> Result<()> {
+    let Some(bytes) = bytes else {
+        return Err(BenchError::flag(flag, value, format!("{what} would need more bytes than a 64-bit count holds")));
+    };
+    match available {
+        Some(avail) if bytes as f64 > MEMORY_SHARE * avail as f64 => Err(BenchError::flag(
+            flag,
+            value,
+            format!(
+                "{what} would need {} of memory; this machine has {} available",
+                human_bytes(bytes),
+                human_bytes(avail)
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// A byte count for people: `1.5 GiB`, `48.0 MiB`, `656 B`.
+pub fn human_bytes(b: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut v = b as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i + 1 < UNITS.len() {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 { format!("{b} B") } else { format!("{v:.1} {}", UNITS[i]) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_beyond_the_machine_or_overflowing_is_refused_by_flag() {
+        let e = memory_within("context", 7, "the keys", Some(10 << 30), Some(8 << 30)).unwrap_err().to_string();
+        assert!(e.starts_with("invalid --context = 7: the keys would need 10.0 GiB"), "{e}");
+        assert!(e.contains("8.0 GiB available"), "{e}");
+        memory_within("context", 7, "the keys", Some(1 << 30), Some(8 << 30)).unwrap();
+        memory_within("context", 7, "the keys", Some(1 << 50), None).unwrap();
+        let e = memory_within("batch", 9, "rows", None, None).unwrap_err().to_string();
+        assert!(e.contains("--batch = 9") && e.contains("64-bit"), "{e}");
+        assert_eq!(product(&[1 << 40, 1 << 30]), None);
+        assert_eq!(product(&[3, 5, 7]), Some(105));
+        assert!(sum("window", 1, usize::MAX, 1).unwrap_err().to_string().contains("--window"));
+        assert!(at_least_one("runs", 0).is_err() && within("reps", 0, 1, 10).is_err());
+        assert_eq!(human_bytes(656), "656 B");
+        assert_eq!(human_bytes(48 << 20), "48.0 MiB");
+    }
+}
