@@ -33,9 +33,22 @@ pub fn product(factors: &[usize]) -> Option<u64> {
     factors.iter().try_fold(1u64, |acc, &f| acc.checked_mul(u64::try_from(f).ok()?))
 }
 
-/// `a + b`, refused naming `flag` when it overflows.
-pub fn sum(flag: &'static str, value: impl Display, a: usize, b: usize) -> Result<usize> {
-    a.checked_add(b).ok_or_else(|| BenchError::flag(flag, value, "too large: the counts it adds up to overflow"))
+/// `a + b` of flags `(flag_a, a)` and `(flag_b, b)`, refused naming the larger when it
+/// overflows.
+pub fn sum(a: (&'static str, usize), b: (&'static str, usize)) -> Result<usize> {
+    a.1.checked_add(b.1).ok_or_else(|| {
+        let (flag, v) = if a.1 >= b.1 { a } else { b };
+        BenchError::flag(flag, v, "too large: the counts it adds up to overflow")
+    })
+}
+
+/// Of several `(flag, value, default)`, the flag whose value is furthest above its default
+/// (the one the user most likely raised), for naming a limit that several of them reach.
+pub fn largest(flags: &[(&'static str, usize, usize)]) -> (&'static str, usize) {
+    flags
+        .iter()
+        .max_by(|a, b| (a.1 as f64 / a.2.max(1) as f64).total_cmp(&(b.1 as f64 / b.2.max(1) as f64)))
+        .map_or(("", 0), |&(f, v, _)| (f, v))
 }
 
 /// Refuses `flag = value` when `what` would need `bytes` of memory (`None`: the size overflows)
@@ -97,7 +110,9 @@ mod tests {
         assert!(e.contains("--batch = 9") && e.contains("64-bit"), "{e}");
         assert_eq!(product(&[1 << 40, 1 << 30]), None);
         assert_eq!(product(&[3, 5, 7]), Some(105));
-        assert!(sum("window", 1, usize::MAX, 1).unwrap_err().to_string().contains("--window"));
+        assert!(sum(("window", usize::MAX), ("warmup", 1)).unwrap_err().to_string().contains("--window"));
+        assert!(sum(("window", 1), ("warmup", usize::MAX)).unwrap_err().to_string().contains("--warmup"));
+        assert_eq!(largest(&[("batch", 8, 4), ("context", 1 << 30, 32768)]), ("context", 1 << 30));
         assert!(at_least_one("runs", 0).is_err() && within("reps", 0, 1, 10).is_err());
         assert_eq!(human_bytes(656), "656 B");
         assert_eq!(human_bytes(48 << 20), "48.0 MiB");

@@ -35,24 +35,33 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Steady-state decode throughput over concurrency x context, resident against hisparse.
+    // Negative numbers reach the flag's own check (an error naming it), not clap's "unexpected argument".
+    #[command(allow_negative_numbers = true)]
     Sweep(cmd::sweep::SweepArgs),
     /// One configuration decoded to the end, in one or both modes.
+    #[command(allow_negative_numbers = true)]
     Run(cmd::run::RunArgs),
     /// One decode step's inputs and outputs as a safetensors file.
+    #[command(allow_negative_numbers = true)]
     DumpStep(cmd::dump_step::DumpStepArgs),
     /// Measure the synthetic workload's locality against the published figures.
+    #[command(allow_negative_numbers = true)]
     Calibrate(cmd::calibrate::CalibrateArgs),
     /// GPU swap-in path: ceilings, host-tier set-up, miss-gather bandwidth, swap-in latency.
     #[cfg(feature = "cuda")]
+    #[command(allow_negative_numbers = true)]
     GpuBench(cmd::gpu_bench::GpuBenchArgs),
     /// CUDA decode kernels (indexer, top-k, attention) against HBM-copy and cuBLAS ceilings.
     #[cfg(feature = "cuda")]
+    #[command(allow_negative_numbers = true)]
     KernelBench(cmd::kernel_bench::KernelBenchArgs),
     /// Check every CPU kernel against its oracle on random data and time it.
+    #[command(allow_negative_numbers = true)]
     Selfcheck(cmd::selfcheck::SelfcheckArgs),
     /// Compile every CUDA kernel source for sm_90a with NVRTC (exit 3: no NVRTC, skipped).
     CheckKernels,
     /// Replay a selection trace under several eviction policies and buffer sizes.
+    #[command(allow_negative_numbers = true)]
     Simulate(cmd::simulate::SimulateArgs),
     /// Write or describe selection traces.
     #[command(subcommand)]

@@ -156,14 +156,18 @@ impl HiSparseConfig {
             ));
         }
         if !(self.host_to_device_ratio.is_finite() && self.host_to_device_ratio > 0.0) {
-            return Err(invalid("host_to_device_ratio", self.host_to_device_ratio, "must be a finite number above 0"));
+            return Err(invalid(
+                "host_to_device_ratio",
+                format!("{:?}", self.host_to_device_ratio),
+                "must be a finite number above 0",
+            ));
         }
         crate::policy::by_name(&self.eviction_policy, self.policy_seed)?;
         if self.host_bytes() > isize::MAX as u64 {
             let (field, value) = if self.host_tier_bytes > 0 {
                 ("host_tier_bytes", self.host_tier_bytes.to_string())
             } else {
-                ("host_to_device_ratio", self.host_to_device_ratio.to_string())
+                ("host_to_device_ratio", format!("{:?}", self.host_to_device_ratio))
             };
             return Err(invalid(
                 field,
@@ -182,7 +186,7 @@ impl HiSparseConfig {
                 let (field, value) = if self.host_tier_bytes > 0 {
                     ("host_tier_bytes", self.host_tier_bytes.to_string())
                 } else {
-                    ("host_to_device_ratio", self.host_to_device_ratio.to_string())
+                    ("host_to_device_ratio", format!("{:?}", self.host_to_device_ratio))
                 };
                 return Err(invalid(
                     field,

@@ -76,11 +76,12 @@ impl SynthConfig {
             return bad("layers", self.layers.to_string(), "must fit 32 bits");
         }
         if self.prompt_tokens.checked_add(self.steps).is_none_or(|n| n >= u32::MAX as usize) {
-            return bad(
-                "prompt_tokens",
-                self.prompt_tokens.to_string(),
-                "prompt + steps must stay below 2^32 positions",
-            );
+            let (field, v) = if self.steps > self.prompt_tokens {
+                ("steps", self.steps)
+            } else {
+                ("prompt_tokens", self.prompt_tokens)
+            };
+            return bad(field, v.to_string(), "prompt + steps must stay below 2^32 positions");
         }
         if self.top_k == 0 || self.top_k > self.prompt_tokens + 1 {
             return bad("top_k", self.top_k.to_string(), "must be in 1..=prompt_tokens + 1");

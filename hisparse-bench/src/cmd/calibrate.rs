@@ -54,7 +54,7 @@ pub fn run(a: &CalibrateArgs) -> Result<String> {
             format!("must be at least the preset's top_k = {}", g.top_k),
         ));
     }
-    let total = guard::sum("steps", a.steps, a.context, a.steps)?;
+    let total = guard::sum(("context", a.context), ("steps", a.steps))?;
     if total > u32::MAX as usize / 2 {
         let (flag, v) = if a.context > a.steps { ("context", a.context) } else { ("steps", a.steps) };
         return Err(BenchError::flag(flag, v, "context + steps must stay below 2^31 positions"));

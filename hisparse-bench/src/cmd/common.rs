@@ -162,8 +162,10 @@ impl EngineArgs {
     /// A config error as the user would name it: by the flag they gave, else by the config file
     /// it came from, else as the library named it (a preset's value).
     fn name_error(&self, e: PolicyError) -> BenchError {
-        let PolicyError::Memory(MemoryError::InvalidField { field, value, reason }) = &e else {
-            return e.into();
+        let (field, value, reason) = match &e {
+            PolicyError::Memory(MemoryError::InvalidField { field, value, reason })
+            | PolicyError::Invalid { field, value, reason } => (*field, value, reason),
+            _ => return e.into(),
         };
         match (flag_of(field), &self.config) {
             (Some(flag), _) if self.flag_given(field) => BenchError::flag(flag, value, reason.clone()),
@@ -181,7 +183,7 @@ impl EngineArgs {
         let mut c = match &self.config {
             Some(p) => {
                 let text = std::fs::read_to_string(p)
-                    .map_err(|source| BenchError::Io { path: p.display().to_string(), source })?;
+                    .map_err(|e| BenchError::flag("config", p.display(), format!("cannot be read ({e})")))?;
                 longest_given = serde_json::from_str::<serde_json::Value>(&text)
                     .is_ok_and(|v| v.get("max_request_tokens").is_some());
                 HiSparseConfig::from_json_over(&base, &text)
@@ -193,12 +195,27 @@ impl EngineArgs {
             c.device_buffer_size = v;
         }
         if let Some(v) = self.host_to_device_ratio {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(BenchError::flag(
+                    "host-to-device-ratio",
+                    format!("{v:?}"),
+                    "must be a finite number above 0",
+                ));
+            }
             c.host_to_device_ratio = v;
         }
         if let Some(v) = self.swap_in_block_size {
             c.swap_in_block_size = v;
         }
         if let Some(v) = &self.eviction_policy {
+            let p = hisparse_policy::policy::by_name(v, c.policy_seed).map_err(|e| self.name_error(e))?;
+            if p.needs_future() {
+                return Err(BenchError::flag(
+                    "eviction-policy",
+                    v,
+                    "an offline policy (it needs the future): use it in `hisparse simulate`",
+                ));
+            }
             c.eviction_policy = v.clone();
         }
         if let Some(p) = &self.host_tier_file {
@@ -208,6 +225,23 @@ impl EngineArgs {
                     p.display(),
                     "the CUDA backend cannot register a file mapping as pinned host memory \
                      (cuMemHostRegister refuses it); use --backend cpu for the file-backed tier",
+                ));
+            }
+            if p.is_dir() {
+                return Err(BenchError::flag("host-tier-file", p.display(), "is a folder; give a file name"));
+            }
+            if let Some(d) = p.parent().filter(|d| !d.as_os_str().is_empty() && !d.is_dir()) {
+                return Err(BenchError::flag(
+                    "host-tier-file",
+                    p.display(),
+                    format!("its folder {} does not exist", d.display()),
+                ));
+            }
+            if p.exists() && !self.overwrite_host_tier_file {
+                return Err(BenchError::flag(
+                    "host-tier-file",
+                    p.display(),
+                    "exists; refusing to overwrite it (pass --overwrite-host-tier-file to replace it)",
                 ));
             }
             c.host_tier_path = Some(p.clone());
@@ -247,7 +281,7 @@ impl EngineArgs {
         let fits = (c.host_bytes() / per_token.max(1)) as usize / c.page_tokens.max(1) * c.page_tokens;
         if fits == 0 {
             let (flag, value) = match (self.host_to_device_ratio, &self.device_memory) {
-                (Some(r), _) => ("host-to-device-ratio", r.to_string()),
+                (Some(r), _) => ("host-to-device-ratio", format!("{r:?}")),
                 (None, Some(d)) => ("device-memory", d.clone()),
                 (None, None) => ("device-memory", guard::human_bytes(c.device_kv_bytes)),
             };
@@ -270,7 +304,7 @@ impl EngineArgs {
             let both = if cuda { Some(host) } else { host.checked_add(c.device_kv_bytes) };
             let what = if cuda { "the host tier" } else { "the host tier beside the CPU backend's device tier" };
             match self.host_to_device_ratio {
-                Some(r) => guard::memory("host-to-device-ratio", r, what, both)?,
+                Some(r) => guard::memory("host-to-device-ratio", format!("{r:?}"), what, both)?,
                 None => guard::memory("device-memory", guard::human_bytes(c.device_kv_bytes), what, both)?,
             }
         }

@@ -86,7 +86,7 @@ pub fn run(a: &DumpStepArgs) -> Result<(PathBuf, usize)> {
     guard::within("concurrency", a.concurrency, 1, hisparse_engine::DEFAULT_MAX_QUEUED)?;
     guard::at_least_one("step", a.step)?;
     guard::at_least_one("context", a.context)?;
-    let total = guard::sum("step", a.step, a.context, a.step)?;
+    let total = guard::sum(("context", a.context), ("step", a.step))?;
     if total > u32::MAX as usize / 2 {
         let (flag, v) = if a.context > a.step { ("context", a.context) } else { ("step", a.step) };
         return Err(BenchError::flag(flag, v, "a request (context + step) must stay below 2^31 tokens"));

@@ -89,7 +89,7 @@ pub fn run(a: &RunArgs) -> Result<(Vec<ModeRun>, PathBuf)> {
     for &c in &a.context {
         guard::at_least_one("context", c)?;
         // A request is at most 2^31 positions (longer ones are refused, not wrapped).
-        let total = guard::sum("output", a.output, c, a.output)?;
+        let total = guard::sum(("context", c), ("output", a.output))?;
         if total > u32::MAX as usize / 2 {
             let (flag, v) = if c > a.output { ("context", c) } else { ("output", a.output) };
             return Err(BenchError::flag(flag, v, "a request (context + output) must stay below 2^31 tokens"));

@@ -210,11 +210,11 @@ fn check(a: &SweepArgs) -> Result<(Vec<usize>, usize)> {
     if a.windows < 3 {
         return Err(BenchError::flag("windows", a.windows, "a point's spread needs at least 3 windows"));
     }
-    let measured = a
-        .window
-        .checked_mul(a.windows)
-        .ok_or_else(|| BenchError::flag("window", a.window, "window x windows overflows"))?;
-    let steps = guard::sum("warmup", a.warmup, a.warmup, measured)?;
+    let measured = a.window.checked_mul(a.windows).ok_or_else(|| {
+        let (flag, v) = if a.window >= a.windows { ("window", a.window) } else { ("windows", a.windows) };
+        BenchError::flag(flag, v, "window x windows overflows")
+    })?;
+    let steps = guard::sum(("warmup", a.warmup), ("window", measured))?;
     let mut levels = a.concurrency.clone();
     levels.sort_unstable();
     levels.dedup();
@@ -229,12 +229,12 @@ pub fn run(a: &SweepArgs) -> Result<(SweepReport, PathBuf)> {
     let model = a.engine.model()?;
     // Requests outlive the sweep (and the trace recorded after it): each level only admits
     // what it adds to the previous one.
-    let life = (levels.len() + 1)
-        .checked_mul(steps)
-        .and_then(|s| s.checked_add(1))
-        .ok_or_else(|| BenchError::flag("window", a.window, "the sweep's steps overflow"))?;
+    let life = (levels.len() + 1).checked_mul(steps).and_then(|s| s.checked_add(1)).ok_or_else(|| {
+        let (flag, v) = guard::largest(&[("window", a.window, 4), ("windows", a.windows, 3), ("warmup", a.warmup, 3)]);
+        BenchError::flag(flag, v, "the sweep's steps overflow")
+    })?;
     for &c in &a.context {
-        let tokens = guard::sum("context", c, c, life)?;
+        let tokens = guard::sum(("context", c), ("window", life))?;
         a.engine.check_request_fits(&g, &hs, Mode::HiSparse, "context", c, tokens)?;
     }
     let out = OutputDir::prepare("out", a.out.as_deref().unwrap_or(std::path::Path::new("results/sweep")))?;

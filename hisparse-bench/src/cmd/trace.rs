@@ -17,6 +17,7 @@ use crate::{guard, interrupt, progress};
 #[derive(Debug, clap::Subcommand)]
 pub enum TraceCommand {
     /// Write a synthetic trace (latent-relevance selections).
+    #[command(allow_negative_numbers = true)]
     Synth(SynthArgs),
     /// Describe a trace: header, streams, overlaps.
     Info {
@@ -135,14 +136,14 @@ fn synth(a: &SynthArgs) -> Result<()> {
         PolicyError::Invalid { field, value, reason } => BenchError::flag(synth_flag(field), value, reason),
         e => e.into(),
     })?;
-    guard::memory(
-        "prompt",
-        a.prompt,
-        "the generator's state (requests x (layers + 2) x positions)",
-        cfg.memory_bytes(),
-    )?;
-    let records =
-        cfg.records().ok_or_else(|| BenchError::flag("steps", a.steps, "steps x requests x layers overflows"))?;
+    let (flag, value) = guard::largest(&[
+        ("requests", a.requests, 4),
+        ("layers", a.layers, 4),
+        ("prompt", a.prompt, 16_384),
+        ("steps", a.steps, 200),
+    ]);
+    guard::memory(flag, value, "the generator's state (requests x (layers + 2) x positions)", cfg.memory_bytes())?;
+    let records = cfg.records().ok_or_else(|| BenchError::flag(flag, value, "steps x requests x layers overflows"))?;
     let jsonl = a.out.extension().is_some_and(|e| e == "jsonl");
     if jsonl {
         // JSON lines are written whole at the end: the records are held in memory.

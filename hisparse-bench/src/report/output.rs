@@ -38,6 +38,13 @@ impl AtomicFile {
         if dest.is_dir() {
             return Err(BenchError::flag(flag, dest.display(), "is a folder; give a file name"));
         }
+        if dest.exists() && !dest.is_file() {
+            return Err(BenchError::flag(
+                flag,
+                dest.display(),
+                "exists and is not a regular file; it is never replaced",
+            ));
+        }
         if dest.exists() && !overwrite {
             return Err(BenchError::flag(
                 flag,

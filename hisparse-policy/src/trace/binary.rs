@@ -67,6 +67,7 @@ pub struct TraceWriter<W: Write> {
 impl<W: Write> TraceWriter<W> {
     /// Starts a trace on `out` (the header is written at once).
     pub fn new(mut out: W, header: TraceHeader) -> Result<Self> {
+        header.check(0)?;
         let mut h = Vec::with_capacity(32);
         h.extend_from_slice(MAGIC);
         h.extend_from_slice(&VERSION.to_le_bytes());
@@ -206,6 +207,7 @@ impl<R: Read> TraceReader<R> {
             row_bytes: u32_at(&h, 20),
             has_scores: flags & 1 == 1,
         };
+        header.check(12)?;
         Ok(Self { input, header, offset: 32, records: 0, done: false, buf: Vec::new() })
     }
 

@@ -53,12 +53,10 @@ pub fn read(input: impl BufRead) -> Result<(TraceHeader, Vec<TraceRecord>)> {
                         message: format!("line {}: hisparse_trace = {}, this reader reads 1", n + 1, h.hisparse_trace),
                     });
                 }
-                header = Some(TraceHeader {
-                    top_k: h.top_k,
-                    layers: h.layers,
-                    row_bytes: h.row_bytes,
-                    has_scores: h.has_scores,
-                });
+                let th =
+                    TraceHeader { top_k: h.top_k, layers: h.layers, row_bytes: h.row_bytes, has_scores: h.has_scores };
+                th.check(at)?;
+                header = Some(th);
             }
             Some(h) => {
                 let r: TraceRecord = serde_json::from_str(text).map_err(bad)?;

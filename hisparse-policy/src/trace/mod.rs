@@ -61,6 +61,33 @@ pub struct TraceRecord {
     pub scores: Option<Vec<f32>>,
 }
 
+/// Largest `top_k` a trace may declare (real models select 2048).
+pub const MAX_TOP_K: u32 = 1 << 20;
+/// Most layers a trace may declare (real models have under 100).
+pub const MAX_LAYERS: u32 = 1 << 12;
+
+impl TraceHeader {
+    /// Checks the header's counts (`at`: where it starts, for the error): `top_k` in
+    /// `1..=MAX_TOP_K` and `layers` in `1..=MAX_LAYERS`.
+    pub fn check(&self, at: u64) -> Result<()> {
+        if !(1..=MAX_TOP_K).contains(&self.top_k) {
+            return Err(PolicyError::Trace {
+                what: "corrupt header",
+                offset: at,
+                message: format!("top_k = {}, expected 1..={MAX_TOP_K}", self.top_k),
+            });
+        }
+        if !(1..=MAX_LAYERS).contains(&self.layers) {
+            return Err(PolicyError::Trace {
+                what: "corrupt header",
+                offset: at,
+                message: format!("layers = {}, expected 1..={MAX_LAYERS}", self.layers),
+            });
+        }
+        Ok(())
+    }
+}
+
 impl TraceRecord {
     /// Checks the record against `header`; `at` is where it starts, for the error.
     pub fn check(&self, header: &TraceHeader, at: u64) -> Result<()> {
