@@ -20,10 +20,12 @@ fn main() {
     };
     let ctx = args.get(6).map_or(32768, |&c| c as usize);
     let steps = args.get(7).map_or(120, |&c| c as usize);
-    let w = Workload::new(&g, 7).with_locality(p);
-    let layers = if std::env::var("EARLY").is_ok() { vec![0, 1, 2] } else { vec![10, 11] };
-    let w = if std::env::var("PRESET_PARAMS").is_ok() { Workload::new(&g, 7) } else { w };
-    let spec = CalibrationSpec { requests: 1, layers, steps, context: ctx };
+    let seed: u64 = std::env::var("SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(7);
+    let w = Workload::new(&g, seed).with_locality(p);
+    let layers = if std::env::var("EARLY").is_ok() { vec![0, 1, 2] } else { vec![40, 41] };
+    let w = if std::env::var("PRESET_PARAMS").is_ok() { Workload::new(&g, seed) } else { w };
+    let requests: usize = std::env::var("REQUESTS").ok().and_then(|s| s.parse().ok()).unwrap_or(1);
+    let spec = CalibrationSpec { requests, layers, steps, context: ctx };
     let t = std::time::Instant::now();
     let c = calibrate(&g, &w, &spec).unwrap();
     println!(

@@ -67,6 +67,14 @@ fn fill_unit_bf16_is_the_unit_stream_rounded() {
         assert_eq!(&out[i * len..(i + 1) * len], want.as_slice(), "segment {i}");
     }
     assert_ne!(out[..len], out[len..2 * len], "different seeds, different values");
+    // Fixed vectors, computed apart from this code (SplitMix64 by hand, f32 steps, bf16 round to
+    // nearest even): the first five values of the streams seeded 5 and 0xffff_ffff_ffff.
+    let fixed: [(usize, [u16; 5]); 2] =
+        [(0, [0x3e07, 0xbfd8, 0x3ea1, 0x3ea1, 0xbe8c]), (2, [0x3f55, 0x3f69, 0x3fbe, 0xbfd4, 0xbf79])];
+    for (segment, bits) in fixed {
+        let got: Vec<u16> = out[segment * len..segment * len + 5].iter().map(|x| x.to_bits()).collect();
+        assert_eq!(got, bits, "seed of segment {segment}");
+    }
     assert!(cpu.fill_unit_bf16(&seeds, len + 1, &mut out).is_err(), "output of the wrong length");
 }
 

@@ -203,7 +203,66 @@ mod tests {
         assert!(SlotTable::new(0).is_err() && SlotTable::new(65535).is_err());
     }
 
+    /// An independent model of a slot table: a plain map token -> slot, the slots' contents and
+    /// the newest token, with the documented rules written out directly.
+    #[derive(Default)]
+    struct Model {
+        slots: Vec<Option<u32>>,
+        where_is: std::collections::HashMap<u32, u32>,
+        newest: Option<u32>,
+    }
+
+    impl Model {
+        fn place(&mut self, slot: u32, token: u32) -> bool {
+            let free = self.slots.get(slot as usize).is_some_and(Option::is_none);
+            let ok = free && token != u32::MAX && !self.where_is.contains_key(&token) && self.newest != Some(token);
+            if ok {
+                self.slots[slot as usize] = Some(token);
+                self.where_is.insert(token, slot);
+            }
+            ok
+        }
+        fn evict(&mut self, slot: u32) -> Option<u32> {
+            let t = self.slots.get_mut(slot as usize)?.take()?;
+            self.where_is.remove(&t);
+            Some(t)
+        }
+        fn set_newest(&mut self, token: u32) -> Option<Option<u32>> {
+            if self.where_is.contains_key(&token) {
+                return None;
+            }
+            Some(self.newest.replace(token))
+        }
+    }
+
     proptest! {
+        /// Every operation's result and the whole table afterwards equal the model's.
+        #[test]
+        fn operations_match_an_independent_model(ops in prop::collection::vec((0u8..4, 0u32..10, 0u32..24), 1..400)) {
+            let mut t = SlotTable::new(8).unwrap();
+            let mut m = Model { slots: vec![None; 8], ..Model::default() };
+            for (op, slot, token) in ops {
+                match op {
+                    0 => prop_assert_eq!(t.place(slot, token).is_ok(), m.place(slot, token), "place({}, {})", slot, token),
+                    1 => prop_assert_eq!(t.evict(slot).ok(), m.evict(slot), "evict({})", slot),
+                    2 => prop_assert_eq!(t.set_newest(token).ok(), m.set_newest(token), "set_newest({})", token),
+                    _ => {
+                        t.clear();
+                        m = Model { slots: vec![None; 8], ..Model::default() };
+                    }
+                }
+                for s in 0..10u32 {
+                    prop_assert_eq!(t.token_at(s), m.slots.get(s as usize).copied().flatten(), "slot {}", s);
+                }
+                for tok in 0..24u32 {
+                    let want = m.where_is.get(&tok).copied().or_else(|| (m.newest == Some(tok)).then_some(8));
+                    prop_assert_eq!(t.slot_of(tok), want, "token {}", tok);
+                }
+                prop_assert_eq!(t.resident(), m.where_is.len());
+                prop_assert_eq!(t.newest(), m.newest);
+            }
+        }
+
         #[test]
         fn bijection_holds_under_random_operations(ops in prop::collection::vec((0u8..3, 0u32..16, 0u32..200), 1..300)) {
             let mut t = SlotTable::new(16).unwrap();

@@ -4,8 +4,8 @@
 
 use std::path::PathBuf;
 
-use hisparse_policy::PolicyError;
-use hisparse_policy::trace::{TraceHeader, TraceReader, TraceRecord, TraceWriter, jsonl, read_trace};
+use hisparse_policy::trace::{TraceHeader, TraceReader, TraceRecord, TraceWriter, jsonl, raw, read_trace};
+use hisparse_policy::{PolicyError, SimConfig, simulate};
 use proptest::prelude::*;
 
 fn header(scores: bool) -> TraceHeader {
@@ -225,4 +225,115 @@ proptest! {
         let _ = first_error(&b[..n]);
         let _ = first_error(&b);
     }
+}
+
+/// Raw records, mostly valid, often not: absurd sequence lengths, counts that disagree with the
+/// positions, layers out of range, huge deltas, missing or extra scores, trailing bytes.
+fn raw_record(layers: u32) -> impl Strategy<Value = (raw::RawRecord, bool)> {
+    let deltas = prop::collection::vec(prop_oneof![12 => 0u32..40, 1 => any::<u32>()], 0..12);
+    let with_seq = deltas.prop_flat_map(|d| {
+        let last = raw::positions(&d).and_then(|p| p.last().copied()).unwrap_or(0);
+        // Mostly just past the last position (valid), sometimes before it, 0, or absurd.
+        let seq = prop_oneof![
+            8 => (1u32..30).prop_map(move |x| last.saturating_add(x)),
+            1 => 0u32..=last,
+            1 => Just(0u32),
+            1 => Just(u32::MAX),
+        ];
+        (Just(d), seq)
+    });
+    let layer = prop_oneof![8 => 0u32..layers, 1 => layers..layers + 3];
+    let count = prop_oneof![12 => Just(None), 1 => any::<u32>().prop_map(Some)];
+    let bad_scores = prop_oneof![12 => Just(false), 1 => Just(true)];
+    let trailing = prop_oneof![12 => Just(Vec::new()), 1 => prop::collection::vec(any::<u8>(), 1..3)];
+    (1u32..6, 0u64..3, layer, with_seq, count, bad_scores, trailing).prop_map(
+        |(step, request, layer, (deltas, seq_len), count, bad_scores, trailing)| {
+            let n = deltas.len();
+            let r = raw::RawRecord {
+                step,
+                request,
+                layer,
+                seq_len,
+                count: count.unwrap_or(n as u32),
+                scores: vec![0.5; if bad_scores { n + 1 } else { n }],
+                deltas,
+                trailing,
+            };
+            (r, bad_scores)
+        },
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+
+    /// Past the checksums: the reader hands out exactly the records that are valid (decoded
+    /// positions equal the deltas' prefix sums), refuses the others with an error, and never
+    /// panics; the simulator then replays whatever was read without panicking, and its counts
+    /// add up.
+    #[test]
+    fn checksummed_hostile_traces_are_read_exactly_or_refused(
+        recs in prop::collection::vec(raw_record(3), 0..6),
+        top_k in prop_oneof![8 => 4u32..16, 1 => Just(0u32), 1 => Just(u32::MAX)],
+        wrong_end in prop_oneof![8 => Just(false), 1 => Just(true)],
+    ) {
+        let header = raw::RawHeader { version: 1, flags: 1, top_k, layers: 3, row_bytes: 656 };
+        let records: Vec<raw::RawRecord> = recs.iter().map(|(r, _)| r.clone()).collect();
+        let end = records.len() as u64 + u64::from(wrong_end);
+        let bytes = raw::encode(&header, &records, end);
+        let got: Result<Vec<TraceRecord>, PolicyError> = TraceReader::new(bytes.as_slice()).and_then(|r| r.collect());
+        // What a correct reader must decide, computed independently of it.
+        let header_ok = (1..=hisparse_policy::trace::MAX_TOP_K).contains(&top_k);
+        let valid = |(r, bad_scores): &(raw::RawRecord, bool)| {
+            let Some(pos) = raw::positions(&r.deltas) else { return false };
+            r.count as usize == r.deltas.len()
+                && !bad_scores
+                && r.trailing.is_empty()
+                && r.layer < 3
+                && r.seq_len >= 1
+                && r.deltas.len() <= top_k as usize
+                && pos.last().is_none_or(|&p| p < r.seq_len)
+        };
+        let all_valid = header_ok && !wrong_end && recs.iter().all(valid);
+        match got {
+            Ok(read) => {
+                prop_assert!(all_valid, "a trace with an invalid part was read: {recs:?}");
+                prop_assert_eq!(read.len(), records.len());
+                for (a, b) in read.iter().zip(&records) {
+                    prop_assert_eq!(&a.selected, &raw::positions(&b.deltas).unwrap());
+                    prop_assert_eq!((a.step, a.request, a.layer, a.seq_len), (b.step, b.request, b.layer, b.seq_len));
+                }
+                let h = TraceHeader { top_k, layers: 3, row_bytes: 656, has_scores: true };
+                if !read.is_empty() && hisparse_policy::memory_estimate(&read).is_some_and(|b| b < 64 << 20) {
+                    let cfg = SimConfig { policies: vec!["lru".into(), "belady".into()], buffer_sizes: vec![top_k as usize, 2 * top_k as usize], seed: 0, row_bytes: 0 };
+                    if let Ok(rep) = simulate(&h, &read, &cfg, &|_| {}) {
+                        for x in &rep.results {
+                            prop_assert!(x.misses <= x.selected && (0.0..=1.0).contains(&x.miss_ratio), "{x:?}");
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                prop_assert!(!all_valid, "a valid trace was refused: {e}; {recs:?}");
+                prop_assert!(matches!(e, PolicyError::Trace { .. }), "{e}");
+            }
+        }
+    }
+}
+
+#[test]
+fn the_hostile_trace_property_reads_a_fair_share_of_valid_traces() {
+    // A generator that never produced a readable trace would make the property check nothing.
+    use proptest::strategy::ValueTree;
+    let mut runner = proptest::test_runner::TestRunner::deterministic();
+    let strategy = (prop::collection::vec(raw_record(3), 1..6), 4u32..16);
+    let mut ok = 0;
+    for _ in 0..300 {
+        let (recs, top_k) = strategy.new_tree(&mut runner).unwrap().current();
+        let records: Vec<raw::RawRecord> = recs.iter().map(|(r, _)| r.clone()).collect();
+        let header = raw::RawHeader { version: 1, flags: 1, top_k, layers: 3, row_bytes: 656 };
+        let bytes = raw::encode(&header, &records, records.len() as u64);
+        ok += usize::from(TraceReader::new(bytes.as_slice()).and_then(|r| r.collect::<Result<Vec<_>, _>>()).is_ok());
+    }
+    assert!((30..270).contains(&ok), "{ok} of 300 hostile traces were readable: the mix checks too little");
 }

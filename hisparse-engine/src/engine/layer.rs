@@ -164,7 +164,10 @@ where
         }
         if self.cfg.capture_digests && outputs {
             let mem = self.backend.memory();
-            let (out, lse) = (mem.download(&sb.out)?, mem.download(&sb.lse)?);
+            let (out, lse) = match (sb.layer_out.get(l), sb.layer_lse.get(l)) {
+                (Some(o), Some(s)) => (mem.download(o)?, mem.download(s)?),
+                _ => (mem.download(&sb.out)?, mem.download(&sb.lse)?),
+            };
             let qh = self.cfg.geometry.q_heads;
             let per = qh * self.cfg.geometry.d_v();
             for (i, r) in self.running.iter().enumerate() {
@@ -240,8 +243,8 @@ where
             attention_queries: mem.download(&sb.attn_q)?,
             locations: sb.locations.clone(),
             selected_rows,
-            out: mem.download(&sb.out)?,
-            lse: mem.download(&sb.lse)?,
+            out: mem.download(sb.layer_out.get(l).unwrap_or(&sb.out))?,
+            lse: mem.download(sb.layer_lse.get(l).unwrap_or(&sb.lse))?,
         });
         Ok(())
     }

@@ -173,7 +173,12 @@ where
         };
         let t = Instant::now();
         self.backend.mark_stage(KernelStage::Attention, true)?;
-        self.backend.sparse_attention(&batch, &mut sb.out, &mut sb.lse)?;
+        // With digests, every layer keeps its own output (a replayed graph would otherwise leave
+        // only the last layer's).
+        match (sb.layer_out.get_mut(l), sb.layer_lse.get_mut(l)) {
+            (Some(out), Some(lse)) => self.backend.sparse_attention(&batch, out, lse)?,
+            _ => self.backend.sparse_attention(&batch, &mut sb.out, &mut sb.lse)?,
+        }
         self.backend.mark_stage(KernelStage::Attention, false)?;
         m.stages.attention += secs(t);
         self.launch_model_layer(l, m)

@@ -50,8 +50,10 @@ where
         if let Some(d) = self.dswap.as_mut() {
             d.note_replayed(layers);
         }
+        // Every layer's outputs survive the replay where digests keep them per layer.
+        let kept = !sb.layer_out.is_empty();
         for l in 1..layers {
-            self.after_layer_device(l, sb, rep, l + 1 == layers)?;
+            self.after_layer_device(l, sb, rep, kept || l + 1 == layers)?;
         }
         Ok(())
     }

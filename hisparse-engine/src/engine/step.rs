@@ -98,6 +98,9 @@ pub(super) struct StepBatch<M: DeviceMemory> {
     pub kv_first: Vec<usize>,
     /// Device path: every layer's inputs of the step.
     pub inputs: StepInputs<M>,
+    /// Device path with digests: each layer's attention output and LSE (empty otherwise).
+    pub layer_out: Vec<M::Buffer<f32>>,
+    pub layer_lse: Vec<M::Buffer<f32>>,
 }
 
 /// Makes `buf` hold `len` elements (exactly, or at least), reallocating only when it must.
@@ -258,6 +261,8 @@ where
                 long: Vec::new(),
                 spans: Vec::new(),
                 inputs: StepInputs::default(),
+                layer_out: Vec::new(),
+                layer_lse: Vec::new(),
             },
         };
         // In place while it fits: a captured launch sequence reads it there.
@@ -287,6 +292,21 @@ where
                     sb.sel_template[i * k..i * k + r.seq_len].iter_mut().zip(0..).for_each(|(x, t)| *x = t);
                 }
                 mem.write(&mut sb.sel, 0, &sb.sel_template)?;
+            }
+            if self.cfg.capture_digests {
+                // Per-layer outputs; a reallocation changes the inputs' generation (graph key).
+                let (lo, ll) = (n * g.q_heads * g.d_v(), n * g.q_heads);
+                let mut moved = sb.layer_out.len() != g.layers;
+                while sb.layer_out.len() < g.layers {
+                    sb.layer_out.push(mem.alloc_zeroed(lo)?);
+                    sb.layer_lse.push(mem.alloc_zeroed(ll)?);
+                }
+                for l in 0..g.layers {
+                    moved |= mem.len(&sb.layer_out[l]) != lo || mem.len(&sb.layer_lse[l]) != ll;
+                    fit(mem, &mut sb.layer_out[l], lo, true)?;
+                    fit(mem, &mut sb.layer_lse[l], ll, true)?;
+                }
+                sb.inputs.generation += u64::from(moved);
             }
             self.plan_device_step(&reqs, &mut sb)?;
         } else {

@@ -56,21 +56,47 @@ fn bf16_row_byte_layout() {
     }
 }
 
+/// Fixed vectors, worked out by hand from the e4m3 format (sign, 4 exponent bits of bias 7, 3
+/// mantissa bits; subnormals `m * 2^-9`; round to nearest, ties to even) and the scale rule
+/// (the smallest power of two with `amax / s <= 448`), not from the code under test.
 #[test]
 fn index_key_byte_layout() {
+    let k = IndexKeyLayout::new(8).unwrap();
+    assert_eq!(k.row_bytes(), 12);
+    let cases: [([f32; 8], [u8; 12], [f32; 8]); 2] = [
+        (
+            // amax 448: scale 1. 448 = 1.75 * 2^8 -> 0 1111 110; 1 -> 0 0111 000; 0.5 -> 0 0110 000;
+            // 2^-9 is the smallest subnormal (0x01); 3 = 1.5 * 2 -> 0 1000 100; -2 -> 1 1000 000.
+            [448.0, -448.0, 1.0, 0.5, 0.0, 0.001_953_125, 3.0, -2.0],
+            [0x7E, 0xFE, 0x38, 0x30, 0x00, 0x01, 0x44, 0xC0, 0x00, 0x00, 0x80, 0x3F],
+            [448.0, -448.0, 1.0, 0.5, 0.0, 0.001_953_125, 3.0, -2.0],
+        ),
+        (
+            // amax 1000: scale 4 (1000/2 = 500 is over 448). 250 lies between 240 and 256: 256
+            // (0 1111 000); 62.5 between 60 and 64: 64 (0 1101 000); -0.25 -> 1 0101 000;
+            // 0.00075 is under half the smallest subnormal: 0; 1.75 -> 0 0111 110.
+            [1000.0, 250.0, -1.0, 0.003, 0.0, 0.0, 0.0, 7.0],
+            [0x78, 0x68, 0xA8, 0x00, 0x00, 0x00, 0x00, 0x3E, 0x00, 0x00, 0x80, 0x40],
+            [1024.0, 256.0, -1.0, 0.0, 0.0, 0.0, 0.0, 7.0],
+        ),
+    ];
+    for (values, bytes, decoded) in cases {
+        let mut row = [0u8; 12];
+        k.encode(&values, &mut row).unwrap();
+        assert_eq!(row, bytes, "{values:?}");
+        let mut out = [0f32; 8];
+        k.decode(&row, &mut out).unwrap();
+        assert_eq!(out, decoded);
+    }
+    // The 128-dim key of the presets: codes first, the scale at byte 128.
     let k = IndexKeyLayout::new(128).unwrap();
-    let values = ramp(128);
+    let mut values = vec![0f32; 128];
+    values[5] = -448.0;
+    values[127] = 1.0;
     let mut row = vec![0u8; 132];
     k.encode(&values, &mut row).unwrap();
-    let s = k.scale(&row).unwrap();
-    assert_eq!(f32::from_le_bytes(row[128..132].try_into().unwrap()), s);
-    for i in 0..128 {
-        assert_eq!(decode_e4m3(row[i]) * s, {
-            let mut out = vec![0f32; 128];
-            k.decode(&row, &mut out).unwrap();
-            out[i]
-        });
-    }
+    assert_eq!((row[5], row[127], &row[128..]), (0xFE, 0x38, &[0x00, 0x00, 0x80, 0x3F][..]));
+    assert_eq!(decode_e4m3(0x38), 1.0);
 }
 
 #[test]

@@ -21,6 +21,7 @@
 
 pub mod binary;
 pub mod jsonl;
+pub mod raw;
 
 pub use binary::{TraceReader, TraceWriter};
 
@@ -94,6 +95,9 @@ impl TraceRecord {
         let bad = |message: String| Err(PolicyError::Trace { what: "corrupt record", offset: at, message });
         if self.layer >= header.layers {
             return bad(format!("layer {} of a {}-layer trace", self.layer, header.layers));
+        }
+        if self.seq_len == 0 {
+            return bad("seq_len 0: a sequence holds at least its newest token".into());
         }
         if self.selected.len() > header.top_k as usize {
             return bad(format!("{} selected positions, top_k is {}", self.selected.len(), header.top_k));
