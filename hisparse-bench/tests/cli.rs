@@ -267,6 +267,77 @@ fn dump_step_writes_tensors_that_reproduce_the_attention() {
             assert!(err < 2e-5, "layer {layer} request {r}: lse differs by {err}");
             start += n;
         }
+        check_scores_and_selections(&st, layer);
     }
+    // The help lists every tensor with its dtype and shape.
+    let help = String::from_utf8_lossy(&hisparse(&["dump-step", "--help"]).stdout).into_owned();
+    for t in ["index_key_codes", "index_key_scales", "scores", "selections", "locations", "selected_rows_f32", "lse"] {
+        assert!(help.contains(&format!("L{{l}}.{t}")), "--help lacks {t}: {help}");
+    }
+    assert!(help.contains("U8   [sum of seq_lens, index_dim]"), "{help}");
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// An e4m3 code's value, from the format (sign, 4 exponent bits of bias 7, 3 mantissa bits;
+/// subnormals below exponent 1), written here apart from the codec.
+fn e4m3(code: u8) -> f32 {
+    let sign = if code & 0x80 != 0 { -1.0 } else { 1.0 };
+    let (e, m) = (i32::from((code >> 3) & 0xf), f32::from(code & 7));
+    sign * if e == 0 { m / 8.0 * 2f32.powi(-6) } else { (1.0 + m / 8.0) * 2f32.powi(e - 7) }
+}
+
+/// The dump's indexer inputs reproduce its scores (`sum_h w_h relu(q_h . key_t)`, the newest
+/// position +inf), one per position, and its selections are the top-k of those scores.
+fn check_scores_and_selections(st: &safetensors::SafeTensors<'_>, layer: usize) {
+    let t = |n: &str| st.tensor(&format!("L{layer}.{n}")).unwrap();
+    let f32s =
+        |n: &str| -> Vec<f32> { t(n).data().chunks(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect() };
+    let i32s =
+        |n: &str| -> Vec<i32> { t(n).data().chunks(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect() };
+    let q: Vec<f32> = t("index_queries")
+        .data()
+        .chunks(2)
+        .map(|c| half::bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
+        .collect();
+    let (w, scores, key_scales) = (f32s("index_weights"), f32s("scores"), f32s("index_key_scales"));
+    let codes = t("index_key_codes").data().to_vec();
+    let (seq_lens, sels, sel_lens) = (i32s("seq_lens"), i32s("selections"), i32s("selection_lens"));
+    let (heads, dim) = (t("index_weights").shape()[1], t("index_key_codes").shape()[1]);
+    let total: usize = seq_lens.iter().map(|&n| n as usize).sum();
+    assert_eq!(scores.len(), total, "layer {layer}: one score per position");
+    assert_eq!((key_scales.len(), codes.len()), (total, total * dim));
+    assert_eq!(i32s("locations").len(), sels.len());
+    let (mut at, mut sel_at) = (0, 0);
+    for (r, &n) in seq_lens.iter().enumerate() {
+        let n = n as usize;
+        for p in 0..n {
+            let got = scores[at + p];
+            if p == n - 1 {
+                assert!(got.is_infinite() && got > 0.0, "the newest position is pinned");
+                continue;
+            }
+            let key: Vec<f32> =
+                codes[(at + p) * dim..(at + p + 1) * dim].iter().map(|&c| e4m3(c) * key_scales[at + p]).collect();
+            let (mut want, mut size) = (0f64, 0f64);
+            for h in 0..heads {
+                let qh = &q[(r * heads + h) * dim..(r * heads + h + 1) * dim];
+                let dot: f64 = qh.iter().zip(&key).map(|(a, b)| f64::from(*a) * f64::from(*b)).sum();
+                want += f64::from(w[r * heads + h]) * dot.max(0.0);
+                size += f64::from(w[r * heads + h].abs()) * dot.abs();
+            }
+            assert!(
+                (f64::from(got) - want).abs() <= 1e-5 * size.max(1e-6),
+                "layer {layer} request {r} position {p}: {got} vs {want}"
+            );
+        }
+        // The selection: the top-k of the scores, ties to the lower position.
+        let k = sel_lens[r] as usize;
+        let mut order: Vec<usize> = (0..n).collect();
+        order.sort_by(|&a, &b| scores[at + b].total_cmp(&scores[at + a]).then(a.cmp(&b)));
+        let mut want: Vec<i32> = order[..k].iter().map(|&p| p as i32).collect();
+        want.sort_unstable();
+        assert_eq!(&sels[sel_at..sel_at + k], want.as_slice(), "layer {layer} request {r}: selection");
+        at += n;
+        sel_at += k;
+    }
 }

@@ -28,6 +28,7 @@ pub mod gemm;
 pub mod locate;
 pub mod merge;
 pub mod oracle;
+#[cfg(feature = "random")]
 pub mod random;
 pub mod unit_stream;
 

@@ -63,7 +63,7 @@ impl DeviceMemory for CudaMemory {
     /// A zero-length request gets one element (the driver refuses empty allocations); pools
     /// that may be empty (a resident-mode tier's hot buffers) are never indexed.
     fn alloc_zeroed<T: Element>(&self, len: usize) -> Result<CudaSlice<T>> {
-        self.stream.alloc_zeros::<T>(len.max(1)).map_err(driver("alloc"))
+        T::cuda_alloc_zeros(&self.stream, len.max(1)).map_err(driver("alloc"))
     }
 
     fn len<T: Element>(&self, buf: &CudaSlice<T>) -> usize {
@@ -75,7 +75,7 @@ impl DeviceMemory for CudaMemory {
         if src.is_empty() {
             return Ok(());
         }
-        self.stream.memcpy_htod(src, &mut dst.slice_mut(r)).map_err(driver("memcpy host to device"))
+        T::cuda_htod(&self.stream, src, &mut dst.slice_mut(r)).map_err(driver("memcpy host to device"))
     }
 
     fn read<T: Element>(&self, src: &CudaSlice<T>, offset: usize, dst: &mut [T]) -> Result<()> {
@@ -83,7 +83,7 @@ impl DeviceMemory for CudaMemory {
         if dst.is_empty() {
             return Ok(());
         }
-        self.stream.memcpy_dtoh(&src.slice(r), dst).map_err(driver("memcpy device to host"))?;
+        T::cuda_dtoh(&self.stream, &src.slice(r), dst).map_err(driver("memcpy device to host"))?;
         self.stream.synchronize().map_err(driver("synchronize"))
     }
 }

@@ -3,23 +3,54 @@
 
 use crate::error::{MemoryError, Result};
 
-/// A plain-old-data element type that kernels read and write.
-#[cfg(not(feature = "cuda"))]
-pub trait Element: bytemuck::Pod + Default + Send + Sync + std::fmt::Debug + 'static {}
+/// The element types' private side. Under the `cuda` feature each type also knows its CUDA
+/// copies here, so that turning the feature on adds nothing to [`Element`]'s bounds (the
+/// feature is additive: code that compiles without it compiles with it).
+mod sealed {
+    #[cfg(feature = "cuda")]
+    use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DriverError};
 
-/// A plain-old-data element type that kernels read and write (also a CUDA kernel argument type).
-#[cfg(feature = "cuda")]
-pub trait Element:
-    bytemuck::Pod
-    + Default
-    + Send
-    + Sync
-    + std::fmt::Debug
-    + 'static
-    + cudarc::driver::DeviceRepr
-    + cudarc::driver::ValidAsZeroBits
-{
+    pub trait Sealed: Sized {
+        #[cfg(feature = "cuda")]
+        fn cuda_alloc_zeros(stream: &std::sync::Arc<CudaStream>, len: usize) -> Result<CudaSlice<Self>, DriverError>;
+        #[cfg(feature = "cuda")]
+        fn cuda_htod(
+            stream: &std::sync::Arc<CudaStream>,
+            src: &[Self],
+            dst: &mut CudaViewMut<'_, Self>,
+        ) -> Result<(), DriverError>;
+        #[cfg(feature = "cuda")]
+        fn cuda_dtoh(
+            stream: &std::sync::Arc<CudaStream>,
+            src: &CudaView<'_, Self>,
+            dst: &mut [Self],
+        ) -> Result<(), DriverError>;
+    }
+
+    macro_rules! sealed {
+        ($($t:ty),*) => {$(
+            impl Sealed for $t {
+                #[cfg(feature = "cuda")]
+                fn cuda_alloc_zeros(stream: &std::sync::Arc<CudaStream>, len: usize) -> Result<CudaSlice<Self>, DriverError> {
+                    stream.alloc_zeros::<$t>(len)
+                }
+                #[cfg(feature = "cuda")]
+                fn cuda_htod(stream: &std::sync::Arc<CudaStream>, src: &[Self], dst: &mut CudaViewMut<'_, Self>) -> Result<(), DriverError> {
+                    stream.memcpy_htod(src, dst)
+                }
+                #[cfg(feature = "cuda")]
+                fn cuda_dtoh(stream: &std::sync::Arc<CudaStream>, src: &CudaView<'_, Self>, dst: &mut [Self]) -> Result<(), DriverError> {
+                    stream.memcpy_dtoh(src, dst)
+                }
+            }
+        )*};
+    }
+    sealed!(u8, u16, u32, u64, i32, i64, f32, half::bf16);
 }
+
+/// A plain-old-data element type that kernels read and write: `u8`, `u16`, `u32`, `u64`, `i32`,
+/// `i64`, `f32` and `bf16` (sealed: the kernels know exactly these).
+pub trait Element: bytemuck::Pod + Default + Send + Sync + std::fmt::Debug + 'static + sealed::Sealed {}
 
 impl Element for u8 {}
 impl Element for u16 {}

@@ -4,8 +4,8 @@
 
 use std::path::PathBuf;
 
+use hisparse_memory::KvGeometry;
 use hisparse_memory::slot_table::MAX_BUFFER_SLOTS;
-use hisparse_memory::{KvGeometry, MemoryError};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{PolicyError, Result};
@@ -78,7 +78,7 @@ impl Default for HiSparseConfig {
 }
 
 fn invalid(field: &'static str, value: impl std::fmt::Display, reason: impl Into<String>) -> PolicyError {
-    PolicyError::Memory(MemoryError::invalid(field, value, reason))
+    PolicyError::Invalid { field, value: value.to_string(), reason: reason.into() }
 }
 
 impl HiSparseConfig {
@@ -205,6 +205,8 @@ impl HiSparseConfig {
 
 #[cfg(test)]
 mod tests {
+    use hisparse_memory::MemoryError;
+
     use super::*;
 
     fn glm() -> KvGeometry {
@@ -213,7 +215,8 @@ mod tests {
 
     fn field_of(e: PolicyError) -> &'static str {
         match e {
-            PolicyError::Memory(MemoryError::InvalidField { field, .. }) => field,
+            PolicyError::Invalid { field, .. } | PolicyError::Memory(MemoryError::InvalidField { field, .. }) => field,
+            PolicyError::UnknownPolicy { .. } => "eviction_policy",
             other => panic!("{other}"),
         }
     }

@@ -19,6 +19,14 @@ pub enum PolicyError {
         /// Why it cannot be used.
         reason: String,
     },
+    /// A policy name no built-in policy has.
+    #[error("invalid eviction_policy = {name}: known policies: {known}")]
+    UnknownPolicy {
+        /// The name asked for.
+        name: String,
+        /// The known names, comma separated.
+        known: String,
+    },
     /// A trace file that cannot be read: truncated, corrupt, or of another version.
     #[error("trace {what} at byte {offset}: {message}")]
     Trace {

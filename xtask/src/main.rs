@@ -1,9 +1,13 @@
 //! `cargo xtask`: the project's one entry point for chores (see matklad/cargo-xtask).
 //!
 //! * `cargo xtask ci` — what CI runs, in order: `cargo fmt --check`; clippy on all targets and
-//!   features with `-D warnings`; the tests (all features); `cargo doc --no-deps` with warnings
-//!   denied; and the CUDA kernel compile check for sm_90a when an NVRTC library is present (one
-//!   loud SKIPPED line otherwise). The test runner's summary is printed last.
+//!   features with `-D warnings`; the tests (all features); each library crate built and tested
+//!   on its own with default features, and `hisparse-memory` and `hisparse-policy` checked to
+//!   pull no `cudarc`; `cargo doc --no-deps` with warnings denied; and the CUDA kernel compile
+//!   check for sm_90a. NVRTC 13.0 and the CUDA headers are set up first when missing (through
+//!   `.ci/nvrtc-env.sh`, cached under `~/.cache/hisparse`); `--offline` skips that, and the
+//!   check then prints one loud SKIPPED line where no NVRTC is found. The test runner's summary
+//!   is printed last.
 //!
 //! This crate has no dependencies on purpose: it only runs cargo.
 
@@ -91,18 +95,18 @@ impl TestTotals {
     }
 }
 
-/// Runs the workspace tests, echoing their output and adding up the summaries.
-fn run_tests() -> (bool, TestTotals) {
-    println!("\n=== xtask ci: tests (cargo test --workspace --all-features)");
-    let mut totals = TestTotals::default();
-    let child = cargo().args(["test", "--workspace", "--all-features"]).stdout(Stdio::piped()).spawn();
+/// Runs `cargo test ARGS`, echoing its output and adding its summaries to `totals`.
+fn run_tests(title: &str, args: &[&str], totals: &mut TestTotals) -> bool {
+    println!("\n=== xtask ci: {title}");
+    let child = cargo().arg("test").args(args).stdout(Stdio::piped()).spawn();
     let mut child = match child {
         Ok(c) => c,
         Err(e) => {
-            println!("=== xtask ci: tests could not start: {e}");
-            return (false, totals);
+            println!("=== xtask ci: {title} could not start: {e}");
+            return false;
         }
     };
+    let failed_before = totals.failed;
     if let Some(out) = child.stdout.take() {
         for line in BufReader::new(out).lines().map_while(Result::ok) {
             println!("{line}");
@@ -110,10 +114,91 @@ fn run_tests() -> (bool, TestTotals) {
         }
     }
     let ok = child.wait().map(|s| s.success()).unwrap_or(false);
-    (ok && totals.failed == 0, totals)
+    if !ok {
+        println!("=== xtask ci: {title} FAILED");
+    }
+    ok && totals.failed == failed_before
 }
 
-fn ci() -> bool {
+/// The library crates, each built and tested on its own with default features.
+const LIBRARIES: [&str; 4] = ["hisparse-memory", "hisparse-policy", "hisparse-kernels", "hisparse-engine"];
+
+/// Crates that must not pull `cudarc` with their default features.
+const CUDA_FREE: [&str; 2] = ["hisparse-memory", "hisparse-policy"];
+
+/// Each library crate on its own: `cargo check --all-targets` with default features, its tests
+/// (the engine's calibration, run already, skipped), and the `cudarc`-free crates' dependency
+/// trees.
+fn each_crate(totals: &mut TestTotals) -> bool {
+    let mut ok = true;
+    for c in LIBRARIES {
+        ok &= step(&format!("{c} on its own (default features)"), cargo().args(["check", "-p", c, "--all-targets"]));
+        let mut args = vec!["-p", c];
+        if c == "hisparse-engine" {
+            args.extend(["--", "--skip", "follow_the_published"]);
+        }
+        ok &= run_tests(&format!("{c} tests on their own (default features)"), &args, totals);
+    }
+    for c in CUDA_FREE {
+        let out = cargo().args(["tree", "-p", c, "-e", "normal", "--prefix", "none"]).output();
+        match out {
+            Ok(o) if o.status.success() => {
+                let tree = String::from_utf8_lossy(&o.stdout);
+                if tree.lines().any(|l| l.starts_with("cudarc ")) {
+                    println!("=== xtask ci: {c} pulls cudarc with its default features: FAILED");
+                    ok = false;
+                } else {
+                    println!("=== xtask ci: {c} pulls no cudarc with its default features");
+                }
+            }
+            other => {
+                println!("=== xtask ci: cargo tree -p {c} failed: {other:?}");
+                ok = false;
+            }
+        }
+    }
+    ok
+}
+
+/// NVRTC 13.0 and the CUDA headers for the kernel compile check: the environment as it is when
+/// it has them (or with `offline`), else as `.ci/nvrtc-env.sh` leaves it (it installs them once
+/// into a cache folder). Returns the variables to set for the check.
+fn nvrtc_env(offline: bool) -> Vec<(String, String)> {
+    let have = std::env::var("HISPARSE_CUDA_INCLUDE")
+        .is_ok_and(|d| std::path::Path::new(&d).join("cuda_fp8.h").exists())
+        && std::env::var("LD_LIBRARY_PATH").is_ok_and(|p| {
+            std::env::split_paths(&p).any(|d| d.join("libnvrtc.so.13").exists() || d.join("libnvrtc.so").exists())
+        });
+    if have || offline {
+        return Vec::new();
+    }
+    println!("\n=== xtask ci: setting up NVRTC 13.0 and the CUDA headers (.ci/nvrtc-env.sh; --offline skips this)");
+    let script = workspace_root().join(".ci/nvrtc-env.sh");
+    let out = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            ". '{}' >&2; printf 'HISPARSE_CUDA_INCLUDE=%s\\nLD_LIBRARY_PATH=%s\\n' \"$HISPARSE_CUDA_INCLUDE\" \"$LD_LIBRARY_PATH\"",
+            script.display()
+        ))
+        .stderr(Stdio::inherit())
+        .output();
+    match out {
+        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .filter_map(|l| l.split_once('='))
+            .filter(|(_, v)| !v.is_empty())
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect(),
+        other => {
+            println!("=== xtask ci: NVRTC setup could not run ({other:?})");
+            Vec::new()
+        }
+    }
+}
+
+fn ci(offline: bool) -> bool {
+    let t = std::time::Instant::now();
+    let nvrtc = nvrtc_env(offline);
     let mut steps_ok = step("cargo fmt --check", cargo().args(["fmt", "--all", "--", "--check"]))
         && step(
             "clippy (all targets, all features, -D warnings)",
@@ -122,29 +207,34 @@ fn ci() -> bool {
     if !steps_ok {
         return false;
     }
-    let (tests_ok, totals) = run_tests();
+    let mut totals = TestTotals::default();
+    let tests_ok =
+        run_tests("tests (cargo test --workspace --all-features)", &["--workspace", "--all-features"], &mut totals);
     steps_ok = tests_ok
+        && each_crate(&mut totals)
         && step(
             "cargo doc --no-deps (warnings denied)",
             cargo().args(["doc", "--workspace", "--no-deps", "--all-features"]).env("RUSTDOCFLAGS", "-D warnings"),
         )
-        && kernel_check();
+        && kernel_check(&nvrtc);
+    println!("\n=== xtask ci: took {:.0} s", t.elapsed().as_secs_f64());
     println!("\n=== xtask ci: {}", if steps_ok { "all steps passed" } else { "FAILED" });
     println!("{}", totals.summary());
     steps_ok
 }
 
 /// Compiles every CUDA kernel source for sm_90a through `hisparse check-kernels`.
-fn kernel_check() -> bool {
+fn kernel_check(env: &[(String, String)]) -> bool {
     println!("\n=== xtask ci: CUDA kernel compile check (NVRTC, sm_90a)");
     let status = cargo()
         .args(["run", "--quiet", "-p", "hisparse-bench", "--all-features", "--bin", "hisparse", "--", "check-kernels"])
+        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
         .status();
     match status.map(|s| s.code()) {
         Ok(Some(0)) => true,
         Ok(Some(3)) => {
             println!(
-                "!!!!! KERNEL COMPILE CHECK SKIPPED: no NVRTC library here (source ../shared/tools/nvrtc-env.sh first) !!!!!"
+                "!!!!! KERNEL COMPILE CHECK SKIPPED: no NVRTC library here (run without --offline to set it up) !!!!!"
             );
             true
         }
@@ -159,14 +249,16 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("ci") => {
-            if ci() {
+            if ci(args.iter().any(|a| a == "--offline")) {
                 ExitCode::SUCCESS
             } else {
                 ExitCode::FAILURE
             }
         }
         _ => {
-            println!("usage: cargo xtask ci    # fmt, clippy, tests, docs, CUDA kernel compile check");
+            println!(
+                "usage: cargo xtask ci [--offline]    # fmt, clippy, tests (workspace and each crate), docs, CUDA kernel compile check"
+            );
             ExitCode::from(2)
         }
     }

@@ -165,6 +165,13 @@ impl EngineArgs {
         let (field, value, reason) = match &e {
             PolicyError::Memory(MemoryError::InvalidField { field, value, reason })
             | PolicyError::Invalid { field, value, reason } => (*field, value, reason),
+            PolicyError::UnknownPolicy { name, known } => {
+                return match (&self.eviction_policy, &self.config) {
+                    (Some(_), _) => BenchError::flag("eviction-policy", name, format!("known policies: {known}")),
+                    (None, Some(path)) => BenchError::flag("config", path.display(), e.to_string()),
+                    _ => e.into(),
+                };
+            }
             _ => return e.into(),
         };
         match (flag_of(field), &self.config) {

@@ -173,13 +173,7 @@ pub fn by_name(name: &str, seed: u64) -> Result<Arc<dyn EvictionPolicy>> {
         "random" => Arc::new(Random::new(seed)),
         "clock" => Arc::new(Clock),
         "belady" => Arc::new(Belady),
-        _ => {
-            return Err(PolicyError::Memory(hisparse_memory::MemoryError::invalid(
-                "eviction_policy",
-                name,
-                format!("known policies: {}", POLICY_NAMES.join(", ")),
-            )));
-        }
+        _ => return Err(PolicyError::UnknownPolicy { name: name.to_owned(), known: POLICY_NAMES.join(", ") }),
     })
 }
 
