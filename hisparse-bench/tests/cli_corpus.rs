@@ -264,7 +264,7 @@ fn corpus() -> Vec<Case> {
     }
     c.extend(flag_cases(sim, "buffers", &["0", "1", "70000", "-1", "NaN"]));
     c.extend(flag_cases(sim, "policies", &["nope"]));
-    c.extend(flag_cases(sim, "row-bytes", &["-1", OVER]));
+    c.extend(flag_cases(sim, "row-bytes", &["-1", OVER, U64_MAX, "2000000"]));
     c.extend(flag_cases(sim, "out", &["existing.bin", "/proc/no/such"]));
     // trace synth
     c.extend(flag_cases(synth, "requests", &["0", "-1", U64_MAX]));

@@ -54,10 +54,14 @@ pub fn selections(geometry: &KvGeometry, workload: &Workload, spec: &Calibration
     let pages = total.div_ceil(p);
     let mut records = Vec::new();
     let mut vals = vec![0f32; dim];
+    // The layers whose indexer runs: the run layers' sources (a shared layer's is the nearest
+    // preceding full layer, IndexShare).
+    let mut sources: Vec<usize> = spec.layers.iter().map(|&l| geometry.index_source(l)).collect();
+    sources.sort_unstable();
+    sources.dedup();
     for r in 0..spec.requests as u64 {
-        // Keys of every position of every run layer.
-        let keys: Vec<Vec<u8>> = spec
-            .layers
+        // Keys of every position of every source layer.
+        let keys: Vec<Vec<u8>> = sources
             .iter()
             .map(|&l| {
                 let mut pool = vec![0u8; pages * p * key.row_bytes()];
@@ -77,10 +81,11 @@ pub fn selections(geometry: &KvGeometry, workload: &Workload, spec: &Calibration
         let (mut q, mut w) = (vec![0f32; h * dim], vec![0f32; h]);
         let mut scores = vec![0f32; total];
         let mut top = vec![0i32; k];
+        let mut selected: Vec<Vec<u32>> = vec![Vec::new(); sources.len()];
         for step in 1..=spec.steps {
             workload.advance(r, &mut drift);
             let seq_len = spec.context + step;
-            for (li, &l) in spec.layers.iter().enumerate() {
+            for (li, &l) in sources.iter().enumerate() {
                 workload.indexer_query(r, l, &drift, &mut q, &mut w);
                 let qb: Vec<bf16> = q.iter().map(|x| bf16::from_f32(*x)).collect();
                 let req = [IndexerRequest { first_page: 0, seq_len, score_offset: 0 }];
@@ -98,12 +103,16 @@ pub fn selections(geometry: &KvGeometry, workload: &Workload, spec: &Calibration
                 cpu.indexer_scores(&batch, &mut scores)?;
                 scores[seq_len - 1] = f32::INFINITY; // the newest token is always attended to
                 cpu.top_k(&scores, &[Span::new(0, seq_len)], k, &mut top)?;
+                selected[li] = top.iter().map(|&x| x as u32).collect();
+            }
+            for &l in &spec.layers {
+                let li = sources.binary_search(&geometry.index_source(l)).unwrap_or(0);
                 records.push(TraceRecord {
                     step: step as u32,
                     request: r,
                     layer: l as u32,
                     seq_len: seq_len as u32,
-                    selected: top.iter().map(|&x| x as u32).collect(),
+                    selected: selected[li].clone(),
                     scores: None,
                 });
             }

@@ -73,3 +73,16 @@ fn the_device_path_equals_the_host_path_bit_for_bit() {
         assert_eq!(differ, 0, "graphs {graphs}: {differ} of {} digests differ", host.len());
     }
 }
+
+#[test]
+fn the_device_path_equals_the_host_path_with_shared_index_layers() {
+    let shared = |mode| {
+        let mut c = config(mode, "lru");
+        c.geometry = c.geometry.with_indexers(hisparse_memory::IndexerLayout::Every { first_full: 1, freq: 2 });
+        c
+    };
+    let host = run_on(CpuBackend::new(), shared(Mode::Resident), &[], None);
+    let device = run_on(DevicePathCpu(CpuBackend::new()), shared(Mode::Resident), &[], None);
+    assert_eq!(host.len(), expected_count());
+    assert_eq!(host, device);
+}

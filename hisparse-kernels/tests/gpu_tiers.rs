@@ -18,6 +18,8 @@ fn the_device_tier_on_cuda_holds_rows_in_both_modes() {
     let mem = CudaMemory::new(dev.stream().clone());
     let cfg = DeviceTierConfig {
         layers: 3,
+        // Two of the three layers store index keys (IndexShare).
+        index_layers: 2,
         kv_row: KvRowLayout::new(KvRowFormat::Fp8, 512, 64).unwrap(),
         index_key: IndexKeyLayout::new(128).unwrap(),
         page_tokens: 16,
@@ -40,8 +42,11 @@ fn the_device_tier_on_cuda_holds_rows_in_both_modes() {
         for s in [0usize, 63, 64] {
             t.write_hot_row(hs, l, s, &row(s as u8 ^ 0x55)).unwrap();
         }
-        t.write_index_key(hs, l, 299, &row(9)[..132]).unwrap();
+        if l < 2 {
+            t.write_index_key(hs, l, 299, &row(9 + l as u8)[..132]).unwrap();
+        }
     }
+    assert!(t.write_index_key(hs, 2, 299, &row(9)[..132]).is_err(), "no third key pool");
     let mut out = vec![0u8; 656];
     for l in 0..3 {
         for s in [0usize, 63, 64] {
@@ -53,9 +58,11 @@ fn the_device_tier_on_cuda_holds_rows_in_both_modes() {
             let at = t.kv_row(res, p).unwrap() * 656;
             assert_eq!(&kv[at..at + 656], row(p as u8 + l as u8).as_slice());
         }
-        let keys = mem.download(t.keys(l)).unwrap();
-        let at = t.index_key_row(hs, 299).unwrap() * 132;
-        assert_eq!(&keys[at..at + 132], &row(9)[..132]);
+        if l < 2 {
+            let keys = mem.download(t.keys(l)).unwrap();
+            let at = t.index_key_row(hs, 299).unwrap() * 132;
+            assert_eq!(&keys[at..at + 132], &row(9 + l as u8)[..132]);
+        }
     }
     assert!(t.write_hot_row(hs, 0, 65, &row(0)).is_err(), "only 64 + 1 slots");
     t.release(res).unwrap();

@@ -135,6 +135,8 @@ pub struct CapacityPlan {
     pub mode: Mode,
     /// Layers.
     pub layers: usize,
+    /// Layers that store index keys (an IndexShare model's full layers; else `layers`).
+    pub index_layers: usize,
     /// KV row layout.
     pub kv_row: KvRowLayout,
     /// Index key layout.
@@ -168,7 +170,9 @@ impl CapacityPlan {
             |a: usize, b: usize, field: &'static str, v: usize| a.checked_mul(b).ok_or_else(|| overflow(field, v));
         let (kv_pages, index_pages, seats) = match self.mode {
             Mode::Resident => {
-                let per_page = mul(mul(p, kv + key, "page_tokens", p)?, l, "layers", l)?;
+                let rows = mul(mul(p, kv, "page_tokens", p)?, l, "layers", l)?;
+                let keys = mul(mul(p, key, "page_tokens", p)?, self.index_layers, "index_layers", self.index_layers)?;
+                let per_page = rows.checked_add(keys).ok_or_else(|| overflow("page_tokens", p))?;
                 let pages = self.device_bytes / per_page.max(1);
                 (pages, pages, 0)
             }
@@ -176,7 +180,7 @@ impl CapacityPlan {
                 let slots =
                     self.buffer_slots.checked_add(1).ok_or_else(|| overflow("buffer_slots", self.buffer_slots))?;
                 let seat = mul(mul(slots, kv, "buffer_slots", self.buffer_slots)?, l, "layers", l)?;
-                let page = mul(mul(p, key, "page_tokens", p)?, l, "layers", l)?;
+                let page = mul(mul(p, key, "page_tokens", p)?, self.index_layers, "index_layers", self.index_layers)?;
                 let typical = mul(self.typical_tokens.div_ceil(p), page, "typical_tokens", self.typical_tokens)?;
                 let per_request =
                     seat.checked_add(typical).ok_or_else(|| overflow("typical_tokens", self.typical_tokens))?;
@@ -187,6 +191,7 @@ impl CapacityPlan {
         };
         Ok(DeviceTierConfig {
             layers: l,
+            index_layers: self.index_layers,
             kv_row: self.kv_row,
             index_key: self.index_key,
             page_tokens: p,
@@ -234,6 +239,7 @@ mod tests {
         CapacityPlan {
             mode,
             layers: 61,
+            index_layers: 61,
             kv_row: KvRowLayout::new(KvRowFormat::Fp8, 512, 64).unwrap(),
             index_key: IndexKeyLayout::new(128).unwrap(),
             page_tokens: 64,

@@ -1,5 +1,6 @@
 //! `DeviceTier`: what lives in a backend's device memory, per layer: the index keys of every
-//! token of every live request, the hot buffers of hisparse requests (`device_buffer_size`
+//! token of every live request (in the layers that run an indexer: `index_layers` key pools),
+//! the hot buffers of hisparse requests (`device_buffer_size`
 //! regular slots plus the reserved newest slot, one "seat" per request), and the full KV rows of
 //! resident requests. Pages of `page_tokens` positions are shared across layers: a request holds
 //! the same page ids (and seat) in every layer's buffer.
@@ -17,6 +18,8 @@ use crate::row::{IndexKeyLayout, KvRowLayout};
 pub struct DeviceTierConfig {
     /// Layers.
     pub layers: usize,
+    /// Layers that store index keys (the full layers of an IndexShare model; else `layers`).
+    pub index_layers: usize,
     /// KV row layout.
     pub kv_row: KvRowLayout,
     /// Index key layout.
@@ -39,11 +42,15 @@ impl DeviceTierConfig {
     pub fn bytes(&self) -> usize {
         let m = |a: usize, b: usize, c: usize| a.checked_mul(b).and_then(|x| x.checked_mul(c));
         let per_layer = m(self.kv_pages, self.page_tokens, self.kv_row.row_bytes())
-            .zip(m(self.index_pages, self.page_tokens, self.index_key.row_bytes()))
-            .and_then(|(a, b)| a.checked_add(b))
             .zip(m(self.seats, self.buffer_slots.saturating_add(1), self.kv_row.row_bytes()))
             .and_then(|(a, b)| a.checked_add(b));
-        per_layer.and_then(|p| p.checked_mul(self.layers)).unwrap_or(usize::MAX)
+        let keys = m(self.index_pages, self.page_tokens, self.index_key.row_bytes())
+            .and_then(|k| k.checked_mul(self.index_layers));
+        per_layer
+            .and_then(|p| p.checked_mul(self.layers))
+            .zip(keys)
+            .and_then(|(a, b)| a.checked_add(b))
+            .unwrap_or(usize::MAX)
     }
 }
 
@@ -76,15 +83,24 @@ impl<M: DeviceMemory> DeviceTier<M> {
             }
         }
         let (kvb, kb) = (cfg.kv_row.row_bytes(), cfg.index_key.row_bytes());
-        let alloc =
-            |n: usize| -> Result<Vec<M::Buffer<u8>>> { (0..cfg.layers).map(|_| mem.alloc_zeroed::<u8>(n)).collect() };
+        if cfg.index_layers == 0 || cfg.index_layers > cfg.layers {
+            return Err(MemoryError::invalid(
+                "index_layers",
+                cfg.index_layers,
+                format!("must be in 1..={}", cfg.layers),
+            ));
+        }
+        let pools = |layers: usize, n: usize| -> Result<Vec<M::Buffer<u8>>> {
+            (0..layers).map(|_| mem.alloc_zeroed::<u8>(n)).collect()
+        };
+        let alloc = |n: usize| pools(cfg.layers, n);
         let size = |field: &'static str, v: usize, a: usize, b: usize| {
             v.checked_mul(a)
                 .and_then(|x| x.checked_mul(b))
                 .ok_or_else(|| MemoryError::invalid(field, v, "its buffer size overflows"))
         };
         let kv = alloc(size("kv_pages", cfg.kv_pages, cfg.page_tokens, kvb)?)?;
-        let keys = alloc(size("index_pages", cfg.index_pages, cfg.page_tokens, kb)?)?;
+        let keys = pools(cfg.index_layers, size("index_pages", cfg.index_pages, cfg.page_tokens, kb)?)?;
         let hot = alloc(size("seats", cfg.seats, cfg.buffer_slots.saturating_add(1), kvb)?)?;
         Ok(Self {
             kv_pages: PagePool::new("device KV pages", cfg.kv_pages)?,
@@ -231,13 +247,20 @@ impl<M: DeviceMemory> DeviceTier<M> {
         }
     }
 
-    /// Writes `req`'s index key at `position` of `layer`.
-    pub fn write_index_key(&mut self, req: RequestId, layer: usize, position: usize, key: &[u8]) -> Result<()> {
-        self.layer(layer)?;
+    /// Writes `req`'s index key at `position` of key pool `pool` (the index slot of a full
+    /// layer, `KvGeometry::index_slot`).
+    pub fn write_index_key(&mut self, req: RequestId, pool: usize, position: usize, key: &[u8]) -> Result<()> {
+        if pool >= self.cfg.index_layers {
+            return Err(MemoryError::invalid(
+                "pool",
+                pool,
+                format!("the tier has {} key pools", self.cfg.index_layers),
+            ));
+        }
         let b = self.cfg.index_key.row_bytes();
         check_len("key", b, key.len())?;
         let row = self.index_key_row(req, position)?;
-        self.mem.write(&mut self.keys[layer], row * b, key)
+        self.mem.write(&mut self.keys[pool], row * b, key)
     }
 
     /// Writes resident `req`'s KV row at `position` of `layer`.
@@ -267,9 +290,10 @@ impl<M: DeviceMemory> DeviceTier<M> {
         self.mem.read(&self.hot[layer], row * b, out)
     }
 
-    /// The index-key buffer of `layer` (rows of `index_key.row_bytes()`).
-    pub fn keys(&self, layer: usize) -> &M::Buffer<u8> {
-        &self.keys[layer.min(self.cfg.layers - 1)]
+    /// The index-key buffer of key pool `pool` (rows of `index_key.row_bytes()`; the pool of a
+    /// full layer is its `KvGeometry::index_slot`).
+    pub fn keys(&self, pool: usize) -> &M::Buffer<u8> {
+        &self.keys[pool.min(self.cfg.index_layers - 1)]
     }
 
     /// The resident KV buffer of `layer`.
@@ -282,10 +306,10 @@ impl<M: DeviceMemory> DeviceTier<M> {
         &self.hot[layer.min(self.cfg.layers - 1)]
     }
 
-    /// The index-key buffer of `layer`, writable (for batched writes).
-    pub fn keys_mut(&mut self, layer: usize) -> &mut M::Buffer<u8> {
-        let l = layer.min(self.cfg.layers - 1);
-        &mut self.keys[l]
+    /// The index-key buffer of key pool `pool`, writable (for batched writes).
+    pub fn keys_mut(&mut self, pool: usize) -> &mut M::Buffer<u8> {
+        let p = pool.min(self.cfg.index_layers - 1);
+        &mut self.keys[p]
     }
 
     /// The resident KV buffer of `layer`, writable (for batched writes).
@@ -302,10 +326,11 @@ impl<M: DeviceMemory> DeviceTier<M> {
 
     /// Device bytes held by live requests (all layers).
     pub fn bytes_in_use(&self) -> usize {
+        // No overflow: at most what the tier allocated.
         let per_layer = self.kv_pages.used() * self.cfg.page_tokens * self.cfg.kv_row.row_bytes()
-            + self.index_pages.used() * self.cfg.page_tokens * self.cfg.index_key.row_bytes()
             + self.seats.used() * (self.cfg.buffer_slots + 1) * self.cfg.kv_row.row_bytes();
-        per_layer * self.cfg.layers
+        let keys = self.index_pages.used() * self.cfg.page_tokens * self.cfg.index_key.row_bytes();
+        per_layer * self.cfg.layers + keys * self.cfg.index_layers
     }
 
     /// Live requests.
@@ -330,6 +355,7 @@ mod tests {
     fn tier() -> DeviceTier<EmulatedDevice> {
         let cfg = DeviceTierConfig {
             layers: 2,
+            index_layers: 2,
             kv_row: KvRowLayout::new(KvRowFormat::Fp8, 512, 64).unwrap(),
             index_key: IndexKeyLayout::new(128).unwrap(),
             page_tokens: 4,

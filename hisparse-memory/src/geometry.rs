@@ -1,5 +1,6 @@
 //! `KvGeometry`: the shape of one model's sparse-attention KV (layers, heads, dims, top-k, row
-//! format), with the named presets `deepseek-v3.2`, `glm-5.1` and `cpu-small`.
+//! format, which layers run the indexer), with the named presets `deepseek-v3.2`, `glm-5.1`,
+//! `glm-5.2` and `cpu-small`.
 
 use serde::{Deserialize, Serialize};
 
@@ -42,11 +43,52 @@ pub struct KvGeometry {
     pub top_k: usize,
     /// How KV rows are stored.
     pub kv_format: KvRowFormat,
+    /// Which layers run the lightning indexer (IndexShare: the others reuse a full layer's
+    /// selection and store no index keys).
+    #[serde(default)]
+    pub indexers: IndexerLayout,
+}
+
+/// Which layers run the lightning indexer (`full`) and which (`shared`) attend over the
+/// selection of the nearest preceding full layer, storing no index keys and running no indexer
+/// or top-k: GLM-5.2's IndexShare (IndexCache). Layer 0 is always full.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", tag = "kind", deny_unknown_fields)]
+pub enum IndexerLayout {
+    /// Every layer runs its own indexer (DeepSeek-V3.2, GLM-5.1 as the HiSparse blog ran it).
+    #[default]
+    AllFull,
+    /// The public configs' form: layers `0..first_full` are full, then every `freq`-th layer
+    /// counted from the last of them (`index_topk_freq`).
+    Every {
+        /// Leading layers that are all full (at least 1).
+        first_full: usize,
+        /// Distance between full layers after them (at least 1).
+        freq: usize,
+    },
+    /// Layer by layer (`true`: full), as a model config's `indexer_types` lists them.
+    Explicit {
+        /// One entry per layer.
+        full: Vec<bool>,
+    },
+}
+
+impl IndexerLayout {
+    /// Whether layer `l` runs its own indexer.
+    pub fn is_full(&self, l: usize) -> bool {
+        match self {
+            Self::AllFull => true,
+            Self::Every { first_full, freq } => {
+                l < *first_full || (l + 1 - *first_full.max(&1)).is_multiple_of((*freq).max(1))
+            }
+            Self::Explicit { full } => full.get(l).copied().unwrap_or(false),
+        }
+    }
 }
 
 impl KvGeometry {
     /// Names accepted by [`KvGeometry::preset`].
-    pub const PRESETS: [&'static str; 3] = ["deepseek-v3.2", "glm-5.1", "cpu-small"];
+    pub const PRESETS: [&'static str; 4] = ["deepseek-v3.2", "glm-5.1", "glm-5.2", "cpu-small"];
 
     /// A named preset:
     ///
@@ -54,14 +96,17 @@ impl KvGeometry {
     /// | --- | --- | --- | --- | --- | --- |
     /// | `deepseek-v3.2` | 61 | 128 | 64 x 128 | 2048 | fp8 (656 B) |
     /// | `glm-5.1` | 78 | 64 | 32 x 128 | 2048 | fp8 (656 B) |
+    /// | `glm-5.2` | 78 | 64 | 32 x 128 on 21 layers | 2048 | fp8 (656 B) |
     /// | `cpu-small` | 4 | 16 | 8 x 128 | 256 | fp8 (656 B) |
     ///
-    /// `cpu-small` keeps the real row formats and dims but few layers, heads and a small top-k,
-    /// so that the whole engine runs in seconds on a laptop.
+    /// Every layer runs its indexer except in `glm-5.2` (IndexShare: layers 0, 1, 2 and then
+    /// every fourth, i.e. 6, 10, ..., 74, are full; the other 57 reuse the nearest preceding full
+    /// layer's selection). `cpu-small` keeps the real row formats and dims but few layers, heads
+    /// and a small top-k, so that the whole engine runs in seconds on a laptop.
     pub fn preset(name: &str) -> Result<Self> {
         let (layers, q_heads, index_heads, top_k) = match name {
             "deepseek-v3.2" => (61, 128, 64, 2048),
-            "glm-5.1" => (78, 64, 32, 2048),
+            "glm-5.1" | "glm-5.2" => (78, 64, 32, 2048),
             "cpu-small" => (4, 16, 8, 256),
             _ => {
                 return Err(MemoryError::UnknownPreset { name: name.to_owned(), known: Self::PRESETS.join(", ") });
@@ -77,7 +122,44 @@ impl KvGeometry {
             index_dim: 128,
             top_k,
             kv_format: KvRowFormat::Fp8,
+            indexers: if name == "glm-5.2" {
+                IndexerLayout::Every { first_full: 3, freq: 4 }
+            } else {
+                IndexerLayout::AllFull
+            },
         })
+    }
+
+    /// The same geometry with another indexer layout.
+    pub fn with_indexers(mut self, indexers: IndexerLayout) -> Self {
+        self.indexers = indexers;
+        self
+    }
+
+    /// Whether layer `l` runs its own indexer and top-k (and stores index keys).
+    pub fn is_full(&self, l: usize) -> bool {
+        self.indexers.is_full(l)
+    }
+
+    /// The layer whose selection layer `l` attends over: itself when full, else the nearest
+    /// preceding full layer (layer 0 is full in a valid geometry).
+    pub fn index_source(&self, l: usize) -> usize {
+        (0..=l).rev().find(|&s| self.is_full(s)).unwrap_or(0)
+    }
+
+    /// The layers that run an indexer, ascending.
+    pub fn full_layers(&self) -> Vec<usize> {
+        (0..self.layers).filter(|&l| self.is_full(l)).collect()
+    }
+
+    /// How many layers store index keys.
+    pub fn index_layers(&self) -> usize {
+        (0..self.layers).filter(|&l| self.is_full(l)).count()
+    }
+
+    /// Where layer `l`'s index keys live among the full layers' key pools (`None`: shared).
+    pub fn index_slot(&self, l: usize) -> Option<usize> {
+        self.is_full(l).then(|| (0..l).filter(|&s| self.is_full(s)).count())
     }
 
     /// The same geometry with another KV row format.
@@ -148,6 +230,27 @@ impl KvGeometry {
         if self.top_k > i32::MAX as usize {
             return Err(MemoryError::invalid("top_k", self.top_k, "must fit in an i32 position"));
         }
+        match &self.indexers {
+            IndexerLayout::AllFull => {}
+            IndexerLayout::Every { first_full, freq } => {
+                if *first_full == 0 || *freq == 0 {
+                    return Err(MemoryError::invalid(
+                        "indexers",
+                        format!("every {freq} after {first_full}"),
+                        "first_full and freq must be at least 1 (layer 0 runs the indexer)",
+                    ));
+                }
+            }
+            IndexerLayout::Explicit { full } => {
+                if full.len() != self.layers || !full.first().copied().unwrap_or(false) {
+                    return Err(MemoryError::invalid(
+                        "indexers",
+                        format!("{} entries", full.len()),
+                        format!("need one per layer ({}), the first full", self.layers),
+                    ));
+                }
+            }
+        }
         self.kv_row()?;
         self.index_key()?;
         Ok(())
@@ -158,9 +261,9 @@ impl KvGeometry {
         Ok(self.kv_row()?.row_bytes() * self.layers)
     }
 
-    /// Device bytes of one token's index keys over all layers.
+    /// Device bytes of one token's index keys over all layers (only full layers store keys).
     pub fn index_bytes_per_token(&self) -> Result<usize> {
-        Ok(self.index_key()?.row_bytes() * self.layers)
+        Ok(self.index_key()?.row_bytes() * self.index_layers())
     }
 }
 
@@ -185,6 +288,34 @@ mod tests {
         // 656 B x 61 layers = 40 016 B of MLA rows per token for V3.2 (DESIGN.md).
         assert_eq!(v32.kv_bytes_per_token().unwrap(), 40_016);
         assert_eq!(v32.index_bytes_per_token().unwrap(), 132 * 61);
+    }
+
+    #[test]
+    fn glm_5_2_runs_the_indexer_on_21_of_78_layers() {
+        let g = KvGeometry::preset("glm-5.2").unwrap();
+        g.validate().unwrap();
+        let full = g.full_layers();
+        let mut want = vec![0, 1, 2];
+        want.extend((6..78).step_by(4));
+        assert_eq!(full, want);
+        assert_eq!((full.len(), g.layers - full.len()), (21, 57));
+        assert_eq!((g.index_source(5), g.index_source(6), g.index_source(77)), (2, 6, 74));
+        assert_eq!((g.index_slot(6), g.index_slot(7), g.index_slot(74)), (Some(3), None, Some(20)));
+        assert_eq!(g.index_bytes_per_token().unwrap(), 132 * 21);
+        // The explicit form, as a config's indexer_types lists it, gives the same layers.
+        let explicit = IndexerLayout::Explicit { full: (0..78).map(|l| g.is_full(l)).collect() };
+        let e = g.clone().with_indexers(explicit);
+        e.validate().unwrap();
+        assert_eq!(e.full_layers(), full);
+        assert!(KvGeometry::preset("glm-5.1").unwrap().full_layers().len() == 78);
+        // Layer 0 must run an indexer; zero frequencies are named.
+        let bad = g.clone().with_indexers(IndexerLayout::Explicit { full: vec![false; 78] });
+        assert!(bad.validate().unwrap_err().to_string().contains("indexers"));
+        let bad = g.clone().with_indexers(IndexerLayout::Every { first_full: 3, freq: 0 });
+        assert!(bad.validate().is_err());
+        let json = serde_json::to_string(&g).unwrap();
+        assert!(json.contains(r#""kind":"every""#), "{json}");
+        assert_eq!(serde_json::from_str::<KvGeometry>(&json).unwrap(), g);
     }
 
     #[test]

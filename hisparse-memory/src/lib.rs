@@ -35,7 +35,7 @@ pub use admission::{Admission, AdmissionControl, CapacityPlan, Resources};
 pub use device_memory::{DeviceMemory, Element, EmulatedDevice};
 pub use device_tier::{DeviceTier, DeviceTierConfig};
 pub use error::{MemoryError, Result};
-pub use geometry::KvGeometry;
+pub use geometry::{IndexerLayout, KvGeometry};
 pub use host_tier::{HostRowLocation, HostRowWriter, HostTier, HostTierConfig, HostTierFile, HostTierLayout};
 pub use page_pool::PagePool;
 pub use request::{Mode, RequestId};

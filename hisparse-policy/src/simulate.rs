@@ -310,7 +310,7 @@ pub fn simulate_with(
                 selected,
                 misses,
                 miss_ratio: if selected > 0 { misses as f64 / selected as f64 } else { 0.0 },
-                bytes_fetched: misses * row_bytes as u64,
+                bytes_fetched: misses.saturating_mul(row_bytes as u64),
                 misses_per_request_step: Distribution::of(&mut per_request),
                 misses_per_batch_step: Distribution::of(&mut batch),
                 series: sums.iter().map(|&(s, n)| if n > 0 { s / f64::from(n) } else { 0.0 }).collect(),

@@ -37,7 +37,7 @@ pub enum EmulateKind {
 /// Options that build an engine.
 #[derive(Debug, Clone, clap::Args)]
 pub struct EngineArgs {
-    /// Model geometry preset (deepseek-v3.2, glm-5.1, cpu-small).
+    /// Model geometry preset (deepseek-v3.2, glm-5.1, glm-5.2 with IndexShare, cpu-small).
     #[arg(long, default_value = "cpu-small")]
     pub preset: String,
     /// Backend: auto (CUDA where a driver is found, else CPU), cpu, or cuda.

@@ -18,7 +18,7 @@ use crate::timing::{median_secs, memcpy_bandwidth};
 /// Options of `hisparse selfcheck`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct SelfcheckArgs {
-    /// Model geometry preset (deepseek-v3.2, glm-5.1, cpu-small).
+    /// Model geometry preset (deepseek-v3.2, glm-5.1, glm-5.2 with IndexShare, cpu-small).
     #[arg(long, default_value = "deepseek-v3.2")]
     pub preset: String,
     /// Requests in the batch.

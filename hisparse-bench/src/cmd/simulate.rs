@@ -53,6 +53,7 @@ pub fn run(a: &SimulateArgs) -> Result<(SimReport, PathBuf)> {
             ));
         }
     }
+    guard::within("row-bytes", a.row_bytes, 0, 1 << 20)?;
     for p in &a.policies {
         hisparse_policy::policy::by_name(p, a.seed).map_err(|e| BenchError::flag("policies", p, e.to_string()))?;
     }

@@ -95,8 +95,11 @@ where
                 wl.index_key(id.0, l, t, &mut kv);
                 key.encode(&kv, k)
             })?;
-            self.backend.write_rows(self.device.keys_mut(l), keyb, &key_rows, &keys)?;
-            m.bytes_prompt_device += keys.len() as u64;
+            // Only layers that run an indexer store keys (IndexShare).
+            if let Some(slot) = self.cfg.geometry.index_slot(l) {
+                self.backend.write_rows(self.device.keys_mut(slot), keyb, &key_rows, &keys)?;
+                m.bytes_prompt_device += keys.len() as u64;
+            }
             match self.cfg.mode {
                 Mode::Resident => {
                     self.backend.write_rows(self.device.kv_mut(l), kb, &kv_rows, &rows)?;

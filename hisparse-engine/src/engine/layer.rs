@@ -36,16 +36,19 @@ where
         let mem = self.backend.memory().clone();
         let m = &mut rep.metrics;
 
-        // 2. Indexer over every position of every request (queries: the emulated model's).
-        self.stage_index_queries(l, sb, m)?;
-        {
+        // 2. Indexer over every position of every request (queries: the emulated model's); a
+        // shared layer (IndexShare) runs none and keeps its full layer's selection (the last
+        // one made: layers run in order).
+        let full = g.index_slot(l);
+        if let Some(slot) = full {
+            self.stage_index_queries(l, sb, m)?;
             let _s = tracing::debug_span!("indexer", layer = l).entered();
             let batch = IndexerBatch {
                 heads: h,
                 key_layout: key,
                 queries: &sb.index_q,
                 weights: &sb.index_w,
-                keys: self.device.keys(l),
+                keys: self.device.keys(slot),
                 page_tokens: p_tok,
                 page_table: &sb.table,
                 requests: &sb.reqs,
@@ -57,26 +60,28 @@ where
         }
 
         // 3. Top-k for the requests longer than k; shorter ones select everything.
-        if !sb.spans.is_empty() {
+        if full.is_some() && !sb.spans.is_empty() {
             let _s = tracing::debug_span!("top_k", layer = l).entered();
             let t = Instant::now();
             self.backend.top_k(&sb.scores, &sb.spans, k, &mut sb.top)?;
             m.stages.top_k += secs(t);
         }
-        mem.read(&sb.top, 0, &mut sb.stage_top)?;
-        let top = &sb.stage_top;
-        sb.selections.clear();
-        sb.sel_spans.clear();
-        let mut j = 0;
-        for (i, r) in sb.reqs.iter().enumerate() {
-            let start = sb.selections.len();
-            if sb.long.get(j) == Some(&i) {
-                sb.selections.extend(top[j * k..(j + 1) * k].iter().map(|&x| x as u32));
-                j += 1;
-            } else {
-                sb.selections.extend(0..r.seq_len as u32);
+        if full.is_some() {
+            mem.read(&sb.top, 0, &mut sb.stage_top)?;
+            let top = &sb.stage_top;
+            sb.selections.clear();
+            sb.sel_spans.clear();
+            let mut j = 0;
+            for (i, r) in sb.reqs.iter().enumerate() {
+                let start = sb.selections.len();
+                if sb.long.get(j) == Some(&i) {
+                    sb.selections.extend(top[j * k..(j + 1) * k].iter().map(|&x| x as u32));
+                    j += 1;
+                } else {
+                    sb.selections.extend(0..r.seq_len as u32);
+                }
+                sb.sel_spans.push(Span::new(start, sb.selections.len() - start));
             }
-            sb.sel_spans.push(Span::new(start, sb.selections.len() - start));
         }
 
         // 4. Swap-in (hisparse) or rows by position (resident).
@@ -210,7 +215,9 @@ where
             .collect::<Result<Vec<_>>>()?
             .concat();
         // Every position's index key, through the requests' page tables.
-        let (keys, table) = (mem.download(self.device.keys(l))?, mem.download(&sb.table)?);
+        // A shared layer's selection (and scores) are its full layer's: so are the keys shown.
+        let slot = self.cfg.geometry.index_slot(self.cfg.geometry.index_source(l)).unwrap_or(0);
+        let (keys, table) = (mem.download(self.device.keys(slot))?, mem.download(&sb.table)?);
         let (kb, p) = (self.key.row_bytes(), self.cfg.hisparse.page_tokens);
         let mut index_keys = Vec::new();
         for r in &sb.reqs {

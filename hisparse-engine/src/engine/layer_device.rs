@@ -93,22 +93,30 @@ where
     ) -> Result<()> {
         let g = &self.cfg.geometry;
         let (k, p_tok, n) = (g.top_k, self.cfg.hisparse.page_tokens, self.running.len());
-        let (h, qh, mode) = (g.index_heads, g.q_heads, self.cfg.mode);
+        let (h, mode) = (g.index_heads, self.cfg.mode);
         let mem = self.backend.memory().clone();
         let inp = &sb.inputs.layers[l];
+        let full = g.index_slot(l);
         let t = Instant::now();
-        self.backend.write_rows_packed(self.device.keys_mut(l), self.key.row_bytes(), n, &inp.keys)?;
+        if let Some(slot) = full {
+            self.backend.write_rows_packed(self.device.keys_mut(slot), self.key.row_bytes(), n, &inp.keys)?;
+        }
         let pool = if mode == Mode::Resident { self.device.kv_mut(l) } else { self.device.hot_mut(l) };
         self.backend.write_rows_packed(pool, self.kv_row.row_bytes(), n, &inp.rows)?;
         m.stages.append += secs(t);
 
-        // Indexer (the newest token pinned to +inf), then top-k into the selection buffer.
+        // Indexer (the newest token pinned to +inf), then top-k into the selection buffer; a
+        // shared layer (IndexShare) runs neither and keeps its full layer's selection there
+        // (the last one made: layers run in order).
+        let Some(slot) = full else {
+            return self.launch_swap_and_attention(l, sb, m);
+        };
         let batch = IndexerBatch {
             heads: h,
             key_layout: self.key,
             queries: &inp.index_q,
             weights: &inp.index_w,
-            keys: self.device.keys(l),
+            keys: self.device.keys(slot),
             page_tokens: p_tok,
             page_table: &sb.table,
             requests: &sb.reqs,
@@ -136,6 +144,20 @@ where
             self.backend.mark_stage(KernelStage::TopK, false)?;
             m.stages.top_k += secs(t);
         }
+        self.launch_swap_and_attention(l, sb, m)
+    }
+
+    /// The rest of layer `l`'s launches: swap-in or rows by position, attention queries,
+    /// attention, the emulated model's GEMMs.
+    fn launch_swap_and_attention(
+        &mut self,
+        l: usize,
+        sb: &mut StepBatch<B::Memory>,
+        m: &mut StepMetrics,
+    ) -> Result<()> {
+        let g = &self.cfg.geometry;
+        let (p_tok, qh, mode) = (self.cfg.hisparse.page_tokens, g.q_heads, self.cfg.mode);
+        let inp = &sb.inputs.layers[l];
 
         // Swap-in (hisparse) or rows by position (resident).
         let t = Instant::now();

@@ -54,8 +54,8 @@ where
     /// Writes the new token's index key and KV row of layer `l` for every running request (one
     /// batched write per pool); returns the rows (hisparse: for the backup).
     pub(super) fn append_tokens(&mut self, l: usize, m: &mut StepMetrics) -> Result<Vec<u8>> {
-        let g = &self.cfg.geometry;
-        let (d_qk, dim) = (g.d_qk(), g.index_dim);
+        let g = self.cfg.geometry.clone();
+        let (d_qk, dim, full) = (g.d_qk(), g.index_dim, g.is_full(l));
         let (kv_row, key, mode) = (self.kv_row, self.key, self.cfg.mode);
         let n = self.running.len();
         let mut keys = vec![0u8; n * key.row_bytes()];
@@ -68,15 +68,19 @@ where
             .try_for_each(|((kb, rb), r)| {
                 let (id, p) = (r.spec.id, r.seq_len);
                 let (mut vals, mut kvals) = (vec![0f32; d_qk], vec![0f32; dim]);
-                wl.index_key(id.0, l, p, &mut kvals);
-                key.encode(&kvals, kb)?;
+                if full {
+                    wl.index_key(id.0, l, p, &mut kvals);
+                    key.encode(&kvals, kb)?;
+                }
                 wl.kv_row(id.0, l, p, &mut vals);
                 kv_row.encode(&vals, rb)
             })?;
         m.stages.workload += secs(t);
         let t = Instant::now();
         let (key_rows, kv_rows) = self.new_token_rows(Some(l), m)?;
-        self.backend.write_rows(self.device.keys_mut(l), key.row_bytes(), &key_rows, &keys)?;
+        if let Some(slot) = g.index_slot(l) {
+            self.backend.write_rows(self.device.keys_mut(slot), key.row_bytes(), &key_rows, &keys)?;
+        }
         let pool = if mode == Mode::Resident { self.device.kv_mut(l) } else { self.device.hot_mut(l) };
         self.backend.write_rows(pool, kv_row.row_bytes(), &kv_rows, &rows)?;
         m.stages.append += secs(t);

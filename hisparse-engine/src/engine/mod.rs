@@ -153,6 +153,7 @@ where
         let plan = CapacityPlan {
             mode: cfg.mode,
             layers: g.layers,
+            index_layers: g.index_layers(),
             kv_row,
             index_key: key,
             page_tokens: cfg.hisparse.page_tokens,

@@ -101,12 +101,15 @@ fn generate(
         let qs = hl.index_q.par_chunks_mut((h * dim).max(1)).zip(hl.index_w.par_chunks_mut(h.max(1)));
         keys.zip(rows).zip(qs).zip(reqs.par_iter()).try_for_each(|(((kb, rb), (q, w)), &(id, p, d))| -> Result<()> {
             let (mut vals, mut kvals, mut qf) = (vec![0f32; g.d_qk()], vec![0f32; dim], vec![0f32; h * dim]);
-            wl.index_key(id, l, p, &mut kvals);
-            key.encode(&kvals, kb)?;
             wl.kv_row(id, l, p, &mut vals);
             kv_row.encode(&vals, rb)?;
-            wl.indexer_query(id, l, d, &mut qf, w);
-            q.iter_mut().zip(&qf).for_each(|(o, x)| *o = bf16::from_f32(*x));
+            // A shared layer (IndexShare) has no keys and runs no indexer.
+            if g.is_full(l) {
+                wl.index_key(id, l, p, &mut kvals);
+                key.encode(&kvals, kb)?;
+                wl.indexer_query(id, l, d, &mut qf, w);
+                q.iter_mut().zip(&qf).for_each(|(o, x)| *o = bf16::from_f32(*x));
+            }
             Ok(())
         })
     })

@@ -111,7 +111,8 @@ impl ModelShape {
             ranks: 8,
         };
         match name {
-            "glm-5.1" => Ok(Self {
+            // GLM-5.2's weights have GLM-5.1's shapes (its IndexShare changes the KV, not them).
+            "glm-5.1" | "glm-5.2" => Ok(Self {
                 layers: 78,
                 hidden: 6144,
                 heads: 64,
