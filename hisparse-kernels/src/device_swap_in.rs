@@ -25,6 +25,8 @@ pub struct DeviceSwapInConfig {
     pub block_size: usize,
     /// Most selected tokens of one request (top-k).
     pub max_selected: usize,
+    /// Longest request (positions), for policies that keep a word per token.
+    pub max_tokens: usize,
 }
 
 /// One request of a step, for every layer of it (`#[repr(C)]`: the CUDA swap-in kernel reads
@@ -44,9 +46,18 @@ pub struct DeviceSwapReq {
     pub sel_len: u32,
     /// First of its host pages in the step's host-page list.
     pub page_offset: u32,
+    /// First of its scores (by position) in the step's score buffer, for policies that read
+    /// scores.
+    pub score_offset: u32,
+    /// Padding (zero).
+    pub pad: u32,
     /// Request id.
     pub request: u64,
 }
+
+/// Words a swap-in launch counts per request: hits, misses, evictions, useful prefetches (hits
+/// on prefetched slots), wasted prefetches (prefetched slots evicted unused).
+pub const SWAP_COUNTS: usize = 5;
 
 /// Hits and misses a device swap-in counted over a step.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -59,6 +70,10 @@ pub struct DeviceSwapCounts {
     pub max_misses: u64,
     /// Bytes copied host → device.
     pub bytes_h2d: u64,
+    /// Hits on slots a prefetch filled (useful prefetches).
+    pub prefetch_used: u64,
+    /// Prefetched slots evicted before any selection used them (wasted prefetches).
+    pub prefetch_wasted: u64,
 }
 
 /// A device swap-in over memory `M`. Calls of one step: [`DeviceSwapIn::begin_step`], then
@@ -76,11 +91,13 @@ pub trait DeviceSwapIn<M: DeviceMemory>: Send {
 
     /// The swap-in of `layer`: selections (positions, per request from its `sel_offset`) →
     /// `locations` (the hot-buffer row of each selected token, same indexing); missed rows are
-    /// copied from the host tier into `hot`, the layer's hot-buffer pool.
+    /// copied from the host tier into `hot`, the layer's hot-buffer pool. `scores` (by position,
+    /// per request from its `score_offset`) for policies that read them.
     fn launch(
         &mut self,
         layer: usize,
         selections: &M::Buffer<i32>,
+        scores: Option<&M::Buffer<f32>>,
         hot: &mut M::Buffer<u8>,
         locations: &mut M::Buffer<i32>,
     ) -> Result<()>;
@@ -110,7 +127,14 @@ impl<M: DeviceMemory> DeviceSwapIn<M> for NoDeviceSwapIn {
         match *self {}
     }
 
-    fn launch(&mut self, _: usize, _: &M::Buffer<i32>, _: &mut M::Buffer<u8>, _: &mut M::Buffer<i32>) -> Result<()> {
+    fn launch(
+        &mut self,
+        _: usize,
+        _: &M::Buffer<i32>,
+        _: Option<&M::Buffer<f32>>,
+        _: &mut M::Buffer<u8>,
+        _: &mut M::Buffer<i32>,
+    ) -> Result<()> {
         match *self {}
     }
 
@@ -129,11 +153,12 @@ mod tests {
 
     #[test]
     fn a_request_is_laid_out_as_the_kernels_swap_req() {
-        // kernels/swap_in.cu: six u32 fields, then the u64 request id; 32 bytes.
-        assert_eq!(size_of::<DeviceSwapReq>(), 32);
+        // kernels/swap_in.cu: eight u32 fields, then the u64 request id; 40 bytes.
+        assert_eq!(size_of::<DeviceSwapReq>(), 40);
         assert_eq!(std::mem::offset_of!(DeviceSwapReq, seat), 0);
         assert_eq!(std::mem::offset_of!(DeviceSwapReq, sel_len), 16);
         assert_eq!(std::mem::offset_of!(DeviceSwapReq, page_offset), 20);
-        assert_eq!(std::mem::offset_of!(DeviceSwapReq, request), 24);
+        assert_eq!(std::mem::offset_of!(DeviceSwapReq, score_offset), 24);
+        assert_eq!(std::mem::offset_of!(DeviceSwapReq, request), 32);
     }
 }

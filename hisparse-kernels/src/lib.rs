@@ -34,7 +34,9 @@ pub mod unit_stream;
 
 pub use backend::{AttentionBatch, Backend, Buf, IndexerBatch, IndexerRequest, KernelStage, Span, StageSeconds};
 pub use cpu::CpuBackend;
-pub use device_swap_in::{DeviceSwapCounts, DeviceSwapIn, DeviceSwapInConfig, DeviceSwapReq, NoDeviceSwapIn};
+pub use device_swap_in::{
+    DeviceSwapCounts, DeviceSwapIn, DeviceSwapInConfig, DeviceSwapReq, NoDeviceSwapIn, SWAP_COUNTS,
+};
 pub use error::{KernelError, Result};
 pub use gemm::GemmShape;
 pub use merge::merge_partial;

@@ -26,7 +26,7 @@ fn two_steps(dev: &CudaDevice, host: &mut HostTier, mapped: &MappedHostTier, sea
     let mut backup = GpuBackup::new(dev).unwrap();
     backup.inject_delay_ns = 3_000_000;
     let lru = by_name("lru", 0).unwrap();
-    let mut gpu = GpuSwapIn::new(dev, Arc::clone(&lru), 1, 1, B, 128, 64).unwrap();
+    let mut gpu = GpuSwapIn::new(dev, Arc::clone(&lru), 1, 1, B, 128, 64, 0).unwrap();
     gpu.reset_seat(0, 0).unwrap();
     let mut hot = s.alloc_zeros::<u8>((B + 1) * ROW).unwrap();
     let req = RequestId(seat_req);
@@ -43,10 +43,12 @@ fn two_steps(dev: &CudaDevice, host: &mut HostTier, mapped: &MappedHostTier, sea
             sel_offset: 0,
             sel_len: sel.len() as u32,
             page_offset: 0,
+            score_offset: 0,
+            pad: 0,
             request: seat_req,
         };
         let batch = gpu.upload_requests(&[r]).unwrap();
-        gpu.launch(0, &batch, &sels.as_view(), &pages, mapped, hot, &mut out).unwrap();
+        gpu.launch(0, &batch, &sels.as_view(), None, &pages, mapped, hot, &mut out).unwrap();
         out
     };
     // Step 1: the new token L goes into the reserved slot, then is backed up (slowly).
@@ -61,6 +63,7 @@ fn two_steps(dev: &CudaDevice, host: &mut HostTier, mapped: &MappedHostTier, sea
     let out = step(2, vec![3, L as u32, L as u32 + 1], L + 2, &mut hot);
     let slots = s.clone_dtoh(&out.miss_slots).unwrap();
     let counts = s.clone_dtoh(&out.counts).unwrap();
+    assert_eq!(counts.len() % hisparse_kernels::SWAP_COUNTS, 0);
     assert_eq!(counts[1], 1, "token {L} must be the one miss of step 2");
     let rows = s.clone_dtoh(&hot).unwrap();
     done.synchronize().unwrap();

@@ -10,10 +10,11 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
+use hisparse_kernels::SWAP_COUNTS;
 use hisparse_kernels::cuda::{CudaDevice, GpuSwapIn, SwapOutputs, SwapReq};
 use hisparse_memory::{HostTier, HostTierConfig, RequestId};
-use hisparse_policy::policy::builtin;
-use hisparse_policy::{StepCtx, SwapInPlan, SwapInState};
+use hisparse_policy::policy::registered;
+use hisparse_policy::{StepCtx, SwapInPlan, SwapInState, SwapInputs};
 use rand::{Rng, SeedableRng};
 
 const ROW: usize = 656;
@@ -87,8 +88,8 @@ fn compare(z: &Sizes, seed: u64) {
         .collect();
     let pages_d = s.clone_htod(&pages).unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    for policy in builtin(77).into_iter().filter(|p| p.cuda().is_some()) {
-        let mut gpu = GpuSwapIn::new(&dev, Arc::clone(&policy), n, layers, b, z.block, k + 1).unwrap();
+    for policy in registered(77).into_iter().filter(|p| p.cuda().is_some()) {
+        let mut gpu = GpuSwapIn::new(&dev, Arc::clone(&policy), n, layers, b, z.block, k + 1, longest + 1).unwrap();
         let mut cpu: Vec<Vec<SwapInState>> =
             z.prompts.iter().map(|_| (0..layers).map(|_| SwapInState::new(b).unwrap()).collect()).collect();
         let mut hot: Vec<_> = (0..layers).map(|_| s.alloc_zeros::<u8>(n * (b + 1) * ROW).unwrap()).collect();
@@ -109,6 +110,7 @@ fn compare(z: &Sizes, seed: u64) {
             for (l, hot_l) in hot.iter_mut().enumerate() {
                 let mut reqs = Vec::new();
                 let mut sels: Vec<u32> = Vec::new();
+                let mut scores: Vec<f32> = Vec::new();
                 let mut plans = Vec::new();
                 for (r, &p) in z.prompts.iter().enumerate() {
                     let seq_len = p + step;
@@ -128,8 +130,15 @@ fn compare(z: &Sizes, seed: u64) {
                         buffer_slots: b as u32,
                         seed: policy.seed(),
                     };
+                    // Scores of every position (some unknown), for policies that read them.
+                    let score_offset = scores.len();
+                    scores.extend(
+                        (0..seq_len)
+                            .map(|_| if rng.random_bool(0.05) { f32::NAN } else { rng.random_range(-4.0..4.0f32) }),
+                    );
                     let mut plan = SwapInPlan::default();
-                    cpu[r][l].step(policy.as_ref(), &sel, seq_len, &ctx, None, &mut plan).unwrap();
+                    let inputs = SwapInputs { next_use: None, scores: Some(&scores[score_offset..]) };
+                    cpu[r][l].step(policy.as_ref(), &sel, seq_len, &ctx, inputs, &mut plan).unwrap();
                     plans.push(plan);
                     reqs.push(SwapReq {
                         seat: r as u32,
@@ -138,11 +147,14 @@ fn compare(z: &Sizes, seed: u64) {
                         sel_offset: sels.len() as u32,
                         sel_len: sel.len() as u32,
                         page_offset: page_offsets[r],
+                        score_offset: score_offset as u32,
+                        pad: 0,
                         request: r as u64 + 1000,
                     });
                     sels.extend(sel);
                 }
                 let sels_d = s.clone_htod(&sels).unwrap();
+                let scores_d = s.clone_htod(&scores).unwrap();
                 let mut out = SwapOutputs::new(&s, reqs.len(), sels.len()).unwrap();
                 // The batch is updated in place from the second launch on (as the engine does).
                 let bt = match batch.as_mut() {
@@ -152,7 +164,8 @@ fn compare(z: &Sizes, seed: u64) {
                         bt
                     }
                 };
-                gpu.launch(l, bt, &sels_d.as_view(), &pages_d, &mapped, hot_l, &mut out).unwrap();
+                gpu.launch(l, bt, &sels_d.as_view(), Some(&scores_d.as_view()), &pages_d, &mapped, hot_l, &mut out)
+                    .unwrap();
                 let (locs, counts) = (s.clone_dtoh(&out.locations).unwrap(), s.clone_dtoh(&out.counts).unwrap());
                 let (mt, ms, ev) = (
                     s.clone_dtoh(&out.miss_tokens).unwrap(),
@@ -163,8 +176,14 @@ fn compare(z: &Sizes, seed: u64) {
                     let what = format!("{} step {step} layer {l} request {r}", policy.name());
                     let (o, n) = (req.sel_offset as usize, req.sel_len as usize);
                     assert_eq!(
-                        counts[3 * r..3 * r + 3],
-                        [plan.hits.len() as u32, plan.misses.len() as u32, plan.evictions.len() as u32],
+                        counts[SWAP_COUNTS * r..SWAP_COUNTS * r + 5],
+                        [
+                            plan.hits.len() as u32,
+                            plan.misses.len() as u32,
+                            plan.evictions.len() as u32,
+                            plan.prefetch_used as u32,
+                            plan.prefetch_wasted as u32
+                        ],
                         "{what}: counts"
                     );
                     let base = (r * (b + 1)) as i32;
@@ -256,17 +275,26 @@ fn out_of_range_selections_and_pages_raise_the_fault_flag() {
     host.grow(RequestId(0), 300).unwrap();
     let mapped = host.register_cuda(dev.context()).unwrap();
     let lru = hisparse_policy::policy::by_name("lru", 0).unwrap();
-    let mut gpu = GpuSwapIn::new(&dev, lru, 1, layers, b, 128, 32).unwrap();
+    let mut gpu = GpuSwapIn::new(&dev, lru, 1, layers, b, 128, 32, 0).unwrap();
     gpu.reset_seat(0, 0).unwrap();
     let mut hot = s.alloc_zeros::<u8>((b + 1) * ROW).unwrap();
     let run = |gpu: &mut GpuSwapIn, hot: &mut _, seq_len: u32, sel: &[u32], pages: &[u32]| {
-        let req =
-            SwapReq { seat: 0, seq_len, step: 1, sel_offset: 0, sel_len: sel.len() as u32, page_offset: 0, request: 0 };
+        let req = SwapReq {
+            seat: 0,
+            seq_len,
+            step: 1,
+            sel_offset: 0,
+            sel_len: sel.len() as u32,
+            page_offset: 0,
+            score_offset: 0,
+            pad: 0,
+            request: 0,
+        };
         let batch = gpu.upload_requests(&[req]).unwrap();
         let sels = s.clone_htod(sel).unwrap();
         let pages_d = s.clone_htod(pages).unwrap();
         let mut out = SwapOutputs::new(&s, 1, sel.len()).unwrap();
-        gpu.launch(0, &batch, &sels.as_view(), &pages_d, &mapped, hot, &mut out).unwrap();
+        gpu.launch(0, &batch, &sels.as_view(), None, &pages_d, &mapped, hot, &mut out).unwrap();
         (s.clone_dtoh(&out.locations).unwrap(), gpu.take_fault().unwrap())
     };
     let good: Vec<u32> = host.pages(RequestId(0)).unwrap().to_vec();
@@ -284,12 +312,22 @@ fn out_of_range_selections_and_pages_raise_the_fault_flag() {
     let (_, fault) = run(&mut gpu, &mut hot, 202, &[0, 1, 2], &bad);
     assert!(fault, "page id beyond the tier");
     // What the host can see is refused before any launch: pages for the sequence beyond the list.
-    let req = SwapReq { seat: 0, seq_len: 202, step: 1, sel_offset: 0, sel_len: 1, page_offset: 0, request: 0 };
+    let req = SwapReq {
+        seat: 0,
+        seq_len: 202,
+        step: 1,
+        sel_offset: 0,
+        sel_len: 1,
+        page_offset: 0,
+        score_offset: 0,
+        pad: 0,
+        request: 0,
+    };
     let batch = gpu.upload_requests(&[req]).unwrap();
     let sels = s.clone_htod(&[0u32]).unwrap();
     let short = s.clone_htod(&good[..2]).unwrap();
     let mut out = SwapOutputs::new(&s, 1, 1).unwrap();
-    assert!(gpu.launch(0, &batch, &sels.as_view(), &short, &mapped, &mut hot, &mut out).is_err());
+    assert!(gpu.launch(0, &batch, &sels.as_view(), None, &short, &mapped, &mut hot, &mut out).is_err());
     // And requests the swap-in cannot hold are refused when uploaded.
     let over = SwapReq { sel_offset: u32::MAX, sel_len: 2, ..req };
     assert!(gpu.upload_requests(&[over]).is_err(), "sel_offset + sel_len overflows");

@@ -12,8 +12,12 @@ fn every_kernel_source_compiles_for_sm90a() {
         return;
     }
     let sources = cuda::all_sources();
-    for policy in ["lru", "fifo", "random", "clock"] {
-        assert!(sources.iter().any(|s| s.name == format!("policy_{policy}")), "no harness for {policy}");
+    // A hook harness and a swap-in module for every policy with a GPU form.
+    for p in hisparse_policy::policy::builtin(0).into_iter().filter(|p| p.cuda().is_some()) {
+        let harness = cuda::policy_harness(p.as_ref()).unwrap();
+        assert!(sources.iter().any(|s| s.name == harness.name), "no harness for {}", p.name());
+        let swap = cuda::swap_in_source(p.as_ref()).unwrap();
+        assert!(sources.iter().any(|s| s.name == swap.name), "no swap-in for {}", p.name());
     }
     for src in sources {
         let k = cuda::compile(&src).unwrap_or_else(|e| panic!("{e}"));

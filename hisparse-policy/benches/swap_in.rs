@@ -35,7 +35,7 @@ fn workload() -> (SwapInState, Vec<Vec<u32>>) {
         }
         sel.shuffle(&mut rng);
         sel.sort_unstable();
-        st.step(lru.as_ref(), &sel, seq_len, &ctx(step), None, &mut plan).unwrap();
+        st.step(lru.as_ref(), &sel, seq_len, &ctx(step), hisparse_policy::SwapInputs::default(), &mut plan).unwrap();
         if step == 50 {
             warm.push(st.clone());
         }
@@ -61,7 +61,15 @@ fn swap_in(c: &mut Criterion) {
                     for (i, sel) in steps.iter().enumerate() {
                         let step = 51 + i;
                         let ctx = StepCtx { step: step as u32, layer: 0, request: 0, buffer_slots: B as u32, seed: 0 };
-                        st.step(p.as_ref(), sel, PROMPT + step, &ctx, None, &mut plan).unwrap();
+                        st.step(
+                            p.as_ref(),
+                            sel,
+                            PROMPT + step,
+                            &ctx,
+                            hisparse_policy::SwapInputs::default(),
+                            &mut plan,
+                        )
+                        .unwrap();
                         misses += plan.misses.len();
                     }
                     misses

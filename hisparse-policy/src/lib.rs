@@ -20,9 +20,9 @@ pub mod trace;
 
 pub use config::HiSparseConfig;
 pub use error::{PolicyError, Result};
-pub use policy::{EvictionPolicy, PolicyScalars, SlotRecord, StepCtx, VictimKey};
+pub use policy::{EvictionPolicy, PolicyConfig, PolicyEnv, PolicyScalars, SlotRecord, StepCtx, VictimKey};
 pub use simulate::{SimConfig, SimReport, SimResult, memory_estimate, simulate, simulate_with};
-pub use swap_in::{SwapInPlan, SwapInState, copy_missing_rows};
+pub use swap_in::{PrefetchPlan, SwapInPlan, SwapInState, SwapInputs, copy_missing_rows};
 
 /// The README's examples, compiled and run as doc-tests.
 #[cfg(doctest)]

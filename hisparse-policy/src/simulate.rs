@@ -13,7 +13,7 @@ use serde::Serialize;
 
 use crate::error::{PolicyError, Result};
 use crate::policy::{self, EvictionPolicy, StepCtx};
-use crate::swap_in::{SwapInPlan, SwapInState};
+use crate::swap_in::{SwapInPlan, SwapInState, SwapInputs};
 use crate::trace::{TraceHeader, TraceRecord};
 
 /// What to simulate.
@@ -168,7 +168,8 @@ fn run_stream(
             buffer_slots: slots as u32,
             seed: policy.seed(),
         };
-        state.step(policy, &r.selected, r.seq_len as usize, &ctx, next_use.as_deref(), &mut plan)?;
+        let inputs = SwapInputs { next_use: next_use.as_deref(), scores: None };
+        state.step(policy, &r.selected, r.seq_len as usize, &ctx, inputs, &mut plan)?;
         out.push(plan.misses.len() as u32);
         if let (Some(nu), Some((next, _))) = (next_use.as_mut(), future) {
             for (&t, &n) in r.selected.iter().zip(&next[i]) {

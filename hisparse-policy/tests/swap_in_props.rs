@@ -6,7 +6,7 @@
 
 use hisparse_policy::policy::{self, POLICY_NAMES};
 use hisparse_policy::trace::{TraceHeader, TraceRecord};
-use hisparse_policy::{SimConfig, StepCtx, SwapInPlan, SwapInState, simulate};
+use hisparse_policy::{SimConfig, StepCtx, SwapInPlan, SwapInState, SwapInputs, simulate};
 use proptest::prelude::*;
 
 /// A random stream: a start length, then per step a selection (drawn from a small hot set plus
@@ -66,7 +66,7 @@ proptest! {
                 let seq_len = start + 1 + i;
                 let ctx = StepCtx { step: i as u32 + 1, layer: 1, request: 5, buffer_slots: slots as u32, seed: p.seed() };
                 let nu = next_use(&steps, i, max_len);
-                st.step(p.as_ref(), sel, seq_len, &ctx, Some(&nu), &mut plan).unwrap();
+                st.step(p.as_ref(), sel, seq_len, &ctx, SwapInputs { next_use: Some(&nu), scores: None }, &mut plan).unwrap();
                 let t = st.table();
                 prop_assert!(t.check().is_ok(), "{}: {:?}", name, t.check());
                 prop_assert_eq!(plan.hits.len() + plan.misses.len(), sel.len(), "{}", name);

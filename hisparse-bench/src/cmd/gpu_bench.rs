@@ -11,10 +11,11 @@ use std::time::Instant;
 
 use cudarc::driver::sys::{self, CUevent_flags};
 use cudarc::driver::{CudaStream, DevicePtrMut, LaunchConfig, PushKernelArg};
+use hisparse_kernels::SWAP_COUNTS;
 use hisparse_kernels::cuda::{CudaDevice, GpuSwapIn, SwapOutputs, SwapReq, swap_in_source};
 use hisparse_memory::{HostTier, HostTierConfig, RequestId};
 use hisparse_policy::policy::by_name;
-use hisparse_policy::{StepCtx, SwapInPlan, SwapInState};
+use hisparse_policy::{StepCtx, SwapInPlan, SwapInState, SwapInputs};
 use rand::seq::IndexedRandom;
 use rand::{Rng, SeedableRng};
 use rayon::prelude::*;
@@ -225,7 +226,8 @@ pub fn run(a: &GpuBenchArgs) -> Result<Vec<Figure>> {
     // Miss-gather bandwidth: 32 requests x 267 sorted misses (13% of 2048), one layer's rows.
     let lru = by_name("lru", 0)?;
     let module = swap_in_source(lru.as_ref()).ok_or_else(|| BenchError::Gpu("lru has no GPU form".into()))?;
-    let gather = dev.function_of("swap_in_lru", "gather_rows", || Some(module))?;
+    let name = module.name.clone();
+    let gather = dev.function_of(&name, "gather_rows", || Some(module))?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(5);
     for &gib in &a.tier_gib {
         for rb in [656usize, 1152] {
@@ -308,7 +310,7 @@ pub fn run(a: &GpuBenchArgs) -> Result<Vec<Figure>> {
         for (label, miss_pct, fast) in
             [("13% misses", 13usize, false), ("hit-only", 0, false), ("fast path (seq_len <= buffer)", 0, true)]
         {
-            let mut gpu = GpuSwapIn::new(&dev, Arc::clone(&lru), batch, 1, b, 512, k)?;
+            let mut gpu = GpuSwapIn::new(&dev, Arc::clone(&lru), batch, 1, b, 512, k, 0)?;
             let mut hot = s.alloc_zeros::<u8>(batch * (b + 1) * 656).map_err(cuda("alloc"))?;
             let mut mirror: Vec<SwapInState> =
                 (0..batch).map(|_| SwapInState::new(b)).collect::<std::result::Result<_, _>>()?;
@@ -347,7 +349,7 @@ pub fn run(a: &GpuBenchArgs) -> Result<Vec<Figure>> {
                     sel.sort_unstable();
                     let ctx =
                         StepCtx { step: step as u32, layer: 0, request: r as u64, buffer_slots: b as u32, seed: 0 };
-                    m.step(lru.as_ref(), &sel, seq_len, &ctx, None, &mut plan)?;
+                    m.step(lru.as_ref(), &sel, seq_len, &ctx, SwapInputs::default(), &mut plan)?;
                     want_counts.extend([plan.hits.len() as u32, plan.misses.len() as u32, plan.evictions.len() as u32]);
                     if step > 8 {
                         misses += plan.misses.len();
@@ -359,6 +361,8 @@ pub fn run(a: &GpuBenchArgs) -> Result<Vec<Figure>> {
                         sel_offset: sels.len() as u32,
                         sel_len: sel.len() as u32,
                         page_offset: r as u32 * per,
+                        score_offset: 0,
+                        pad: 0,
                         request: r as u64,
                     });
                     sels.extend(sel);
@@ -368,11 +372,16 @@ pub fn run(a: &GpuBenchArgs) -> Result<Vec<Figure>> {
                 let batch_d = gpu.upload_requests(&reqs)?;
                 s.synchronize().map_err(cuda("sync"))?;
                 let e0 = s.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(cuda("event"))?;
-                gpu.launch(0, &batch_d, &sels_d.as_view(), &pages_d, &host, &mut hot, &mut out)?;
+                gpu.launch(0, &batch_d, &sels_d.as_view(), None, &pages_d, &host, &mut hot, &mut out)?;
                 let e1 = s.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(cuda("event"))?;
                 let ms = f64::from(e0.elapsed_ms(&e1).map_err(cuda("elapsed"))?);
                 // The kernel's own counts against the CPU mirror's decisions, every step.
-                let got = s.clone_dtoh(&out.counts.slice(..3 * reqs.len())).map_err(cuda("dtoh"))?;
+                let got: Vec<u32> = s
+                    .clone_dtoh(&out.counts.slice(..SWAP_COUNTS * reqs.len()))
+                    .map_err(cuda("dtoh"))?
+                    .chunks_exact(SWAP_COUNTS)
+                    .flat_map(|c| c[..3].to_vec())
+                    .collect();
                 if got != want_counts {
                     let r = (0..reqs.len()).find(|&r| got[3 * r..3 * r + 3] != want_counts[3 * r..3 * r + 3]);
                     return Err(BenchError::Gpu(format!(

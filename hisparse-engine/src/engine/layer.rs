@@ -8,7 +8,7 @@ use std::time::Instant;
 use hisparse_kernels::{AttentionBatch, Backend, IndexerBatch, Span};
 use hisparse_memory::{DeviceMemory, Mode};
 use hisparse_policy::trace::TraceRecord;
-use hisparse_policy::{EvictionPolicy, StepCtx, SwapInPlan, copy_missing_rows};
+use hisparse_policy::{EvictionPolicy, StepCtx, SwapInPlan, SwapInputs, copy_missing_rows};
 
 use super::Engine;
 use super::step::{LayerDump, StepBatch, StepReport, digest, secs};
@@ -88,6 +88,9 @@ where
         let t = Instant::now();
         sb.locations.clear();
         let mut plan = SwapInPlan::default();
+        // Scores for policies that read them (a shared layer's are its full layer's).
+        let scores =
+            if mode == Mode::HiSparse && policy.needs_scores() { Some(mem.download(&sb.scores)?) } else { None };
         for (i, span) in sb.sel_spans.iter().enumerate() {
             let sel = &sb.selections[span.offset..span.end()];
             let (id, n) = (self.running[i].spec.id, sb.reqs[i].seq_len);
@@ -107,7 +110,10 @@ where
                         buffer_slots: b as u32,
                         seed: policy.seed(),
                     };
-                    r.swap[l].step(policy, sel, n, &ctx, None, &mut plan)?;
+                    let off = sb.reqs[i].score_offset;
+                    let inputs =
+                        SwapInputs { next_use: None, scores: scores.as_ref().and_then(|s| s.get(off..off + n)) };
+                    r.swap[l].step(policy, sel, n, &ctx, inputs, &mut plan)?;
                     let host = self.host.as_ref().ok_or_else(|| EngineError::Worker("no host tier".into()))?;
                     m.bytes_h2d += copy_missing_rows(&plan, host, &mut self.device, id, l)? as u64;
                     m.hits += plan.hits.len() as u64;

@@ -50,6 +50,8 @@ where
                         sel_offset: (i * k) as u32,
                         sel_len: q.seq_len.min(k) as u32,
                         page_offset: pages.len() as u32,
+                        score_offset: q.score_offset as u32,
+                        pad: 0,
                         request: r.spec.id.0,
                     });
                     pages.extend_from_slice(host.pages(r.spec.id)?);
@@ -163,7 +165,10 @@ where
         let t = Instant::now();
         self.backend.mark_stage(KernelStage::SwapIn, true)?;
         match (mode, self.dswap.as_mut()) {
-            (Mode::HiSparse, Some(d)) => d.launch(l, &sb.sel, self.device.hot_mut(l), &mut sb.locs)?,
+            (Mode::HiSparse, Some(d)) => {
+                let scores = self.last_policy.needs_scores().then_some(&sb.scores);
+                d.launch(l, &sb.sel, scores, self.device.hot_mut(l), &mut sb.locs)?
+            }
             (Mode::HiSparse, None) => return Err(EngineError::Worker("no device swap-in".into())),
             (Mode::Resident, _) => {
                 self.backend.locate_rows(

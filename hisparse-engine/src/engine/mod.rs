@@ -206,6 +206,7 @@ where
                         buffer_slots: cfg.hisparse.device_buffer_size,
                         block_size: cfg.hisparse.swap_in_block_size,
                         max_selected: g.top_k,
+                        max_tokens: cfg.hisparse.max_request_tokens,
                     };
                     let d = backend.device_swap_in(&dcfg, &mut host)?;
                     if d.is_none() {

@@ -3,7 +3,7 @@
 //! device buffers with the same layout as the CUDA prelude's structs.
 
 use cudarc::driver::{DeviceRepr, ValidAsZeroBits};
-use hisparse_policy::{PolicyScalars, SlotRecord, StepCtx, VictimKey};
+use hisparse_policy::{PolicyEnv, PolicyScalars, SlotRecord, StepCtx, VictimKey};
 
 macro_rules! device_repr {
     ($($(#[$doc:meta])* $name:ident($inner:ty);)*) => {$(
@@ -30,6 +30,16 @@ device_repr! {
     GpuVictimKey(VictimKey);
 }
 
+/// `PolicyEnv` as a kernel sees it (f32 `score`: not `Eq`, hence outside the macro).
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct GpuPolicyEnv(pub PolicyEnv);
+// SAFETY: a transparent wrapper of a #[repr(C)] struct of plain numbers (and bools), laid out as
+// the CUDA prelude's `PolicyEnv`.
+unsafe impl DeviceRepr for GpuPolicyEnv {}
+// SAFETY: all-zero bytes are a valid value of every field.
+unsafe impl ValidAsZeroBits for GpuPolicyEnv {}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -47,5 +57,13 @@ mod tests {
         assert_eq!(std::mem::offset_of!(VictimKey, slot), 16);
         assert_eq!(size_of::<GpuSlotRecord>(), 8);
         assert_eq!(size_of::<GpuPolicyScalars>(), 8);
+        // struct PolicyEnv { StepCtx ctx; PolicyScalars scalars; VictimKey victim; unsigned slot,
+        // token, next_use; float score; unsigned prefetched, token_word; } -> 88 bytes.
+        assert_eq!(size_of::<GpuPolicyEnv>(), 88);
+        assert_eq!(std::mem::offset_of!(PolicyEnv, scalars), 32);
+        assert_eq!(std::mem::offset_of!(PolicyEnv, victim), 40);
+        assert_eq!(std::mem::offset_of!(PolicyEnv, slot), 64);
+        assert_eq!(std::mem::offset_of!(PolicyEnv, score), 76);
+        assert_eq!(std::mem::offset_of!(PolicyEnv, token_word), 84);
     }
 }

@@ -56,17 +56,24 @@ pub fn all_sources() -> Vec<KernelSource> {
     v
 }
 
-/// `template` with `policy`'s CUDA hooks (after the prelude's types) spliced in at `//@POLICY@`,
-/// or `None` for a CPU-only policy.
+/// `template` with `policy`'s CUDA program (prelude, hooks, defaults:
+/// `hisparse_policy::policy::cuda::program`) spliced in at `//@POLICY@`, or `None` for a
+/// CPU-only policy.
 pub(crate) fn splice_policy(template: &str, policy: &dyn hisparse_policy::EvictionPolicy) -> Option<String> {
-    let hooks = policy.cuda()?;
-    Some(template.replace("//@POLICY@", &format!("{}\n{hooks}", hisparse_policy::policy::CUDA_PRELUDE)))
+    let program = hisparse_policy::policy::cuda::program(policy)?;
+    Some(template.replace("//@POLICY@", &program))
 }
 
-/// The hook harness of `policy` (named `policy_<name>`), or `None` for a CPU-only policy.
+/// A module name for `code` built from `prefix`: named by what it contains (a hash of the
+/// source), so two policies that share a name but not a source never share a compiled module.
+pub(crate) fn module_name(prefix: &str, code: &str) -> String {
+    format!("{prefix}_{:016x}", hisparse_policy::policy::cuda::program_hash(code))
+}
+
+/// The hook harness of `policy` (named by its source), or `None` for a CPU-only policy.
 pub fn policy_harness(policy: &dyn hisparse_policy::EvictionPolicy) -> Option<KernelSource> {
     let code = splice_policy(include_str!("../../kernels/policy_harness.cu"), policy)?;
-    Some(KernelSource { name: format!("policy_{}", policy.name()), code, kernels: &["policy_hooks"] })
+    Some(KernelSource { name: module_name("policy", &code), code, kernels: &["policy_hooks"] })
 }
 
 /// The source named `name`, if any.

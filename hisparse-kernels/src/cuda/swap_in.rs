@@ -11,16 +11,13 @@
 use std::sync::Arc;
 
 use cudarc::driver::sys::CUfunction_attribute_enum;
-use cudarc::driver::{
-    CudaFunction, CudaSlice, CudaStream, CudaView, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits,
-};
-use hisparse_memory::cuda::MappedHostTier;
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
 use hisparse_policy::{EvictionPolicy, PolicyScalars, SlotRecord};
 
 use super::device::CudaDevice;
 use super::policy::{GpuPolicyScalars, GpuSlotRecord};
 use super::sources::KernelSource;
-use crate::device_swap_in::DeviceSwapReq;
+use crate::device_swap_in::{DeviceSwapReq, SWAP_COUNTS};
 use crate::error::{KernelError, Result};
 
 /// One request of a swap-in launch: the backend-neutral [`DeviceSwapReq`], which is laid out
@@ -45,8 +42,8 @@ pub struct SwapParams {
     pub host_pages_per_layer: u32,
     /// Entries of the host-page list (`host_pages`) the kernels may read.
     pub host_pages_len: u32,
-    /// Padding (zero).
-    pub pad: u32,
+    /// Positions of each state's token words (0: the policy keeps none).
+    pub word_tokens: u32,
     /// The host tier's mapped device address.
     pub host_base: u64,
     /// The policy's seed.
@@ -64,7 +61,7 @@ unsafe impl DeviceRepr for SwapParams {}
 pub struct SwapOutputs {
     /// Hot-buffer row of every selected token (`seat * (B + 1) + slot`), selection order.
     pub locations: CudaSlice<i32>,
-    /// Per request: hits, misses, evictions.
+    /// Per request, [`SWAP_COUNTS`] words: hits, misses, evictions, useful and wasted prefetches.
     pub counts: CudaSlice<u32>,
     /// Per request, from its `sel_offset`: the missed tokens, ascending.
     pub miss_tokens: CudaSlice<u32>,
@@ -83,7 +80,7 @@ impl SwapOutputs {
         };
         Ok(Self {
             locations: stream.alloc_zeros(selected.max(1)).map_err(e)?,
-            counts: stream.alloc_zeros(3 * requests.max(1)).map_err(e)?,
+            counts: stream.alloc_zeros(SWAP_COUNTS * requests.max(1)).map_err(e)?,
             miss_tokens: stream.alloc_zeros(selected.max(1)).map_err(e)?,
             miss_slots: stream.alloc_zeros(selected.max(1)).map_err(e)?,
             evicted: stream.alloc_zeros(selected.max(1)).map_err(e)?,
@@ -91,13 +88,17 @@ impl SwapOutputs {
     }
 }
 
-/// The source of the swap-in kernel with `policy`'s hooks, or `None` for a CPU-only policy.
+/// The source of the swap-in module with `policy`'s hooks (the step kernel, the miss copies, the
+/// prefetch kernel), or `None` for a CPU-only policy.
 pub fn swap_in_source(policy: &dyn EvictionPolicy) -> Option<KernelSource> {
-    let code = super::sources::splice_policy(include_str!("../../kernels/swap_in.cu"), policy)?;
+    let template = include_str!("../../kernels/swap_in.cu")
+        .replace("//@COMMON@", include_str!("../../kernels/swap_common.cu"))
+        + include_str!("../../kernels/prefetch.cu");
+    let code = super::sources::splice_policy(&template, policy)?;
     Some(KernelSource {
-        name: format!("swap_in_{}", policy.name()),
+        name: super::sources::module_name("swap_in", &code),
         code,
-        kernels: &["swap_in", "copy_misses", "gather_rows"],
+        kernels: &["swap_in", "copy_misses", "gather_rows", "prefetch_in"],
     })
 }
 
@@ -107,20 +108,27 @@ fn cuda(context: &str) -> impl FnOnce(cudarc::driver::DriverError) -> KernelErro
 
 /// The GPU swap-in of one policy, with the state of `seats` hot buffers of `layers` layers.
 pub struct GpuSwapIn {
-    stream: Arc<CudaStream>,
-    policy: Arc<dyn EvictionPolicy>,
-    func: CudaFunction,
-    copy: CudaFunction,
-    seats: usize,
-    layers: usize,
-    slots: usize,
-    block: u32,
-    max_sel: usize,
-    slot_tokens: CudaSlice<i32>,
-    records: CudaSlice<GpuSlotRecord>,
-    scalars: CudaSlice<GpuPolicyScalars>,
-    ready: CudaSlice<u32>,
-    fault: CudaSlice<u32>,
+    pub(super) stream: Arc<CudaStream>,
+    pub(super) policy: Arc<dyn EvictionPolicy>,
+    pub(super) func: CudaFunction,
+    pub(super) copy: CudaFunction,
+    pub(super) prefetch: CudaFunction,
+    pub(super) seats: usize,
+    pub(super) layers: usize,
+    pub(super) slots: usize,
+    pub(super) block: u32,
+    pub(super) max_sel: usize,
+    pub(super) slot_tokens: CudaSlice<i32>,
+    pub(super) records: CudaSlice<GpuSlotRecord>,
+    pub(super) scalars: CudaSlice<GpuPolicyScalars>,
+    pub(super) ready: CudaSlice<u32>,
+    /// Per slot of every state: filled by a prefetch no selection has used yet.
+    pub(super) prefetched: CudaSlice<u8>,
+    /// Per state, `word_tokens` token words (policies that keep them).
+    pub(super) words: Option<CudaSlice<u32>>,
+    pub(super) word_tokens: usize,
+    pub(super) max_tokens: usize,
+    pub(super) fault: CudaSlice<u32>,
 }
 
 /// A batch's requests, validated against the swap-in that made them and copied to the device:
@@ -153,7 +161,9 @@ impl SwapBatch {
 impl GpuSwapIn {
     /// Compiles (once per device) and sets up the swap-in for `policy`: `seats` buffers of
     /// `buffer_slots` regular slots in `layers` layers, `block_size` threads per request
-    /// (rounded up to a multiple of 32), at most `max_sel` selected tokens per request.
+    /// (rounded up to a multiple of 32), at most `max_sel` selected tokens per request, and —
+    /// for a policy that keeps token words — words for positions `0..max_tokens`.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         dev: &CudaDevice,
         policy: Arc<dyn EvictionPolicy>,
@@ -162,11 +172,11 @@ impl GpuSwapIn {
         buffer_slots: usize,
         block_size: usize,
         max_sel: usize,
+        max_tokens: usize,
     ) -> Result<Self> {
-        let name = format!("swap_in_{}", policy.name());
-        if policy.cuda().is_none() {
-            return Err(KernelError::invalid("eviction_policy", policy.name(), "has no GPU form"));
-        }
+        let src = swap_in_source(policy.as_ref())
+            .ok_or_else(|| KernelError::invalid("eviction_policy", policy.name(), "has no GPU form"))?;
+        let name = src.name.clone();
         if !(1..=1024).contains(&block_size) {
             return Err(KernelError::invalid("swap_in_block_size", block_size, "must be in 1..=1024"));
         }
@@ -177,24 +187,44 @@ impl GpuSwapIn {
                 "need seats, layers and buffer slots, and at most buffer_slots + 1 selected tokens",
             ));
         }
-        let func = dev.function_of(&name, "swap_in", || swap_in_source(policy.as_ref()))?;
-        let copy = dev.function_of(&name, "copy_misses", || swap_in_source(policy.as_ref()))?;
+        let func = dev.function_of(&name, "swap_in", || Some(src.clone()))?;
+        let copy = dev.function_of(&name, "copy_misses", || Some(src.clone()))?;
+        let prefetch = dev.function_of(&name, "prefetch_in", || Some(src))?;
         let smem = Self::shared_bytes(buffer_slots, max_sel);
+        prefetch
+            .set_attribute(
+                CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                Self::prefetch_shared_bytes(buffer_slots, max_sel) as i32,
+            )
+            .map_err(cuda("shared memory opt-in"))?;
         func.set_attribute(CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
             .map_err(cuda("shared memory opt-in"))?;
         let s = dev.stream().clone();
         let n = seats * layers;
         let slot_tokens = s.clone_htod(&vec![-1i32; n * buffer_slots]).map_err(cuda("slot tables"))?;
+        let word_tokens = if policy.uses_token_words() { max_tokens } else { 0 };
+        let words = match word_tokens {
+            0 => None,
+            w => Some(
+                s.alloc_zeros(n.checked_mul(w).ok_or_else(|| KernelError::invalid("max_tokens", w, "overflows"))?)
+                    .map_err(cuda("token words"))?,
+            ),
+        };
         Ok(Self {
             records: s.alloc_zeros(n * buffer_slots).map_err(cuda("records"))?,
             scalars: s.alloc_zeros(n).map_err(cuda("scalars"))?,
             ready: s.alloc_zeros(n).map_err(cuda("ready flags"))?,
+            prefetched: s.alloc_zeros(n * buffer_slots).map_err(cuda("prefetched flags"))?,
+            words,
+            word_tokens,
+            max_tokens,
             fault: s.alloc_zeros(1).map_err(cuda("fault flag"))?,
             slot_tokens,
             stream: s,
             policy,
             func,
             copy,
+            prefetch,
             seats,
             layers,
             slots: buffer_slots,
@@ -203,8 +233,14 @@ impl GpuSwapIn {
         })
     }
 
-    fn shared_bytes(b: usize, k: usize) -> usize {
+    pub(super) fn shared_bytes(b: usize, k: usize) -> usize {
         ((4 * k + 15) & !15) + 8 * b + 4 * k + b + k
+    }
+
+    /// Dynamic shared memory of the prefetch kernel for `k` candidates (kernels/prefetch.cu).
+    pub(super) fn prefetch_shared_bytes(b: usize, k: usize) -> usize {
+        let kp = k.next_power_of_two();
+        ((4 * (2 * kp + 2 * k) + 15) & !15) + 8 * b + b + k
     }
 
     /// The policy.
@@ -212,7 +248,7 @@ impl GpuSwapIn {
         &self.policy
     }
 
-    fn state_range(&self, seat: usize) -> Result<std::ops::Range<usize>> {
+    pub(super) fn state_range(&self, seat: usize) -> Result<std::ops::Range<usize>> {
         if seat >= self.seats {
             return Err(KernelError::invalid("seat", seat, format!("there are {} seats", self.seats)));
         }
@@ -233,24 +269,66 @@ impl GpuSwapIn {
             .memcpy_htod(&all, &mut self.slot_tokens.slice_mut(r.start * b..r.end * b))
             .map_err(cuda("reset slot tables"))?;
         self.stream
-            .memcpy_htod(&vec![0u32; self.layers], &mut self.ready.slice_mut(r))
+            .memcpy_htod(&vec![0u32; self.layers], &mut self.ready.slice_mut(r.clone()))
             .map_err(cuda("reset ready flags"))?;
+        self.stream
+            .memset_zeros(&mut self.prefetched.slice_mut(r.start * b..r.end * b))
+            .map_err(cuda("reset prefetched flags"))?;
+        let w = self.word_tokens;
+        if let Some(words) = self.words.as_mut() {
+            self.stream
+                .memset_zeros(&mut words.slice_mut(r.start * w..r.end * w))
+                .map_err(cuda("reset token words"))?;
+        }
         Ok(())
     }
 
     /// Forgets every buffer's policy records (after a policy change the records are rebuilt).
     pub fn reset_policy(&mut self, policy: Arc<dyn EvictionPolicy>, dev: &CudaDevice) -> Result<()> {
-        let name = format!("swap_in_{}", policy.name());
-        self.func = dev.function_of(&name, "swap_in", || swap_in_source(policy.as_ref()))?;
-        self.copy = dev.function_of(&name, "copy_misses", || swap_in_source(policy.as_ref()))?;
+        let src = swap_in_source(policy.as_ref())
+            .ok_or_else(|| KernelError::invalid("eviction_policy", policy.name(), "has no GPU form"))?;
+        let name = src.name.clone();
+        self.func = dev.function_of(&name, "swap_in", || Some(src.clone()))?;
+        self.copy = dev.function_of(&name, "copy_misses", || Some(src.clone()))?;
+        self.prefetch = dev.function_of(&name, "prefetch_in", || Some(src))?;
+        self.prefetch
+            .set_attribute(
+                CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                Self::prefetch_shared_bytes(self.slots, self.max_sel) as i32,
+            )
+            .map_err(cuda("shared memory opt-in"))?;
         self.func
             .set_attribute(
                 CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 Self::shared_bytes(self.slots, self.max_sel) as i32,
             )
             .map_err(cuda("shared memory opt-in"))?;
+        // Token words start afresh with the policy (an old policy's history means nothing).
+        self.word_tokens = if policy.uses_token_words() { self.max_tokens } else { 0 };
+        self.words = match self.word_tokens {
+            0 => None,
+            w => Some(
+                self.stream
+                    .alloc_zeros(
+                        (self.seats * self.layers)
+                            .checked_mul(w)
+                            .ok_or_else(|| KernelError::invalid("max_tokens", w, "overflows"))?,
+                    )
+                    .map_err(cuda("token words"))?,
+            ),
+        };
         self.policy = policy;
         self.stream.memset_zeros(&mut self.ready).map_err(cuda("reset ready flags"))
+    }
+
+    /// The prefetched flags of `(seat, layer)`'s slots (for tests).
+    pub fn read_prefetched(&self, seat: usize, layer: usize) -> Result<Vec<u8>> {
+        let st = self.state_range(seat)?.start + layer;
+        let b = self.slots;
+        let mut f = vec![0u8; b];
+        self.stream.memcpy_dtoh(&self.prefetched.slice(st * b..(st + 1) * b), &mut f).map_err(cuda("read flags"))?;
+        self.stream.synchronize().map_err(cuda("synchronize"))?;
+        Ok(f)
     }
 
     /// Checks `reqs` against this swap-in (seats, selection lengths, offsets with checked
@@ -320,7 +398,7 @@ impl GpuSwapIn {
 
     /// What the swap-in's launches read besides their arguments (kernels, state buffers, policy
     /// seed, block size), for a launch print (`launch_graph.rs`).
-    pub(super) fn state_words(&self) -> [u64; 9] {
+    pub(super) fn state_words(&self) -> [u64; 11] {
         let s = &self.stream;
         use super::launch_graph::addr;
         [
@@ -330,130 +408,12 @@ impl GpuSwapIn {
             addr(&self.records, s),
             addr(&self.scalars, s),
             addr(&self.ready, s),
+            addr(&self.prefetched, s),
+            self.words.as_ref().map_or(0, |w| addr(w, s)),
             addr(&self.fault, s),
             self.policy.seed(),
             u64::from(self.block),
         ]
-    }
-
-    /// Launches the swap-in of `layer` for `batch` (from [`GpuSwapIn::upload_requests`]):
-    /// `selections` hold each request's positions from its `sel_offset`; `host_pages` its host
-    /// page ids from its `page_offset`; missed rows are read from `host` into `hot_rows`, this
-    /// layer's hot-buffer pool; decisions go to `out`. Every size is checked here; a selection
-    /// or page id the device holds out of range is skipped by the kernels and raises the fault
-    /// flag.
-    #[allow(clippy::too_many_arguments)]
-    pub fn launch(
-        &mut self,
-        layer: usize,
-        batch: &SwapBatch,
-        selections: &CudaView<'_, u32>,
-        host_pages: &CudaSlice<u32>,
-        host: &MappedHostTier,
-        hot_rows: &mut CudaSlice<u8>,
-        out: &mut SwapOutputs,
-    ) -> Result<()> {
-        let lay = host.layout();
-        let reqs = batch.requests();
-        if layer >= self.layers || layer >= lay.layers {
-            return Err(KernelError::invalid(
-                "layer",
-                layer,
-                format!("the swap-in holds {} layers, the host tier {}", self.layers, lay.layers),
-            ));
-        }
-        let row_bytes = lay.row_bytes;
-        if !row_bytes.is_multiple_of(16) || u32::try_from(row_bytes).is_err() {
-            return Err(KernelError::invalid("row_bytes", row_bytes, "must be a multiple of 16 below 2^32"));
-        }
-        let pages_len = u32::try_from(host_pages.len())
-            .map_err(|_| KernelError::invalid("host_pages", host_pages.len(), "more than 2^32 - 1 entries"))?;
-        for (i, r) in reqs.iter().enumerate() {
-            let need = (r.seq_len as usize).div_ceil(lay.page_tokens);
-            if (r.page_offset as usize).checked_add(need).is_none_or(|end| end > host_pages.len()) {
-                return Err(KernelError::invalid(
-                    "reqs",
-                    i,
-                    format!(
-                        "pages from {} for {} tokens run past the {pages_len} host pages",
-                        r.page_offset, r.seq_len
-                    ),
-                ));
-            }
-        }
-        let sel_end = batch.selection_end();
-        let hot_need = self.seats.checked_mul(self.slots + 1).and_then(|n| n.checked_mul(row_bytes));
-        if sel_end > selections.len() {
-            return Err(KernelError::invalid("selections", selections.len(), format!("the batch reads {sel_end}")));
-        }
-        if [out.locations.len(), out.miss_tokens.len(), out.miss_slots.len(), out.evicted.len()]
-            .iter()
-            .any(|&n| n < sel_end)
-            || out.counts.len() < 3 * reqs.len()
-            || hot_need.is_none_or(|n| hot_rows.len() < n)
-        {
-            return Err(KernelError::invalid("out", sel_end, "output or hot-row buffers too small"));
-        }
-        if reqs.is_empty() {
-            return Ok(());
-        }
-        let u32_of = |field: &'static str, v: usize| {
-            u32::try_from(v).map_err(|_| KernelError::invalid(field, v, "does not fit the kernel's 32-bit field"))
-        };
-        let params = SwapParams {
-            layer: u32_of("layer", layer)?,
-            layers: u32_of("layers", self.layers)?,
-            buffer_slots: u32_of("buffer_slots", self.slots)?,
-            row_bytes: u32_of("row_bytes", row_bytes)?,
-            page_tokens: u32_of("page_tokens", lay.page_tokens)?,
-            host_pages_per_layer: u32_of("host pages per layer", lay.pages_per_layer)?,
-            host_pages_len: pages_len,
-            pad: 0,
-            host_base: host.device_ptr(),
-            seed: self.policy.seed(),
-        };
-        let grid = u32_of("requests", reqs.len())?;
-        let cfg = LaunchConfig {
-            grid_dim: (grid, 1, 1),
-            block_dim: (self.block, 1, 1),
-            shared_mem_bytes: Self::shared_bytes(self.slots, self.max_sel) as u32,
-        };
-        let mut b = self.stream.launch_builder(&self.func);
-        b.arg(batch.device())
-            .arg(selections)
-            .arg(&mut self.slot_tokens)
-            .arg(&mut self.records)
-            .arg(&mut self.scalars)
-            .arg(&mut self.ready)
-            .arg(&mut *hot_rows)
-            .arg(&mut out.locations)
-            .arg(&mut out.counts)
-            .arg(&mut out.miss_tokens)
-            .arg(&mut out.miss_slots)
-            .arg(&mut out.evicted)
-            .arg(&mut self.fault)
-            .arg(&params);
-        // SAFETY: the batch was validated against this swap-in when made (seats within the state
-        // arrays, selection ranges within `sel_end`), and every buffer was checked above to hold
-        // what the kernel indexes; selections out of range are skipped by the kernel (fault).
-        unsafe { b.launch(cfg) }.map_err(cuda("swap-in launch"))?;
-        // The copies: enough blocks per request for about 4096 warps in all.
-        let per_request = (4096 / (reqs.len() * 8)).clamp(1, 512) as u32;
-        let cfg = LaunchConfig { grid_dim: (grid, per_request, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-        let mut b = self.stream.launch_builder(&self.copy);
-        b.arg(batch.device())
-            .arg(&out.counts)
-            .arg(&out.miss_tokens)
-            .arg(&out.miss_slots)
-            .arg(host_pages)
-            .arg(hot_rows)
-            .arg(&mut self.fault)
-            .arg(&params);
-        // SAFETY: as for the swap-in: the miss lists were just written by it for these requests;
-        // host rows are reached only through `host` (registered and alive while it is), at page
-        // ids the kernel checks against `host_pages_len` and the layout (fault otherwise).
-        unsafe { b.launch(cfg) }.map_err(cuda("copy misses launch"))?;
-        Ok(())
     }
 
     /// The state of `(seat, layer)`: slot → token (-1 empty), records, scalars (for tests).

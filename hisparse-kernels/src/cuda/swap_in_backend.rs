@@ -15,7 +15,7 @@ use super::device::CudaDevice;
 use super::driver_error;
 use super::launch_graph::addr;
 use super::swap_in::{GpuSwapIn, SwapBatch, SwapOutputs};
-use crate::device_swap_in::{DeviceSwapCounts, DeviceSwapIn, DeviceSwapInConfig, DeviceSwapReq};
+use crate::device_swap_in::{DeviceSwapCounts, DeviceSwapIn, DeviceSwapInConfig, DeviceSwapReq, SWAP_COUNTS};
 use crate::error::{KernelError, Result};
 
 /// The CUDA device swap-in.
@@ -44,6 +44,7 @@ impl CudaSwapIn {
             cfg.buffer_slots,
             cfg.block_size,
             cfg.max_selected,
+            cfg.max_tokens,
         )?;
         let s = dev.stream();
         Ok(Self {
@@ -88,10 +89,10 @@ impl DeviceSwapIn<CudaMemory> for CudaSwapIn {
                 .map_err(driver_error("host pages"))?;
         }
         let selected = self.batch.as_ref().map_or(0, SwapBatch::selection_end);
-        if self.out.miss_tokens.len() < selected || self.out.counts.len() < 3 * reqs.len() {
+        if self.out.miss_tokens.len() < selected || self.out.counts.len() < SWAP_COUNTS * reqs.len() {
             self.out = SwapOutputs::new(s, reqs.len().next_power_of_two(), selected.next_power_of_two())?;
         }
-        let need = 3 * reqs.len() * self.layers;
+        let need = SWAP_COUNTS * reqs.len() * self.layers;
         if self.counts.len() < need {
             self.counts = s.alloc_zeros(need).map_err(driver_error("swap-in counts"))?;
         }
@@ -102,6 +103,7 @@ impl DeviceSwapIn<CudaMemory> for CudaSwapIn {
         &mut self,
         layer: usize,
         selections: &CudaSlice<i32>,
+        scores: Option<&CudaSlice<f32>>,
         hot: &mut CudaSlice<u8>,
         locations: &mut CudaSlice<i32>,
     ) -> Result<()> {
@@ -120,10 +122,12 @@ impl DeviceSwapIn<CudaMemory> for CudaSwapIn {
             .ok_or_else(|| KernelError::invalid("selections", selections.len(), "cannot be viewed as u32"))?;
         // The kernel writes locations into the swap-in's output; lend it the caller's buffer.
         std::mem::swap(&mut self.out.locations, locations);
-        let r = self.gpu.launch(layer, batch, &sels, &self.pages_d, &self.host, hot, &mut self.out);
+        let score_view = scores.map(|s| s.as_view());
+        let r =
+            self.gpu.launch(layer, batch, &sels, score_view.as_ref(), &self.pages_d, &self.host, hot, &mut self.out);
         std::mem::swap(&mut self.out.locations, locations);
         r?;
-        let n3 = 3 * n;
+        let n3 = SWAP_COUNTS * n;
         let at = layer * n3;
         let s = self.dev.stream();
         let o = &self.out;
@@ -131,6 +135,7 @@ impl DeviceSwapIn<CudaMemory> for CudaSwapIn {
         let words = [
             addr(batch.device(), s),
             addr(&sels, s),
+            scores.map_or(0, |x| addr(x, s)),
             addr(&self.pages_d, s),
             self.pages_d.len() as u64,
             addr(&*hot, s),
@@ -158,7 +163,7 @@ impl DeviceSwapIn<CudaMemory> for CudaSwapIn {
     }
 
     fn end_step(&mut self) -> Result<DeviceSwapCounts> {
-        let n3 = 3 * self.batch.as_ref().map_or(0, |b| b.requests().len()) * self.launched;
+        let n3 = SWAP_COUNTS * self.batch.as_ref().map_or(0, |b| b.requests().len()) * self.launched;
         let mut c = DeviceSwapCounts::default();
         if n3 == 0 {
             return Ok(c);
@@ -174,10 +179,12 @@ impl DeviceSwapIn<CudaMemory> for CudaSwapIn {
                 "the swap-in met a selected position beyond its sequence or a host page outside the tier",
             ));
         }
-        for x in host.chunks_exact(3) {
+        for x in host.chunks_exact(SWAP_COUNTS) {
             c.hits += u64::from(x[0]);
             c.misses += u64::from(x[1]);
             c.max_misses = c.max_misses.max(u64::from(x[1]));
+            c.prefetch_used += u64::from(x[3]);
+            c.prefetch_wasted += u64::from(x[4]);
         }
         c.bytes_h2d = c.misses * self.host.layout().row_bytes as u64;
         Ok(c)

@@ -5,73 +5,66 @@
 //! order (unreferenced before referenced, then by circular distance from the hand) — priority
 //! `ref << 32 | distance`; kept slots that the hand passed lose their bit (all referenced ones
 //! if the sweep went round into the referenced class, else those before the last victim); the
-//! hand stops after the last victim. Hits and fills set the bit. Empty slots are filled first
-//! and do not move the hand.
+//! hand stops after the last victim. Hits set the bit; fills set it too, or — the `clock-cold`
+//! variant — leave it clear, so a token that is never selected again goes on the next sweep.
+//! Empty slots are filled first and do not move the hand.
 
-use super::{EvictionPolicy, PolicyScalars, SlotRecord, StepCtx, VictimKey};
+use std::borrow::Cow;
+
+use super::{EvictionPolicy, PolicyEnv, PolicyScalars, SlotRecord};
 
 /// CLOCK. Record word `a` = reference bit; scalar `a` = the hand.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct Clock;
+pub struct Clock {
+    /// Leave the reference bit of a newly filled slot clear (`clock-cold`).
+    pub clear_on_insert: bool,
+}
 
 fn distance(slot: u32, hand: u32, slots: u32) -> u32 {
     (slot + slots - hand % slots.max(1)) % slots.max(1)
 }
 
 impl EvictionPolicy for Clock {
-    fn name(&self) -> &'static str {
-        "clock"
+    fn name(&self) -> &str {
+        if self.clear_on_insert { "clock-cold" } else { "clock" }
     }
 
-    fn priority(&self, rec: &SlotRecord, slot: u32, _token: u32, s: &PolicyScalars, ctx: &StepCtx, _next: u32) -> u64 {
-        u64::from(rec.a & 1) << 32 | u64::from(distance(slot, s.a, ctx.buffer_slots))
+    fn priority(&self, rec: &SlotRecord, env: &PolicyEnv) -> u64 {
+        u64::from(rec.a & 1) << 32 | u64::from(distance(env.slot, env.scalars.a, env.ctx.buffer_slots))
     }
 
-    fn on_hit(&self, rec: &mut SlotRecord, _ctx: &StepCtx) {
+    fn on_hit(&self, rec: &mut SlotRecord, _env: &PolicyEnv) {
         rec.a = 1;
     }
 
-    fn on_insert(&self, rec: &mut SlotRecord, _ctx: &StepCtx) {
-        rec.a = 1;
+    fn on_insert(&self, rec: &mut SlotRecord, _env: &PolicyEnv) {
+        rec.a = u32::from(!self.clear_on_insert);
     }
 
-    fn on_keep(&self, rec: &mut SlotRecord, slot: u32, s: &PolicyScalars, v: &VictimKey, ctx: &StepCtx) {
+    fn on_keep(&self, rec: &mut SlotRecord, env: &PolicyEnv) {
+        let v = &env.victim;
         if v.any && v.occupied && rec.a == 1 {
             let wrapped = v.priority >> 32 == 1;
-            if wrapped || u64::from(distance(slot, s.a, ctx.buffer_slots)) < (v.priority & 0xffff_ffff) {
+            let d = u64::from(distance(env.slot, env.scalars.a, env.ctx.buffer_slots));
+            if wrapped || d < (v.priority & 0xffff_ffff) {
                 rec.a = 0;
             }
         }
     }
 
-    fn finish_step(&self, s: &mut PolicyScalars, v: &VictimKey, ctx: &StepCtx) {
+    fn finish_step(&self, s: &mut PolicyScalars, env: &PolicyEnv) {
+        let v = &env.victim;
         if v.any && v.occupied {
-            s.a = (v.slot + 1) % ctx.buffer_slots.max(1);
+            s.a = (v.slot + 1) % env.ctx.buffer_slots.max(1);
         }
     }
 
-    fn cuda(&self) -> Option<&'static str> {
-        Some(
-            r#"
-__device__ unsigned policy_distance(unsigned slot, unsigned hand, unsigned slots) {
-    slots = slots ? slots : 1u;
-    return (slot + slots - hand % slots) % slots;
-}
-__device__ unsigned long long policy_priority(const SlotRecord& r, unsigned slot, unsigned, const PolicyScalars& s, const StepCtx& c) {
-    return ((unsigned long long)(r.a & 1u) << 32) | policy_distance(slot, s.a, c.buffer_slots);
-}
-__device__ void policy_on_hit(SlotRecord& r, const StepCtx&) { r.a = 1u; }
-__device__ void policy_on_insert(SlotRecord& r, const StepCtx&) { r.a = 1u; }
-__device__ void policy_on_keep(SlotRecord& r, unsigned slot, const PolicyScalars& s, const VictimKey& v, const StepCtx& c) {
-    if (v.any && v.occupied && r.a == 1u) {
-        bool wrapped = (v.priority >> 32) == 1ull;
-        if (wrapped || (unsigned long long)policy_distance(slot, s.a, c.buffer_slots) < (v.priority & 0xffffffffull)) r.a = 0u;
-    }
-}
-__device__ void policy_finish(PolicyScalars& s, const VictimKey& v, const StepCtx& c) {
-    if (v.any && v.occupied) s.a = (v.slot + 1u) % (c.buffer_slots ? c.buffer_slots : 1u);
-}
-"#,
-        )
+    fn cuda(&self) -> Option<Cow<'static, str>> {
+        let hooks = include_str!("cuda/clock.cuh");
+        Some(if self.clear_on_insert {
+            Cow::Owned(format!("#define CLOCK_CLEAR_ON_INSERT\n{hooks}"))
+        } else {
+            Cow::Borrowed(hooks)
+        })
     }
 }

@@ -1,6 +1,8 @@
 //! Eviction policies: the narrow trait a policy implements (a fixed record per slot, two
-//! scalars per request and layer, lifecycle hooks and a priority), the built-in policies, and
-//! the CUDA C contract under which the same rule is spliced into the GPU swap-in kernel.
+//! scalars per request and layer, optionally one word of history per token, lifecycle hooks and
+//! a priority), the built-in policies (each in its own file, its CUDA form in `cuda/*.cuh`), the
+//! registry that names them ([`registry`]), and the CUDA C contract under which the same rule is
+//! spliced into the GPU swap-in kernel ([`cuda`]).
 //!
 //! # Semantics of one step (shared by the CPU swap-in and the GPU kernel)
 //!
@@ -11,42 +13,38 @@
 //!    first), ties by slot index. Priorities are computed before any record changes.
 //! 3. The `M` evictables with the smallest keys are the victims (`M` = misses). Misses, in
 //!    ascending position order, take the victims in ascending slot order.
-//! 4. Hooks, each touching only its own slot's record: `on_hit` for hits, `on_insert` for the
-//!    slots just filled, `on_keep` for occupied evictables that were not victims (given the
-//!    largest victim key). Then `finish_step` updates the two per-(request, layer) scalars.
+//! 4. Hooks, each touching only its own slot's record (and its tokens' words): `on_evict` for an
+//!    occupied victim (it returns the evicted token's new word), then `on_insert` for the slot
+//!    it refills; `on_hit` for hits; `on_keep` for occupied evictables that were not victims
+//!    (given the largest victim key). Then `finish_step` updates the two per-(request, layer)
+//!    scalars.
+//!
+//! Every hook sees one [`PolicyEnv`]: the step, the scalars, the largest victim, and for its
+//! slot the token, the token's indexer score this step (NaN where unknown), its next use
+//! (simulator only), whether a prefetch put it there, and its history word. A new input is a new
+//! field of the environment, not a new argument of every hook.
 //!
 //! Because each hook touches its own slot, the order in which slots are processed does not
 //! matter, which is what lets a GPU block run them in parallel and still match the CPU exactly.
-//!
-//! # The CUDA contract
-//!
-//! [`EvictionPolicy::cuda`] returns C++ defining, for the types of [`CUDA_PRELUDE`]:
-//!
-//! ```text
-//! __device__ unsigned long long policy_priority(const SlotRecord&, unsigned slot, unsigned token,
-//!                                               const PolicyScalars&, const StepCtx&);
-//! __device__ void policy_on_hit(SlotRecord&, const StepCtx&);
-//! __device__ void policy_on_insert(SlotRecord&, const StepCtx&);
-//! __device__ void policy_on_keep(SlotRecord&, unsigned slot, const PolicyScalars&,
-//!                                const VictimKey&, const StepCtx&);
-//! __device__ void policy_finish(PolicyScalars&, const VictimKey&, const StepCtx&);
-//! ```
 
 mod belady;
 mod clock;
+pub mod cuda;
 mod fifo;
 mod lru;
 mod random;
+pub mod registry;
 
 pub use belady::Belady;
 pub use clock::Clock;
 pub use fifo::Fifo;
 pub use lru::Lru;
 pub use random::{Random, mix64};
+pub use registry::{
+    BuiltinPolicy, POLICY_NAMES, PolicyConfig, PolicySpec, builtin, by_name, make, register, registered,
+};
 
-use std::sync::Arc;
-
-use crate::error::{PolicyError, Result};
+use std::borrow::Cow;
 
 /// The fixed record a policy keeps per regular slot; what the two words mean is the policy's.
 /// Same layout (`struct SlotRecord { unsigned a, b; }`) on the GPU.
@@ -100,44 +98,83 @@ pub struct VictimKey {
     pub slot: u32,
 }
 
+/// Everything a hook sees (same layout as the CUDA `PolicyEnv`). Step-wide fields are the same
+/// for every hook of a step; slot fields describe the hook's own slot (for `finish_step`, zero).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PolicyEnv {
+    /// The step.
+    pub ctx: StepCtx,
+    /// The (request, layer)'s scalars as they were before the step's hooks.
+    pub scalars: PolicyScalars,
+    /// The step's largest victim (`any == false` in `priority` and when there were no misses).
+    pub victim: VictimKey,
+    /// The slot.
+    pub slot: u32,
+    /// Its token (for `on_insert`, the token that fills it; for `on_evict`, the one leaving).
+    pub token: u32,
+    /// The step at which the token is next selected (`u32::MAX`: never or unknown); given only
+    /// to policies that need the future (simulator).
+    pub next_use: u32,
+    /// The token's indexer score this step (NaN where unknown); given only to policies that
+    /// need scores.
+    pub score: f32,
+    /// 1 when a prefetch filled the slot and no selection has used it since, else 0.
+    pub prefetched: u32,
+    /// The token's history word (0 until a policy sets one; policies that use them only).
+    pub token_word: u32,
+}
+
+impl Default for PolicyEnv {
+    fn default() -> Self {
+        Self {
+            ctx: StepCtx::default(),
+            scalars: PolicyScalars::default(),
+            victim: VictimKey::default(),
+            slot: 0,
+            token: 0,
+            next_use: u32::MAX,
+            score: f32::NAN,
+            prefetched: 0,
+            token_word: 0,
+        }
+    }
+}
+
+impl PolicyEnv {
+    /// The environment of `ctx` with `scalars` and no slot.
+    pub fn of(ctx: &StepCtx, scalars: PolicyScalars) -> Self {
+        Self { ctx: *ctx, scalars, ..Self::default() }
+    }
+}
+
 /// An eviction policy. See the module documentation for when each hook runs.
 pub trait EvictionPolicy: Send + Sync + std::fmt::Debug {
     /// The name used in configs (`lru`, `fifo`, ...).
-    fn name(&self) -> &'static str;
+    fn name(&self) -> &str;
 
-    /// Eviction priority of an occupied evictable slot: lowest is evicted first. `next_use` is
-    /// the step at which `token` is next selected (`u32::MAX`: never), given only to policies
-    /// that [`need the future`](EvictionPolicy::needs_future).
-    fn priority(
-        &self,
-        rec: &SlotRecord,
-        slot: u32,
-        token: u32,
-        scalars: &PolicyScalars,
-        ctx: &StepCtx,
-        next_use: u32,
-    ) -> u64;
+    /// Eviction priority of an occupied evictable slot: lowest is evicted first.
+    fn priority(&self, rec: &SlotRecord, env: &PolicyEnv) -> u64;
 
     /// A slot whose token was selected again.
-    fn on_hit(&self, _rec: &mut SlotRecord, _ctx: &StepCtx) {}
+    fn on_hit(&self, _rec: &mut SlotRecord, _env: &PolicyEnv) {}
 
-    /// A slot just filled with a missed token (also: every occupied slot, in slot order, when a
-    /// buffer leaves the short-sequence fast path or the policy changes, with `ctx.step` one less).
-    fn on_insert(&self, rec: &mut SlotRecord, ctx: &StepCtx);
+    /// A slot just filled with a missed (or prefetched) token (also: every occupied slot, in slot
+    /// order, when a buffer leaves the short-sequence fast path or the policy changes, with
+    /// `env.ctx.step` one less).
+    fn on_insert(&self, rec: &mut SlotRecord, env: &PolicyEnv);
 
     /// An occupied evictable slot that was not evicted.
-    fn on_keep(
-        &self,
-        _rec: &mut SlotRecord,
-        _slot: u32,
-        _scalars: &PolicyScalars,
-        _victim: &VictimKey,
-        _ctx: &StepCtx,
-    ) {
+    fn on_keep(&self, _rec: &mut SlotRecord, _env: &PolicyEnv) {}
+
+    /// An occupied slot about to be refilled: returns the evicted token's new history word
+    /// (policies that keep them; the default keeps `env.token_word`).
+    fn on_evict(&self, _rec: &SlotRecord, env: &PolicyEnv) -> u32 {
+        env.token_word
     }
 
     /// End of the step.
-    fn finish_step(&self, _scalars: &mut PolicyScalars, _victim: &VictimKey, _ctx: &StepCtx) {}
+    fn finish_step(&self, _scalars: &mut PolicyScalars, _env: &PolicyEnv) {}
 
     /// The seed that callers put into [`StepCtx::seed`] (randomised policies).
     fn seed(&self) -> u64 {
@@ -149,37 +186,19 @@ pub trait EvictionPolicy: Send + Sync + std::fmt::Debug {
         false
     }
 
-    /// The same rule in CUDA C (see the module documentation), or `None` for a policy that
-    /// cannot run on the GPU.
-    fn cuda(&self) -> Option<&'static str>;
-}
+    /// Whether the policy reads [`PolicyEnv::score`] (the callers then supply scores).
+    fn needs_scores(&self) -> bool {
+        false
+    }
 
-/// Types every policy's CUDA snippet is compiled with.
-pub const CUDA_PRELUDE: &str = r#"
-struct SlotRecord { unsigned a; unsigned b; };
-struct PolicyScalars { unsigned a; unsigned b; };
-struct StepCtx { unsigned step; unsigned layer; unsigned long long request; unsigned buffer_slots; unsigned long long seed; };
-struct VictimKey { bool any; bool occupied; unsigned long long priority; unsigned slot; };
-"#;
+    /// Whether the policy keeps a history word per token ([`PolicyEnv::token_word`]).
+    fn uses_token_words(&self) -> bool {
+        false
+    }
 
-/// Names of the built-in policies, online ones first.
-pub const POLICY_NAMES: [&str; 5] = ["lru", "fifo", "random", "clock", "belady"];
-
-/// The built-in policy named `name` (`seed` is used by `random`).
-pub fn by_name(name: &str, seed: u64) -> Result<Arc<dyn EvictionPolicy>> {
-    Ok(match name {
-        "lru" => Arc::new(Lru),
-        "fifo" => Arc::new(Fifo),
-        "random" => Arc::new(Random::new(seed)),
-        "clock" => Arc::new(Clock),
-        "belady" => Arc::new(Belady),
-        _ => return Err(PolicyError::UnknownPolicy { name: name.to_owned(), known: POLICY_NAMES.join(", ") }),
-    })
-}
-
-/// Every built-in policy (`random` with `seed`).
-pub fn builtin(seed: u64) -> Vec<Arc<dyn EvictionPolicy>> {
-    POLICY_NAMES.iter().filter_map(|n| by_name(n, seed).ok()).collect()
+    /// The same rule in CUDA C (the hooks of [`cuda`], in a `.cuh` of the policy's own), or
+    /// `None` for a policy that cannot run on the GPU.
+    fn cuda(&self) -> Option<Cow<'static, str>>;
 }
 
 #[cfg(test)]

@@ -1,7 +1,9 @@
 //! Seeded random eviction: each step, the evictable slots are ranked by a hash of (seed,
 //! request, layer, step, slot), so runs are reproducible and the GPU draws the same victims.
 
-use super::{EvictionPolicy, PolicyScalars, SlotRecord, StepCtx};
+use std::borrow::Cow;
+
+use super::{EvictionPolicy, PolicyEnv, SlotRecord};
 
 /// SplitMix64's finaliser: a well-mixed 64-bit hash of `x`.
 pub fn mix64(mut x: u64) -> u64 {
@@ -25,49 +27,24 @@ impl Random {
 }
 
 impl EvictionPolicy for Random {
-    fn name(&self) -> &'static str {
+    fn name(&self) -> &str {
         "random"
     }
 
-    fn priority(
-        &self,
-        _rec: &SlotRecord,
-        slot: u32,
-        _token: u32,
-        _s: &PolicyScalars,
-        ctx: &StepCtx,
-        _next: u32,
-    ) -> u64 {
-        let h = mix64(ctx.seed ^ mix64(ctx.request));
-        let h = mix64(h ^ (u64::from(ctx.layer) << 32 | u64::from(ctx.step)));
-        mix64(h ^ u64::from(slot))
+    fn priority(&self, _rec: &SlotRecord, env: &PolicyEnv) -> u64 {
+        let c = &env.ctx;
+        let h = mix64(c.seed ^ mix64(c.request));
+        let h = mix64(h ^ (u64::from(c.layer) << 32 | u64::from(c.step)));
+        mix64(h ^ u64::from(env.slot))
     }
 
-    fn on_insert(&self, _rec: &mut SlotRecord, _ctx: &StepCtx) {}
+    fn on_insert(&self, _rec: &mut SlotRecord, _env: &PolicyEnv) {}
 
     fn seed(&self) -> u64 {
         self.seed
     }
 
-    fn cuda(&self) -> Option<&'static str> {
-        Some(
-            r#"
-__device__ unsigned long long policy_mix64(unsigned long long x) {
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
-__device__ unsigned long long policy_priority(const SlotRecord&, unsigned slot, unsigned, const PolicyScalars&, const StepCtx& c) {
-    unsigned long long h = policy_mix64(c.seed ^ policy_mix64(c.request));
-    h = policy_mix64(h ^ (((unsigned long long)c.layer << 32) | c.step));
-    return policy_mix64(h ^ (unsigned long long)slot);
-}
-__device__ void policy_on_hit(SlotRecord&, const StepCtx&) {}
-__device__ void policy_on_insert(SlotRecord&, const StepCtx&) {}
-__device__ void policy_on_keep(SlotRecord&, unsigned, const PolicyScalars&, const VictimKey&, const StepCtx&) {}
-__device__ void policy_finish(PolicyScalars&, const VictimKey&, const StepCtx&) {}
-"#,
-        )
+    fn cuda(&self) -> Option<Cow<'static, str>> {
+        Some(Cow::Borrowed(include_str!("cuda/random.cuh")))
     }
 }

@@ -1,7 +1,7 @@
 //! Unit tests of the built-in policies' semantics, through the CPU swap-in step.
 
 use super::*;
-use crate::swap_in::{SwapInPlan, SwapInState};
+use crate::swap_in::{SwapInPlan, SwapInState, SwapInputs};
 
 /// Runs `steps` (each a selection; the sequence grows by one per step from 100) and returns the
 /// plans.
@@ -11,7 +11,7 @@ fn run(policy: &dyn EvictionPolicy, slots: usize, steps: &[&[u32]]) -> (SwapInSt
     for (i, sel) in steps.iter().enumerate() {
         let mut p = SwapInPlan::default();
         let ctx = StepCtx { step: i as u32 + 1, layer: 0, request: 9, buffer_slots: slots as u32, seed: policy.seed() };
-        st.step(policy, sel, 100 + i, &ctx, None, &mut p).unwrap();
+        st.step(policy, sel, 100 + i, &ctx, SwapInputs::default(), &mut p).unwrap();
         plans.push(p);
     }
     (st, plans)
@@ -53,6 +53,8 @@ fn random_is_reproducible_and_seed_dependent() {
     assert_ne!(victims(1), victims(2));
     assert!(!victims(1).is_empty());
 }
+
+const CLOCK: Clock = Clock { clear_on_insert: false };
 
 /// Sequential CLOCK, one miss at a time: empties first, hits and just-filled slots pinned.
 fn sequential_clock(
@@ -109,7 +111,12 @@ fn batched_clock_equals_sequential_clock() {
                 let rec = SlotRecord { a: refbits[s as usize], b: 0 };
                 (
                     occupied[s as usize],
-                    if occupied[s as usize] { Clock.priority(&rec, s, 0, &scalars, &ctx, 0) } else { 0 },
+                    if occupied[s as usize] {
+                        let env = PolicyEnv { slot: s, ..PolicyEnv::of(&ctx, scalars) };
+                        CLOCK.priority(&rec, &env)
+                    } else {
+                        0
+                    },
                     s,
                 )
             })
@@ -129,12 +136,13 @@ fn batched_clock_equals_sequential_clock() {
             let kept = occupied[s as usize] && !pinned[s as usize] && !batched.contains(&s);
             if kept {
                 let mut rec = SlotRecord { a: bits[s as usize], b: 0 };
-                Clock.on_keep(&mut rec, s, &scalars, &v, &ctx);
+                let env = PolicyEnv { slot: s, victim: v, ..PolicyEnv::of(&ctx, scalars) };
+                CLOCK.on_keep(&mut rec, &env);
                 bits[s as usize] = rec.a;
             }
         }
         let mut sc = scalars;
-        Clock.finish_step(&mut sc, &v, &ctx);
+        CLOCK.finish_step(&mut sc, &PolicyEnv { victim: v, ..PolicyEnv::of(&ctx, scalars) });
         // Sequential form.
         let mut hand = hand0;
         let seq = sequential_clock(&mut refbits, &mut hand, &occupied, &pinned, misses);
@@ -157,12 +165,37 @@ fn names_and_gpu_forms() {
         assert_eq!(p.name(), name);
         assert_eq!(p.cuda().is_some(), name != "belady", "{name}");
         assert_eq!(p.needs_future(), name == "belady");
-        if let Some(src) = p.cuda() {
-            for hook in ["policy_priority", "policy_on_hit", "policy_on_insert", "policy_on_keep", "policy_finish"] {
-                assert!(src.contains(hook), "{name} lacks {hook}");
+        if p.cuda().is_some() {
+            // The program (prelude, hooks, defaults) defines every hook exactly once.
+            let prog = cuda::program(p.as_ref()).unwrap();
+            for hook in [
+                "policy_priority(",
+                "policy_on_hit(",
+                "policy_on_insert(",
+                "policy_on_keep(",
+                "policy_on_evict(",
+                "policy_finish(",
+            ] {
+                let defined = prog.matches(&format!("__device__ void {hook}")).count()
+                    + prog.matches(&format!("__device__ unsigned long long {hook}")).count()
+                    + prog.matches(&format!("__device__ unsigned {hook}")).count();
+                assert!(defined >= 1, "{name} lacks {hook}");
             }
         }
     }
+    // The registry: built-ins in order, a policy of one's own, a name taken refused.
+    let names: Vec<&str> = registry::specs().iter().map(|s| s.name).collect();
+    assert_eq!(&names[..POLICY_NAMES.len()], POLICY_NAMES);
+    assert_eq!(BuiltinPolicy::ALL.map(BuiltinPolicy::name), POLICY_NAMES);
+    let mine = PolicySpec {
+        name: "test-mine",
+        about: "LRU under another name",
+        online: true,
+        make: |_| std::sync::Arc::new(Lru),
+    };
+    register(mine).unwrap();
+    assert_eq!(by_name("test-mine", 0).unwrap().name(), "lru");
+    assert!(register(mine).is_err(), "a name can be registered once");
     let e = by_name("arc", 0).unwrap_err();
     assert!(e.to_string().contains("eviction_policy = arc") && e.to_string().contains("clock"), "{e}");
     assert_eq!(builtin(0).len(), POLICY_NAMES.len());
@@ -172,6 +205,6 @@ fn names_and_gpu_forms() {
 fn belady_refuses_to_run_without_the_future() {
     let mut st = SwapInState::new(4).unwrap();
     let ctx = StepCtx { step: 1, layer: 0, request: 0, buffer_slots: 4, seed: 0 };
-    let e = st.step(&Belady, &[1, 2], 50, &ctx, None, &mut SwapInPlan::default()).unwrap_err();
+    let e = st.step(&Belady, &[1, 2], 50, &ctx, SwapInputs::default(), &mut SwapInPlan::default()).unwrap_err();
     assert!(e.to_string().contains("simulator only"), "{e}");
 }

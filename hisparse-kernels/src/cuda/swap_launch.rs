@@ -1,0 +1,264 @@
+//! The launches of [`GpuSwapIn`]: a layer's swap-in step (decisions, then the missed rows'
+//! copies) and a prefetch (nominated tokens brought in before a selection is known, then their
+//! rows' copies). Every size the host holds is checked here, with checked arithmetic, before any
+//! launch; what only the device holds is checked by the kernels (fault flag).
+
+use cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
+use hisparse_memory::cuda::MappedHostTier;
+
+use super::swap_in::{GpuSwapIn, SwapBatch, SwapOutputs, SwapParams};
+use crate::device_swap_in::SWAP_COUNTS;
+use crate::error::{KernelError, Result};
+
+fn cuda(context: &str) -> impl FnOnce(cudarc::driver::DriverError) -> KernelError + '_ {
+    move |e| KernelError::Cuda { context: context.to_owned(), message: e.to_string() }
+}
+
+fn u32_of(field: &'static str, v: usize) -> Result<u32> {
+    u32::try_from(v).map_err(|_| KernelError::invalid(field, v, "does not fit the kernel's 32-bit field"))
+}
+
+impl GpuSwapIn {
+    /// Checks what a launch of `layer` over `batch` reads and writes (the host tier and its page
+    /// list, the entries `0..entries` of the per-selection buffers, the outputs, the hot rows,
+    /// the scores) and returns the kernels' parameters.
+    #[allow(clippy::too_many_arguments)]
+    fn checked_params(
+        &self,
+        layer: usize,
+        batch: &SwapBatch,
+        entries: usize,
+        scores: Option<&CudaView<'_, f32>>,
+        host_pages: &CudaSlice<u32>,
+        host: &MappedHostTier,
+        hot_rows: &CudaSlice<u8>,
+        out: &SwapOutputs,
+    ) -> Result<SwapParams> {
+        let lay = host.layout();
+        let reqs = batch.requests();
+        if layer >= self.layers || layer >= lay.layers {
+            return Err(KernelError::invalid(
+                "layer",
+                layer,
+                format!("the swap-in holds {} layers, the host tier {}", self.layers, lay.layers),
+            ));
+        }
+        let row_bytes = lay.row_bytes;
+        if !row_bytes.is_multiple_of(16) || u32::try_from(row_bytes).is_err() {
+            return Err(KernelError::invalid("row_bytes", row_bytes, "must be a multiple of 16 below 2^32"));
+        }
+        let pages_len = u32::try_from(host_pages.len())
+            .map_err(|_| KernelError::invalid("host_pages", host_pages.len(), "more than 2^32 - 1 entries"))?;
+        for (i, r) in reqs.iter().enumerate() {
+            let need = (r.seq_len as usize).div_ceil(lay.page_tokens);
+            if (r.page_offset as usize).checked_add(need).is_none_or(|end| end > host_pages.len()) {
+                return Err(KernelError::invalid(
+                    "reqs",
+                    i,
+                    format!(
+                        "pages from {} for {} tokens run past the {pages_len} host pages",
+                        r.page_offset, r.seq_len
+                    ),
+                ));
+            }
+            if let Some(sc) = scores
+                && (r.score_offset as usize).checked_add(r.seq_len as usize).is_none_or(|e| e > sc.len())
+            {
+                return Err(KernelError::invalid("reqs", i, "its scores run past the score buffer"));
+            }
+        }
+        let sel_end = batch.selection_end();
+        let hot_need = self.seats.checked_mul(self.slots + 1).and_then(|n| n.checked_mul(row_bytes));
+        if sel_end > entries {
+            return Err(KernelError::invalid("selections", entries, format!("the batch reads {sel_end}")));
+        }
+        if [out.locations.len(), out.miss_tokens.len(), out.miss_slots.len(), out.evicted.len()]
+            .iter()
+            .any(|&n| n < sel_end)
+            || out.counts.len() < SWAP_COUNTS * reqs.len()
+            || hot_need.is_none_or(|n| hot_rows.len() < n)
+        {
+            return Err(KernelError::invalid("out", sel_end, "output or hot-row buffers too small"));
+        }
+        Ok(SwapParams {
+            layer: u32_of("layer", layer)?,
+            layers: u32_of("layers", self.layers)?,
+            buffer_slots: u32_of("buffer_slots", self.slots)?,
+            row_bytes: u32_of("row_bytes", row_bytes)?,
+            page_tokens: u32_of("page_tokens", lay.page_tokens)?,
+            host_pages_per_layer: u32_of("host pages per layer", lay.pages_per_layer)?,
+            host_pages_len: pages_len,
+            word_tokens: u32_of("max_tokens", self.word_tokens)?,
+            host_base: host.device_ptr(),
+            seed: self.policy.seed(),
+        })
+    }
+
+    /// Launches the swap-in of `layer` for `batch` (from [`GpuSwapIn::upload_requests`]):
+    /// `selections` hold each request's positions from its `sel_offset`; `scores` (for policies
+    /// that read them) each request's scores by position from its `score_offset`; `host_pages`
+    /// its host page ids from its `page_offset`; missed rows are read from `host` into
+    /// `hot_rows`, this layer's hot-buffer pool; decisions go to `out`. Every size is checked
+    /// here; a selection or page id the device holds out of range is skipped by the kernels and
+    /// raises the fault flag.
+    #[allow(clippy::too_many_arguments)]
+    pub fn launch(
+        &mut self,
+        layer: usize,
+        batch: &SwapBatch,
+        selections: &CudaView<'_, u32>,
+        scores: Option<&CudaView<'_, f32>>,
+        host_pages: &CudaSlice<u32>,
+        host: &MappedHostTier,
+        hot_rows: &mut CudaSlice<u8>,
+        out: &mut SwapOutputs,
+    ) -> Result<()> {
+        let params = self.checked_params(layer, batch, selections.len(), scores, host_pages, host, hot_rows, out)?;
+        let n = batch.requests().len();
+        if n == 0 {
+            return Ok(());
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (u32_of("requests", n)?, 1, 1),
+            block_dim: (self.block, 1, 1),
+            shared_mem_bytes: Self::shared_bytes(self.slots, self.max_sel) as u32,
+        };
+        let null = 0u64;
+        let mut b = self.stream.launch_builder(&self.func);
+        b.arg(batch.device())
+            .arg(selections)
+            .arg(&mut self.slot_tokens)
+            .arg(&mut self.records)
+            .arg(&mut self.scalars)
+            .arg(&mut self.ready)
+            .arg(&mut self.prefetched);
+        match self.words.as_mut() {
+            Some(w) => b.arg(w),
+            None => b.arg(&null),
+        };
+        match scores {
+            Some(sc) => b.arg(sc),
+            None => b.arg(&null),
+        };
+        b.arg(&mut *hot_rows)
+            .arg(&mut out.locations)
+            .arg(&mut out.counts)
+            .arg(&mut out.miss_tokens)
+            .arg(&mut out.miss_slots)
+            .arg(&mut out.evicted)
+            .arg(&mut self.fault)
+            .arg(&params);
+        // SAFETY: the batch was validated against this swap-in when made (seats within the state
+        // arrays, selection ranges within `sel_end`), and every buffer was checked above to hold
+        // what the kernel indexes; selections out of range are skipped by the kernel (fault).
+        unsafe { b.launch(cfg) }.map_err(cuda("swap-in launch"))?;
+        self.launch_copies(batch, host_pages, hot_rows, out, &params)
+    }
+
+    /// Brings nominated tokens into `layer`'s buffers before their selection is known
+    /// (`hisparse_policy::SwapInState::prefetch`): `batch`'s requests name their candidates
+    /// (positions in order of preference, in `candidates` from `sel_offset`, `sel_len` of them)
+    /// and their budget (`pad`); `protect_spans[i]` is the `(offset, len)` in `protect` of
+    /// request `i`'s protected positions (ascending: never evicted). The fills go to `out`
+    /// (`miss_tokens`, `miss_slots`, `evicted` from `sel_offset`; counts `{0, fills, evictions,
+    /// 0, wasted}`) and their rows from `host` into `hot_rows`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn prefetch(
+        &mut self,
+        layer: usize,
+        batch: &SwapBatch,
+        candidates: &CudaView<'_, u32>,
+        protect: &CudaView<'_, u32>,
+        protect_spans: &[(u32, u32)],
+        scores: Option<&CudaView<'_, f32>>,
+        host_pages: &CudaSlice<u32>,
+        host: &MappedHostTier,
+        hot_rows: &mut CudaSlice<u8>,
+        out: &mut SwapOutputs,
+    ) -> Result<()> {
+        let params = self.checked_params(layer, batch, candidates.len(), scores, host_pages, host, hot_rows, out)?;
+        let n = batch.requests().len();
+        if protect_spans.len() != n {
+            return Err(KernelError::invalid("protect_spans", protect_spans.len(), format!("{n} requests")));
+        }
+        if let Some(&(o, l)) =
+            protect_spans.iter().find(|&&(o, l)| (o as usize).checked_add(l as usize).is_none_or(|e| e > protect.len()))
+        {
+            return Err(KernelError::invalid("protect_spans", format!("{o}+{l}"), "past the protect buffer"));
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let flat: Vec<u32> = protect_spans.iter().flat_map(|&(o, l)| [o, l]).collect();
+        let prot = self.stream.clone_htod(&flat).map_err(cuda("protect spans"))?;
+        let cfg = LaunchConfig {
+            grid_dim: (u32_of("requests", n)?, 1, 1),
+            block_dim: (self.block, 1, 1),
+            shared_mem_bytes: Self::prefetch_shared_bytes(self.slots, self.max_sel) as u32,
+        };
+        let null = 0u64;
+        let mut b = self.stream.launch_builder(&self.prefetch);
+        b.arg(batch.device())
+            .arg(candidates)
+            .arg(protect)
+            .arg(&prot)
+            .arg(&mut self.slot_tokens)
+            .arg(&mut self.records)
+            .arg(&mut self.scalars)
+            .arg(&mut self.ready)
+            .arg(&mut self.prefetched);
+        match self.words.as_mut() {
+            Some(w) => b.arg(w),
+            None => b.arg(&null),
+        };
+        match scores {
+            Some(sc) => b.arg(sc),
+            None => b.arg(&null),
+        };
+        b.arg(&mut out.counts)
+            .arg(&mut out.miss_tokens)
+            .arg(&mut out.miss_slots)
+            .arg(&mut out.evicted)
+            .arg(&mut self.fault)
+            .arg(&params);
+        // SAFETY: as for the swap-in: the batch was validated (seats, candidate ranges within
+        // `sel_end`, at most max_sel candidates: the shared memory is sized for that), the
+        // protect spans lie within `protect`, and the outputs hold `sel_end` entries; candidates
+        // out of range are skipped by the kernel (fault).
+        unsafe { b.launch(cfg) }.map_err(cuda("prefetch launch"))?;
+        self.launch_copies(batch, host_pages, hot_rows, out, &params)
+    }
+
+    /// The copies of the rows a launch decided to bring in: enough blocks per request for about
+    /// 4096 warps in all.
+    fn launch_copies(
+        &mut self,
+        batch: &SwapBatch,
+        host_pages: &CudaSlice<u32>,
+        hot_rows: &mut CudaSlice<u8>,
+        out: &SwapOutputs,
+        params: &SwapParams,
+    ) -> Result<()> {
+        let n = batch.requests().len();
+        let per_request = (4096 / (n * 8)).clamp(1, 512) as u32;
+        let cfg = LaunchConfig {
+            grid_dim: (u32_of("requests", n)?, per_request, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(&self.copy);
+        b.arg(batch.device())
+            .arg(&out.counts)
+            .arg(&out.miss_tokens)
+            .arg(&out.miss_slots)
+            .arg(host_pages)
+            .arg(hot_rows)
+            .arg(&mut self.fault)
+            .arg(params);
+        // SAFETY: the decision kernel just wrote the lists for these requests; host rows are
+        // reached only through the registered tier (alive while the caller's handle is), at page
+        // ids the kernel checks against `host_pages_len` and the layout (fault otherwise).
+        unsafe { b.launch(cfg) }.map_err(cuda("copy launch"))?;
+        Ok(())
+    }
+}

@@ -1,0 +1,59 @@
+//! The CUDA C contract of a policy. [`EvictionPolicy::cuda`](super::EvictionPolicy::cuda)
+//! returns C++ (a `.cuh` of the policy's own) defining, for the types of [`PRELUDE`], any of:
+//!
+//! ```text
+//! #define POLICY_PRIORITY  __device__ unsigned long long policy_priority(const SlotRecord&, const PolicyEnv&);
+//! #define POLICY_ON_HIT    __device__ void policy_on_hit(SlotRecord&, const PolicyEnv&);
+//! #define POLICY_ON_INSERT __device__ void policy_on_insert(SlotRecord&, const PolicyEnv&);
+//! #define POLICY_ON_KEEP   __device__ void policy_on_keep(SlotRecord&, const PolicyEnv&);
+//! #define POLICY_ON_EVICT  __device__ unsigned policy_on_evict(const SlotRecord&, const PolicyEnv&);
+//! #define POLICY_FINISH    __device__ void policy_finish(PolicyScalars&, const PolicyEnv&);
+//! ```
+//!
+//! each defined hook preceded by its `#define` (a policy writes only the hooks it needs; the
+//! others take the defaults of [`DEFAULTS`], which match the trait's defaults: nothing, and
+//! `on_evict` keeping the token's word). `policy_priority` and `policy_on_insert` have no
+//! default, as in the trait.
+
+use super::EvictionPolicy;
+
+/// Types every policy's CUDA hooks are compiled with (the layouts of the `#[repr(C)]` Rust types).
+pub const PRELUDE: &str = r#"
+struct SlotRecord { unsigned a; unsigned b; };
+struct PolicyScalars { unsigned a; unsigned b; };
+struct StepCtx { unsigned step; unsigned layer; unsigned long long request; unsigned buffer_slots; unsigned long long seed; };
+struct VictimKey { bool any; bool occupied; unsigned long long priority; unsigned slot; };
+struct PolicyEnv {
+    StepCtx ctx; PolicyScalars scalars; VictimKey victim;
+    unsigned slot; unsigned token; unsigned next_use; float score; unsigned prefetched; unsigned token_word;
+};
+"#;
+
+/// The hooks a policy did not define.
+pub const DEFAULTS: &str = r#"
+#ifndef POLICY_ON_HIT
+__device__ void policy_on_hit(SlotRecord&, const PolicyEnv&) {}
+#endif
+#ifndef POLICY_ON_KEEP
+__device__ void policy_on_keep(SlotRecord&, const PolicyEnv&) {}
+#endif
+#ifndef POLICY_ON_EVICT
+__device__ unsigned policy_on_evict(const SlotRecord&, const PolicyEnv& e) { return e.token_word; }
+#endif
+#ifndef POLICY_FINISH
+__device__ void policy_finish(PolicyScalars&, const PolicyEnv&) {}
+#endif
+"#;
+
+/// The code spliced into a kernel template for `policy`: the prelude, its hooks, the defaults;
+/// `None` for a policy without a GPU form.
+pub fn program(policy: &dyn EvictionPolicy) -> Option<String> {
+    let hooks = policy.cuda()?;
+    Some(format!("{PRELUDE}\n{hooks}\n{DEFAULTS}"))
+}
+
+/// A short stable hash of a policy's program (FNV-1a), for naming compiled modules by what they
+/// contain rather than by the policy's name.
+pub fn program_hash(code: &str) -> u64 {
+    code.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
+}
