@@ -24,6 +24,9 @@ pub struct CalibrationSpec {
     pub steps: usize,
     /// Prompt tokens per request.
     pub context: usize,
+    /// Candidates ranked just below the cut to record per selection, with their scores (and
+    /// then the selected tokens' scores too); 0: none.
+    pub score_margin: usize,
 }
 
 /// Measured locality of a workload.
@@ -82,6 +85,8 @@ pub fn selections(geometry: &KvGeometry, workload: &Workload, spec: &Calibration
         let mut scores = vec![0f32; total];
         let mut top = vec![0i32; k];
         let mut selected: Vec<Vec<u32>> = vec![Vec::new(); sources.len()];
+        let mut chosen: Vec<ScoresNear> = vec![(None, None); sources.len()];
+        let mut order: Vec<u32> = Vec::new();
         for step in 1..=spec.steps {
             workload.advance(r, &mut drift);
             let seq_len = spec.context + step;
@@ -101,9 +106,14 @@ pub fn selections(geometry: &KvGeometry, workload: &Workload, spec: &Calibration
                     pin_newest: false,
                 };
                 cpu.indexer_scores(&batch, &mut scores)?;
+                let newest_score = scores[seq_len - 1];
                 scores[seq_len - 1] = f32::INFINITY; // the newest token is always attended to
                 cpu.top_k(&scores, &[Span::new(0, seq_len)], k, &mut top)?;
                 selected[li] = top.iter().map(|&x| x as u32).collect();
+                if spec.score_margin > 0 {
+                    scores[seq_len - 1] = newest_score;
+                    chosen[li] = near_cut(&scores[..seq_len], &selected[li], spec.score_margin, &mut order);
+                }
             }
             for &l in &spec.layers {
                 let li = sources.binary_search(&geometry.index_source(l)).unwrap_or(0);
@@ -113,12 +123,49 @@ pub fn selections(geometry: &KvGeometry, workload: &Workload, spec: &Calibration
                     layer: l as u32,
                     seq_len: seq_len as u32,
                     selected: selected[li].clone(),
-                    scores: None,
+                    scores: chosen[li].0.clone(),
+                    near: chosen[li].1.clone(),
                 });
             }
         }
     }
     Ok(records)
+}
+
+/// A record's scores of the selected tokens and its near-cut candidates.
+type ScoresNear = (Option<Vec<f32>>, Option<Vec<(u32, f32)>>);
+
+/// The selected tokens' scores (ascending positions, as `selected`) and the `margin` best
+/// unselected positions with their scores, best first (ties by position).
+fn near_cut(scores: &[f32], selected: &[u32], margin: usize, order: &mut Vec<u32>) -> ScoresNear {
+    let own = selected.iter().map(|&t| scores[t as usize]).collect();
+    order.clear();
+    order.extend((0..scores.len() as u32).filter(|t| selected.binary_search(t).is_err()));
+    let by = |a: &u32, b: &u32| scores[*b as usize].total_cmp(&scores[*a as usize]).then(a.cmp(b));
+    let m = margin.min(order.len());
+    if m > 0 && m < order.len() {
+        order.select_nth_unstable_by(m - 1, by);
+    }
+    order.truncate(m);
+    order.sort_unstable_by(by);
+    (Some(own), Some(order.iter().map(|&t| (t, scores[t as usize])).collect()))
+}
+
+/// The trace header of [`selections`] under `spec`.
+pub fn trace_header(geometry: &KvGeometry, spec: &CalibrationSpec) -> TraceHeader {
+    let shared = (0..geometry.layers).any(|l| geometry.index_source(l) != l);
+    TraceHeader {
+        top_k: geometry.top_k as u32,
+        layers: geometry.layers as u32,
+        row_bytes: 656,
+        has_scores: spec.score_margin > 0,
+        score_margin: spec.score_margin.min(hisparse_policy::trace::MAX_TOP_K as usize) as u32,
+        index_source: if shared {
+            (0..geometry.layers).map(|l| geometry.index_source(l) as u32).collect()
+        } else {
+            Vec::new()
+        },
+    }
 }
 
 fn overlap(a: &[u32], b: &[u32], skip: u32) -> f64 {
@@ -130,12 +177,12 @@ fn overlap(a: &[u32], b: &[u32], skip: u32) -> f64 {
 pub fn calibrate(geometry: &KvGeometry, workload: &Workload, spec: &CalibrationSpec) -> Result<Calibration> {
     let records = selections(geometry, workload, spec)?;
     let k = geometry.top_k;
-    let header = TraceHeader { top_k: k as u32, layers: geometry.layers as u32, row_bytes: 656, has_scores: false };
+    let header = trace_header(geometry, spec);
     let cfg = SimConfig {
         policies: ["lru", "fifo", "random", "belady"].map(String::from).to_vec(),
         buffer_sizes: vec![k, 2 * k, 4 * k],
-        seed: 1,
-        row_bytes: 0,
+        policy_config: hisparse_policy::PolicyConfig::seeded(1),
+        ..SimConfig::default()
     };
     let report = simulate(&header, &records, &cfg, &|_| {})?;
     // Steady state: leave out each stream's first steps (cold buffer) by subtracting them.

@@ -41,8 +41,12 @@ fn glm_5_1_misses_follow_the_published_curve() {
 fn glm_5_1(seed: u64) {
     let g = KvGeometry::preset("glm-5.1").unwrap();
     let w = Workload::new(&g, seed);
-    let c =
-        calibrate(&g, &w, &CalibrationSpec { requests: 2, layers: vec![40, 41], steps: 80, context: 65_536 }).unwrap();
+    let c = calibrate(
+        &g,
+        &w,
+        &CalibrationSpec { requests: 2, layers: vec![40, 41], steps: 80, context: 65_536, score_margin: 0 },
+    )
+    .unwrap();
     let [lru1, lru2, lru4] = c.lru;
     let [fifo, random, belady] = c.fifo_random_belady_2x;
     eprintln!(
@@ -73,8 +77,12 @@ fn deepseek_v3_2_overlaps_follow_the_published_figures() {
 fn deepseek_v3_2(seed: u64) {
     let g = KvGeometry::preset("deepseek-v3.2").unwrap();
     let w = Workload::new(&g, seed);
-    let c = calibrate(&g, &w, &CalibrationSpec { requests: 1, layers: vec![0, 1, 30, 31], steps: 24, context: 65_536 })
-        .unwrap();
+    let c = calibrate(
+        &g,
+        &w,
+        &CalibrationSpec { requests: 1, layers: vec![0, 1, 30, 31], steps: 24, context: 65_536, score_margin: 0 },
+    )
+    .unwrap();
     eprintln!("deepseek-v3.2 seed {seed}: step overlap {:?}, adjacent layers {:?}", c.step_overlap, c.layer_overlap);
     for &(layer, o) in &c.step_overlap {
         if layer < 2 {

@@ -13,6 +13,7 @@
 pub mod config;
 pub mod error;
 pub mod policy;
+pub mod prefetch;
 pub mod simulate;
 pub mod swap_in;
 pub mod synth;
@@ -21,7 +22,8 @@ pub mod trace;
 pub use config::HiSparseConfig;
 pub use error::{PolicyError, Result};
 pub use policy::{EvictionPolicy, PolicyConfig, PolicyEnv, PolicyScalars, SlotRecord, StepCtx, VictimKey};
-pub use simulate::{SimConfig, SimReport, SimResult, memory_estimate, simulate, simulate_with};
+pub use prefetch::{Prefetcher, PrefetcherConfig};
+pub use simulate::{SimConfig, SimReport, SimResult, memory_estimate, replays, simulate, simulate_with};
 pub use swap_in::{PrefetchPlan, SwapInPlan, SwapInState, SwapInputs, copy_missing_rows};
 
 /// The README's examples, compiled and run as doc-tests.

@@ -35,6 +35,9 @@ pub struct SynthConfig {
     pub layer_share: f64,
     /// Record the relevance of the selected positions as scores.
     pub scores: bool,
+    /// Record the `score_margin` positions ranked just below the cut, with their relevance
+    /// (trace version 2; 0: none).
+    pub score_margin: usize,
     /// Seed.
     pub seed: u64,
 }
@@ -51,6 +54,7 @@ impl Default for SynthConfig {
             drift: 0.6,
             layer_share: 0.8,
             scores: false,
+            score_margin: 0,
             seed: 1,
         }
     }
@@ -58,7 +62,15 @@ impl Default for SynthConfig {
 
 /// The header of the trace [`synth_trace`] writes for `cfg`.
 pub fn synth_header(cfg: &SynthConfig, row_bytes: u32) -> TraceHeader {
-    TraceHeader { top_k: cfg.top_k as u32, layers: cfg.layers as u32, row_bytes, has_scores: cfg.scores }
+    TraceHeader {
+        top_k: cfg.top_k as u32,
+        layers: cfg.layers as u32,
+        row_bytes,
+        has_scores: cfg.scores,
+        // validate() keeps score_margin within MAX_TOP_K.
+        score_margin: cfg.score_margin as u32,
+        index_source: Vec::new(),
+    }
 }
 
 impl SynthConfig {
@@ -85,6 +97,9 @@ impl SynthConfig {
         }
         if self.top_k == 0 || self.top_k > self.prompt_tokens + 1 {
             return bad("top_k", self.top_k.to_string(), "must be in 1..=prompt_tokens + 1");
+        }
+        if self.score_margin > crate::trace::MAX_TOP_K as usize {
+            return bad("score_margin", self.score_margin.to_string(), "must be at most 2^20");
         }
         if !(0.0..=1.0).contains(&self.rho) {
             return bad("rho", self.rho.to_string(), "must be in [0, 1]");
@@ -152,11 +167,20 @@ pub fn synth_trace(cfg: &SynthConfig, mut sink: impl FnMut(TraceRecord) -> Resul
                 idx.clear();
                 idx.extend(0..seq_len as u32);
                 let k = cfg.top_k;
+                let by_rel = |a: &u32, b: &u32| rel[*b as usize].total_cmp(&rel[*a as usize]).then(a.cmp(b));
                 if k < seq_len {
-                    idx.select_nth_unstable_by(k - 1, |&a, &b| {
-                        rel[b as usize].total_cmp(&rel[a as usize]).then(a.cmp(&b))
-                    });
+                    idx.select_nth_unstable_by(k - 1, by_rel);
                 }
+                let near = (cfg.score_margin > 0).then(|| {
+                    let m = cfg.score_margin.min(seq_len - k);
+                    let rest = &mut idx[k..];
+                    if m > 0 && m < rest.len() {
+                        rest.select_nth_unstable_by(m - 1, by_rel);
+                    }
+                    let near = &mut rest[..m];
+                    near.sort_unstable_by(by_rel);
+                    near.iter().map(|&t| (t, rel[t as usize] as f32)).collect()
+                });
                 let mut selected = idx[..k].to_vec();
                 selected.sort_unstable();
                 let scores = cfg
@@ -169,6 +193,7 @@ pub fn synth_trace(cfg: &SynthConfig, mut sink: impl FnMut(TraceRecord) -> Resul
                     seq_len: seq_len as u32,
                     selected,
                     scores,
+                    near,
                 })?;
             }
         }

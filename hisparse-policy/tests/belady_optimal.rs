@@ -73,14 +73,20 @@ fn belady_matches_exhaustive_search() {
             sel.dedup();
             steps.push((i as u32, seq_len));
             sels.push(sel.iter().fold(0u32, |m, &t| m | 1 << t));
-            records.push(TraceRecord { step: i as u32, request: 0, layer: 0, seq_len, selected: sel, scores: None });
+            records.push(TraceRecord {
+                step: i as u32,
+                request: 0,
+                layer: 0,
+                seq_len,
+                selected: sel,
+                ..TraceRecord::default()
+            });
         }
-        let header = TraceHeader { top_k: slots, layers: 1, row_bytes: 0, has_scores: false };
+        let header = TraceHeader { top_k: slots, layers: 1, row_bytes: 0, ..TraceHeader::default() };
         let cfg = SimConfig {
             policies: vec!["belady".into(), "lru".into()],
             buffer_sizes: vec![slots as usize],
-            seed: 0,
-            row_bytes: 0,
+            ..SimConfig::default()
         };
         let report = simulate(&header, &records, &cfg, &|_| {}).unwrap();
         let belady = report.results[0].misses as u32;

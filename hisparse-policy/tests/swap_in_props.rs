@@ -6,7 +6,7 @@
 
 use hisparse_policy::policy::{self, POLICY_NAMES};
 use hisparse_policy::trace::{TraceHeader, TraceRecord};
-use hisparse_policy::{SimConfig, StepCtx, SwapInPlan, SwapInState, SwapInputs, simulate};
+use hisparse_policy::{PolicyConfig, SimConfig, StepCtx, SwapInPlan, SwapInState, SwapInputs, simulate};
 use proptest::prelude::*;
 
 /// A random stream: a start length, then per step a selection (drawn from a small hot set plus
@@ -66,7 +66,15 @@ proptest! {
                 let seq_len = start + 1 + i;
                 let ctx = StepCtx { step: i as u32 + 1, layer: 1, request: 5, buffer_slots: slots as u32, seed: p.seed() };
                 let nu = next_use(&steps, i, max_len);
-                st.step(p.as_ref(), sel, seq_len, &ctx, SwapInputs { next_use: Some(&nu), scores: None }, &mut plan).unwrap();
+                // Scores for some tokens (others unknown), changing every step.
+                let scores: Vec<f32> = (0..max_len as u64)
+                    .map(|t| {
+                        let h = policy::mix64(t * 1_000_003 + i as u64);
+                        if h.is_multiple_of(3) { f32::NAN } else { (h >> 40) as f32 / 1e4 - 800.0 }
+                    })
+                    .collect();
+                let inputs = SwapInputs { next_use: Some(&nu), scores: Some(&scores) };
+                st.step(p.as_ref(), sel, seq_len, &ctx, inputs, &mut plan).unwrap();
                 let t = st.table();
                 prop_assert!(t.check().is_ok(), "{}: {:?}", name, t.check());
                 prop_assert_eq!(plan.hits.len() + plan.misses.len(), sel.len(), "{}", name);
@@ -97,10 +105,12 @@ proptest! {
         let records: Vec<TraceRecord> = steps
             .iter()
             .enumerate()
-            .map(|(i, s)| TraceRecord { step: i as u32, request: 0, layer: 0, seq_len: (start + 1 + i) as u32, selected: s.clone(), scores: None })
+            .map(|(i, s)| TraceRecord { step: i as u32, request: 0, layer: 0, seq_len: (start + 1 + i) as u32, selected: s.clone(), ..TraceRecord::default() })
             .collect();
-        let header = TraceHeader { top_k: 6, layers: 1, row_bytes: 656, has_scores: false };
-        let cfg = SimConfig { policies: POLICY_NAMES.iter().map(|s| s.to_string()).collect(), buffer_sizes: vec![slots], seed: 3, row_bytes: 0 };
+        let header = TraceHeader { top_k: 6, layers: 1, row_bytes: 656, ..TraceHeader::default() };
+        // Policies that need scores are refused on a trace without near-cut scores.
+        let online = POLICY_NAMES.iter().filter(|n| !policy::by_name(n, 0).unwrap().needs_scores());
+        let cfg = SimConfig { policies: online.map(|s| s.to_string()).collect(), buffer_sizes: vec![slots], policy_config: PolicyConfig::seeded(3), ..SimConfig::default() };
         let report = simulate(&header, &records, &cfg, &|_| {}).unwrap();
         let misses = |name: &str| report.results.iter().find(|r| r.policy == name).unwrap().misses;
         let compulsory = misses("compulsory");

@@ -2,11 +2,14 @@
 //! published figures the preset is calibrated to.
 
 use hisparse_engine::Workload;
-use hisparse_engine::calibrate::{CalibrationSpec, calibrate};
+use std::path::PathBuf;
+
+use hisparse_engine::calibrate::{CalibrationSpec, calibrate, trace_header};
 use hisparse_memory::KvGeometry;
 
 use crate::error::{BenchError, Result};
 use crate::guard;
+use crate::report::AtomicFile;
 
 /// Options of `hisparse calibrate`.
 #[derive(Debug, Clone, clap::Args)]
@@ -29,6 +32,17 @@ pub struct CalibrateArgs {
     /// Workload seed.
     #[arg(long, default_value_t = 7)]
     pub seed: u64,
+    /// Also write the selections as a trace (.hstrace; .jsonl for JSON lines), for
+    /// `hisparse simulate`.
+    #[arg(long)]
+    pub trace_out: Option<PathBuf>,
+    /// Replace an existing --trace-out file.
+    #[arg(long)]
+    pub overwrite: bool,
+    /// Record, per selection, the scores of the selected tokens and of this many candidates
+    /// ranked just below the cut (what score-aware policies and next-step prefetch need).
+    #[arg(long, default_value_t = 0)]
+    pub score_margin: usize,
 }
 
 /// Runs and renders the comparison.
@@ -62,13 +76,36 @@ pub fn run(a: &CalibrateArgs) -> Result<String> {
     // Index keys of every run layer for one request, plus scores; and every selection.
     let keys = guard::product(&[layers.len(), total.div_ceil(64) * 64 + 1, g.index_key()?.row_bytes() + 4]);
     guard::memory("context", a.context, "the index keys of the run layers", keys)?;
-    let selections = guard::product(&[a.requests, a.steps, layers.len(), g.top_k, 4]);
+    guard::within("score-margin", a.score_margin, 0, hisparse_policy::trace::MAX_TOP_K as usize)?;
+    let per_record = guard::sum(("top-k", g.top_k), ("score-margin", a.score_margin))?;
+    let selections = guard::product(&[a.requests, a.steps, layers.len(), per_record, 8]);
     guard::memory("steps", a.steps, "the selections of every request, step and layer", selections)?;
-    let c = calibrate(
-        &g,
-        &Workload::new(&g, a.seed),
-        &CalibrationSpec { requests: a.requests, layers, steps: a.steps, context: a.context },
-    )?;
+    let spec = CalibrationSpec {
+        requests: a.requests,
+        layers,
+        steps: a.steps,
+        context: a.context,
+        score_margin: a.score_margin,
+    };
+    // The output file is claimed before the long run, so a refusal comes at once.
+    let file = a.trace_out.as_ref().map(|p| AtomicFile::create("trace-out", p, a.overwrite)).transpose()?;
+    let c = calibrate(&g, &Workload::new(&g, a.seed), &spec)?;
+    let mut written = String::new();
+    if let Some(mut file) = file {
+        let header = trace_header(&g, &spec);
+        let jsonl = a.trace_out.as_ref().is_some_and(|p| p.extension().is_some_and(|e| e == "jsonl"));
+        if jsonl {
+            hisparse_policy::trace::jsonl::write(file.writer(), &header, &c.records)?;
+        } else {
+            let mut w = hisparse_policy::trace::TraceWriter::new(file.writer(), header)?;
+            for r in &c.records {
+                w.write(r)?;
+            }
+            w.finish()?;
+        }
+        let path = file.commit()?;
+        written = format!("\nwrote {} ({} records)\n", path.display(), c.records.len());
+    }
     let pct = |x: f64| format!("{:.1}%", 100.0 * x);
     let mut s = format!(
         "workload calibration: {} at {} tokens of context, {} steps, layers {:?}\n\n",
@@ -104,5 +141,6 @@ pub fn run(a: &CalibrateArgs) -> Result<String> {
         let p = if g.name == "deepseek-v3.2" && *a < 2 { "(random layers)" } else { "70-100%" };
         s += &format!("{:<44} {:>10} {p:>16}\n", format!("adjacent-layer overlap, layers {a}-{b}"), pct(*o));
     }
+    s += &written;
     Ok(s)
 }

@@ -17,3 +17,4 @@ pub mod sizing;
 pub mod sweep;
 pub mod sweep_output;
 pub mod trace;
+pub mod trace_import;

@@ -1,13 +1,16 @@
-//! `hisparse simulate`: replay a trace under several policies and buffer sizes; print a table and
-//! write JSON, CSV and SVG (miss ratio against buffer size; misses per step over time).
+//! `hisparse simulate`: replay a trace under several policies, prefetchers and buffer sizes;
+//! print a table and write JSON, CSV and SVG (miss ratio against buffer size; what prefetch
+//! moves; misses per step over time).
 
 use std::path::PathBuf;
 
+use hisparse_policy::policy::BuiltinPolicy;
+use hisparse_policy::prefetch::{BuiltinPrefetcher, PrefetcherConfig};
 use hisparse_policy::trace::read_trace;
-use hisparse_policy::{PolicyError, SimConfig, SimReport, memory_estimate, simulate_with};
+use hisparse_policy::{PolicyConfig, PolicyError, SimConfig, SimReport, memory_estimate, replays, simulate_with};
 
 use crate::error::{BenchError, Result};
-use crate::report::plot::{Chart, Series, line_chart, misses_over_time};
+use crate::report::plot::{Chart, Series, line_chart, misses_over_time, stacked_charts};
 use crate::report::{Csv, OutputDir};
 use crate::{guard, interrupt, progress};
 
@@ -17,15 +20,29 @@ pub struct SimulateArgs {
     /// The trace (binary .hstrace or JSON lines).
     #[arg(long)]
     pub trace: PathBuf,
-    /// Policies, comma separated (lru, fifo, random, clock, belady).
-    #[arg(long, value_delimiter = ',', default_value = "lru,fifo,random,clock,belady")]
-    pub policies: Vec<String>,
+    /// Eviction policies, comma separated (score-aware ones need a trace with near-cut scores).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "lru,fifo,random,clock,belady")]
+    pub policies: Vec<BuiltinPolicy>,
+    /// Prefetchers, comma separated (next-step needs a trace with near-cut candidates).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "none")]
+    pub prefetchers: Vec<BuiltinPrefetcher>,
+    /// Most rows a speculative prefetcher brings into one buffer per step (0: a quarter of top_k).
+    #[arg(long, default_value_t = 0)]
+    pub prefetch_budget: usize,
     /// Buffer sizes (regular slots), comma separated; default: 1, 2 and 4 times the trace's top_k.
     #[arg(long, value_delimiter = ',')]
     pub buffers: Vec<usize>,
+    /// The policies' tunables as JSON (a file holding a PolicyConfig; see the policy crate's
+    /// README); --seed overrides its seed.
+    #[arg(long)]
+    pub policy_config: Option<PathBuf>,
     /// Seed of the random policy.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Leading steps of every stream replayed but not counted (the buffers warm up; the
+    /// per-step plot still shows them).
     #[arg(long, default_value_t = 0)]
-    pub seed: u64,
+    pub warmup_steps: usize,
     /// Bytes per fetched row (default: the trace's, else 656).
     #[arg(long, default_value_t = 0)]
     pub row_bytes: usize,
@@ -54,8 +71,39 @@ pub fn run(a: &SimulateArgs) -> Result<(SimReport, PathBuf)> {
         }
     }
     guard::within("row-bytes", a.row_bytes, 0, 1 << 20)?;
-    for p in &a.policies {
-        hisparse_policy::policy::by_name(p, a.seed).map_err(|e| BenchError::flag("policies", p, e.to_string()))?;
+    guard::within("prefetch-budget", a.prefetch_budget, 0, max)?;
+    let mut policy_config = match &a.policy_config {
+        None => PolicyConfig::default(),
+        Some(p) => {
+            let text = std::fs::read_to_string(p)
+                .map_err(|e| BenchError::flag("policy-config", p.display(), e.to_string()))?;
+            let c: PolicyConfig = serde_json::from_str(&text)
+                .map_err(|e| BenchError::flag("policy-config", p.display(), e.to_string()))?;
+            c.validate().map_err(|e| BenchError::flag("policy-config", p.display(), e.to_string()))?;
+            c
+        }
+    };
+    if let Some(seed) = a.seed {
+        policy_config.seed = seed;
+    }
+    let names = |v: &[&'static str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let policies = names(&a.policies.iter().map(|p| p.name()).collect::<Vec<_>>());
+    let prefetchers = names(&a.prefetchers.iter().map(|p| p.spec().name).collect::<Vec<_>>());
+    for p in &policies {
+        if hisparse_policy::policy::make(p, &policy_config)?.needs_scores() && header.score_margin == 0 {
+            return Err(BenchError::flag(
+                "policies",
+                p,
+                "needs the scores of the candidates below the cut: record the trace with --score-margin",
+            ));
+        }
+    }
+    if a.prefetchers.contains(&BuiltinPrefetcher::NextStep) && header.score_margin == 0 {
+        return Err(BenchError::flag(
+            "prefetchers",
+            "next-step",
+            "needs the candidates below the cut: record the trace with --score-margin",
+        ));
     }
     guard::memory(
         "trace",
@@ -66,15 +114,16 @@ pub fn run(a: &SimulateArgs) -> Result<(SimReport, PathBuf)> {
     let stem = a.trace.file_stem().map_or("trace".into(), |s| s.to_string_lossy().into_owned());
     let dir = a.out.clone().unwrap_or_else(|| PathBuf::from("results").join(format!("simulate-{stem}")));
     let out = OutputDir::prepare("out", &dir)?;
-    let cfg =
-        SimConfig { policies: a.policies.clone(), buffer_sizes: buffers.clone(), seed: a.seed, row_bytes: a.row_bytes };
-    let streams = {
-        let mut s: Vec<(u64, u32)> = records.iter().map(|r| (r.request, r.layer)).collect();
-        s.sort_unstable();
-        s.dedup();
-        s.len()
+    let cfg = SimConfig {
+        policies,
+        prefetchers,
+        buffer_sizes: buffers.clone(),
+        policy_config,
+        prefetcher_config: PrefetcherConfig { budget: a.prefetch_budget },
+        row_bytes: a.row_bytes,
+        warmup_steps: a.warmup_steps,
     };
-    let bar = progress::bar(streams.saturating_mul(a.policies.len() * buffers.len() + 1) as u64, "streams replayed");
+    let bar = progress::bar(replays(&records, &cfg), "replays");
     let report = match simulate_with(&header, &records, &cfg, &|n| bar.set_position(n), &interrupt::requested) {
         Err(PolicyError::Cancelled) => return Err(BenchError::Interrupted("replaying the trace".into())),
         r => r?,
@@ -83,10 +132,15 @@ pub fn run(a: &SimulateArgs) -> Result<(SimReport, PathBuf)> {
     out.write_json("simulate.json", &report)?;
     let mut csv = Csv::new(&[
         "policy",
+        "prefetcher",
         "buffer_slots",
         "selected",
         "misses",
         "miss_ratio",
+        "prefetched",
+        "prefetch_useful",
+        "prefetch_wasted",
+        "wasted_bytes",
         "bytes_fetched",
         "mean_misses_per_request_step",
         "p50",
@@ -100,10 +154,15 @@ pub fn run(a: &SimulateArgs) -> Result<(SimReport, PathBuf)> {
         let (d, b) = (&r.misses_per_request_step, &r.misses_per_batch_step);
         csv.row([
             r.policy.clone(),
+            r.prefetcher.clone(),
             r.buffer_slots.to_string(),
             r.selected.to_string(),
             r.misses.to_string(),
             format!("{:.6}", r.miss_ratio),
+            r.prefetched.to_string(),
+            r.prefetch_useful.to_string(),
+            r.prefetch_wasted.to_string(),
+            r.wasted_bytes.to_string(),
             r.bytes_fetched.to_string(),
             format!("{:.3}", d.mean),
             format!("{}", d.p50),
@@ -119,22 +178,31 @@ pub fn run(a: &SimulateArgs) -> Result<(SimReport, PathBuf)> {
     Ok((report, out.keep()))
 }
 
+/// The label of a result line: its policy, and its prefetcher when the run had several.
+fn label(r: &hisparse_policy::SimResult, with_prefetcher: bool) -> String {
+    if with_prefetcher && r.policy != "compulsory" {
+        format!("{} + {}", r.policy, r.prefetcher)
+    } else {
+        r.policy.clone()
+    }
+}
+
 fn plots(report: &SimReport, buffers: &[usize], trace: &std::path::Path, out: &OutputDir) -> Result<()> {
     let name = trace.file_name().map_or_else(|| "trace".into(), |n| n.to_string_lossy().into_owned());
-    let mut names: Vec<&str> =
-        report.results.iter().map(|r| r.policy.as_str()).filter(|p| *p != "compulsory").collect();
+    let lines: Vec<&hisparse_policy::SimResult> = report.results.iter().filter(|r| r.policy != "compulsory").collect();
+    let any_prefetch = lines.iter().any(|r| r.prefetcher != "none");
+    let mut names: Vec<String> = lines.iter().map(|r| label(r, any_prefetch)).collect();
     names.dedup();
     let mut curves: Vec<Series> = names
         .iter()
-        .map(|p| Series {
-            label: (*p).to_string(),
-            points: report
-                .results
+        .map(|n| Series {
+            label: n.clone(),
+            points: lines
                 .iter()
-                .filter(|r| r.policy == *p)
+                .filter(|r| label(r, any_prefetch) == *n)
                 .map(|r| (r.buffer_slots as f64, 100.0 * r.miss_ratio))
                 .collect(),
-            dashed: *p == "belady",
+            dashed: n.starts_with("belady"),
             ..Series::default()
         })
         .collect();
@@ -147,7 +215,7 @@ fn plots(report: &SimReport, buffers: &[usize], trace: &std::path::Path, out: &O
             ..Series::default()
         });
     }
-    let title = format!("Miss ratio vs buffer size: {name}, top_k {}", report.header.top_k);
+    let title = format!("Critical-path miss ratio vs buffer size: {name}, top_k {}", report.header.top_k);
     let chart = Chart {
         title: &title,
         x_label: "device buffer slots per request and layer",
@@ -156,55 +224,134 @@ fn plots(report: &SimReport, buffers: &[usize], trace: &std::path::Path, out: &O
         markers: &[],
     };
     out.write("miss_ratio.svg", line_chart(&chart, &curves)?.as_bytes())?;
-    // Misses per step over time: the first policy at every buffer size.
-    if let Some(first) = names.first() {
-        let lines = report
-            .results
+    if any_prefetch {
+        out.write("prefetch.svg", prefetch_chart(report, &name)?.as_bytes())?;
+    }
+    // Misses per step over time: the first policy and prefetcher at every buffer size.
+    if let Some(first) = lines.first() {
+        let over_time = lines
             .iter()
-            .filter(|r| r.policy == *first)
-            .map(|r| (format!("{} {} slots", r.policy, r.buffer_slots), r.series.clone()));
-        let title = format!("Misses per step over time: {name}, {first}");
-        out.write("misses_over_time.svg", misses_over_time(&title, lines, &[])?.as_bytes())?;
+            .filter(|r| r.policy == first.policy && r.prefetcher == first.prefetcher)
+            .map(|r| (format!("{} {} slots", label(r, any_prefetch), r.buffer_slots), r.series.clone()));
+        let title = format!("Misses per step over time: {name}, {}", label(first, any_prefetch));
+        out.write("misses_over_time.svg", misses_over_time(&title, over_time, &[])?.as_bytes())?;
     }
     Ok(())
 }
 
+/// What each prefetcher buys under the first policy: critical-path misses above, rows moved
+/// (solid: all, misses and prefetches; dashed: wasted prefetches) below, per selected token.
+fn prefetch_chart(report: &SimReport, name: &str) -> Result<String> {
+    let Some(policy) = report.results.first().map(|r| r.policy.clone()) else { return Ok(String::new()) };
+    let mut prefetchers: Vec<&str> =
+        report.results.iter().filter(|r| r.policy == policy).map(|r| r.prefetcher.as_str()).collect();
+    prefetchers.dedup();
+    let pct = |n: u64, r: &hisparse_policy::SimResult| 100.0 * n as f64 / r.selected.max(1) as f64;
+    let mut top = Vec::new();
+    let mut bottom = Vec::new();
+    for (i, p) in prefetchers.iter().enumerate() {
+        let rs: Vec<_> = report.results.iter().filter(|r| r.policy == policy && r.prefetcher == *p).collect();
+        top.push(Series {
+            label: (*p).to_string(),
+            points: rs.iter().map(|r| (r.buffer_slots as f64, pct(r.misses, r))).collect(),
+            color: Some(i),
+            ..Series::default()
+        });
+        bottom.push(Series {
+            label: format!("{p}: all rows"),
+            points: rs.iter().map(|r| (r.buffer_slots as f64, pct(r.misses + r.prefetched, r))).collect(),
+            color: Some(i),
+            ..Series::default()
+        });
+        if *p != "none" {
+            bottom.push(Series {
+                label: format!("{p}: wasted"),
+                points: rs.iter().map(|r| (r.buffer_slots as f64, pct(r.prefetch_wasted, r))).collect(),
+                color: Some(i),
+                dashed: true,
+                ..Series::default()
+            });
+        }
+    }
+    let t1 = format!("Prefetch under {policy}: {name}");
+    let c1 = Chart {
+        title: &t1,
+        x_label: "device buffer slots per request and layer",
+        y_label: "critical-path misses (% of selected)",
+        log_x: true,
+        markers: &[],
+    };
+    let c2 = Chart {
+        title: "Rows moved host to device",
+        x_label: "device buffer slots per request and layer",
+        y_label: "rows (% of selected tokens)",
+        log_x: true,
+        markers: &[],
+    };
+    stacked_charts((&c1, &top), (&c2, &bottom))
+}
+
 /// The report as a table.
 pub fn render(r: &SimReport, out: &std::path::Path) -> String {
+    let any_prefetch = r.results.iter().any(|x| x.prefetcher != "none");
     let mut s = format!(
-        "{} records, {} streams, {} steps, top_k {}, {} B per row\n\n{:<11} {:>7} {:>9} {:>12} {:>12} {:>9} {:>9} {:>11}\n",
+        "{} records, {} streams, {} steps, top_k {}, {} B per row\n\n{:<11} {:<15}{:>7} {:>9} {:>12} {:>10} {:>6} {:>9} {:>10} {:>10}\n",
         r.records,
         r.streams,
         r.steps,
         r.header.top_k,
         r.row_bytes,
         "policy",
+        if any_prefetch { "prefetcher" } else { "" },
         "slots",
         "miss %",
         "misses/step",
         "batch p99",
         "max",
         "MB moved",
+        "prefetch %",
         "vs belady"
     );
     for x in &r.results {
-        let bel = r.results.iter().find(|b| b.policy == "belady" && b.buffer_slots == x.buffer_slots);
+        let bel = r
+            .results
+            .iter()
+            .find(|b| b.policy == "belady" && b.prefetcher == "none" && b.buffer_slots == x.buffer_slots);
         let vs = bel
             .filter(|b| b.misses > 0)
             .map_or("-".to_string(), |b| format!("{:.2}x", x.misses as f64 / b.misses as f64));
         let slots = if x.buffer_slots == 0 { "inf".to_string() } else { x.buffer_slots.to_string() };
+        let pf = if x.prefetched == 0 {
+            "-".to_string()
+        } else {
+            format!(
+                "{:.1}/{:.1}",
+                100.0 * x.prefetched as f64 / x.selected.max(1) as f64,
+                100.0 * x.prefetch_useful as f64 / x.prefetched as f64
+            )
+        };
         s += &format!(
-            "{:<11} {:>7} {:>8.2}% {:>12.1} {:>12.0} {:>9.0} {:>9.1} {:>11}\n",
+            "{:<11} {:<15}{:>7} {:>8.2}% {:>12.1} {:>10.0} {:>6.0} {:>9.1} {:>10} {:>10}\n",
             x.policy,
+            if any_prefetch { x.prefetcher.as_str() } else { "" },
             slots,
             100.0 * x.miss_ratio,
             x.misses_per_request_step.mean,
             x.misses_per_batch_step.p99,
             x.misses_per_batch_step.max,
             x.bytes_fetched as f64 / 1e6,
+            pf,
             vs
         );
     }
-    s += &format!("\nwrote {}/{{simulate.json, simulate.csv, miss_ratio.svg, misses_over_time.svg}}\n", out.display());
+    if any_prefetch {
+        s += "\nmiss %: critical-path misses (fetched after the selection is known); prefetch %: rows prefetched\n(% of selected) / of which a selection used (%)\n";
+    }
+    let files = if any_prefetch {
+        "simulate.json, simulate.csv, miss_ratio.svg, prefetch.svg, misses_over_time.svg"
+    } else {
+        "simulate.json, simulate.csv, miss_ratio.svg, misses_over_time.svg"
+    };
+    s += &format!("\nwrote {}/{{{files}}}\n", out.display());
     s
 }

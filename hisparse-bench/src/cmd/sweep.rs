@@ -320,9 +320,9 @@ fn replay(trace: &SharedBuf, k: usize) -> Result<Vec<(usize, Vec<f64>)>> {
         return Ok(Vec::new());
     }
     let mut r = TraceReader::new(bytes.as_slice())?;
-    let header = *r.header();
+    let header = r.header().clone();
     let records = r.by_ref().collect::<std::result::Result<Vec<_>, _>>()?;
-    let cfg = SimConfig { policies: vec!["lru".into()], buffer_sizes: vec![k, 2 * k, 4 * k], seed: 0, row_bytes: 0 };
+    let cfg = SimConfig { policies: vec!["lru".into()], buffer_sizes: vec![k, 2 * k, 4 * k], ..SimConfig::default() };
     let rep = simulate(&header, &records, &cfg, &|_| {})?;
     Ok(rep.results.iter().filter(|x| x.policy == "lru").map(|x| (x.buffer_slots, x.series.clone())).collect())
 }

@@ -1,5 +1,6 @@
-//! `hisparse trace synth|info`: write a synthetic selection trace, or describe a trace (header,
-//! streams, consecutive-step and adjacent-layer overlap).
+//! `hisparse trace synth|info|import`: write a synthetic selection trace, describe a trace
+//! (header, streams, consecutive-step and adjacent-layer overlap), or import selections captured
+//! from another engine (`trace_import.rs`).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -24,6 +25,9 @@ pub enum TraceCommand {
         /// The trace (binary .hstrace or JSON lines).
         trace: PathBuf,
     },
+    /// Import selections captured from another engine ([steps, layers, top_k] tensors per
+    /// request, .npy or safetensors).
+    Import(super::trace_import::ImportArgs),
 }
 
 /// Options of `hisparse trace synth`.
@@ -63,6 +67,10 @@ pub struct SynthArgs {
     /// Record scores of the selected positions.
     #[arg(long)]
     pub scores: bool,
+    /// Record this many candidates ranked just below the cut, with their scores (trace
+    /// version 2; what score-aware policies and next-step prefetch need).
+    #[arg(long, default_value_t = 0)]
+    pub score_margin: usize,
     /// Bytes per KV row written into the header (656: fp8 rows).
     #[arg(long, default_value_t = 656)]
     pub row_bytes: u32,
@@ -75,17 +83,30 @@ pub struct SynthArgs {
 pub fn run(cmd: &TraceCommand) -> Result<()> {
     match cmd {
         TraceCommand::Synth(a) => synth(a),
+        TraceCommand::Import(a) => {
+            println!("{}", super::trace_import::run(a)?);
+            Ok(())
+        }
         TraceCommand::Info { trace } => {
             let (header, records) = read_trace(trace)?;
             let info = describe(&records);
             println!(
-                "{}: top_k {}, {} layers, row {} B, scores: {}",
+                "{}: top_k {}, {} layers, row {} B, scores: {}, near-cut candidates: {}",
                 trace.display(),
                 header.top_k,
                 header.layers,
                 header.row_bytes,
-                header.has_scores
+                header.has_scores,
+                header.score_margin
             );
+            if !header.index_source.is_empty() {
+                let full: Vec<u32> = (0..header.layers).filter(|&l| header.source_of(l) == l).collect();
+                println!(
+                    "layer structure: {} of {} layers full ({full:?}), the others share",
+                    full.len(),
+                    header.layers
+                );
+            }
             println!(
                 "{} records, {} streams (request x layer), steps {}..={}",
                 records.len(),
@@ -114,6 +135,7 @@ fn synth_flag(field: &str) -> &'static str {
         "rho" => "rho",
         "layer_share" => "layer-share",
         "drift" => "drift",
+        "score_margin" => "score-margin",
         _ => "out",
     }
 }
@@ -129,6 +151,7 @@ fn synth(a: &SynthArgs) -> Result<()> {
         drift: a.drift,
         layer_share: a.layer_share,
         scores: a.scores,
+        score_margin: a.score_margin,
         seed: a.seed,
     };
     // Every flag is checked before --out is touched.

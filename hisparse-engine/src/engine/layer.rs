@@ -130,7 +130,7 @@ where
                     layer: l as u32,
                     seq_len: n as u32,
                     selected: sel.to_vec(),
-                    scores: None,
+                    ..TraceRecord::default()
                 })?;
             }
         }

@@ -258,7 +258,7 @@ where
                     layer: l as u32,
                     seq_len: q.seq_len as u32,
                     selected: sb.selections[s.offset..s.end()].to_vec(),
-                    scores: None,
+                    ..TraceRecord::default()
                 })?;
             }
         }

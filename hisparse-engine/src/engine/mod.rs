@@ -295,7 +295,12 @@ where
             top_k: g.top_k as u32,
             layers: g.layers as u32,
             row_bytes: self.kv_row.row_bytes() as u32,
-            has_scores: false,
+            index_source: if (0..g.layers).all(|l| g.index_source(l) == l) {
+                Vec::new()
+            } else {
+                (0..g.layers).map(|l| g.index_source(l) as u32).collect()
+            },
+            ..TraceHeader::default()
         };
         self.trace = Some(TraceWriter::new(out, header)?);
         Ok(())

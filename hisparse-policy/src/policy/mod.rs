@@ -32,17 +32,23 @@ mod clock;
 pub mod cuda;
 mod fifo;
 mod lru;
+mod mq;
 mod random;
 pub mod registry;
+mod s3fifo;
+mod score;
 
 pub use belady::Belady;
 pub use clock::Clock;
 pub use fifo::Fifo;
 pub use lru::Lru;
+pub use mq::Mq;
 pub use random::{Random, mix64};
 pub use registry::{
-    BuiltinPolicy, POLICY_NAMES, PolicyConfig, PolicySpec, builtin, by_name, make, register, registered,
+    BuiltinPolicy, MakePolicy, POLICY_NAMES, PolicyConfig, PolicySpec, builtin, by_name, make, register, registered,
 };
+pub use s3fifo::S3Fifo;
+pub use score::{ScoreAware, ScoreMix, score_key};
 
 use std::borrow::Cow;
 
@@ -203,3 +209,5 @@ pub trait EvictionPolicy: Send + Sync + std::fmt::Debug {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_more;

@@ -54,9 +54,8 @@ fn random_is_reproducible_and_seed_dependent() {
     assert!(!victims(1).is_empty());
 }
 
-const CLOCK: Clock = Clock { clear_on_insert: false };
-
-/// Sequential CLOCK, one miss at a time: empties first, hits and just-filled slots pinned.
+/// Sequential CLOCK (GCLOCK for counters above 1), one miss at a time: empties first, hits and
+/// just-filled slots pinned; the hand takes one off a counter above zero and passes.
 fn sequential_clock(
     refbits: &mut [u32],
     hand: &mut u32,
@@ -79,8 +78,8 @@ fn sequential_clock(
         if pinned[s as usize] || taken[s as usize] {
             continue;
         }
-        if refbits[s as usize] == 1 {
-            refbits[s as usize] = 0;
+        if refbits[s as usize] > 0 {
+            refbits[s as usize] -= 1;
             continue;
         }
         victims.push(s);
@@ -94,11 +93,13 @@ fn sequential_clock(
 fn batched_clock_equals_sequential_clock() {
     use rand::{Rng, SeedableRng};
     let mut rng = rand::rngs::StdRng::seed_from_u64(5);
-    for _ in 0..500 {
+    for i in 0..1500 {
+        let width = 1 + i % 3;
+        let clock = Clock { clear_on_insert: false, bits: width };
         let b = rng.random_range(2..24u32);
         let occupied: Vec<bool> = (0..b).map(|_| rng.random_bool(0.9)).collect();
         let pinned: Vec<bool> = (0..b).map(|_| rng.random_bool(0.3)).collect();
-        let mut refbits: Vec<u32> = (0..b).map(|_| u32::from(rng.random_bool(0.5))).collect();
+        let mut refbits: Vec<u32> = (0..b).map(|_| rng.random_range(0..1u32 << width)).collect();
         let free = (0..b as usize).filter(|&s| !pinned[s]).count();
         let misses = rng.random_range(0..=free);
         let hand0 = rng.random_range(0..b);
@@ -113,7 +114,7 @@ fn batched_clock_equals_sequential_clock() {
                     occupied[s as usize],
                     if occupied[s as usize] {
                         let env = PolicyEnv { slot: s, ..PolicyEnv::of(&ctx, scalars) };
-                        CLOCK.priority(&rec, &env)
+                        clock.priority(&rec, &env)
                     } else {
                         0
                     },
@@ -137,19 +138,19 @@ fn batched_clock_equals_sequential_clock() {
             if kept {
                 let mut rec = SlotRecord { a: bits[s as usize], b: 0 };
                 let env = PolicyEnv { slot: s, victim: v, ..PolicyEnv::of(&ctx, scalars) };
-                CLOCK.on_keep(&mut rec, &env);
+                clock.on_keep(&mut rec, &env);
                 bits[s as usize] = rec.a;
             }
         }
         let mut sc = scalars;
-        CLOCK.finish_step(&mut sc, &PolicyEnv { victim: v, ..PolicyEnv::of(&ctx, scalars) });
+        clock.finish_step(&mut sc, &PolicyEnv { victim: v, ..PolicyEnv::of(&ctx, scalars) });
         // Sequential form.
         let mut hand = hand0;
         let seq = sequential_clock(&mut refbits, &mut hand, &occupied, &pinned, misses);
-        assert_eq!(batched, seq, "victims, b = {b}");
+        assert_eq!(batched, seq, "victims, b = {b}, width = {width}");
         for s in 0..b as usize {
             if occupied[s] && !pinned[s] && !seq.contains(&(s as u32)) {
-                assert_eq!(bits[s], refbits[s], "reference bit of kept slot {s}");
+                assert_eq!(bits[s], refbits[s], "counter of kept slot {s}, width = {width}");
             }
         }
         if v.occupied {

@@ -1,5 +1,7 @@
-//! The binary trace format, version 1: compact (positions delta-coded as LEB128 varints) and
-//! checksummed (CRC-32 per record), read as a stream.
+//! The binary trace format, versions 1 and 2: compact (positions delta-coded as LEB128 varints)
+//! and checksummed (CRC-32 per record), read as a stream. The writer writes version 2 when the
+//! header needs it (a layer structure or near-cut candidates) and version 1 otherwise, so a
+//! version-1 trace reads and writes back byte for byte.
 //!
 //! All integers are little-endian.
 //!
@@ -8,20 +10,24 @@
 //! | bytes | field |
 //! | --- | --- |
 //! | 0..8 | magic `HSPTRACE` |
-//! | 8..10 | version, u16 = 1 |
-//! | 10..12 | flags, u16: bit 0 = records carry scores; other bits 0 |
+//! | 8..10 | version, u16 = 1 or 2 |
+//! | 10..12 | flags, u16: bit 0 = records carry scores; bit 1 (version 2) = records carry near-cut candidates; other bits 0 |
 //! | 12..16 | top_k, u32 |
 //! | 16..20 | layers, u32 |
 //! | 20..24 | row_bytes, u32 (0: unknown) |
-//! | 24..28 | reserved, u32 = 0 |
+//! | 24..28 | version 1: 0; version 2: score_margin, u32 (non-zero exactly when flag bit 1 is set) |
 //! | 28..32 | CRC-32 of bytes 0..28 |
+//!
+//! **Layer table** (version 2 only): `n` u32 (0: every layer full, else `layers`), then `n`
+//! u32 — each layer's selection source — then the CRC-32 of those `4 + 4n` bytes.
 //!
 //! **Records**, each starting with a tag byte:
 //!
 //! * `0x01`, a selection: `len` u32 (bytes that follow, CRC included), then `step` u32,
 //!   `request` u64, `layer` u32, `seq_len` u32, `count` u32; then `count` varints: the first
-//!   position, then for each next position its distance to the previous minus one; then, if the
-//!   header's flag is set, `count` f32 scores; then the CRC-32 of everything after `len`.
+//!   position, then for each next position its distance to the previous minus one; then, if
+//!   flag bit 0 is set, `count` f32 scores; then, if flag bit 1 is set, `near` u32 and `near`
+//!   pairs of (position u32, score f32); then the CRC-32 of everything after `len`.
 //! * `0xFF`, the end: `records` u64 (how many selections came before), then the CRC-32 of
 //!   those 8 bytes. Nothing may follow.
 //!
@@ -36,8 +42,10 @@ use crate::error::{PolicyError, Result};
 
 /// The file magic.
 pub const MAGIC: &[u8; 8] = b"HSPTRACE";
-/// The version this code writes and reads.
-pub const VERSION: u16 = 1;
+/// The newest version this code writes and reads (it reads version 1 too).
+pub const VERSION: u16 = 2;
+const FLAG_SCORES: u16 = 1;
+const FLAG_NEAR: u16 = 2;
 const TAG_RECORD: u8 = 0x01;
 const TAG_END: u8 = 0xFF;
 /// Largest record payload a reader accepts (guards allocations against corrupt lengths).
@@ -68,17 +76,10 @@ impl<W: Write> TraceWriter<W> {
     /// Starts a trace on `out` (the header is written at once).
     pub fn new(mut out: W, header: TraceHeader) -> Result<Self> {
         header.check(0)?;
-        let mut h = Vec::with_capacity(32);
-        h.extend_from_slice(MAGIC);
-        h.extend_from_slice(&VERSION.to_le_bytes());
-        h.extend_from_slice(&u16::from(header.has_scores).to_le_bytes());
-        for v in [header.top_k, header.layers, header.row_bytes, 0] {
-            h.extend_from_slice(&v.to_le_bytes());
-        }
-        let c = crc(&h);
-        h.extend_from_slice(&c.to_le_bytes());
+        let h = header_bytes(&header);
         out.write_all(&h).map_err(write_err)?;
-        Ok(Self { out, header, records: 0, offset: 32, buf: Vec::new() })
+        let offset = h.len() as u64;
+        Ok(Self { out, header, records: 0, offset, buf: Vec::new() })
     }
 
     /// Appends one record (checked first; nothing is written for a bad one).
@@ -99,6 +100,14 @@ impl<W: Write> TraceWriter<W> {
         }
         for s in rec.scores.iter().flatten() {
             b.extend_from_slice(&s.to_le_bytes());
+        }
+        if let Some(near) = &rec.near {
+            // near.len() <= score_margin <= MAX_TOP_K, a u32 (checked above).
+            b.extend_from_slice(&(near.len() as u32).to_le_bytes());
+            for &(p, s) in near {
+                b.extend_from_slice(&p.to_le_bytes());
+                b.extend_from_slice(&s.to_le_bytes());
+            }
         }
         let c = crc(b);
         b.extend_from_slice(&c.to_le_bytes());
@@ -129,6 +138,32 @@ impl<W: Write> TraceWriter<W> {
         self.out.flush().map_err(write_err)?;
         Ok(self.out)
     }
+}
+
+/// The header (and, for version 2, the layer table) as written.
+fn header_bytes(header: &TraceHeader) -> Vec<u8> {
+    let v2 = header.is_v2();
+    let mut h = Vec::with_capacity(40);
+    h.extend_from_slice(MAGIC);
+    h.extend_from_slice(&(if v2 { 2u16 } else { 1 }).to_le_bytes());
+    let flags = u16::from(header.has_scores) * FLAG_SCORES + u16::from(header.score_margin > 0) * FLAG_NEAR;
+    h.extend_from_slice(&flags.to_le_bytes());
+    for v in [header.top_k, header.layers, header.row_bytes, header.score_margin] {
+        h.extend_from_slice(&v.to_le_bytes());
+    }
+    let c = crc(&h);
+    h.extend_from_slice(&c.to_le_bytes());
+    if v2 {
+        let start = h.len();
+        // index_source.len() is 0 or layers <= MAX_LAYERS (checked by the caller).
+        h.extend_from_slice(&(header.index_source.len() as u32).to_le_bytes());
+        for &s in &header.index_source {
+            h.extend_from_slice(&s.to_le_bytes());
+        }
+        let c = crc(&h[start..]);
+        h.extend_from_slice(&c.to_le_bytes());
+    }
+    h
 }
 
 fn write_err(e: std::io::Error) -> PolicyError {
@@ -186,11 +221,11 @@ impl<R: Read> TraceReader<R> {
             ));
         }
         let version = u16::from_le_bytes([h[8], h[9]]);
-        if version != VERSION {
+        if !(1..=VERSION).contains(&version) {
             return Err(err(
                 "unsupported version",
                 8,
-                format!("version {version}; this reader reads version {VERSION}"),
+                format!("version {version}; this reader reads versions 1 to {VERSION}"),
             ));
         }
         let stored = u32_at(&h, 28);
@@ -198,17 +233,48 @@ impl<R: Read> TraceReader<R> {
             return Err(err("corrupt header", 28, "header checksum mismatch"));
         }
         let flags = u16::from_le_bytes([h[10], h[11]]);
-        if flags & !1 != 0 {
-            return Err(err("unsupported flags", 10, format!("flags {flags:#06x}; only bit 0 is defined")));
+        let known = if version == 1 { FLAG_SCORES } else { FLAG_SCORES | FLAG_NEAR };
+        if flags & !known != 0 {
+            return Err(err(
+                "unsupported flags",
+                10,
+                format!("flags {flags:#06x}; version {version} defines only {known:#06x}"),
+            ));
         }
-        let header = TraceHeader {
+        let margin = u32_at(&h, 24);
+        if (margin > 0) != (flags & FLAG_NEAR != 0) {
+            let what = if version == 1 { "reserved field" } else { "score_margin" };
+            return Err(err("corrupt header", 24, format!("{what} = {margin} with flags {flags:#06x}")));
+        }
+        let mut header = TraceHeader {
             top_k: u32_at(&h, 12),
             layers: u32_at(&h, 16),
             row_bytes: u32_at(&h, 20),
-            has_scores: flags & 1 == 1,
+            has_scores: flags & FLAG_SCORES != 0,
+            score_margin: margin,
+            index_source: Vec::new(),
         };
         header.check(12)?;
-        Ok(Self { input, header, offset: 32, records: 0, done: false, buf: Vec::new() })
+        let mut offset = 32;
+        if version == 2 {
+            let mut n = [0u8; 4];
+            read_exact(&mut input, &mut n, 32, "layer table")?;
+            let n = u32::from_le_bytes(n);
+            if n != 0 && n != header.layers {
+                return Err(err("corrupt header", 32, format!("{n} layer sources for {} layers", header.layers)));
+            }
+            // n <= layers <= MAX_LAYERS: a small table.
+            let mut table = vec![0u8; 4 * n as usize + 4];
+            read_exact(&mut input, &mut table, 36, "layer table")?;
+            let body = [&n.to_le_bytes()[..], &table[..4 * n as usize]].concat();
+            if crc(&body) != u32_at(&table, 4 * n as usize) {
+                return Err(err("corrupt header", 36, "layer table checksum mismatch"));
+            }
+            header.index_source = (0..n as usize).map(|i| u32_at(&table, 4 * i)).collect();
+            header.check(36)?;
+            offset += 8 + 4 * u64::from(n);
+        }
+        Ok(Self { input, header, offset, records: 0, done: false, buf: Vec::new() })
     }
 
     /// The file header.
@@ -301,11 +367,33 @@ impl<R: Read> TraceReader<R> {
             selected.push(p);
             prev = Some(p);
         }
+        let f32_at = |c: &[u8]| f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
         let scores = if self.header.has_scores {
             let end = i + 4 * count;
             let s = b.get(i..end).ok_or_else(|| err("corrupt record", at(i), "scores run past the record"))?;
             i = end;
-            Some(s.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+            Some(s.chunks_exact(4).map(f32_at).collect())
+        } else {
+            None
+        };
+        let near = if self.header.score_margin > 0 {
+            let n = b
+                .get(i..i + 4)
+                .map(|c| u32_at(c, 0))
+                .ok_or_else(|| err("corrupt record", at(i), "near-cut count runs past the record"))?;
+            if n > self.header.score_margin {
+                return Err(err(
+                    "corrupt record",
+                    at(i),
+                    format!("{n} near-cut candidates, score_margin is {}", self.header.score_margin),
+                ));
+            }
+            i += 4;
+            let end = i + 8 * n as usize;
+            let s =
+                b.get(i..end).ok_or_else(|| err("corrupt record", at(i), "near-cut candidates run past the record"))?;
+            i = end;
+            Some(s.chunks_exact(8).map(|c| (u32_at(c, 0), f32_at(&c[4..]))).collect())
         } else {
             None
         };
@@ -323,6 +411,7 @@ impl<R: Read> TraceReader<R> {
             seq_len: u32_at(b, 16),
             selected,
             scores,
+            near,
         })
     }
 }

@@ -5,6 +5,14 @@
 //! {"hisparse_trace": 1, "top_k": 4, "layers": 2, "row_bytes": 656, "has_scores": false}
 //! {"step": 1, "request": 0, "layer": 0, "seq_len": 20, "selected": [1, 5, 9, 19]}
 //! ```
+//!
+//! Version 2 adds `score_margin` and `index_source` to the header and `near` (pairs of position
+//! and score, best first) to the records:
+//!
+//! ```text
+//! {"hisparse_trace": 2, "top_k": 2, "layers": 2, "score_margin": 2, "index_source": [0, 0]}
+//! {"step": 1, "request": 0, "layer": 0, "seq_len": 20, "selected": [5, 19], "near": [[9, 0.5], [1, 0.25]]}
+//! ```
 
 use std::io::{BufRead, Write};
 
@@ -23,6 +31,14 @@ struct HeaderLine {
     row_bytes: u32,
     #[serde(default)]
     has_scores: bool,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    score_margin: u32,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    index_source: Vec<u32>,
+}
+
+fn is_zero(v: &u32) -> bool {
+    *v == 0
 }
 
 /// Reads a JSON-lines trace; errors name the line and its byte offset.
@@ -46,15 +62,32 @@ pub fn read(input: impl BufRead) -> Result<(TraceHeader, Vec<TraceRecord>)> {
         match &header {
             None => {
                 let h: HeaderLine = serde_json::from_str(text).map_err(bad)?;
-                if h.hisparse_trace != 1 {
+                if !(1..=2).contains(&h.hisparse_trace) {
                     return Err(PolicyError::Trace {
                         what: "unsupported version",
                         offset: at,
-                        message: format!("line {}: hisparse_trace = {}, this reader reads 1", n + 1, h.hisparse_trace),
+                        message: format!(
+                            "line {}: hisparse_trace = {}, this reader reads 1 and 2",
+                            n + 1,
+                            h.hisparse_trace
+                        ),
                     });
                 }
-                let th =
-                    TraceHeader { top_k: h.top_k, layers: h.layers, row_bytes: h.row_bytes, has_scores: h.has_scores };
+                let th = TraceHeader {
+                    top_k: h.top_k,
+                    layers: h.layers,
+                    row_bytes: h.row_bytes,
+                    has_scores: h.has_scores,
+                    score_margin: h.score_margin,
+                    index_source: h.index_source,
+                };
+                if h.hisparse_trace == 1 && th.is_v2() {
+                    return Err(PolicyError::Trace {
+                        what: "unsupported version",
+                        offset: at,
+                        message: format!("line {}: score_margin and index_source need hisparse_trace = 2", n + 1),
+                    });
+                }
                 th.check(at)?;
                 header = Some(th);
             }
@@ -74,11 +107,13 @@ pub fn write(mut out: impl Write, header: &TraceHeader, records: &[TraceRecord])
     let io = |e: std::io::Error| PolicyError::Io { path: "trace".into(), message: e.to_string() };
     let json = |e: serde_json::Error| PolicyError::Io { path: "trace".into(), message: e.to_string() };
     let h = HeaderLine {
-        hisparse_trace: 1,
+        hisparse_trace: if header.is_v2() { 2 } else { 1 },
         top_k: header.top_k,
         layers: header.layers,
         row_bytes: header.row_bytes,
         has_scores: header.has_scores,
+        score_margin: header.score_margin,
+        index_source: header.index_source.clone(),
     };
     writeln!(out, "{}", serde_json::to_string(&h).map_err(json)?).map_err(io)?;
     for r in records {

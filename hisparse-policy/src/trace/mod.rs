@@ -1,17 +1,25 @@
 //! Traces of top-k selections: what a serving engine selected, per step, request and layer,
-//! optionally with the indexer scores of the selected tokens. The simulator replays them under
-//! any policy and buffer size.
+//! optionally with the indexer scores of the selected tokens and of the candidates ranked just
+//! below the cut. The simulator replays them under any policy, prefetcher and buffer size.
+//!
+//! Version 2 (what this crate writes) adds to version 1 (still read) the model's layer
+//! structure — which layers share another layer's selection (IndexShare) — and the near-cut
+//! candidates (`near`: up to `score_margin` positions ranked below the cut, with their scores),
+//! which next-step prefetch and score-aware policies use.
 //!
 //! Two forms, read by the same [`read_trace`]:
 //!
 //! * **binary** (`.hstrace`, compact, checksummed; specified byte by byte in [`binary`]),
 //! * **JSON lines** (small, hand-written traces; specified in [`jsonl`]).
 //!
+//! Traces captured from another engine come in through [`import`] (a `[steps, layers, top_k]`
+//! tensor of selected positions per request, safetensors or `.npy`).
+//!
 //! ```
 //! use hisparse_policy::trace::{TraceHeader, TraceRecord, TraceWriter, TraceReader};
-//! let header = TraceHeader { top_k: 2, layers: 1, row_bytes: 656, has_scores: false };
-//! let mut w = TraceWriter::new(Vec::new(), header)?;
-//! w.write(&TraceRecord { step: 1, request: 7, layer: 0, seq_len: 10, selected: vec![3, 9], scores: None })?;
+//! let header = TraceHeader { top_k: 2, layers: 1, row_bytes: 656, ..TraceHeader::default() };
+//! let mut w = TraceWriter::new(Vec::new(), header.clone())?;
+//! w.write(&TraceRecord { step: 1, request: 7, layer: 0, seq_len: 10, selected: vec![3, 9], ..TraceRecord::default() })?;
 //! let bytes = w.finish()?;
 //! let mut r = TraceReader::new(bytes.as_slice())?;
 //! assert_eq!(r.next().unwrap()?.selected, vec![3, 9]);
@@ -20,6 +28,7 @@
 //! ```
 
 pub mod binary;
+pub mod import;
 pub mod jsonl;
 pub mod raw;
 
@@ -32,7 +41,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{PolicyError, Result};
 
 /// What a whole trace shares.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TraceHeader {
     /// Most tokens a record may select.
     pub top_k: u32,
@@ -42,10 +51,18 @@ pub struct TraceHeader {
     pub row_bytes: u32,
     /// Whether every record carries the scores of its selected tokens.
     pub has_scores: bool,
+    /// Most near-cut candidates a record may carry (0: records carry none). Version 2.
+    #[serde(default)]
+    pub score_margin: u32,
+    /// Per layer, the layer whose selection it uses: itself for a layer that runs its own
+    /// top-k (full), an earlier full layer for one that shares it (IndexShare). Empty: every
+    /// layer is full. Version 2.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub index_source: Vec<u32>,
 }
 
 /// One (step, request, layer) selection.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct TraceRecord {
     /// The request's decode step.
     pub step: u32,
@@ -60,6 +77,11 @@ pub struct TraceRecord {
     /// Indexer scores of the selected positions (same order), when the header says so.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scores: Option<Vec<f32>>,
+    /// The candidates ranked just below the cut, best first: `(position, score)`, at most the
+    /// header's `score_margin`, none selected, scores not increasing. Present when the header's
+    /// `score_margin > 0`. Version 2.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub near: Option<Vec<(u32, f32)>>,
 }
 
 /// Largest `top_k` a trace may declare (real models select 2048).
@@ -85,7 +107,44 @@ impl TraceHeader {
                 message: format!("layers = {}, expected 1..={MAX_LAYERS}", self.layers),
             });
         }
+        if self.score_margin > MAX_TOP_K {
+            return Err(PolicyError::Trace {
+                what: "corrupt header",
+                offset: at,
+                message: format!("score_margin = {}, expected 0..={MAX_TOP_K}", self.score_margin),
+            });
+        }
+        if !self.index_source.is_empty() {
+            if self.index_source.len() != self.layers as usize {
+                return Err(PolicyError::Trace {
+                    what: "corrupt header",
+                    offset: at,
+                    message: format!("{} layer sources for {} layers", self.index_source.len(), self.layers),
+                });
+            }
+            for (l, &s) in self.index_source.iter().enumerate() {
+                if s as usize > l || self.index_source[s as usize] != s {
+                    return Err(PolicyError::Trace {
+                        what: "corrupt header",
+                        offset: at,
+                        message: format!(
+                            "layer {l} takes its selection from layer {s}, which is not an earlier full layer"
+                        ),
+                    });
+                }
+            }
+        }
         Ok(())
+    }
+
+    /// The layer whose selection `layer` uses (itself when full).
+    pub fn source_of(&self, layer: u32) -> u32 {
+        self.index_source.get(layer as usize).copied().unwrap_or(layer)
+    }
+
+    /// Whether the header needs version 2 (layer structure or near-cut candidates).
+    pub fn is_v2(&self) -> bool {
+        self.score_margin > 0 || !self.index_source.is_empty()
     }
 }
 
@@ -109,14 +168,52 @@ impl TraceRecord {
             return bad(format!("position {p} of a sequence of {} tokens", self.seq_len));
         }
         match (&self.scores, header.has_scores) {
-            (Some(s), true) if s.len() == self.selected.len() => Ok(()),
-            (None, false) => Ok(()),
-            (s, _) => bad(format!(
-                "scores {} but the header says has_scores = {}",
-                s.as_ref().map_or("absent".to_string(), |s| format!("for {} positions", s.len())),
-                header.has_scores
+            (Some(s), true) if s.len() == self.selected.len() => {}
+            (None, false) => {}
+            (s, _) => {
+                return bad(format!(
+                    "scores {} but the header says has_scores = {}",
+                    s.as_ref().map_or("absent".to_string(), |s| format!("for {} positions", s.len())),
+                    header.has_scores
+                ));
+            }
+        }
+        match (&self.near, header.score_margin) {
+            (None, 0) => Ok(()),
+            (Some(near), m) if m > 0 => self.check_near(near, m, at),
+            (n, m) => bad(format!(
+                "near-cut candidates {} but the header says score_margin = {m}",
+                if n.is_some() { "present" } else { "absent" }
             )),
         }
+    }
+
+    fn check_near(&self, near: &[(u32, f32)], margin: u32, at: u64) -> Result<()> {
+        let bad = |message: String| Err(PolicyError::Trace { what: "corrupt record", offset: at, message });
+        if near.len() > margin as usize {
+            return bad(format!("{} near-cut candidates, score_margin is {margin}", near.len()));
+        }
+        let mut seen: Vec<u32> = Vec::with_capacity(near.len());
+        for (i, &(p, s)) in near.iter().enumerate() {
+            if p >= self.seq_len {
+                return bad(format!("near-cut position {p} of a sequence of {} tokens", self.seq_len));
+            }
+            if self.selected.binary_search(&p).is_ok() {
+                return bad(format!("near-cut position {p} is also selected"));
+            }
+            if s.is_nan() {
+                return bad(format!("near-cut position {p} has a NaN score"));
+            }
+            if i > 0 && s > near[i - 1].1 {
+                return bad(format!("near-cut scores must not increase ({} then {s})", near[i - 1].1));
+            }
+            seen.push(p);
+        }
+        seen.sort_unstable();
+        if let Some(w) = seen.windows(2).find(|w| w[0] == w[1]) {
+            return bad(format!("near-cut position {} repeated", w[0]));
+        }
+        Ok(())
     }
 }
 
@@ -133,7 +230,7 @@ pub fn read_trace(path: &Path) -> Result<(TraceHeader, Vec<TraceRecord>)> {
         jsonl::read(reader)
     } else {
         let mut r = TraceReader::new(reader)?;
-        let header = *r.header();
+        let header = r.header().clone();
         let records = r.by_ref().collect::<Result<Vec<_>>>()?;
         Ok((header, records))
     }

@@ -8,9 +8,9 @@ use super::binary::MAGIC;
 /// A header as raw fields.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RawHeader {
-    /// Format version (1 is the one readers read).
+    /// Format version (readers read 1 and 2).
     pub version: u16,
-    /// Flags (bit 0: records carry scores).
+    /// Flags (bit 0: records carry scores; bit 1: near-cut candidates).
     pub flags: u16,
     /// Declared top-k.
     pub top_k: u32,
@@ -18,6 +18,10 @@ pub struct RawHeader {
     pub layers: u32,
     /// Declared row bytes.
     pub row_bytes: u32,
+    /// Bytes 24..28 (version 2: the score margin).
+    pub margin: u32,
+    /// Version 2's layer table as written (`None`: no table, as version 1 has none).
+    pub layer_table: Option<Vec<u32>>,
 }
 
 /// A selection record as raw fields.
@@ -37,6 +41,9 @@ pub struct RawRecord {
     pub deltas: Vec<u32>,
     /// Scores written after the positions.
     pub scores: Vec<f32>,
+    /// Near-cut candidates written after the scores (`None`: no count at all), with the
+    /// declared count.
+    pub near: Option<(u32, Vec<(u32, f32)>)>,
     /// Bytes appended before the checksum.
     pub trailing: Vec<u8>,
 }
@@ -55,11 +62,20 @@ pub fn encode(header: &RawHeader, records: &[RawRecord], end_count: u64) -> Vec<
     let mut b = MAGIC.to_vec();
     b.extend_from_slice(&header.version.to_le_bytes());
     b.extend_from_slice(&header.flags.to_le_bytes());
-    for v in [header.top_k, header.layers, header.row_bytes, 0] {
+    for v in [header.top_k, header.layers, header.row_bytes, header.margin] {
         b.extend_from_slice(&v.to_le_bytes());
     }
     let c = crc32fast::hash(&b);
     b.extend_from_slice(&c.to_le_bytes());
+    if let Some(table) = &header.layer_table {
+        let mut t = (table.len() as u32).to_le_bytes().to_vec();
+        for v in table {
+            t.extend_from_slice(&v.to_le_bytes());
+        }
+        let c = crc32fast::hash(&t);
+        b.extend_from_slice(&t);
+        b.extend_from_slice(&c.to_le_bytes());
+    }
     for r in records {
         let mut p = Vec::new();
         p.extend_from_slice(&r.step.to_le_bytes());
@@ -72,6 +88,13 @@ pub fn encode(header: &RawHeader, records: &[RawRecord], end_count: u64) -> Vec<
         }
         for s in &r.scores {
             p.extend_from_slice(&s.to_le_bytes());
+        }
+        if let Some((count, near)) = &r.near {
+            p.extend_from_slice(&count.to_le_bytes());
+            for (pos, s) in near {
+                p.extend_from_slice(&pos.to_le_bytes());
+                p.extend_from_slice(&s.to_le_bytes());
+            }
         }
         p.extend_from_slice(&r.trailing);
         let c = crc32fast::hash(&p);

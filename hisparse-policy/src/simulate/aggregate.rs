@@ -1,0 +1,74 @@
+//! Summing a simulation's replays into its report lines: totals, distributions per request and
+//! per batch step (after the warm-up), and the per-step series (all steps).
+
+use std::collections::BTreeMap;
+
+use super::{Distribution, SimResult, Stream};
+use crate::trace::TraceRecord;
+
+/// One combination's replays: misses per record of each stream, and prefetch counts
+/// (prefetched, useful, wasted).
+pub(super) struct Line<'a> {
+    pub policy: String,
+    pub prefetcher: String,
+    pub buffer_slots: usize,
+    pub misses: Vec<Option<&'a Vec<u32>>>,
+    pub prefetch: [u64; 3],
+}
+
+/// The distinct steps of the trace and one result per line.
+pub(super) fn results(
+    records: &[TraceRecord],
+    streams: &[Stream<'_>],
+    lines: Vec<Line<'_>>,
+    row_bytes: usize,
+    warmup: usize,
+) -> (usize, Vec<SimResult>) {
+    let mut steps: Vec<u32> = records.iter().map(|r| r.step).collect();
+    steps.sort_unstable();
+    steps.dedup();
+    let step_index = |st: u32| steps.binary_search(&st).unwrap_or(0);
+    let selected: u64 =
+        streams.iter().flat_map(|s| s.records.iter().skip(warmup)).map(|r| r.selected.len() as u64).sum();
+    let results = lines
+        .into_iter()
+        .map(|line| {
+            let [prefetched, useful, wasted] = line.prefetch;
+            let mut per_request = Vec::with_capacity(records.len());
+            let mut batch: BTreeMap<(usize, u32), u32> = BTreeMap::new();
+            let mut sums = vec![(0f64, 0u32); steps.len()];
+            for (s, m) in streams.iter().zip(&line.misses) {
+                let m = m.map(|v| v.as_slice()).unwrap_or_default();
+                for (i, (r, &m)) in s.records.iter().zip(m).enumerate() {
+                    let si = step_index(r.step);
+                    if i >= warmup {
+                        per_request.push(f64::from(m));
+                        let e = batch.entry((si, s.layer)).or_default();
+                        *e = (*e).max(m);
+                    }
+                    sums[si].0 += f64::from(m);
+                    sums[si].1 += 1;
+                }
+            }
+            let misses = per_request.iter().sum::<f64>() as u64;
+            let mut batch: Vec<f64> = batch.into_values().map(f64::from).collect();
+            SimResult {
+                policy: line.policy,
+                prefetcher: line.prefetcher,
+                buffer_slots: line.buffer_slots,
+                selected,
+                misses,
+                miss_ratio: if selected > 0 { misses as f64 / selected as f64 } else { 0.0 },
+                prefetched,
+                prefetch_useful: useful,
+                prefetch_wasted: wasted,
+                wasted_bytes: wasted.saturating_mul(row_bytes as u64),
+                bytes_fetched: misses.saturating_add(prefetched).saturating_mul(row_bytes as u64),
+                misses_per_request_step: Distribution::of(&mut per_request),
+                misses_per_batch_step: Distribution::of(&mut batch),
+                series: sums.iter().map(|&(s, n)| if n > 0 { s / f64::from(n) } else { 0.0 }).collect(),
+            }
+        })
+        .collect();
+    (steps.len(), results)
+}

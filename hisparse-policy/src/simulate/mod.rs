@@ -1,0 +1,372 @@
+//! The trace-driven policy simulator: replays a trace through the real CPU swap-in step under
+//! every combination of eviction policy, prefetcher and buffer size, in parallel, with Belady's
+//! offline optimum and the compulsory misses (an infinite buffer) beside them.
+//!
+//! A request's streams (one per layer) are replayed together, in layer order, when the
+//! prefetcher moves rows across layers ([`crate::prefetch`] gives the order); otherwise each
+//! stream alone. A stream starts from the state a decode node would be in: a first sequence that
+//! fits the buffer is preloaded (fast path); a longer one starts with an empty buffer (its prompt
+//! arrived straight into the host tier), so its first step misses everything it selects.
+//!
+//! Misses here are *critical-path* misses: rows fetched after the selection is known, which the
+//! layer waits for. Prefetched rows cross the bus before; a prefetch is *useful* when a selection
+//! uses the row and *wasted* when the row is evicted unused.
+
+mod aggregate;
+mod replay;
+
+use std::collections::BTreeMap;
+
+use rayon::prelude::*;
+use serde::Serialize;
+
+use crate::error::{PolicyError, Result};
+use crate::policy::{self, PolicyConfig};
+use crate::prefetch::{self, PrefetcherConfig};
+use crate::trace::{TraceHeader, TraceRecord};
+
+/// What to simulate.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SimConfig {
+    /// Policy names (see [`policy::POLICY_NAMES`]); `belady` is the offline bound.
+    pub policies: Vec<String>,
+    /// Prefetcher names (see [`prefetch::PREFETCHER_NAMES`]); empty: `none` only.
+    pub prefetchers: Vec<String>,
+    /// Regular slots per buffer to try.
+    pub buffer_sizes: Vec<usize>,
+    /// The policies' tunables (the seed of `random`, ...).
+    pub policy_config: PolicyConfig,
+    /// The prefetchers' tunables (the row budget).
+    pub prefetcher_config: PrefetcherConfig,
+    /// Bytes per fetched row (0: the trace header's, else 656).
+    pub row_bytes: usize,
+    /// Leading steps of every stream that are replayed but not counted (the buffers warm up);
+    /// the per-step series still shows them.
+    pub warmup_steps: usize,
+}
+
+/// Summary of a distribution.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct Distribution {
+    /// Mean.
+    pub mean: f64,
+    /// Median.
+    pub p50: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// Maximum.
+    pub max: f64,
+}
+
+impl Distribution {
+    /// Summary of `values` (zeros for none).
+    pub fn of(values: &mut [f64]) -> Self {
+        if values.is_empty() {
+            return Self::default();
+        }
+        values.sort_by(f64::total_cmp);
+        let q = |p: f64| values[((values.len() - 1) as f64 * p).round() as usize];
+        Self {
+            mean: values.iter().sum::<f64>() / values.len() as f64,
+            p50: q(0.5),
+            p99: q(0.99),
+            max: values[values.len() - 1],
+        }
+    }
+}
+
+/// One (policy, prefetcher, buffer size) line of the report.
+#[derive(Clone, Debug, Serialize)]
+pub struct SimResult {
+    /// Policy name, or `compulsory` for the infinite-buffer bound.
+    pub policy: String,
+    /// Prefetcher name (`none` for the compulsory bound).
+    pub prefetcher: String,
+    /// Regular slots (0 for the infinite buffer).
+    pub buffer_slots: usize,
+    /// Selected tokens over the whole trace (the newest included).
+    pub selected: u64,
+    /// Critical-path misses over the whole trace (rows fetched after their selection was known).
+    pub misses: u64,
+    /// `misses / selected`.
+    pub miss_ratio: f64,
+    /// Rows prefetched before their layer's selection was known.
+    pub prefetched: u64,
+    /// Prefetched rows that a selection used.
+    pub prefetch_useful: u64,
+    /// Prefetched rows evicted before any selection used them.
+    pub prefetch_wasted: u64,
+    /// `prefetch_wasted` times the row size.
+    pub wasted_bytes: u64,
+    /// Rows fetched (misses and prefetches) times the row size.
+    pub bytes_fetched: u64,
+    /// Misses of one (request, layer) in one step.
+    pub misses_per_request_step: Distribution,
+    /// Misses of a whole batch's layer in one step, as the batch waits for it: the largest over
+    /// the requests of that (step, layer).
+    pub misses_per_batch_step: Distribution,
+    /// Mean misses per (request, layer), step by step (index = position of the step in the
+    /// trace's sorted steps): for plots over time.
+    pub series: Vec<f64>,
+}
+
+/// The simulator's output.
+#[derive(Clone, Debug, Serialize)]
+pub struct SimReport {
+    /// Replays run (stream groups times combinations).
+    pub replays: usize,
+    /// The trace's header.
+    pub header: TraceHeader,
+    /// Records replayed.
+    pub records: usize,
+    /// (request, layer) streams.
+    pub streams: usize,
+    /// Distinct steps.
+    pub steps: usize,
+    /// Bytes per fetched row used for `bytes_fetched`.
+    pub row_bytes: usize,
+    /// One line per policy and buffer size, then the compulsory bound.
+    pub results: Vec<SimResult>,
+}
+
+struct Stream<'a> {
+    request: u64,
+    layer: u32,
+    records: Vec<&'a TraceRecord>,
+}
+
+impl Stream<'_> {
+    /// The longest sequence of the stream.
+    fn max_len(&self) -> usize {
+        self.records.iter().map(|r| r.seq_len as usize).max().unwrap_or(0)
+    }
+}
+
+fn group<'a>(header: &TraceHeader, records: &'a [TraceRecord]) -> Result<Vec<Stream<'a>>> {
+    let mut by: BTreeMap<(u64, u32), Vec<&TraceRecord>> = BTreeMap::new();
+    for r in records {
+        r.check(header, 0)?;
+        by.entry((r.request, r.layer)).or_default().push(r);
+    }
+    by.into_iter()
+        .map(|((request, layer), mut recs)| {
+            recs.sort_by_key(|r| r.step);
+            if let Some(w) = recs.windows(2).find(|w| w[0].step == w[1].step || w[0].seq_len > w[1].seq_len) {
+                return Err(PolicyError::Invalid {
+                    field: "trace",
+                    value: format!("request {request} layer {layer} step {}", w[1].step),
+                    reason: "a stream repeats a step or shrinks its sequence".into(),
+                });
+            }
+            Ok(Stream { request, layer, records: recs })
+        })
+        .collect()
+}
+
+/// Compulsory misses: the first selection of each token while it is not the newest.
+fn compulsory(s: &Stream<'_>) -> Vec<u32> {
+    let mut seen = vec![false; s.max_len()];
+    s.records
+        .iter()
+        .map(|r| {
+            let newest = r.seq_len - 1;
+            r.selected.iter().filter(|&&t| t != newest && !std::mem::replace(&mut seen[t as usize], true)).count()
+                as u32
+        })
+        .collect()
+}
+
+/// Bytes the simulator's per-stream arrays may take at once for `records` (positions are dense,
+/// so arrays run to the longest sequence): per worker thread, the next-use and first-use
+/// arrays, the compulsory bits and a slot table's token index, over the longest stream.
+/// `None` if the count overflows.
+pub fn memory_estimate(records: &[TraceRecord]) -> Option<u64> {
+    let longest = records.iter().map(|r| u64::from(r.seq_len)).max().unwrap_or(0);
+    let selected: u64 = records.iter().map(|r| r.selected.len() as u64).sum();
+    let threads = rayon::current_num_threads() as u64;
+    // u32 next use + u32 first use + bool compulsory + u16 slot index, per position and thread;
+    // plus the next-use lists of every record (u32 per selected position).
+    longest.checked_mul(11)?.checked_mul(threads)?.checked_add(selected.checked_mul(4)?)
+}
+
+/// Replays `records` under every policy, prefetcher and buffer size of `cfg`. `progress` is
+/// called with the number of replays finished so far (out of [`SimReport::replays`], known from
+/// [`replays`]).
+pub fn simulate(
+    header: &TraceHeader,
+    records: &[TraceRecord],
+    cfg: &SimConfig,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<SimReport> {
+    simulate_with(header, records, cfg, progress, &|| false)
+}
+
+/// How many replays [`simulate`] runs for `records` under `cfg` (for a progress bar).
+pub fn replays(records: &[TraceRecord], cfg: &SimConfig) -> u64 {
+    let mut streams: Vec<(u64, u32)> = records.iter().map(|r| (r.request, r.layer)).collect();
+    streams.sort_unstable();
+    streams.dedup();
+    let mut requests: Vec<u64> = streams.iter().map(|s| s.0).collect();
+    requests.dedup();
+    let prefetchers: Vec<String> =
+        if cfg.prefetchers.is_empty() { vec!["none".into()] } else { cfg.prefetchers.clone() };
+    let per_policy_buffer: u64 = prefetchers
+        .iter()
+        .map(|p| match prefetch::prefetcher_by_name(p) {
+            Ok(p) if p.crosses_layers() => requests.len() as u64,
+            _ => streams.len() as u64,
+        })
+        .sum();
+    per_policy_buffer * (cfg.policies.len() * cfg.buffer_sizes.len()) as u64 + streams.len() as u64
+}
+
+/// [`simulate`], stopping with [`PolicyError::Cancelled`] (between replays) once `cancel`
+/// returns true.
+pub fn simulate_with(
+    header: &TraceHeader,
+    records: &[TraceRecord],
+    cfg: &SimConfig,
+    progress: &(dyn Fn(u64) + Sync),
+    cancel: &(dyn Fn() -> bool + Sync),
+) -> Result<SimReport> {
+    if cfg.policies.is_empty() || cfg.buffer_sizes.is_empty() {
+        return Err(PolicyError::Invalid {
+            field: "policies",
+            value: cfg.policies.len().to_string(),
+            reason: "need at least one policy and one buffer size".into(),
+        });
+    }
+    let policies: Vec<_> = cfg.policies.iter().map(|p| policy::make(p, &cfg.policy_config)).collect::<Result<_>>()?;
+    let prefetch_names: Vec<String> =
+        if cfg.prefetchers.is_empty() { vec!["none".into()] } else { cfg.prefetchers.clone() };
+    let prefetchers: Vec<_> =
+        prefetch_names.iter().map(|p| prefetch::make_prefetcher(p, &cfg.prefetcher_config)).collect::<Result<_>>()?;
+    for &b in &cfg.buffer_sizes {
+        if (b as u64) < u64::from(header.top_k) {
+            return Err(PolicyError::Invalid {
+                field: "buffer_sizes",
+                value: b.to_string(),
+                reason: format!("must be at least the trace's top_k = {}", header.top_k),
+            });
+        }
+    }
+    if let Some(p) = policies.iter().find(|p| p.needs_scores() && header.score_margin == 0) {
+        return Err(PolicyError::Invalid {
+            field: "policies",
+            value: p.name().to_string(),
+            reason: "needs the scores of the candidates below the cut: a version-2 trace with score_margin > 0".into(),
+        });
+    }
+    if let Some(p) = prefetchers.iter().find(|p| p.needs_near() && header.score_margin == 0) {
+        return Err(PolicyError::Invalid {
+            field: "prefetchers",
+            value: p.name().to_string(),
+            reason: "needs the candidates below the cut: a version-2 trace with score_margin > 0".into(),
+        });
+    }
+    let streams = group(header, records)?;
+    let any_future = policies.iter().any(|p| p.needs_future());
+    let futures: Vec<Option<_>> = streams.par_iter().map(|s| any_future.then(|| replay::next_uses(s))).collect();
+    // Groups: every stream alone, and each request's streams together.
+    let singles: Vec<Vec<usize>> = (0..streams.len()).map(|i| vec![i]).collect();
+    let mut per_request: Vec<Vec<usize>> = Vec::new();
+    for (i, s) in streams.iter().enumerate() {
+        match per_request.last_mut() {
+            Some(g) if streams[g[0]].request == s.request => g.push(i),
+            _ => per_request.push(vec![i]),
+        }
+    }
+    // Combinations (policy, prefetcher, buffer) and the replays of each.
+    let mut combos: Vec<(usize, usize, usize)> = Vec::new();
+    for p in 0..policies.len() {
+        for f in 0..prefetchers.len() {
+            for &b in &cfg.buffer_sizes {
+                combos.push((p, f, b));
+            }
+        }
+    }
+    let jobs: Vec<(usize, &Vec<usize>)> = combos
+        .iter()
+        .enumerate()
+        .flat_map(|(c, &(_, f, _))| {
+            let groups = if prefetchers[f].crosses_layers() { &per_request } else { &singles };
+            groups.iter().map(move |g| (c, g))
+        })
+        .collect();
+    let done = std::sync::atomic::AtomicU64::new(0);
+    let tick = || progress(done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1);
+    let outcomes: Vec<replay::ReplayCounts> = jobs
+        .par_iter()
+        .map(|&(c, g)| {
+            if cancel() {
+                return Err(PolicyError::Cancelled);
+            }
+            let (p, f, b) = combos[c];
+            let group: Vec<&Stream<'_>> = g.iter().map(|&i| &streams[i]).collect();
+            let fut: Vec<_> =
+                g.iter().map(|&i| if policies[p].needs_future() { futures[i].clone() } else { None }).collect();
+            let r = replay::replay(
+                header,
+                &group,
+                &fut,
+                (policies[p].as_ref(), prefetchers[f].as_ref()),
+                b,
+                cfg.warmup_steps,
+            );
+            tick();
+            r
+        })
+        .collect::<Result<_>>()?;
+    let compulsory: Vec<Vec<u32>> = streams
+        .par_iter()
+        .map(|s| {
+            let c = compulsory(s);
+            tick();
+            c
+        })
+        .collect();
+
+    let row_bytes = if cfg.row_bytes > 0 {
+        cfg.row_bytes
+    } else if header.row_bytes > 0 {
+        header.row_bytes as usize
+    } else {
+        656
+    };
+    let mut lines: Vec<aggregate::Line<'_>> = combos
+        .iter()
+        .map(|&(p, f, b)| aggregate::Line {
+            policy: policies[p].name().to_string(),
+            prefetcher: prefetchers[f].name().to_string(),
+            buffer_slots: b,
+            misses: vec![None; streams.len()],
+            prefetch: [0; 3],
+        })
+        .collect();
+    for (&(c, g), o) in jobs.iter().zip(&outcomes) {
+        for (&i, m) in g.iter().zip(&o.misses) {
+            lines[c].misses[i] = Some(m);
+        }
+        let t = &mut lines[c].prefetch;
+        t[0] += o.prefetched;
+        t[1] += o.useful;
+        t[2] += o.wasted;
+    }
+    lines.push(aggregate::Line {
+        policy: "compulsory".into(),
+        prefetcher: "none".into(),
+        buffer_slots: 0,
+        misses: compulsory.iter().map(Some).collect(),
+        prefetch: [0; 3],
+    });
+    let (steps, results) = aggregate::results(records, &streams, lines, row_bytes, cfg.warmup_steps);
+    Ok(SimReport {
+        replays: jobs.len() + streams.len(),
+        header: header.clone(),
+        records: records.len(),
+        streams: streams.len(),
+        steps,
+        row_bytes,
+        results,
+    })
+}
