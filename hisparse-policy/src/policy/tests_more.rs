@@ -7,7 +7,10 @@ use crate::swap_in::{SwapInPlan, SwapInState, SwapInputs};
 
 /// Runs `steps` (selection, scores as (token, score)) over sequences growing by one from 100;
 /// returns the plans.
-fn run_scored(policy: &dyn EvictionPolicy, slots: usize, steps: &[(&[u32], &[(u32, f32)])]) -> Vec<SwapInPlan> {
+/// A step: its selection and some tokens' scores.
+type Scored<'a> = (&'a [u32], &'a [(u32, f32)]);
+
+fn run_scored(policy: &dyn EvictionPolicy, slots: usize, steps: &[Scored<'_>]) -> Vec<SwapInPlan> {
     let mut st = SwapInState::new(slots).unwrap();
     let mut out = Vec::new();
     for (i, (sel, scored)) in steps.iter().enumerate() {

@@ -71,7 +71,7 @@ fn the_registry_round_trips_names_configs_and_cuda() {
             "every-other"
         }
         fn nominate(&self, s: &LayerSelection<'_>, out: &mut Vec<Nomination>) {
-            if s.layer % 2 == 0 && s.layer + 2 < s.layers {
+            if s.layer.is_multiple_of(2) && s.layer + 2 < s.layers {
                 out.push(Nomination {
                     target: s.layer + 2,
                     when: When::ThisStep,
