@@ -99,6 +99,20 @@ fn raw_trace(top_k: u32, layers: u32, records: &[(u32, u64, u32, u32, Vec<u32>)]
     b
 }
 
+/// A `.npy` file: `descr` and `shape` as numpy writes them, then `data`.
+fn npy(descr: &str, shape: &str, data: &[u8]) -> Vec<u8> {
+    let mut h = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
+    while (10 + h.len() + 1) % 64 != 0 {
+        h.push(' ');
+    }
+    h.push('\n');
+    let mut b = b"\x93NUMPY\x01\x00".to_vec();
+    b.extend_from_slice(&(h.len() as u16).to_le_bytes());
+    b.extend_from_slice(h.as_bytes());
+    b.extend_from_slice(data);
+    b
+}
+
 /// Writes the corpus's input files into `dir`.
 fn inputs(dir: &Path) {
     let w = |name: &str, bytes: &[u8]| std::fs::write(dir.join(name), bytes).unwrap();
@@ -134,6 +148,21 @@ fn inputs(dir: &Path) {
     w("conflict.json", br#"{"top_k": 2048}"#);
     w("small-buffer.json", br#"{"device_buffer_size": 100}"#);
     w("existing.bin", b"precious");
+    // Selections to import: [steps 2, layers 1, top_k 2] as int32.
+    let sel: Vec<u8> = [1i32, 5, 2, 6].iter().flat_map(|x| x.to_le_bytes()).collect();
+    w("ok.npy", &npy("<i4", "(2, 1, 2)", &sel));
+    w("float.npy", &npy("<f8", "(2, 1, 2)", &[0u8; 32]));
+    w("rank1.npy", &npy("<i4", "(4,)", &sel));
+    w("short.npy", &npy("<i4", "(2, 1, 2)", &sel[..10]));
+    w("huge-shape.npy", &npy("<i4", "(4294967296, 1, 2)", &sel));
+    let neg: Vec<u8> = [1i32, -2, 2, 6].iter().flat_map(|x| x.to_le_bytes()).collect();
+    w("negative.npy", &npy("<i4", "(2, 1, 2)", &neg));
+    w("garbage.npy", b"garbage");
+    let mut st = (u64::MAX / 2).to_le_bytes().to_vec();
+    st.extend_from_slice(b"{}");
+    w("huge-header.safetensors", &st);
+    w("mq99.json", br#"{"mq_queues": 99}"#);
+    w("clock0.json", br#"{"clock_bits": 0}"#);
     std::fs::create_dir_all(dir.join("a-folder")).unwrap();
 }
 
@@ -187,6 +216,8 @@ fn corpus() -> Vec<Case> {
     c.extend(flag_cases(sweep, "device-buffer-size", &["0", "-1", "100", "70000", "NaN"]));
     c.extend(flag_cases(sweep, "swap-in-block-size", &["0", "-1", "1025", "NaN"]));
     c.extend(flag_cases(sweep, "eviction-policy", &["belady", "nope"]));
+    c.extend(flag_cases(sweep, "prefetcher", &["nope", ""]));
+    c.extend(flag_cases(sweep, "prefetch-budget", &["-1", "99999", OVER, "NaN"]));
     c.extend(flag_cases(sweep, "kv-format", &["fp16"]));
     c.extend(flag_cases(sweep, "backend", &["gpu"]));
     c.extend(flag_cases(sweep, "emulate-model", &["on", "maybe"]));
@@ -266,6 +297,40 @@ fn corpus() -> Vec<Case> {
     c.extend(flag_cases(sim, "policies", &["nope"]));
     c.extend(flag_cases(sim, "row-bytes", &["-1", OVER, U64_MAX, "2000000"]));
     c.extend(flag_cases(sim, "out", &["existing.bin", "/proc/no/such"]));
+    c.extend(flag_cases(sim, "prefetchers", &["nope", "next-step"]));
+    c.extend(flag_cases(sim, "policies", &["score", "belady,score-lru"]));
+    c.extend(flag_cases(sim, "prefetch-budget", &["-1", "99999999999", OVER]));
+    c.extend(flag_cases(sim, "warmup-steps", &["4", "-1", U64_MAX, OVER]));
+    c.extend(flag_cases(
+        sim,
+        "policy-config",
+        &["missing.json", "a-folder", "garbage.json", "mq99.json", "clock0.json"],
+    ));
+    // trace import: hostile tensors, then flags
+    let import = "trace import --out out.hstrace";
+    for (file, needle) in [
+        ("missing.npy", "missing.npy"),
+        ("a-folder", "a-folder"),
+        ("garbage.npy", "magic"),
+        ("float.npy", "<f8"),
+        ("rank1.npy", "shape"),
+        ("short.npy", "bytes of data"),
+        ("huge-shape.npy", "shape"),
+        ("negative.npy", "negative"),
+        ("huge-header.safetensors", "huge-header.safetensors"),
+        ("empty.json", "empty.json"),
+    ] {
+        c.push((split(&format!("{import} {file}")), 2, needle.into()));
+    }
+    c.extend(flag_cases("trace import ok.npy", "out", &["existing.bin", "a-folder", "/proc/no/such"]));
+    c.extend(flag_cases(&format!("{import} ok.npy"), "row-bytes", &["0", "-1", "99999999999"]));
+    c.extend(flag_cases(&format!("{import} ok.npy"), "prompt-len", &["-1", U64_MAX, OVER]));
+    c.extend(flag_cases(&format!("{import} ok.npy"), "index-preset", &["nope"]));
+    c.extend(flag_cases(&format!("{import} ok.npy"), "index-source", &["0,5", "1", "x"]));
+    // calibrate's trace
+    c.extend(flag_cases(calib, "trace-out", &["existing.bin", "a-folder", "/proc/no/such"]));
+    c.extend(flag_cases(calib, "score-margin", &["-1", "99999999999"]));
+    c.extend(flag_cases(synth, "score-margin", &["-1", "99999999999"]));
     // trace synth
     c.extend(flag_cases(synth, "requests", &["0", "-1", U64_MAX]));
     c.extend(flag_cases(synth, "layers", &["0", U64_MAX]));

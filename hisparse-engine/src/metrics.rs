@@ -81,8 +81,16 @@ pub struct StepMetrics {
     pub misses: u64,
     /// Largest misses of one (request, layer) this step: what a batch waits for.
     pub max_misses: u64,
-    /// Bytes copied host → device by swap-in.
+    /// Bytes copied host → device by swap-in (prefetch included).
     pub bytes_h2d: u64,
+    /// Of those, bytes prefetched before their layer's selection was known.
+    pub bytes_h2d_prefetch: u64,
+    /// Rows prefetched.
+    pub prefetched: u64,
+    /// Prefetched rows a selection used.
+    pub prefetch_useful: u64,
+    /// Prefetched rows evicted before any selection used them.
+    pub prefetch_wasted: u64,
     /// Bytes copied device → host by backup.
     pub bytes_d2h: u64,
     /// Launch graphs captured this step.
@@ -132,6 +140,14 @@ pub struct RunSummary {
     pub miss_ratio: f64,
     /// Bytes host → device.
     pub bytes_h2d: u64,
+    /// Of those, prefetched.
+    pub bytes_h2d_prefetch: u64,
+    /// Rows prefetched.
+    pub prefetched: u64,
+    /// Prefetched rows a selection used.
+    pub prefetch_useful: u64,
+    /// Prefetched rows evicted unused.
+    pub prefetch_wasted: u64,
     /// Bytes device → host.
     pub bytes_d2h: u64,
     /// Most requests decoded in one step.
@@ -159,6 +175,10 @@ impl RunSummary {
         let sel = self.hits + self.misses;
         self.miss_ratio = if sel > 0 { self.misses as f64 / sel as f64 } else { 0.0 };
         self.bytes_h2d += s.bytes_h2d;
+        self.bytes_h2d_prefetch += s.bytes_h2d_prefetch;
+        self.prefetched += s.prefetched;
+        self.prefetch_useful += s.prefetch_useful;
+        self.prefetch_wasted += s.prefetch_wasted;
         self.bytes_d2h += s.bytes_d2h;
         self.max_running = self.max_running.max(s.running);
         self.peak_device_bytes = self.peak_device_bytes.max(s.device_bytes_in_use);

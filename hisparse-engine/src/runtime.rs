@@ -4,8 +4,7 @@
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use hisparse_policy::EvictionPolicy;
-use hisparse_policy::policy::by_name;
+use hisparse_policy::{EvictionPolicy, PolicyConfig};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{EngineError, Result};
@@ -17,6 +16,9 @@ pub struct RuntimeConfig {
     pub eviction_policy: String,
     /// Seed of randomised policies.
     pub policy_seed: u64,
+    /// The policies' tunables (their seed is `policy_seed`).
+    #[serde(default)]
+    pub policy_config: PolicyConfig,
     /// Most requests decoded together (0: no cap beyond capacity).
     pub max_running: usize,
 }
@@ -33,7 +35,8 @@ pub struct Runtime {
 impl Runtime {
     /// Resolves `config`; refuses offline policies (they need the future).
     pub fn new(config: RuntimeConfig) -> Result<Self> {
-        let policy = by_name(&config.eviction_policy, config.policy_seed)?;
+        let cfg = PolicyConfig { seed: config.policy_seed, ..config.policy_config.clone() };
+        let policy = hisparse_policy::policy::make(&config.eviction_policy, &cfg)?;
         if policy.needs_future() {
             return Err(EngineError::Config {
                 field: "eviction_policy",

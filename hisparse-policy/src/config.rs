@@ -9,6 +9,8 @@ use hisparse_memory::slot_table::MAX_BUFFER_SLOTS;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{PolicyError, Result};
+use crate::policy::PolicyConfig;
+use crate::prefetch::PrefetcherConfig;
 
 /// The hierarchy's configuration.
 ///
@@ -34,10 +36,18 @@ pub struct HiSparseConfig {
     pub host_to_device_ratio: f64,
     /// SGLang: threads per request block of the swap-in kernel (1..=1024).
     pub swap_in_block_size: usize,
-    /// Ours: the eviction policy (`lru`, `fifo`, `random`, `clock`; `belady` in the simulator).
+    /// Ours: the eviction policy (a registered name: `lru`, `clock`, `score`, ...; `belady`
+    /// only in the simulator).
     pub eviction_policy: String,
-    /// Ours: seed of the `random` policy.
+    /// Ours: seed of the `random` policy (it replaces `policy_config.seed`).
     pub policy_seed: u64,
+    /// Ours: the policies' tunables (CLOCK's counter bits, MQ's queues, ...).
+    pub policy_config: PolicyConfig,
+    /// Ours: the prefetcher (`none`, `shared-index`, `adjacent-layer`, `next-step`).
+    pub prefetcher: String,
+    /// Ours: most rows a speculative prefetcher brings into one buffer per step (0: a quarter
+    /// of top-k).
+    pub prefetch_budget: usize,
     /// Ours: positions per page of the host tier and the device pools.
     pub page_tokens: usize,
     /// Ours: device bytes for KV rows, index keys and hot buffers (0: decided by the engine).
@@ -66,6 +76,9 @@ impl Default for HiSparseConfig {
             swap_in_block_size: 512,
             eviction_policy: "lru".into(),
             policy_seed: 0,
+            policy_config: PolicyConfig::default(),
+            prefetcher: "none".into(),
+            prefetch_budget: 0,
             page_tokens: 64,
             device_kv_bytes: 0,
             host_tier_bytes: 0,
@@ -107,6 +120,16 @@ impl HiSparseConfig {
     /// 4096 slots for top-k 2048).
     pub fn for_geometry(geometry: &KvGeometry) -> Self {
         Self { top_k: geometry.top_k, device_buffer_size: 2 * geometry.top_k, ..Self::default() }
+    }
+
+    /// The policies' config with `policy_seed` as its seed.
+    pub fn policy(&self) -> PolicyConfig {
+        PolicyConfig { seed: self.policy_seed, ..self.policy_config.clone() }
+    }
+
+    /// The prefetchers' config.
+    pub fn prefetch(&self) -> PrefetcherConfig {
+        PrefetcherConfig { budget: self.prefetch_budget }
     }
 
     /// Host-tier bytes this config gives (explicit, or the ratio times the device bytes).
@@ -162,7 +185,15 @@ impl HiSparseConfig {
                 "must be a finite number above 0",
             ));
         }
-        crate::policy::by_name(&self.eviction_policy, self.policy_seed)?;
+        crate::policy::make(&self.eviction_policy, &self.policy())?;
+        crate::prefetch::make_prefetcher(&self.prefetcher, &self.prefetch())?;
+        if self.prefetch_budget > self.device_buffer_size {
+            return Err(invalid(
+                "prefetch_budget",
+                self.prefetch_budget,
+                format!("at most device_buffer_size = {} (rows one buffer can take)", self.device_buffer_size),
+            ));
+        }
         if self.host_bytes() > isize::MAX as u64 {
             let (field, value) = if self.host_tier_bytes > 0 {
                 ("host_tier_bytes", self.host_tier_bytes.to_string())
@@ -268,6 +299,15 @@ mod tests {
             (HiSparseConfig { host_to_device_ratio: 0.0, ..Default::default() }, "host_to_device_ratio"),
             (HiSparseConfig { page_tokens: 0, ..Default::default() }, "page_tokens"),
             (HiSparseConfig { eviction_policy: "lfu-9000".into(), ..Default::default() }, "eviction_policy"),
+            (HiSparseConfig { prefetcher: "psychic".into(), ..Default::default() }, "prefetcher"),
+            (HiSparseConfig { prefetch_budget: 5000, ..Default::default() }, "prefetch_budget"),
+            (
+                HiSparseConfig {
+                    policy_config: PolicyConfig { mq_queues: 99, ..PolicyConfig::default() },
+                    ..Default::default()
+                },
+                "mq_queues",
+            ),
             (HiSparseConfig { device_buffer_size: 70_000, top_k: 2048, ..Default::default() }, "device_buffer_size"),
             // 1 MiB of device bytes x 8 cannot hold a 128k-token request of 51 KB per token.
             (HiSparseConfig { device_kv_bytes: 1 << 20, ..Default::default() }, "host_to_device_ratio"),

@@ -24,7 +24,7 @@ pub use error::{PolicyError, Result};
 pub use policy::{EvictionPolicy, PolicyConfig, PolicyEnv, PolicyScalars, SlotRecord, StepCtx, VictimKey};
 pub use prefetch::{Prefetcher, PrefetcherConfig};
 pub use simulate::{SimConfig, SimReport, SimResult, memory_estimate, replays, simulate, simulate_with};
-pub use swap_in::{PrefetchPlan, SwapInPlan, SwapInState, SwapInputs, copy_missing_rows};
+pub use swap_in::{PrefetchPlan, SwapInPlan, SwapInState, SwapInputs, copy_missing_rows, copy_rows};
 
 /// The README's examples, compiled and run as doc-tests.
 #[cfg(doctest)]

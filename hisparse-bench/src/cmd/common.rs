@@ -65,9 +65,18 @@ pub struct EngineArgs {
     /// Threads per request block of the GPU swap-in kernel (1..=1024).
     #[arg(long)]
     pub swap_in_block_size: Option<usize>,
-    /// Eviction policy: lru, fifo, random, clock.
+    /// Eviction policy: lru, fifo, random, clock, clock-cold, s3fifo, mq, score, score-lru
+    /// (`hisparse simulate` compares them on a trace).
     #[arg(long)]
     pub eviction_policy: Option<String>,
+    /// Prefetcher: none, shared-index (exact, for IndexShare layers, e.g. --preset glm-5.2),
+    /// adjacent-layer, next-step (speculative). CPU backend only for now.
+    #[arg(long)]
+    pub prefetcher: Option<String>,
+    /// Most rows a speculative prefetcher brings into one hot buffer per step (default: a
+    /// quarter of top_k).
+    #[arg(long)]
+    pub prefetch_budget: Option<usize>,
     /// KV row format: fp8 (656 B rows) or bf16 (1152 B rows).
     #[arg(long, value_parser = ["fp8", "bf16"])]
     pub kv_format: Option<String>,
@@ -132,6 +141,8 @@ fn flag_of(field: &str) -> Option<&'static str> {
         "host_to_device_ratio" => "host-to-device-ratio",
         "swap_in_block_size" => "swap-in-block-size",
         "eviction_policy" => "eviction-policy",
+        "prefetcher" => "prefetcher",
+        "prefetch_budget" => "prefetch-budget",
         "host_tier_file" | "host_tier_path" => "host-tier-file",
         _ => return None,
     })
@@ -154,6 +165,8 @@ impl EngineArgs {
             "host_to_device_ratio" => self.host_to_device_ratio.is_some(),
             "swap_in_block_size" => self.swap_in_block_size.is_some(),
             "eviction_policy" => self.eviction_policy.is_some(),
+            "prefetcher" => self.prefetcher.is_some(),
+            "prefetch_budget" => self.prefetch_budget.is_some(),
             "host_tier_file" | "host_tier_path" => self.host_tier_file.is_some(),
             _ => false,
         }
@@ -224,6 +237,20 @@ impl EngineArgs {
                 ));
             }
             c.eviction_policy = v.clone();
+        }
+        if let Some(v) = &self.prefetcher {
+            if self.uses_cuda() && v != "none" {
+                return Err(BenchError::flag(
+                    "prefetcher",
+                    v,
+                    "the CUDA backend does not run prefetch yet; use --backend cpu (or compare \
+                     prefetchers on a trace with `hisparse simulate --prefetchers`)",
+                ));
+            }
+            c.prefetcher = v.clone();
+        }
+        if let Some(v) = self.prefetch_budget {
+            c.prefetch_budget = v;
         }
         if let Some(p) = &self.host_tier_file {
             if self.uses_cuda() {

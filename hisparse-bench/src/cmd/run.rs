@@ -161,6 +161,10 @@ pub fn run(a: &RunArgs) -> Result<(Vec<ModeRun>, PathBuf)> {
         "max_misses",
         "bytes_h2d",
         "bytes_d2h",
+        "prefetched",
+        "prefetch_useful",
+        "prefetch_wasted",
+        "bytes_h2d_prefetch",
         "indexer_s",
         "top_k_s",
         "swap_in_s",
@@ -185,6 +189,10 @@ pub fn run(a: &RunArgs) -> Result<(Vec<ModeRun>, PathBuf)> {
                 s.max_misses.to_string(),
                 s.bytes_h2d.to_string(),
                 s.bytes_d2h.to_string(),
+                s.prefetched.to_string(),
+                s.prefetch_useful.to_string(),
+                s.prefetch_wasted.to_string(),
+                s.bytes_h2d_prefetch.to_string(),
                 format!("{:.6}", st.indexer),
                 format!("{:.6}", st.top_k),
                 format!("{:.6}", st.swap_in),
@@ -241,6 +249,19 @@ pub fn render(runs: &[ModeRun], out: &std::path::Path) -> String {
             100.0 * x.miss_ratio,
             x.peak_device_bytes as f64 / 1e6,
             x.peak_host_bytes as f64 / 1e6
+        );
+    }
+    for r in runs.iter().filter(|r| r.summary.prefetched > 0) {
+        let x = &r.summary;
+        s += &format!(
+            "{}: prefetched {} rows ({:.1} MB of {:.1} MB host → device), {} used by a selection ({:.1}%), {} evicted unused\n",
+            r.mode,
+            x.prefetched,
+            x.bytes_h2d_prefetch as f64 / 1e6,
+            x.bytes_h2d as f64 / 1e6,
+            x.prefetch_useful,
+            100.0 * x.prefetch_useful as f64 / x.prefetched as f64,
+            x.prefetch_wasted
         );
     }
     for r in runs {

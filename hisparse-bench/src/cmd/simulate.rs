@@ -105,6 +105,18 @@ pub fn run(a: &SimulateArgs) -> Result<(SimReport, PathBuf)> {
             "needs the candidates below the cut: record the trace with --score-margin",
         ));
     }
+    let mut per_stream: std::collections::HashMap<(u64, u32), usize> = std::collections::HashMap::new();
+    for r in &records {
+        *per_stream.entry((r.request, r.layer)).or_default() += 1;
+    }
+    let longest = per_stream.values().copied().max().unwrap_or(0);
+    if a.warmup_steps >= longest {
+        return Err(BenchError::flag(
+            "warmup-steps",
+            a.warmup_steps,
+            format!("the trace's longest stream has {longest} steps: nothing would be counted"),
+        ));
+    }
     guard::memory(
         "trace",
         a.trace.display(),

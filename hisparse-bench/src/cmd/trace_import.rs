@@ -28,10 +28,10 @@ pub struct ImportArgs {
     pub overwrite: bool,
     /// Prompt tokens per request: step s (from 1) has prompt + s tokens. Default: the tensor's
     /// NAME.seq_len companion, else the largest position selected so far plus one.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub prompt_len: Option<u32>,
     /// Bytes per KV row written into the header (656: fp8 rows).
-    #[arg(long, default_value_t = 656)]
+    #[arg(long, default_value_t = 656, allow_negative_numbers = true)]
     pub row_bytes: u32,
     /// Record the layer structure of this preset (e.g. glm-5.2: which layers share a
     /// selection), so cross-layer prefetch can be simulated.
@@ -52,6 +52,7 @@ fn map(path: &PathBuf) -> Result<memmap2::Mmap> {
 
 /// Runs the import; returns what it wrote, as a line.
 pub fn run(a: &ImportArgs) -> Result<String> {
+    guard::within("row-bytes", a.row_bytes as usize, 1, 1 << 20)?;
     let index_source = match &a.index_preset {
         Some(p) => {
             let g = KvGeometry::preset(p).map_err(|e| BenchError::flag("index-preset", p, e.to_string()))?;
@@ -88,7 +89,10 @@ pub fn run(a: &ImportArgs) -> Result<String> {
         hisparse_policy::PolicyError::Invalid { field: "index_source", value, reason } => {
             BenchError::flag("index-source", value, reason)
         }
-        e => e.into(),
+        e => {
+            let names: Vec<String> = a.inputs.iter().map(|p| p.display().to_string()).collect();
+            BenchError::flag("inputs", names.join(" "), e.to_string())
+        }
     })?;
     interrupt::check(|| "importing the selections".to_string())?;
     let mut file = AtomicFile::create("out", &a.out, a.overwrite)?;

@@ -142,6 +142,8 @@ where
             drift: self.workload.start(id.0),
             last_backup: vec![0; layers],
             first_step: self.step + 1,
+            prefetch: Vec::new(),
+            selections: Vec::new(),
         });
         Ok(())
     }

@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use hisparse_kernels::{AttentionBatch, Backend, IndexerBatch, Span};
 use hisparse_memory::{DeviceMemory, Mode};
+use hisparse_policy::prefetch::When;
 use hisparse_policy::trace::TraceRecord;
 use hisparse_policy::{EvictionPolicy, StepCtx, SwapInPlan, SwapInputs, copy_missing_rows};
 
@@ -31,6 +32,7 @@ where
         let g = &self.cfg.geometry;
         let (b, k, p_tok) = (self.cfg.hisparse.device_buffer_size, g.top_k, self.cfg.hisparse.page_tokens);
         let (h, qh) = (g.index_heads, g.q_heads);
+        let (full, scale) = (g.index_slot(l), g.default_softmax_scale());
         let (kv_row, key) = (self.kv_row, self.key);
         let mode = self.cfg.mode;
         let mem = self.backend.memory().clone();
@@ -39,7 +41,6 @@ where
         // 2. Indexer over every position of every request (queries: the emulated model's); a
         // shared layer (IndexShare) runs none and keeps its full layer's selection (the last
         // one made: layers run in order).
-        let full = g.index_slot(l);
         if let Some(slot) = full {
             self.stage_index_queries(l, sb, m)?;
             let _s = tracing::debug_span!("indexer", layer = l).entered();
@@ -88,12 +89,19 @@ where
         let t = Instant::now();
         sb.locations.clear();
         let mut plan = SwapInPlan::default();
-        // Scores for policies that read them (a shared layer's are its full layer's).
-        let scores =
-            if mode == Mode::HiSparse && policy.needs_scores() { Some(mem.download(&sb.scores)?) } else { None };
+        // Scores for policies and prefetchers that read them (a shared layer's are its full
+        // layer's).
+        let hs = mode == Mode::HiSparse;
+        let scores = if hs && (policy.needs_scores() || self.prefetcher.needs_near()) {
+            Some(mem.download(&sb.scores)?)
+        } else {
+            None
+        };
         for (i, span) in sb.sel_spans.iter().enumerate() {
             let sel = &sb.selections[span.offset..span.end()];
             let (id, n) = (self.running[i].spec.id, sb.reqs[i].seq_len);
+            let off = sb.reqs[i].score_offset;
+            let own_scores = scores.as_ref().and_then(|s| s.get(off..off + n));
             match mode {
                 Mode::Resident => {
                     for &tok in sel {
@@ -102,6 +110,8 @@ where
                     m.hits += sel.len() as u64;
                 }
                 Mode::HiSparse => {
+                    // Rows nominated for this layer earlier in the step come in first.
+                    self.apply_prefetch(i, Some(l), When::ThisStep, policy, own_scores, m)?;
                     let r = &mut self.running[i];
                     let ctx = StepCtx {
                         step: r.generated as u32 + 1,
@@ -110,17 +120,18 @@ where
                         buffer_slots: b as u32,
                         seed: policy.seed(),
                     };
-                    let off = sb.reqs[i].score_offset;
-                    let inputs =
-                        SwapInputs { next_use: None, scores: scores.as_ref().and_then(|s| s.get(off..off + n)) };
+                    let inputs = SwapInputs { next_use: None, scores: own_scores };
                     r.swap[l].step(policy, sel, n, &ctx, inputs, &mut plan)?;
                     let host = self.host.as_ref().ok_or_else(|| EngineError::Worker("no host tier".into()))?;
                     m.bytes_h2d += copy_missing_rows(&plan, host, &mut self.device, id, l)? as u64;
                     m.hits += plan.hits.len() as u64;
                     m.misses += plan.misses.len() as u64;
                     m.max_misses = m.max_misses.max(plan.misses.len() as u64);
+                    m.prefetch_useful += plan.prefetch_used as u64;
+                    m.prefetch_wasted += plan.prefetch_wasted as u64;
                     let base = self.device.hot_row(id, 0)? as i32;
                     sb.locations.extend(plan.locations.iter().map(|&slot| base + slot as i32));
+                    self.nominate(i, l, sel, own_scores);
                 }
             }
             if let Some(tr) = self.trace.as_mut() {
@@ -145,7 +156,7 @@ where
             let batch = AttentionBatch {
                 heads: qh,
                 layout: kv_row,
-                softmax_scale: g.default_softmax_scale(),
+                softmax_scale: scale,
                 queries: &sb.attn_q,
                 rows,
                 locations: &sb.locs,

@@ -8,6 +8,7 @@ mod layer;
 mod layer_device;
 mod layer_graph;
 mod layer_inputs;
+mod prefetch;
 mod step;
 mod step_inputs;
 
@@ -22,6 +23,7 @@ use hisparse_memory::{
     AdmissionControl, CapacityPlan, DeviceTier, HostTier, HostTierConfig, IndexKeyLayout, KvGeometry, KvRowLayout,
     Mode, RequestId, Resources,
 };
+use hisparse_policy::prefetch::{Prefetcher, make_prefetcher};
 use hisparse_policy::trace::{TraceHeader, TraceWriter};
 use hisparse_policy::{EvictionPolicy, HiSparseConfig, SwapInState};
 
@@ -99,6 +101,11 @@ pub(crate) struct Running {
     /// Sequence number of the request's newest backup job per layer.
     pub last_backup: Vec<u64>,
     pub first_step: u64,
+    /// Prefetch nominations waiting for their layer or the step's end.
+    pub prefetch: Vec<prefetch::Pending>,
+    /// This step's selection per layer, kept while a prefetcher runs (next-step nominations
+    /// protect their target's).
+    pub selections: Vec<Vec<u32>>,
 }
 
 /// The engine. See the crate documentation.
@@ -113,6 +120,8 @@ pub struct Engine<B: Backend> {
     admission: AdmissionControl,
     runtime: Arc<ArcSwap<Runtime>>,
     last_policy: Arc<dyn EvictionPolicy>,
+    /// The prefetcher (host path; `none` on the device path).
+    prefetcher: Arc<dyn Prefetcher>,
     workload: Workload,
     queue: VecDeque<RequestSpec>,
     running: Vec<Running>,
@@ -182,8 +191,20 @@ where
         let runtime = Runtime::new(RuntimeConfig {
             eviction_policy: cfg.hisparse.eviction_policy.clone(),
             policy_seed: cfg.hisparse.policy_seed,
+            policy_config: cfg.hisparse.policy_config.clone(),
             max_running: 0,
         })?;
+        let prefetcher = make_prefetcher(&cfg.hisparse.prefetcher, &cfg.hisparse.prefetch())?;
+        if device_path && cfg.mode == Mode::HiSparse && prefetcher.name() != "none" {
+            return Err(EngineError::Config {
+                field: "prefetcher",
+                value: cfg.hisparse.prefetcher.clone(),
+                reason: format!(
+                    "the {} backend keeps selections on the device, where prefetch is not wired yet: use the CPU backend",
+                    backend.name()
+                ),
+            });
+        }
         let (host, backup, dswap) = match cfg.mode {
             Mode::Resident => (None, None, None),
             Mode::HiSparse => {
@@ -251,6 +272,7 @@ where
             admission: AdmissionControl::new(capacity),
             runtime: Arc::new(ArcSwap::from_pointee(runtime)),
             last_policy,
+            prefetcher,
             workload,
             queue: VecDeque::new(),
             running: Vec::new(),

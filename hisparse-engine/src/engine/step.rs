@@ -165,7 +165,9 @@ where
             let res = if self.device_path {
                 self.layers_device(&mut sb, &mut rep)
             } else {
-                (0..self.cfg.geometry.layers).try_for_each(|l| self.layer(l, rt.policy.as_ref(), &mut sb, &mut rep))
+                (0..self.cfg.geometry.layers)
+                    .try_for_each(|l| self.layer(l, rt.policy.as_ref(), &mut sb, &mut rep))
+                    .and_then(|()| self.prefetch_next_step(rt.policy.as_ref(), &sb, &mut rep.metrics))
             };
             self.scratch = Some(sb);
             res?;

@@ -51,6 +51,10 @@ pub struct StepCounts {
     pub replays: u64,
     /// Inputs generated during the previous step.
     pub ahead: bool,
+    /// Rows prefetched, and of those used by a selection and evicted unused.
+    pub prefetched: u64,
+    pub prefetch_useful: u64,
+    pub prefetch_wasted: u64,
 }
 
 /// [`run_on`], also returning every step's counts.
@@ -93,6 +97,9 @@ where
             captures: m.graph_captures,
             replays: m.graph_replays,
             ahead: m.inputs_ahead,
+            prefetched: m.prefetched,
+            prefetch_useful: m.prefetch_useful,
+            prefetch_wasted: m.prefetch_wasted,
         });
         for (id, tok, layer, d) in rep.digests {
             assert!(digests.insert((id.0, tok, layer), d).is_none(), "digest recorded twice");

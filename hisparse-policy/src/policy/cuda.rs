@@ -1,4 +1,4 @@
-//! The CUDA C contract of a policy. [`EvictionPolicy::cuda`](super::EvictionPolicy::cuda)
+//! The CUDA C contract of a policy. [`EvictionPolicy::cuda`]
 //! returns C++ (a `.cuh` of the policy's own) defining, for the types of [`PRELUDE`], any of:
 //!
 //! ```text

@@ -1,4 +1,4 @@
-//! The CUDA C contract of a prefetcher. [`Prefetcher::cuda`](super::Prefetcher::cuda) returns
+//! The CUDA C contract of a prefetcher. [`Prefetcher::cuda`] returns
 //! C++ (a `.cuh` of the prefetcher's own) defining, for the types of [`PRELUDE`],
 //!
 //! ```text
@@ -8,7 +8,7 @@
 //!
 //! which writes at most `cap` nominations for the layer `s.layer` whose selection is known and
 //! returns how many — the same nominations, in the same order, as
-//! [`Prefetcher::nominate`](super::Prefetcher::nominate). `index_source` holds `s.layers`
+//! [`Prefetcher::nominate`]. `index_source` holds `s.layers`
 //! entries, or is null when every layer is full.
 
 use super::Prefetcher;

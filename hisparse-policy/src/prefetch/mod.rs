@@ -12,8 +12,9 @@
 //!    A [`When::ThisStep`] nomination must target a later layer.
 //! 3. After the last layer, the [`When::NextStep`] nominations are applied.
 //!
-//! A nomination is applied with a row budget and a protected set: its own candidates, plus the
-//! target layer's selection this step when that is already known (next-step prefetch). Prefetch
+//! A nomination is applied with a row budget and a protected set: its own candidates, plus, for
+//! a [`When::NextStep`] nomination (applied after the last layer), the target layer's selection
+//! this step. Prefetch
 //! never evicts a protected token and never changes what attention reads: every selected token
 //! is resident when its layer runs, whatever was prefetched.
 //!

@@ -201,10 +201,22 @@ pub fn copy_missing_rows<M: DeviceMemory>(
     req: RequestId,
     layer: usize,
 ) -> Result<usize> {
+    copy_rows(&plan.misses, host, device, req, layer)
+}
+
+/// Copies the rows of `(token, slot)` pairs (a step's misses, a prefetch's fills) from the host
+/// tier into `req`'s hot buffer in the device tier, for `layer`; returns the bytes copied.
+pub fn copy_rows<M: DeviceMemory>(
+    rows: &[(u32, u32)],
+    host: &HostTier,
+    device: &mut DeviceTier<M>,
+    req: RequestId,
+    layer: usize,
+) -> Result<usize> {
     let mut row = vec![0u8; host.row_bytes()];
-    for &(token, slot) in &plan.misses {
+    for &(token, slot) in rows {
         host.read_row(req, layer, token as usize, &mut row)?;
         device.write_hot_row(req, layer, slot as usize, &row)?;
     }
-    Ok(plan.misses.len() * row.len())
+    Ok(rows.len() * row.len())
 }
