@@ -30,9 +30,14 @@ fn eager(mode: Mode, policy: &str) -> EngineConfig {
 fn on_cuda_hisparse_equals_resident_bit_for_bit() {
     let resident = run_on(gpu(), eager(Mode::Resident, "lru"), &[], None);
     assert_eq!(resident.len(), expected_count());
-    for policy in ["lru", "fifo", "random", "clock"] {
-        let hs = run_on(gpu(), eager(Mode::HiSparse, policy), &[], None);
-        assert_eq!(hs, resident, "{policy}: outputs differ from the resident baseline");
+    // Every online policy with a GPU form: recency, frequency with token words (s3fifo, mq),
+    // score-aware ones reading the indexer's scores on the device.
+    let policies: Vec<_> =
+        hisparse_policy::policy::builtin(0).into_iter().filter(|p| p.cuda().is_some() && !p.needs_future()).collect();
+    assert!(policies.len() >= 9, "{} GPU policies", policies.len());
+    for policy in policies {
+        let hs = run_on(gpu(), eager(Mode::HiSparse, policy.name()), &[], None);
+        assert_eq!(hs, resident, "{}: outputs differ from the resident baseline", policy.name());
     }
     let hs = run_on(gpu(), eager(Mode::HiSparse, "lru"), &["clock", "random", "fifo", "lru"], None);
     assert_eq!(hs, resident, "policy and batch cap swapped mid-run");

@@ -19,6 +19,12 @@ fn every_kernel_source_compiles_for_sm90a() {
         let swap = cuda::swap_in_source(p.as_ref()).unwrap();
         assert!(sources.iter().any(|s| s.name == swap.name), "no swap-in for {}", p.name());
     }
+    // A nomination harness for every built-in prefetcher.
+    for b in hisparse_policy::prefetch::BuiltinPrefetcher::ALL {
+        let p = (b.spec().make)(&hisparse_policy::prefetch::PrefetcherConfig { budget: 0 });
+        let h = cuda::prefetcher_harness(p.as_ref()).unwrap_or_else(|| panic!("{} has no GPU form", b.spec().name));
+        assert!(sources.iter().any(|s| s.name == h.name), "no harness for {}", b.spec().name);
+    }
     for src in sources {
         let k = cuda::compile(&src).unwrap_or_else(|e| panic!("{e}"));
         let ptx = k.ptx.to_src();

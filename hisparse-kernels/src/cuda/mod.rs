@@ -24,8 +24,10 @@ pub use backup::GpuBackup;
 pub use device::CudaDevice;
 pub use launch_graph::LaunchGraph;
 pub use nvrtc::{ARCH, CompiledKernel, compile, cuda_include_dir, nvrtc_available, nvrtc_version};
-pub use policy::{GpuPolicyEnv, GpuPolicyScalars, GpuSlotRecord, GpuStepCtx, GpuVictimKey};
-pub use sources::{KernelSource, all_sources, policy_harness, source};
+pub use policy::{
+    GpuNomination, GpuPolicyEnv, GpuPolicyScalars, GpuPrefetchSource, GpuSlotRecord, GpuStepCtx, GpuVictimKey,
+};
+pub use sources::{KernelSource, all_sources, policy_harness, prefetcher_harness, source};
 pub use swap_in::{GpuSwapIn, SwapBatch, SwapOutputs, SwapParams, SwapReq, swap_in_source};
 pub use swap_in_backend::CudaSwapIn;
 

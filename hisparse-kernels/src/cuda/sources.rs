@@ -13,7 +13,8 @@ pub struct KernelSource {
     pub kernels: &'static [&'static str],
 }
 
-/// All kernel sources: the fixed ones, and a policy-hook harness per GPU-capable policy.
+/// All kernel sources: the fixed ones, a policy-hook harness and a swap-in module per
+/// GPU-capable policy, and a harness per built-in prefetcher.
 pub fn all_sources() -> Vec<KernelSource> {
     let mut v = vec![KernelSource {
         name: "fp8_convert".into(),
@@ -53,7 +54,21 @@ pub fn all_sources() -> Vec<KernelSource> {
             v.push(src);
         }
     }
+    for b in hisparse_policy::prefetch::BuiltinPrefetcher::ALL {
+        let p = (b.spec().make)(&hisparse_policy::prefetch::PrefetcherConfig { budget: 0 });
+        if let Some(src) = prefetcher_harness(p.as_ref()) {
+            v.push(src);
+        }
+    }
     v
+}
+
+/// The nomination harness of `prefetcher` (named by its source), or `None` for a CPU-only
+/// prefetcher.
+pub fn prefetcher_harness(prefetcher: &dyn hisparse_policy::prefetch::Prefetcher) -> Option<KernelSource> {
+    let program = hisparse_policy::prefetch::cuda::program(prefetcher)?;
+    let code = include_str!("../../kernels/prefetch_harness.cu").replace("//@PREFETCHER@", &program);
+    Some(KernelSource { name: module_name("prefetch", &code), code, kernels: &["prefetch_nominations"] })
 }
 
 /// `template` with `policy`'s CUDA program (prelude, hooks, defaults:
