@@ -21,7 +21,7 @@ pub mod trace;
 
 pub use config::HiSparseConfig;
 pub use error::{PolicyError, Result};
-pub use policy::{EvictionPolicy, PolicyConfig, PolicyEnv, PolicyScalars, SlotRecord, StepCtx, VictimKey};
+pub use policy::{EvictionPolicy, PolicyConfig, PolicyEnv, PolicyScalars, SlotRecord, StampRule, StepCtx, VictimKey};
 pub use prefetch::{Prefetcher, PrefetcherConfig};
 pub use simulate::{SimConfig, SimReport, SimResult, memory_estimate, replays, simulate, simulate_with};
 pub use swap_in::{PrefetchPlan, SwapInPlan, SwapInState, SwapInputs, copy_missing_rows, copy_rows};

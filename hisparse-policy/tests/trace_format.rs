@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use hisparse_policy::trace::{TraceHeader, TraceReader, TraceRecord, TraceWriter, jsonl, raw, read_trace};
+use hisparse_policy::trace::{TraceHeader, TraceReader, TraceRecord, TraceWriter, jsonl, parallel, raw, read_trace};
 use hisparse_policy::{PolicyError, SimConfig, simulate};
 use proptest::prelude::*;
 
@@ -299,10 +299,22 @@ fn build_corpus() -> Vec<(&'static str, Vec<u8>, u64)> {
 }
 
 fn first_error(bytes: &[u8]) -> Option<PolicyError> {
-    match TraceReader::new(bytes) {
+    let serial = match TraceReader::new(bytes) {
         Err(e) => Some(e),
         Ok(r) => r.filter_map(Result::err).next(),
+    };
+    // The parallel reader meets the same first error, or reads the same records.
+    let parallel = parallel::read_all(bytes);
+    match (&serial, &parallel) {
+        (Some(a), Err(b)) => assert_eq!(format!("{a:?}"), format!("{b:?}")),
+        (None, Ok((h, recs))) => {
+            let mut r = TraceReader::new(bytes).unwrap();
+            assert_eq!(r.header(), h);
+            assert_eq!(&r.by_ref().map(Result::unwrap).collect::<Vec<_>>(), recs);
+        }
+        _ => panic!("serial {serial:?}, parallel {:?}", parallel.map(|(_, r)| r.len())),
     }
+    serial
 }
 
 #[test]
@@ -450,6 +462,7 @@ proptest! {
         let end = records.len() as u64 + u64::from(wrong_end);
         let bytes = raw::encode(&header, &records, end);
         let got: Result<Vec<TraceRecord>, PolicyError> = TraceReader::new(bytes.as_slice()).and_then(|r| r.collect());
+        let _ = first_error(&bytes);
         // What a correct reader must decide, computed independently of it.
         let header_ok = (1..=hisparse_policy::trace::MAX_TOP_K).contains(&top_k) && (!v2 || good_table);
         let valid = |(r, bad_scores): &(raw::RawRecord, bool)| {

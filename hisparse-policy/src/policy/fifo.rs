@@ -2,7 +2,7 @@
 
 use std::borrow::Cow;
 
-use super::{EvictionPolicy, PolicyEnv, SlotRecord};
+use super::{EvictionPolicy, PolicyEnv, SlotRecord, StampRule};
 
 /// First in, first out. Record word `a` = the step the slot was filled.
 #[derive(Clone, Copy, Debug, Default)]
@@ -19,6 +19,10 @@ impl EvictionPolicy for Fifo {
 
     fn on_insert(&self, rec: &mut SlotRecord, env: &PolicyEnv) {
         rec.a = env.ctx.step;
+    }
+
+    fn stamp_rule(&self) -> Option<StampRule> {
+        Some(StampRule { on_insert: (1, 0), on_hit: None })
     }
 
     fn cuda(&self) -> Option<Cow<'static, str>> {

@@ -3,7 +3,7 @@
 
 use std::borrow::Cow;
 
-use super::{EvictionPolicy, PolicyEnv, SlotRecord};
+use super::{EvictionPolicy, PolicyEnv, SlotRecord, StampRule};
 
 /// Least recently used. Record word `a` = `2 * step + 1` when last hit, `2 * step` when filled.
 #[derive(Clone, Copy, Debug, Default)]
@@ -24,6 +24,10 @@ impl EvictionPolicy for Lru {
 
     fn on_insert(&self, rec: &mut SlotRecord, env: &PolicyEnv) {
         rec.a = env.ctx.step.wrapping_mul(2);
+    }
+
+    fn stamp_rule(&self) -> Option<StampRule> {
+        Some(StampRule { on_insert: (2, 0), on_hit: Some((2, 1)) })
     }
 
     fn cuda(&self) -> Option<Cow<'static, str>> {

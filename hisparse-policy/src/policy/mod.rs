@@ -154,6 +154,23 @@ impl PolicyEnv {
     }
 }
 
+/// A policy whose priority is a step stamp (see [`EvictionPolicy::stamp_rule`]): `(mul, add)`
+/// pairs giving record word `a = mul * step + add`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StampRule {
+    /// Set by `on_insert`.
+    pub on_insert: (u32, u32),
+    /// Set by `on_hit`; `None`: hits leave the record alone.
+    pub on_hit: Option<(u32, u32)>,
+}
+
+impl StampRule {
+    /// The stamp of `rule` at `step` (wrapping, as the hooks compute it).
+    pub fn at((mul, add): (u32, u32), step: u32) -> u32 {
+        step.wrapping_mul(mul).wrapping_add(add)
+    }
+}
+
 /// An eviction policy. See the module documentation for when each hook runs.
 pub trait EvictionPolicy: Send + Sync + std::fmt::Debug {
     /// The name used in configs (`lru`, `fifo`, ...).
@@ -200,6 +217,14 @@ pub trait EvictionPolicy: Send + Sync + std::fmt::Debug {
     /// Whether the policy keeps a history word per token ([`PolicyEnv::token_word`]).
     fn uses_token_words(&self) -> bool {
         false
+    }
+
+    /// The policy as a step stamp, when that is all it is: `priority` is record word `a`, which
+    /// `on_insert` (and `on_hit`, if given) set to `mul * step + add`, and no other hook or input
+    /// matters. The simulator then replays it in an exact bucketed form, many times faster;
+    /// `None` (the default) replays the hooks.
+    fn stamp_rule(&self) -> Option<StampRule> {
+        None
     }
 
     /// The same rule in CUDA C (the hooks of [`cuda`], in a `.cuh` of the policy's own), or

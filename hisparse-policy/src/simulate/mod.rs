@@ -14,6 +14,7 @@
 
 mod aggregate;
 mod replay;
+mod stamped;
 
 use std::collections::BTreeMap;
 
@@ -143,9 +144,11 @@ impl Stream<'_> {
 }
 
 fn group<'a>(header: &TraceHeader, records: &'a [TraceRecord]) -> Result<Vec<Stream<'a>>> {
+    if let Some(e) = records.par_iter().find_map_first(|r| r.check(header, 0).err()) {
+        return Err(e);
+    }
     let mut by: BTreeMap<(u64, u32), Vec<&TraceRecord>> = BTreeMap::new();
     for r in records {
-        r.check(header, 0)?;
         by.entry((r.request, r.layer)).or_default().push(r);
     }
     by.into_iter()
@@ -165,13 +168,24 @@ fn group<'a>(header: &TraceHeader, records: &'a [TraceRecord]) -> Result<Vec<Str
 
 /// Compulsory misses: the first selection of each token while it is not the newest.
 fn compulsory(s: &Stream<'_>) -> Vec<u32> {
-    let mut seen = vec![false; s.max_len()];
+    let mut seen = vec![0u64; s.max_len().div_ceil(64)];
     s.records
         .iter()
         .map(|r| {
+            // The newest token (the largest position, so last if selected) is never a miss and
+            // stays unseen.
             let newest = r.seq_len - 1;
-            r.selected.iter().filter(|&&t| t != newest && !std::mem::replace(&mut seen[t as usize], true)).count()
-                as u32
+            let sel = match r.selected.split_last() {
+                Some((&last, rest)) if last == newest => rest,
+                _ => &r.selected[..],
+            };
+            let mut first = 0u32;
+            for &t in sel {
+                let (w, bit) = (t as usize / 64, 1u64 << (t % 64));
+                first += u32::from(seen[w] & bit == 0);
+                seen[w] |= bit;
+            }
+            first
         })
         .collect()
 }
@@ -305,14 +319,20 @@ pub fn simulate_with(
             let group: Vec<&Stream<'_>> = g.iter().map(|&i| &streams[i]).collect();
             let fut: Vec<_> =
                 g.iter().map(|&i| if policies[p].needs_future() { futures[i].clone() } else { None }).collect();
-            let r = replay::replay(
-                header,
-                &group,
-                &fut,
-                (policies[p].as_ref(), prefetchers[f].as_ref()),
-                b,
-                cfg.warmup_steps,
-            );
+            let stamp = policies[p].stamp_rule().filter(|_| prefetchers[f].name() == "none" && group.len() == 1);
+            let r = match stamp {
+                // LRU and FIFO without prefetch: the exact bucketed replay.
+                Some(rule) => stamped::replay_stamped(group[0], rule, b)
+                    .map(|m| replay::ReplayCounts { misses: vec![m], ..Default::default() }),
+                None => replay::replay(
+                    header,
+                    &group,
+                    &fut,
+                    (policies[p].as_ref(), prefetchers[f].as_ref()),
+                    b,
+                    cfg.warmup_steps,
+                ),
+            };
             tick();
             r
         })

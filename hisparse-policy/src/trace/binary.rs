@@ -46,10 +46,10 @@ pub const MAGIC: &[u8; 8] = b"HSPTRACE";
 pub const VERSION: u16 = 2;
 const FLAG_SCORES: u16 = 1;
 const FLAG_NEAR: u16 = 2;
-const TAG_RECORD: u8 = 0x01;
+pub(super) const TAG_RECORD: u8 = 0x01;
 const TAG_END: u8 = 0xFF;
 /// Largest record payload a reader accepts (guards allocations against corrupt lengths).
-const MAX_PAYLOAD: u32 = 64 << 20;
+pub(super) const MAX_PAYLOAD: u32 = 64 << 20;
 
 fn crc(bytes: &[u8]) -> u32 {
     crc32fast::hash(bytes)
@@ -322,12 +322,7 @@ impl<R: Read> TraceReader<R> {
                 }
                 self.buf.resize(len as usize, 0);
                 read_exact(&mut self.input, &mut self.buf, start + 5, "record")?;
-                let body = &self.buf[..self.buf.len() - 4];
-                if crc(body) != u32_at(&self.buf, self.buf.len() - 4) {
-                    return Err(err("corrupt record", start, "record checksum mismatch"));
-                }
-                let rec = self.decode(body, start)?;
-                rec.check(&self.header, start)?;
+                let rec = record_at(&self.header, &self.buf, start)?;
                 self.records += 1;
                 self.offset = start + 5 + u64::from(len);
                 Ok(Some(rec))
@@ -336,84 +331,106 @@ impl<R: Read> TraceReader<R> {
         }
     }
 
-    fn decode(&self, b: &[u8], start: u64) -> Result<TraceRecord> {
-        let at = |i: usize| start + 5 + i as u64;
-        let count = u32_at(b, 20) as usize;
-        if count > self.header.top_k as usize {
-            return Err(err("corrupt record", at(20), format!("{count} positions, top_k is {}", self.header.top_k)));
-        }
-        let mut selected = Vec::with_capacity(count);
-        let mut i = 24;
-        let mut prev: Option<u32> = None;
-        for _ in 0..count {
-            let (mut v, mut shift) = (0u64, 0);
-            loop {
-                let byte = *b.get(i).ok_or_else(|| err("corrupt record", at(i), "positions run past the record"))?;
-                i += 1;
-                v |= u64::from(byte & 0x7f) << shift;
-                if byte & 0x80 == 0 {
-                    break;
-                }
-                shift += 7;
-                if shift > 28 {
-                    return Err(err("corrupt record", at(i), "varint longer than 5 bytes"));
-                }
+    /// A reader that continues `bytes` at `offset`, after `records` records (the parallel
+    /// reader's tail).
+    pub(super) fn resume(input: R, header: TraceHeader, offset: u64, records: u64) -> Self {
+        Self { input, header, offset, records, done: false, buf: Vec::new() }
+    }
+}
+
+/// One record (`rec`: its `len` bytes, checksum last) starting at `start`: checked and decoded.
+pub(super) fn record_at(header: &TraceHeader, rec: &[u8], start: u64) -> Result<TraceRecord> {
+    let body = &rec[..rec.len() - 4];
+    if crc(body) != u32_at(rec, rec.len() - 4) {
+        return Err(err("corrupt record", start, "record checksum mismatch"));
+    }
+    let r = decode(header, body, start)?;
+    // Delta coding makes the positions strictly ascending and `decode` bounds their count.
+    r.check_decoded(header, start)?;
+    Ok(r)
+}
+
+/// The positions of a record body from byte 24: `count` delta-coded varints; returns them and
+/// the index after the last.
+fn positions(b: &[u8], count: usize, at: impl Fn(usize) -> u64) -> Result<(Vec<u32>, usize)> {
+    let mut selected = Vec::with_capacity(count);
+    let mut i = 24;
+    // The first position is stored as is; each next one as its distance to the last, minus 1.
+    let mut next = 0u64;
+    for _ in 0..count {
+        let (mut v, mut shift) = (0u64, 0);
+        loop {
+            let byte = *b.get(i).ok_or_else(|| err("corrupt record", at(i), "positions run past the record"))?;
+            i += 1;
+            v |= u64::from(byte & 0x7f) << shift;
+            if byte & 0x80 == 0 {
+                break;
             }
-            let p = match prev {
-                None => v,
-                Some(q) => u64::from(q) + v + 1,
-            };
-            let p = u32::try_from(p).map_err(|_| err("corrupt record", at(i), format!("position {p} above 2^32")))?;
-            selected.push(p);
-            prev = Some(p);
-        }
-        let f32_at = |c: &[u8]| f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-        let scores = if self.header.has_scores {
-            let end = i + 4 * count;
-            let s = b.get(i..end).ok_or_else(|| err("corrupt record", at(i), "scores run past the record"))?;
-            i = end;
-            Some(s.chunks_exact(4).map(f32_at).collect())
-        } else {
-            None
-        };
-        let near = if self.header.score_margin > 0 {
-            let n = b
-                .get(i..i + 4)
-                .map(|c| u32_at(c, 0))
-                .ok_or_else(|| err("corrupt record", at(i), "near-cut count runs past the record"))?;
-            if n > self.header.score_margin {
-                return Err(err(
-                    "corrupt record",
-                    at(i),
-                    format!("{n} near-cut candidates, score_margin is {}", self.header.score_margin),
-                ));
+            shift += 7;
+            if shift > 28 {
+                return Err(err("corrupt record", at(i), "varint longer than 5 bytes"));
             }
-            i += 4;
-            let end = i + 8 * n as usize;
-            let s =
-                b.get(i..end).ok_or_else(|| err("corrupt record", at(i), "near-cut candidates run past the record"))?;
-            i = end;
-            Some(s.chunks_exact(8).map(|c| (u32_at(c, 0), f32_at(&c[4..]))).collect())
-        } else {
-            None
-        };
-        if i != b.len() {
+        }
+        let p = next + v;
+        let p = u32::try_from(p).map_err(|_| err("corrupt record", at(i), format!("position {p} above 2^32")))?;
+        selected.push(p);
+        next = u64::from(p) + 1;
+    }
+    Ok((selected, i))
+}
+
+fn decode(header: &TraceHeader, b: &[u8], start: u64) -> Result<TraceRecord> {
+    let at = |i: usize| start + 5 + i as u64;
+    let count = u32_at(b, 20) as usize;
+    if count > header.top_k as usize {
+        return Err(err("corrupt record", at(20), format!("{count} positions, top_k is {}", header.top_k)));
+    }
+    let (selected, mut i) = positions(b, count, at)?;
+    let f32_at = |c: &[u8]| f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+    let scores = if header.has_scores {
+        let end = i + 4 * count;
+        let s = b.get(i..end).ok_or_else(|| err("corrupt record", at(i), "scores run past the record"))?;
+        i = end;
+        Some(s.chunks_exact(4).map(f32_at).collect())
+    } else {
+        None
+    };
+    let near = if header.score_margin > 0 {
+        let n = b
+            .get(i..i + 4)
+            .map(|c| u32_at(c, 0))
+            .ok_or_else(|| err("corrupt record", at(i), "near-cut count runs past the record"))?;
+        if n > header.score_margin {
             return Err(err(
                 "corrupt record",
                 at(i),
-                format!("{} unexplained bytes at the end of the record", b.len() - i),
+                format!("{n} near-cut candidates, score_margin is {}", header.score_margin),
             ));
         }
-        Ok(TraceRecord {
-            step: u32_at(b, 0),
-            request: u64::from_le_bytes(b[4..12].try_into().unwrap_or_default()),
-            layer: u32_at(b, 12),
-            seq_len: u32_at(b, 16),
-            selected,
-            scores,
-            near,
-        })
+        i += 4;
+        let end = i + 8 * n as usize;
+        let s = b.get(i..end).ok_or_else(|| err("corrupt record", at(i), "near-cut candidates run past the record"))?;
+        i = end;
+        Some(s.chunks_exact(8).map(|c| (u32_at(c, 0), f32_at(&c[4..]))).collect())
+    } else {
+        None
+    };
+    if i != b.len() {
+        return Err(err(
+            "corrupt record",
+            at(i),
+            format!("{} unexplained bytes at the end of the record", b.len() - i),
+        ));
     }
+    Ok(TraceRecord {
+        step: u32_at(b, 0),
+        request: u64::from_le_bytes(b[4..12].try_into().unwrap_or_default()),
+        layer: u32_at(b, 12),
+        seq_len: u32_at(b, 16),
+        selected,
+        scores,
+        near,
+    })
 }
 
 impl<R: Read> Iterator for TraceReader<R> {

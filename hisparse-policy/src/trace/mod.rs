@@ -30,6 +30,7 @@
 pub mod binary;
 pub mod import;
 pub mod jsonl;
+pub mod parallel;
 pub mod raw;
 
 pub use binary::{TraceReader, TraceWriter};
@@ -152,18 +153,39 @@ impl TraceRecord {
     /// Checks the record against `header`; `at` is where it starts, for the error.
     pub fn check(&self, header: &TraceHeader, at: u64) -> Result<()> {
         let bad = |message: String| Err(PolicyError::Trace { what: "corrupt record", offset: at, message });
+        self.check_head(header, at)?;
+        if self.selected.len() > header.top_k as usize {
+            return bad(format!("{} selected positions, top_k is {}", self.selected.len(), header.top_k));
+        }
+        // Branch-free over the whole list (it vectorises); the culprit is looked for only then.
+        if !self.selected.windows(2).fold(true, |ok, w| ok & (w[0] < w[1]))
+            && let Some(w) = self.selected.windows(2).find(|w| w[0] >= w[1])
+        {
+            return bad(format!("positions not strictly ascending ({} then {})", w[0], w[1]));
+        }
+        self.check_tail(header, at)
+    }
+
+    /// [`check`](Self::check) for a record whose positions are known to be strictly ascending
+    /// and at most `top_k` (the binary reader's, by construction).
+    pub(crate) fn check_decoded(&self, header: &TraceHeader, at: u64) -> Result<()> {
+        self.check_head(header, at)?;
+        self.check_tail(header, at)
+    }
+
+    fn check_head(&self, header: &TraceHeader, at: u64) -> Result<()> {
+        let bad = |message: String| Err(PolicyError::Trace { what: "corrupt record", offset: at, message });
         if self.layer >= header.layers {
             return bad(format!("layer {} of a {}-layer trace", self.layer, header.layers));
         }
         if self.seq_len == 0 {
             return bad("seq_len 0: a sequence holds at least its newest token".into());
         }
-        if self.selected.len() > header.top_k as usize {
-            return bad(format!("{} selected positions, top_k is {}", self.selected.len(), header.top_k));
-        }
-        if let Some(w) = self.selected.windows(2).find(|w| w[0] >= w[1]) {
-            return bad(format!("positions not strictly ascending ({} then {})", w[0], w[1]));
-        }
+        Ok(())
+    }
+
+    fn check_tail(&self, header: &TraceHeader, at: u64) -> Result<()> {
+        let bad = |message: String| Err(PolicyError::Trace { what: "corrupt record", offset: at, message });
         if let Some(&p) = self.selected.last().filter(|&&p| p >= self.seq_len) {
             return bad(format!("position {p} of a sequence of {} tokens", self.seq_len));
         }
@@ -229,9 +251,9 @@ pub fn read_trace(path: &Path) -> Result<(TraceHeader, Vec<TraceRecord>)> {
     if first == Some(b'{') {
         jsonl::read(reader)
     } else {
-        let mut r = TraceReader::new(reader)?;
-        let header = r.header().clone();
-        let records = r.by_ref().collect::<Result<Vec<_>>>()?;
-        Ok((header, records))
+        // Binary: read whole, decoded on every core.
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(&mut reader, &mut bytes).map_err(io)?;
+        parallel::read_all(&bytes)
     }
 }

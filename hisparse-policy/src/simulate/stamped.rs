@@ -1,0 +1,378 @@
+//! The exact bucketed replay of a stamp policy ([`StampRule`]: LRU, FIFO) without prefetch: the
+//! same misses, slot for slot, as [`SwapInState::step`](crate::swap_in::SwapInState::step), at a
+//! fraction of the cost (no per-slot scan, no hook calls).
+//!
+//! The victims of a step are the smallest `(occupied, stamp, slot)` keys among the slots not hit.
+//! Empty slots only ever form the tail `next_empty..b` (a buffer fills from slot 0 and a slot,
+//! once filled, is only refilled), so they go first in slot order. Occupied slots live in
+//! buckets, one per stamp, in stamp order; a bucket is made in one step, already in slot order,
+//! and then only loses slots: an entry whose slot has since taken another stamp is stale and
+//! skipped (lazy deletion), and the stale entries are compacted away once they outnumber the
+//! slots.
+
+use std::collections::VecDeque;
+
+use crate::error::{PolicyError, Result};
+use crate::policy::StampRule;
+
+use super::Stream;
+
+const NONE: u32 = u32::MAX;
+/// No regular slot, in the token index (slots are below `MAX_BUFFER_SLOTS` < `u16::MAX`).
+const NO_SLOT: u16 = u16::MAX;
+
+/// Slots with one stamp, ascending, consumed from `pos`.
+struct Bucket {
+    stamp: u32,
+    slots: Vec<u32>,
+    pos: usize,
+}
+
+/// One stream's buffer under a stamp policy.
+struct StampedBuffer {
+    rule: StampRule,
+    /// Per slot: its token (`NONE`: empty).
+    slot_token: Vec<u32>,
+    /// Per slot: its stamp.
+    stamp: Vec<u32>,
+    /// Per slot: the last step (epoch) it was hit in.
+    hit_epoch: Vec<u32>,
+    /// Per token: its regular slot (`NO_SLOT`: not in one).
+    token_slot: Vec<u16>,
+    newest: Option<u32>,
+    /// Slots `next_empty..b` are empty.
+    next_empty: usize,
+    ready: bool,
+    buckets: VecDeque<Bucket>,
+    entries: usize,
+    epoch: u32,
+    // Scratch.
+    bits: Vec<u64>,
+    misses: Vec<u32>,
+    victims: Vec<u32>,
+    kept: Vec<u32>,
+}
+
+impl StampedBuffer {
+    fn new(rule: StampRule, b: usize, max_len: usize) -> Self {
+        Self {
+            rule,
+            slot_token: vec![NONE; b],
+            stamp: vec![0; b],
+            hit_epoch: vec![0; b],
+            token_slot: vec![NO_SLOT; max_len],
+            newest: None,
+            next_empty: 0,
+            ready: false,
+            buckets: VecDeque::new(),
+            entries: 0,
+            epoch: 0,
+            bits: vec![0; b.div_ceil(64)],
+            misses: Vec::new(),
+            victims: Vec::new(),
+            kept: Vec::new(),
+        }
+    }
+
+    fn b(&self) -> usize {
+        self.slot_token.len()
+    }
+
+    fn place(&mut self, slot: u32, token: u32) {
+        self.slot_token[slot as usize] = token;
+        // slot < b <= MAX_BUFFER_SLOTS < u16::MAX (checked by `replay_stamped`).
+        self.token_slot[token as usize] = slot as u16;
+    }
+
+    /// Appends a bucket of `stamp` holding the slots whose bits are set in `self.bits` (cleared).
+    fn push_bits(&mut self, stamp: u32) {
+        let mut slots = Vec::new();
+        for (w, word) in self.bits.iter_mut().enumerate() {
+            let mut x = std::mem::take(word);
+            while x != 0 {
+                slots.push((w * 64) as u32 + x.trailing_zeros());
+                x &= x - 1;
+            }
+        }
+        if !slots.is_empty() {
+            self.entries += slots.len();
+            self.buckets.push_back(Bucket { stamp, slots, pos: 0 });
+        }
+    }
+
+    /// Drops stale entries and empty buckets (in place).
+    fn compact(&mut self) {
+        let (slot_token, stamps) = (&self.slot_token, &self.stamp);
+        for bk in &mut self.buckets {
+            let stamp = bk.stamp;
+            bk.slots.drain(..bk.pos);
+            bk.pos = 0;
+            bk.slots.retain(|&s| slot_token[s as usize] != NONE && stamps[s as usize] == stamp);
+        }
+        self.buckets.retain(|bk| !bk.slots.is_empty());
+        self.entries = self.buckets.iter().map(|bk| bk.slots.len()).sum();
+    }
+
+    /// The `m` victims of this step (epoch `self.epoch`) into `self.victims`, ascending.
+    fn take_victims(&mut self, m: usize) {
+        self.victims.clear();
+        let b = self.b();
+        while self.victims.len() < m && self.next_empty < b {
+            self.victims.push(self.next_empty as u32);
+            self.next_empty += 1;
+        }
+        let from_empty = self.victims.len();
+        let mut i = 0;
+        while self.victims.len() < m && i < self.buckets.len() {
+            let bk = &mut self.buckets[i];
+            // Entries hit this step stay where they are (a rule without on_hit keeps their
+            // stamp): they are moved up against the unread part, in order.
+            self.kept.clear();
+            let mut j = bk.pos;
+            while j < bk.slots.len() && self.victims.len() < m {
+                let s = bk.slots[j];
+                j += 1;
+                if self.slot_token[s as usize] == NONE || self.stamp[s as usize] != bk.stamp {
+                    continue;
+                }
+                if self.hit_epoch[s as usize] == self.epoch {
+                    self.kept.push(s);
+                } else {
+                    self.victims.push(s);
+                }
+            }
+            self.entries -= j - bk.pos - self.kept.len();
+            bk.pos = j - self.kept.len();
+            bk.slots[bk.pos..j].copy_from_slice(&self.kept);
+            i += 1;
+        }
+        while self.buckets.front().is_some_and(|bk| bk.pos == bk.slots.len()) {
+            self.buckets.pop_front();
+        }
+        // Bucket victims rank below the empty slots by key, not by slot number.
+        if from_empty < self.victims.len() {
+            self.victims.sort_unstable();
+        }
+    }
+
+    /// One step: returns its misses.
+    fn step(&mut self, selected: &[u32], seq_len: usize, step: u32) -> u32 {
+        let b = self.b();
+        if seq_len <= b {
+            for t in self.next_empty..seq_len {
+                self.place(t as u32, t as u32);
+            }
+            self.next_empty = self.next_empty.max(seq_len);
+            return 0;
+        }
+        if !self.ready {
+            // Every occupied slot as inserted at the step before, in slot order.
+            let stamp = StampRule::at(self.rule.on_insert, step.wrapping_sub(1));
+            let slots: Vec<u32> = (0..b as u32).filter(|&s| self.slot_token[s as usize] != NONE).collect();
+            for &s in &slots {
+                self.stamp[s as usize] = stamp;
+            }
+            self.entries += slots.len();
+            if !slots.is_empty() {
+                self.buckets.push_back(Bucket { stamp, slots, pos: 0 });
+            }
+            self.ready = true;
+        }
+        let newest = (seq_len - 1) as u32;
+        if self.newest != Some(newest) {
+            self.newest = Some(newest);
+        }
+        self.epoch = self.epoch.wrapping_add(1);
+        let hit_stamp = self.rule.on_hit.map(|r| StampRule::at(r, step));
+        self.misses.clear();
+        // Locals, so that the loop keeps them in registers.
+        let (token_slot, misses, epoch) = (&self.token_slot[..], &mut self.misses, self.epoch);
+        // A selected position past the newest was refused by the trace's check.
+        let sel = selected.strip_suffix(&[newest]).unwrap_or(selected);
+        match hit_stamp {
+            // The new stamp makes the slot's old entry stale: no victim scan meets it live.
+            Some(h) => {
+                let (stamp, bits) = (&mut self.stamp[..], &mut self.bits[..]);
+                for &t in sel {
+                    let s = token_slot[t as usize];
+                    if s == NO_SLOT {
+                        misses.push(t);
+                    } else {
+                        stamp[usize::from(s)] = h;
+                        bits[usize::from(s) / 64] |= 1 << (s % 64);
+                    }
+                }
+            }
+            None => {
+                let hit_epoch = &mut self.hit_epoch[..];
+                for &t in sel {
+                    let s = token_slot[t as usize];
+                    if s == NO_SLOT {
+                        misses.push(t);
+                    } else {
+                        hit_epoch[usize::from(s)] = epoch;
+                    }
+                }
+            }
+        }
+        let m = self.misses.len();
+        if m > 0 {
+            self.take_victims(m);
+            let ins = StampRule::at(self.rule.on_insert, step);
+            let misses = std::mem::take(&mut self.misses);
+            let victims = std::mem::take(&mut self.victims);
+            for (&t, &s) in misses.iter().zip(&victims) {
+                let gone = self.slot_token[s as usize];
+                if gone != NONE {
+                    self.token_slot[gone as usize] = NO_SLOT;
+                }
+                self.place(s, t);
+                self.stamp[s as usize] = ins;
+            }
+            self.entries += victims.len();
+            self.buckets.push_back(Bucket { stamp: ins, slots: victims.clone(), pos: 0 });
+            self.misses = misses;
+            self.victims = victims;
+        }
+        if let Some(h) = hit_stamp {
+            self.push_bits(h);
+        }
+        if self.entries > 32 * b + 65_536 {
+            self.compact();
+        }
+        m as u32
+    }
+}
+
+/// The misses of every record of `stream` under `rule` with `slots` regular slots, as
+/// [`SwapInState::step`](crate::swap_in::SwapInState::step) would count them.
+pub(super) fn replay_stamped(stream: &Stream<'_>, rule: StampRule, slots: usize) -> Result<Vec<u32>> {
+    let max_len = stream.max_len();
+    if slots >= usize::from(NO_SLOT) {
+        return Err(PolicyError::Invalid {
+            field: "buffer_sizes",
+            value: slots.to_string(),
+            reason: format!("at most {} slots", NO_SLOT - 1),
+        });
+    }
+    let mut buf = StampedBuffer::new(rule, slots, max_len);
+    let first_len = stream.records.first().map_or(0, |r| r.seq_len as usize);
+    if first_len <= slots {
+        buf.step(&[], first_len.saturating_sub(1), 1);
+    }
+    let mut out = Vec::with_capacity(stream.records.len());
+    for (i, r) in stream.records.iter().enumerate() {
+        if r.selected.len() > slots + 1 {
+            return Err(PolicyError::Invalid {
+                field: "buffer_sizes",
+                value: slots.to_string(),
+                reason: format!("a selection of {} tokens does not fit", r.selected.len()),
+            });
+        }
+        out.push(buf.step(&r.selected, r.seq_len as usize, i as u32 + 1));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::policy::{EvictionPolicy, Fifo, Lru};
+    use crate::prefetch::NoPrefetch;
+    use crate::simulate::replay::replay;
+    use crate::trace::{TraceHeader, TraceRecord};
+
+    /// A stream of `steps` selections of `k` positions over a sequence that starts at `start`
+    /// tokens and grows by one a step: each selection keeps a `keep` share of the last one, the
+    /// rest drawn at random (seeded).
+    fn stream(seed: u64, start: usize, steps: usize, k: usize, keep: f64) -> Vec<TraceRecord> {
+        let mut x = seed | 1;
+        let mut rnd = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut last: Vec<u32> = Vec::new();
+        (0..steps)
+            .map(|i| {
+                let n = start + i;
+                let mut sel: Vec<u32> =
+                    last.iter().copied().filter(|_| (rnd() % 1000) as f64 / 1000.0 < keep).collect();
+                while sel.len() < k.min(n) {
+                    sel.push((rnd() % n as u64) as u32);
+                    sel.sort_unstable();
+                    sel.dedup();
+                }
+                if rnd() % 3 == 0 && !sel.contains(&((n - 1) as u32)) {
+                    sel.pop();
+                    sel.push((n - 1) as u32);
+                }
+                sel.sort_unstable();
+                last = sel.clone();
+                TraceRecord { step: i as u32 + 1, seq_len: n as u32, selected: sel, ..TraceRecord::default() }
+            })
+            .collect()
+    }
+
+    fn both(policy: &dyn EvictionPolicy, recs: &[TraceRecord], slots: usize) -> (Vec<u32>, Vec<u32>) {
+        let s = Stream { request: 0, layer: 0, records: recs.iter().collect() };
+        let fast = replay_stamped(&s, policy.stamp_rule().unwrap(), slots).unwrap();
+        let header = TraceHeader { top_k: 64, layers: 1, ..TraceHeader::default() };
+        let slow = replay(&header, &[&s], &[None], (policy, &NoPrefetch), slots, 0).unwrap();
+        (fast, slow.misses[0].clone())
+    }
+
+    #[test]
+    fn the_bucketed_replay_counts_what_the_swap_in_step_counts() {
+        let mut total = 0u64;
+        for seed in 1..40u64 {
+            let start = [5, 40, 100, 129, 300][seed as usize % 5];
+            let keep = [0.0, 0.5, 0.9, 0.99][seed as usize % 4];
+            let recs = stream(seed, start, 120, 64, keep);
+            for slots in [64, 65, 100, 128, 256] {
+                for p in [&Lru as &dyn EvictionPolicy, &Fifo] {
+                    let (fast, slow) = both(p, &recs, slots);
+                    assert_eq!(fast, slow, "{} seed {seed} start {start} slots {slots}", p.name());
+                    total += fast.iter().map(|&m| u64::from(m)).sum::<u64>();
+                }
+            }
+        }
+        assert!(total > 10_000, "the streams miss: {total}");
+    }
+
+    #[test]
+    fn the_rules_are_what_the_hooks_do() {
+        use crate::policy::{PolicyEnv, SlotRecord, StepCtx};
+        for p in [&Lru as &dyn EvictionPolicy, &Fifo] {
+            let rule = p.stamp_rule().unwrap();
+            for step in [1u32, 7, 1 << 20, u32::MAX / 2] {
+                let env = PolicyEnv::of(&StepCtx { step, ..StepCtx::default() }, Default::default());
+                let mut r = SlotRecord { a: 12345, b: 99 };
+                p.on_insert(&mut r, &env);
+                assert_eq!(r.a, StampRule::at(rule.on_insert, step), "{}", p.name());
+                assert_eq!(p.priority(&r, &env), u64::from(r.a));
+                let before = r;
+                p.on_hit(&mut r, &env);
+                match rule.on_hit {
+                    Some(h) => assert_eq!(r.a, StampRule::at(h, step)),
+                    None => assert_eq!(r, before),
+                }
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+        #[test]
+        fn any_stream_replays_the_same(seed in 1u64.., start in 1usize..400, keep in 0.0f64..1.0, extra in 0usize..200) {
+            let recs = stream(seed, start, 60, 32, keep);
+            for p in [&Lru as &dyn EvictionPolicy, &Fifo] {
+                let (fast, slow) = both(p, &recs, 32 + extra);
+                prop_assert_eq!(fast, slow);
+            }
+        }
+    }
+}

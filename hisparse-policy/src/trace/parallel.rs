@@ -1,0 +1,46 @@
+//! A binary trace held in memory, decoded on every core: one serial pass finds the records'
+//! boundaries (tag and length only), rayon checks and decodes them, and the reader proper reads
+//! what follows (the end marker, or the first record the pass could not delimit). The records
+//! and the first error are the ones [`TraceReader`] gives, reading byte by byte.
+
+use rayon::prelude::*;
+
+use super::binary::{MAX_PAYLOAD, TAG_RECORD, TraceReader, record_at};
+use super::{TraceHeader, TraceRecord};
+use crate::error::Result;
+
+/// The header and every record of the binary trace `bytes`.
+pub fn read_all(bytes: &[u8]) -> Result<(TraceHeader, Vec<TraceRecord>)> {
+    let reader = TraceReader::new(bytes)?;
+    let header = reader.header().clone();
+    let mut off = usize::try_from(reader.offset()).unwrap_or(usize::MAX);
+    let mut spans: Vec<(usize, usize)> = Vec::new();
+    while bytes.get(off) == Some(&TAG_RECORD) {
+        let Some(len) = bytes.get(off + 1..off + 5).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])) else {
+            break;
+        };
+        let end = off + 5 + len as usize;
+        if !(28..=MAX_PAYLOAD).contains(&len) || end > bytes.len() {
+            break;
+        }
+        spans.push((off, end));
+        off = end;
+    }
+    let decoded: Vec<Result<TraceRecord>> =
+        spans.par_iter().map(|&(start, end)| record_at(&header, &bytes[start + 5..end], start as u64)).collect();
+    // The first error in file order, as the reader would meet it.
+    let records = decoded.into_iter().collect::<Result<Vec<_>>>()?;
+    // The rest: the end marker, or the error the reader reports there.
+    let tail = bytes.get(off..).unwrap_or_default();
+    let mut rest = TraceReader::resume(tail, header.clone(), off as u64, records.len() as u64);
+    match rest.next() {
+        None => Ok((header, records)),
+        Some(Err(e)) => Err(e),
+        // Unreachable: the pass above stops only before something that is not a whole record.
+        Some(Ok(_)) => Err(crate::error::PolicyError::Trace {
+            what: "corrupt record",
+            offset: off as u64,
+            message: "a record the boundary pass missed".into(),
+        }),
+    }
+}
