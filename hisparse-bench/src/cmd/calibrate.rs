@@ -14,7 +14,7 @@ use crate::report::AtomicFile;
 /// Options of `hisparse calibrate`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct CalibrateArgs {
-    /// Preset (glm-5.1 or deepseek-v3.2).
+    /// Preset (glm-5.1, glm-5.2 with its shared-index layers, or deepseek-v3.2).
     #[arg(long, default_value = "glm-5.1")]
     pub preset: String,
     /// Context (prompt tokens).

@@ -26,6 +26,9 @@ struct Bucket {
     stamp: u32,
     slots: Vec<u32>,
     pos: usize,
+    /// Whether `slots[pos..]` is ascending; a bucket of hits is not until a victim scan reaches
+    /// it, which first drops its stale entries and then sorts what is left.
+    sorted: bool,
 }
 
 /// One stream's buffer under a stamp policy.
@@ -47,7 +50,7 @@ struct StampedBuffer {
     entries: usize,
     epoch: u32,
     // Scratch.
-    bits: Vec<u64>,
+    hits: Vec<u32>,
     misses: Vec<u32>,
     victims: Vec<u32>,
     kept: Vec<u32>,
@@ -67,7 +70,7 @@ impl StampedBuffer {
             buckets: VecDeque::new(),
             entries: 0,
             epoch: 0,
-            bits: vec![0; b.div_ceil(64)],
+            hits: Vec::new(),
             misses: Vec::new(),
             victims: Vec::new(),
             kept: Vec::new(),
@@ -82,22 +85,6 @@ impl StampedBuffer {
         self.slot_token[slot as usize] = token;
         // slot < b <= MAX_BUFFER_SLOTS < u16::MAX (checked by `replay_stamped`).
         self.token_slot[token as usize] = slot as u16;
-    }
-
-    /// Appends a bucket of `stamp` holding the slots whose bits are set in `self.bits` (cleared).
-    fn push_bits(&mut self, stamp: u32) {
-        let mut slots = Vec::new();
-        for (w, word) in self.bits.iter_mut().enumerate() {
-            let mut x = std::mem::take(word);
-            while x != 0 {
-                slots.push((w * 64) as u32 + x.trailing_zeros());
-                x &= x - 1;
-            }
-        }
-        if !slots.is_empty() {
-            self.entries += slots.len();
-            self.buckets.push_back(Bucket { stamp, slots, pos: 0 });
-        }
     }
 
     /// Drops stale entries and empty buckets (in place).
@@ -125,6 +112,16 @@ impl StampedBuffer {
         let mut i = 0;
         while self.victims.len() < m && i < self.buckets.len() {
             let bk = &mut self.buckets[i];
+            if !bk.sorted {
+                let (slot_token, stamps, stamp) = (&self.slot_token, &self.stamp, bk.stamp);
+                let before = bk.slots.len() - bk.pos;
+                bk.slots.drain(..bk.pos);
+                bk.slots.retain(|&s| slot_token[s as usize] != NONE && stamps[s as usize] == stamp);
+                self.entries -= before - bk.slots.len();
+                bk.pos = 0;
+                bk.slots.sort_unstable();
+                bk.sorted = true;
+            }
             // Entries hit this step stay where they are (a rule without on_hit keeps their
             // stamp): they are moved up against the unread part, in order.
             self.kept.clear();
@@ -174,7 +171,7 @@ impl StampedBuffer {
             }
             self.entries += slots.len();
             if !slots.is_empty() {
-                self.buckets.push_back(Bucket { stamp, slots, pos: 0 });
+                self.buckets.push_back(Bucket { stamp, slots, pos: 0, sorted: true });
             }
             self.ready = true;
         }
@@ -192,14 +189,15 @@ impl StampedBuffer {
         match hit_stamp {
             // The new stamp makes the slot's old entry stale: no victim scan meets it live.
             Some(h) => {
-                let (stamp, bits) = (&mut self.stamp[..], &mut self.bits[..]);
+                let (stamp, hits) = (&mut self.stamp[..], &mut self.hits);
+                hits.clear();
                 for &t in sel {
                     let s = token_slot[t as usize];
                     if s == NO_SLOT {
                         misses.push(t);
                     } else {
                         stamp[usize::from(s)] = h;
-                        bits[usize::from(s) / 64] |= 1 << (s % 64);
+                        hits.push(u32::from(s));
                     }
                 }
             }
@@ -230,12 +228,16 @@ impl StampedBuffer {
                 self.stamp[s as usize] = ins;
             }
             self.entries += victims.len();
-            self.buckets.push_back(Bucket { stamp: ins, slots: victims.clone(), pos: 0 });
+            self.buckets.push_back(Bucket { stamp: ins, slots: victims.clone(), pos: 0, sorted: true });
             self.misses = misses;
             self.victims = victims;
         }
         if let Some(h) = hit_stamp {
-            self.push_bits(h);
+            if !self.hits.is_empty() {
+                self.entries += self.hits.len();
+                let slots = self.hits.clone();
+                self.buckets.push_back(Bucket { stamp: h, slots, pos: 0, sorted: false });
+            }
         }
         if self.entries > 32 * b + 65_536 {
             self.compact();

@@ -251,9 +251,9 @@ pub fn read_trace(path: &Path) -> Result<(TraceHeader, Vec<TraceRecord>)> {
     if first == Some(b'{') {
         jsonl::read(reader)
     } else {
-        // Binary: read whole, decoded on every core.
-        let mut bytes = Vec::new();
-        std::io::Read::read_to_end(&mut reader, &mut bytes).map_err(io)?;
+        // Binary: read whole (sized up front), decoded on every core.
+        drop(reader);
+        let bytes = std::fs::read(path).map_err(io)?;
         parallel::read_all(&bytes)
     }
 }
