@@ -232,12 +232,12 @@ impl StampedBuffer {
             self.misses = misses;
             self.victims = victims;
         }
-        if let Some(h) = hit_stamp {
-            if !self.hits.is_empty() {
-                self.entries += self.hits.len();
-                let slots = self.hits.clone();
-                self.buckets.push_back(Bucket { stamp: h, slots, pos: 0, sorted: false });
-            }
+        if let Some(h) = hit_stamp
+            && !self.hits.is_empty()
+        {
+            self.entries += self.hits.len();
+            let slots = self.hits.clone();
+            self.buckets.push_back(Bucket { stamp: h, slots, pos: 0, sorted: false });
         }
         if self.entries > 32 * b + 65_536 {
             self.compact();
