@@ -10,6 +10,7 @@ pub mod engine;
 pub mod error;
 pub mod metrics;
 pub mod model;
+mod prefetch_queue;
 pub mod request;
 pub mod runtime;
 pub mod workload;

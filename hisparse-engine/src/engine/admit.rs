@@ -142,8 +142,7 @@ where
             drift: self.workload.start(id.0),
             last_backup: vec![0; layers],
             first_step: self.step + 1,
-            prefetch: Vec::new(),
-            selections: Vec::new(),
+            prefetch: Default::default(),
         });
         Ok(())
     }

@@ -102,10 +102,7 @@ pub(crate) struct Running {
     pub last_backup: Vec<u64>,
     pub first_step: u64,
     /// Prefetch nominations waiting for their layer or the step's end.
-    pub prefetch: Vec<prefetch::Pending>,
-    /// This step's selection per layer, kept while a prefetcher runs (next-step nominations
-    /// protect their target's).
-    pub selections: Vec<Vec<u32>>,
+    pub prefetch: crate::prefetch_queue::PrefetchQueue,
 }
 
 /// The engine. See the crate documentation.
