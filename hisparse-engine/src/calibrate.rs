@@ -86,7 +86,6 @@ pub fn selections(geometry: &KvGeometry, workload: &Workload, spec: &Calibration
         let mut top = vec![0i32; k];
         let mut selected: Vec<Vec<u32>> = vec![Vec::new(); sources.len()];
         let mut chosen: Vec<ScoresNear> = vec![(None, None); sources.len()];
-        let mut order: Vec<u32> = Vec::new();
         for step in 1..=spec.steps {
             workload.advance(r, &mut drift);
             let seq_len = spec.context + step;
@@ -112,7 +111,7 @@ pub fn selections(geometry: &KvGeometry, workload: &Workload, spec: &Calibration
                 selected[li] = top.iter().map(|&x| x as u32).collect();
                 if spec.score_margin > 0 {
                     scores[seq_len - 1] = newest_score;
-                    chosen[li] = near_cut(&scores[..seq_len], &selected[li], spec.score_margin, &mut order);
+                    chosen[li] = near_cut(&scores[..seq_len], &selected[li], spec.score_margin);
                 }
             }
             for &l in &spec.layers {
@@ -137,18 +136,10 @@ type ScoresNear = (Option<Vec<f32>>, Option<Vec<(u32, f32)>>);
 
 /// The selected tokens' scores (ascending positions, as `selected`) and the `margin` best
 /// unselected positions with their scores, best first (ties by position).
-fn near_cut(scores: &[f32], selected: &[u32], margin: usize, order: &mut Vec<u32>) -> ScoresNear {
+fn near_cut(scores: &[f32], selected: &[u32], margin: usize) -> ScoresNear {
     let own = selected.iter().map(|&t| scores[t as usize]).collect();
-    order.clear();
-    order.extend((0..scores.len() as u32).filter(|t| selected.binary_search(t).is_err()));
-    let by = |a: &u32, b: &u32| scores[*b as usize].total_cmp(&scores[*a as usize]).then(a.cmp(b));
-    let m = margin.min(order.len());
-    if m > 0 && m < order.len() {
-        order.select_nth_unstable_by(m - 1, by);
-    }
-    order.truncate(m);
-    order.sort_unstable_by(by);
-    (Some(own), Some(order.iter().map(|&t| (t, scores[t as usize])).collect()))
+    let near = crate::prefetch_queue::near_cut(scores, selected, margin);
+    (Some(own), Some(near.into_iter().map(|t| (t, scores[t as usize])).collect()))
 }
 
 /// The trace header of [`selections`] under `spec`.
