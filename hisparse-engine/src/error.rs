@@ -27,6 +27,16 @@ pub enum EngineError {
         /// Why.
         reason: String,
     },
+    /// An input handed to the cache with the wrong shape or at the wrong time.
+    #[error("invalid {field} = {value}: {reason}")]
+    Input {
+        /// The input, e.g. `prompt.kv_rows[3]`.
+        field: String,
+        /// The value, printed.
+        value: String,
+        /// Why.
+        reason: String,
+    },
     /// A request the engine cannot take (duplicate id, zero tokens).
     #[error("request {id}: {reason}")]
     Request {

@@ -5,6 +5,7 @@
 //! workload ([`workload`]) and its calibration ([`calibrate`]), and metrics.
 
 pub mod backup;
+pub mod cache;
 pub mod calibrate;
 pub mod engine;
 pub mod error;
@@ -15,6 +16,7 @@ pub mod request;
 pub mod runtime;
 pub mod workload;
 
+pub use cache::{CacheConfig, DecodeStep, KvCache, LayerInputs, LayerView, Prompt, Rows};
 pub use engine::{DEFAULT_MAX_QUEUED, DecodeEngine, Engine, EngineConfig, LayerDump, StepReport};
 pub use error::{EngineError, Result};
 pub use metrics::{RunSummary, StageTimes, StepMetrics};

@@ -30,6 +30,16 @@ pub struct PrefetchCounts {
     pub wasted: u64,
 }
 
+impl crate::metrics::StepMetrics {
+    /// Counts what applying nominations moved.
+    pub(crate) fn add_prefetch(&mut self, c: PrefetchCounts) {
+        self.bytes_h2d += c.bytes;
+        self.bytes_h2d_prefetch += c.bytes;
+        self.prefetched += c.rows;
+        self.prefetch_wasted += c.wasted;
+    }
+}
+
 impl PrefetchCounts {
     fn add(&mut self, o: PrefetchCounts) {
         self.rows += o.rows;

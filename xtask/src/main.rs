@@ -213,6 +213,10 @@ fn ci(offline: bool) -> bool {
     steps_ok = tests_ok
         && each_crate(&mut totals)
         && step(
+            "the per-layer API's example (checks its outputs against dense attention)",
+            cargo().args(["run", "--quiet", "-p", "hisparse-engine", "--example", "toy_decoder"]),
+        )
+        && step(
             "cargo doc --no-deps (warnings denied)",
             cargo().args(["doc", "--workspace", "--no-deps", "--all-features"]).env("RUSTDOCFLAGS", "-D warnings"),
         )

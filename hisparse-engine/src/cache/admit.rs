@@ -1,0 +1,246 @@
+//! Admission into the cache: a request's whole-life reservation, its prompt's KV rows into the
+//! host tier (hisparse, as a decode node receives them from a prefill node) or the device tier
+//! (resident), its index keys into the device tier, and a prompt that fits the hot buffer also
+//! copied into it (the fast path). Then growing a reservation, and freeing or aborting.
+//!
+//! Invariant: admission is all or nothing: a failed [`KvCache::admit`] holds nothing.
+
+use std::borrow::Cow;
+
+use hisparse_kernels::Backend;
+use hisparse_memory::{Admission, DeviceMemory, Mode, RequestId, Resources};
+use hisparse_policy::SwapInState;
+
+use super::{CachedRequest, KvCache};
+use crate::error::{EngineError, Result};
+
+/// Rows handed over by the caller: in host memory, or in a buffer of the backend's memory.
+pub enum Rows<'a, M: DeviceMemory> {
+    /// Host bytes.
+    Host(&'a [u8]),
+    /// A device buffer (copied through the host at admission).
+    Device(&'a M::Buffer<u8>),
+}
+
+impl<M: DeviceMemory> Rows<'_, M> {
+    fn len(&self, mem: &M) -> usize {
+        match self {
+            Rows::Host(b) => b.len(),
+            Rows::Device(b) => mem.len(*b),
+        }
+    }
+
+    fn bytes(&self, mem: &M) -> Result<Cow<'_, [u8]>> {
+        Ok(match self {
+            Rows::Host(b) => Cow::Borrowed(*b),
+            Rows::Device(b) => Cow::Owned(mem.download(*b)?),
+        })
+    }
+}
+
+/// A request's prompt as the prefill produced it.
+pub struct Prompt<'a, M: DeviceMemory> {
+    /// Its positions.
+    pub tokens: usize,
+    /// Per layer, `tokens` KV rows in the geometry's row format, position order.
+    pub kv_rows: Vec<Rows<'a, M>>,
+    /// Per layer that runs an indexer (`KvGeometry::full_layers`, in order), `tokens` index-key
+    /// rows (e4m3 codes then the f32 scale), position order.
+    pub index_keys: Vec<Rows<'a, M>>,
+}
+
+impl<B: Backend> KvCache<B>
+where
+    B::Memory: Clone,
+{
+    /// Admits request `id` with `prompt`, reserving room for `reserve_tokens` positions in all
+    /// (prompt and the tokens it may decode; [`KvCache::reserve`] raises it later). Returns
+    /// [`Admission::Admitted`] when the request now holds its reservation and prompt;
+    /// [`Admission::Wait`] or [`Admission::Rejected`] when it holds nothing. Bad input fails
+    /// with an error naming the field, holding nothing.
+    pub fn admit(&mut self, id: RequestId, prompt: &Prompt<'_, B::Memory>, reserve_tokens: usize) -> Result<Admission> {
+        self.check_prompt(id, prompt, reserve_tokens)?;
+        let need = Resources::need(self.cfg.mode, reserve_tokens, self.cfg.hisparse.page_tokens);
+        match self.admission.try_admit(&need) {
+            Admission::Admitted => {}
+            other => return Ok(other),
+        }
+        match self.start(id, prompt) {
+            Ok(swap) => {
+                let layers = self.cfg.geometry.layers;
+                let r = CachedRequest {
+                    seq_len: prompt.tokens,
+                    reserved: reserve_tokens,
+                    need,
+                    swap,
+                    last_backup: vec![0; layers],
+                    steps: 0,
+                    prefetch: Default::default(),
+                    broken: false,
+                };
+                self.requests.insert(id, r);
+                Ok(Admission::Admitted)
+            }
+            Err(e) => {
+                // Undo whatever was taken, then report.
+                let _ = self.device.release(id);
+                if let Some(h) = self.host.as_mut() {
+                    let _ = h.release(id);
+                }
+                self.admission.release(&need)?;
+                Err(e)
+            }
+        }
+    }
+
+    fn check_prompt(&self, id: RequestId, prompt: &Prompt<'_, B::Memory>, reserve: usize) -> Result<()> {
+        let bad = |field: String, value: String, reason: String| Err(EngineError::Input { field, value, reason });
+        if self.requests.contains_key(&id) {
+            return Err(EngineError::Request { id: id.0, reason: "already admitted".into() });
+        }
+        let t = prompt.tokens;
+        if t == 0 {
+            return bad("prompt.tokens".into(), "0".into(), "a prompt has at least one position".into());
+        }
+        // Keeps every position of the request within the kernels' 32-bit fields.
+        if reserve < t || reserve > u32::MAX as usize / 2 {
+            return bad(
+                "reserve_tokens".into(),
+                reserve.to_string(),
+                format!("must lie between the prompt's {t} positions and 2^31 - 1"),
+            );
+        }
+        let g = &self.cfg.geometry;
+        let mem = self.backend.memory();
+        for (name, rows, want, row_bytes) in [
+            ("prompt.kv_rows", &prompt.kv_rows, g.layers, self.kv_row.row_bytes()),
+            ("prompt.index_keys", &prompt.index_keys, g.index_layers(), self.key.row_bytes()),
+        ] {
+            if rows.len() != want {
+                return bad(name.into(), format!("{} entries", rows.len()), format!("the geometry needs {want}"));
+            }
+            let bytes = t.saturating_mul(row_bytes);
+            if let Some((i, r)) = rows.iter().enumerate().find(|(_, r)| r.len(mem) != bytes) {
+                return bad(
+                    format!("{name}[{i}]"),
+                    format!("{} bytes", r.len(mem)),
+                    format!("{t} rows of {row_bytes} bytes are {bytes}"),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Registers `id` in the tiers and writes its prompt; returns its swap-in states.
+    fn start(&mut self, id: RequestId, prompt: &Prompt<'_, B::Memory>) -> Result<Vec<SwapInState>> {
+        let (t, mode) = (prompt.tokens, self.cfg.mode);
+        let (layers, b) = (self.cfg.geometry.layers, self.cfg.hisparse.device_buffer_size);
+        self.device.register(id, mode)?;
+        self.device.grow(id, t)?;
+        if let Some(h) = self.host.as_mut() {
+            h.register(id)?;
+            h.grow(id, t)?;
+        }
+        let preload = mode == Mode::HiSparse && t < b;
+        let (kb, keyb) = (self.kv_row.row_bytes(), self.key.row_bytes());
+        // Destination rows of the prompt's keys and KV rows (the same in every layer).
+        let key_rows = (0..t).map(|p| Ok(self.device.index_key_row(id, p)? as u32)).collect::<Result<Vec<_>>>()?;
+        let kv_rows = (0..t)
+            .map(|p| {
+                Ok(match mode {
+                    Mode::Resident => self.device.kv_row(id, p)? as u32,
+                    Mode::HiSparse if preload => self.device.hot_row(id, p)? as u32,
+                    Mode::HiSparse => 0,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let mem = self.backend.memory().clone();
+        for (slot, keys) in prompt.index_keys.iter().enumerate() {
+            self.backend.write_rows(self.device.keys_mut(slot), keyb, &key_rows, &keys.bytes(&mem)?)?;
+        }
+        for (l, rows) in prompt.kv_rows.iter().enumerate() {
+            let rows = rows.bytes(&mem)?;
+            match mode {
+                Mode::Resident => self.backend.write_rows(self.device.kv_mut(l), kb, &kv_rows, &rows)?,
+                Mode::HiSparse => {
+                    if let Some(h) = self.host.as_mut() {
+                        h.write_rows(id, l, 0, &rows)?;
+                    }
+                    if preload {
+                        self.backend.write_rows(self.device.hot_mut(l), kb, &kv_rows, &rows)?;
+                    }
+                }
+            }
+        }
+        match mode {
+            Mode::Resident => Ok(Vec::new()),
+            Mode::HiSparse => (0..layers)
+                .map(|_| {
+                    let mut s = SwapInState::new(b)?;
+                    if preload {
+                        s.preload(t)?;
+                    }
+                    Ok(s)
+                })
+                .collect(),
+        }
+    }
+
+    /// Raises request `id`'s reservation to `tokens` positions in all. Returns
+    /// [`Admission::Admitted`] when it holds them now (nothing changes when it held as many);
+    /// otherwise it keeps what it held.
+    pub fn reserve(&mut self, id: RequestId, tokens: usize) -> Result<Admission> {
+        let (mode, page) = (self.cfg.mode, self.cfg.hisparse.page_tokens);
+        let r = self.request(id)?;
+        if tokens > u32::MAX as usize / 2 {
+            return Err(EngineError::Input {
+                field: "tokens".into(),
+                value: tokens.to_string(),
+                reason: "positions stay below 2^31".into(),
+            });
+        }
+        if tokens <= r.reserved {
+            return Ok(Admission::Admitted);
+        }
+        let (old, new) = (r.need, Resources::need(mode, tokens, page));
+        let more = Resources {
+            kv_pages: new.kv_pages - old.kv_pages,
+            index_pages: new.index_pages - old.index_pages,
+            seats: new.seats - old.seats,
+            host_pages: new.host_pages - old.host_pages,
+        };
+        let got = self.admission.try_admit(&more);
+        if got == Admission::Admitted {
+            // The request exists: `request` succeeded above.
+            if let Some(r) = self.requests.get_mut(&id) {
+                r.reserved = tokens;
+                r.need = new;
+            }
+        }
+        Ok(got)
+    }
+
+    /// Frees everything request `id` holds once its backups are complete; returns the decode
+    /// steps it ran.
+    pub fn free(&mut self, id: RequestId) -> Result<u32> {
+        let r = self.requests.remove(&id).ok_or(EngineError::Request { id: id.0, reason: "not admitted".into() })?;
+        let waited = match &self.backup {
+            Some(bk) => bk.wait(r.last_backup.iter().copied().max().unwrap_or(0)),
+            None => Ok(()),
+        };
+        // Everything is returned even when a backup copy failed (its row is gone with the request).
+        let dev = self.device.release(id);
+        let host = self.host.as_mut().map_or(Ok(()), |h| h.release(id));
+        self.admission.release(&r.need)?;
+        dev?;
+        host?;
+        waited?;
+        Ok(r.steps)
+    }
+
+    /// Ends request `id` between any two steps, before its output is complete — also one whose
+    /// last step failed — returning everything it holds ([`KvCache::free`]).
+    pub fn abort(&mut self, id: RequestId) -> Result<u32> {
+        self.free(id)
+    }
+}

@@ -1,0 +1,309 @@
+//! The KV hierarchy as a library: [`KvCache`] owns the tiers (device pools and hot buffers, the
+//! host tier, the backup worker), admission, and every request's swap-in and prefetch state; a
+//! caller's model loop admits requests with their prompt's rows ([`KvCache::admit`]), runs
+//! decode steps layer by layer through a [`DecodeStep`] handing over its own tensors, and frees
+//! or aborts requests between steps. The backend, the eviction policy and the prefetcher are
+//! the caller's choice. `admit.rs` admits and frees; `step.rs` and `layer.rs` run a step.
+//!
+//! Invariant: between steps, every registered request holds exactly its reservation in the
+//! admission control and its pages in the tiers; [`KvCache::check`] verifies it.
+
+mod admit;
+mod layer;
+mod step;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hisparse_kernels::Backend;
+use hisparse_memory::{
+    Admission, AdmissionControl, CapacityPlan, DeviceTier, HostTier, HostTierConfig, IndexKeyLayout, KvGeometry,
+    KvRowLayout, Mode, RequestId, Resources,
+};
+use hisparse_policy::prefetch::{Prefetcher, make_prefetcher};
+use hisparse_policy::{EvictionPolicy, HiSparseConfig, PolicyConfig, SwapInState};
+
+use crate::backup::BackupWorker;
+use crate::error::{EngineError, Result};
+use crate::prefetch_queue::PrefetchQueue;
+
+pub use admit::{Prompt, Rows};
+pub use step::{DecodeStep, LayerInputs, LayerView};
+
+/// What a cache is built from.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CacheConfig {
+    /// Model geometry.
+    pub geometry: KvGeometry,
+    /// Serving mode.
+    pub mode: Mode,
+    /// Buffer size, page size, byte budgets, host-tier file (`eviction_policy` and `prefetcher`
+    /// are read only by [`KvCache::with_named_policies`]).
+    pub hisparse: HiSparseConfig,
+    /// Request length the device split (hot buffers against index keys) is sized for
+    /// (0: `hisparse.max_request_tokens`).
+    pub typical_tokens: usize,
+    /// Test hook: delay every backup copy by this much.
+    pub backup_delay: Option<Duration>,
+}
+
+impl CacheConfig {
+    /// A config for `geometry` in `mode` with `device_kv_bytes` of device memory for the KV
+    /// cache; defaults elsewhere (buffer of twice top-k, host = 8 x device).
+    pub fn new(geometry: KvGeometry, mode: Mode, device_kv_bytes: u64) -> Self {
+        let hisparse = HiSparseConfig { device_kv_bytes, ..HiSparseConfig::for_geometry(&geometry) };
+        Self { geometry, mode, hisparse, typical_tokens: 0, backup_delay: None }
+    }
+}
+
+/// One admitted request's state.
+pub(crate) struct CachedRequest {
+    /// Positions with KV (the next token is at `seq_len`).
+    pub seq_len: usize,
+    /// Positions reserved in the tiers (`seq_len` may grow up to it).
+    pub reserved: usize,
+    /// Its reservation in the admission control.
+    pub need: Resources,
+    /// Swap-in state per layer (hisparse mode).
+    pub swap: Vec<SwapInState>,
+    /// Sequence number of its newest backup job per layer.
+    pub last_backup: Vec<u64>,
+    /// Decode steps done.
+    pub steps: u32,
+    /// Prefetch nominations waiting for their layer or the step's end.
+    pub prefetch: PrefetchQueue,
+    /// A step that included it did not end: its newest position is incomplete.
+    pub broken: bool,
+}
+
+/// The KV hierarchy of one device: see the module documentation.
+pub struct KvCache<B: Backend> {
+    pub(crate) backend: B,
+    pub(crate) cfg: CacheConfig,
+    pub(crate) kv_row: KvRowLayout,
+    pub(crate) key: IndexKeyLayout,
+    pub(crate) device: DeviceTier<B::Memory>,
+    pub(crate) host: Option<HostTier>,
+    pub(crate) backup: Option<BackupWorker>,
+    pub(crate) admission: AdmissionControl,
+    pub(crate) policy: Arc<dyn EvictionPolicy>,
+    pub(crate) prefetcher: Arc<dyn Prefetcher>,
+    pub(crate) requests: BTreeMap<RequestId, CachedRequest>,
+    /// Buffers a step reuses from the last one.
+    pub(crate) scratch: step::StepScratch<B::Memory>,
+}
+
+impl<B: Backend> KvCache<B>
+where
+    B::Memory: Clone,
+{
+    /// Plans the tiers from the config's byte budgets and allocates them; `policy` evicts and
+    /// `prefetcher` nominates (hisparse mode).
+    pub fn new(
+        backend: B,
+        cfg: CacheConfig,
+        policy: Arc<dyn EvictionPolicy>,
+        prefetcher: Arc<dyn Prefetcher>,
+    ) -> Result<Self> {
+        let g = &cfg.geometry;
+        cfg.hisparse.validate(g)?;
+        if cfg.hisparse.device_kv_bytes == 0 {
+            return Err(EngineError::Config {
+                field: "device_kv_bytes",
+                value: "0".into(),
+                reason: "the cache needs a device budget for the KV rows and index keys".into(),
+            });
+        }
+        if policy.needs_future() {
+            return Err(EngineError::Config {
+                field: "eviction_policy",
+                value: policy.name().into(),
+                reason: "an offline policy (it needs the future): use it in `hisparse simulate`".into(),
+            });
+        }
+        let (kv_row, key) = (g.kv_row()?, g.index_key()?);
+        let plan = CapacityPlan {
+            mode: cfg.mode,
+            layers: g.layers,
+            index_layers: g.index_layers(),
+            kv_row,
+            index_key: key,
+            page_tokens: cfg.hisparse.page_tokens,
+            buffer_slots: cfg.hisparse.device_buffer_size,
+            device_bytes: usize::try_from(cfg.hisparse.device_kv_bytes).unwrap_or(usize::MAX),
+            host_bytes: usize::try_from(cfg.hisparse.host_bytes()).unwrap_or(usize::MAX),
+            typical_tokens: if cfg.typical_tokens > 0 { cfg.typical_tokens } else { cfg.hisparse.max_request_tokens },
+        };
+        let tier = plan.device_tier()?;
+        // Invariant relied on by every `as u32`/`as i32` of a row index in a step: the device
+        // pools' rows fit an i32 (the kernels' row locations).
+        let rows = [
+            tier.kv_pages.checked_mul(tier.page_tokens),
+            tier.index_pages.checked_mul(tier.page_tokens),
+            tier.seats.checked_mul(tier.buffer_slots + 1),
+        ];
+        if rows.iter().any(|r| r.is_none_or(|r| r > i32::MAX as usize)) {
+            return Err(EngineError::Config {
+                field: "device_kv_bytes",
+                value: cfg.hisparse.device_kv_bytes.to_string(),
+                reason: "holds more than 2^31 - 1 rows in one pool (the kernels' row index)".into(),
+            });
+        }
+        let device = DeviceTier::new(backend.memory().clone(), tier)?;
+        let (host, backup) = match cfg.mode {
+            Mode::Resident => (None, None),
+            Mode::HiSparse => {
+                let host = HostTier::new(&HostTierConfig {
+                    bytes: plan.host_bytes,
+                    layers: g.layers,
+                    row_bytes: kv_row.row_bytes(),
+                    page_tokens: cfg.hisparse.page_tokens,
+                    file: cfg.hisparse.host_tier_path.as_ref().map(|p| hisparse_memory::HostTierFile {
+                        path: p.clone(),
+                        overwrite: cfg.hisparse.host_tier_overwrite,
+                        keep: cfg.hisparse.host_tier_keep,
+                    }),
+                })?;
+                let backup = BackupWorker::start(host.row_writer(), cfg.backup_delay)?;
+                (Some(host), Some(backup))
+            }
+        };
+        let mut capacity = plan.resources()?;
+        if let Some(h) = &host {
+            capacity.host_pages = h.total_pages();
+        }
+        let scratch = step::StepScratch::new(backend.memory())?;
+        Ok(Self {
+            backend,
+            kv_row,
+            key,
+            device,
+            host,
+            backup,
+            admission: AdmissionControl::new(capacity),
+            policy,
+            prefetcher,
+            requests: BTreeMap::new(),
+            scratch,
+            cfg,
+        })
+    }
+
+    /// [`KvCache::new`] with the policy and prefetcher named in `cfg.hisparse`
+    /// (`eviction_policy`, `policy_seed`, `policy_config`, `prefetcher`, `prefetch_budget`).
+    pub fn with_named_policies(backend: B, cfg: CacheConfig) -> Result<Self> {
+        let h = &cfg.hisparse;
+        let pc = PolicyConfig { seed: h.policy_seed, ..h.policy_config.clone() };
+        let policy = hisparse_policy::policy::make(&h.eviction_policy, &pc)?;
+        let prefetcher = make_prefetcher(&h.prefetcher, &h.prefetch())?;
+        Self::new(backend, cfg, policy, prefetcher)
+    }
+
+    /// The config.
+    pub fn config(&self) -> &CacheConfig {
+        &self.cfg
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// The eviction policy.
+    pub fn policy(&self) -> &Arc<dyn EvictionPolicy> {
+        &self.policy
+    }
+
+    /// Replaces the eviction policy between steps: every buffer's records are rebuilt from its
+    /// slots' current contents.
+    pub fn set_policy(&mut self, policy: Arc<dyn EvictionPolicy>) -> Result<()> {
+        if policy.needs_future() {
+            return Err(EngineError::Config {
+                field: "eviction_policy",
+                value: policy.name().into(),
+                reason: "an offline policy (it needs the future)".into(),
+            });
+        }
+        for r in self.requests.values_mut() {
+            r.swap.iter_mut().for_each(SwapInState::reset_policy);
+        }
+        self.policy = policy;
+        Ok(())
+    }
+
+    /// The row layouts: KV rows and index keys.
+    pub fn layouts(&self) -> (KvRowLayout, IndexKeyLayout) {
+        (self.kv_row, self.key)
+    }
+
+    /// What the tiers hold in all.
+    pub fn capacity(&self) -> Resources {
+        self.admission.capacity()
+    }
+
+    /// What admitted requests hold now.
+    pub fn reserved(&self) -> Resources {
+        self.admission.reserved()
+    }
+
+    /// Whether a request of `tokens` positions in all (prompt and output) would be admitted
+    /// now, would wait for others to leave, or can never fit; reserves nothing.
+    pub fn decide(&self, tokens: usize) -> Admission {
+        self.admission.decide(&Resources::need(self.cfg.mode, tokens, self.cfg.hisparse.page_tokens))
+    }
+
+    /// Admitted requests, in id order.
+    pub fn request_ids(&self) -> impl Iterator<Item = RequestId> + '_ {
+        self.requests.keys().copied()
+    }
+
+    /// Positions with KV of request `id` (the next token is at this position).
+    pub fn seq_len(&self, id: RequestId) -> Result<usize> {
+        Ok(self.request(id)?.seq_len)
+    }
+
+    pub(crate) fn request(&self, id: RequestId) -> Result<&CachedRequest> {
+        self.requests.get(&id).ok_or_else(|| EngineError::Request { id: id.0, reason: "not admitted".into() })
+    }
+
+    /// Device bytes of the tier's pools in all.
+    pub fn device_tier_bytes(&self) -> usize {
+        self.device.config().bytes()
+    }
+
+    /// Device bytes held by admitted requests.
+    pub fn device_bytes_in_use(&self) -> usize {
+        self.device.bytes_in_use()
+    }
+
+    /// Host bytes held by admitted requests.
+    pub fn host_bytes_in_use(&self) -> usize {
+        self.host.as_ref().map_or(0, HostTier::bytes_in_use)
+    }
+
+    /// Checks that every pool holds exactly what admitted requests hold (no leak).
+    pub fn check(&self) -> Result<()> {
+        self.device.check()?;
+        if let Some(h) = &self.host {
+            h.check()?;
+        }
+        let mut sum = Resources::default();
+        for r in self.requests.values() {
+            sum.kv_pages += r.need.kv_pages;
+            sum.index_pages += r.need.index_pages;
+            sum.seats += r.need.seats;
+            sum.host_pages += r.need.host_pages;
+        }
+        let leaked = self.admission.reserved() != sum
+            || (self.requests.is_empty() && (self.device.bytes_in_use() != 0 || self.host_bytes_in_use() != 0));
+        if leaked || self.device.requests() != self.requests.len() {
+            return Err(EngineError::Config {
+                field: "pools",
+                value: format!("{:?}", self.admission.reserved()),
+                reason: format!("held beyond what {} admitted requests reserve ({sum:?})", self.requests.len()),
+            });
+        }
+        Ok(())
+    }
+}
