@@ -119,6 +119,23 @@ pub struct StepMetrics {
     pub finished: usize,
 }
 
+impl StepMetrics {
+    /// Adds what a cache's decode step counted and timed ([`crate::DecodeStep::end`]) to this
+    /// engine step's metrics.
+    pub(crate) fn absorb(&mut self, o: &StepMetrics) {
+        self.stages.add(&o.stages);
+        self.hits += o.hits;
+        self.misses += o.misses;
+        self.max_misses = self.max_misses.max(o.max_misses);
+        self.bytes_h2d += o.bytes_h2d;
+        self.bytes_h2d_prefetch += o.bytes_h2d_prefetch;
+        self.prefetched += o.prefetched;
+        self.prefetch_useful += o.prefetch_useful;
+        self.prefetch_wasted += o.prefetch_wasted;
+        self.bytes_d2h += o.bytes_d2h;
+    }
+}
+
 /// A whole run.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct RunSummary {

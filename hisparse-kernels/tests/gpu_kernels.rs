@@ -304,3 +304,25 @@ fn gpu_step_helpers_match_their_host_forms() {
     gpu.locate_rows(&bad, &spans, &td, &first, 64, &mut got).unwrap();
     assert!(gpu.finish_step().is_err());
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_launch_prints_follow_every_argument() {
+    // Launches record their own print (`cuda::printed_launch`): the same launches give the same
+    // print; a different value, buffer or length gives a different one.
+    let gpu = gpu();
+    let mem = gpu.memory().clone();
+    let (mut a, mut b) = (mem.alloc_zeroed::<bf16>(4 * 64).unwrap(), mem.alloc_zeroed::<bf16>(4 * 64).unwrap());
+    let print = |f: &mut dyn FnMut(&CudaBackend)| {
+        gpu.launch_print();
+        f(&gpu);
+        gpu.launch_print()
+    };
+    let base = print(&mut |g| g.fill_unit_bf16(&[1, 2, 3, 4], 64, &mut a).unwrap());
+    assert_eq!(base, print(&mut |g| g.fill_unit_bf16(&[1, 2, 3, 4], 64, &mut a).unwrap()));
+    // Seeds are data on the device (read when the launch runs), not arguments: same print.
+    assert_eq!(base, print(&mut |g| g.fill_unit_bf16(&[5, 6, 7, 8], 64, &mut a).unwrap()));
+    assert_ne!(base, print(&mut |g| g.fill_unit_bf16(&[1, 2, 3, 4], 64, &mut b).unwrap()), "output buffer");
+    assert_ne!(base, print(&mut |g| g.fill_unit_bf16(&[1, 2], 128, &mut a).unwrap()), "segment length");
+    assert_ne!(base, print(&mut |g| g.fill_unit_bf16(&[1, 2, 3, 4, 5, 6, 7, 8], 32, &mut a).unwrap()), "segments");
+}

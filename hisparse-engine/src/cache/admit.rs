@@ -60,16 +60,36 @@ where
     /// with an error naming the field, holding nothing.
     pub fn admit(&mut self, id: RequestId, prompt: &Prompt<'_, B::Memory>, reserve_tokens: usize) -> Result<Admission> {
         self.check_prompt(id, prompt, reserve_tokens)?;
+        let mem = self.backend.memory().clone();
+        let g = self.cfg.geometry.clone();
+        self.admit_with(id, prompt.tokens, reserve_tokens, |l, rows, keys| {
+            rows.copy_from_slice(&prompt.kv_rows[l].bytes(&mem)?);
+            if let (Some(k), Some(slot)) = (keys, g.index_slot(l)) {
+                k.copy_from_slice(&prompt.index_keys[slot].bytes(&mem)?);
+            }
+            Ok(())
+        })
+    }
+
+    /// [`KvCache::admit`] with the prompt produced one layer at a time (so that a long prompt's
+    /// rows never all sit in memory at once): `fill(l, rows, keys)` writes layer `l`'s `tokens`
+    /// KV rows into `rows` and, on a layer that runs an indexer, its index keys into `keys`.
+    /// It is called only once the request is admitted, layers in order.
+    pub fn admit_with<F>(&mut self, id: RequestId, tokens: usize, reserve_tokens: usize, fill: F) -> Result<Admission>
+    where
+        F: FnMut(usize, &mut [u8], Option<&mut [u8]>) -> Result<()>,
+    {
+        self.check_request(id, tokens, reserve_tokens)?;
         let need = Resources::need(self.cfg.mode, reserve_tokens, self.cfg.hisparse.page_tokens);
         match self.admission.try_admit(&need) {
             Admission::Admitted => {}
             other => return Ok(other),
         }
-        match self.start(id, prompt) {
+        match self.start(id, tokens, fill) {
             Ok(swap) => {
                 let layers = self.cfg.geometry.layers;
                 let r = CachedRequest {
-                    seq_len: prompt.tokens,
+                    seq_len: tokens,
                     reserved: reserve_tokens,
                     need,
                     swap,
@@ -93,12 +113,11 @@ where
         }
     }
 
-    fn check_prompt(&self, id: RequestId, prompt: &Prompt<'_, B::Memory>, reserve: usize) -> Result<()> {
+    fn check_request(&self, id: RequestId, t: usize, reserve: usize) -> Result<()> {
         let bad = |field: String, value: String, reason: String| Err(EngineError::Input { field, value, reason });
         if self.requests.contains_key(&id) {
             return Err(EngineError::Request { id: id.0, reason: "already admitted".into() });
         }
-        let t = prompt.tokens;
         if t == 0 {
             return bad("prompt.tokens".into(), "0".into(), "a prompt has at least one position".into());
         }
@@ -110,6 +129,13 @@ where
                 format!("must lie between the prompt's {t} positions and 2^31 - 1"),
             );
         }
+        Ok(())
+    }
+
+    fn check_prompt(&self, id: RequestId, prompt: &Prompt<'_, B::Memory>, reserve: usize) -> Result<()> {
+        self.check_request(id, prompt.tokens, reserve)?;
+        let bad = |field: String, value: String, reason: String| Err(EngineError::Input { field, value, reason });
+        let t = prompt.tokens;
         let g = &self.cfg.geometry;
         let mem = self.backend.memory();
         for (name, rows, want, row_bytes) in [
@@ -132,8 +158,11 @@ where
     }
 
     /// Registers `id` in the tiers and writes its prompt; returns its swap-in states.
-    fn start(&mut self, id: RequestId, prompt: &Prompt<'_, B::Memory>) -> Result<Vec<SwapInState>> {
-        let (t, mode) = (prompt.tokens, self.cfg.mode);
+    fn start<F>(&mut self, id: RequestId, t: usize, mut fill: F) -> Result<Vec<SwapInState>>
+    where
+        F: FnMut(usize, &mut [u8], Option<&mut [u8]>) -> Result<()>,
+    {
+        let mode = self.cfg.mode;
         let (layers, b) = (self.cfg.geometry.layers, self.cfg.hisparse.device_buffer_size);
         self.device.register(id, mode)?;
         self.device.grow(id, t)?;
@@ -154,12 +183,13 @@ where
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let mem = self.backend.memory().clone();
-        for (slot, keys) in prompt.index_keys.iter().enumerate() {
-            self.backend.write_rows(self.device.keys_mut(slot), keyb, &key_rows, &keys.bytes(&mem)?)?;
-        }
-        for (l, rows) in prompt.kv_rows.iter().enumerate() {
-            let rows = rows.bytes(&mem)?;
+        let (mut rows, mut keys) = (vec![0u8; t * kb], vec![0u8; t * keyb]);
+        for l in 0..layers {
+            let slot = self.cfg.geometry.index_slot(l);
+            fill(l, &mut rows, slot.map(|_| keys.as_mut_slice()))?;
+            if let Some(slot) = slot {
+                self.backend.write_rows(self.device.keys_mut(slot), keyb, &key_rows, &keys)?;
+            }
             match mode {
                 Mode::Resident => self.backend.write_rows(self.device.kv_mut(l), kb, &kv_rows, &rows)?,
                 Mode::HiSparse => {

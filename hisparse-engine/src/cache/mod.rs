@@ -94,6 +94,23 @@ pub struct KvCache<B: Backend> {
     pub(crate) scratch: step::StepScratch<B::Memory>,
 }
 
+impl<B: Backend> KvCache<B> {
+    /// The config.
+    pub fn config(&self) -> &CacheConfig {
+        &self.cfg
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// The row layouts: KV rows and index keys.
+    pub fn layouts(&self) -> (KvRowLayout, IndexKeyLayout) {
+        (self.kv_row, self.key)
+    }
+}
+
 impl<B: Backend> KvCache<B>
 where
     B::Memory: Clone,
@@ -200,16 +217,6 @@ where
         Self::new(backend, cfg, policy, prefetcher)
     }
 
-    /// The config.
-    pub fn config(&self) -> &CacheConfig {
-        &self.cfg
-    }
-
-    /// The backend.
-    pub fn backend(&self) -> &B {
-        &self.backend
-    }
-
     /// The eviction policy.
     pub fn policy(&self) -> &Arc<dyn EvictionPolicy> {
         &self.policy
@@ -230,11 +237,6 @@ where
         }
         self.policy = policy;
         Ok(())
-    }
-
-    /// The row layouts: KV rows and index keys.
-    pub fn layouts(&self) -> (KvRowLayout, IndexKeyLayout) {
-        (self.kv_row, self.key)
     }
 
     /// What the tiers hold in all.

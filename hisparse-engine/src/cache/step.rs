@@ -112,35 +112,9 @@ where
     /// its next position, which must lie within its reservation). Fails, changing nothing,
     /// naming the request that cannot take part.
     pub fn begin_step(&mut self, batch: &[RequestId]) -> Result<DecodeStep<'_, B>> {
-        let mut seen = HashSet::with_capacity(batch.len());
-        for &id in batch {
-            let r = self.request(id)?;
-            let why = if !seen.insert(id) {
-                Some("appears twice in the batch".to_string())
-            } else if r.broken {
-                Some("a step it took part in did not end: abort it".to_string())
-            } else if r.seq_len >= r.reserved {
-                Some(format!("holds {} positions, all used: `reserve` more", r.reserved))
-            } else {
-                None
-            };
-            if let Some(reason) = why {
-                return Err(EngineError::Request { id: id.0, reason });
-            }
-        }
-        let (k, p_tok) = (self.cfg.geometry.top_k, self.cfg.hisparse.page_tokens);
-        let (mut table, mut reqs, mut total) = (Vec::new(), Vec::with_capacity(batch.len()), 0);
-        for &id in batch {
-            let n = self.request(id)?.seq_len + 1;
-            // Within the reservation, which admission holds for it: cannot run short.
-            self.device.grow(id, n)?;
-            if let Some(host) = self.host.as_mut() {
-                host.grow(id, n)?;
-            }
-            reqs.push(IndexerRequest { first_page: table.len(), seq_len: n, score_offset: total });
-            table.extend_from_slice(&self.device.index_pages(id)?[..n.div_ceil(p_tok)]);
-            total += n;
-        }
+        let (reqs, table) = self.grow_for_step(batch)?;
+        let k = self.cfg.geometry.top_k;
+        let total = reqs.iter().map(|r| r.seq_len).sum::<usize>();
         let long: Vec<usize> = (0..reqs.len()).filter(|&i| reqs[i].seq_len > k).collect();
         let spans: Vec<Span> = long.iter().map(|&i| Span::new(reqs[i].score_offset, reqs[i].seq_len)).collect();
         let mem = self.backend.memory();
@@ -171,6 +145,51 @@ where
             failed: false,
             ended: false,
         })
+    }
+
+    /// Checks that every request of `batch` may decode a token, then grows each by one position
+    /// in the tiers; returns the indexer's requests and page table of the batch.
+    pub(crate) fn grow_for_step(&mut self, batch: &[RequestId]) -> Result<(Vec<IndexerRequest>, Vec<u32>)> {
+        let mut seen = HashSet::with_capacity(batch.len());
+        for &id in batch {
+            let r = self.request(id)?;
+            let why = if !seen.insert(id) {
+                Some("appears twice in the batch".to_string())
+            } else if r.broken {
+                Some("a step it took part in did not end: abort it".to_string())
+            } else if r.seq_len >= r.reserved {
+                Some(format!("holds {} positions, all used: `reserve` more", r.reserved))
+            } else {
+                None
+            };
+            if let Some(reason) = why {
+                return Err(EngineError::Request { id: id.0, reason });
+            }
+        }
+        let p_tok = self.cfg.hisparse.page_tokens;
+        let (mut table, mut reqs, mut total) = (Vec::new(), Vec::with_capacity(batch.len()), 0);
+        for &id in batch {
+            let n = self.request(id)?.seq_len + 1;
+            // Within the reservation, which admission holds for it: cannot run short.
+            self.device.grow(id, n)?;
+            if let Some(host) = self.host.as_mut() {
+                host.grow(id, n)?;
+            }
+            reqs.push(IndexerRequest { first_page: table.len(), seq_len: n, score_offset: total });
+            table.extend_from_slice(&self.device.index_pages(id)?[..n.div_ceil(p_tok)]);
+            total += n;
+        }
+        Ok((reqs, table))
+    }
+
+    /// After a step's last layer: every request of `batch` holds one more position.
+    pub(crate) fn advance(&mut self, batch: &[RequestId]) {
+        for id in batch {
+            if let Some(r) = self.requests.get_mut(id) {
+                r.seq_len += 1;
+                r.steps += 1;
+            }
+        }
     }
 }
 
@@ -218,12 +237,7 @@ where
             });
         }
         self.prefetch_next_step()?;
-        for id in &self.ids {
-            if let Some(r) = self.cache.requests.get_mut(id) {
-                r.seq_len += 1;
-                r.steps += 1;
-            }
-        }
+        self.cache.advance(&self.ids);
         self.ended = true;
         self.metrics.tokens = self.ids.len();
         Ok(std::mem::take(&mut self.metrics))

@@ -46,7 +46,7 @@ where
     B::Memory: Clone,
 {
     fn backend_name(&self) -> &'static str {
-        self.backend.name()
+        self.cache.backend.name()
     }
 
     fn config(&self) -> &EngineConfig {

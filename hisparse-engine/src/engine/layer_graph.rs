@@ -32,10 +32,10 @@ where
             && !self.capture_next
             && sb.long.len() == sb.reqs.len()
             && layers > 2;
-        self.backend.launch_print();
+        self.cache.backend.launch_print();
         self.launch_layer_device(0, sb, &mut rep.metrics)?;
         self.after_layer_device(0, sb, rep, true)?;
-        let key = self.backend.launch_print() ^ sb.inputs.generation.rotate_left(32) ^ layers as u64;
+        let key = self.cache.backend.launch_print() ^ sb.inputs.generation.rotate_left(32) ^ layers as u64;
         let replayed = graphs && self.replay_or_capture(key, sb, rep)?;
         if !replayed {
             for l in 1..layers {
@@ -62,23 +62,23 @@ where
     /// are; `false` when nothing ran (the backend cannot capture, or the capture failed: graphs
     /// are then off for good and the caller launches the layers).
     fn replay_or_capture(&mut self, key: u64, sb: &mut StepBatch<B::Memory>, rep: &mut StepReport) -> Result<bool> {
-        if replay_timed(&self.backend, key)? {
+        if replay_timed(&self.cache.backend, key)? {
             return Ok(true);
         }
-        if !self.backend.begin_capture()? {
+        if !self.cache.backend.begin_capture()? {
             self.graphs_failed = true;
             return Ok(false);
         }
         let launched =
             (1..self.cfg.geometry.layers).try_for_each(|l| self.launch_layer_device(l, sb, &mut rep.metrics));
-        let ended = self.backend.end_capture(key).map_err(Into::into);
+        let ended = self.cache.backend.end_capture(key).map_err(Into::into);
         if let Err(e) = launched.and(ended) {
             tracing::warn!("launch graph: capture failed ({e}); layers run one by one from now on");
             self.graphs_failed = true;
             return Ok(false);
         }
         rep.metrics.graph_captures += 1;
-        if replay_timed(&self.backend, key)? {
+        if replay_timed(&self.cache.backend, key)? {
             return Ok(true);
         }
         tracing::warn!("launch graph: the capture kept nothing; layers run one by one from now on");

@@ -8,7 +8,6 @@ mod layer;
 mod layer_device;
 mod layer_graph;
 mod layer_inputs;
-mod prefetch;
 mod step;
 mod step_inputs;
 
@@ -19,15 +18,12 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use hisparse_kernels::{Backend, DeviceSwapInConfig};
-use hisparse_memory::{
-    AdmissionControl, CapacityPlan, DeviceTier, HostTier, HostTierConfig, IndexKeyLayout, KvGeometry, KvRowLayout,
-    Mode, RequestId, Resources,
-};
-use hisparse_policy::prefetch::{Prefetcher, make_prefetcher};
+use hisparse_memory::{KvGeometry, Mode, RequestId, Resources};
+use hisparse_policy::prefetch::make_prefetcher;
 use hisparse_policy::trace::{TraceHeader, TraceWriter};
-use hisparse_policy::{EvictionPolicy, HiSparseConfig, SwapInState};
+use hisparse_policy::{EvictionPolicy, HiSparseConfig};
 
-use crate::backup::BackupWorker;
+use crate::cache::{CacheConfig, KvCache};
 use crate::error::{EngineError, Result};
 use crate::request::{Outcome, RequestSpec};
 use crate::runtime::{Runtime, RuntimeConfig, RuntimeHandle};
@@ -88,37 +84,24 @@ impl EngineConfig {
     }
 }
 
-/// A request being decoded.
+/// A request being decoded (its KV state is in the cache).
 pub(crate) struct Running {
     pub spec: RequestSpec,
-    /// Positions with KV so far (the next token is at `seq_len`).
+    /// Positions with KV so far (the next token is at `seq_len`): the prompt and the tokens
+    /// generated.
     pub seq_len: usize,
     pub generated: usize,
-    pub need: Resources,
-    /// Swap-in state per layer (hisparse mode).
-    pub swap: Vec<SwapInState>,
     pub drift: RequestDrift,
-    /// Sequence number of the request's newest backup job per layer.
-    pub last_backup: Vec<u64>,
     pub first_step: u64,
-    /// Prefetch nominations waiting for their layer or the step's end.
-    pub prefetch: crate::prefetch_queue::PrefetchQueue,
 }
 
 /// The engine. See the crate documentation.
 pub struct Engine<B: Backend> {
-    backend: B,
+    /// The memory hierarchy: tiers, admission, swap-in and prefetch state.
+    cache: KvCache<B>,
     cfg: EngineConfig,
-    kv_row: KvRowLayout,
-    key: IndexKeyLayout,
-    device: DeviceTier<B::Memory>,
-    host: Option<HostTier>,
-    backup: Option<BackupWorker>,
-    admission: AdmissionControl,
     runtime: Arc<ArcSwap<Runtime>>,
     last_policy: Arc<dyn EvictionPolicy>,
-    /// The prefetcher (host path; `none` on the device path).
-    prefetcher: Arc<dyn Prefetcher>,
     workload: Workload,
     queue: VecDeque<RequestSpec>,
     running: Vec<Running>,
@@ -128,6 +111,8 @@ pub struct Engine<B: Backend> {
     trace: Option<TraceWriter<Box<dyn Write + Send>>>,
     capture_next: bool,
     scratch: Option<step::StepBatch<B::Memory>>,
+    /// The host path's per-layer input buffers.
+    host_inputs: Option<layer::HostPathInputs<B::Memory>>,
     /// Selections stay on the device between kernels (`Backend::prefers_device_selection`).
     device_path: bool,
     /// A launch-graph capture failed: layers are launched one by one from now on.
@@ -146,44 +131,6 @@ where
     /// allocates them.
     pub fn new(backend: B, cfg: EngineConfig) -> Result<Self> {
         let g = &cfg.geometry;
-        cfg.hisparse.validate(g)?;
-        if cfg.hisparse.device_kv_bytes == 0 {
-            return Err(EngineError::Config {
-                field: "device_kv_bytes",
-                value: "0".into(),
-                reason: "the engine needs a device budget for the KV cache".into(),
-            });
-        }
-        let kv_row = g.kv_row()?;
-        let key = g.index_key()?;
-        let plan = CapacityPlan {
-            mode: cfg.mode,
-            layers: g.layers,
-            index_layers: g.index_layers(),
-            kv_row,
-            index_key: key,
-            page_tokens: cfg.hisparse.page_tokens,
-            buffer_slots: cfg.hisparse.device_buffer_size,
-            device_bytes: usize::try_from(cfg.hisparse.device_kv_bytes).unwrap_or(usize::MAX),
-            host_bytes: usize::try_from(cfg.hisparse.host_bytes()).unwrap_or(usize::MAX),
-            typical_tokens: if cfg.typical_tokens > 0 { cfg.typical_tokens } else { cfg.hisparse.max_request_tokens },
-        };
-        let tier = plan.device_tier()?;
-        // Invariant relied on by every `as u32`/`as i32` of a row index in the step: the device
-        // pools' rows fit an i32 (the kernels' row locations).
-        let rows = [
-            tier.kv_pages.checked_mul(tier.page_tokens),
-            tier.index_pages.checked_mul(tier.page_tokens),
-            tier.seats.checked_mul(tier.buffer_slots + 1),
-        ];
-        if rows.iter().any(|r| r.is_none_or(|r| r > i32::MAX as usize)) {
-            return Err(EngineError::Config {
-                field: "device_kv_bytes",
-                value: cfg.hisparse.device_kv_bytes.to_string(),
-                reason: "holds more than 2^31 - 1 rows in one pool (the kernels' row index)".into(),
-            });
-        }
-        let device = DeviceTier::new(backend.memory().clone(), tier)?;
         let device_path = backend.prefers_device_selection();
         let runtime = Runtime::new(RuntimeConfig {
             eviction_policy: cfg.hisparse.eviction_policy.clone(),
@@ -202,50 +149,39 @@ where
                 ),
             });
         }
-        let (host, backup, dswap) = match cfg.mode {
-            Mode::Resident => (None, None, None),
-            Mode::HiSparse => {
-                let mut host = HostTier::new(&HostTierConfig {
-                    bytes: plan.host_bytes,
-                    layers: g.layers,
-                    row_bytes: kv_row.row_bytes(),
-                    page_tokens: cfg.hisparse.page_tokens,
-                    file: cfg.hisparse.host_tier_path.as_ref().map(|p| hisparse_memory::HostTierFile {
-                        path: p.clone(),
-                        overwrite: cfg.hisparse.host_tier_overwrite,
-                        keep: cfg.hisparse.host_tier_keep,
-                    }),
-                })?;
-                let dswap = if device_path {
-                    let dcfg = DeviceSwapInConfig {
-                        policy: Arc::clone(&runtime.policy),
-                        seats: device.config().seats,
-                        layers: g.layers,
-                        buffer_slots: cfg.hisparse.device_buffer_size,
-                        block_size: cfg.hisparse.swap_in_block_size,
-                        max_selected: g.top_k,
-                        max_tokens: cfg.hisparse.max_request_tokens,
-                    };
-                    let d = backend.device_swap_in(&dcfg, &mut host)?;
-                    if d.is_none() {
-                        return Err(EngineError::Config {
-                            field: "backend",
-                            value: backend.name().into(),
-                            reason: "keeps selections on the device but has no device swap-in".into(),
-                        });
-                    }
-                    d
-                } else {
-                    None
-                };
-                let backup = BackupWorker::start(host.row_writer(), cfg.backup_delay)?;
-                (Some(host), Some(backup), dswap)
-            }
+        let cache_cfg = CacheConfig {
+            geometry: g.clone(),
+            mode: cfg.mode,
+            hisparse: cfg.hisparse.clone(),
+            typical_tokens: cfg.typical_tokens,
+            backup_delay: cfg.backup_delay,
         };
-        let mut capacity = plan.resources()?;
-        if let Some(h) = &host {
-            capacity.host_pages = h.total_pages();
-        }
+        let mut cache = KvCache::new(backend, cache_cfg, Arc::clone(&runtime.policy), prefetcher)?;
+        let dswap = match (cfg.mode, device_path) {
+            (Mode::HiSparse, true) => {
+                let dcfg = DeviceSwapInConfig {
+                    policy: Arc::clone(&runtime.policy),
+                    seats: cache.device.config().seats,
+                    layers: g.layers,
+                    buffer_slots: cfg.hisparse.device_buffer_size,
+                    block_size: cfg.hisparse.swap_in_block_size,
+                    max_selected: g.top_k,
+                    max_tokens: cfg.hisparse.max_request_tokens,
+                };
+                let KvCache { backend, host, .. } = &mut cache;
+                let host = host.as_mut().ok_or_else(|| EngineError::Worker("no host tier".into()))?;
+                let d = backend.device_swap_in(&dcfg, host)?;
+                if d.is_none() {
+                    return Err(EngineError::Config {
+                        field: "backend",
+                        value: backend.name().into(),
+                        reason: "keeps selections on the device but has no device swap-in".into(),
+                    });
+                }
+                d
+            }
+            _ => None,
+        };
         let last_policy = Arc::clone(&runtime.policy);
         let workload = Workload::new(g, cfg.workload_seed);
         let model = match &cfg.model {
@@ -256,20 +192,13 @@ where
                     reason: format!("the geometry has {} layers", g.layers),
                 });
             }
-            Some(shape) => Some(crate::model::ModelEmulation::new(shape.clone(), &backend)?),
+            Some(shape) => Some(crate::model::ModelEmulation::new(shape.clone(), &cache.backend)?),
             None => None,
         };
         Ok(Self {
-            backend,
-            kv_row,
-            key,
-            device,
-            host,
-            backup,
-            admission: AdmissionControl::new(capacity),
+            cache,
             runtime: Arc::new(ArcSwap::from_pointee(runtime)),
             last_policy,
-            prefetcher,
             workload,
             queue: VecDeque::new(),
             running: Vec::new(),
@@ -279,6 +208,7 @@ where
             trace: None,
             capture_next: false,
             scratch: None,
+            host_inputs: None,
             device_path,
             graphs_failed: false,
             dswap,
@@ -304,7 +234,7 @@ where
 
     /// Capacities of the tiers (what a request may at most hold).
     pub fn capacity(&self) -> Resources {
-        self.admission.capacity()
+        self.cache.capacity()
     }
 
     /// Records every selection of every later step into a trace written to `out`.
@@ -313,7 +243,7 @@ where
         let header = TraceHeader {
             top_k: g.top_k as u32,
             layers: g.layers as u32,
-            row_bytes: self.kv_row.row_bytes() as u32,
+            row_bytes: self.cache.kv_row.row_bytes() as u32,
             index_source: if (0..g.layers).all(|l| g.index_source(l) == l) {
                 Vec::new()
             } else {
@@ -381,34 +311,34 @@ where
     /// Device bytes the tier's pools hold in all (what the budget bought, in whole pages and
     /// hot buffers).
     pub fn device_tier_bytes(&self) -> usize {
-        self.device.config().bytes()
+        self.cache.device_tier_bytes()
     }
 
     /// Device bytes held by live requests.
     pub fn device_bytes_in_use(&self) -> usize {
-        self.device.bytes_in_use()
+        self.cache.device_bytes_in_use()
     }
 
     /// Host bytes held by live requests.
     pub fn host_bytes_in_use(&self) -> usize {
-        self.host.as_ref().map_or(0, HostTier::bytes_in_use)
+        self.cache.host_bytes_in_use()
+    }
+
+    /// The memory hierarchy the engine runs on.
+    pub fn cache(&self) -> &KvCache<B> {
+        &self.cache
     }
 
     /// Checks that every pool holds exactly what live requests hold (no leak).
     pub fn check_pools(&self) -> Result<()> {
-        self.device.check()?;
-        if let Some(h) = &self.host {
-            h.check()?;
-        }
-        if self.running.is_empty() {
-            let r = self.admission.reserved();
-            if r != Resources::default() || self.device.bytes_in_use() != 0 || self.host_bytes_in_use() != 0 {
-                return Err(EngineError::Config {
-                    field: "pools",
-                    value: format!("{r:?}"),
-                    reason: "held with no request running".into(),
-                });
-            }
+        self.cache.check()?;
+        let admitted = self.cache.request_ids().count();
+        if admitted != self.running.len() {
+            return Err(EngineError::Config {
+                field: "pools",
+                value: format!("{admitted} requests"),
+                reason: format!("held in the cache while {} run", self.running.len()),
+            });
         }
         Ok(())
     }

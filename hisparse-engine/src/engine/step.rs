@@ -83,8 +83,6 @@ pub(super) struct StepBatch<M: DeviceMemory> {
     pub locs: M::Buffer<i32>,
     /// Host staging reused by every layer.
     pub stage_top: Vec<i32>,
-    pub stage_q: Vec<bf16>,
-    pub stage_w: Vec<f32>,
     pub selections: Vec<u32>,
     pub sel_spans: Vec<Span>,
     pub locations: Vec<i32>,
@@ -146,9 +144,7 @@ where
         let rt = self.runtime.load_full();
         if !std::sync::Arc::ptr_eq(&rt.policy, &self.last_policy) {
             // A new policy: rebuild its records from the slots' current contents.
-            for r in &mut self.running {
-                r.swap.iter_mut().for_each(|s| s.reset_policy());
-            }
+            self.cache.set_policy(std::sync::Arc::clone(&rt.policy))?;
             if let Some(d) = self.dswap.as_mut() {
                 d.set_policy(std::sync::Arc::clone(&rt.policy))?;
             }
@@ -161,17 +157,18 @@ where
             let t = Instant::now();
             self.advance_drifts();
             rep.metrics.stages.workload += secs(t);
-            let mut sb = self.plan_batch()?;
-            let res = if self.device_path {
-                self.layers_device(&mut sb, &mut rep)
+            if self.device_path {
+                let ids: Vec<RequestId> = self.running.iter().map(|r| r.spec.id).collect();
+                let (reqs, table) = self.cache.grow_for_step(&ids)?;
+                let mut sb = self.plan_batch(reqs, &table)?;
+                let res = self.layers_device(&mut sb, &mut rep);
+                self.scratch = Some(sb);
+                res?;
+                self.finish_device_step(&mut rep.metrics)?;
+                self.cache.advance(&ids);
             } else {
-                (0..self.cfg.geometry.layers)
-                    .try_for_each(|l| self.layer(l, rt.policy.as_ref(), &mut sb, &mut rep))
-                    .and_then(|()| self.prefetch_next_step(rt.policy.as_ref(), &sb, &mut rep.metrics))
-            };
-            self.scratch = Some(sb);
-            res?;
-            self.finish_device_step(&mut rep.metrics)?;
+                self.host_step(&mut rep)?;
+            }
             for r in &mut self.running {
                 r.seq_len += 1;
                 r.generated += 1;
@@ -198,7 +195,7 @@ where
         self.retire()?;
         let m = &mut rep.metrics;
         m.queued = self.queue.len();
-        m.device_bytes_in_use = self.device.bytes_in_use() as u64;
+        m.device_bytes_in_use = self.cache.device_bytes_in_use() as u64;
         m.host_bytes_in_use = self.host_bytes_in_use() as u64;
         m.rejected = self.outcomes.iter().filter(|o| matches!(o.1, Outcome::Rejected { .. })).count();
         m.finished = self.outcomes.len() - m.rejected;
@@ -214,24 +211,14 @@ where
         Ok(out)
     }
 
-    /// Grows every running request's tiers by one position and assembles what every layer of
-    /// the step shares: the indexer's requests and page table, the top-k spans.
-    fn plan_batch(&mut self) -> Result<StepBatch<B::Memory>> {
-        let (k, p_tok) = (self.cfg.geometry.top_k, self.cfg.hisparse.page_tokens);
-        let (mut table, mut reqs, mut total) = (Vec::new(), Vec::with_capacity(self.running.len()), 0);
-        for r in &self.running {
-            let (id, n) = (r.spec.id, r.seq_len + 1);
-            self.device.grow(id, n)?;
-            if let Some(host) = self.host.as_mut() {
-                host.grow(id, n)?;
-            }
-            reqs.push(IndexerRequest { first_page: table.len(), seq_len: n, score_offset: total });
-            table.extend_from_slice(&self.device.index_pages(id)?[..n.div_ceil(p_tok)]);
-            total += n;
-        }
+    /// Device path: assembles what every layer of the step shares from the indexer's requests
+    /// and page table (the tiers grown already): the top-k spans, the selection buffer.
+    fn plan_batch(&mut self, reqs: Vec<IndexerRequest>, table: &[u32]) -> Result<StepBatch<B::Memory>> {
+        let k = self.cfg.geometry.top_k;
+        let total: usize = reqs.iter().map(|r| r.seq_len).sum();
         let long: Vec<usize> = (0..reqs.len()).filter(|&i| reqs[i].seq_len > k).collect();
         let spans: Vec<Span> = long.iter().map(|&i| Span::new(reqs[i].score_offset, reqs[i].seq_len)).collect();
-        let mem = self.backend.memory();
+        let mem = self.cache.backend.memory();
         let g = &self.cfg.geometry;
         let n = reqs.len();
 
@@ -254,8 +241,6 @@ where
                 sel_template: Vec::new(),
                 kv_first: Vec::new(),
                 stage_top: Vec::new(),
-                stage_q: Vec::new(),
-                stage_w: Vec::new(),
                 selections: Vec::new(),
                 sel_spans: Vec::new(),
                 locations: Vec::new(),
@@ -269,7 +254,7 @@ where
         };
         // In place while it fits: a captured launch sequence reads it there.
         fit(mem, &mut sb.table, table.len().max(1), false)?;
-        mem.write(&mut sb.table, 0, &table)?;
+        mem.write(&mut sb.table, 0, table)?;
         fit(mem, &mut sb.index_q, n * g.index_heads * g.index_dim, true)?;
         fit(mem, &mut sb.index_w, n * g.index_heads, true)?;
         // Scores grow by one position per request and step: keep headroom.
@@ -280,8 +265,7 @@ where
         fit(mem, &mut sb.attn_q, n * g.q_heads * g.d_qk(), true)?;
         fit(mem, &mut sb.out, n * g.q_heads * g.d_v(), true)?;
         fit(mem, &mut sb.lse, n * g.q_heads, true)?;
-        let selected: usize = reqs.iter().map(|r| r.seq_len.min(k)).sum();
-        if self.device_path {
+        {
             fit(mem, &mut sb.locs, n * k, false)?;
             // Exact: when every request is long, top-k writes into it whole.
             fit(mem, &mut sb.sel, n * k, true)?;
@@ -311,8 +295,6 @@ where
                 sb.inputs.generation += u64::from(moved);
             }
             self.plan_device_step(&reqs, &mut sb)?;
-        } else {
-            fit(mem, &mut sb.locs, selected, false)?;
         }
         sb.stage_top.resize(spans.len() * k, 0);
         sb.reqs = reqs;
@@ -330,14 +312,7 @@ where
                 continue;
             }
             let r = self.running.swap_remove(i);
-            if let Some(bk) = &self.backup {
-                bk.wait(r.last_backup.iter().copied().max().unwrap_or(0))?;
-            }
-            self.device.release(r.spec.id)?;
-            if let Some(h) = self.host.as_mut() {
-                h.release(r.spec.id)?;
-            }
-            self.admission.release(&r.need)?;
+            self.cache.free(r.spec.id)?;
             self.outcomes.push((r.spec.id, Outcome::Finished { steps: self.step + 1 - r.first_step }));
         }
         Ok(())

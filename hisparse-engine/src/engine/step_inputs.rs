@@ -136,11 +136,11 @@ where
     pub(super) fn stage_step_inputs(&mut self, inputs: &mut StepInputs<B::Memory>, m: &mut StepMetrics) -> Result<()> {
         let g = self.cfg.geometry.clone();
         let (layers, n) = (g.layers, self.running.len());
-        let (key, kv_row) = (self.key, self.kv_row);
+        let (key, kv_row) = (self.cache.key, self.cache.kv_row);
 
         // Destination rows: the same in every layer's pool.
         let t = Instant::now();
-        let (key_rows, kv_rows) = self.new_token_rows(None, m)?;
+        let (key_rows, kv_rows) = self.new_token_rows(m)?;
         m.stages.append += secs(t);
 
         // Every layer's data: generated during the previous step's kernels when the batch
@@ -170,7 +170,7 @@ where
 
         // Uploads into buffers that stay put while the batch size does.
         let t = Instant::now();
-        let mem = self.backend.memory();
+        let mem = self.cache.backend.memory();
         while inputs.layers.len() < layers {
             inputs.layers.push(LayerInputs {
                 keys: mem.alloc_zeroed(0)?,
@@ -220,7 +220,7 @@ where
             self.running.iter().zip(&drifts).map(|(r, d)| (r.spec.id.0, r.seq_len + 1, d)).collect();
         let key = reqs.iter().map(|&(id, p, d)| (id, p, d.step)).collect();
         let mut host = std::mem::take(&mut inputs.spare);
-        generate(wl, &self.cfg.geometry, self.key, self.kv_row, &reqs, &mut host)?;
+        generate(wl, &self.cfg.geometry, self.cache.key, self.cache.kv_row, &reqs, &mut host)?;
         inputs.pending = Some(Pending { key, host, drifts });
         Ok(())
     }

@@ -8,10 +8,11 @@
 use std::sync::Arc;
 
 use cudarc::driver::sys::CUevent_flags;
-use cudarc::driver::{CudaEvent, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaEvent, CudaFunction, CudaSlice, CudaStream, LaunchConfig};
 use hisparse_memory::cuda::MappedHostTier;
 
 use super::device::CudaDevice;
+use super::printed_launch::{LaunchPrint, PrintedLaunch};
 use crate::error::{KernelError, Result};
 
 fn cuda(context: &str) -> impl FnOnce(cudarc::driver::DriverError) -> KernelError + '_ {
@@ -20,6 +21,8 @@ fn cuda(context: &str) -> impl FnOnce(cudarc::driver::DriverError) -> KernelErro
 
 /// The backup side stream and its kernels.
 pub struct GpuBackup {
+    /// The device's launch print (the backup's launches are part of a step's).
+    print: Arc<LaunchPrint>,
     side: Arc<CudaStream>,
     scatter: CudaFunction,
     delay: CudaFunction,
@@ -31,6 +34,7 @@ impl GpuBackup {
     /// A backup stream on `dev`.
     pub fn new(dev: &CudaDevice) -> Result<Self> {
         Ok(Self {
+            print: Arc::clone(&dev.print),
             side: dev.context().new_stream().map_err(cuda("backup stream"))?,
             scatter: dev.function("backup", "scatter_rows")?,
             delay: dev.function("backup", "delay_ns")?,
@@ -66,7 +70,7 @@ impl GpuBackup {
         host.check_rows("host_rows", host_rows)?;
         self.side.join(main).map_err(cuda("backup waits for the main stream"))?;
         if self.inject_delay_ns > 0 {
-            let mut b = self.side.launch_builder(&self.delay);
+            let mut b = PrintedLaunch::new(&self.print, &self.side, &self.delay);
             b.arg(&self.inject_delay_ns);
             // SAFETY: a one-thread kernel that only reads the clock.
             unsafe { b.launch(LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1, 1, 1), shared_mem_bytes: 0 }) }
@@ -77,7 +81,7 @@ impl GpuBackup {
             let h = self.side.clone_htod(host_rows).map_err(cuda("backup rows"))?;
             // row_bytes < 2^32: checked above.
             let (rb, host_base) = (row_bytes as u32, host.device_ptr());
-            let mut b = self.side.launch_builder(&self.scatter);
+            let mut b = PrintedLaunch::new(&self.print, &self.side, &self.scatter);
             b.arg(rows).arg(&d).arg(&h).arg(&n).arg(&rb).arg(&host_base);
             let blocks = dev_rows.len().div_ceil(8).clamp(1, 1024) as u32;
             // SAFETY: device rows and host rows checked above against the buffer and the tier's

@@ -2,7 +2,7 @@
 //! (with the split merge), their kernel-argument structs, and the host-side checks that run
 //! before anything is launched.
 
-use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits};
+use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, ValidAsZeroBits};
 use hisparse_memory::KvRowFormat;
 use hisparse_memory::cuda::CudaMemory;
 
@@ -10,7 +10,7 @@ use super::backend::{
     ATTN_SMEM, CudaBackend, HEAD_BLOCK, MAX_INDEX_HEADS, Scratch, TOPK_SMEM, indexer_smem, lock, room, upload_cached,
 };
 use super::driver_error;
-use super::launch_graph::addr;
+use super::printed_launch::PrintedLaunch;
 use crate::backend::{AttentionBatch, IndexerBatch, Span};
 use crate::error::{KernelError, Result, check_len};
 
@@ -31,7 +31,7 @@ pub(super) struct GpuSpan {
 }
 
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
 pub(super) struct AttnParams {
     pub(super) heads: u32,
     pub(super) row_bytes: u32,
@@ -129,22 +129,18 @@ impl CudaBackend {
         };
         let (h, pt, pp, pin) = (heads as u32, p as u32, pool_pages as u32, u32::from(batch.pin_newest));
         let Scratch { fault, reqs: reqs_d, .. } = &mut *sc;
-        let ptrs = [addr(batch.queries, s), addr(batch.weights, s), addr(batch.keys, s), addr(batch.page_table, s)];
-        let ptrs2 = [addr(&*reqs_d, s), addr(&*scores, s), addr(&*fault, s)];
-        let vals = [u64::from(h), u64::from(pt), u64::from(pp), u64::from(pin)];
-        self.dev.note(&self.indexer, &cfg, &[&ptrs[..], &ptrs2[..], &vals[..]].concat());
-        let mut b = s.launch_builder(&self.indexer);
+        let mut b = PrintedLaunch::new(&self.dev.print, s, &self.indexer);
         b.arg(batch.queries)
             .arg(batch.weights)
             .arg(batch.keys)
             .arg(batch.page_table)
             .arg(&*reqs_d)
-            .arg(scores)
+            .arg_mut(scores)
             .arg(&h)
             .arg(&pt)
             .arg(&pp)
             .arg(&pin)
-            .arg(fault);
+            .arg_mut(fault);
         // SAFETY: queries/weights hold n requests (checked); every request's page-table entries
         // and score span lie within their buffers (checked); page ids are checked in the kernel.
         unsafe { b.launch(cfg) }.map_err(driver_error("indexer launch"))?;
@@ -174,9 +170,8 @@ impl CudaBackend {
         let cfg =
             LaunchConfig { grid_dim: (n as u32, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: TOPK_SMEM as u32 };
         let k32 = k as u32;
-        self.dev.note(&self.top_k, &cfg, &[addr(scores, s), addr(&sc.spans, s), u64::from(k32), addr(&*out, s)]);
-        let mut b = s.launch_builder(&self.top_k);
-        b.arg(scores).arg(&sc.spans).arg(&k32).arg(out);
+        let mut b = PrintedLaunch::new(&self.dev.print, s, &self.top_k);
+        b.arg(scores).arg(&sc.spans).arg(&k32).arg_mut(out);
         // SAFETY: every span lies within `scores` and `out` holds n * k positions (checked).
         unsafe { b.launch(cfg) }.map_err(driver_error("top-k launch"))?;
         Ok(())
@@ -253,30 +248,14 @@ impl CudaBackend {
             room(&self.dev, &mut sc.part_lse, n * heads * splits)?;
         }
         let Scratch { fault, sels, part_out, part_lse, .. } = &mut *sc;
-        let (o, l) =
-            if splits > 1 { (addr(&*part_out, s), addr(&*part_lse, s)) } else { (addr(&*out, s), addr(&*lse, s)) };
-        let words = [
-            addr(batch.queries, s),
-            addr(batch.rows, s),
-            addr(batch.locations, s),
-            addr(&*sels, s),
-            u64::from(params.heads) | u64::from(params.row_bytes) << 32,
-            u64::from(params.fp8) | u64::from(params.splits) << 32,
-            params.pool_rows,
-            u64::from(params.scale_log2.to_bits()),
-            o,
-            l,
-            addr(&*fault, s),
-        ];
-        self.dev.note(&self.attention, &cfg, &words);
-        let mut b = s.launch_builder(&self.attention);
-        b.arg(batch.queries).arg(batch.rows).arg(batch.locations).arg(&*sels).arg(&params);
+        let mut b = PrintedLaunch::new(&self.dev.print, s, &self.attention);
+        b.arg(batch.queries).arg(batch.rows).arg(batch.locations).arg(&*sels).params(&params);
         if splits > 1 {
-            b.arg(&mut *part_out).arg(&mut *part_lse);
+            b.arg_mut(&mut *part_out).arg_mut(&mut *part_lse);
         } else {
-            b.arg(&mut *out).arg(&mut *lse);
+            b.arg_mut(&mut *out).arg_mut(&mut *lse);
         }
-        b.arg(&mut *fault);
+        b.arg_mut(&mut *fault);
         // SAFETY: queries, out and lse hold n requests' heads (checked); selections lie within
         // `locations` (checked); locations are checked against the pool in the kernel; partials
         // hold n * heads * splits entries.
@@ -285,10 +264,8 @@ impl CudaBackend {
             let cfg =
                 LaunchConfig { grid_dim: ((n * heads) as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
             let sp = splits as u32;
-            let words = [addr(&*part_out, s), addr(&*part_lse, s), u64::from(sp), addr(&*out, s), addr(&*lse, s)];
-            self.dev.note(&self.merge, &cfg, &words);
-            let mut b = s.launch_builder(&self.merge);
-            b.arg(&*part_out).arg(&*part_lse).arg(&sp).arg(out).arg(lse);
+            let mut b = PrintedLaunch::new(&self.dev.print, s, &self.merge);
+            b.arg(&*part_out).arg(&*part_lse).arg(&sp).arg_mut(out).arg_mut(lse);
             // SAFETY: the partials were written for n * heads rows of `splits` each; out and lse
             // hold n * heads rows (checked).
             unsafe { b.launch(cfg) }.map_err(driver_error("merge launch"))?;

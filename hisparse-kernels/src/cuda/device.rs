@@ -2,7 +2,7 @@
 //! loaded at most once per device).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
@@ -15,8 +15,8 @@ pub struct CudaDevice {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     modules: Mutex<HashMap<String, Arc<CudaModule>>>,
-    /// Print of the launches since it was last taken (see `launch_graph.rs`).
-    pub(super) print: AtomicU64,
+    /// Print of the launches since it was last taken (see `printed_launch.rs`).
+    pub(super) print: Arc<super::printed_launch::LaunchPrint>,
     /// Whether the stream is being captured into a graph.
     pub(super) capturing: AtomicBool,
 }
@@ -37,7 +37,7 @@ impl CudaDevice {
             ctx,
             stream,
             modules: Mutex::new(HashMap::new()),
-            print: AtomicU64::new(super::launch_graph::PRINT_SEED),
+            print: Arc::default(),
             capturing: AtomicBool::new(false),
         })
     }

@@ -8,7 +8,7 @@ use half::bf16;
 
 use super::backend::CudaBackend;
 use super::driver_error;
-use super::launch_graph::addr;
+use super::printed_launch::addr;
 use crate::error::{KernelError, Result};
 use crate::gemm::GemmShape;
 
@@ -81,8 +81,10 @@ impl CudaBackend {
             beta: bf16::ZERO,
             ldc: n,
         };
+        // A cuBLAS call, not one of our launches: its print is every input of the call (the
+        // shape, from which `cfg` and the strides follow, and the three operands).
         let words = [0x6765_6d6d, g.m as u64, g.n as u64, g.k as u64, g.batch as u64, addr(a, s), addr(b, s)];
-        self.dev.note_words(&[&words[..], &[addr(&*c, s)]].concat());
+        self.dev.print.fold(&[&words[..], &[addr(&*c, s)]].concat());
         let r = if g.batch == 1 {
             // SAFETY: the buffers hold the shape's operands (checked above).
             unsafe { blas.handle.gemm(cfg, b, a, c) }

@@ -13,6 +13,7 @@ mod gemm_launch;
 mod launch_graph;
 mod nvrtc;
 mod policy;
+mod printed_launch;
 mod sources;
 mod step_launch;
 mod swap_in;
@@ -27,6 +28,7 @@ pub use nvrtc::{ARCH, CompiledKernel, compile, cuda_include_dir, nvrtc_available
 pub use policy::{
     GpuNomination, GpuPolicyEnv, GpuPolicyScalars, GpuPrefetchSource, GpuSlotRecord, GpuStepCtx, GpuVictimKey,
 };
+pub use printed_launch::LaunchPrint;
 pub use sources::{KernelSource, all_sources, policy_harness, prefetcher_harness, source};
 pub use swap_in::{GpuSwapIn, SwapBatch, SwapOutputs, SwapParams, SwapReq, swap_in_source};
 pub use swap_in_backend::CudaSwapIn;

@@ -1,12 +1,12 @@
 //! The step helpers' launches of [`CudaBackend`]: batched row writes, rows by position through
 //! page tables, and the unit stream generated on the device.
 
-use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits};
+use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, ValidAsZeroBits};
 use half::bf16;
 
 use super::backend::{CudaBackend, Scratch, lock, room, upload_cached};
 use super::driver_error;
-use super::launch_graph::addr;
+use super::printed_launch::PrintedLaunch;
 use crate::backend::Span;
 use crate::error::{KernelError, Result, check_len};
 
@@ -86,10 +86,8 @@ impl CudaBackend {
         let mut pool_words = unsafe { pool.transmute_mut::<u32>(pool_len / 4) }
             .ok_or_else(|| KernelError::invalid("pool", pool_len, "cannot be viewed as words"))?;
         let cfg = LaunchConfig { grid_dim: (n.div_ceil(8) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-        let words_print = [addr(&words_view, s), u64::from(n32), u64::from(words), pool_rows, addr(&pool_words, s)];
-        self.dev.note(&self.write_rows, &cfg, &[&words_print[..], &[addr(&*fault, s)]].concat());
-        let mut b = s.launch_builder(&self.write_rows);
-        b.arg(&words_view).arg(&n32).arg(&words).arg(&pool_rows).arg(&mut pool_words).arg(fault);
+        let mut b = PrintedLaunch::new(&self.dev.print, s, &self.write_rows);
+        b.arg(&words_view).arg(&n32).arg(&words).arg(&pool_rows).arg_mut(&mut pool_words).arg_mut(fault);
         // SAFETY: n row indices then n rows of `words` words in the packed buffer (checked by
         // the callers); pool rows are checked in the kernel.
         unsafe { b.launch(cfg) }.map_err(driver_error("write rows launch"))?;
@@ -139,10 +137,8 @@ impl CudaBackend {
         let pt = page_tokens as u32;
         let Scratch { fault, locate, .. } = &mut *sc;
         let cfg = LaunchConfig { grid_dim: (n as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-        let words = [addr(selections, s), addr(&*locate, s), addr(page_table, s), u64::from(pt), addr(&*out, s)];
-        self.dev.note(&self.locate_rows, &cfg, &[&words[..], &[addr(&*fault, s)]].concat());
-        let mut b = s.launch_builder(&self.locate_rows);
-        b.arg(selections).arg(&*locate).arg(page_table).arg(&pt).arg(out).arg(fault);
+        let mut b = PrintedLaunch::new(&self.dev.print, s, &self.locate_rows);
+        b.arg(selections).arg(&*locate).arg(page_table).arg(&pt).arg_mut(out).arg_mut(fault);
         // SAFETY: spans lie within selections and out; page indices are checked in the kernel
         // against each request's share of the table (which lies within it).
         unsafe { b.launch(cfg) }.map_err(driver_error("locate rows launch"))?;
@@ -184,9 +180,8 @@ impl CudaBackend {
         let (segs, l32) =
             (n as u32, u32::try_from(len).map_err(|_| KernelError::invalid("len", len, "must fit 32 bits"))?);
         let (step, half) = (crate::unit_stream::STEP, crate::unit_stream::HALF_WIDTH);
-        self.dev.note(&self.fill_unit, &cfg, &[addr(seeds, s), u64::from(segs), u64::from(l32), addr(&*out, s)]);
-        let mut b = s.launch_builder(&self.fill_unit);
-        b.arg(seeds).arg(&segs).arg(&l32).arg(&step).arg(&half).arg(out);
+        let mut b = PrintedLaunch::new(&self.dev.print, s, &self.fill_unit);
+        b.arg(seeds).arg(&segs).arg(&l32).arg(&step).arg(&half).arg_mut(out);
         // SAFETY: `out` holds n * len values (checked by the callers); the kernel writes no
         // others and reads n seeds.
         unsafe { b.launch(cfg) }.map_err(driver_error("fill launch"))?;

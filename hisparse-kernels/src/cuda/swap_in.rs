@@ -26,7 +26,7 @@ pub type SwapReq = DeviceSwapReq;
 
 /// Where the host tier is, for the miss copies.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct SwapParams {
     /// The layer of this launch.
     pub layer: u32,
@@ -108,6 +108,8 @@ fn cuda(context: &str) -> impl FnOnce(cudarc::driver::DriverError) -> KernelErro
 
 /// The GPU swap-in of one policy, with the state of `seats` hot buffers of `layers` layers.
 pub struct GpuSwapIn {
+    /// The print its launches leave (the device's: a replayed graph holds them).
+    pub(super) print: Arc<super::LaunchPrint>,
     pub(super) stream: Arc<CudaStream>,
     pub(super) policy: Arc<dyn EvictionPolicy>,
     pub(super) func: CudaFunction,
@@ -211,6 +213,7 @@ impl GpuSwapIn {
             ),
         };
         Ok(Self {
+            print: Arc::clone(&dev.print),
             records: s.alloc_zeros(n * buffer_slots).map_err(cuda("records"))?,
             scalars: s.alloc_zeros(n).map_err(cuda("scalars"))?,
             ready: s.alloc_zeros(n).map_err(cuda("ready flags"))?,
@@ -394,26 +397,6 @@ impl GpuSwapIn {
             self.stream.memset_zeros(&mut self.fault).map_err(cuda("fault flag"))?;
         }
         Ok(f[0] != 0)
-    }
-
-    /// What the swap-in's launches read besides their arguments (kernels, state buffers, policy
-    /// seed, block size), for a launch print (`launch_graph.rs`).
-    pub(super) fn state_words(&self) -> [u64; 11] {
-        let s = &self.stream;
-        use super::launch_graph::addr;
-        [
-            self.func.cu_function() as usize as u64,
-            self.copy.cu_function() as usize as u64,
-            addr(&self.slot_tokens, s),
-            addr(&self.records, s),
-            addr(&self.scalars, s),
-            addr(&self.ready, s),
-            addr(&self.prefetched, s),
-            self.words.as_ref().map_or(0, |w| addr(w, s)),
-            addr(&self.fault, s),
-            self.policy.seed(),
-            u64::from(self.block),
-        ]
     }
 
     /// The state of `(seat, layer)`: slot → token (-1 empty), records, scalars (for tests).

@@ -13,7 +13,7 @@ use hisparse_policy::EvictionPolicy;
 
 use super::device::CudaDevice;
 use super::driver_error;
-use super::launch_graph::addr;
+use super::printed_launch::addr;
 use super::swap_in::{GpuSwapIn, SwapBatch, SwapOutputs};
 use crate::device_swap_in::{DeviceSwapCounts, DeviceSwapIn, DeviceSwapInConfig, DeviceSwapReq, SWAP_COUNTS};
 use crate::error::{KernelError, Result};
@@ -130,30 +130,9 @@ impl DeviceSwapIn<CudaMemory> for CudaSwapIn {
         let n3 = SWAP_COUNTS * n;
         let at = layer * n3;
         let s = self.dev.stream();
-        let o = &self.out;
-        let lay = self.host.layout();
-        let words = [
-            addr(batch.device(), s),
-            addr(&sels, s),
-            scores.map_or(0, |x| addr(x, s)),
-            addr(&self.pages_d, s),
-            self.pages_d.len() as u64,
-            addr(&*hot, s),
-            addr(&*locations, s),
-            addr(&o.counts, s),
-            addr(&o.miss_tokens, s),
-            addr(&o.miss_slots, s),
-            addr(&o.evicted, s),
-            layer as u64,
-            n as u64,
-            self.host.device_ptr(),
-            lay.pages_per_layer as u64,
-            (lay.row_bytes as u64) << 32 | lay.page_tokens as u64,
-        ];
-        self.dev.note_words(&[&words[..], &self.gpu.state_words()[..]].concat());
         s.memcpy_dtod(&self.out.counts.slice(..n3), &mut self.counts.slice_mut(at..at + n3))
             .map_err(driver_error("swap-in counts"))?;
-        self.dev.note_copy(addr(&self.out.counts, s), addr(&self.counts, s) + 4 * at as u64, 4 * n3 as u64);
+        self.dev.print.copy(addr(&self.out.counts, s), addr(&self.counts, s) + 4 * at as u64, 4 * n3 as u64);
         self.launched = self.launched.max(layer + 1);
         Ok(())
     }

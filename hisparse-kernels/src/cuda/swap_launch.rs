@@ -3,9 +3,10 @@
 //! rows' copies). Every size the host holds is checked here, with checked arithmetic, before any
 //! launch; what only the device holds is checked by the kernels (fault flag).
 
-use cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaView, LaunchConfig};
 use hisparse_memory::cuda::MappedHostTier;
 
+use super::printed_launch::PrintedLaunch;
 use super::swap_in::{GpuSwapIn, SwapBatch, SwapOutputs, SwapParams};
 use crate::device_swap_in::SWAP_COUNTS;
 use crate::error::{KernelError, Result};
@@ -124,30 +125,32 @@ impl GpuSwapIn {
             shared_mem_bytes: Self::shared_bytes(self.slots, self.max_sel) as u32,
         };
         let null = 0u64;
-        let mut b = self.stream.launch_builder(&self.func);
+        let GpuSwapIn { print, stream, func, slot_tokens, records, scalars, ready, prefetched, words, fault, .. } =
+            &mut *self;
+        let mut b = PrintedLaunch::new(print, stream, func);
         b.arg(batch.device())
             .arg(selections)
-            .arg(&mut self.slot_tokens)
-            .arg(&mut self.records)
-            .arg(&mut self.scalars)
-            .arg(&mut self.ready)
-            .arg(&mut self.prefetched);
-        match self.words.as_mut() {
-            Some(w) => b.arg(w),
+            .arg_mut(slot_tokens)
+            .arg_mut(records)
+            .arg_mut(scalars)
+            .arg_mut(ready)
+            .arg_mut(prefetched);
+        match words.as_mut() {
+            Some(w) => b.arg_mut(w),
             None => b.arg(&null),
         };
         match scores {
             Some(sc) => b.arg(sc),
             None => b.arg(&null),
         };
-        b.arg(&mut *hot_rows)
-            .arg(&mut out.locations)
-            .arg(&mut out.counts)
-            .arg(&mut out.miss_tokens)
-            .arg(&mut out.miss_slots)
-            .arg(&mut out.evicted)
-            .arg(&mut self.fault)
-            .arg(&params);
+        b.arg_mut(&mut *hot_rows)
+            .arg_mut(&mut out.locations)
+            .arg_mut(&mut out.counts)
+            .arg_mut(&mut out.miss_tokens)
+            .arg_mut(&mut out.miss_slots)
+            .arg_mut(&mut out.evicted)
+            .arg_mut(fault)
+            .params(&params);
         // SAFETY: the batch was validated against this swap-in when made (seats within the state
         // arrays, selection ranges within `sel_end`), and every buffer was checked above to hold
         // what the kernel indexes; selections out of range are skipped by the kernel (fault).
@@ -197,30 +200,33 @@ impl GpuSwapIn {
             shared_mem_bytes: Self::prefetch_shared_bytes(self.slots, self.max_sel) as u32,
         };
         let null = 0u64;
-        let mut b = self.stream.launch_builder(&self.prefetch);
+        let GpuSwapIn {
+            print, stream, prefetch, slot_tokens, records, scalars, ready, prefetched, words, fault, ..
+        } = &mut *self;
+        let mut b = PrintedLaunch::new(print, stream, prefetch);
         b.arg(batch.device())
             .arg(candidates)
             .arg(protect)
             .arg(&prot)
-            .arg(&mut self.slot_tokens)
-            .arg(&mut self.records)
-            .arg(&mut self.scalars)
-            .arg(&mut self.ready)
-            .arg(&mut self.prefetched);
-        match self.words.as_mut() {
-            Some(w) => b.arg(w),
+            .arg_mut(slot_tokens)
+            .arg_mut(records)
+            .arg_mut(scalars)
+            .arg_mut(ready)
+            .arg_mut(prefetched);
+        match words.as_mut() {
+            Some(w) => b.arg_mut(w),
             None => b.arg(&null),
         };
         match scores {
             Some(sc) => b.arg(sc),
             None => b.arg(&null),
         };
-        b.arg(&mut out.counts)
-            .arg(&mut out.miss_tokens)
-            .arg(&mut out.miss_slots)
-            .arg(&mut out.evicted)
-            .arg(&mut self.fault)
-            .arg(&params);
+        b.arg_mut(&mut out.counts)
+            .arg_mut(&mut out.miss_tokens)
+            .arg_mut(&mut out.miss_slots)
+            .arg_mut(&mut out.evicted)
+            .arg_mut(fault)
+            .params(&params);
         // SAFETY: as for the swap-in: the batch was validated (seats, candidate ranges within
         // `sel_end`, at most max_sel candidates: the shared memory is sized for that), the
         // protect spans lie within `protect`, and the outputs hold `sel_end` entries; candidates
@@ -246,15 +252,16 @@ impl GpuSwapIn {
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = self.stream.launch_builder(&self.copy);
+        let GpuSwapIn { print, stream, copy, fault, .. } = &mut *self;
+        let mut b = PrintedLaunch::new(print, stream, copy);
         b.arg(batch.device())
             .arg(&out.counts)
             .arg(&out.miss_tokens)
             .arg(&out.miss_slots)
             .arg(host_pages)
-            .arg(hot_rows)
-            .arg(&mut self.fault)
-            .arg(params);
+            .arg_mut(hot_rows)
+            .arg_mut(fault)
+            .params(params);
         // SAFETY: the decision kernel just wrote the lists for these requests; host rows are
         // reached only through the registered tier (alive while the caller's handle is), at page
         // ids the kernel checks against `host_pages_len` and the layout (fault otherwise).
