@@ -8,8 +8,10 @@ use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use hisparse_engine::{Engine, EngineConfig, RequestSpec};
-use hisparse_kernels::{AttentionBatch, Backend, IndexerBatch, Result, Span};
-use hisparse_memory::{EmulatedDevice, KvGeometry, Mode, RequestId};
+use hisparse_kernels::{
+    AttentionBatch, Backend, CpuRowBackup, CpuSwapIn, DeviceSwapInConfig, IndexerBatch, Result, RowBackupConfig, Span,
+};
+use hisparse_memory::{EmulatedDevice, HostTier, KvGeometry, Mode, RequestId};
 
 /// Kernels that do no arithmetic: top-k returns the first k positions.
 #[derive(Default)]
@@ -17,7 +19,8 @@ struct NullBackend(EmulatedDevice);
 
 impl Backend for NullBackend {
     type Memory = EmulatedDevice;
-    type SwapIn = hisparse_kernels::NoDeviceSwapIn;
+    type SwapIn = CpuSwapIn;
+    type Backup = CpuRowBackup;
     fn name(&self) -> &'static str {
         "null"
     }
@@ -40,6 +43,12 @@ impl Backend for NullBackend {
         _: &mut Vec<f32>,
     ) -> Result<()> {
         Ok(())
+    }
+    fn device_swap_in(&self, cfg: &DeviceSwapInConfig, host: &mut HostTier) -> Result<CpuSwapIn> {
+        CpuSwapIn::new(cfg, host)
+    }
+    fn row_backup(&self, cfg: &RowBackupConfig, host: &mut HostTier) -> Result<CpuRowBackup> {
+        CpuRowBackup::new(host, cfg)
     }
 }
 

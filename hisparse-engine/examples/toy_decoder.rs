@@ -126,7 +126,7 @@ fn main() -> Result<(), Box<dyn Error>> {
             step.layer(l, &inputs, &mut out, &mut lse)?;
 
             // The model's own check: dense attention over the rows the cache was asked to attend.
-            let view = step.view();
+            let view = step.view()?;
             for (i, s) in seqs.iter().enumerate() {
                 let sel = &view.selections[view.spans[i].offset..view.spans[i].end()];
                 let positions = s.rows[l].len() / d_qk;

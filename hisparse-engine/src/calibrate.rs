@@ -138,7 +138,7 @@ type ScoresNear = (Option<Vec<f32>>, Option<Vec<(u32, f32)>>);
 /// unselected positions with their scores, best first (ties by position).
 fn near_cut(scores: &[f32], selected: &[u32], margin: usize) -> ScoresNear {
     let own = selected.iter().map(|&t| scores[t as usize]).collect();
-    let near = crate::prefetch_queue::near_cut(scores, selected, margin);
+    let near = hisparse_policy::prefetch::near_cut(scores, selected, margin);
     (Some(own), Some(near.into_iter().map(|t| (t, scores[t as usize])).collect()))
 }
 

@@ -1,24 +1,26 @@
 //! # hisparse-engine
 //!
-//! Owns time: requests and their lifecycle, continuous batching, admission in the resident and
-//! hisparse modes, the per-layer decode loop, background backup workers, the synthetic
-//! workload ([`workload`]) and its calibration ([`calibrate`]), and metrics.
+//! Owns time: the KV hierarchy as a per-layer API that another engine's model loop calls
+//! ([`KvCache`], [`DecodeStep`]), and our own engine on top of it ([`Engine`]: requests and
+//! their lifecycle, continuous batching, admission in the resident and hisparse modes, latency,
+//! the synthetic workload ([`workload`]) and its calibration ([`calibrate`]), the emulated
+//! model, metrics).
 
-pub mod backup;
 pub mod cache;
 pub mod calibrate;
 pub mod engine;
 pub mod error;
+pub mod latency;
 pub mod metrics;
 pub mod model;
-mod prefetch_queue;
 pub mod request;
 pub mod runtime;
 pub mod workload;
 
-pub use cache::{CacheConfig, DecodeStep, KvCache, LayerInputs, LayerView, Prompt, Rows};
+pub use cache::{CacheConfig, Captured, DecodeStep, KvCache, LayerInputs, LayerView, Prompt, Rows};
 pub use engine::{DEFAULT_MAX_QUEUED, DecodeEngine, Engine, EngineConfig, LayerDump, StepReport};
 pub use error::{EngineError, Result};
+pub use latency::{LatencySummary, Percentiles, TokenLatency};
 pub use metrics::{RunSummary, StageTimes, StepMetrics};
 pub use model::{ModelEmulation, ModelShape};
 pub use request::{Outcome, RequestSpec};

@@ -34,6 +34,19 @@ pub struct StageTimes {
 }
 
 impl StageTimes {
+    /// Adds `secs` to the kernel stage `stage`.
+    pub fn add_kernel(&mut self, stage: hisparse_kernels::KernelStage, secs: f64) {
+        use hisparse_kernels::KernelStage as K;
+        match stage {
+            K::Indexer => self.indexer += secs,
+            K::TopK => self.top_k += secs,
+            K::SwapIn => self.swap_in += secs,
+            K::Attention => self.attention += secs,
+            K::Graph => self.graph += secs,
+            K::Model => self.model += secs,
+        }
+    }
+
     /// Adds `o` stage by stage.
     pub fn add(&mut self, o: &StageTimes) {
         self.workload += o.workload;

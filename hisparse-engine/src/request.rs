@@ -30,6 +30,8 @@ pub enum Outcome {
         /// Decode steps of the engine it took part in.
         steps: u64,
     },
+    /// It was aborted before its output was complete (everything it held was returned).
+    Aborted,
     /// It could never fit and was rejected whole.
     Rejected {
         /// Why.

@@ -167,21 +167,44 @@ impl Workload {
         [self.seed, kind, req, layer as u64, index]
     }
 
-    /// The KV row values (`d_qk`) of `(req, layer, position)`.
+    /// The KV row values (`d_qk`) of `(req, layer, position)`: the unit stream seeded
+    /// [`Workload::kv_row_seed`].
     pub fn kv_row(&self, req: u64, layer: usize, position: usize, out: &mut [f32]) {
-        fill_unit(self.parts(KV_ROW, req, layer, position as u64), out);
+        unit_stream::fill_unit(self.kv_row_seed(req, layer, position), out);
     }
 
-    /// The index-key values (`index_dim`) of `(req, layer, position)`.
+    /// The unit-stream seed of [`Workload::kv_row`] (to generate the row where the kernels run:
+    /// `Backend::fill_new_rows`).
+    pub fn kv_row_seed(&self, req: u64, layer: usize, position: usize) -> u64 {
+        stream_seed(self.parts(KV_ROW, req, layer, position as u64))
+    }
+
+    /// The index-key values (`index_dim`) of `(req, layer, position)`: `c u + b w` with `(c, b)`
+    /// = [`Workload::key_mix`] and `u`, `w` the streams seeded [`Workload::index_key_seeds`].
     pub fn index_key(&self, req: u64, layer: usize, position: usize, out: &mut [f32]) {
-        let b = self.locality[layer].layer_noise;
+        let (c, b) = self.key_mix(layer);
+        let [su, sw] = self.index_key_seeds(req, layer, position);
         let mut noise = vec![0f32; out.len()];
-        fill_unit(self.parts(LATENT, req, 0, position as u64), out);
-        fill_unit(self.parts(KEY_NOISE, req, layer, position as u64), &mut noise);
-        let c = (1.0 - b * b).sqrt();
+        unit_stream::fill_unit(su, out);
+        unit_stream::fill_unit(sw, &mut noise);
         for (o, n) in out.iter_mut().zip(&noise) {
             *o = c * *o + b * n;
         }
+    }
+
+    /// The seeds of [`Workload::index_key`]'s two streams: the token's latent (shared by the
+    /// layers) and the layer's noise.
+    pub fn index_key_seeds(&self, req: u64, layer: usize, position: usize) -> [u64; 2] {
+        [
+            stream_seed(self.parts(LATENT, req, 0, position as u64)),
+            stream_seed(self.parts(KEY_NOISE, req, layer, position as u64)),
+        ]
+    }
+
+    /// The mix `(c, b)` of layer `layer`'s index keys: `b` its layer noise, `c = sqrt(1 - b²)`.
+    pub fn key_mix(&self, layer: usize) -> (f32, f32) {
+        let b = self.locality[layer].layer_noise;
+        ((1.0 - b * b).sqrt(), b)
     }
 
     /// The attention query (`q_heads * d_qk`) of `(req, layer)` at decode `step`.

@@ -2,10 +2,12 @@
 //! backend's own device memory, and the argument types they share.
 
 use half::bf16;
-use hisparse_memory::{DeviceMemory, IndexKeyLayout, KvRowLayout};
+use hisparse_memory::{DeviceMemory, HostTier, IndexKeyLayout, KvRowLayout};
 
-use crate::device_swap_in::DeviceSwapIn;
+use crate::device_swap_in::{DeviceSwapIn, DeviceSwapInConfig};
 use crate::error::Result;
+use crate::new_rows::NewRows;
+use crate::row_backup::{RowBackup, RowBackupConfig};
 
 /// A buffer of `T` in backend `B`'s device memory.
 pub type Buf<B, T> = <<B as Backend>::Memory as DeviceMemory>::Buffer<T>;
@@ -156,9 +158,13 @@ pub trait Backend: Send + Sync {
     /// The memory this backend's kernels read and write.
     type Memory: DeviceMemory;
 
-    /// The backend's device-side swap-in ([`Backend::device_swap_in`]); backends without one
-    /// name [`crate::NoDeviceSwapIn`].
+    /// The backend's swap-in ([`Backend::device_swap_in`]): a backend over
+    /// [`hisparse_memory::EmulatedDevice`] may name [`crate::cpu::CpuSwapIn`].
     type SwapIn: DeviceSwapIn<Self::Memory>;
+
+    /// The backend's backup of new rows to the host tier ([`Backend::row_backup`]): a backend
+    /// over [`hisparse_memory::EmulatedDevice`] may name [`crate::cpu::CpuRowBackup`].
+    type Backup: RowBackup<Self::Memory>;
 
     /// A short name (`"cpu"`, `"cuda"`).
     fn name(&self) -> &'static str;
@@ -172,8 +178,9 @@ pub trait Backend: Send + Sync {
     fn indexer_scores(&self, batch: &IndexerBatch<'_, Self::Memory>, scores: &mut Buf<Self, f32>) -> Result<()>;
 
     /// The `k` highest scores of each request's span of `scores`, ties going to the lower
-    /// position, as positions in ascending order: request `i` writes `out[i * k..(i + 1) * k]`.
-    /// Fails with [`crate::KernelError::TopKExceedsLength`] when a span is shorter than `k`.
+    /// position, as positions in ascending order: request `i` writes `out[i * k..(i + 1) * k]`
+    /// (`out` holds at least `spans.len() * k`; the rest is left alone). Fails with
+    /// [`crate::KernelError::TopKExceedsLength`] when a span is shorter than `k`.
     fn top_k(&self, scores: &Buf<Self, f32>, spans: &[Span], k: usize, out: &mut Buf<Self, i32>) -> Result<()>;
 
     /// Sparse attention of each request over its selected rows: `out` is `[batch, heads, d_v]`,
@@ -201,17 +208,12 @@ pub trait Backend: Send + Sync {
         Ok(None)
     }
 
-    /// A swap-in that runs on the device over `host` (registered with the device here), or
-    /// `None` where the backend has none (the engine then runs the host swap-in and copies rows
-    /// through [`Backend::memory`]).
-    fn device_swap_in(
-        &self,
-        cfg: &crate::device_swap_in::DeviceSwapInConfig,
-        host: &mut hisparse_memory::HostTier,
-    ) -> Result<Option<Self::SwapIn>> {
-        let _ = (cfg, host);
-        Ok(None)
-    }
+    /// The swap-in over `host` (registered with the device here where the backend needs it):
+    /// selections, scores, hot buffers and locations stay in the backend's memory.
+    fn device_swap_in(&self, cfg: &DeviceSwapInConfig, host: &mut HostTier) -> Result<Self::SwapIn>;
+
+    /// The backup of new rows from the hot buffers into `host`.
+    fn row_backup(&self, cfg: &RowBackupConfig, host: &mut HostTier) -> Result<Self::Backup>;
 
     /// Writes row `i` of `data` (`rows.len()` rows of `row_bytes`) to row `rows[i]` of `pool`,
     /// for all rows at once (the default writes them one by one through [`Backend::memory`]).
@@ -240,26 +242,50 @@ pub trait Backend: Send + Sync {
         crate::locate::locate_on_host(self.memory(), selections, spans, page_table, first_pages, page_tokens, out)
     }
 
-    /// Whether the engine should keep selections on the device between kernels (its launches
-    /// are asynchronous and a host round trip per layer would stall them).
-    fn prefers_device_selection(&self) -> bool {
-        false
-    }
-
-    /// [`Backend::write_rows`] with its input already in device memory: `packed` holds `n` row
-    /// indices (little-endian `u32`), then the `n` rows. The default copies it to the host.
-    fn write_rows_packed(
+    /// [`Backend::write_rows`] with everything in device memory: row `i` of `data` goes to
+    /// row `rows[i]` of `pool` (`data` holds `len(rows)` rows of `row_bytes`). All rows or none
+    /// where the backend checks on the host; a row index the backend can only check on the
+    /// device is written nowhere and reported by [`Backend::finish_step`]. The default copies
+    /// both to the host.
+    fn scatter_rows(
         &self,
         pool: &mut Buf<Self, u8>,
         row_bytes: usize,
-        n: usize,
-        packed: &Buf<Self, u8>,
+        rows: &Buf<Self, u32>,
+        data: &Buf<Self, u8>,
     ) -> Result<()> {
-        let host = self.memory().download(packed)?;
-        crate::error::check_len("packed", n * (4 + row_bytes), host.len())?;
-        let rows: Vec<u32> =
-            host[..4 * n].chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-        self.write_rows(pool, row_bytes, &rows, &host[4 * n..])
+        let (rows, data) = (self.memory().download(rows)?, self.memory().download(data)?);
+        self.write_rows(pool, row_bytes, &rows, &data)
+    }
+
+    /// An emulated model's new rows ([`crate::new_rows`]): `rows` gets one KV row per seed of
+    /// `fill.kv_seeds`, `keys` (with `fill.key_seeds`) one index key each. The default generates
+    /// on the host ([`crate::new_rows::fill_new_rows_host`]) and copies.
+    fn fill_new_rows(
+        &self,
+        fill: &NewRows<'_, Self::Memory>,
+        rows: &mut Buf<Self, u8>,
+        keys: Option<&mut Buf<Self, u8>>,
+    ) -> Result<()> {
+        let mem = self.memory();
+        let seeds = mem.download(fill.kv_seeds)?;
+        let key_seeds = fill.key_seeds.map(|k| mem.download(k)).transpose()?;
+        let mut r = vec![0u8; mem.len(rows)];
+        let mut k = keys.as_ref().map(|k| vec![0u8; mem.len(*k)]);
+        crate::new_rows::fill_new_rows_host(
+            fill.kv_layout,
+            &seeds,
+            fill.key_layout,
+            key_seeds.as_deref(),
+            fill.key_mix,
+            &mut r,
+            k.as_deref_mut(),
+        )?;
+        mem.write(rows, 0, &r)?;
+        if let (Some(keys), Some(k)) = (keys, k) {
+            mem.write(keys, 0, &k)?;
+        }
+        Ok(())
     }
 
     /// [`Backend::fill_unit_bf16`] with the seeds already in device memory. The default copies

@@ -1,30 +1,34 @@
-//! `DeviceSwapIn`: a swap-in whose state (slot tables, policy records) lives on the device and
-//! whose decisions and miss copies run there, as one launch per layer for the batch — the
-//! interface the engine drives when its backend has one ([`crate::Backend::device_swap_in`]).
-//! It makes exactly the host swap-in's decisions (`hisparse_policy::SwapInState::step`).
+//! `DeviceSwapIn`: a swap-in that reads the step's selections where the backend computed them
+//! (device buffers) and writes the hot buffers and row locations there, as one call per layer
+//! for the batch — the interface every backend's swap-in has ([`crate::Backend::device_swap_in`]):
+//! CUDA keeps slot tables and policy records on the GPU (`cuda::CudaSwapIn`), the CPU backend
+//! wraps the CPU swap-in step ([`crate::cpu::CpuSwapIn`]). Both make exactly the decisions of
+//! `hisparse_policy::SwapInState::step`.
 
 use std::sync::Arc;
 
-use hisparse_memory::DeviceMemory;
-use hisparse_policy::EvictionPolicy;
+use hisparse_memory::{DeviceMemory, KvGeometry};
+use hisparse_policy::{EvictionPolicy, Prefetcher};
 
 use crate::error::Result;
 
 /// How a device swap-in is sized.
 #[derive(Clone, Debug)]
 pub struct DeviceSwapInConfig {
-    /// The eviction policy (it must have a GPU form).
+    /// The model geometry (layers, top-k, which layers share an index).
+    pub geometry: KvGeometry,
+    /// The eviction policy (on CUDA it must have a GPU form).
     pub policy: Arc<dyn EvictionPolicy>,
+    /// The prefetcher (`none` on a backend that cannot prefetch yet).
+    pub prefetcher: Arc<dyn Prefetcher>,
+    /// Rows one nomination may bring into one buffer (0: the prefetcher's own bound).
+    pub prefetch_budget: usize,
     /// Hot-buffer seats (requests at once).
     pub seats: usize,
-    /// Layers.
-    pub layers: usize,
     /// Regular slots per hot buffer (the reserved newest slot comes on top).
     pub buffer_slots: usize,
-    /// Threads per request of the decision kernel.
+    /// Threads per request of the decision kernel (CUDA).
     pub block_size: usize,
-    /// Most selected tokens of one request (top-k).
-    pub max_selected: usize,
     /// Longest request (positions), for policies that keep a word per token.
     pub max_tokens: usize,
 }
@@ -68,8 +72,12 @@ pub struct DeviceSwapCounts {
     pub misses: u64,
     /// The most misses of one (request, layer).
     pub max_misses: u64,
-    /// Bytes copied host → device.
+    /// Bytes copied host → device (prefetch included).
     pub bytes_h2d: u64,
+    /// Rows prefetched before their layer's selection was known.
+    pub prefetched: u64,
+    /// Of `bytes_h2d`, the prefetched rows' bytes.
+    pub bytes_prefetch: u64,
     /// Hits on slots a prefetch filled (useful prefetches).
     pub prefetch_used: u64,
     /// Prefetched slots evicted before any selection used them (wasted prefetches).
@@ -77,7 +85,7 @@ pub struct DeviceSwapCounts {
 }
 
 /// A device swap-in over memory `M`. Calls of one step: [`DeviceSwapIn::begin_step`], then
-/// [`DeviceSwapIn::launch`] per layer, then [`DeviceSwapIn::end_step`].
+/// [`DeviceSwapIn::launch`] per layer in order, then [`DeviceSwapIn::end_step`].
 pub trait DeviceSwapIn<M: DeviceMemory>: Send {
     /// Empties `seat` in every layer for a new request; tokens `0..preload` are already in
     /// slots `0..preload` (a prompt that fits the buffer).
@@ -106,45 +114,9 @@ pub trait DeviceSwapIn<M: DeviceMemory>: Send {
     /// launches (their counts are then read by [`DeviceSwapIn::end_step`] as if launched).
     fn note_replayed(&mut self, layers: usize);
 
-    /// Waits for the step's launches and returns what they counted.
-    fn end_step(&mut self) -> Result<DeviceSwapCounts>;
-}
-
-/// The device swap-in of a backend that has none: it cannot be built.
-#[derive(Debug)]
-pub enum NoDeviceSwapIn {}
-
-impl<M: DeviceMemory> DeviceSwapIn<M> for NoDeviceSwapIn {
-    fn reset_seat(&mut self, _: usize, _: usize) -> Result<()> {
-        match *self {}
-    }
-
-    fn set_policy(&mut self, _: Arc<dyn EvictionPolicy>) -> Result<()> {
-        match *self {}
-    }
-
-    fn begin_step(&mut self, _: &[DeviceSwapReq], _: &[u32]) -> Result<()> {
-        match *self {}
-    }
-
-    fn launch(
-        &mut self,
-        _: usize,
-        _: &M::Buffer<i32>,
-        _: Option<&M::Buffer<f32>>,
-        _: &mut M::Buffer<u8>,
-        _: &mut M::Buffer<i32>,
-    ) -> Result<()> {
-        match *self {}
-    }
-
-    fn note_replayed(&mut self, _: usize) {
-        match *self {}
-    }
-
-    fn end_step(&mut self) -> Result<DeviceSwapCounts> {
-        match *self {}
-    }
+    /// After the last layer: applies the prefetches due at the step's end into `hot` (every
+    /// layer's hot-buffer pool), waits for the step's launches and returns what they counted.
+    fn end_step(&mut self, hot: &mut [M::Buffer<u8>]) -> Result<DeviceSwapCounts>;
 }
 
 #[cfg(test)]

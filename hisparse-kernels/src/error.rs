@@ -2,6 +2,7 @@
 //! problems say what was missing or what the driver or compiler answered.
 
 use hisparse_memory::MemoryError;
+use hisparse_policy::PolicyError;
 
 /// What went wrong in a kernel call.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -10,6 +11,12 @@ pub enum KernelError {
     /// A memory-level error (buffer bounds, row codecs, geometry).
     #[error(transparent)]
     Memory(#[from] MemoryError),
+    /// A policy-level error (the CPU swap-in's decisions, a prefetcher's configuration).
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+    /// A background worker (the CPU backup thread) stopped or failed a copy.
+    #[error("worker: {0}")]
+    Worker(String),
     /// An argument has a value the kernel cannot use.
     #[error("invalid {field} = {value}: {reason}")]
     InvalidArgument {

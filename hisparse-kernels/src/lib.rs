@@ -27,20 +27,22 @@ pub mod error;
 pub mod gemm;
 pub mod locate;
 pub mod merge;
+pub mod new_rows;
 pub mod oracle;
 #[cfg(feature = "random")]
 pub mod random;
+pub mod row_backup;
 pub mod unit_stream;
 
 pub use backend::{AttentionBatch, Backend, Buf, IndexerBatch, IndexerRequest, KernelStage, Span, StageSeconds};
-pub use cpu::CpuBackend;
-pub use device_swap_in::{
-    DeviceSwapCounts, DeviceSwapIn, DeviceSwapInConfig, DeviceSwapReq, NoDeviceSwapIn, SWAP_COUNTS,
-};
+pub use cpu::{CpuBackend, CpuRowBackup, CpuSwapIn};
+pub use device_swap_in::{DeviceSwapCounts, DeviceSwapIn, DeviceSwapInConfig, DeviceSwapReq, SWAP_COUNTS};
 pub use error::{KernelError, Result};
 pub use gemm::GemmShape;
 pub use merge::merge_partial;
+pub use new_rows::{NewRows, fill_new_rows_host};
 pub use oracle::dense_attention;
+pub use row_backup::{RowBackup, RowBackupConfig};
 
 /// The README's examples, compiled and run as doc-tests.
 #[cfg(doctest)]

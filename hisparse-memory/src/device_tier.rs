@@ -229,6 +229,16 @@ impl<M: DeviceMemory> DeviceTier<M> {
         Ok(seat as usize * (self.cfg.buffer_slots + 1) + slot)
     }
 
+    /// The hot-buffer seat of hisparse `req` (its rows are `seat * (buffer_slots + 1)..`).
+    pub fn seat(&self, req: RequestId) -> Result<usize> {
+        Ok(self.hot_row(req, 0)? / (self.cfg.buffer_slots + 1))
+    }
+
+    /// Every layer's hot-buffer pool (a swap-in that prefetches into several layers).
+    pub fn hot_pools_mut(&mut self) -> &mut [M::Buffer<u8>] {
+        &mut self.hot
+    }
+
     /// The index-key pages `req` holds, in position order (for the indexer's page table).
     pub fn index_pages(&self, req: RequestId) -> Result<&[u32]> {
         self.index_pages.pages(req)

@@ -36,7 +36,9 @@ pub use device_memory::{DeviceMemory, Element, EmulatedDevice};
 pub use device_tier::{DeviceTier, DeviceTierConfig};
 pub use error::{MemoryError, Result};
 pub use geometry::{IndexerLayout, KvGeometry};
-pub use host_tier::{HostRowLocation, HostRowWriter, HostTier, HostTierConfig, HostTierFile, HostTierLayout};
+pub use host_tier::{
+    HostRowLocation, HostRowReader, HostRowWriter, HostTier, HostTierConfig, HostTierFile, HostTierLayout,
+};
 pub use page_pool::PagePool;
 pub use request::{Mode, RequestId};
 pub use row::{IndexKeyLayout, KvRowFormat, KvRowLayout};

@@ -1,15 +1,15 @@
 //! Admission into the cache: a request's whole-life reservation, its prompt's KV rows into the
 //! host tier (hisparse, as a decode node receives them from a prefill node) or the device tier
-//! (resident), its index keys into the device tier, and a prompt that fits the hot buffer also
-//! copied into it (the fast path). Then growing a reservation, and freeing or aborting.
+//! (resident), its index keys into the device tier, a prompt that fits the hot buffer also
+//! copied into it (the fast path), and its seat of the swap-in made fresh. Then growing a
+//! reservation, and freeing or aborting.
 //!
 //! Invariant: admission is all or nothing: a failed [`KvCache::admit`] holds nothing.
 
 use std::borrow::Cow;
 
-use hisparse_kernels::Backend;
+use hisparse_kernels::{Backend, DeviceSwapIn, RowBackup};
 use hisparse_memory::{Admission, DeviceMemory, Mode, RequestId, Resources};
-use hisparse_policy::SwapInState;
 
 use super::{CachedRequest, KvCache};
 use crate::error::{EngineError, Result};
@@ -86,18 +86,8 @@ where
             other => return Ok(other),
         }
         match self.start(id, tokens, fill) {
-            Ok(swap) => {
-                let layers = self.cfg.geometry.layers;
-                let r = CachedRequest {
-                    seq_len: tokens,
-                    reserved: reserve_tokens,
-                    need,
-                    swap,
-                    last_backup: vec![0; layers],
-                    steps: 0,
-                    prefetch: Default::default(),
-                    broken: false,
-                };
+            Ok(()) => {
+                let r = CachedRequest { seq_len: tokens, reserved: reserve_tokens, need, steps: 0, broken: false };
                 self.requests.insert(id, r);
                 Ok(Admission::Admitted)
             }
@@ -157,8 +147,8 @@ where
         Ok(())
     }
 
-    /// Registers `id` in the tiers and writes its prompt; returns its swap-in states.
-    fn start<F>(&mut self, id: RequestId, t: usize, mut fill: F) -> Result<Vec<SwapInState>>
+    /// Registers `id` in the tiers, writes its prompt and makes its swap-in seat fresh.
+    fn start<F>(&mut self, id: RequestId, t: usize, mut fill: F) -> Result<()>
     where
         F: FnMut(usize, &mut [u8], Option<&mut [u8]>) -> Result<()>,
     {
@@ -202,18 +192,10 @@ where
                 }
             }
         }
-        match mode {
-            Mode::Resident => Ok(Vec::new()),
-            Mode::HiSparse => (0..layers)
-                .map(|_| {
-                    let mut s = SwapInState::new(b)?;
-                    if preload {
-                        s.preload(t)?;
-                    }
-                    Ok(s)
-                })
-                .collect(),
+        if let Some(swap) = self.swap.as_mut() {
+            swap.reset_seat(self.device.seat(id)?, if preload { t } else { 0 })?;
         }
+        Ok(())
     }
 
     /// Raises request `id`'s reservation to `tokens` positions in all. Returns
@@ -254,8 +236,8 @@ where
     /// steps it ran.
     pub fn free(&mut self, id: RequestId) -> Result<u32> {
         let r = self.requests.remove(&id).ok_or(EngineError::Request { id: id.0, reason: "not admitted".into() })?;
-        let waited = match &self.backup {
-            Some(bk) => bk.wait(r.last_backup.iter().copied().max().unwrap_or(0)),
+        let waited = match self.backup.as_mut() {
+            Some(bk) => bk.wait_all(),
             None => Ok(()),
         };
         // Everything is returned even when a backup copy failed (its row is gone with the request).

@@ -1,20 +1,19 @@
-//! One layer of a decode step on the caller's tensors: the new token's index key and KV row
-//! into the device tier (the reserved hot-buffer slot in hisparse mode, fenced by the backup of
-//! the token it held) → indexer (the newest token pinned) → top-k for requests longer than
-//! top-k → swap-in (hisparse: pending prefetches, policy decisions, missed rows host → device,
-//! then the prefetcher's nominations) or rows by position (resident) → sparse attention into
-//! the caller's output → the new row queued for backup to the host tier (hisparse).
+//! One layer of a decode step on the caller's tensors, every kernel on the backend's own
+//! buffers (no host round trip): the new token's index key and KV row scattered into the device
+//! tier (the reserved hot-buffer slot in hisparse mode, after the backup fence) → indexer (the
+//! newest token pinned) → top-k of the requests longer than top-k, into the selection buffer →
+//! the backend's swap-in (hisparse: prefetches due, policy decisions, missed rows host → device)
+//! or rows by position (resident) → sparse attention into the caller's output → the new rows'
+//! backup to the host tier queued (hisparse). Host timers around the calls; a backend that times
+//! its own stages ([`hisparse_kernels::Backend::mark_stage`]) replaces them at the step's end.
 
 use std::time::Instant;
 
-use hisparse_kernels::{AttentionBatch, Backend, Buf, IndexerBatch, Span};
+use hisparse_kernels::{AttentionBatch, Backend, Buf, DeviceSwapIn, IndexerBatch, KernelStage, RowBackup};
 use hisparse_memory::{DeviceMemory, Mode};
-use hisparse_policy::prefetch::When;
-use hisparse_policy::{StepCtx, SwapInPlan, SwapInputs, copy_missing_rows};
 
 use super::step::{DecodeStep, LayerInputs};
 use crate::error::{EngineError, Result};
-use crate::prefetch_queue::{PrefetchTarget, StepView};
 
 fn secs(t: Instant) -> f64 {
     t.elapsed().as_secs_f64()
@@ -94,6 +93,23 @@ where
         Ok(())
     }
 
+    /// Runs the caller's own launches `f` (a model's GEMMs between layers, say) as stage
+    /// `stage` of this step: timed and marked on the backend's clock like the layers' kernels,
+    /// and reported by [`DecodeStep::end`].
+    pub fn time_stage<T>(&mut self, stage: KernelStage, f: impl FnOnce(&B) -> Result<T>) -> Result<T> {
+        self.stage(stage, |s| f(&s.cache.backend))
+    }
+
+    /// Runs `f` as stage `stage`: timed on the host, and marked on the backend's clock.
+    fn stage<T>(&mut self, stage: KernelStage, f: impl FnOnce(&mut Self) -> Result<T>) -> Result<T> {
+        let t = Instant::now();
+        self.cache.backend.mark_stage(stage, true)?;
+        let r = f(self)?;
+        self.cache.backend.mark_stage(stage, false)?;
+        self.metrics.stages.add_kernel(stage, secs(t));
+        Ok(r)
+    }
+
     fn run_layer(
         &mut self,
         l: usize,
@@ -101,164 +117,91 @@ where
         out: &mut Buf<B, f32>,
         lse: &mut Buf<B, f32>,
     ) -> Result<()> {
-        let c = &mut *self.cache;
-        let m = &mut self.metrics;
-        let g = &c.cfg.geometry;
-        let (b, k, mode) = (c.cfg.hisparse.device_buffer_size, g.top_k, c.cfg.mode);
-        let (full, scale, qh, ih) = (g.index_slot(l), g.default_softmax_scale(), g.q_heads, g.index_heads);
-        let mem = c.backend.memory().clone();
-        let sb = &mut c.scratch;
+        self.viewed = None;
+        let g = self.cache.cfg.geometry.clone();
+        let (k, mode, full) = (g.top_k, self.cache.cfg.mode, g.index_slot(l));
 
-        // 1. The new token's index key and KV row, into the same row of every layer's pool. A
-        // reserved slot about to be reused waits for the backup of the token it holds.
+        // 1. The new token's index key and KV row, into the same row of every layer's pool; a
+        // reserved slot about to be rewritten waits (in the device's order) for its backup.
         let t = Instant::now();
-        let rows = mem.download(inputs.new_kv_rows)?;
-        let (mut key_rows, mut kv_rows) = (Vec::with_capacity(self.ids.len()), Vec::with_capacity(self.ids.len()));
-        for id in &self.ids {
-            let r = c.requests.get(id).ok_or(EngineError::Request { id: id.0, reason: "not admitted".into() })?;
-            let p = r.seq_len;
-            key_rows.push(c.device.index_key_row(*id, p)? as u32);
-            kv_rows.push(match mode {
-                Mode::Resident => c.device.kv_row(*id, p)? as u32,
-                Mode::HiSparse => {
-                    if p >= b
-                        && let Some(bk) = &c.backup
-                    {
-                        let tw = Instant::now();
-                        bk.wait(r.last_backup[l])?;
-                        m.stages.backup += secs(tw);
-                    }
-                    c.device.hot_row(*id, p.min(b))? as u32
-                }
-            });
+        if self.fence
+            && let Some(bk) = self.cache.backup.as_mut()
+        {
+            bk.fence(l)?;
         }
+        let c = &mut *self.cache;
+        let sb = &c.scratch;
         if let (Some(slot), Some(keys)) = (full, inputs.new_index_keys) {
-            let keys = mem.download(keys)?;
-            c.backend.write_rows(c.device.keys_mut(slot), c.key.row_bytes(), &key_rows, &keys)?;
+            c.backend.scatter_rows(c.device.keys_mut(slot), c.key.row_bytes(), &sb.dest_keys, keys)?;
         }
         let pool = if mode == Mode::Resident { c.device.kv_mut(l) } else { c.device.hot_mut(l) };
-        c.backend.write_rows(pool, c.kv_row.row_bytes(), &kv_rows, &rows)?;
-        m.stages.append += secs(t);
+        c.backend.scatter_rows(pool, c.kv_row.row_bytes(), &sb.dest_rows, inputs.new_kv_rows)?;
+        self.metrics.stages.append += secs(t);
 
         // 2–3. Indexer and top-k on a full layer; a shared layer (IndexShare) keeps its full
         // layer's selection (the last one made: layers run in order).
         if let (Some(slot), Some(q), Some(w)) = (full, inputs.index_queries, inputs.index_weights) {
-            let batch = IndexerBatch {
-                heads: ih,
-                key_layout: c.key,
-                queries: q,
-                weights: w,
-                keys: c.device.keys(slot),
-                page_tokens: c.cfg.hisparse.page_tokens,
-                page_table: &sb.table,
-                requests: &self.reqs,
-                pin_newest: true,
-            };
-            let t = Instant::now();
-            c.backend.indexer_scores(&batch, &mut sb.scores)?;
-            m.stages.indexer += secs(t);
-            if !self.spans.is_empty() {
-                let t = Instant::now();
-                c.backend.top_k(&sb.scores, &self.spans, k, &mut sb.top)?;
-                mem.read(&sb.top, 0, &mut sb.stage_top)?;
-                m.stages.top_k += secs(t);
-            }
-            sb.selections.clear();
-            sb.sel_spans.clear();
-            let mut j = 0;
-            for (i, r) in self.reqs.iter().enumerate() {
-                let start = sb.selections.len();
-                if self.long.get(j) == Some(&i) {
-                    sb.selections.extend(sb.stage_top[j * k..(j + 1) * k].iter().map(|&x| x as u32));
-                    j += 1;
-                } else {
-                    sb.selections.extend(0..r.seq_len as u32);
-                }
-                sb.sel_spans.push(Span::new(start, sb.selections.len() - start));
+            self.stage(KernelStage::Indexer, |s| {
+                let c = &mut *s.cache;
+                let batch = IndexerBatch {
+                    heads: g.index_heads,
+                    key_layout: c.key,
+                    queries: q,
+                    weights: w,
+                    keys: c.device.keys(slot),
+                    page_tokens: c.cfg.hisparse.page_tokens,
+                    page_table: &c.scratch.table,
+                    requests: &s.reqs,
+                    pin_newest: true,
+                };
+                Ok(c.backend.indexer_scores(&batch, &mut c.scratch.scores)?)
+            })?;
+            if !self.topk_spans.is_empty() {
+                self.stage(KernelStage::TopK, |s| {
+                    let c = &mut *s.cache;
+                    Ok(c.backend.top_k(&c.scratch.scores, &s.topk_spans, k, &mut c.scratch.sel)?)
+                })?;
             }
         }
 
         // 4. Swap-in (hisparse) or rows by position (resident).
-        let t = Instant::now();
-        sb.locations.clear();
-        let policy = c.policy.clone();
-        let hs = mode == Mode::HiSparse;
-        // Scores for policies and prefetchers that read them (a shared layer's are its full
-        // layer's).
-        let scores = if hs && (policy.needs_scores() || c.prefetcher.needs_near()) {
-            Some(mem.download(&sb.scores)?)
-        } else {
-            None
-        };
-        let mut plan = SwapInPlan::default();
-        for (i, span) in sb.sel_spans.iter().enumerate() {
-            let sel = &sb.selections[span.offset..span.end()];
-            let (id, q) = (self.ids[i], &self.reqs[i]);
-            let n = q.seq_len;
-            if !hs {
-                for &tok in sel {
-                    sb.locations.push(c.device.kv_row(id, tok as usize)? as i32);
+        self.stage(KernelStage::SwapIn, |s| {
+            let c = &mut *s.cache;
+            let sb = &mut c.scratch;
+            match (mode, c.swap.as_mut()) {
+                (Mode::HiSparse, Some(swap)) => {
+                    let scores = (c.policy.needs_scores() || c.prefetcher.needs_near()).then_some(&sb.scores);
+                    swap.launch(l, &sb.sel, scores, c.device.hot_mut(l), &mut sb.locs)?;
                 }
-                m.hits += sel.len() as u64;
-                continue;
+                (Mode::HiSparse, None) => return Err(EngineError::Worker("hisparse mode without a swap-in".into())),
+                (Mode::Resident, _) => {
+                    let p_tok = c.cfg.hisparse.page_tokens;
+                    c.backend.locate_rows(&sb.sel, &s.sel_spans, &sb.kv_table, &s.kv_first, p_tok, &mut sb.locs)?;
+                }
             }
-            let own = scores.as_ref().and_then(|s| s.get(q.score_offset..q.score_offset + n));
-            let host = c.host.as_ref().ok_or_else(|| EngineError::Worker("no host tier".into()))?;
-            let r = c.requests.get_mut(&id).ok_or(EngineError::Request { id: id.0, reason: "not admitted".into() })?;
-            let view = StepView { step: r.steps + 1, seq_len: n, buffer_slots: b };
-            // Rows nominated for this layer earlier in the step come in first.
-            let to = PrefetchTarget { id, swap: &mut r.swap, host, device: &mut c.device };
-            let got = r.prefetch.apply(Some(l), When::ThisStep, policy.as_ref(), view, own, to)?;
-            m.add_prefetch(got);
-            let ctx = StepCtx {
-                step: r.steps + 1,
-                layer: l as u32,
-                request: id.0,
-                buffer_slots: b as u32,
-                seed: policy.seed(),
-            };
-            let inputs = SwapInputs { next_use: None, scores: own };
-            r.swap[l].step(policy.as_ref(), sel, n, &ctx, inputs, &mut plan)?;
-            m.bytes_h2d += copy_missing_rows(&plan, host, &mut c.device, id, l)? as u64;
-            m.hits += plan.hits.len() as u64;
-            m.misses += plan.misses.len() as u64;
-            m.max_misses = m.max_misses.max(plan.misses.len() as u64);
-            m.prefetch_useful += plan.prefetch_used as u64;
-            m.prefetch_wasted += plan.prefetch_wasted as u64;
-            let base = c.device.hot_row(id, 0)? as i32;
-            sb.locations.extend(plan.locations.iter().map(|&slot| base + slot as i32));
-            let budget = c.cfg.hisparse.prefetch_budget;
-            r.prefetch.nominate(c.prefetcher.as_ref(), &c.cfg.geometry, budget, view, l, sel, own);
-        }
-        m.stages.swap_in += secs(t);
+            Ok(())
+        })?;
 
         // 5. Attention over the selected rows.
-        mem.write(&mut sb.locs, 0, &sb.locations)?;
-        let batch = AttentionBatch {
-            heads: qh,
-            layout: c.kv_row,
-            softmax_scale: scale,
-            queries: inputs.attention_queries,
-            rows: if hs { c.device.hot(l) } else { c.device.kv(l) },
-            locations: &sb.locs,
-            selections: &sb.sel_spans,
-        };
-        let t = Instant::now();
-        c.backend.sparse_attention(&batch, out, lse)?;
-        m.stages.attention += secs(t);
+        self.stage(KernelStage::Attention, |s| {
+            let c = &mut *s.cache;
+            let batch = AttentionBatch {
+                heads: g.q_heads,
+                layout: c.kv_row,
+                softmax_scale: g.default_softmax_scale(),
+                queries: inputs.attention_queries,
+                rows: if mode == Mode::HiSparse { c.device.hot(l) } else { c.device.kv(l) },
+                locations: &c.scratch.locs,
+                selections: &s.sel_spans,
+            };
+            Ok(c.backend.sparse_attention(&batch, out, lse)?)
+        })?;
 
-        // 6. The new rows, queued for backup to the host tier.
-        if let (Some(bk), Some(host)) = (c.backup.as_mut(), c.host.as_ref()) {
+        // 6. The new rows, backed up from their slots to the host tier off the critical path.
+        if let Some(bk) = self.cache.backup.as_mut() {
             let t = Instant::now();
-            let rb = c.kv_row.row_bytes().max(1);
-            for (id, row) in self.ids.iter().zip(rows.chunks_exact(rb)) {
-                let r =
-                    c.requests.get_mut(id).ok_or(EngineError::Request { id: id.0, reason: "not admitted".into() })?;
-                let at = host.locate(*id, l, r.seq_len)?;
-                m.bytes_d2h += row.len() as u64;
-                r.last_backup[l] = bk.submit(at, row.to_vec())?;
-            }
-            m.stages.backup += secs(t);
+            bk.backup(l, self.cache.device.hot(l))?;
+            self.metrics.stages.backup += secs(t);
         }
         Ok(())
     }

@@ -1,14 +1,22 @@
 //! The KV hierarchy as a library: [`KvCache`] owns the tiers (device pools and hot buffers, the
-//! host tier, the backup worker), admission, and every request's swap-in and prefetch state; a
-//! caller's model loop admits requests with their prompt's rows ([`KvCache::admit`]), runs
-//! decode steps layer by layer through a [`DecodeStep`] handing over its own tensors, and frees
-//! or aborts requests between steps. The backend, the eviction policy and the prefetcher are
-//! the caller's choice. `admit.rs` admits and frees; `step.rs` and `layer.rs` run a step.
+//! host tier), admission, the backend's swap-in (every request's slot tables, policy records
+//! and prefetch state) and its backup of new rows; a caller's model loop admits requests with
+//! their prompt's rows ([`KvCache::admit`]), runs decode steps layer by layer through a
+//! [`DecodeStep`] handing over its own tensors in the backend's memory, and frees or aborts
+//! requests between steps. The backend, the eviction policy and the prefetcher are the caller's
+//! choice. There is one step path for every backend: selections, scores, row locations and new
+//! rows stay in the backend's memory, and the host only plans. `admit.rs` admits and frees;
+//! `step.rs` and `layer.rs` run a step; `graph.rs` replays a step's layers as one captured
+//! launch sequence.
 //!
 //! Invariant: between steps, every registered request holds exactly its reservation in the
 //! admission control and its pages in the tiers; [`KvCache::check`] verifies it.
+//! Invariant: no reserved slot is rewritten and no host row read before the backup of the token
+//! it held has landed ([`hisparse_kernels::RowBackup::fence`] before a layer's new rows, `join`
+//! at a step's end); a request's pages are freed only after all its backups landed.
 
 mod admit;
+mod graph;
 mod layer;
 mod step;
 
@@ -16,19 +24,18 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hisparse_kernels::Backend;
+use hisparse_kernels::{Backend, DeviceSwapIn, DeviceSwapInConfig, RowBackupConfig};
 use hisparse_memory::{
     Admission, AdmissionControl, CapacityPlan, DeviceTier, HostTier, HostTierConfig, IndexKeyLayout, KvGeometry,
     KvRowLayout, Mode, RequestId, Resources,
 };
 use hisparse_policy::prefetch::{Prefetcher, make_prefetcher};
-use hisparse_policy::{EvictionPolicy, HiSparseConfig, PolicyConfig, SwapInState};
+use hisparse_policy::{EvictionPolicy, HiSparseConfig, PolicyConfig};
 
-use crate::backup::BackupWorker;
 use crate::error::{EngineError, Result};
-use crate::prefetch_queue::PrefetchQueue;
 
 pub use admit::{Prompt, Rows};
+pub use graph::Captured;
 pub use step::{DecodeStep, LayerInputs, LayerView};
 
 /// What a cache is built from.
@@ -44,7 +51,7 @@ pub struct CacheConfig {
     /// Request length the device split (hot buffers against index keys) is sized for
     /// (0: `hisparse.max_request_tokens`).
     pub typical_tokens: usize,
-    /// Test hook: delay every backup copy by this much.
+    /// Test hook: delay every backup copy by this much (on the backup's own stream or thread).
     pub backup_delay: Option<Duration>,
 }
 
@@ -65,14 +72,8 @@ pub(crate) struct CachedRequest {
     pub reserved: usize,
     /// Its reservation in the admission control.
     pub need: Resources,
-    /// Swap-in state per layer (hisparse mode).
-    pub swap: Vec<SwapInState>,
-    /// Sequence number of its newest backup job per layer.
-    pub last_backup: Vec<u64>,
     /// Decode steps done.
     pub steps: u32,
-    /// Prefetch nominations waiting for their layer or the step's end.
-    pub prefetch: PrefetchQueue,
     /// A step that included it did not end: its newest position is incomplete.
     pub broken: bool,
 }
@@ -85,7 +86,10 @@ pub struct KvCache<B: Backend> {
     pub(crate) key: IndexKeyLayout,
     pub(crate) device: DeviceTier<B::Memory>,
     pub(crate) host: Option<HostTier>,
-    pub(crate) backup: Option<BackupWorker>,
+    /// The backend's swap-in (hisparse mode).
+    pub(crate) swap: Option<B::SwapIn>,
+    /// The backend's backup of new rows (hisparse mode).
+    pub(crate) backup: Option<B::Backup>,
     pub(crate) admission: AdmissionControl,
     pub(crate) policy: Arc<dyn EvictionPolicy>,
     pub(crate) prefetcher: Arc<dyn Prefetcher>,
@@ -103,6 +107,11 @@ impl<B: Backend> KvCache<B> {
     /// The backend.
     pub fn backend(&self) -> &B {
         &self.backend
+    }
+
+    /// The prefetcher.
+    pub fn prefetcher(&self) -> &Arc<dyn Prefetcher> {
+        &self.prefetcher
     }
 
     /// The row layouts: KV rows and index keys.
@@ -168,10 +177,10 @@ where
             });
         }
         let device = DeviceTier::new(backend.memory().clone(), tier)?;
-        let (host, backup) = match cfg.mode {
-            Mode::Resident => (None, None),
+        let (host, swap, backup) = match cfg.mode {
+            Mode::Resident => (None, None, None),
             Mode::HiSparse => {
-                let host = HostTier::new(&HostTierConfig {
+                let mut host = HostTier::new(&HostTierConfig {
                     bytes: plan.host_bytes,
                     layers: g.layers,
                     row_bytes: kv_row.row_bytes(),
@@ -182,8 +191,20 @@ where
                         keep: cfg.hisparse.host_tier_keep,
                     }),
                 })?;
-                let backup = BackupWorker::start(host.row_writer(), cfg.backup_delay)?;
-                (Some(host), Some(backup))
+                let dcfg = DeviceSwapInConfig {
+                    geometry: g.clone(),
+                    policy: Arc::clone(&policy),
+                    prefetcher: Arc::clone(&prefetcher),
+                    prefetch_budget: cfg.hisparse.prefetch_budget,
+                    seats: device.config().seats,
+                    buffer_slots: cfg.hisparse.device_buffer_size,
+                    block_size: cfg.hisparse.swap_in_block_size,
+                    max_tokens: cfg.hisparse.max_request_tokens,
+                };
+                let swap = backend.device_swap_in(&dcfg, &mut host)?;
+                let backup =
+                    backend.row_backup(&RowBackupConfig { layers: g.layers, delay: cfg.backup_delay }, &mut host)?;
+                (Some(host), Some(swap), Some(backup))
             }
         };
         let mut capacity = plan.resources()?;
@@ -197,6 +218,7 @@ where
             key,
             device,
             host,
+            swap,
             backup,
             admission: AdmissionControl::new(capacity),
             policy,
@@ -232,8 +254,8 @@ where
                 reason: "an offline policy (it needs the future)".into(),
             });
         }
-        for r in self.requests.values_mut() {
-            r.swap.iter_mut().for_each(SwapInState::reset_policy);
+        if let Some(s) = self.swap.as_mut() {
+            s.set_policy(Arc::clone(&policy))?;
         }
         self.policy = policy;
         Ok(())

@@ -1,32 +1,44 @@
 //! One decode step through the cache: [`KvCache::begin_step`] grows every request of the batch
-//! by one position and plans what its layers share (the indexer's page table, the top-k
-//! spans); [`DecodeStep::layer`] runs one layer on the caller's tensors (`layer.rs`);
-//! [`DecodeStep::end`] applies next-step prefetches and advances the requests.
+//! by one position and plans, once for all layers, what they share in the backend's memory —
+//! the indexer's page table, where each request's selection goes (requests longer than top-k
+//! first, at `j * top_k`, where top-k writes them; shorter ones after, holding all their
+//! positions), the new token's destination rows, the resident page table, the swap-in's
+//! requests and the backup's rows; [`DecodeStep::layer`] runs one layer on the caller's tensors
+//! (`layer.rs`); [`DecodeStep::end`] applies the step-end prefetches, rejoins the backups and
+//! advances the requests.
 //!
 //! Invariant: a step's layers run in order, each once; a step dropped before [`DecodeStep::end`]
 //! marks its requests broken (their newest position is incomplete) and they can only be freed.
+//! Invariant: `StepScratch::generation` changes whenever a buffer the layers read by address is
+//! reallocated (a launch sequence captured earlier may then not be replayed).
 
 use std::collections::HashSet;
 
 use half::bf16;
-use hisparse_kernels::{Backend, IndexerRequest, Span};
-use hisparse_memory::{DeviceMemory, Mode, RequestId};
-use hisparse_policy::prefetch::When;
+use hisparse_kernels::{Backend, DeviceSwapIn, DeviceSwapReq, IndexerRequest, RowBackup, Span};
+use hisparse_memory::{DeviceMemory, Element, Mode, RequestId};
 
 use super::KvCache;
 use crate::error::{EngineError, Result};
 use crate::metrics::StepMetrics;
-use crate::prefetch_queue::{PrefetchTarget, StepView};
 
-/// Buffers a step reuses from the last one (kernels overwrite their outputs whole).
+/// Buffers a step reuses from the last one, in the backend's memory (kernels overwrite their
+/// outputs whole), and host copies for views.
 pub(crate) struct StepScratch<M: DeviceMemory> {
     pub table: M::Buffer<u32>,
     pub scores: M::Buffer<f32>,
-    pub top: M::Buffer<i32>,
+    pub sel: M::Buffer<i32>,
     pub locs: M::Buffer<i32>,
-    pub stage_top: Vec<i32>,
+    pub dest_keys: M::Buffer<u32>,
+    pub dest_rows: M::Buffer<u32>,
+    pub kv_table: M::Buffer<u32>,
+    /// Bumped whenever a buffer above is reallocated.
+    pub generation: u64,
+    /// The short requests' selections (all their positions), staged.
+    pub template: Vec<i32>,
+    /// The view of the last layer (host copies), when asked for.
     pub selections: Vec<u32>,
-    pub sel_spans: Vec<Span>,
+    pub view_spans: Vec<Span>,
     pub locations: Vec<i32>,
 }
 
@@ -55,12 +67,12 @@ pub struct LayerView<'s, M: DeviceMemory> {
     pub page_table: &'s M::Buffer<u32>,
     /// Indexer scores of every position of every request (the last full layer's).
     pub scores: &'s M::Buffer<f32>,
-    /// Selected positions, ascending per request, concatenated.
+    /// Selected positions, ascending per request, concatenated in batch order.
     pub selections: &'s [u32],
     /// Each request's span of `selections`.
     pub spans: &'s [Span],
     /// The pool row attention read for each selected position (hot-buffer row in hisparse
-    /// mode, KV-pool row in resident mode).
+    /// mode, KV-pool row in resident mode), as `selections`.
     pub locations: &'s [i32],
 }
 
@@ -72,13 +84,20 @@ where
     pub(super) cache: &'c mut KvCache<B>,
     pub(super) ids: Vec<RequestId>,
     pub(super) reqs: Vec<IndexerRequest>,
-    /// Requests longer than top-k (their selection is a top-k), and their score spans.
-    pub(super) long: Vec<usize>,
-    pub(super) spans: Vec<Span>,
+    /// The score spans of the requests longer than top-k, in batch order (top-k's input).
+    pub(super) topk_spans: Vec<Span>,
+    /// Each request's span of the selection buffer (and of the locations).
+    pub(super) sel_spans: Vec<Span>,
+    /// Resident mode: each request's first entry of the KV page table.
+    pub(super) kv_first: Vec<usize>,
+    /// Some request rewrites its reserved slot this step (hisparse): layers fence first.
+    pub(super) fence: bool,
     pub(super) next_layer: usize,
     pub(super) metrics: StepMetrics,
     /// A layer failed after its checks: the step can only be dropped.
     pub(super) failed: bool,
+    /// The layer whose view the scratch holds.
+    pub(super) viewed: Option<usize>,
     ended: bool,
 }
 
@@ -87,21 +106,39 @@ impl<M: DeviceMemory> StepScratch<M> {
         Ok(Self {
             table: mem.alloc_zeroed(0)?,
             scores: mem.alloc_zeroed(0)?,
-            top: mem.alloc_zeroed(0)?,
+            sel: mem.alloc_zeroed(0)?,
             locs: mem.alloc_zeroed(0)?,
-            stage_top: Vec::new(),
+            dest_keys: mem.alloc_zeroed(0)?,
+            dest_rows: mem.alloc_zeroed(0)?,
+            kv_table: mem.alloc_zeroed(0)?,
+            generation: 0,
+            template: Vec::new(),
             selections: Vec::new(),
-            sel_spans: Vec::new(),
+            view_spans: Vec::new(),
             locations: Vec::new(),
         })
     }
 }
 
-fn fit<M: DeviceMemory, T: hisparse_memory::Element>(mem: &M, buf: &mut M::Buffer<T>, len: usize) -> Result<()> {
-    if mem.len(buf) < len {
-        *buf = mem.alloc_zeroed(len)?;
+/// Writes `src` into `buf` from its start, reallocating it (to exactly `src.len()` with `exact`,
+/// else with headroom) only when it must; `true` when it was reallocated.
+fn put<M: DeviceMemory, T: Element>(mem: &M, buf: &mut M::Buffer<T>, src: &[T], exact: bool) -> Result<bool> {
+    let have = mem.len(buf);
+    let moved = if exact { have != src.len() } else { have < src.len() };
+    if moved {
+        *buf = mem.alloc_zeroed(if exact { src.len() } else { src.len().max(1).next_power_of_two() })?;
     }
-    Ok(())
+    mem.write(buf, 0, src)?;
+    Ok(moved)
+}
+
+/// Makes `buf` hold at least `len` elements (with headroom); `true` when it was reallocated.
+fn room<M: DeviceMemory, T: Element>(mem: &M, buf: &mut M::Buffer<T>, len: usize) -> Result<bool> {
+    if mem.len(buf) >= len {
+        return Ok(false);
+    }
+    *buf = mem.alloc_zeroed(len.max(1).next_power_of_two())?;
+    Ok(true)
 }
 
 impl<B: Backend> KvCache<B>
@@ -112,44 +149,124 @@ where
     /// its next position, which must lie within its reservation). Fails, changing nothing,
     /// naming the request that cannot take part.
     pub fn begin_step(&mut self, batch: &[RequestId]) -> Result<DecodeStep<'_, B>> {
+        self.check_batch(batch)?;
         let (reqs, table) = self.grow_for_step(batch)?;
-        let k = self.cfg.geometry.top_k;
-        let total = reqs.iter().map(|r| r.seq_len).sum::<usize>();
+        let (k, b) = (self.cfg.geometry.top_k, self.cfg.hisparse.device_buffer_size);
+        let mode = self.cfg.mode;
         let long: Vec<usize> = (0..reqs.len()).filter(|&i| reqs[i].seq_len > k).collect();
-        let spans: Vec<Span> = long.iter().map(|&i| Span::new(reqs[i].score_offset, reqs[i].seq_len)).collect();
-        let mem = self.backend.memory();
+        let topk_spans: Vec<Span> = long.iter().map(|&i| Span::new(reqs[i].score_offset, reqs[i].seq_len)).collect();
+
+        // Where each request's selection goes: long ones where top-k writes them, then the
+        // short ones (all their positions, written here once for every layer).
+        let mut sel_spans = vec![Span::default(); reqs.len()];
+        for (j, &i) in long.iter().enumerate() {
+            sel_spans[i] = Span::new(j * k, k);
+        }
         let sb = &mut self.scratch;
-        fit(mem, &mut sb.table, table.len().max(1))?;
-        mem.write(&mut sb.table, 0, &table)?;
+        sb.template.clear();
+        let short_base = long.len() * k;
+        for (i, r) in reqs.iter().enumerate().filter(|(_, r)| r.seq_len <= k) {
+            sel_spans[i] = Span::new(short_base + sb.template.len(), r.seq_len);
+            sb.template.extend(0..r.seq_len as i32);
+        }
+        let selected = short_base + sb.template.len();
+
+        // The new token's destination rows (the same row of every layer's pool), and the
+        // resident page table or the swap-in's requests and the backup's rows.
+        let (mut dest_keys, mut dest_rows) = (Vec::with_capacity(batch.len()), Vec::with_capacity(batch.len()));
+        let mut fence = false;
+        for (id, q) in batch.iter().zip(&reqs) {
+            let p = q.seq_len - 1;
+            dest_keys.push(self.device.index_key_row(*id, p)? as u32);
+            dest_rows.push(match mode {
+                Mode::Resident => self.device.kv_row(*id, p)? as u32,
+                Mode::HiSparse => {
+                    fence |= p >= b;
+                    self.device.hot_row(*id, p.min(b))? as u32
+                }
+            });
+        }
+        let mem = self.backend.memory().clone();
+        let sb = &mut self.scratch;
+        let mut moved = put(&mem, &mut sb.table, &table, false)?;
         // Scores grow by one position per request and step: keep headroom.
-        if mem.len(&sb.scores) < total {
-            sb.scores = mem.alloc_zeroed(total + 64 * reqs.len())?;
+        let total = reqs.iter().map(|r| r.seq_len).sum::<usize>();
+        moved |= room(&mem, &mut sb.scores, total + 64 * reqs.len())?;
+        moved |= room(&mem, &mut sb.sel, selected)?;
+        moved |= room(&mem, &mut sb.locs, selected)?;
+        if !sb.template.is_empty() {
+            mem.write(&mut sb.sel, short_base, &sb.template)?;
         }
-        // Exact: top-k writes its whole output.
-        if mem.len(&sb.top) != spans.len() * k {
-            sb.top = mem.alloc_zeroed(spans.len() * k)?;
+        moved |= put(&mem, &mut sb.dest_keys, &dest_keys, true)?;
+        moved |= put(&mem, &mut sb.dest_rows, &dest_rows, true)?;
+        let mut kv_first = Vec::new();
+        match mode {
+            Mode::Resident => {
+                let mut kv_table = Vec::new();
+                for id in batch {
+                    kv_first.push(kv_table.len());
+                    kv_table.extend_from_slice(self.device.kv_pages(*id)?);
+                }
+                moved |= put(&mem, &mut self.scratch.kv_table, &kv_table, false)?;
+            }
+            Mode::HiSparse => self.plan_hisparse(batch, &reqs, &sel_spans, &dest_rows)?,
         }
-        fit(mem, &mut sb.locs, reqs.iter().map(|r| r.seq_len.min(k)).sum::<usize>().max(1))?;
-        sb.stage_top.resize(spans.len() * k, 0);
-        sb.selections.clear();
-        sb.sel_spans.clear();
-        sb.locations.clear();
+        self.scratch.generation += u64::from(moved);
         Ok(DecodeStep {
             cache: self,
             ids: batch.to_vec(),
             reqs,
-            long,
-            spans,
+            topk_spans,
+            sel_spans,
+            kv_first,
+            fence,
             next_layer: 0,
             metrics: StepMetrics::default(),
             failed: false,
+            viewed: None,
             ended: false,
         })
     }
 
-    /// Checks that every request of `batch` may decode a token, then grows each by one position
-    /// in the tiers; returns the indexer's requests and page table of the batch.
-    pub(crate) fn grow_for_step(&mut self, batch: &[RequestId]) -> Result<(Vec<IndexerRequest>, Vec<u32>)> {
+    /// The swap-in's requests and host pages, and the backup's rows, of a hisparse step.
+    fn plan_hisparse(
+        &mut self,
+        batch: &[RequestId],
+        reqs: &[IndexerRequest],
+        sel_spans: &[Span],
+        dest_rows: &[u32],
+    ) -> Result<()> {
+        let host = self.host.as_ref().ok_or_else(|| EngineError::Worker("no host tier".into()))?;
+        let rb = host.row_bytes() as u64;
+        let (mut dreqs, mut pages, mut host_rows) = (Vec::new(), Vec::new(), Vec::with_capacity(batch.len()));
+        for ((id, q), s) in batch.iter().zip(reqs).zip(sel_spans) {
+            let r = self.request(*id)?;
+            // Offsets and lengths below 2^31: positions and the batch's selections are.
+            dreqs.push(DeviceSwapReq {
+                seat: self.device.seat(*id)? as u32,
+                seq_len: q.seq_len as u32,
+                step: r.steps + 1,
+                sel_offset: s.offset as u32,
+                sel_len: s.len as u32,
+                page_offset: pages.len() as u32,
+                score_offset: q.score_offset as u32,
+                pad: 0,
+                request: id.0,
+            });
+            pages.extend_from_slice(host.pages(*id)?);
+            host_rows.push(host.locate(*id, 0, q.seq_len - 1)?.0 / rb);
+        }
+        let (swap, backup) = (self.swap.as_mut(), self.backup.as_mut());
+        let (Some(swap), Some(backup)) = (swap, backup) else {
+            return Err(EngineError::Worker("hisparse mode without a swap-in".into()));
+        };
+        swap.begin_step(&dreqs, &pages)?;
+        backup.begin_step(dest_rows, &host_rows)?;
+        Ok(())
+    }
+
+    /// Checks that every request of `batch` may decode a token now.
+    fn check_batch(&self, batch: &[RequestId]) -> Result<()> {
         let mut seen = HashSet::with_capacity(batch.len());
         for &id in batch {
             let r = self.request(id)?;
@@ -166,6 +283,12 @@ where
                 return Err(EngineError::Request { id: id.0, reason });
             }
         }
+        Ok(())
+    }
+
+    /// Grows each request of `batch` by one position in the tiers; returns the indexer's
+    /// requests and page table of the batch.
+    fn grow_for_step(&mut self, batch: &[RequestId]) -> Result<(Vec<IndexerRequest>, Vec<u32>)> {
         let p_tok = self.cfg.hisparse.page_tokens;
         let (mut table, mut reqs, mut total) = (Vec::new(), Vec::with_capacity(batch.len()), 0);
         for &id in batch {
@@ -180,16 +303,6 @@ where
             total += n;
         }
         Ok((reqs, table))
-    }
-
-    /// After a step's last layer: every request of `batch` holds one more position.
-    pub(crate) fn advance(&mut self, batch: &[RequestId]) {
-        for id in batch {
-            if let Some(r) = self.requests.get_mut(id) {
-                r.seq_len += 1;
-                r.steps += 1;
-            }
-        }
     }
 }
 
@@ -207,64 +320,104 @@ where
         self.next_layer
     }
 
-    /// The last layer's selections, locations and scores.
-    pub fn view(&self) -> LayerView<'_, B::Memory> {
+    /// The cache (its tiers, to read pools for dumps).
+    pub fn cache(&self) -> &KvCache<B> {
+        self.cache
+    }
+
+    /// A number that changes whenever a buffer the step's launches read by address moved
+    /// (for keying captured launch sequences).
+    pub fn generation(&self) -> u64 {
+        self.cache.scratch.generation
+    }
+
+    /// The last layer's selections, locations and scores. Reads them from the backend's memory
+    /// (on a GPU, it waits for the layer's kernels), once per layer.
+    pub fn view(&mut self) -> Result<LayerView<'_, B::Memory>> {
+        self.load_view()?;
+        Ok(self.loaded_view())
+    }
+
+    /// Reads the last layer's selections and locations into the scratch (once per layer).
+    pub(crate) fn load_view(&mut self) -> Result<()> {
+        let last = self.next_layer.checked_sub(1);
+        if last.is_none() || self.viewed == last {
+            return Ok(());
+        }
+        let mem = self.cache.backend.memory();
+        let sb = &mut self.cache.scratch;
+        let (sel, locs) = (mem.download(&sb.sel)?, mem.download(&sb.locs)?);
+        sb.selections.clear();
+        sb.view_spans.clear();
+        sb.locations.clear();
+        for s in &self.sel_spans {
+            sb.view_spans.push(Span::new(sb.selections.len(), s.len));
+            sb.selections.extend(sel[s.offset..s.end()].iter().map(|&x| x as u32));
+            sb.locations.extend_from_slice(&locs[s.offset..s.end()]);
+        }
+        self.viewed = last;
+        Ok(())
+    }
+
+    /// The view [`DecodeStep::load_view`] read.
+    pub(crate) fn loaded_view(&self) -> LayerView<'_, B::Memory> {
         let sb = &self.cache.scratch;
         LayerView {
             requests: &self.reqs,
             page_table: &sb.table,
             scores: &sb.scores,
             selections: &sb.selections,
-            spans: &sb.sel_spans,
+            spans: &sb.view_spans,
             locations: &sb.locations,
         }
     }
 
-    /// The cache (its tiers, to read pools for dumps).
-    pub fn cache(&self) -> &KvCache<B> {
-        self.cache
-    }
-
-    /// Ends the step after its last layer: next-step prefetches are applied and every request
-    /// of the batch moves one position on. Returns what the step counted and timed.
+    /// Ends the step after its last layer: the step-end prefetches are applied, the backups
+    /// rejoin the backend's order, the backend's work is waited for, and every request of the
+    /// batch moves one position on. Returns what the step counted and timed.
     pub fn end(mut self) -> Result<StepMetrics> {
         let layers = self.cache.cfg.geometry.layers;
-        if self.next_layer != layers {
+        if self.next_layer != layers || self.failed {
             return Err(EngineError::Input {
                 field: "layer".into(),
                 value: self.next_layer.to_string(),
                 reason: format!("a step ends after its {layers} layers; requests of this one must be aborted"),
             });
         }
-        self.prefetch_next_step()?;
-        self.cache.advance(&self.ids);
+        let c = &mut *self.cache;
+        let m = &mut self.metrics;
+        if let (Some(swap), Some(backup)) = (c.swap.as_mut(), c.backup.as_mut()) {
+            let counts = swap.end_step(c.device.hot_pools_mut())?;
+            backup.join()?;
+            m.hits += counts.hits;
+            m.misses += counts.misses;
+            m.max_misses = m.max_misses.max(counts.max_misses);
+            m.bytes_h2d += counts.bytes_h2d;
+            m.bytes_h2d_prefetch += counts.bytes_prefetch;
+            m.prefetched += counts.prefetched;
+            m.prefetch_useful += counts.prefetch_used;
+            m.prefetch_wasted += counts.prefetch_wasted;
+            m.bytes_d2h += (self.ids.len() * layers * c.kv_row.row_bytes()) as u64;
+        } else {
+            m.hits += (self.sel_spans.iter().map(|s| s.len).sum::<usize>() * layers) as u64;
+        }
+        if let Some(s) = c.backend.finish_step()? {
+            m.stages.indexer = s.indexer;
+            m.stages.top_k = s.top_k;
+            m.stages.swap_in = s.swap_in;
+            m.stages.attention = s.attention;
+            m.stages.graph = s.graph;
+            m.stages.model = s.model;
+        }
+        for id in &self.ids {
+            if let Some(r) = c.requests.get_mut(id) {
+                r.seq_len += 1;
+                r.steps += 1;
+            }
+        }
         self.ended = true;
         self.metrics.tokens = self.ids.len();
         Ok(std::mem::take(&mut self.metrics))
-    }
-
-    /// After the last layer: every request's next-step nominations.
-    fn prefetch_next_step(&mut self) -> Result<()> {
-        let c = &mut *self.cache;
-        if c.cfg.mode != Mode::HiSparse || c.prefetcher.name() == "none" {
-            return Ok(());
-        }
-        let policy = c.policy.clone();
-        // Scores of the last full layer, for score-aware policies' hooks.
-        let scores = if policy.needs_scores() { Some(c.backend.memory().download(&c.scratch.scores)?) } else { None };
-        let host = c.host.as_ref().ok_or_else(|| EngineError::Worker("no host tier".into()))?;
-        for (i, id) in self.ids.iter().enumerate() {
-            let q = &self.reqs[i];
-            let own = scores.as_ref().and_then(|s| s.get(q.score_offset..q.score_offset + q.seq_len));
-            let r = c.requests.get_mut(id).ok_or(EngineError::Request { id: id.0, reason: "not admitted".into() })?;
-            let view =
-                StepView { step: r.steps + 1, seq_len: q.seq_len, buffer_slots: c.cfg.hisparse.device_buffer_size };
-            let to = PrefetchTarget { id: *id, swap: &mut r.swap, host, device: &mut c.device };
-            let got = r.prefetch.apply(None, When::NextStep, policy.as_ref(), view, own, to)?;
-            self.metrics.add_prefetch(got);
-            r.prefetch.end_step();
-        }
-        Ok(())
     }
 }
 

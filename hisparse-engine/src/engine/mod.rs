@@ -1,23 +1,24 @@
 //! The engine: serves many decode requests at once with continuous batching, in the resident
-//! or the hisparse mode, on any [`Backend`]. This module holds its state and set-up;
-//! `admit.rs` admits requests and writes their prompts; `step.rs` runs one decode step.
+//! or the hisparse mode, on any [`Backend`] — our own client of the cache's per-layer API. It is
+//! split along its jobs: the memory hierarchy ([`KvCache`]), scheduling (`scheduler.rs`: the
+//! bounded waiting queue, admission, the running batch, latencies), the step runner
+//! (`runner.rs`: the layer loop, launch graphs), the input source (`inputs.rs`: the synthetic
+//! workload, the emulated model's projections) and the observers (`observe.rs`: traces, dumps,
+//! digests). `step.rs` puts one step together; `dynamic.rs` is the engine as a trait object.
 
-mod admit;
 mod dynamic;
-mod layer;
-mod layer_device;
-mod layer_graph;
-mod layer_inputs;
+mod inputs;
+mod observe;
+mod runner;
+mod scheduler;
 mod step;
-mod step_inputs;
 
-use std::collections::{HashSet, VecDeque};
 use std::io::Write;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use hisparse_kernels::{Backend, DeviceSwapInConfig};
+use hisparse_kernels::Backend;
 use hisparse_memory::{KvGeometry, Mode, RequestId, Resources};
 use hisparse_policy::prefetch::make_prefetcher;
 use hisparse_policy::trace::{TraceHeader, TraceWriter};
@@ -27,7 +28,7 @@ use crate::cache::{CacheConfig, KvCache};
 use crate::error::{EngineError, Result};
 use crate::request::{Outcome, RequestSpec};
 use crate::runtime::{Runtime, RuntimeConfig, RuntimeHandle};
-use crate::workload::{RequestDrift, Workload};
+use crate::workload::Workload;
 
 pub use dynamic::DecodeEngine;
 pub use step::{LayerDump, StepReport};
@@ -48,7 +49,7 @@ pub struct EngineConfig {
     pub typical_tokens: usize,
     /// Record a digest of every request's attention output per layer (for lossless checks).
     pub capture_digests: bool,
-    /// Test hook: delay every backup copy by this much.
+    /// Test hook: delay every backup copy by this much (on the backup's stream or thread).
     pub backup_delay: Option<Duration>,
     /// Replay each step's launches of layers 1..L as one captured graph where the backend can
     /// (CUDA), instead of launching them one by one.
@@ -84,43 +85,16 @@ impl EngineConfig {
     }
 }
 
-/// A request being decoded (its KV state is in the cache).
-pub(crate) struct Running {
-    pub spec: RequestSpec,
-    /// Positions with KV so far (the next token is at `seq_len`): the prompt and the tokens
-    /// generated.
-    pub seq_len: usize,
-    pub generated: usize,
-    pub drift: RequestDrift,
-    pub first_step: u64,
-}
-
 /// The engine. See the crate documentation.
 pub struct Engine<B: Backend> {
-    /// The memory hierarchy: tiers, admission, swap-in and prefetch state.
+    /// The memory hierarchy: tiers, admission, swap-in and prefetch state, backups.
     cache: KvCache<B>,
-    cfg: EngineConfig,
+    scheduler: scheduler::Scheduler,
+    runner: runner::StepRunner<B::Memory>,
     runtime: Arc<ArcSwap<Runtime>>,
     last_policy: Arc<dyn EvictionPolicy>,
-    workload: Workload,
-    queue: VecDeque<RequestSpec>,
-    running: Vec<Running>,
-    outcomes: Vec<(RequestId, Outcome)>,
-    seen: HashSet<RequestId>,
     step: u64,
-    trace: Option<TraceWriter<Box<dyn Write + Send>>>,
-    capture_next: bool,
-    scratch: Option<step::StepBatch<B::Memory>>,
-    /// The host path's per-layer input buffers.
-    host_inputs: Option<layer::HostPathInputs<B::Memory>>,
-    /// Selections stay on the device between kernels (`Backend::prefers_device_selection`).
-    device_path: bool,
-    /// A launch-graph capture failed: layers are launched one by one from now on.
-    graphs_failed: bool,
-    /// The backend's device swap-in (hisparse mode on the device path).
-    dswap: Option<B::SwapIn>,
-    /// The emulated model's non-attention layers.
-    model: Option<crate::model::ModelEmulation<B::Memory>>,
+    cfg: EngineConfig,
 }
 
 impl<B: Backend> Engine<B>
@@ -131,7 +105,6 @@ where
     /// allocates them.
     pub fn new(backend: B, cfg: EngineConfig) -> Result<Self> {
         let g = &cfg.geometry;
-        let device_path = backend.prefers_device_selection();
         let runtime = Runtime::new(RuntimeConfig {
             eviction_policy: cfg.hisparse.eviction_policy.clone(),
             policy_seed: cfg.hisparse.policy_seed,
@@ -139,16 +112,6 @@ where
             max_running: 0,
         })?;
         let prefetcher = make_prefetcher(&cfg.hisparse.prefetcher, &cfg.hisparse.prefetch())?;
-        if device_path && cfg.mode == Mode::HiSparse && prefetcher.name() != "none" {
-            return Err(EngineError::Config {
-                field: "prefetcher",
-                value: cfg.hisparse.prefetcher.clone(),
-                reason: format!(
-                    "the {} backend keeps selections on the device, where prefetch is not wired yet: use the CPU backend",
-                    backend.name()
-                ),
-            });
-        }
         let cache_cfg = CacheConfig {
             geometry: g.clone(),
             mode: cfg.mode,
@@ -156,34 +119,7 @@ where
             typical_tokens: cfg.typical_tokens,
             backup_delay: cfg.backup_delay,
         };
-        let mut cache = KvCache::new(backend, cache_cfg, Arc::clone(&runtime.policy), prefetcher)?;
-        let dswap = match (cfg.mode, device_path) {
-            (Mode::HiSparse, true) => {
-                let dcfg = DeviceSwapInConfig {
-                    policy: Arc::clone(&runtime.policy),
-                    seats: cache.device.config().seats,
-                    layers: g.layers,
-                    buffer_slots: cfg.hisparse.device_buffer_size,
-                    block_size: cfg.hisparse.swap_in_block_size,
-                    max_selected: g.top_k,
-                    max_tokens: cfg.hisparse.max_request_tokens,
-                };
-                let KvCache { backend, host, .. } = &mut cache;
-                let host = host.as_mut().ok_or_else(|| EngineError::Worker("no host tier".into()))?;
-                let d = backend.device_swap_in(&dcfg, host)?;
-                if d.is_none() {
-                    return Err(EngineError::Config {
-                        field: "backend",
-                        value: backend.name().into(),
-                        reason: "keeps selections on the device but has no device swap-in".into(),
-                    });
-                }
-                d
-            }
-            _ => None,
-        };
-        let last_policy = Arc::clone(&runtime.policy);
-        let workload = Workload::new(g, cfg.workload_seed);
+        let cache = KvCache::new(backend, cache_cfg, Arc::clone(&runtime.policy), prefetcher)?;
         let model = match &cfg.model {
             Some(shape) if shape.layers != g.layers => {
                 return Err(EngineError::Config {
@@ -192,27 +128,18 @@ where
                     reason: format!("the geometry has {} layers", g.layers),
                 });
             }
-            Some(shape) => Some(crate::model::ModelEmulation::new(shape.clone(), &cache.backend)?),
+            Some(shape) => Some(crate::model::ModelEmulation::new(shape.clone(), cache.backend())?),
             None => None,
         };
+        let inputs = inputs::SyntheticInputs::new(cache.backend().memory(), g, cfg.workload_seed)?;
+        let runner = runner::StepRunner::new(inputs, model, cfg.capture_digests, cfg.launch_graphs);
         Ok(Self {
-            cache,
+            last_policy: Arc::clone(&runtime.policy),
             runtime: Arc::new(ArcSwap::from_pointee(runtime)),
-            last_policy,
-            workload,
-            queue: VecDeque::new(),
-            running: Vec::new(),
-            outcomes: Vec::new(),
-            seen: HashSet::new(),
+            scheduler: scheduler::Scheduler::new(cfg.max_queued),
+            runner,
+            cache,
             step: 0,
-            trace: None,
-            capture_next: false,
-            scratch: None,
-            host_inputs: None,
-            device_path,
-            graphs_failed: false,
-            dswap,
-            model,
             cfg,
         })
     }
@@ -224,7 +151,7 @@ where
 
     /// The workload (to inspect or replace its locality before requests arrive).
     pub fn workload_mut(&mut self) -> &mut Workload {
-        &mut self.workload
+        &mut self.runner.inputs.workload
     }
 
     /// A handle to swap the eviction policy and batch cap between steps, from any thread.
@@ -243,7 +170,7 @@ where
         let header = TraceHeader {
             top_k: g.top_k as u32,
             layers: g.layers as u32,
-            row_bytes: self.cache.kv_row.row_bytes() as u32,
+            row_bytes: self.cache.layouts().0.row_bytes() as u32,
             index_source: if (0..g.layers).all(|l| g.index_source(l) == l) {
                 Vec::new()
             } else {
@@ -251,13 +178,13 @@ where
             },
             ..TraceHeader::default()
         };
-        self.trace = Some(TraceWriter::new(out, header)?);
+        self.runner.trace = Some(TraceWriter::new(out, header)?);
         Ok(())
     }
 
     /// Ends the trace (writes its end marker).
     pub fn finish_trace(&mut self) -> Result<()> {
-        if let Some(t) = self.trace.take() {
+        if let Some(t) = self.runner.trace.take() {
             t.finish()?;
         }
         Ok(())
@@ -266,46 +193,49 @@ where
     /// Captures every input and output of the next step that decodes anything
     /// ([`StepReport::dump`]).
     pub fn capture_next_step(&mut self) {
-        self.capture_next = true;
+        self.runner.capture_next = true;
     }
 
-    /// Queues a request; it is admitted at the start of a later step, in arrival order. A full
-    /// queue ([`EngineConfig::max_queued`]) refuses it, holding nothing.
+    /// Queues a request arriving now; it is admitted at the start of a later step, in arrival
+    /// order. A full queue ([`EngineConfig::max_queued`]) refuses it, holding nothing.
     pub fn submit(&mut self, spec: RequestSpec) -> Result<()> {
-        if self.queue.len() >= self.cfg.max_queued {
-            return Err(EngineError::QueueFull { capacity: self.cfg.max_queued });
-        }
-        let bad = |reason: &str| Err(EngineError::Request { id: spec.id.0, reason: reason.into() });
-        if spec.output_tokens == 0 {
-            return bad("output_tokens must be at least 1");
-        }
-        if spec.prompt_tokens == 0 {
-            return bad("prompt_tokens must be at least 1");
-        }
-        // Keeps every position and step of the request within the kernels' 32-bit fields.
-        if spec.total_tokens().is_none_or(|t| t > u32::MAX as usize / 2) {
-            return bad("prompt_tokens + output_tokens must stay below 2^31");
-        }
-        if !self.seen.insert(spec.id) {
-            return bad("duplicate request id");
-        }
-        self.queue.push_back(spec);
-        Ok(())
+        self.scheduler.submit(spec, Instant::now())
     }
 
-    /// Requests waiting, decoding, and done (finished or rejected).
+    /// [`Engine::submit`] for a request that arrived at `arrived` (its time to first decode
+    /// counts from then).
+    pub fn submit_arrived(&mut self, spec: RequestSpec, arrived: Instant) -> Result<()> {
+        self.scheduler.submit(spec, arrived)
+    }
+
+    /// Ends request `id` between steps, waiting or running: everything it holds is returned
+    /// and its outcome is [`Outcome::Aborted`]. Fails naming the id when it is neither.
+    pub fn abort(&mut self, id: RequestId) -> Result<()> {
+        let Self { scheduler, cache, runner, .. } = self;
+        let found = scheduler.abort(id, |id| {
+            runner.inputs.finish(id);
+            cache.abort(id).map(|_| ())
+        })?;
+        if found {
+            Ok(())
+        } else {
+            Err(EngineError::Request { id: id.0, reason: "neither waiting nor running".into() })
+        }
+    }
+
+    /// Requests waiting, decoding, and done (finished, rejected or aborted).
     pub fn counts(&self) -> (usize, usize, usize) {
-        (self.queue.len(), self.running.len(), self.outcomes.len())
+        (self.scheduler.queued(), self.scheduler.running.len(), self.scheduler.outcomes.len())
     }
 
     /// Whether nothing is queued or running.
     pub fn is_idle(&self) -> bool {
-        self.queue.is_empty() && self.running.is_empty()
+        self.scheduler.queued() == 0 && self.scheduler.running.is_empty()
     }
 
     /// What became of every request that left.
     pub fn outcomes(&self) -> &[(RequestId, Outcome)] {
-        &self.outcomes
+        &self.scheduler.outcomes
     }
 
     /// Device bytes the tier's pools hold in all (what the budget bought, in whole pages and
@@ -333,11 +263,11 @@ where
     pub fn check_pools(&self) -> Result<()> {
         self.cache.check()?;
         let admitted = self.cache.request_ids().count();
-        if admitted != self.running.len() {
+        if admitted != self.scheduler.running.len() {
             return Err(EngineError::Config {
                 field: "pools",
                 value: format!("{admitted} requests"),
-                reason: format!("held in the cache while {} run", self.running.len()),
+                reason: format!("held in the cache while {} run", self.scheduler.running.len()),
             });
         }
         Ok(())

@@ -1,20 +1,22 @@
-//! One decode step for every running request, layer by layer: the new token's KV row and index
-//! key into the device tier → indexer → top-k (the newest token always selected) → swap-in
-//! (hisparse: policy decisions, missed rows host → device; resident: rows by position) → sparse
-//! attention → backup of the new row to the host tier (hisparse). Then finished requests leave
-//! and free everything they held.
+//! One engine step: admission (the scheduler, in arrival order, each admitted request's
+//! prompt into the cache by the input source), a policy swapped at run time taken up, one
+//! decode step of the running batch (the runner, through the cache's per-layer API), the tokens'
+//! latencies, then finished requests leave and free everything they held.
 
 use std::time::Instant;
 
 use half::bf16;
-use hisparse_kernels::{Backend, DeviceSwapIn, IndexerRequest, Span};
-use hisparse_memory::{DeviceMemory, RequestId};
+use hisparse_kernels::Backend;
+use hisparse_memory::{Admission, Mode, RequestId};
 
 use super::Engine;
-use super::step_inputs::StepInputs;
+use super::runner::StepRunner;
+use super::scheduler::Admit;
+use crate::cache::KvCache;
 use crate::error::Result;
+use crate::latency::TokenLatency;
 use crate::metrics::StepMetrics;
-use crate::request::Outcome;
+use crate::request::{Outcome, RequestSpec};
 
 /// Every input and output of one layer of one step, for `hisparse dump-step` (requests in
 /// running order; per-request arrays concatenated).
@@ -64,69 +66,11 @@ pub struct StepReport {
     /// With `capture_digests`: a 64-bit digest of the attention output and LSE bits of each
     /// (request, token index, layer), token index counting the request's generated tokens from 0.
     pub digests: Vec<(RequestId, u32, u32, u64)>,
+    /// The latency of every token this step decoded (its request's first: since arrival).
+    pub latencies: Vec<TokenLatency>,
 }
 
-/// What every layer of one step shares, and the buffers every layer reuses (kernels overwrite
-/// their outputs whole, so nothing is cleared between layers).
-pub(super) struct StepBatch<M: DeviceMemory> {
-    pub reqs: Vec<IndexerRequest>,
-    pub table: M::Buffer<u32>,
-    pub long: Vec<usize>,
-    pub spans: Vec<Span>,
-    pub index_q: M::Buffer<bf16>,
-    pub index_w: M::Buffer<f32>,
-    pub scores: M::Buffer<f32>,
-    pub top: M::Buffer<i32>,
-    pub attn_q: M::Buffer<bf16>,
-    pub out: M::Buffer<f32>,
-    pub lse: M::Buffer<f32>,
-    pub locs: M::Buffer<i32>,
-    /// Host staging reused by every layer.
-    pub stage_top: Vec<i32>,
-    pub selections: Vec<u32>,
-    pub sel_spans: Vec<Span>,
-    pub locations: Vec<i32>,
-    /// Device path: every request's selection at `i * k` (`sel_dev_spans`), and the host form
-    /// of the short requests' selections (all their positions) for the layers to complete.
-    pub sel: M::Buffer<i32>,
-    pub sel_dev_spans: Vec<Span>,
-    pub sel_template: Vec<i32>,
-    /// Device path, resident mode: the KV page table and each request's first entry.
-    pub kv_table: M::Buffer<u32>,
-    pub kv_first: Vec<usize>,
-    /// Device path: every layer's inputs of the step.
-    pub inputs: StepInputs<M>,
-    /// Device path with digests: each layer's attention output and LSE (empty otherwise).
-    pub layer_out: Vec<M::Buffer<f32>>,
-    pub layer_lse: Vec<M::Buffer<f32>>,
-}
-
-/// Makes `buf` hold `len` elements (exactly, or at least), reallocating only when it must.
-fn fit<M: DeviceMemory, T: hisparse_memory::Element>(
-    mem: &M,
-    buf: &mut M::Buffer<T>,
-    len: usize,
-    exact: bool,
-) -> Result<()> {
-    let have = mem.len(buf);
-    if have != len && (exact || have < len) {
-        *buf = mem.alloc_zeroed(len)?;
-    }
-    Ok(())
-}
-
-/// FNV-1a over the bits of `a` then `b`.
-pub(super) fn digest(a: &[f32], b: &[f32]) -> u64 {
-    let mut h = 0xcbf2_9ce4_8422_2325_u64;
-    for x in a.iter().chain(b) {
-        for byte in x.to_bits().to_le_bytes() {
-            h = (h ^ u64::from(byte)).wrapping_mul(0x100_0000_01b3);
-        }
-    }
-    h
-}
-
-pub(super) fn secs(t: Instant) -> f64 {
+fn secs(t: Instant) -> f64 {
     t.elapsed().as_secs_f64()
 }
 
@@ -138,48 +82,23 @@ where
     pub fn step(&mut self) -> Result<StepReport> {
         self.step += 1;
         let mut rep = StepReport::default();
-        let m = &mut rep.metrics;
-        m.step = self.step;
-        self.admit(m)?;
-        let rt = self.runtime.load_full();
-        if !std::sync::Arc::ptr_eq(&rt.policy, &self.last_policy) {
-            // A new policy: rebuild its records from the slots' current contents.
-            self.cache.set_policy(std::sync::Arc::clone(&rt.policy))?;
-            if let Some(d) = self.dswap.as_mut() {
-                d.set_policy(std::sync::Arc::clone(&rt.policy))?;
-            }
-            self.last_policy = std::sync::Arc::clone(&rt.policy);
-        }
+        rep.metrics.step = self.step;
+        let t = Instant::now();
+        let max_running = self.runtime.load().config.max_running;
+        let Self { scheduler, cache, runner, step, .. } = self;
+        scheduler.admit(max_running, *step, &mut rep.metrics, &mut Admitter { cache, runner })?;
+        rep.metrics.stages.admission += secs(t);
+        self.take_up_policy()?;
         let t0 = Instant::now();
-        let capture = self.capture_next;
-        if !self.running.is_empty() {
-            let _span = tracing::info_span!("decode_step", step = self.step, batch = self.running.len()).entered();
-            let t = Instant::now();
-            self.advance_drifts();
-            rep.metrics.stages.workload += secs(t);
-            if self.device_path {
-                let ids: Vec<RequestId> = self.running.iter().map(|r| r.spec.id).collect();
-                let (reqs, table) = self.cache.grow_for_step(&ids)?;
-                let mut sb = self.plan_batch(reqs, &table)?;
-                let res = self.layers_device(&mut sb, &mut rep);
-                self.scratch = Some(sb);
-                res?;
-                self.finish_device_step(&mut rep.metrics)?;
-                self.cache.advance(&ids);
-            } else {
-                self.host_step(&mut rep)?;
-            }
-            for r in &mut self.running {
-                r.seq_len += 1;
-                r.generated += 1;
-            }
-        }
-        if capture && !self.running.is_empty() {
-            self.capture_next = false;
+        if !self.scheduler.running.is_empty() {
+            let _span =
+                tracing::info_span!("decode_step", step = self.step, batch = self.scheduler.running.len()).entered();
+            self.runner.run(&mut self.cache, &self.scheduler, self.step, &mut rep)?;
+            rep.latencies = self.scheduler.advance(Instant::now());
         }
         let m = &mut rep.metrics;
-        m.tokens = self.running.len();
-        m.running = self.running.len();
+        m.tokens = self.scheduler.running.len();
+        m.running = self.scheduler.running.len();
         m.seconds = secs(t0);
         let st = &m.stages;
         let counted = st.workload
@@ -192,13 +111,18 @@ where
             + st.model
             + st.backup;
         m.stages.bookkeeping = (m.seconds - counted).max(0.0);
-        self.retire()?;
+        let Self { scheduler, cache, runner, step, .. } = self;
+        scheduler.retire(*step, |id| {
+            runner.inputs.finish(id);
+            cache.free(id).map(|_| ())
+        })?;
         let m = &mut rep.metrics;
-        m.queued = self.queue.len();
+        m.queued = self.scheduler.queued();
         m.device_bytes_in_use = self.cache.device_bytes_in_use() as u64;
-        m.host_bytes_in_use = self.host_bytes_in_use() as u64;
-        m.rejected = self.outcomes.iter().filter(|o| matches!(o.1, Outcome::Rejected { .. })).count();
-        m.finished = self.outcomes.len() - m.rejected;
+        m.host_bytes_in_use = self.cache.host_bytes_in_use() as u64;
+        let outcomes = &self.scheduler.outcomes;
+        m.rejected = outcomes.iter().filter(|o| matches!(o.1, Outcome::Rejected { .. })).count();
+        m.finished = outcomes.iter().filter(|o| matches!(o.1, Outcome::Finished { .. })).count();
         Ok(rep)
     }
 
@@ -211,110 +135,51 @@ where
         Ok(out)
     }
 
-    /// Device path: assembles what every layer of the step shares from the indexer's requests
-    /// and page table (the tiers grown already): the top-k spans, the selection buffer.
-    fn plan_batch(&mut self, reqs: Vec<IndexerRequest>, table: &[u32]) -> Result<StepBatch<B::Memory>> {
-        let k = self.cfg.geometry.top_k;
-        let total: usize = reqs.iter().map(|r| r.seq_len).sum();
-        let long: Vec<usize> = (0..reqs.len()).filter(|&i| reqs[i].seq_len > k).collect();
-        let spans: Vec<Span> = long.iter().map(|&i| Span::new(reqs[i].score_offset, reqs[i].seq_len)).collect();
-        let mem = self.cache.backend.memory();
-        let g = &self.cfg.geometry;
-        let n = reqs.len();
-
-        // Reuse the previous step's buffers where their sizes still fit.
-        let mut sb = match self.scratch.take() {
-            Some(sb) => sb,
-            None => StepBatch {
-                table: mem.alloc_zeroed(0)?,
-                index_q: mem.alloc_zeroed(0)?,
-                index_w: mem.alloc_zeroed(0)?,
-                scores: mem.alloc_zeroed(0)?,
-                top: mem.alloc_zeroed(0)?,
-                attn_q: mem.alloc_zeroed(0)?,
-                out: mem.alloc_zeroed(0)?,
-                lse: mem.alloc_zeroed(0)?,
-                locs: mem.alloc_zeroed(0)?,
-                sel: mem.alloc_zeroed(0)?,
-                kv_table: mem.alloc_zeroed(0)?,
-                sel_dev_spans: Vec::new(),
-                sel_template: Vec::new(),
-                kv_first: Vec::new(),
-                stage_top: Vec::new(),
-                selections: Vec::new(),
-                sel_spans: Vec::new(),
-                locations: Vec::new(),
-                reqs: Vec::new(),
-                long: Vec::new(),
-                spans: Vec::new(),
-                inputs: StepInputs::default(),
-                layer_out: Vec::new(),
-                layer_lse: Vec::new(),
-            },
-        };
-        // In place while it fits: a captured launch sequence reads it there.
-        fit(mem, &mut sb.table, table.len().max(1), false)?;
-        mem.write(&mut sb.table, 0, table)?;
-        fit(mem, &mut sb.index_q, n * g.index_heads * g.index_dim, true)?;
-        fit(mem, &mut sb.index_w, n * g.index_heads, true)?;
-        // Scores grow by one position per request and step: keep headroom.
-        if mem.len(&sb.scores) < total {
-            sb.scores = mem.alloc_zeroed(total + 64 * n)?;
-        }
-        fit(mem, &mut sb.top, spans.len() * k, true)?;
-        fit(mem, &mut sb.attn_q, n * g.q_heads * g.d_qk(), true)?;
-        fit(mem, &mut sb.out, n * g.q_heads * g.d_v(), true)?;
-        fit(mem, &mut sb.lse, n * g.q_heads, true)?;
-        {
-            fit(mem, &mut sb.locs, n * k, false)?;
-            // Exact: when every request is long, top-k writes into it whole.
-            fit(mem, &mut sb.sel, n * k, true)?;
-            sb.sel_dev_spans = reqs.iter().enumerate().map(|(i, r)| Span::new(i * k, r.seq_len.min(k))).collect();
-            sb.sel_template.clear();
-            if long.len() < n {
-                // Short requests select all their positions; long ones are filled per layer.
-                sb.sel_template.resize(n * k, 0);
-                for (i, r) in reqs.iter().enumerate().filter(|(_, r)| r.seq_len <= k) {
-                    sb.sel_template[i * k..i * k + r.seq_len].iter_mut().zip(0..).for_each(|(x, t)| *x = t);
-                }
-                mem.write(&mut sb.sel, 0, &sb.sel_template)?;
-            }
-            if self.cfg.capture_digests {
-                // Per-layer outputs; a reallocation changes the inputs' generation (graph key).
-                let (lo, ll) = (n * g.q_heads * g.d_v(), n * g.q_heads);
-                let mut moved = sb.layer_out.len() != g.layers;
-                while sb.layer_out.len() < g.layers {
-                    sb.layer_out.push(mem.alloc_zeroed(lo)?);
-                    sb.layer_lse.push(mem.alloc_zeroed(ll)?);
-                }
-                for l in 0..g.layers {
-                    moved |= mem.len(&sb.layer_out[l]) != lo || mem.len(&sb.layer_lse[l]) != ll;
-                    fit(mem, &mut sb.layer_out[l], lo, true)?;
-                    fit(mem, &mut sb.layer_lse[l], ll, true)?;
-                }
-                sb.inputs.generation += u64::from(moved);
-            }
-            self.plan_device_step(&reqs, &mut sb)?;
-        }
-        sb.stage_top.resize(spans.len() * k, 0);
-        sb.reqs = reqs;
-        sb.long = long;
-        sb.spans = spans;
-        Ok(sb)
-    }
-
-    /// Retires finished requests: waits for their backups, frees their tiers and reservation.
-    fn retire(&mut self) -> Result<()> {
-        let mut i = 0;
-        while i < self.running.len() {
-            if self.running[i].generated < self.running[i].spec.output_tokens {
-                i += 1;
-                continue;
-            }
-            let r = self.running.swap_remove(i);
-            self.cache.free(r.spec.id)?;
-            self.outcomes.push((r.spec.id, Outcome::Finished { steps: self.step + 1 - r.first_step }));
+    /// A policy swapped through the runtime handle: the cache rebuilds its records.
+    fn take_up_policy(&mut self) -> Result<()> {
+        let rt = self.runtime.load_full();
+        if !std::sync::Arc::ptr_eq(&rt.policy, &self.last_policy) {
+            self.cache.set_policy(std::sync::Arc::clone(&rt.policy))?;
+            self.last_policy = std::sync::Arc::clone(&rt.policy);
         }
         Ok(())
+    }
+}
+
+/// Admission into the cache with the prompt from the input source.
+struct Admitter<'a, B: Backend> {
+    cache: &'a mut KvCache<B>,
+    runner: &'a mut StepRunner<B::Memory>,
+}
+
+impl<B: Backend> Admit for Admitter<'_, B>
+where
+    B::Memory: Clone,
+{
+    fn decide(&self, total: usize) -> Admission {
+        self.cache.decide(total)
+    }
+
+    fn start(&mut self, spec: &RequestSpec, total: usize, m: &mut StepMetrics) -> Result<Admission> {
+        let (id, prompt) = (spec.id, spec.prompt_tokens);
+        let _span = tracing::info_span!("admit", request = id.0, prompt).entered();
+        let got = self.runner.inputs.admit(self.cache, id, prompt, total)?;
+        if got == Admission::Admitted {
+            let c = self.cache.config();
+            let (g, b) = (&c.geometry, c.hisparse.device_buffer_size);
+            let (kv_row, key) = self.cache.layouts();
+            let rows = (g.layers * prompt * kv_row.row_bytes()) as u64;
+            m.bytes_prompt_device += (g.index_layers() * prompt * key.row_bytes()) as u64;
+            match c.mode {
+                Mode::Resident => m.bytes_prompt_device += rows,
+                Mode::HiSparse => {
+                    m.bytes_prompt_host += rows;
+                    if prompt < b {
+                        m.bytes_prompt_device += rows;
+                    }
+                }
+            }
+        }
+        Ok(got)
     }
 }

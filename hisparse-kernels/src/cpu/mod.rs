@@ -3,17 +3,24 @@
 //! rayon.
 
 mod attention;
+mod backup;
 mod indexer;
+mod swap_in;
 mod topk;
+
+pub use backup::CpuRowBackup;
+pub use swap_in::CpuSwapIn;
 
 #[cfg(feature = "cuda")]
 pub(crate) use topk::check_spans as check_top_k_spans;
 pub use topk::top_k_positions;
 
-use hisparse_memory::EmulatedDevice;
+use hisparse_memory::{EmulatedDevice, HostTier};
 
 use crate::backend::{AttentionBatch, Backend, IndexerBatch, Span};
+use crate::device_swap_in::DeviceSwapInConfig;
 use crate::error::{KernelError, Result};
+use crate::row_backup::RowBackupConfig;
 
 /// The CPU backend. Its device memory is host memory ([`EmulatedDevice`]).
 #[derive(Clone, Copy, Debug, Default)]
@@ -30,7 +37,8 @@ impl CpuBackend {
 
 impl Backend for CpuBackend {
     type Memory = EmulatedDevice;
-    type SwapIn = crate::NoDeviceSwapIn;
+    type SwapIn = CpuSwapIn;
+    type Backup = CpuRowBackup;
 
     fn name(&self) -> &'static str {
         "cpu"
@@ -55,6 +63,14 @@ impl Backend for CpuBackend {
         lse: &mut Vec<f32>,
     ) -> Result<()> {
         attention::sparse_attention(batch, out, lse)
+    }
+
+    fn device_swap_in(&self, cfg: &DeviceSwapInConfig, host: &mut HostTier) -> Result<CpuSwapIn> {
+        CpuSwapIn::new(cfg, host)
+    }
+
+    fn row_backup(&self, cfg: &RowBackupConfig, host: &mut HostTier) -> Result<CpuRowBackup> {
+        CpuRowBackup::new(host, cfg)
     }
 }
 

@@ -5,7 +5,7 @@
 use rayon::prelude::*;
 
 use crate::backend::Span;
-use crate::error::{KernelError, Result, check_len};
+use crate::error::{KernelError, Result};
 
 /// Maps an f32 to a u32 whose unsigned order is the float's total order.
 #[inline]
@@ -57,11 +57,17 @@ pub(crate) fn check_spans(spans: &[Span], k: usize, scores_len: usize) -> Result
 }
 
 pub(super) fn top_k(scores: &[f32], spans: &[Span], k: usize, out: &mut [i32]) -> Result<()> {
-    check_len("out", spans.len() * k, out.len())?;
+    let want = spans.len() * k;
+    if out.len() < want {
+        return Err(KernelError::invalid("out", out.len(), format!("{} spans of top-{k} need {want}", spans.len())));
+    }
     check_spans(spans, k, scores.len())?;
     if k == 0 {
         return Ok(());
     }
-    out.par_chunks_mut(k).zip(spans.par_iter()).for_each(|(o, s)| top_k_positions(&scores[s.offset..s.end()], k, o));
+    out[..want]
+        .par_chunks_mut(k)
+        .zip(spans.par_iter())
+        .for_each(|(o, s)| top_k_positions(&scores[s.offset..s.end()], k, o));
     Ok(())
 }

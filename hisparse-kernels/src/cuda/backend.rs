@@ -80,6 +80,7 @@ pub struct CudaBackend {
     pub(super) write_rows: CudaFunction,
     pub(super) locate_rows: CudaFunction,
     pub(super) fill_unit: CudaFunction,
+    pub(super) fill_new_rows: CudaFunction,
     pub(super) scratch: Mutex<Scratch>,
     pub(super) timer: Mutex<Timer>,
     /// cuBLAS, made on first use (`gemm_launch.rs`).
@@ -145,6 +146,7 @@ impl CudaBackend {
         let write_rows = dev.function("rows", "write_rows")?;
         let locate_rows = dev.function("rows", "locate_rows")?;
         let fill_unit = dev.function("rows", "fill_unit_bf16")?;
+        let fill_new_rows = dev.function("rows", "fill_new_rows")?;
         indexer
             .set_attribute(
                 CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -184,6 +186,7 @@ impl CudaBackend {
             write_rows,
             locate_rows,
             fill_unit,
+            fill_new_rows,
             scratch: Mutex::new(scratch),
             timer: Mutex::new(Timer::default()),
             graph: Mutex::new(None),
@@ -217,6 +220,7 @@ impl CudaBackend {
 impl Backend for CudaBackend {
     type Memory = CudaMemory;
     type SwapIn = super::swap_in_backend::CudaSwapIn;
+    type Backup = super::backup::CudaRowBackup;
 
     fn name(&self) -> &'static str {
         "cuda"
@@ -263,22 +267,27 @@ impl Backend for CudaBackend {
         self.launch_fill_unit(seeds, len, out)
     }
 
-    fn write_rows_packed(
+    fn scatter_rows(
         &self,
         pool: &mut CudaSlice<u8>,
         row_bytes: usize,
-        n: usize,
-        packed: &CudaSlice<u8>,
+        rows: &CudaSlice<u32>,
+        data: &CudaSlice<u8>,
     ) -> Result<()> {
-        self.launch_write_rows_packed(pool, row_bytes, n, packed)
+        self.launch_scatter_rows(pool, row_bytes, rows, data)
+    }
+
+    fn fill_new_rows(
+        &self,
+        fill: &crate::NewRows<'_, CudaMemory>,
+        rows: &mut CudaSlice<u8>,
+        keys: Option<&mut CudaSlice<u8>>,
+    ) -> Result<()> {
+        self.launch_fill_new_rows(fill, rows, keys)
     }
 
     fn fill_unit_bf16_seeded(&self, seeds: &CudaSlice<u64>, len: usize, out: &mut CudaSlice<bf16>) -> Result<()> {
         self.launch_fill_unit_seeded(seeds, len, out)
-    }
-
-    fn prefers_device_selection(&self) -> bool {
-        true
     }
 
     fn gemm_bf16(
@@ -373,7 +382,11 @@ impl Backend for CudaBackend {
         &self,
         cfg: &crate::DeviceSwapInConfig,
         host: &mut hisparse_memory::HostTier,
-    ) -> Result<Option<Self::SwapIn>> {
-        super::swap_in_backend::CudaSwapIn::new(&self.dev, cfg, host).map(Some)
+    ) -> Result<Self::SwapIn> {
+        super::swap_in_backend::CudaSwapIn::new(&self.dev, cfg, host)
+    }
+
+    fn row_backup(&self, cfg: &crate::RowBackupConfig, host: &mut hisparse_memory::HostTier) -> Result<Self::Backup> {
+        super::backup::CudaRowBackup::new(&self.dev, cfg, host)
     }
 }

@@ -154,8 +154,8 @@ impl CudaBackend {
         k: usize,
         out: &mut CudaSlice<i32>,
     ) -> Result<()> {
-        if k > 0 && !spans.is_empty() {
-            check_len("out", spans.len() * k, out.len())?;
+        if out.len() < spans.len() * k {
+            return Err(KernelError::invalid("out", out.len(), format!("{} spans of top-{k} need more", spans.len())));
         }
         crate::cpu::check_top_k_spans(spans, k, scores.len())?;
         if k == 0 || spans.is_empty() {
@@ -172,7 +172,8 @@ impl CudaBackend {
         let k32 = k as u32;
         let mut b = PrintedLaunch::new(&self.dev.print, s, &self.top_k);
         b.arg(scores).arg(&sc.spans).arg(&k32).arg_mut(out);
-        // SAFETY: every span lies within `scores` and `out` holds n * k positions (checked).
+        // SAFETY: every span lies within `scores` and `out` holds at least n * k positions
+        // (checked).
         unsafe { b.launch(cfg) }.map_err(driver_error("top-k launch"))?;
         Ok(())
     }

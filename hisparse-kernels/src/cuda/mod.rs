@@ -21,7 +21,7 @@ mod swap_in_backend;
 mod swap_launch;
 
 pub use backend::CudaBackend;
-pub use backup::GpuBackup;
+pub use backup::{BackupRows, CudaRowBackup, GpuBackup};
 pub use device::CudaDevice;
 pub use launch_graph::LaunchGraph;
 pub use nvrtc::{ARCH, CompiledKernel, compile, cuda_include_dir, nvrtc_available, nvrtc_version};

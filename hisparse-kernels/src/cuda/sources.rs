@@ -44,7 +44,7 @@ pub fn all_sources() -> Vec<KernelSource> {
     v.push(KernelSource {
         name: "rows".into(),
         code: include_str!("../../kernels/rows.cu").to_owned(),
-        kernels: &["write_rows", "locate_rows", "fill_unit_bf16"],
+        kernels: &["write_rows", "locate_rows", "fill_unit_bf16", "fill_new_rows"],
     });
     for p in hisparse_policy::policy::builtin(0) {
         if let Some(src) = policy_harness(p.as_ref()) {

@@ -1,14 +1,17 @@
-//! The step helpers' launches of [`CudaBackend`]: batched row writes, rows by position through
-//! page tables, and the unit stream generated on the device.
+//! The step helpers' launches of [`CudaBackend`]: batched row writes (from the host or from
+//! device buffers), rows by position through page tables, the unit stream generated on the
+//! device, and an emulated model's new rows encoded there.
 
-use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, ValidAsZeroBits};
+use cudarc::driver::{CudaSlice, CudaView, DeviceRepr, LaunchConfig, ValidAsZeroBits};
 use half::bf16;
+use hisparse_memory::cuda::CudaMemory;
 
 use super::backend::{CudaBackend, Scratch, lock, room, upload_cached};
 use super::driver_error;
 use super::printed_launch::PrintedLaunch;
 use crate::backend::Span;
 use crate::error::{KernelError, Result, check_len};
+use crate::new_rows::NewRows;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -18,6 +21,25 @@ pub(super) struct LocateReq {
     pub(super) first_page: u64,
     pub(super) pages: u64,
 }
+
+/// The arguments of `fill_new_rows` (the kernel's `NewRowsArgs`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+struct NewRowsArgs {
+    n: u32,
+    fp8: u32,
+    d_latent: u32,
+    d_rope: u32,
+    row_bytes: u32,
+    key_dim: u32,
+    key_c: f32,
+    key_b: f32,
+    step: f32,
+    half_width: f32,
+}
+
+// SAFETY: a #[repr(C)] struct of plain numbers, laid out as the kernel's `NewRowsArgs`.
+unsafe impl DeviceRepr for NewRowsArgs {}
 
 // SAFETY: a #[repr(C)] struct of plain numbers, laid out as the kernel's `LocateReq`.
 unsafe impl DeviceRepr for LocateReq {}
@@ -46,51 +68,114 @@ impl CudaBackend {
         room(&self.dev, &mut sc.rows_data, packed.len())?;
         let s = self.dev.stream();
         s.memcpy_htod(&packed, &mut sc.rows_data.slice_mut(..packed.len())).map_err(driver_error("row data"))?;
+        let n = rows.len();
         let Scratch { fault, rows_data, .. } = &mut *sc;
-        self.write_packed(pool, row_bytes, rows.len(), rows_data, fault)
+        // SAFETY: the packed rows are whole words (indices and rows are multiples of 4 bytes).
+        let words = unsafe { rows_data.transmute::<u32>(packed.len() / 4) }
+            .ok_or_else(|| KernelError::invalid("packed", packed.len(), "cannot be viewed as words"))?;
+        self.write_indexed(pool, row_bytes, &words.slice(..n), &words.slice(n..), fault)
     }
 
-    pub(super) fn launch_write_rows_packed(
+    pub(super) fn launch_scatter_rows(
         &self,
         pool: &mut CudaSlice<u8>,
         row_bytes: usize,
-        n: usize,
-        packed: &CudaSlice<u8>,
+        rows: &CudaSlice<u32>,
+        data: &CudaSlice<u8>,
     ) -> Result<()> {
         check_row_bytes(row_bytes)?;
-        check_len("packed", n * (4 + row_bytes), packed.len())?;
+        let n = rows.len();
+        check_len("data", n * row_bytes, data.len())?;
         if n == 0 {
             return Ok(());
         }
+        // SAFETY: `data` holds n rows of whole words (row_bytes is a multiple of 4).
+        let words = unsafe { data.transmute::<u32>(data.len() / 4) }
+            .ok_or_else(|| KernelError::invalid("data", data.len(), "cannot be viewed as words"))?;
         let mut sc = lock(&self.scratch)?;
-        self.write_packed(pool, row_bytes, n, packed, &mut sc.fault)
+        self.write_indexed(pool, row_bytes, &rows.as_view(), &words, &mut sc.fault)
     }
 
-    /// The write kernel over `n` packed rows (indices, then data) already on the device.
-    fn write_packed(
+    /// The write kernel: row `i` of `src` to row `idx[i]` of `pool` (`idx.len()` rows; indices
+    /// are checked in the kernel, which raises the fault flag instead of writing).
+    fn write_indexed(
         &self,
         pool: &mut CudaSlice<u8>,
         row_bytes: usize,
-        n: usize,
-        packed: &CudaSlice<u8>,
+        idx: &CudaView<'_, u32>,
+        src: &CudaView<'_, u32>,
         fault: &mut CudaSlice<u32>,
     ) -> Result<()> {
-        let len = n * (4 + row_bytes);
+        let n = idx.len();
         let s = self.dev.stream();
         let (n32, words, pool_rows) = (n as u32, (row_bytes / 4) as u32, (pool.len() / row_bytes) as u64);
-        // SAFETY: the packed rows are whole words (indices and rows are multiples of 4 bytes).
-        let words_view = unsafe { packed.transmute::<u32>(len / 4) }
-            .ok_or_else(|| KernelError::invalid("packed", packed.len(), "cannot be viewed as words"))?;
         let pool_len = pool.len();
-        // SAFETY: as above; the pool is viewed as whole words (rows checked in the kernel).
+        // SAFETY: the pool is viewed as whole words (rows checked in the kernel).
         let mut pool_words = unsafe { pool.transmute_mut::<u32>(pool_len / 4) }
             .ok_or_else(|| KernelError::invalid("pool", pool_len, "cannot be viewed as words"))?;
         let cfg = LaunchConfig { grid_dim: (n.div_ceil(8) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         let mut b = PrintedLaunch::new(&self.dev.print, s, &self.write_rows);
-        b.arg(&words_view).arg(&n32).arg(&words).arg(&pool_rows).arg_mut(&mut pool_words).arg_mut(fault);
-        // SAFETY: n row indices then n rows of `words` words in the packed buffer (checked by
-        // the callers); pool rows are checked in the kernel.
+        b.arg(idx).arg(src).arg(&n32).arg(&words).arg(&pool_rows).arg_mut(&mut pool_words).arg_mut(fault);
+        // SAFETY: n row indices and n rows of `words` words (checked by the callers); pool rows
+        // are checked in the kernel.
         unsafe { b.launch(cfg) }.map_err(driver_error("write rows launch"))?;
+        Ok(())
+    }
+
+    pub(super) fn launch_fill_new_rows(
+        &self,
+        fill: &NewRows<'_, CudaMemory>,
+        rows: &mut CudaSlice<u8>,
+        keys: Option<&mut CudaSlice<u8>>,
+    ) -> Result<()> {
+        let (kv, key) = (fill.kv_layout, fill.key_layout);
+        let n = fill.kv_seeds.len();
+        check_len("rows", n * kv.row_bytes(), rows.len())?;
+        let fp8 = kv.format() == hisparse_memory::KvRowFormat::Fp8;
+        if fp8 && !kv.d_latent().is_multiple_of(128) {
+            return Err(KernelError::invalid("d_latent", kv.d_latent(), "fp8 rows need a multiple of 128"));
+        }
+        if key.dim() > 128 {
+            return Err(KernelError::invalid("index_dim", key.dim(), "the CUDA row fill handles up to 128"));
+        }
+        let with_keys = match (&keys, fill.key_seeds) {
+            (Some(k), Some(ks)) => {
+                check_len("key_seeds", 2 * n, ks.len())?;
+                check_len("keys", n * key.row_bytes(), k.len())?;
+                true
+            }
+            (None, None) => false,
+            _ => return Err(KernelError::invalid("keys", "one of two", "key seeds and a key buffer come together")),
+        };
+        if n == 0 {
+            return Ok(());
+        }
+        let a = NewRowsArgs {
+            n: n as u32,
+            fp8: u32::from(fp8),
+            d_latent: kv.d_latent() as u32,
+            d_rope: kv.d_rope() as u32,
+            row_bytes: kv.row_bytes() as u32,
+            key_dim: if with_keys { key.dim() as u32 } else { 0 },
+            key_c: fill.key_mix.0,
+            key_b: fill.key_mix.1,
+            step: crate::unit_stream::STEP,
+            half_width: crate::unit_stream::HALF_WIDTH,
+        };
+        let mut sc = lock(&self.scratch)?;
+        let s = self.dev.stream();
+        let cfg = LaunchConfig { grid_dim: (n as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+        let key_seeds = fill.key_seeds.unwrap_or(fill.kv_seeds);
+        let mut b = PrintedLaunch::new(&self.dev.print, s, &self.fill_new_rows);
+        b.params(&a).arg(fill.kv_seeds).arg(key_seeds).arg_mut(rows);
+        match keys {
+            Some(k) => b.arg_mut(k),
+            // Not read or written without keys (key_dim 0).
+            None => b.arg_mut(&mut sc.rows_data),
+        };
+        // SAFETY: n blocks, each writing its own row of `rows` (n rows, checked) and, with keys,
+        // its own key (n keys, 2 n seeds, checked); it reads n kv seeds.
+        unsafe { b.launch(cfg) }.map_err(driver_error("fill new rows launch"))?;
         Ok(())
     }
 

@@ -35,15 +35,23 @@ pub struct CudaSwapIn {
 impl CudaSwapIn {
     /// Registers `host` with the device and sets up the swap-in state.
     pub fn new(dev: &Arc<CudaDevice>, cfg: &DeviceSwapInConfig, host: &mut HostTier) -> Result<Self> {
+        if cfg.prefetcher.name() != "none" {
+            return Err(KernelError::invalid(
+                "prefetcher",
+                cfg.prefetcher.name(),
+                "the CUDA swap-in does not prefetch yet (it comes with the pipelined step's transfer stream): \
+                 use the CPU backend, or prefetcher none",
+            ));
+        }
         let mapped = host.register_cuda(dev.context())?;
         let gpu = GpuSwapIn::new(
             dev,
             Arc::clone(&cfg.policy),
             cfg.seats,
-            cfg.layers,
+            cfg.geometry.layers,
             cfg.buffer_slots,
             cfg.block_size,
-            cfg.max_selected,
+            cfg.geometry.top_k,
             cfg.max_tokens,
         )?;
         let s = dev.stream();
@@ -56,7 +64,7 @@ impl CudaSwapIn {
             out: SwapOutputs::new(s, 1, 1)?,
             counts: s.alloc_zeros(3).map_err(driver_error("swap-in counts"))?,
             launched: 0,
-            layers: cfg.layers,
+            layers: cfg.geometry.layers,
         })
     }
 }
@@ -141,7 +149,7 @@ impl DeviceSwapIn<CudaMemory> for CudaSwapIn {
         self.launched = self.launched.max(layers.min(self.layers));
     }
 
-    fn end_step(&mut self) -> Result<DeviceSwapCounts> {
+    fn end_step(&mut self, _hot: &mut [CudaSlice<u8>]) -> Result<DeviceSwapCounts> {
         let n3 = SWAP_COUNTS * self.batch.as_ref().map_or(0, |b| b.requests().len()) * self.launched;
         let mut c = DeviceSwapCounts::default();
         if n3 == 0 {

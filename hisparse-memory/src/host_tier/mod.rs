@@ -56,6 +56,19 @@ impl HostTierLayout {
     pub fn rows(&self) -> u64 {
         (self.layers * self.pages_per_layer * self.page_tokens) as u64
     }
+
+    /// Rows of one layer region: row `r` of layer 0 is row `r + l * layer_rows()` of layer `l`.
+    pub fn layer_rows(&self) -> u64 {
+        (self.pages_per_layer * self.page_tokens) as u64
+    }
+
+    /// The row of position `position` of layer `layer` on host page `page` (no checks: a row
+    /// index is checked where it is read, [`HostRowReader::read`]).
+    pub fn row(&self, layer: usize, page: u32, position: usize) -> u64 {
+        layer as u64 * self.layer_rows()
+            + u64::from(page) * self.page_tokens as u64
+            + (position % self.page_tokens) as u64
+    }
 }
 
 /// Where one row sits in the mapping: a byte offset from its start.
@@ -358,6 +371,44 @@ impl HostTier {
     /// A handle that writes rows from another thread (the backup worker).
     pub fn row_writer(&self) -> HostRowWriter {
         HostRowWriter { map: Arc::clone(&self.map), row_bytes: self.row_bytes }
+    }
+
+    /// A handle that reads rows by row index (a swap-in that runs beside the tier's owner).
+    pub fn row_reader(&self) -> HostRowReader {
+        HostRowReader { map: Arc::clone(&self.map), layout: self.layout() }
+    }
+}
+
+/// Reads rows of a [`HostTier`] by row index ([`HostTierLayout::row`]): the CPU swap-in's
+/// handle. It keeps the mapping alive and checks every index against the layout.
+#[derive(Clone)]
+pub struct HostRowReader {
+    map: Arc<MmapRaw>,
+    layout: HostTierLayout,
+}
+
+impl HostRowReader {
+    /// The tier's layout.
+    pub fn layout(&self) -> HostTierLayout {
+        self.layout
+    }
+
+    /// Reads row `row` into `out` (`row_bytes`); fails on an index outside the tier.
+    ///
+    /// # Safety
+    ///
+    /// Nothing writes the row while it is read: its backup (if any) has completed.
+    pub unsafe fn read(&self, row: u64, out: &mut [u8]) -> Result<()> {
+        let rb = self.layout.row_bytes;
+        check_len("out", rb, out.len())?;
+        if row >= self.layout.rows() {
+            return Err(MemoryError::invalid("row", row, format!("the host tier has {} rows", self.layout.rows())));
+        }
+        // row < rows(), and rows() * row_bytes <= len (the layout was taken from the mapping).
+        let start = row as usize * rb;
+        // SAFETY: in bounds (above); no concurrent writer is the caller's contract.
+        unsafe { std::ptr::copy_nonoverlapping(self.map.as_ptr().add(start), out.as_mut_ptr(), rb) };
+        Ok(())
     }
 }
 

@@ -26,7 +26,10 @@
 //! [`SwapInState::prefetch`]: crate::swap_in::SwapInState::prefetch
 
 pub mod cuda;
+mod queue;
 mod registry;
+
+pub use queue::{CopyFills, PrefetchCounts, PrefetchQueue, PrefetchStep, near_cut};
 
 pub use registry::{
     BuiltinPrefetcher, MakePrefetcher, PREFETCHER_NAMES, PrefetcherConfig, PrefetcherSpec, make_prefetcher,

@@ -1,14 +1,16 @@
-//! One request's prefetch state on the host swap-in path, in the order
-//! `hisparse_policy::prefetch` writes down (the simulator's): nominations queued after a layer's
-//! selection, applied before their target layer's swap-in (this step) or after the last layer
-//! (next step), rows copied host → device like misses. The engine's host path keeps one per
-//! running request.
+//! `PrefetchQueue`: one request's prefetch state on a swap-in that runs on the host, in the
+//! order this module's parent writes down (the simulator's): nominations queued after a
+//! layer's selection, applied before their target layer's swap-in (this step) or after the
+//! last layer (next step). The rows a nomination brings in are copied by the caller (its hot
+//! buffers and host tier are its own), through the `copy` callback of
+//! [`PrefetchQueue::apply`].
 
-use hisparse_memory::{DeviceMemory, DeviceTier, HostTier, KvGeometry, RequestId};
-use hisparse_policy::prefetch::{Candidates, LayerSelection, Nomination, Prefetcher, When, budget_rows};
-use hisparse_policy::{EvictionPolicy, PrefetchPlan, StepCtx, SwapInState, SwapInputs, copy_rows};
+use hisparse_memory::KvGeometry;
 
+use super::{Candidates, LayerSelection, Nomination, Prefetcher, When, budget_rows};
 use crate::error::Result;
+use crate::policy::{EvictionPolicy, StepCtx};
+use crate::swap_in::{PrefetchPlan, SwapInState, SwapInputs};
 
 /// A nomination waiting for its target.
 #[derive(Clone, Debug)]
@@ -30,26 +32,18 @@ pub struct PrefetchCounts {
     pub wasted: u64,
 }
 
-impl crate::metrics::StepMetrics {
-    /// Counts what applying nominations moved.
-    pub(crate) fn add_prefetch(&mut self, c: PrefetchCounts) {
-        self.bytes_h2d += c.bytes;
-        self.bytes_h2d_prefetch += c.bytes;
-        self.prefetched += c.rows;
-        self.prefetch_wasted += c.wasted;
-    }
-}
-
 impl PrefetchCounts {
-    fn add(&mut self, o: PrefetchCounts) {
+    /// Adds `o` field by field.
+    pub fn add(&mut self, o: PrefetchCounts) {
         self.rows += o.rows;
         self.bytes += o.bytes;
         self.wasted += o.wasted;
     }
 }
 
-/// The `n` best positions of `scores` outside `selected` (ascending), best first.
-pub(crate) fn near_cut(scores: &[f32], selected: &[u32], n: usize) -> Vec<u32> {
+/// The `n` best positions of `scores` outside `selected` (ascending), best first (ties to the
+/// lower position): the candidates ranked just below a top-k cut.
+pub fn near_cut(scores: &[f32], selected: &[u32], n: usize) -> Vec<u32> {
     let mut order: Vec<u32> = (0..scores.len() as u32).filter(|t| selected.binary_search(t).is_err()).collect();
     let by = |a: &u32, b: &u32| scores[*b as usize].total_cmp(&scores[*a as usize]).then(a.cmp(b));
     let n = n.min(order.len());
@@ -61,25 +55,14 @@ pub(crate) fn near_cut(scores: &[f32], selected: &[u32], n: usize) -> Vec<u32> {
     order
 }
 
-/// Where a request's nominations land: its id, swap-in states (one per layer), and the tiers.
-pub(crate) struct PrefetchTarget<'a, M: DeviceMemory> {
-    pub id: RequestId,
-    pub swap: &'a mut [SwapInState],
-    pub host: &'a HostTier,
-    pub device: &'a mut DeviceTier<M>,
-}
+/// Copies a nomination's `(token, slot)` fills of a layer host → device; returns the bytes.
+pub type CopyFills<'a> = dyn FnMut(usize, &[(u32, u32)]) -> Result<usize> + 'a;
 
-/// One request's queued nominations and this step's selections.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct PrefetchQueue {
-    pending: Vec<Pending>,
-    /// This step's selection per layer (next-step nominations protect their target's).
-    selections: Vec<Vec<u32>>,
-}
-
-/// What a nomination needs to know about the step.
+/// What a nomination needs to know about the request's step.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct StepView {
+pub struct PrefetchStep {
+    /// The request id (the policies' hooks see it).
+    pub request: u64,
     /// The request's step (from 1).
     pub step: u32,
     /// Tokens this step, the newest included.
@@ -88,16 +71,25 @@ pub(crate) struct StepView {
     pub buffer_slots: usize,
 }
 
+/// One request's queued nominations and this step's selections.
+#[derive(Clone, Debug, Default)]
+pub struct PrefetchQueue {
+    pending: Vec<Pending>,
+    /// This step's selection per layer (next-step nominations protect their target's).
+    selections: Vec<Vec<u32>>,
+}
+
 impl PrefetchQueue {
     /// Asks `prefetcher` after layer `l`'s selection `sel` (`scores`: the indexer's, for
-    /// near-cut candidates) and queues its nominations.
+    /// near-cut candidates) and queues its nominations; `budget` is the configured per-buffer
+    /// row budget.
     #[allow(clippy::too_many_arguments)] // the step's facts, each a plain value
     pub fn nominate(
         &mut self,
         prefetcher: &dyn Prefetcher,
         g: &KvGeometry,
         budget: usize,
-        view: StepView,
+        step: PrefetchStep,
         l: usize,
         sel: &[u32],
         scores: Option<&[f32]>,
@@ -119,8 +111,8 @@ impl PrefetchQueue {
         let ls = LayerSelection {
             layer: l as u32,
             layers: g.layers as u32,
-            step: view.step,
-            seq_len: view.seq_len,
+            step: step.step,
+            seq_len: step.seq_len,
             top_k: g.top_k,
             selected: sel,
             near: &near,
@@ -141,16 +133,20 @@ impl PrefetchQueue {
         }
     }
 
-    /// Applies the nominations due `when` for layer `l` (every layer: `None`), bringing their
-    /// rows into `to`'s hot buffers; `scores` for score-aware policies' hooks.
-    pub fn apply<M: DeviceMemory>(
+    /// Applies the nominations due `when` for layer `l` (every layer: `None`) to the request's
+    /// swap-in states `swap` (one per layer); `copy(layer, fills)` copies each nomination's
+    /// `(token, slot)` fills host → device and returns the bytes it moved. `scores` for
+    /// score-aware policies' hooks.
+    #[allow(clippy::too_many_arguments)] // the step's facts, each a plain value
+    pub fn apply(
         &mut self,
         l: Option<usize>,
         when: When,
         policy: &dyn EvictionPolicy,
-        view: StepView,
+        step: PrefetchStep,
         scores: Option<&[f32]>,
-        to: PrefetchTarget<'_, M>,
+        swap: &mut [SwapInState],
+        copy: &mut CopyFills<'_>,
     ) -> Result<PrefetchCounts> {
         let mut counts = PrefetchCounts::default();
         if self.pending.is_empty() {
@@ -169,16 +165,16 @@ impl PrefetchQueue {
             protect.sort_unstable();
             protect.dedup();
             let ctx = StepCtx {
-                step: view.step,
+                step: step.step,
                 layer: p.target as u32,
-                request: to.id.0,
-                buffer_slots: view.buffer_slots as u32,
+                request: step.request,
+                buffer_slots: step.buffer_slots as u32,
                 seed: policy.seed(),
             };
             let inputs = SwapInputs { next_use: None, scores };
-            let Some(swap) = to.swap.get_mut(p.target) else { continue };
-            swap.prefetch(policy, &p.candidates, view.seq_len, &ctx, &protect, p.budget, inputs, &mut plan)?;
-            let bytes = copy_rows(&plan.fills, to.host, to.device, to.id, p.target)?;
+            let Some(state) = swap.get_mut(p.target) else { continue };
+            state.prefetch(policy, &p.candidates, step.seq_len, &ctx, &protect, p.budget, inputs, &mut plan)?;
+            let bytes = copy(p.target, &plan.fills)?;
             counts.add(PrefetchCounts {
                 rows: plan.fills.len() as u64,
                 bytes: bytes as u64,
