@@ -206,6 +206,63 @@ fn run_rejects_the_too_large_request_and_records_a_trace_the_simulator_reads() {
 }
 
 #[test]
+fn run_with_poisson_arrivals_reports_latencies_and_the_queue_refuses_beyond_its_bound() {
+    let dir = tmp("arrivals");
+    let out = dir.join("out");
+    let o = hisparse(&[
+        "run",
+        "--backend",
+        "cpu",
+        "--concurrency",
+        "5",
+        "--arrival-rate",
+        "40",
+        "--context",
+        "300,900",
+        "--output",
+        "3,6",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let table = String::from_utf8_lossy(&o.stdout);
+    assert!(table.contains("time to first decode p50") && table.contains("per token p50"), "{table}");
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("run.json")).unwrap()).unwrap();
+    for m in 0..2 {
+        // Different output lengths in one run: 3 + 6 + 3 + 6 + 3 tokens.
+        assert_eq!(json[m]["summary"]["tokens"], 21);
+        assert_eq!(json[m]["latency"]["first_decode"]["count"], 5);
+        assert_eq!(json[m]["latency"]["per_token"]["count"], 16);
+        let (p50, max) = (&json[m]["latency"]["per_token"]["p50"], &json[m]["latency"]["per_token"]["max"]);
+        assert!(p50.as_f64().unwrap() > 0.0 && p50.as_f64() <= max.as_f64(), "{p50} {max}");
+    }
+    // All at once into a queue of 2: three are refused, the two others decode.
+    let o = hisparse(&[
+        "run",
+        "--backend",
+        "cpu",
+        "--mode",
+        "hisparse",
+        "--concurrency",
+        "5",
+        "--context",
+        "300",
+        "--output",
+        "2",
+        "--max-queued",
+        "2",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("3 requests refused by the full waiting queue"));
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("run.json")).unwrap()).unwrap();
+    assert_eq!(json[0]["refused"], serde_json::json!([2, 3, 4]));
+    assert_eq!(json[0]["summary"]["tokens"], 4);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn dump_step_writes_tensors_that_reproduce_the_attention() {
     use hisparse_kernels::dense_attention;
     use safetensors::SafeTensors;

@@ -222,6 +222,7 @@ fn corpus() -> Vec<Case> {
     c.extend(flag_cases(sweep, "backend", &["gpu"]));
     c.extend(flag_cases(sweep, "emulate-model", &["on", "maybe"]));
     c.extend(flag_cases(sweep, "seed", &["-1", OVER]));
+    c.extend(flag_cases(sweep, "max-queued", &["0", "-1", OVER, "NaN"]));
     c.extend(flag_cases(
         sweep,
         "config",
@@ -242,7 +243,8 @@ fn corpus() -> Vec<Case> {
     // run
     c.extend(flag_cases(run, "concurrency", &["0", "-1", "65537", OVER]));
     c.extend(flag_cases(run, "context", &["0", "-1", U64_MAX, "4294967295", "NaN"]));
-    c.extend(flag_cases(run, "output", &["0", "-1", U64_MAX, "NaN"]));
+    c.extend(flag_cases(run, "output", &["0", "-1", U64_MAX, "NaN", "4,0"]));
+    c.extend(flag_cases(run, "arrival-rate", &["0", "-1", "NaN", "inf", "fast"]));
     c.extend(flag_cases(run, "record-trace", &["existing.bin", "a-folder", "/proc/no/such"]));
     c.extend(flag_cases(run, "mode", &["sideways"]));
     // dump-step

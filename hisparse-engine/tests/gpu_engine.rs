@@ -1,14 +1,16 @@
-//! The engine on the H200: with the CUDA backend (indexer, top-k, device swap-in, attention all
-//! on the GPU) the hisparse and resident modes produce bit-identical attention outputs over many
-//! steps — requests joining and leaving, every GPU policy, a policy and batch cap swapped mid-run,
-//! a slow backup worker — and both match the CPU backend within the kernels' tolerances, with
-//! the same selections.
+//! The engine and the per-layer API on the H200: with the CUDA backend (indexer, top-k, device
+//! swap-in, attention, the emulated model's new rows and their backup all on the GPU) the
+//! hisparse and resident modes produce bit-identical attention outputs over many steps —
+//! requests joining and leaving, one aborted mid-run, every GPU policy, a policy and batch cap
+//! swapped mid-run, the backup stream slowed by an injected delay, launch graphs on — and both
+//! match the CPU backend within the kernels' tolerances, with the same selections and rows.
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
 mod common;
 
 use std::time::Duration;
 
+use common::scenario::{self, expected};
 use common::{config, expected_count, requests, run_counted, run_on};
 use hisparse_engine::{Engine, EngineConfig, LayerDump};
 use hisparse_kernels::CpuBackend;
@@ -126,4 +128,42 @@ fn on_cuda_launch_graphs_replay_what_eager_launches_compute() {
             _ => {}
         }
     }
+    // The backup's side stream, slowed, inside the captured graphs: still the same outputs.
+    let (slow, counts) = run_counted(gpu(), config(Mode::HiSparse, "lru"), &[], Some(Duration::from_millis(2)));
+    assert!(counts.iter().map(|c| c.replays).sum::<u64>() >= 10);
+    assert_eq!(Some(&slow), resident_graphs.as_ref(), "slowed backup stream with graphs");
+}
+
+/// The per-layer API's scenario (caller-made tensors in device memory, arrivals between steps,
+/// an abort mid-run) on the GPU: resident and hisparse bit-identical for every GPU policy, with
+/// shared index layers, and with the backup stream slowed.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn on_cuda_the_per_layer_api_is_lossless_for_every_gpu_policy() {
+    for shared in [false, true] {
+        let (resident, _) = scenario::run_on(gpu(), Mode::Resident, shared, "lru", "none", None);
+        assert_eq!(resident.len(), expected());
+        let policies: Vec<_> = hisparse_policy::policy::builtin(0)
+            .into_iter()
+            .filter(|p| p.cuda().is_some() && !p.needs_future())
+            .collect();
+        for p in &policies {
+            let (hs, misses) = scenario::run_on(gpu(), Mode::HiSparse, shared, p.name(), "none", None);
+            assert!(misses > 0, "{}: the scenario must miss", p.name());
+            assert_eq!(hs, resident, "{} (shared index: {shared}): outputs differ", p.name());
+        }
+        let slow = Some(Duration::from_millis(2));
+        let (hs, _) = scenario::run_on(gpu(), Mode::HiSparse, shared, "clock", "none", slow);
+        assert_eq!(hs, resident, "slowed backup stream (shared index: {shared})");
+    }
+}
+
+/// The CUDA swap-in refuses a prefetcher (it comes with the pipelined step), naming it.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn on_cuda_a_prefetcher_is_refused_by_name() {
+    let mut cfg = config(Mode::HiSparse, "lru");
+    cfg.hisparse.prefetcher = "adjacent-layer".into();
+    let e = Engine::new(gpu(), cfg).err().expect("refused");
+    assert!(e.to_string().contains("prefetcher") && e.to_string().contains("adjacent-layer"), "{e}");
 }

@@ -307,6 +307,75 @@ fn gpu_step_helpers_match_their_host_forms() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
+fn gpu_new_rows_and_device_scatter_match_their_host_forms() {
+    let (cpu, gpu) = (CpuBackend::new(), gpu());
+    let mem = gpu.memory().clone();
+    let mut rng = random::rng(11);
+    // An emulated model's new rows, bit for bit: fp8 and bf16 rows, with and without keys,
+    // several key mixes (the kernel rounds each product and the sum as the host does).
+    let key = IndexKeyLayout::new(128).unwrap();
+    for (format, n, mix) in [(KvRowFormat::Fp8, 37usize, (0.99498744f32, 0.1f32)), (KvRowFormat::Bf16, 5, (0.6, 0.8))] {
+        let kv = KvRowLayout::new(format, 512, 64).unwrap();
+        let seeds: Vec<u64> = (0..n).map(|_| rng.random()).collect();
+        let key_seeds: Vec<u64> = (0..2 * n).map(|_| rng.random()).collect();
+        let (mut rows, mut keys) = (vec![0u8; n * kv.row_bytes()], vec![0u8; n * key.row_bytes()]);
+        hisparse_kernels::fill_new_rows_host(kv, &seeds, key, Some(&key_seeds), mix, &mut rows, Some(&mut keys))
+            .unwrap();
+        let (sd, kd) = (mem.upload(&seeds).unwrap(), mem.upload(&key_seeds).unwrap());
+        let mut rg = mem.alloc_zeroed::<u8>(n * kv.row_bytes()).unwrap();
+        let mut kg = mem.alloc_zeroed::<u8>(n * key.row_bytes()).unwrap();
+        let fill = hisparse_kernels::NewRows {
+            kv_layout: kv,
+            kv_seeds: &sd,
+            key_layout: key,
+            key_seeds: Some(&kd),
+            key_mix: mix,
+        };
+        gpu.fill_new_rows(&fill, &mut rg, Some(&mut kg)).unwrap();
+        assert_eq!(mem.download(&rg).unwrap(), rows, "{format:?} rows");
+        assert_eq!(mem.download(&kg).unwrap(), keys, "{format:?} keys");
+        // Without keys: the rows alone, the same bytes.
+        let mut rg2 = mem.alloc_zeroed::<u8>(n * kv.row_bytes()).unwrap();
+        let fill = hisparse_kernels::NewRows { key_seeds: None, ..fill };
+        gpu.fill_new_rows(&fill, &mut rg2, None).unwrap();
+        assert_eq!(mem.download(&rg2).unwrap(), rows, "{format:?} rows without keys");
+        // The CPU backend's form (the trait's default) gives the same bytes.
+        let mut rc = vec![0u8; n * kv.row_bytes()];
+        let (sc, kc) = (seeds.clone(), key_seeds.clone());
+        let fill = hisparse_kernels::NewRows {
+            kv_layout: kv,
+            kv_seeds: &sc,
+            key_layout: key,
+            key_seeds: Some(&kc),
+            key_mix: mix,
+        };
+        let mut kcpu = vec![0u8; n * key.row_bytes()];
+        cpu.fill_new_rows(&fill, &mut rc, Some(&mut kcpu)).unwrap();
+        assert_eq!((rc, kcpu), (rows, keys));
+    }
+    // Rows scattered from device buffers (the new token's rows into their slots).
+    for row_bytes in [132usize, 656, 1152] {
+        let mut pool_c = vec![0u8; 100 * row_bytes];
+        rng.fill(&mut pool_c[..]);
+        let mut pool_g = mem.upload(&pool_c).unwrap();
+        let dest: Vec<u32> = vec![7, 99, 0, 41, 42, 13];
+        let mut data = vec![0u8; dest.len() * row_bytes];
+        rng.fill(&mut data[..]);
+        cpu.scatter_rows(&mut pool_c, row_bytes, &dest, &data).unwrap();
+        let (dd, da) = (mem.upload(&dest).unwrap(), mem.upload(&data).unwrap());
+        gpu.scatter_rows(&mut pool_g, row_bytes, &dd, &da).unwrap();
+        gpu.finish_step().unwrap();
+        assert_eq!(mem.download(&pool_g).unwrap(), pool_c, "row bytes {row_bytes}");
+        // A destination outside the pool is written nowhere and reported.
+        let bad = mem.upload(&[7u32, 100, 0, 41, 42, 13]).unwrap();
+        gpu.scatter_rows(&mut pool_g, row_bytes, &bad, &da).unwrap();
+        assert!(gpu.finish_step().is_err(), "row bytes {row_bytes}: the fault is reported");
+        assert_eq!(mem.download(&pool_g).unwrap(), pool_c, "row bytes {row_bytes}: nothing else changed");
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
 fn gpu_launch_prints_follow_every_argument() {
     // Launches record their own print (`cuda::printed_launch`): the same launches give the same
     // print; a different value, buffer or length gives a different one.

@@ -96,9 +96,12 @@ pub struct EngineArgs {
     /// Keep the --host-tier-file at exit instead of removing it.
     #[arg(long, requires = "host_tier_file")]
     pub keep_host_tier_file: bool,
-    /// Seed of the synthetic workload.
+    /// Seed of the synthetic workload (and of `run --arrival-rate`'s arrivals).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Most requests waiting for capacity at once; more are refused (counted as such).
+    #[arg(long, default_value_t = hisparse_engine::DEFAULT_MAX_QUEUED)]
+    pub max_queued: usize,
 }
 
 /// Parses a byte count: a number with an optional unit (B; KiB, MiB, GiB, TiB and K, M, G, T
@@ -417,7 +420,7 @@ impl EngineArgs {
             backup_delay: None,
             launch_graphs: !self.no_graphs,
             model: self.model()?,
-            max_queued: hisparse_engine::DEFAULT_MAX_QUEUED,
+            max_queued: guard::at_least_one("max-queued", self.max_queued)?,
         })
     }
 

@@ -1,5 +1,6 @@
 //! The program's commands, one module each.
 
+pub mod arrivals;
 pub mod calibrate;
 pub mod check_kernels;
 pub mod common;

@@ -1,10 +1,12 @@
-//! `hisparse run`: one configuration, in one or both modes: a batch of equal requests decoded
-//! to the end, with the run's summary (throughput, time per stage, hits and misses, bytes moved
-//! and held) printed and written as JSON, and every step's metrics as CSV.
+//! `hisparse run`: one configuration, in one or both modes: requests (all at once, or arriving by
+//! a Poisson process: `--arrival-rate`) decoded to the end with continuous batching, with the
+//! run's summary (throughput, time per stage, hits and misses, bytes moved and held, time to
+//! first decode and per-token latency percentiles) printed and written as JSON, and every
+//! step's metrics as CSV.
 
 use std::path::PathBuf;
 
-use hisparse_engine::{RequestSpec, RunSummary, StepMetrics};
+use hisparse_engine::{LatencySummary, RequestSpec, RunSummary, StepMetrics};
 use hisparse_memory::{Mode, RequestId};
 use serde::Serialize;
 
@@ -44,16 +46,21 @@ pub struct RunArgs {
     /// Modes to run.
     #[arg(long, value_enum, default_value_t = ModeArg::Both)]
     pub mode: ModeArg,
-    /// Requests submitted at once.
+    /// Requests: submitted at once, or arriving one by one with --arrival-rate.
     #[arg(long, default_value_t = 8)]
     pub concurrency: usize,
+    /// Requests arrive by a Poisson process of this many per second (seeded by --seed) instead
+    /// of all at once; time to first decode counts from each one's arrival.
+    #[arg(long)]
+    pub arrival_rate: Option<f64>,
     /// Prompt tokens per request; a comma-separated list is cycled through (request i gets
     /// entry i modulo the list's length).
     #[arg(long, value_delimiter = ',', default_value = "4096")]
     pub context: Vec<usize>,
-    /// Tokens to generate per request.
-    #[arg(long, default_value_t = 32)]
-    pub output: usize,
+    /// Tokens to generate per request; a comma-separated list is cycled through like
+    /// --context.
+    #[arg(long, value_delimiter = ',', default_value = "32")]
+    pub output: Vec<usize>,
     /// Record the hisparse run's selections as a trace (for `hisparse simulate`); an existing
     /// file is refused unless --overwrite is given.
     #[arg(long)]
@@ -77,6 +84,10 @@ pub struct ModeRun {
     pub steps: Vec<StepMetrics>,
     /// Requests rejected whole, with the reason.
     pub rejected: Vec<(u64, String)>,
+    /// Requests refused by the full waiting queue (--max-queued).
+    pub refused: Vec<u64>,
+    /// Time to first decode and per-token latency.
+    pub latency: LatencySummary,
 }
 
 /// Runs; returns the results and the output folder.
@@ -85,13 +96,24 @@ pub fn run(a: &RunArgs) -> Result<(Vec<ModeRun>, PathBuf)> {
     if a.context.is_empty() {
         return Err(BenchError::flag("context", "", "give at least one length"));
     }
-    guard::at_least_one("output", a.output)?;
+    if a.output.is_empty() {
+        return Err(BenchError::flag("output", "", "give at least one length"));
+    }
+    if let Some(r) = a.arrival_rate
+        && !(r.is_finite() && r > 0.0)
+    {
+        return Err(BenchError::flag("arrival-rate", r, "requests per second: a positive number"));
+    }
+    for &o in &a.output {
+        guard::at_least_one("output", o)?;
+    }
     for &c in &a.context {
         guard::at_least_one("context", c)?;
+        let o = a.output.iter().copied().max().unwrap_or(1);
         // A request is at most 2^31 positions (longer ones are refused, not wrapped).
-        let total = guard::sum(("context", c), ("output", a.output))?;
+        let total = guard::sum(("context", c), ("output", o))?;
         if total > u32::MAX as usize / 2 {
-            let (flag, v) = if c > a.output { ("context", c) } else { ("output", a.output) };
+            let (flag, v) = if c > o { ("context", c) } else { ("output", o) };
             return Err(BenchError::flag(flag, v, "a request (context + output) must stay below 2^31 tokens"));
         }
     }
@@ -112,7 +134,7 @@ pub fn run(a: &RunArgs) -> Result<(Vec<ModeRun>, PathBuf)> {
     };
     let mut runs = Vec::new();
     for mode in a.mode.modes() {
-        let typical = a.context.iter().copied().min().unwrap_or(1) + a.output;
+        let typical = a.context.iter().copied().min().unwrap_or(1) + a.output.iter().copied().min().unwrap_or(1);
         let mut e = a.engine.engine(mode, typical, "context")?;
         if mode == Mode::HiSparse
             && let Some(f) = trace_file.as_mut()
@@ -123,21 +145,27 @@ pub fn run(a: &RunArgs) -> Result<(Vec<ModeRun>, PathBuf)> {
             })?;
             e.record_trace(Box::new(std::io::BufWriter::new(clone)))?;
         }
-        for i in 0..a.concurrency {
-            let prompt_tokens = a.context[i % a.context.len()];
-            e.submit(RequestSpec { id: RequestId(i as u64), prompt_tokens, output_tokens: a.output })?;
-        }
-        let bar = progress::bar(a.concurrency.saturating_mul(a.output) as u64, &format!("{mode} tokens"));
+        let specs: Vec<RequestSpec> = (0..a.concurrency)
+            .map(|i| RequestSpec {
+                id: RequestId(i as u64),
+                prompt_tokens: a.context[i % a.context.len()],
+                output_tokens: a.output[i % a.output.len()],
+            })
+            .collect();
+        let times = a.arrival_rate.map(|r| super::arrivals::poisson_times(specs.len(), r, a.engine.seed));
+        let all: u64 = specs.iter().map(|s| s.output_tokens as u64).sum();
+        let bar = progress::bar(all, &format!("{mode} tokens"));
         let mut rejected = Vec::new();
         let mut summary = RunSummary::default();
-        let mut steps = Vec::new();
-        while !e.is_idle() {
+        let (mut steps, mut latencies) = (Vec::new(), Vec::new());
+        let refused = super::arrivals::drive(e.as_mut(), &specs, times.as_deref(), |r| {
             interrupt::check(|| format!("decoding the {mode} run (step {})", steps.len() + 1))?;
-            let r = e.step()?;
             bar.inc(r.metrics.tokens as u64);
             summary.add(&r.metrics);
             steps.push(r.metrics);
-        }
+            latencies.extend(r.latencies);
+            Ok(())
+        })?;
         bar.finish_and_clear();
         e.finish_trace()?;
         e.check_pools()?;
@@ -146,7 +174,8 @@ pub fn run(a: &RunArgs) -> Result<(Vec<ModeRun>, PathBuf)> {
                 rejected.push((id.0, reason.clone()));
             }
         }
-        runs.push(ModeRun { mode, summary, steps, rejected });
+        let latency = LatencySummary::of(&latencies);
+        runs.push(ModeRun { mode, summary, steps, rejected, refused, latency });
     }
     out.write_json("run.json", &runs)?;
     let mut csv = Csv::new(&[
@@ -265,8 +294,22 @@ pub fn render(runs: &[ModeRun], out: &std::path::Path) -> String {
         );
     }
     for r in runs {
+        let (f, t) = (&r.latency.first_decode, &r.latency.per_token);
+        s += &format!(
+            "{}: time to first decode p50 {:.1} ms, p99 {:.1} ms (max {:.1}); per token p50 {:.1} ms, p99 {:.1} ms (max {:.1})\n",
+            r.mode,
+            1e3 * f.p50,
+            1e3 * f.p99,
+            1e3 * f.max,
+            1e3 * t.p50,
+            1e3 * t.p99,
+            1e3 * t.max
+        );
         for (id, reason) in &r.rejected {
             s += &format!("{}: request {id} rejected: {reason}\n", r.mode);
+        }
+        if !r.refused.is_empty() {
+            s += &format!("{}: {} requests refused by the full waiting queue\n", r.mode, r.refused.len());
         }
     }
     s += &format!("\nwrote {}/{{run.json, steps.csv}}\n", out.display());

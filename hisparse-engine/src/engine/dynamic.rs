@@ -19,6 +19,10 @@ pub trait DecodeEngine {
     fn config(&self) -> &EngineConfig;
     /// See [`Engine::submit`].
     fn submit(&mut self, spec: RequestSpec) -> Result<()>;
+    /// See [`Engine::submit_arrived`].
+    fn submit_arrived(&mut self, spec: RequestSpec, arrived: std::time::Instant) -> Result<()>;
+    /// See [`Engine::abort`].
+    fn abort(&mut self, id: RequestId) -> Result<()>;
     /// See [`Engine::step`].
     fn step(&mut self) -> Result<StepReport>;
     /// See [`Engine::is_idle`].
@@ -46,7 +50,7 @@ where
     B::Memory: Clone,
 {
     fn backend_name(&self) -> &'static str {
-        self.cache.backend.name()
+        self.cache().backend().name()
     }
 
     fn config(&self) -> &EngineConfig {
@@ -55,6 +59,14 @@ where
 
     fn submit(&mut self, spec: RequestSpec) -> Result<()> {
         Engine::submit(self, spec)
+    }
+
+    fn submit_arrived(&mut self, spec: RequestSpec, arrived: std::time::Instant) -> Result<()> {
+        Engine::submit_arrived(self, spec, arrived)
+    }
+
+    fn abort(&mut self, id: RequestId) -> Result<()> {
+        Engine::abort(self, id)
     }
 
     fn step(&mut self) -> Result<StepReport> {

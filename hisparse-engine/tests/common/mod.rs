@@ -2,6 +2,8 @@
 //! returns every attention digest.
 #![allow(clippy::unwrap_used, dead_code)] // tests: a failed unwrap is a failed test
 
+pub mod scenario;
+
 use std::collections::BTreeMap;
 use std::time::Duration;
 
