@@ -146,6 +146,8 @@ impl StepMetrics {
         self.prefetch_useful += o.prefetch_useful;
         self.prefetch_wasted += o.prefetch_wasted;
         self.bytes_d2h += o.bytes_d2h;
+        self.graph_captures += o.graph_captures;
+        self.graph_replays += o.graph_replays;
     }
 }
 

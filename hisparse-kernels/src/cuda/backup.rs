@@ -182,12 +182,11 @@ impl GpuBackup {
         host_rows: &[u64],
         host: &MappedHostTier,
     ) -> Result<CudaEvent> {
-        let mut r = BackupRows::new(main)?;
-        self.set_rows(main, &mut r, dev_rows, host_rows, host)?;
-        let done = self.backup_layer(main, rows, &r, 0, host)?;
-        // The row lists stay alive until the copies are done.
-        done.synchronize().map_err(cuda("backup"))?;
-        Ok(done)
+        // The row lists live on the side stream: their copies, the launch reading them and
+        // their release when `r` drops are ordered there, and the host does not wait.
+        let mut r = BackupRows::new(&self.side)?;
+        self.set_rows(&self.side, &mut r, dev_rows, host_rows, host)?;
+        self.backup_layer(main, rows, &r, 0, host)
     }
 
     /// Waits on the host for everything queued on the side stream.
