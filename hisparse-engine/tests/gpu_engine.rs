@@ -158,12 +158,63 @@ fn on_cuda_the_per_layer_api_is_lossless_for_every_gpu_policy() {
     }
 }
 
-/// The CUDA swap-in refuses a prefetcher (it comes with the pipelined step), naming it.
+/// Next-step prefetch (near-cut candidates) is not on the GPU yet: refused, naming it.
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn on_cuda_a_prefetcher_is_refused_by_name() {
+fn on_cuda_next_step_prefetch_is_refused_by_name() {
     let mut cfg = config(Mode::HiSparse, "lru");
-    cfg.hisparse.prefetcher = "adjacent-layer".into();
+    cfg.hisparse.prefetcher = "next-step".into();
     let e = Engine::new(gpu(), cfg).err().expect("refused");
-    assert!(e.to_string().contains("prefetcher") && e.to_string().contains("adjacent-layer"), "{e}");
+    assert!(e.to_string().contains("prefetcher") && e.to_string().contains("next-step"), "{e}");
+}
+
+/// Prefetch on the GPU's transfer stream: for shared-index and adjacent-layer, under a recency,
+/// a frequency and a score-aware policy, with every layer full or IndexShare layers: hisparse
+/// with prefetch equals resident bit for bit (every layer's output), and the pipelined run
+/// (transfer stream, launch graphs), the serial one (main stream, eager), the pipelined one with
+/// the transfer stream slowed, and the CPU engine count the same hits, misses, prefetched,
+/// useful and wasted rows at every step.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn on_cuda_prefetch_on_the_transfer_stream_is_exact() {
+    let shared = |mut c: EngineConfig| {
+        c.geometry = c.geometry.with_indexers(hisparse_memory::IndexerLayout::Every { first_full: 1, freq: 2 });
+        c
+    };
+    let strip = |c: &[common::StepCounts]| {
+        c.iter().map(|c| (c.hits, c.misses, c.prefetched, c.prefetch_useful, c.prefetch_wasted)).collect::<Vec<_>>()
+    };
+    for share in [false, true] {
+        let geo = |c: EngineConfig| if share { shared(c) } else { c };
+        let resident = run_on(gpu(), geo(config(Mode::Resident, "lru")), &[], None);
+        for prefetcher in ["shared-index", "adjacent-layer"] {
+            for policy in ["lru", "s3fifo", "score"] {
+                let make = |serial: bool, graphs: bool, delay: Option<Duration>| {
+                    let mut c = geo(config(Mode::HiSparse, policy));
+                    c.hisparse.prefetcher = prefetcher.into();
+                    c.serial_prefetch = serial;
+                    c.launch_graphs = graphs;
+                    c.transfer_delay = delay;
+                    c
+                };
+                let what = format!("{prefetcher} / {policy} (shared index: {share})");
+                let (piped, pc) = run_counted(gpu(), make(false, true, None), &[], None);
+                assert_eq!(piped, resident, "{what}: pipelined outputs differ from resident");
+                let (serial, sc) = run_counted(gpu(), make(true, false, None), &[], None);
+                assert_eq!(serial, resident, "{what}: serial outputs differ");
+                let slow = Some(Duration::from_micros(300));
+                let (slowed, dc) = run_counted(gpu(), make(false, false, slow), &[], None);
+                assert_eq!(slowed, resident, "{what}: slowed transfer stream");
+                let (_, cpu) = run_counted(CpuBackend::new(), make(false, false, None), &[], None);
+                assert_eq!(strip(&pc), strip(&cpu), "{what}: pipelined counts differ from the CPU engine");
+                assert_eq!(strip(&sc), strip(&cpu), "{what}: serial counts differ");
+                assert_eq!(strip(&dc), strip(&cpu), "{what}: slowed counts differ");
+                let moved: u64 = cpu.iter().map(|c| c.prefetched).sum();
+                let replays: u64 = pc.iter().map(|c| c.replays).sum();
+                let meaningful = prefetcher == "adjacent-layer" || share;
+                assert!(!meaningful || moved > 0, "{what}: nothing was prefetched");
+                assert!(replays > 0, "{what}: the pipelined run never replayed a graph");
+            }
+        }
+    }
 }

@@ -31,6 +31,11 @@ pub struct DeviceSwapInConfig {
     pub block_size: usize,
     /// Longest request (positions), for policies that keep a word per token.
     pub max_tokens: usize,
+    /// Prefetch on the backend's main stream, in order, instead of a transfer stream of its
+    /// own (CUDA; the results are the same).
+    pub serial_prefetch: bool,
+    /// Test hook: delay every transfer of prefetched rows by this much (CUDA).
+    pub transfer_delay: Option<std::time::Duration>,
 }
 
 /// One request of a step, for every layer of it (`#[repr(C)]`: the CUDA swap-in kernel reads
@@ -99,16 +104,23 @@ pub trait DeviceSwapIn<M: DeviceMemory>: Send {
 
     /// The swap-in of `layer`: selections (positions, per request from its `sel_offset`) →
     /// `locations` (the hot-buffer row of each selected token, same indexing); missed rows are
-    /// copied from the host tier into `hot`, the layer's hot-buffer pool. `scores` (by position,
-    /// per request from its `score_offset`) for policies that read them.
+    /// copied from the host tier into `hot[layer]` (`hot`: every layer's hot-buffer pool, which
+    /// the prefetches of later layers fill). `scores` (by position, per request from its
+    /// `score_offset`) for policies and prefetchers that read them.
     fn launch(
         &mut self,
         layer: usize,
         selections: &M::Buffer<i32>,
         scores: Option<&M::Buffer<f32>>,
-        hot: &mut M::Buffer<u8>,
+        hot: &mut [M::Buffer<u8>],
         locations: &mut M::Buffer<i32>,
     ) -> Result<()>;
+
+    /// Orders everything the swap-in queued on streams of its own (prefetches) before the
+    /// backend's later work; the default has none.
+    fn settle(&mut self) -> Result<()> {
+        Ok(())
+    }
 
     /// Records that the launches of layers `0..layers` ran as a replayed capture of earlier
     /// launches (their counts are then read by [`DeviceSwapIn::end_step`] as if launched).

@@ -70,9 +70,14 @@ pub struct EngineArgs {
     #[arg(long)]
     pub eviction_policy: Option<String>,
     /// Prefetcher: none, shared-index (exact, for IndexShare layers, e.g. --preset glm-5.2),
-    /// adjacent-layer, next-step (speculative). CPU backend only for now.
+    /// adjacent-layer, next-step (speculative; CPU backend only for now). On CUDA the prefetches
+    /// run on a transfer stream beside the main one.
     #[arg(long)]
     pub prefetcher: Option<String>,
+    /// Run CUDA prefetches in order on the main stream instead of the transfer stream (the
+    /// same results, without the overlap: for comparison).
+    #[arg(long)]
+    pub serial_prefetch: bool,
     /// Most rows a speculative prefetcher brings into one hot buffer per step (default: a
     /// quarter of top_k).
     #[arg(long)]
@@ -421,6 +426,8 @@ impl EngineArgs {
             launch_graphs: !self.no_graphs,
             model: self.model()?,
             max_queued: guard::at_least_one("max-queued", self.max_queued)?,
+            serial_prefetch: self.serial_prefetch,
+            transfer_delay: None,
         })
     }
 

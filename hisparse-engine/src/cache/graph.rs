@@ -50,6 +50,11 @@ where
                 reason: format!("the layers to run are {start}..{layers}"),
             });
         }
+        // Prefetches queued on other streams before the sequence are waited for first (a
+        // capture can wait only on work recorded inside it).
+        if let Some(s) = self.cache.swap.as_mut() {
+            s.settle()?;
+        }
         if self.replay(key)? {
             self.note_replayed(end);
             return Ok(Captured::Replayed);
@@ -66,7 +71,11 @@ where
                     reason: format!("the captured loop must run layers {start}..{end}"),
                 });
             }
-            // The backup's stream rejoins inside the capture (a capture must end joined).
+            // The backup's and the prefetches' streams rejoin inside the capture (a capture
+            // must end joined).
+            if let Some(s) = self.cache.swap.as_mut() {
+                s.settle()?;
+            }
             match self.cache.backup.as_mut() {
                 Some(bk) => Ok(bk.join()?),
                 None => Ok(()),

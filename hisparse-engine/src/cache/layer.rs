@@ -171,7 +171,7 @@ where
             match (mode, c.swap.as_mut()) {
                 (Mode::HiSparse, Some(swap)) => {
                     let scores = (c.policy.needs_scores() || c.prefetcher.needs_near()).then_some(&sb.scores);
-                    swap.launch(l, &sb.sel, scores, c.device.hot_mut(l), &mut sb.locs)?;
+                    swap.launch(l, &sb.sel, scores, c.device.hot_pools_mut(), &mut sb.locs)?;
                 }
                 (Mode::HiSparse, None) => return Err(EngineError::Worker("hisparse mode without a swap-in".into())),
                 (Mode::Resident, _) => {

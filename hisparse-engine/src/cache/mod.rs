@@ -53,6 +53,11 @@ pub struct CacheConfig {
     pub typical_tokens: usize,
     /// Test hook: delay every backup copy by this much (on the backup's own stream or thread).
     pub backup_delay: Option<Duration>,
+    /// Run prefetches in order on the backend's main stream instead of a transfer stream of
+    /// their own (CUDA; the results are the same, only the overlap is lost).
+    pub serial_prefetch: bool,
+    /// Test hook: delay every transfer of prefetched rows by this much (CUDA).
+    pub transfer_delay: Option<Duration>,
 }
 
 impl CacheConfig {
@@ -60,7 +65,15 @@ impl CacheConfig {
     /// cache; defaults elsewhere (buffer of twice top-k, host = 8 x device).
     pub fn new(geometry: KvGeometry, mode: Mode, device_kv_bytes: u64) -> Self {
         let hisparse = HiSparseConfig { device_kv_bytes, ..HiSparseConfig::for_geometry(&geometry) };
-        Self { geometry, mode, hisparse, typical_tokens: 0, backup_delay: None }
+        Self {
+            geometry,
+            mode,
+            hisparse,
+            typical_tokens: 0,
+            backup_delay: None,
+            serial_prefetch: false,
+            transfer_delay: None,
+        }
     }
 }
 
@@ -200,6 +213,8 @@ where
                     buffer_slots: cfg.hisparse.device_buffer_size,
                     block_size: cfg.hisparse.swap_in_block_size,
                     max_tokens: cfg.hisparse.max_request_tokens,
+                    serial_prefetch: cfg.serial_prefetch,
+                    transfer_delay: cfg.transfer_delay,
                 };
                 let swap = backend.device_swap_in(&dcfg, &mut host)?;
                 let backup =

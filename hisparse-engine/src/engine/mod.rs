@@ -60,6 +60,11 @@ pub struct EngineConfig {
     /// Most requests waiting for admission at once; `submit` refuses more
     /// ([`EngineError::QueueFull`]).
     pub max_queued: usize,
+    /// Prefetch on the backend's main stream instead of a transfer stream (see
+    /// [`CacheConfig::serial_prefetch`]).
+    pub serial_prefetch: bool,
+    /// Test hook: delay every transfer of prefetched rows by this much (CUDA).
+    pub transfer_delay: Option<Duration>,
 }
 
 /// The default bound of the waiting queue.
@@ -81,6 +86,8 @@ impl EngineConfig {
             launch_graphs: true,
             model: None,
             max_queued: DEFAULT_MAX_QUEUED,
+            serial_prefetch: false,
+            transfer_delay: None,
         }
     }
 }
@@ -118,6 +125,8 @@ where
             hisparse: cfg.hisparse.clone(),
             typical_tokens: cfg.typical_tokens,
             backup_delay: cfg.backup_delay,
+            serial_prefetch: cfg.serial_prefetch,
+            transfer_delay: cfg.transfer_delay,
         };
         let cache = KvCache::new(backend, cache_cfg, Arc::clone(&runtime.policy), prefetcher)?;
         let model = match &cfg.model {

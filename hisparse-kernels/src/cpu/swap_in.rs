@@ -190,9 +190,10 @@ impl DeviceSwapIn<EmulatedDevice> for CpuSwapIn {
         layer: usize,
         selections: &Vec<i32>,
         scores: Option<&Vec<f32>>,
-        hot: &mut Vec<u8>,
+        hot: &mut [Vec<u8>],
         locations: &mut Vec<i32>,
     ) -> Result<()> {
+        let hot = hot.get_mut(layer).ok_or_else(|| KernelError::invalid("hot", layer, "no pool for that layer"))?;
         if layer >= self.cfg.geometry.layers {
             return Err(KernelError::invalid(
                 "layer",

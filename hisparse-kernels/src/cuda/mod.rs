@@ -19,6 +19,7 @@ mod step_launch;
 mod swap_in;
 mod swap_in_backend;
 mod swap_launch;
+mod swap_prefetch;
 
 pub use backend::CudaBackend;
 pub use backup::{BackupRows, CudaRowBackup, GpuBackup};
@@ -32,6 +33,7 @@ pub use printed_launch::LaunchPrint;
 pub use sources::{KernelSource, all_sources, policy_harness, prefetcher_harness, source};
 pub use swap_in::{GpuSwapIn, SwapBatch, SwapOutputs, SwapParams, SwapReq, swap_in_source};
 pub use swap_in_backend::CudaSwapIn;
+pub use swap_launch::ProtectSpans;
 
 use crate::error::KernelError;
 

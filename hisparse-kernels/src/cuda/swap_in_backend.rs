@@ -15,6 +15,7 @@ use super::device::CudaDevice;
 use super::driver_error;
 use super::printed_launch::addr;
 use super::swap_in::{GpuSwapIn, SwapBatch, SwapOutputs};
+use super::swap_prefetch::GpuPrefetch;
 use crate::device_swap_in::{DeviceSwapCounts, DeviceSwapIn, DeviceSwapInConfig, DeviceSwapReq, SWAP_COUNTS};
 use crate::error::{KernelError, Result};
 
@@ -30,19 +31,15 @@ pub struct CudaSwapIn {
     counts: CudaSlice<u32>,
     launched: usize,
     layers: usize,
+    /// Prefetch of later layers' rows (a prefetcher other than `none`).
+    prefetch: Option<GpuPrefetch>,
 }
 
 impl CudaSwapIn {
     /// Registers `host` with the device and sets up the swap-in state.
     pub fn new(dev: &Arc<CudaDevice>, cfg: &DeviceSwapInConfig, host: &mut HostTier) -> Result<Self> {
-        if cfg.prefetcher.name() != "none" {
-            return Err(KernelError::invalid(
-                "prefetcher",
-                cfg.prefetcher.name(),
-                "the CUDA swap-in does not prefetch yet (it comes with the pipelined step's transfer stream): \
-                 use the CPU backend, or prefetcher none",
-            ));
-        }
+        let delay_ns = cfg.transfer_delay.map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+        let prefetch = GpuPrefetch::new(dev, cfg, cfg.serial_prefetch, delay_ns)?;
         let mapped = host.register_cuda(dev.context())?;
         let gpu = GpuSwapIn::new(
             dev,
@@ -65,6 +62,7 @@ impl CudaSwapIn {
             counts: s.alloc_zeros(3).map_err(driver_error("swap-in counts"))?,
             launched: 0,
             layers: cfg.geometry.layers,
+            prefetch,
         })
     }
 }
@@ -104,6 +102,9 @@ impl DeviceSwapIn<CudaMemory> for CudaSwapIn {
         if self.counts.len() < need {
             self.counts = s.alloc_zeros(need).map_err(driver_error("swap-in counts"))?;
         }
+        if let Some(p) = self.prefetch.as_mut() {
+            p.begin_step(&self.gpu, reqs)?;
+        }
         Ok(())
     }
 
@@ -112,7 +113,7 @@ impl DeviceSwapIn<CudaMemory> for CudaSwapIn {
         layer: usize,
         selections: &CudaSlice<i32>,
         scores: Option<&CudaSlice<f32>>,
-        hot: &mut CudaSlice<u8>,
+        hot_pools: &mut [CudaSlice<u8>],
         locations: &mut CudaSlice<i32>,
     ) -> Result<()> {
         let Some(batch) = self.batch.as_ref() else {
@@ -125,6 +126,12 @@ impl DeviceSwapIn<CudaMemory> for CudaSwapIn {
         if layer >= self.layers {
             return Err(KernelError::invalid("layer", layer, format!("the swap-in holds {} layers", self.layers)));
         }
+        if let Some(p) = self.prefetch.as_mut() {
+            p.before_layer(&mut self.gpu, layer, scores, &self.pages_d, &self.host, hot_pools)?;
+        }
+        let hot = hot_pools
+            .get_mut(layer)
+            .ok_or_else(|| KernelError::invalid("hot", layer, "no hot-buffer pool for that layer"))?;
         // SAFETY: positions are non-negative i32s; u32 has the same size and alignment.
         let sels = unsafe { selections.transmute::<u32>(selections.len()) }
             .ok_or_else(|| KernelError::invalid("selections", selections.len(), "cannot be viewed as u32"))?;
@@ -142,7 +149,17 @@ impl DeviceSwapIn<CudaMemory> for CudaSwapIn {
             .map_err(driver_error("swap-in counts"))?;
         self.dev.print.copy(addr(&self.out.counts, s), addr(&self.counts, s) + 4 * at as u64, 4 * n3 as u64);
         self.launched = self.launched.max(layer + 1);
+        if let Some(p) = self.prefetch.as_mut() {
+            p.after_layer(&mut self.gpu, layer, selections, scores, &self.pages_d, &self.host, hot_pools)?;
+        }
         Ok(())
+    }
+
+    fn settle(&mut self) -> Result<()> {
+        match self.prefetch.as_mut() {
+            Some(p) => p.settle(),
+            None => Ok(()),
+        }
     }
 
     fn note_replayed(&mut self, layers: usize) {
@@ -150,6 +167,7 @@ impl DeviceSwapIn<CudaMemory> for CudaSwapIn {
     }
 
     fn end_step(&mut self, _hot: &mut [CudaSlice<u8>]) -> Result<DeviceSwapCounts> {
+        self.settle()?;
         let n3 = SWAP_COUNTS * self.batch.as_ref().map_or(0, |b| b.requests().len()) * self.launched;
         let mut c = DeviceSwapCounts::default();
         if n3 == 0 {
@@ -173,7 +191,11 @@ impl DeviceSwapIn<CudaMemory> for CudaSwapIn {
             c.prefetch_used += u64::from(x[3]);
             c.prefetch_wasted += u64::from(x[4]);
         }
-        c.bytes_h2d = c.misses * self.host.layout().row_bytes as u64;
+        let rb = self.host.layout().row_bytes as u64;
+        c.bytes_h2d = c.misses * rb;
+        if let Some(p) = self.prefetch.as_ref() {
+            p.add_counts(&mut c, rb)?;
+        }
         Ok(c)
     }
 }

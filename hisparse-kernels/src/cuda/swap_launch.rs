@@ -3,11 +3,29 @@
 //! rows' copies). Every size the host holds is checked here, with checked arithmetic, before any
 //! launch; what only the device holds is checked by the kernels (fault flag).
 
-use cudarc::driver::{CudaSlice, CudaView, LaunchConfig};
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, LaunchConfig};
 use hisparse_memory::cuda::MappedHostTier;
 
 use super::printed_launch::PrintedLaunch;
 use super::swap_in::{GpuSwapIn, SwapBatch, SwapOutputs, SwapParams};
+
+/// Each request's protected positions of a prefetch, `(offset, len)` in a protect buffer, on
+/// the device; checked on the host when set ([`GpuSwapIn::set_protect`]).
+pub struct ProtectSpans {
+    dev: CudaSlice<u32>,
+    n: usize,
+    /// One past the furthest protected entry.
+    end: usize,
+}
+
+impl ProtectSpans {
+    /// No spans yet.
+    pub fn new(stream: &Arc<CudaStream>) -> Result<Self> {
+        Ok(Self { dev: stream.alloc_zeros(2).map_err(cuda("protect spans"))?, n: 0, end: 0 })
+    }
+}
 use crate::device_swap_in::SWAP_COUNTS;
 use crate::error::{KernelError, Result};
 
@@ -155,7 +173,8 @@ impl GpuSwapIn {
         // arrays, selection ranges within `sel_end`), and every buffer was checked above to hold
         // what the kernel indexes; selections out of range are skipped by the kernel (fault).
         unsafe { b.launch(cfg) }.map_err(cuda("swap-in launch"))?;
-        self.launch_copies(batch, host_pages, hot_rows, out, &params)
+        let stream = Arc::clone(&self.stream);
+        self.launch_copies(&stream, batch, host_pages, hot_rows, out, &params)
     }
 
     /// Brings nominated tokens into `layer`'s buffers before their selection is known
@@ -179,35 +198,75 @@ impl GpuSwapIn {
         hot_rows: &mut CudaSlice<u8>,
         out: &mut SwapOutputs,
     ) -> Result<()> {
+        let mut prot = ProtectSpans::new(&self.stream)?;
+        self.set_protect(&mut prot, protect_spans)?;
+        let stream = Arc::clone(&self.stream);
+        self.prefetch_on(&stream, layer, batch, candidates, protect, &prot, scores, host_pages, host, hot_rows, out)
+    }
+
+    /// Copies `spans` into `prot` (in place while they fit: a captured launch reads them
+    /// there), remembering how far into a protect buffer they reach.
+    pub fn set_protect(&self, prot: &mut ProtectSpans, spans: &[(u32, u32)]) -> Result<()> {
+        let mut end = 0usize;
+        for &(o, l) in spans {
+            let e = (o as usize)
+                .checked_add(l as usize)
+                .ok_or_else(|| KernelError::invalid("protect_spans", o, "overflows"))?;
+            end = end.max(e);
+        }
+        let flat: Vec<u32> = spans.iter().flat_map(|&(o, l)| [o, l]).collect();
+        if prot.dev.len() < flat.len() {
+            prot.dev = self.stream.alloc_zeros(flat.len().next_power_of_two()).map_err(cuda("protect spans"))?;
+        }
+        if !flat.is_empty() {
+            self.stream.memcpy_htod(&flat, &mut prot.dev.slice_mut(..flat.len())).map_err(cuda("protect spans"))?;
+        }
+        prot.n = spans.len();
+        prot.end = end;
+        Ok(())
+    }
+
+    /// [`GpuSwapIn::prefetch`] on `stream` with protect spans already on the device (ordering
+    /// `stream` against the swap-in's other work is the caller's).
+    #[allow(clippy::too_many_arguments)]
+    pub fn prefetch_on(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        layer: usize,
+        batch: &SwapBatch,
+        candidates: &CudaView<'_, u32>,
+        protect: &CudaView<'_, u32>,
+        prot: &ProtectSpans,
+        scores: Option<&CudaView<'_, f32>>,
+        host_pages: &CudaSlice<u32>,
+        host: &MappedHostTier,
+        hot_rows: &mut CudaSlice<u8>,
+        out: &mut SwapOutputs,
+    ) -> Result<()> {
         let params = self.checked_params(layer, batch, candidates.len(), scores, host_pages, host, hot_rows, out)?;
         let n = batch.requests().len();
-        if protect_spans.len() != n {
-            return Err(KernelError::invalid("protect_spans", protect_spans.len(), format!("{n} requests")));
+        if prot.n != n {
+            return Err(KernelError::invalid("protect_spans", prot.n, format!("{n} requests")));
         }
-        if let Some(&(o, l)) =
-            protect_spans.iter().find(|&&(o, l)| (o as usize).checked_add(l as usize).is_none_or(|e| e > protect.len()))
-        {
-            return Err(KernelError::invalid("protect_spans", format!("{o}+{l}"), "past the protect buffer"));
+        if prot.end > protect.len() {
+            return Err(KernelError::invalid("protect_spans", prot.end, "past the protect buffer"));
         }
         if n == 0 {
             return Ok(());
         }
-        let flat: Vec<u32> = protect_spans.iter().flat_map(|&(o, l)| [o, l]).collect();
-        let prot = self.stream.clone_htod(&flat).map_err(cuda("protect spans"))?;
         let cfg = LaunchConfig {
             grid_dim: (u32_of("requests", n)?, 1, 1),
             block_dim: (self.block, 1, 1),
             shared_mem_bytes: Self::prefetch_shared_bytes(self.slots, self.max_sel) as u32,
         };
         let null = 0u64;
-        let GpuSwapIn {
-            print, stream, prefetch, slot_tokens, records, scalars, ready, prefetched, words, fault, ..
-        } = &mut *self;
+        let GpuSwapIn { print, prefetch, slot_tokens, records, scalars, ready, prefetched, words, fault, .. } =
+            &mut *self;
         let mut b = PrintedLaunch::new(print, stream, prefetch);
         b.arg(batch.device())
             .arg(candidates)
             .arg(protect)
-            .arg(&prot)
+            .arg(&prot.dev)
             .arg_mut(slot_tokens)
             .arg_mut(records)
             .arg_mut(scalars)
@@ -229,16 +288,17 @@ impl GpuSwapIn {
             .params(&params);
         // SAFETY: as for the swap-in: the batch was validated (seats, candidate ranges within
         // `sel_end`, at most max_sel candidates: the shared memory is sized for that), the
-        // protect spans lie within `protect`, and the outputs hold `sel_end` entries; candidates
-        // out of range are skipped by the kernel (fault).
+        // protect spans (checked when set) lie within `protect`, and the outputs hold `sel_end`
+        // entries; candidates out of range are skipped by the kernel (fault).
         unsafe { b.launch(cfg) }.map_err(cuda("prefetch launch"))?;
-        self.launch_copies(batch, host_pages, hot_rows, out, &params)
+        self.launch_copies(stream, batch, host_pages, hot_rows, out, &params)
     }
 
     /// The copies of the rows a launch decided to bring in: enough blocks per request for about
     /// 4096 warps in all.
     fn launch_copies(
         &mut self,
+        stream: &Arc<CudaStream>,
         batch: &SwapBatch,
         host_pages: &CudaSlice<u32>,
         hot_rows: &mut CudaSlice<u8>,
@@ -252,7 +312,7 @@ impl GpuSwapIn {
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        let GpuSwapIn { print, stream, copy, fault, .. } = &mut *self;
+        let GpuSwapIn { print, copy, fault, .. } = &mut *self;
         let mut b = PrintedLaunch::new(print, stream, copy);
         b.arg(batch.device())
             .arg(&out.counts)
