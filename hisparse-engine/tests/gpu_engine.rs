@@ -128,6 +128,13 @@ fn on_cuda_launch_graphs_replay_what_eager_launches_compute() {
             _ => {}
         }
     }
+    // IndexShare layers (empty query buffers on the shared layers) keep one graph too.
+    let mut c = config(Mode::HiSparse, "lru");
+    c.geometry = c.geometry.with_indexers(hisparse_memory::IndexerLayout::Every { first_full: 1, freq: 2 });
+    let (_, counts) = run_counted(gpu(), c, &[], None);
+    let (replays, captures): (u64, u64) =
+        (counts.iter().map(|c| c.replays).sum(), counts.iter().map(|c| c.captures).sum());
+    assert!(replays >= 10 && captures < replays, "shared layers: {replays} replays, {captures} captures");
     // The backup's side stream, slowed, inside the captured graphs: still the same outputs.
     let (slow, counts) = run_counted(gpu(), config(Mode::HiSparse, "lru"), &[], Some(Duration::from_millis(2)));
     assert!(counts.iter().map(|c| c.replays).sum::<u64>() >= 10);

@@ -247,12 +247,14 @@ impl EngineArgs {
             c.eviction_policy = v.clone();
         }
         if let Some(v) = &self.prefetcher {
-            if self.uses_cuda() && v != "none" {
+            if self.uses_cuda() && v == "next-step" {
                 return Err(BenchError::flag(
                     "prefetcher",
                     v,
-                    "the CUDA backend does not run prefetch yet; use --backend cpu (or compare \
-                     prefetchers on a trace with `hisparse simulate --prefetchers`)",
+                    "the CUDA backend prefetches a layer's selection into later layers \
+                     (shared-index, adjacent-layer); next-step needs near-cut candidates on the \
+                     device, not built yet: use --backend cpu (or compare prefetchers on a trace \
+                     with `hisparse simulate --prefetchers`)",
                 ));
             }
             c.prefetcher = v.clone();

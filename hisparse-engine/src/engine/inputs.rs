@@ -76,9 +76,12 @@ pub(crate) struct SyntheticInputs<M: DeviceMemory> {
     spare: Vec<HostLayer>,
 }
 
-/// Makes `buf` hold exactly `len` elements; `true` when it was reallocated.
+/// Makes `buf` hold exactly `len` elements; `true` when it was reallocated. An empty input (a
+/// shared layer's queries and keys) keeps whatever buffer it has: a device may hand out one
+/// element for an empty allocation, and reallocating it every step would move the buffer (and
+/// change a captured sequence's key) for nothing.
 fn fit_exact<M: DeviceMemory, T: Element>(mem: &M, buf: &mut M::Buffer<T>, len: usize) -> Result<bool> {
-    if mem.len(buf) == len {
+    if len == 0 || mem.len(buf) == len {
         return Ok(false);
     }
     *buf = mem.alloc_zeroed(len)?;

@@ -104,6 +104,14 @@ impl GpuPrefetch {
         if cfg.prefetcher.name() == "none" {
             return Ok(None);
         }
+        if cfg.prefetcher.needs_near() {
+            return Err(KernelError::invalid(
+                "prefetcher",
+                cfg.prefetcher.name(),
+                "next-step prefetch needs near-cut candidates on the device, not built yet: use the \
+                 CPU backend",
+            ));
+        }
         let g = &cfg.geometry;
         let mut targets = vec![Vec::new(); g.layers];
         let mut at_target = vec![false; g.layers];
