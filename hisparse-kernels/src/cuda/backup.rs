@@ -26,6 +26,20 @@ fn cuda(context: &str) -> impl FnOnce(cudarc::driver::DriverError) -> KernelErro
     move |e| KernelError::Cuda { context: context.to_owned(), message: e.to_string() }
 }
 
+/// Launches the test hook `delay_ns` (one thread spinning `ns` nanoseconds) on `stream`.
+pub(super) fn launch_delay(
+    print: &LaunchPrint,
+    stream: &Arc<CudaStream>,
+    delay: &CudaFunction,
+    ns: &u64,
+) -> Result<()> {
+    let mut b = PrintedLaunch::new(print, stream, delay);
+    b.arg(ns);
+    // SAFETY: a one-thread kernel that only reads the clock.
+    unsafe { b.launch(LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1, 1, 1), shared_mem_bytes: 0 }) }
+        .map_err(cuda("delay"))
+}
+
 /// A step's backup rows on the device, checked on the host when they were set
 /// ([`GpuBackup::set_rows`]): device row `dev[i]` of a pool goes to host row `host[i]` of a
 /// layer (below one layer's rows of the tier they were checked against).
@@ -148,11 +162,7 @@ impl GpuBackup {
         }
         self.side.join(main).map_err(cuda("backup waits for the main stream"))?;
         if self.inject_delay_ns > 0 {
-            let mut b = PrintedLaunch::new(&self.print, &self.side, &self.delay);
-            b.arg(&self.inject_delay_ns);
-            // SAFETY: a one-thread kernel that only reads the clock.
-            unsafe { b.launch(LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1, 1, 1), shared_mem_bytes: 0 }) }
-                .map_err(cuda("delay"))?;
+            launch_delay(&self.print, &self.side, &self.delay, &self.inject_delay_ns)?;
         }
         if rows.n > 0 {
             // Checked when the rows were set: n < 2^32, row_bytes < 2^32; layer < layers, so

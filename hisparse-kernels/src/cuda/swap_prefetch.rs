@@ -20,12 +20,12 @@
 use std::sync::Arc;
 
 use cudarc::driver::sys::CUevent_flags;
-use cudarc::driver::{CudaEvent, CudaFunction, CudaSlice, CudaStream, LaunchConfig};
+use cudarc::driver::{CudaEvent, CudaFunction, CudaSlice, CudaStream};
 use hisparse_memory::cuda::MappedHostTier;
 use hisparse_policy::prefetch::{Candidates, LayerSelection, When};
 
 use super::device::CudaDevice;
-use super::printed_launch::{LaunchPrint, PrintedLaunch, addr};
+use super::printed_launch::{LaunchPrint, addr};
 use super::swap_in::{GpuSwapIn, SwapBatch, SwapOutputs, SwapReq};
 use super::swap_launch::ProtectSpans;
 use crate::device_swap_in::{DeviceSwapCounts, DeviceSwapInConfig, SWAP_COUNTS};
@@ -240,13 +240,7 @@ impl GpuPrefetch {
             Some(t) => {
                 t.join(m).map_err(cuda("the transfer stream waits for the selection"))?;
                 if let Some((f, ns)) = &self.delay {
-                    let mut b = PrintedLaunch::new(&self.print, &t, f);
-                    b.arg(ns);
-                    // SAFETY: a one-thread kernel that only reads the clock.
-                    unsafe {
-                        b.launch(LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1, 1, 1), shared_mem_bytes: 0 })
-                    }
-                    .map_err(cuda("transfer delay"))?;
+                    super::backup::launch_delay(&self.print, &t, f, ns)?;
                 }
                 t
             }
