@@ -118,8 +118,9 @@ where
         lse: &mut Buf<B, f32>,
     ) -> Result<()> {
         self.viewed = None;
-        let g = self.cache.cfg.geometry.clone();
+        let g = &self.cache.cfg.geometry;
         let (k, mode, full) = (g.top_k, self.cache.cfg.mode, g.index_slot(l));
+        let (index_heads, q_heads, softmax_scale) = (g.index_heads, g.q_heads, g.default_softmax_scale());
 
         // 1. The new token's index key and KV row, into the same row of every layer's pool; a
         // reserved slot about to be rewritten waits (in the device's order) for its backup.
@@ -144,7 +145,7 @@ where
             self.stage(KernelStage::Indexer, |s| {
                 let c = &mut *s.cache;
                 let batch = IndexerBatch {
-                    heads: g.index_heads,
+                    heads: index_heads,
                     key_layout: c.key,
                     queries: q,
                     weights: w,
@@ -186,9 +187,9 @@ where
         self.stage(KernelStage::Attention, |s| {
             let c = &mut *s.cache;
             let batch = AttentionBatch {
-                heads: g.q_heads,
+                heads: q_heads,
                 layout: c.kv_row,
-                softmax_scale: g.default_softmax_scale(),
+                softmax_scale,
                 queries: inputs.attention_queries,
                 rows: if mode == Mode::HiSparse { c.device.hot(l) } else { c.device.kv(l) },
                 locations: &c.scratch.locs,
