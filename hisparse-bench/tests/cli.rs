@@ -124,12 +124,15 @@ fn a_small_sweep_writes_its_table_and_plots() {
         "1",
         "--window",
         "2",
+        "--prefetcher",
+        "adjacent-layer",
         "--out",
         out.to_str().unwrap(),
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let table = String::from_utf8_lossy(&o.stdout);
     assert!(table.contains("throughput.svg") && table.contains("ratio"), "{table}");
+    assert!(table.contains("hisparse transfers per step") && table.contains("prefetch used"), "{table}");
     for f in ["sweep.json", "sweep.csv", "throughput.svg", "misses_over_time.svg", "misses_by_buffer.svg"] {
         assert!(std::fs::metadata(out.join(f)).unwrap().len() > 200, "{f}");
     }
@@ -151,6 +154,19 @@ fn a_small_sweep_writes_its_table_and_plots() {
         let mut sorted = w.clone();
         sorted.sort_by(f64::total_cmp);
         assert_eq!((lo, mid, hi), (sorted[0], sorted[1], sorted[2]), "{p}");
+        // Transfers: misses and prefetches in hisparse mode (none resident), the bandwidth
+        // their sum over the step time, and a share of the prefetched rows used.
+        let f = |k: &str| p[k].as_f64().unwrap();
+        if p["mode"] == "resident" {
+            assert_eq!((f("h2d_mb_per_step"), f("prefetch_mb_per_step")), (0.0, 0.0), "{p}");
+        } else {
+            assert!(f("h2d_mb_per_step") > 0.0 && f("prefetch_mb_per_step") > 0.0, "{p}");
+            let moved = (f("h2d_mb_per_step") + f("prefetch_mb_per_step")) / 1e3;
+            let rate = f("h2d_gb_per_s") * f("step_ms") / 1e3;
+            assert!((rate - moved).abs() <= 0.01 * moved, "{rate} vs {moved}: {p}");
+            let used = f("prefetch_useful_share");
+            assert!(used > 0.0 && used <= 1.0 && f("prefetched_per_step") > 0.0, "{p}");
+        }
     }
     // Steady state: one engine per mode, measured misses for every step of both levels
     // (1 warm-up step and 3 windows of 2 steps each).

@@ -109,6 +109,31 @@ __device__ int find_sorted(const unsigned* a, unsigned n, unsigned x) {
 }
 
 
+// One radix pass's choice, by warp 0 (all 32 lanes call it): the first bin b of `hist` at which
+// the running count reaches *need (b = 255 when none does); *need becomes what is left to take
+// within b, and *prefix gets b at `shift`. Each lane scans 8 bins; the warp scans the lanes.
+__device__ void radix_pick(const unsigned* hist, unsigned* need, unsigned long long* prefix, int shift) {
+    const unsigned lane = threadIdx.x & 31;
+    unsigned own = 0;
+#pragma unroll
+    for (unsigned i = 0; i < 8; ++i) own += hist[lane * 8 + i];
+    unsigned incl = own;
+    for (unsigned d = 1; d < 32; d <<= 1) {
+        const unsigned y = __shfl_up_sync(0xffffffffu, incl, d);
+        if (lane >= d) incl += y;
+    }
+    const unsigned want = *need;
+    const unsigned reach = __ballot_sync(0xffffffffu, incl >= want);
+    const unsigned at = reach ? (unsigned)(__ffs(reach) - 1) : 31u;
+    if (lane == at) {
+        unsigned cum = incl - own, b = lane * 8;
+        for (; b < 255u && cum + hist[b] < want; ++b) cum += hist[b];
+        *need = want - cum;
+        *prefix |= (unsigned long long)b << shift;
+    }
+}
+
+
 // Chooses the M victims of a step (or a prefetch) among the evictable slots — flags 0 (empty)
 // or exactly FLAG_OCCUPIED (occupied; prio holds its priority); a slot with any other bit set is
 // not evictable — as the smallest (occupied, priority, slot) keys: empties first in slot order,
@@ -119,7 +144,7 @@ __device__ VictimKey choose_victims(unsigned char* flags, const unsigned long lo
                                     unsigned B, unsigned M, unsigned* warp_sums) {
     __shared__ unsigned hist[256];
     __shared__ unsigned s_need, s_eq_slot;
-    __shared__ unsigned long long s_prefix;
+    __shared__ unsigned long long s_prefix, s_min, s_max;
     const unsigned tid = threadIdx.x, T = blockDim.x;
     VictimKey vk;
     vk.any = M > 0;
@@ -148,27 +173,45 @@ __device__ VictimKey choose_victims(unsigned char* flags, const unsigned long lo
     if (M <= E) {
         vk.slot = s_eq_slot;
     } else {
-        // Radix select the (M - E)-th smallest priority among occupied evictables, 8 bits a pass.
+        // Radix select the (M - E)-th smallest priority among occupied evictables, 8 bits a pass,
+        // starting below the bits every candidate shares (those of the smallest and the largest).
         if (tid == 0) {
             s_need = M - E;
-            s_prefix = 0ull;
+            s_min = ~0ull;
+            s_max = 0ull;
         }
         __syncthreads();
-        for (int shift = 56; shift >= 0; shift -= 8) {
+        unsigned long long lo = ~0ull, hi = 0ull;
+        for (unsigned s = tid; s < B; s += T)
+            if (flags[s] == FLAG_OCCUPIED) {
+                lo = min(lo, prio[s]);
+                hi = max(hi, prio[s]);
+            }
+        if (lo <= hi) {
+            atomicMin(&s_min, lo);
+            atomicMax(&s_max, hi);
+        }
+        __syncthreads();
+        const unsigned long long diff = s_min ^ s_max;
+        const int top = diff == 0ull ? -1 : 63 - __clzll((long long)diff);
+        if (tid == 0) s_prefix = top < 0 ? s_min : (top >= 56 ? 0ull : s_min & (~0ull << ((top / 8) * 8 + 8)));
+        __syncthreads();
+        for (int shift = top < 0 ? -8 : (top / 8) * 8; shift >= 0; shift -= 8) {
             for (unsigned i = tid; i < 256; i += T) hist[i] = 0u;
             __syncthreads();
             const unsigned long long prefix = s_prefix;
             const unsigned long long mask = shift == 56 ? 0ull : (~0ull << (shift + 8));
-            for (unsigned s = tid; s < B; s += T)
-                if (flags[s] == FLAG_OCCUPIED && ((prio[s] ^ prefix) & mask) == 0ull)
-                    atomicAdd(&hist[(unsigned)(prio[s] >> shift) & 255u], 1u);
-            __syncthreads();
-            if (tid == 0) {
-                unsigned need = s_need, cum = 0, b = 0;
-                for (; b < 255u && cum + hist[b] < need; ++b) cum += hist[b];
-                s_need = need - cum;
-                s_prefix = prefix | ((unsigned long long)b << shift);
+            // Warp-uniform trips; lanes with the same bin add once (priorities often repeat).
+            const unsigned lane = tid & 31;
+            for (unsigned w = tid - lane; w < B; w += T) {
+                const unsigned s = w + lane;
+                const bool in = s < B && flags[s] == FLAG_OCCUPIED && ((prio[s] ^ prefix) & mask) == 0ull;
+                const unsigned bin = in ? (unsigned)(prio[s] >> shift) & 255u : 256u;
+                const unsigned same = __match_any_sync(0xffffffffu, bin);
+                if (in && lane == (unsigned)__ffs(same) - 1) atomicAdd(&hist[bin], (unsigned)__popc(same));
             }
+            __syncthreads();
+            if (tid < 32) radix_pick(hist, &s_need, &s_prefix, shift);
             __syncthreads();
         }
         const unsigned long long thr = s_prefix;

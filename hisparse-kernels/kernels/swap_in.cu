@@ -22,14 +22,15 @@
 //@POLICY@
 //@COMMON@
 
-extern "C" __global__ void swap_in(const SwapReq* __restrict__ reqs, const unsigned* __restrict__ selections,
-                                   int* __restrict__ slot_tokens, SlotRecord* __restrict__ records,
-                                   PolicyScalars* __restrict__ scalars, unsigned* __restrict__ ready,
-                                   unsigned char* __restrict__ prefetched_g, unsigned* __restrict__ words_g,
-                                   const float* __restrict__ scores, unsigned char* __restrict__ hot_rows,
-                                   int* __restrict__ locations, unsigned* __restrict__ counts,
-                                   unsigned* __restrict__ miss_tokens, unsigned* __restrict__ miss_slots,
-                                   int* __restrict__ evicted, unsigned* __restrict__ fault, SwapParams p) {
+// The decisions of request blockIdx.x (all threads of the block call it): see above.
+__device__ void swap_decide(const SwapReq* __restrict__ reqs, const unsigned* __restrict__ selections,
+                            int* __restrict__ slot_tokens, SlotRecord* __restrict__ records,
+                            PolicyScalars* __restrict__ scalars, unsigned* __restrict__ ready,
+                            unsigned char* __restrict__ prefetched_g, unsigned* __restrict__ words_g,
+                            const float* __restrict__ scores, int* __restrict__ locations,
+                            unsigned* __restrict__ counts, unsigned* __restrict__ miss_tokens,
+                            unsigned* __restrict__ miss_slots, int* __restrict__ evicted,
+                            unsigned* __restrict__ fault, const SwapParams& p) {
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ unsigned warp_sums[33];
 
@@ -76,14 +77,52 @@ extern "C" __global__ void swap_in(const SwapReq* __restrict__ reqs, const unsig
         return;
     }
 
-    // Shared layout: sel[K] u32 | prio[B] u64 | vslot[K] u32 | flags[B] u8 | selflag[K] u8.
+    // Shared layout: sel[K] u32 | prio[B] u64 | rec[B] SlotRecord | vslot[K] u32 | st[B] i32 |
+    // flags[B] u8 | selflag[K] u8 | pf[B] u8 (GpuSwapIn::shared_bytes).
     unsigned* sel = reinterpret_cast<unsigned*>(smem);
     unsigned long long* prio = reinterpret_cast<unsigned long long*>(smem + ((4u * K + 15u) & ~15u));
-    unsigned* vslot = reinterpret_cast<unsigned*>(prio + B);
-    unsigned char* flags = reinterpret_cast<unsigned char*>(vslot + K);
+    SlotRecord* rec_s = reinterpret_cast<SlotRecord*>(prio + B);
+    unsigned* vslot = reinterpret_cast<unsigned*>(rec_s + B);
+    int* st_s = reinterpret_cast<int*>(vslot + K);
+    unsigned char* flags = reinterpret_cast<unsigned char*>(st_s + B);
     unsigned char* selflag = flags + B;
+    unsigned char* pf_s = selflag + K;
 
     ready_records(st, rec, scalars, ready, state, B, ctx, hs);
+    // The buffer's state (slot table, records, prefetched flags) is staged in shared memory, its
+    // loads issued eight slots at a time per thread so that they overlap; every access below is
+    // there, and it is written back at the end.
+    int* const st_g = st;
+    SlotRecord* const rec_g = rec;
+    unsigned char* const pf_g = pf;
+    for (unsigned s0 = tid; s0 < B; s0 += 8u * T) {
+        int t8[8];
+        SlotRecord x8[8];
+        unsigned char f8[8];
+#pragma unroll
+        for (unsigned i = 0; i < 8; ++i) {
+            const unsigned s = s0 + i * T;
+            if (s < B) {
+                t8[i] = st_g[s];
+                x8[i] = rec_g[s];
+                f8[i] = pf_g[s];
+            }
+        }
+#pragma unroll
+        for (unsigned i = 0; i < 8; ++i) {
+            const unsigned s = s0 + i * T;
+            if (s < B) {
+                st_s[s] = t8[i];
+                rec_s[s] = x8[i];
+                pf_s[s] = f8[i];
+            }
+        }
+    }
+    st = st_s;
+    rec = rec_s;
+    pf = pf_s;
+    hs.prefetched = pf_s;
+    __syncthreads();
     const PolicyScalars scal = scalars[state];
     const unsigned newest = r.seq_len - 1;
     PolicyEnv env0;
@@ -188,6 +227,12 @@ extern "C" __global__ void swap_in(const SwapReq* __restrict__ reqs, const unsig
     block_scan(ev, warp_sums, &evictions);
     block_scan(used, warp_sums, &used_total);
     block_scan(wasted, warp_sums, &wasted_total);
+    __syncthreads();
+    for (unsigned s = tid; s < B; s += T) {
+        st_g[s] = st_s[s];
+        rec_g[s] = rec_s[s];
+        pf_g[s] = pf_s[s];
+    }
     if (tid == 0) {
         PolicyScalars x = scal;
         policy_finish(x, envs);
@@ -200,22 +245,31 @@ extern "C" __global__ void swap_in(const SwapReq* __restrict__ reqs, const unsig
     }
 }
 
-// The missed rows, host -> device, for a whole launch of the swap-in: block (x, y) copies the
-// misses y, y + gridDim.y, ... (in warps) of request x, a warp per row, 16 bytes per lane. Spread
-// over many blocks per request so that enough row reads are in flight to fill the PCIe link.
-extern "C" __global__ void copy_misses(const SwapReq* __restrict__ reqs, const unsigned* __restrict__ counts,
-                                       const unsigned* __restrict__ miss_tokens, const unsigned* __restrict__ miss_slots,
-                                       const unsigned* __restrict__ host_pages, unsigned char* __restrict__ hot_rows,
-                                       unsigned* __restrict__ fault, SwapParams p) {
-    const SwapReq r = reqs[blockIdx.x];
-    const unsigned misses = counts[COUNTS * blockIdx.x + 1];
-    const unsigned lane = threadIdx.x & 31, warps = blockDim.x >> 5;
-    const unsigned first = blockIdx.y * warps + (threadIdx.x >> 5), stride = gridDim.y * warps;
+extern "C" __global__ void swap_in(const SwapReq* __restrict__ reqs, const unsigned* __restrict__ selections,
+                                   int* __restrict__ slot_tokens, SlotRecord* __restrict__ records,
+                                   PolicyScalars* __restrict__ scalars, unsigned* __restrict__ ready,
+                                   unsigned char* __restrict__ prefetched_g, unsigned* __restrict__ words_g,
+                                   const float* __restrict__ scores, int* __restrict__ locations,
+                                   unsigned* __restrict__ counts, unsigned* __restrict__ miss_tokens,
+                                   unsigned* __restrict__ miss_slots, int* __restrict__ evicted,
+                                   unsigned* __restrict__ fault, SwapParams p) {
+    swap_decide(reqs, selections, slot_tokens, records, scalars, ready, prefetched_g, words_g, scores, locations,
+                counts, miss_tokens, miss_slots, evicted, fault, p);
+}
+
+// Copies misses first, first + stride, ... of request r (one warp each; `first` and `stride`
+// count warps) from the mapped host tier into its hot buffer. The miss lists are read through
+// L2 (another block of the same launch may have written them).
+__device__ void copy_request_misses(const SwapReq& r, unsigned misses, const unsigned* miss_tokens,
+                                    const unsigned* miss_slots, const unsigned* __restrict__ host_pages,
+                                    unsigned char* __restrict__ hot_rows, unsigned* __restrict__ fault,
+                                    const SwapParams& p, unsigned first, unsigned stride) {
+    const unsigned lane = threadIdx.x & 31;
     const long long base = (long long)r.seat * (p.buffer_slots + 1);
     const unsigned char* host = reinterpret_cast<const unsigned char*>(p.host_base);
     for (unsigned m = first; m < misses; m += stride) {
-        const unsigned tok = miss_tokens[r.sel_offset + m];
-        const unsigned s = miss_slots[r.sel_offset + m];
+        const unsigned tok = __ldcg(miss_tokens + r.sel_offset + m);
+        const unsigned s = __ldcg(miss_slots + r.sel_offset + m);
         const unsigned long long at = (unsigned long long)r.page_offset + tok / p.page_tokens;
         if (tok >= r.seq_len || at >= p.host_pages_len) {
             if (lane == 0) atomicOr(fault, 1u);
@@ -230,6 +284,20 @@ extern "C" __global__ void copy_misses(const SwapReq* __restrict__ reqs, const u
             ((unsigned long long)p.layer * p.host_pages_per_layer + page) * p.page_tokens + tok % p.page_tokens;
         copy_row(host + src * p.row_bytes, hot_rows + (unsigned long long)(base + s) * p.row_bytes, p.row_bytes, lane);
     }
+}
+
+// The missed rows, host -> device, for a whole launch of the swap-in: block (x, y) copies the
+// misses y, y + gridDim.y, ... (in warps) of request x, a warp per row, 16 bytes per lane. Spread
+// over many blocks per request so that enough row reads are in flight to fill the PCIe link.
+extern "C" __global__ void copy_misses(const SwapReq* __restrict__ reqs, const unsigned* __restrict__ counts,
+                                       const unsigned* __restrict__ miss_tokens, const unsigned* __restrict__ miss_slots,
+                                       const unsigned* __restrict__ host_pages, unsigned char* __restrict__ hot_rows,
+                                       unsigned* __restrict__ fault, SwapParams p) {
+    const SwapReq r = reqs[blockIdx.x];
+    const unsigned misses = counts[COUNTS * blockIdx.x + 1];
+    const unsigned warps = blockDim.x >> 5;
+    copy_request_misses(r, misses, miss_tokens, miss_slots, host_pages, hot_rows, fault, p,
+                        blockIdx.y * warps + (threadIdx.x >> 5), gridDim.y * warps);
 }
 
 // Gathers rows from the mapped host tier into device rows (the miss copy alone, for measuring

@@ -4,7 +4,8 @@
 //! and locations every step, the same slot tables, records and scalars at the end, and every
 //! resident slot holding its token's row byte for byte, read from the mapped host tier. Once at
 //! a small size and once at the production size (top_k 2048, 4096 slots, blocks of 512 threads,
-//! 32 requests, 20 steps); and the kernels' range checks (fault flag) on hostile selections.
+//! 32 requests, 20 steps), each as one launch (decisions and copies fused) and as two; and the
+//! kernels' range checks (fault flag) on hostile selections, in both forms.
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
 use std::collections::BTreeSet;
@@ -88,8 +89,11 @@ fn compare(z: &Sizes, seed: u64) {
         .collect();
     let pages_d = s.clone_htod(&pages).unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    for policy in registered(77).into_iter().filter(|p| p.cuda().is_some()) {
+    // Every policy, as one launch (decisions and copies fused) and as two.
+    let policies = registered(77).into_iter().filter(|p| p.cuda().is_some());
+    for (policy, fused_max) in policies.flat_map(|p| [(Arc::clone(&p), usize::MAX), (p, 0)]) {
         let mut gpu = GpuSwapIn::new(&dev, Arc::clone(&policy), n, layers, b, z.block, k + 1, longest + 1).unwrap();
+        gpu.set_fused_max(fused_max);
         let mut cpu: Vec<Vec<SwapInState>> =
             z.prompts.iter().map(|_| (0..layers).map(|_| SwapInState::new(b).unwrap()).collect()).collect();
         let mut hot: Vec<_> = (0..layers).map(|_| s.alloc_zeros::<u8>(n * (b + 1) * ROW).unwrap()).collect();
@@ -298,19 +302,24 @@ fn out_of_range_selections_and_pages_raise_the_fault_flag() {
         (s.clone_dtoh(&out.locations).unwrap(), gpu.take_fault().unwrap())
     };
     let good: Vec<u32> = host.pages(RequestId(0)).unwrap().to_vec();
-    // A valid step: no fault.
-    let (_, fault) = run(&mut gpu, &mut hot, 200, &[3, 150, 199], &good);
-    assert!(!fault);
-    // A selected position beyond the sequence (fast path and managed path): fault, location -1.
-    let (locs, fault) = run(&mut gpu, &mut hot, 40, &[3, 41], &good);
-    assert!(fault && locs[1] == -1, "fast path: {locs:?}");
-    let (locs, fault) = run(&mut gpu, &mut hot, 201, &[5, 250], &good);
-    assert!(fault && locs[1] == -1, "managed path: {locs:?}");
-    // A host page id outside the tier: fault, and no read outside the mapping.
-    let mut bad = good.clone();
-    bad[0] = u32::MAX - 1;
-    let (_, fault) = run(&mut gpu, &mut hot, 202, &[0, 1, 2], &bad);
-    assert!(fault, "page id beyond the tier");
+    for (fused_max, step) in [(usize::MAX, 0u32), (0, 10)] {
+        gpu.set_fused_max(fused_max);
+        // A valid step: no fault.
+        let (_, fault) = run(&mut gpu, &mut hot, 200 + step, &[3, 150, 199], &good);
+        assert!(!fault);
+        // A selected position beyond the sequence (fast path and managed path): fault, location -1.
+        let (locs, fault) = run(&mut gpu, &mut hot, 40, &[3, 41], &good);
+        assert!(fault && locs[1] == -1, "fast path: {locs:?}");
+        let (locs, fault) = run(&mut gpu, &mut hot, 201 + step, &[5, 250], &good);
+        assert!(fault && locs[1] == -1, "managed path: {locs:?}");
+        // A host page id outside the tier: fault, and no read outside the mapping.
+        // (Tokens no earlier step brought in: misses, whose copies read the bad page.)
+        let fresh = [6 * step, 6 * step + 1, 6 * step + 2];
+        let mut bad = good.clone();
+        bad[fresh[0] as usize / PAGE] = u32::MAX - 1;
+        let (_, fault) = run(&mut gpu, &mut hot, 202 + step, &fresh, &bad);
+        assert!(fault, "page id beyond the tier");
+    }
     // What the host can see is refused before any launch: pages for the sequence beyond the list.
     let req = SwapReq {
         seat: 0,
@@ -333,4 +342,18 @@ fn out_of_range_selections_and_pages_raise_the_fault_flag() {
     assert!(gpu.upload_requests(&[over]).is_err(), "sel_offset + sel_len overflows");
     assert!(gpu.upload_requests(&[SwapReq { seat: 5, ..req }]).is_err(), "no such seat");
     assert!(gpu.upload_requests(&[SwapReq { sel_len: 33, seq_len: 400, ..req }]).is_err(), "beyond max_sel");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_buffer_beyond_the_blocks_shared_memory_is_refused_by_name() {
+    let dev = CudaDevice::new(0).expect("a CUDA GPU");
+    let lru = hisparse_policy::policy::by_name("lru", 0).unwrap();
+    // top_k 2048: 9600 slots fit the 227 KiB a block may have (with the kernels' static shared
+    // memory); 9728 (exactly 227 KiB of dynamic shared memory) and 12288 do not.
+    assert!(GpuSwapIn::new(&dev, Arc::clone(&lru), 1, 1, 9600, 512, 2048, 0).is_ok());
+    for slots in [9728, 12288] {
+        let err = GpuSwapIn::new(&dev, Arc::clone(&lru), 1, 1, slots, 512, 2048, 0).err().expect("refused");
+        assert!(err.to_string().contains("buffer_slots"), "{err}");
+    }
 }

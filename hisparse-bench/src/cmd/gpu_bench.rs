@@ -307,10 +307,11 @@ pub fn run(a: &GpuBenchArgs) -> Result<Vec<Figure>> {
     let per = tier.pages(RequestId(0))?.len() as u32;
     let pages_d = s.clone_htod(&pages).map_err(cuda("htod"))?;
     for &batch in &a.batches {
-        for (label, miss_pct, fast) in
-            [("13% misses", 13usize, false), ("hit-only", 0, false), ("fast path (seq_len <= buffer)", 0, true)]
-        {
+        let kinds =
+            [("13% misses", 13usize, false), ("hit-only", 0, false), ("fast path (seq_len <= buffer)", 0, true)];
+        for ((label, miss_pct, fast), launches) in kinds.into_iter().flat_map(|x| [(x, 1usize), (x, 2)]) {
             let mut gpu = GpuSwapIn::new(&dev, Arc::clone(&lru), batch, 1, b, 512, k, 0)?;
+            gpu.set_fused_max(if launches == 1 { usize::MAX } else { 0 });
             let mut hot = s.alloc_zeros::<u8>(batch * (b + 1) * 656).map_err(cuda("alloc"))?;
             let mut mirror: Vec<SwapInState> =
                 (0..batch).map(|_| SwapInState::new(b)).collect::<std::result::Result<_, _>>()?;
@@ -402,7 +403,7 @@ pub fn run(a: &GpuBenchArgs) -> Result<Vec<Figure>> {
             let med = median(times);
             let per_req = misses as f64 / (a.reps * batch) as f64;
             push(
-                format!("swap-in call, batch {batch}, top_k 2048, 4096 slots, {label}"),
+                format!("swap-in call, batch {batch}, top_k 2048, 4096 slots, {label}, {launches} launch(es)"),
                 med * 1e3,
                 "us",
                 format!(

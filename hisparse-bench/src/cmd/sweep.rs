@@ -71,6 +71,18 @@ pub struct Point {
     pub miss_ratio: f64,
     /// Share of decode time in swap-in (and backup).
     pub swap_in_share: f64,
+    /// Host-to-device bytes per step of the misses (on the critical path), MB.
+    pub h2d_mb_per_step: f64,
+    /// Host-to-device bytes per step of prefetches (off the critical path on CUDA), MB.
+    pub prefetch_mb_per_step: f64,
+    /// Both over the step time: the PCIe bandwidth the point used, GB/s.
+    pub h2d_gb_per_s: f64,
+    /// Rows prefetched per step.
+    pub prefetched_per_step: f64,
+    /// Prefetched rows a selection then used, over rows prefetched (0 without prefetch).
+    pub prefetch_useful_share: f64,
+    /// Prefetched rows evicted unused, over rows prefetched.
+    pub prefetch_wasted_share: f64,
     /// Kernel time per step (ms): indexer, top-k, swap-in, attention and replayed launch graphs;
     /// on CUDA from events.
     pub kernel_ms: f64,
@@ -118,6 +130,11 @@ struct Window {
     running: usize,
     misses: u64,
     hits: u64,
+    bytes_h2d: u64,
+    bytes_prefetch: u64,
+    prefetched: u64,
+    useful: u64,
+    wasted: u64,
     swap: f64,
     kernels: f64,
     stages: StageTimes,
@@ -131,6 +148,11 @@ impl Window {
         self.running += m.running;
         self.misses += m.misses;
         self.hits += m.hits;
+        self.bytes_h2d += m.bytes_h2d;
+        self.bytes_prefetch += m.bytes_h2d_prefetch;
+        self.prefetched += m.prefetched;
+        self.useful += m.prefetch_useful;
+        self.wasted += m.prefetch_wasted;
         let st = &m.stages;
         self.swap += st.swap_in + st.backup;
         self.kernels += st.indexer + st.top_k + st.swap_in + st.attention + st.graph + st.model;
@@ -140,6 +162,10 @@ impl Window {
     fn tokens_per_s(&self) -> f64 {
         if self.secs > 0.0 { self.tokens as f64 / self.secs } else { 0.0 }
     }
+}
+
+fn share(part: u64, whole: u64) -> f64 {
+    if whole > 0 { part as f64 / whole as f64 } else { 0.0 }
 }
 
 /// The point of `windows` (at least one).
@@ -152,6 +178,11 @@ fn point(context: usize, concurrency: usize, mode: Mode, windows: &[Window]) -> 
         all.running += w.running;
         all.misses += w.misses;
         all.hits += w.hits;
+        all.bytes_h2d += w.bytes_h2d;
+        all.bytes_prefetch += w.bytes_prefetch;
+        all.prefetched += w.prefetched;
+        all.useful += w.useful;
+        all.wasted += w.wasted;
         all.swap += w.swap;
         all.kernels += w.kernels;
         all.stages.add(&w.stages);
@@ -174,6 +205,13 @@ fn point(context: usize, concurrency: usize, mode: Mode, windows: &[Window]) -> 
         misses_per_step: all.misses as f64 / n,
         miss_ratio: if sel > 0 { all.misses as f64 / sel as f64 } else { 0.0 },
         swap_in_share: if all.secs > 0.0 { all.swap / all.secs } else { 0.0 },
+        // The engine's host-to-device bytes include the prefetches'.
+        h2d_mb_per_step: all.bytes_h2d.saturating_sub(all.bytes_prefetch) as f64 / n / 1e6,
+        prefetch_mb_per_step: all.bytes_prefetch as f64 / n / 1e6,
+        h2d_gb_per_s: if all.secs > 0.0 { all.bytes_h2d as f64 / all.secs / 1e9 } else { 0.0 },
+        prefetched_per_step: all.prefetched as f64 / n,
+        prefetch_useful_share: share(all.useful, all.prefetched),
+        prefetch_wasted_share: share(all.wasted, all.prefetched),
         kernel_ms: 1e3 * all.kernels / n,
         stages_ms: super::sweep_output::scale_stages(&all.stages, 1e3 / n),
     }

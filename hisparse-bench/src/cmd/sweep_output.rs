@@ -56,6 +56,10 @@ pub fn write(r: &SweepReport, out: &OutputDir) -> Result<()> {
         "miss_ratio",
         "swap_in_share",
         "kernel_ms",
+        "h2d_mb_per_step",
+        "prefetch_mb_per_step",
+        "h2d_gb_per_s",
+        "prefetch_useful_share",
     ]);
     for p in &r.points {
         csv.row([
@@ -71,6 +75,10 @@ pub fn write(r: &SweepReport, out: &OutputDir) -> Result<()> {
             format!("{:.5}", p.miss_ratio),
             format!("{:.4}", p.swap_in_share),
             format!("{:.3}", p.kernel_ms),
+            format!("{:.3}", p.h2d_mb_per_step),
+            format!("{:.3}", p.prefetch_mb_per_step),
+            format!("{:.2}", p.h2d_gb_per_s),
+            format!("{:.4}", p.prefetch_useful_share),
         ]);
     }
     out.write("sweep.csv", csv.text().as_bytes())?;
@@ -195,9 +203,37 @@ pub fn render(r: &SweepReport, out: &std::path::Path) -> String {
         }
     }
     s += "\n(resident / hisparse: requests decoding at once; the rest waited for capacity)\n";
+    s += &transfers(r);
     s += &format!(
         "wrote {0}/sweep.json, sweep.csv\nplots: {0}/throughput.svg, {0}/misses_over_time.svg, {0}/misses_by_buffer.svg\n",
         out.display()
     );
+    s
+}
+
+/// The hisparse points' step times and transfers: step and swap-in stage times (the swap-in
+/// stage is timed per layer only where layers are launched one by one: `--no-graphs`), rows
+/// moved host to device on and off the critical path, the bandwidth they used, and how many
+/// prefetched rows a selection used.
+fn transfers(r: &SweepReport) -> String {
+    let mut s = format!(
+        "\nhisparse transfers per step:\n{:>8} {:>11} {:>8} {:>11} {:>12} {:>13} {:>8} {:>14}\n",
+        "context", "concurrency", "step ms", "swap-in ms", "misses MB", "prefetch MB", "GB/s", "prefetch used"
+    );
+    for p in r.points.iter().filter(|p| p.mode == Mode::HiSparse) {
+        let used =
+            if p.prefetched_per_step > 0.0 { format!("{:.1}%", 100.0 * p.prefetch_useful_share) } else { "-".into() };
+        s += &format!(
+            "{:>8} {:>11} {:>8.2} {:>11.3} {:>12.2} {:>13.2} {:>8.2} {:>14}\n",
+            p.context,
+            p.concurrency,
+            p.step_ms,
+            p.stages_ms.swap_in,
+            p.h2d_mb_per_step,
+            p.prefetch_mb_per_step,
+            p.h2d_gb_per_s,
+            used
+        );
+    }
     s
 }

@@ -19,6 +19,7 @@ mod step_launch;
 mod swap_in;
 mod swap_in_backend;
 mod swap_launch;
+mod swap_module;
 mod swap_prefetch;
 
 pub use backend::CudaBackend;
@@ -31,9 +32,10 @@ pub use policy::{
 };
 pub use printed_launch::LaunchPrint;
 pub use sources::{KernelSource, all_sources, policy_harness, prefetcher_harness, source};
-pub use swap_in::{GpuSwapIn, SwapBatch, SwapOutputs, SwapParams, SwapReq, swap_in_source};
+pub use swap_in::{GpuSwapIn, SwapBatch, SwapOutputs, SwapParams, SwapReq};
 pub use swap_in_backend::CudaSwapIn;
 pub use swap_launch::ProtectSpans;
+pub use swap_module::{FUSED_MAX_REQUESTS, swap_in_source};
 
 use crate::error::KernelError;
 

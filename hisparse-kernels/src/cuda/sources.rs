@@ -50,7 +50,7 @@ pub fn all_sources() -> Vec<KernelSource> {
         if let Some(src) = policy_harness(p.as_ref()) {
             v.push(src);
         }
-        if let Some(src) = super::swap_in::swap_in_source(p.as_ref()) {
+        if let Some(src) = super::swap_module::swap_in_source(p.as_ref()) {
             v.push(src);
         }
     }

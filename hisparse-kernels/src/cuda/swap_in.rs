@@ -1,5 +1,5 @@
-//! `GpuSwapIn`: the swap-in on the GPU — one launch per layer for the whole batch, one block per
-//! request — with its state (slot tables, policy records and scalars) kept in device memory,
+//! `GpuSwapIn`: the swap-in on the GPU — per layer, for the whole batch, a decision launch (one
+//! block per request) and a copy launch, or for small batches one launch doing both — with its state (slot tables, policy records and scalars) kept in device memory,
 //! making exactly the CPU swap-in's decisions (`hisparse_policy::SwapInState::step`).
 //!
 //! Soundness: a launch reaches host memory only through a [`MappedHostTier`] (which keeps the
@@ -10,13 +10,12 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::sys::CUfunction_attribute_enum;
-use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
+use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
 use hisparse_policy::{EvictionPolicy, PolicyScalars, SlotRecord};
 
 use super::device::CudaDevice;
 use super::policy::{GpuPolicyScalars, GpuSlotRecord};
-use super::sources::KernelSource;
+use super::swap_module::{FUSED_MAX_REQUESTS, MAX_SHARED_BYTES, SwapFunctions};
 use crate::device_swap_in::{DeviceSwapReq, SWAP_COUNTS};
 use crate::error::{KernelError, Result};
 
@@ -88,20 +87,6 @@ impl SwapOutputs {
     }
 }
 
-/// The source of the swap-in module with `policy`'s hooks (the step kernel, the miss copies, the
-/// prefetch kernel), or `None` for a CPU-only policy.
-pub fn swap_in_source(policy: &dyn EvictionPolicy) -> Option<KernelSource> {
-    let template = include_str!("../../kernels/swap_in.cu")
-        .replace("//@COMMON@", include_str!("../../kernels/swap_common.cu"))
-        + include_str!("../../kernels/prefetch.cu");
-    let code = super::sources::splice_policy(&template, policy)?;
-    Some(KernelSource {
-        name: super::sources::module_name("swap_in", &code),
-        code,
-        kernels: &["swap_in", "copy_misses", "gather_rows", "prefetch_in"],
-    })
-}
-
 fn cuda(context: &str) -> impl FnOnce(cudarc::driver::DriverError) -> KernelError + '_ {
     move |e| KernelError::Cuda { context: context.to_owned(), message: e.to_string() }
 }
@@ -112,9 +97,11 @@ pub struct GpuSwapIn {
     pub(super) print: Arc<super::LaunchPrint>,
     pub(super) stream: Arc<CudaStream>,
     pub(super) policy: Arc<dyn EvictionPolicy>,
-    pub(super) func: CudaFunction,
-    pub(super) copy: CudaFunction,
-    pub(super) prefetch: CudaFunction,
+    pub(super) funcs: SwapFunctions,
+    /// Batches of at most this many requests run the one-launch swap-in (`swap_in_fused`).
+    pub(super) fused_max: usize,
+    /// Three words per seat for the one-launch swap-in's roles (zero between launches).
+    pub(super) sync: CudaSlice<u32>,
     pub(super) seats: usize,
     pub(super) layers: usize,
     pub(super) slots: usize,
@@ -176,9 +163,6 @@ impl GpuSwapIn {
         max_sel: usize,
         max_tokens: usize,
     ) -> Result<Self> {
-        let src = swap_in_source(policy.as_ref())
-            .ok_or_else(|| KernelError::invalid("eviction_policy", policy.name(), "has no GPU form"))?;
-        let name = src.name.clone();
         if !(1..=1024).contains(&block_size) {
             return Err(KernelError::invalid("swap_in_block_size", block_size, "must be in 1..=1024"));
         }
@@ -189,18 +173,18 @@ impl GpuSwapIn {
                 "need seats, layers and buffer slots, and at most buffer_slots + 1 selected tokens",
             ));
         }
-        let func = dev.function_of(&name, "swap_in", || Some(src.clone()))?;
-        let copy = dev.function_of(&name, "copy_misses", || Some(src.clone()))?;
-        let prefetch = dev.function_of(&name, "prefetch_in", || Some(src))?;
-        let smem = Self::shared_bytes(buffer_slots, max_sel);
-        prefetch
-            .set_attribute(
-                CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                Self::prefetch_shared_bytes(buffer_slots, max_sel) as i32,
-            )
-            .map_err(cuda("shared memory opt-in"))?;
-        func.set_attribute(CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
-            .map_err(cuda("shared memory opt-in"))?;
+        let smem = Self::shared_bytes(buffer_slots, max_sel).max(Self::prefetch_shared_bytes(buffer_slots, max_sel));
+        if smem > MAX_SHARED_BYTES {
+            return Err(KernelError::invalid(
+                "buffer_slots",
+                buffer_slots,
+                format!(
+                    "with {max_sel} selected tokens the swap-in needs {smem} bytes of shared memory per block, \
+                     more than the {MAX_SHARED_BYTES} a Hopper block can have beside its static shared memory"
+                ),
+            ));
+        }
+        let funcs = SwapFunctions::load(dev, policy.as_ref(), buffer_slots, max_sel)?;
         let s = dev.stream().clone();
         let n = seats * layers;
         let slot_tokens = s.clone_htod(&vec![-1i32; n * buffer_slots]).map_err(cuda("slot tables"))?;
@@ -222,12 +206,12 @@ impl GpuSwapIn {
             word_tokens,
             max_tokens,
             fault: s.alloc_zeros(1).map_err(cuda("fault flag"))?,
+            sync: s.alloc_zeros(3 * seats).map_err(cuda("swap-in sync words"))?,
             slot_tokens,
             stream: s,
             policy,
-            func,
-            copy,
-            prefetch,
+            funcs,
+            fused_max: FUSED_MAX_REQUESTS,
             seats,
             layers,
             slots: buffer_slots,
@@ -236,8 +220,11 @@ impl GpuSwapIn {
         })
     }
 
+    /// Dynamic shared memory of the decision kernel for `b` slots and `k` selected tokens
+    /// (kernels/swap_in.cu: the selection, priorities, staged records and slot table, victims,
+    /// flags).
     pub(super) fn shared_bytes(b: usize, k: usize) -> usize {
-        ((4 * k + 15) & !15) + 8 * b + 4 * k + b + k
+        ((4 * k + 15) & !15) + 8 * b + 8 * b + 4 * k + 4 * b + b + k + b
     }
 
     /// Dynamic shared memory of the prefetch kernel for `k` candidates (kernels/prefetch.cu).
@@ -249,6 +236,11 @@ impl GpuSwapIn {
     /// The policy.
     pub fn policy(&self) -> &Arc<dyn EvictionPolicy> {
         &self.policy
+    }
+
+    /// Batches of at most `n` requests run the swap-in as one launch (0: never).
+    pub fn set_fused_max(&mut self, n: usize) {
+        self.fused_max = n;
     }
 
     pub(super) fn state_range(&self, seat: usize) -> Result<std::ops::Range<usize>> {
@@ -288,24 +280,7 @@ impl GpuSwapIn {
 
     /// Forgets every buffer's policy records (after a policy change the records are rebuilt).
     pub fn reset_policy(&mut self, policy: Arc<dyn EvictionPolicy>, dev: &CudaDevice) -> Result<()> {
-        let src = swap_in_source(policy.as_ref())
-            .ok_or_else(|| KernelError::invalid("eviction_policy", policy.name(), "has no GPU form"))?;
-        let name = src.name.clone();
-        self.func = dev.function_of(&name, "swap_in", || Some(src.clone()))?;
-        self.copy = dev.function_of(&name, "copy_misses", || Some(src.clone()))?;
-        self.prefetch = dev.function_of(&name, "prefetch_in", || Some(src))?;
-        self.prefetch
-            .set_attribute(
-                CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                Self::prefetch_shared_bytes(self.slots, self.max_sel) as i32,
-            )
-            .map_err(cuda("shared memory opt-in"))?;
-        self.func
-            .set_attribute(
-                CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                Self::shared_bytes(self.slots, self.max_sel) as i32,
-            )
-            .map_err(cuda("shared memory opt-in"))?;
+        self.funcs = SwapFunctions::load(dev, policy.as_ref(), self.slots, self.max_sel)?;
         // Token words start afresh with the policy (an old policy's history means nothing).
         self.word_tokens = if policy.uses_token_words() { self.max_tokens } else { 0 };
         self.words = match self.word_tokens {

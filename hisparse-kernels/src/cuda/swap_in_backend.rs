@@ -13,7 +13,6 @@ use hisparse_policy::EvictionPolicy;
 
 use super::device::CudaDevice;
 use super::driver_error;
-use super::printed_launch::addr;
 use super::swap_in::{GpuSwapIn, SwapBatch, SwapOutputs};
 use super::swap_prefetch::GpuPrefetch;
 use crate::device_swap_in::{DeviceSwapCounts, DeviceSwapIn, DeviceSwapInConfig, DeviceSwapReq, SWAP_COUNTS};
@@ -138,16 +137,21 @@ impl DeviceSwapIn<CudaMemory> for CudaSwapIn {
         // The kernel writes locations into the swap-in's output; lend it the caller's buffer.
         std::mem::swap(&mut self.out.locations, locations);
         let score_view = scores.map(|s| s.as_view());
-        let r =
-            self.gpu.launch(layer, batch, &sels, score_view.as_ref(), &self.pages_d, &self.host, hot, &mut self.out);
+        // Counts straight into this layer's place in the step's counts (no copy launch).
+        let at = layer * SWAP_COUNTS * n;
+        let r = self.gpu.launch_counted(
+            layer,
+            batch,
+            &sels,
+            score_view.as_ref(),
+            &self.pages_d,
+            &self.host,
+            hot,
+            &mut self.out,
+            Some((&mut self.counts, at)),
+        );
         std::mem::swap(&mut self.out.locations, locations);
         r?;
-        let n3 = SWAP_COUNTS * n;
-        let at = layer * n3;
-        let s = self.dev.stream();
-        s.memcpy_dtod(&self.out.counts.slice(..n3), &mut self.counts.slice_mut(at..at + n3))
-            .map_err(driver_error("swap-in counts"))?;
-        self.dev.print.copy(addr(&self.out.counts, s), addr(&self.counts, s) + 4 * at as u64, 4 * n3 as u64);
         self.launched = self.launched.max(layer + 1);
         if let Some(p) = self.prefetch.as_mut() {
             p.after_layer(&mut self.gpu, layer, selections, scores, &self.pages_d, &self.host, hot_pools)?;

@@ -132,20 +132,62 @@ impl GpuSwapIn {
         hot_rows: &mut CudaSlice<u8>,
         out: &mut SwapOutputs,
     ) -> Result<()> {
+        self.launch_counted(layer, batch, selections, scores, host_pages, host, hot_rows, out, None)
+    }
+
+    /// [`GpuSwapIn::launch`], with the counts written to `counts` (at least [`SWAP_COUNTS`]
+    /// words per request) instead of `out.counts` where given. A batch of at most
+    /// [`GpuSwapIn::set_fused_max`] requests runs as one launch (decisions and copies),
+    /// larger ones as two.
+    #[allow(clippy::too_many_arguments)]
+    pub fn launch_counted(
+        &mut self,
+        layer: usize,
+        batch: &SwapBatch,
+        selections: &CudaView<'_, u32>,
+        scores: Option<&CudaView<'_, f32>>,
+        host_pages: &CudaSlice<u32>,
+        host: &MappedHostTier,
+        hot_rows: &mut CudaSlice<u8>,
+        out: &mut SwapOutputs,
+        counts: Option<(&mut CudaSlice<u32>, usize)>,
+    ) -> Result<()> {
         let params = self.checked_params(layer, batch, selections.len(), scores, host_pages, host, hot_rows, out)?;
         let n = batch.requests().len();
         if n == 0 {
             return Ok(());
         }
+        let SwapOutputs { locations, counts: own_counts, miss_tokens, miss_slots, evicted } = out;
+        let (counts, at) = counts.unwrap_or((own_counts, 0));
+        if at.checked_add(SWAP_COUNTS * n).is_none_or(|end| end > counts.len()) {
+            return Err(KernelError::invalid("counts", at, format!("no room for {n} requests' counts there")));
+        }
+        let fused = n <= self.fused_max;
+        if fused && 3 * n > self.sync.len() {
+            return Err(KernelError::invalid("reqs", n, format!("more requests than the {} seats", self.seats)));
+        }
+        let per_request = if fused { (2048 / (n * self.block as usize / 32)).clamp(1, 16) as u32 } else { 1 };
         let cfg = LaunchConfig {
-            grid_dim: (u32_of("requests", n)?, 1, 1),
+            grid_dim: (u32_of("requests", n)?, per_request, 1),
             block_dim: (self.block, 1, 1),
             shared_mem_bytes: Self::shared_bytes(self.slots, self.max_sel) as u32,
         };
         let null = 0u64;
-        let GpuSwapIn { print, stream, func, slot_tokens, records, scalars, ready, prefetched, words, fault, .. } =
-            &mut *self;
-        let mut b = PrintedLaunch::new(print, stream, func);
+        let GpuSwapIn {
+            print,
+            stream,
+            funcs,
+            slot_tokens,
+            records,
+            scalars,
+            ready,
+            prefetched,
+            words,
+            fault,
+            sync,
+            ..
+        } = &mut *self;
+        let mut b = PrintedLaunch::new(print, stream, if fused { &funcs.fused } else { &funcs.decide });
         b.arg(batch.device())
             .arg(selections)
             .arg_mut(slot_tokens)
@@ -161,20 +203,29 @@ impl GpuSwapIn {
             Some(sc) => b.arg(sc),
             None => b.arg(&null),
         };
-        b.arg_mut(&mut *hot_rows)
-            .arg_mut(&mut out.locations)
-            .arg_mut(&mut out.counts)
-            .arg_mut(&mut out.miss_tokens)
-            .arg_mut(&mut out.miss_slots)
-            .arg_mut(&mut out.evicted)
-            .arg_mut(fault)
-            .params(&params);
+        let mut counts_at = counts.slice_mut(at..at + SWAP_COUNTS * n);
+        b.arg_mut(&mut *locations)
+            .arg_mut(&mut counts_at)
+            .arg_mut(&mut *miss_tokens)
+            .arg_mut(&mut *miss_slots)
+            .arg_mut(&mut *evicted);
+        if fused {
+            b.arg(host_pages).arg_mut(&mut *hot_rows).arg_mut(sync);
+        }
+        b.arg_mut(fault).params(&params);
         // SAFETY: the batch was validated against this swap-in when made (seats within the state
         // arrays, selection ranges within `sel_end`), and every buffer was checked above to hold
-        // what the kernel indexes; selections out of range are skipped by the kernel (fault).
+        // what the kernel indexes (the sync words: three per request); selections out of range
+        // are skipped by the kernel (fault); the one-launch form's host rows are reached only
+        // through the registered tier, at page ids it checks (fault otherwise).
         unsafe { b.launch(cfg) }.map_err(cuda("swap-in launch"))?;
+        drop(b);
+        if fused {
+            return Ok(());
+        }
         let stream = Arc::clone(&self.stream);
-        self.launch_copies(&stream, batch, host_pages, hot_rows, out, &params)
+        let lists = (&counts_at.as_view(), &*miss_tokens, &*miss_slots);
+        self.launch_copies(&stream, batch, host_pages, hot_rows, lists, &params)
     }
 
     /// Brings nominated tokens into `layer`'s buffers before their selection is known
@@ -260,9 +311,8 @@ impl GpuSwapIn {
             shared_mem_bytes: Self::prefetch_shared_bytes(self.slots, self.max_sel) as u32,
         };
         let null = 0u64;
-        let GpuSwapIn { print, prefetch, slot_tokens, records, scalars, ready, prefetched, words, fault, .. } =
-            &mut *self;
-        let mut b = PrintedLaunch::new(print, stream, prefetch);
+        let GpuSwapIn { print, funcs, slot_tokens, records, scalars, ready, prefetched, words, fault, .. } = &mut *self;
+        let mut b = PrintedLaunch::new(print, stream, &funcs.prefetch);
         b.arg(batch.device())
             .arg(candidates)
             .arg(protect)
@@ -291,7 +341,8 @@ impl GpuSwapIn {
         // protect spans (checked when set) lie within `protect`, and the outputs hold `sel_end`
         // entries; candidates out of range are skipped by the kernel (fault).
         unsafe { b.launch(cfg) }.map_err(cuda("prefetch launch"))?;
-        self.launch_copies(stream, batch, host_pages, hot_rows, out, &params)
+        let lists = (&out.counts.as_view(), &out.miss_tokens, &out.miss_slots);
+        self.launch_copies(stream, batch, host_pages, hot_rows, lists, &params)
     }
 
     /// The copies of the rows a launch decided to bring in: enough blocks per request for about
@@ -302,7 +353,7 @@ impl GpuSwapIn {
         batch: &SwapBatch,
         host_pages: &CudaSlice<u32>,
         hot_rows: &mut CudaSlice<u8>,
-        out: &SwapOutputs,
+        (counts, miss_tokens, miss_slots): (&CudaView<'_, u32>, &CudaSlice<u32>, &CudaSlice<u32>),
         params: &SwapParams,
     ) -> Result<()> {
         let n = batch.requests().len();
@@ -312,12 +363,12 @@ impl GpuSwapIn {
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        let GpuSwapIn { print, copy, fault, .. } = &mut *self;
-        let mut b = PrintedLaunch::new(print, stream, copy);
+        let GpuSwapIn { print, funcs, fault, .. } = &mut *self;
+        let mut b = PrintedLaunch::new(print, stream, &funcs.copy);
         b.arg(batch.device())
-            .arg(&out.counts)
-            .arg(&out.miss_tokens)
-            .arg(&out.miss_slots)
+            .arg(counts)
+            .arg(miss_tokens)
+            .arg(miss_slots)
             .arg(host_pages)
             .arg_mut(hot_rows)
             .arg_mut(fault)

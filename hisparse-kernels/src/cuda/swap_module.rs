@@ -1,0 +1,71 @@
+//! The swap-in's kernel module: its source with an eviction policy's hooks spliced in
+//! (`kernels/swap_in.cu`, `swap_common.cu`, `swap_fused.cu`, `prefetch.cu`), and its loaded
+//! functions with their shared memory opted in.
+
+use cudarc::driver::CudaFunction;
+use cudarc::driver::sys::CUfunction_attribute_enum;
+use hisparse_policy::EvictionPolicy;
+
+use super::device::CudaDevice;
+use super::sources::KernelSource;
+use super::swap_in::GpuSwapIn;
+use crate::error::{KernelError, Result};
+
+fn cuda(context: &str) -> impl FnOnce(cudarc::driver::DriverError) -> KernelError + '_ {
+    move |e| KernelError::Cuda { context: context.to_owned(), message: e.to_string() }
+}
+
+/// The source of the swap-in module with `policy`'s hooks (the step kernel, the miss copies, the
+/// prefetch kernel), or `None` for a CPU-only policy.
+pub fn swap_in_source(policy: &dyn EvictionPolicy) -> Option<KernelSource> {
+    let template = include_str!("../../kernels/swap_in.cu")
+        .replace("//@COMMON@", include_str!("../../kernels/swap_common.cu"))
+        + include_str!("../../kernels/swap_fused.cu")
+        + include_str!("../../kernels/prefetch.cu");
+    let code = super::sources::splice_policy(&template, policy)?;
+    Some(KernelSource {
+        name: super::sources::module_name("swap_in", &code),
+        code,
+        kernels: &["swap_in", "copy_misses", "gather_rows", "prefetch_in", "swap_in_fused"],
+    })
+}
+
+/// Batches of at most this many requests run the swap-in as one launch by default
+/// ([`GpuSwapIn::set_fused_max`]).
+pub const FUSED_MAX_REQUESTS: usize = 8;
+
+/// The most dynamic shared memory a swap-in block may opt into on sm_90: the 227 KiB a block
+/// may have, less 2 KiB for the kernels' static shared memory (warp sums, a 256-bin histogram
+/// and a few words: about 1.2 KiB).
+pub(super) const MAX_SHARED_BYTES: usize = 227 * 1024 - 2048;
+
+/// The kernels of one policy's swap-in module, with their shared memory opted in.
+pub(super) struct SwapFunctions {
+    pub decide: CudaFunction,
+    pub copy: CudaFunction,
+    pub prefetch: CudaFunction,
+    pub fused: CudaFunction,
+}
+
+impl SwapFunctions {
+    pub(super) fn load(dev: &CudaDevice, policy: &dyn EvictionPolicy, slots: usize, max_sel: usize) -> Result<Self> {
+        let src = swap_in_source(policy)
+            .ok_or_else(|| KernelError::invalid("eviction_policy", policy.name(), "has no GPU form"))?;
+        let name = src.name.clone();
+        let get = |k: &str| dev.function_of(&name, k, || Some(src.clone()));
+        let f = Self {
+            decide: get("swap_in")?,
+            copy: get("copy_misses")?,
+            prefetch: get("prefetch_in")?,
+            fused: get("swap_in_fused")?,
+        };
+        let opt_in = |func: &CudaFunction, bytes: usize| {
+            func.set_attribute(CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes as i32)
+                .map_err(cuda("shared memory opt-in"))
+        };
+        opt_in(&f.prefetch, GpuSwapIn::prefetch_shared_bytes(slots, max_sel))?;
+        opt_in(&f.decide, GpuSwapIn::shared_bytes(slots, max_sel))?;
+        opt_in(&f.fused, GpuSwapIn::shared_bytes(slots, max_sel))?;
+        Ok(f)
+    }
+}
