@@ -1,6 +1,6 @@
 //! Data-parallel ranks: how a deployment of `ranks` GPUs, one engine each, shares the work — the
 //! requests spread over the ranks, the host memory divided between them, and the collectives
-//! the emulated model's FFN and MoE blocks need every step (`CollectivePlan`).
+//! the emulated model's FFN and MoE blocks need every step ([`collectives`]).
 //!
 //! The deployment followed is SGLang's DP attention (`--tp N --dp N --enable-dp-attention`,
 //! `--moe-a2a-backend none`, its default): attention is data-parallel, so each rank decodes its
