@@ -133,7 +133,9 @@ fn a_small_sweep_writes_its_table_and_plots() {
     let table = String::from_utf8_lossy(&o.stdout);
     assert!(table.contains("throughput.svg") && table.contains("ratio"), "{table}");
     assert!(table.contains("hisparse transfers per step") && table.contains("prefetch used"), "{table}");
-    for f in ["sweep.json", "sweep.csv", "throughput.svg", "misses_over_time.svg", "misses_by_buffer.svg"] {
+    for f in
+        ["sweep.json", "sweep.csv", "throughput.svg", "transfers.svg", "misses_over_time.svg", "misses_by_buffer.svg"]
+    {
         assert!(std::fs::metadata(out.join(f)).unwrap().len() > 200, "{f}");
     }
     let json: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("sweep.json")).unwrap()).unwrap();
@@ -178,6 +180,8 @@ fn a_small_sweep_writes_its_table_and_plots() {
     assert!(table.contains("median of 3 windows") && table.contains("tiers hold: resident"), "{table}");
     let svg = std::fs::read_to_string(out.join("throughput.svg")).unwrap();
     assert!(svg.contains("Requests decoding at once") && svg.contains("context 600"), "the running-requests panel");
+    let svg = std::fs::read_to_string(out.join("transfers.svg")).unwrap();
+    assert!(svg.contains("Rows host to device") && svg.contains("prefetched, context 600"), "the transfers plot");
     let svg = std::fs::read_to_string(out.join("misses_over_time.svg")).unwrap();
     assert!(svg.contains("3 req"), "the level markers");
     std::fs::remove_dir_all(&dir).unwrap();

@@ -1,7 +1,8 @@
-//! What `hisparse sweep` writes and prints: JSON, CSV, the table, and three plots — throughput
+//! What `hisparse sweep` writes and prints: JSON, CSV, the tables, and four plots — throughput
 //! against requested concurrency with each point's spread, above the requests each mode really
-//! ran at once (the capacity effect the system is for); misses per step over time with the
-//! concurrency levels marked; and the misses of a replayed trace at several buffer sizes.
+//! ran at once (the capacity effect the system is for); the rows moved host to device per step
+//! (on the critical path and prefetched); misses per step over time with the concurrency levels
+//! marked; and the misses of a replayed trace at several buffer sizes.
 
 use hisparse_engine::StageTimes;
 use hisparse_memory::Mode;
@@ -9,7 +10,7 @@ use hisparse_memory::Mode;
 use super::sweep::SweepReport;
 use crate::error::Result;
 use crate::guard::human_bytes;
-use crate::report::plot::{Chart, Marker, Series, misses_over_time, stacked_charts};
+use crate::report::plot::{Chart, Marker, Series, line_chart, misses_over_time, stacked_charts};
 use crate::report::{Csv, OutputDir};
 
 /// `s` with every stage multiplied by `f`.
@@ -83,6 +84,7 @@ pub fn write(r: &SweepReport, out: &OutputDir) -> Result<()> {
     }
     out.write("sweep.csv", csv.text().as_bytes())?;
     out.write("throughput.svg", throughput_svg(r)?.as_bytes())?;
+    out.write("transfers.svg", transfers_svg(r)?.as_bytes())?;
     let markers: Vec<Marker> =
         r.level_starts.iter().map(|&(n, at)| Marker { x: at as f64, label: format!("{n} req") }).collect();
     if !r.misses_over_time.is_empty() {
@@ -153,6 +155,35 @@ fn throughput_svg(r: &SweepReport) -> Result<String> {
     stacked_charts((&top, &tput), (&bottom, &running))
 }
 
+/// Hisparse's rows host to device per step against concurrency, one colour per context: the
+/// misses (on the critical path) solid, the prefetched rows dashed (where a prefetcher ran).
+fn transfers_svg(r: &SweepReport) -> Result<String> {
+    let mut series = Vec::new();
+    for (ci, &c) in contexts(r).iter().enumerate() {
+        let pts: Vec<_> = r.points.iter().filter(|p| p.context == c && p.mode == Mode::HiSparse).collect();
+        let line = |label: String, f: fn(&super::sweep::Point) -> f64, dashed: bool| Series {
+            label,
+            points: pts.iter().map(|p| (p.concurrency as f64, f(p))).collect(),
+            dashed,
+            color: Some(2 * ci + 1),
+            ..Series::default()
+        };
+        series.push(line(format!("misses, context {c}"), |p| p.h2d_mb_per_step, false));
+        if pts.iter().any(|p| p.prefetch_mb_per_step > 0.0) {
+            series.push(line(format!("prefetched, context {c}"), |p| p.prefetch_mb_per_step, true));
+        }
+    }
+    let title = format!("Rows host to device per step: {}, hisparse, {}", r.preset, r.backend.to_uppercase());
+    let chart = Chart {
+        title: &title,
+        x_label: "requests submitted (concurrency)",
+        y_label: "MB per step",
+        log_x: true,
+        markers: &[],
+    };
+    line_chart(&chart, &series)
+}
+
 /// The sweep as a table.
 pub fn render(r: &SweepReport, out: &std::path::Path) -> String {
     let tiers: Vec<String> = r.device_tier_bytes.iter().map(|(m, b)| format!("{m} {}", human_bytes(*b))).collect();
@@ -205,7 +236,8 @@ pub fn render(r: &SweepReport, out: &std::path::Path) -> String {
     s += "\n(resident / hisparse: requests decoding at once; the rest waited for capacity)\n";
     s += &transfers(r);
     s += &format!(
-        "wrote {0}/sweep.json, sweep.csv\nplots: {0}/throughput.svg, {0}/misses_over_time.svg, {0}/misses_by_buffer.svg\n",
+        "wrote {0}/sweep.json, sweep.csv\nplots: {0}/throughput.svg, {0}/transfers.svg, {0}/misses_over_time.svg, \
+         {0}/misses_by_buffer.svg\n",
         out.display()
     );
     s
