@@ -267,5 +267,8 @@ fn transfers(r: &SweepReport) -> String {
             used
         );
     }
+    if r.points.iter().any(|p| p.mode == Mode::HiSparse && p.stages_ms.graph > 0.0) {
+        s += "(swap-in ms: layer 0 only, the other layers replayed as one graph; --no-graphs times every layer)\n";
+    }
     s
 }
