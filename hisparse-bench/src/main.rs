@@ -38,6 +38,8 @@ enum Command {
     // Negative numbers reach the flag's own check (an error naming it), not clap's "unexpected argument".
     #[command(allow_negative_numbers = true)]
     Sweep(cmd::sweep::SweepArgs),
+    /// A sweep's tables, CSV and plots again from its sweep.json.
+    Replot(cmd::replot::ReplotArgs),
     /// One configuration decoded to the end, in one or both modes.
     #[command(allow_negative_numbers = true)]
     Run(cmd::run::RunArgs),
@@ -72,6 +74,11 @@ fn run(cli: Cli) -> Result<i32> {
     match cli.command {
         Command::Sweep(args) => {
             let (report, out) = cmd::sweep::run(&args)?;
+            print!("{}", cmd::sweep_output::render(&report, &out));
+            Ok(0)
+        }
+        Command::Replot(args) => {
+            let (report, out) = cmd::replot::run(&args)?;
             print!("{}", cmd::sweep_output::render(&report, &out));
             Ok(0)
         }

@@ -184,6 +184,30 @@ fn a_small_sweep_writes_its_table_and_plots() {
     assert!(svg.contains("Rows host to device") && svg.contains("prefetched, context 600"), "the transfers plot");
     let svg = std::fs::read_to_string(out.join("misses_over_time.svg")).unwrap();
     assert!(svg.contains("3 req"), "the level markers");
+    assert!(
+        table.contains("hierarchy: lru eviction, prefetcher adjacent-layer, misses filled by the swap-in"),
+        "{table}"
+    );
+    // `replot` renders the same table and the same files from the JSON, elsewhere; it refuses
+    // to write into the JSON's own folder.
+    let again = dir.join("again");
+    let o = hisparse(&["replot", out.join("sweep.json").to_str().unwrap(), "--out", again.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let retable = String::from_utf8_lossy(&o.stdout);
+    let body = |t: &str| t.lines().take_while(|l| !l.starts_with("wrote")).collect::<Vec<_>>().join("\n");
+    assert_eq!(body(&retable), body(&table), "the replotted table");
+    for f in ["sweep.csv", "throughput.svg", "transfers.svg", "misses_over_time.svg", "misses_by_buffer.svg"] {
+        assert_eq!(std::fs::read(again.join(f)).unwrap(), std::fs::read(out.join(f)).unwrap(), "{f}");
+    }
+    let o = hisparse(&["replot", out.join("sweep.json").to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--out"), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = hisparse(&["replot", out.join("sweep.csv").to_str().unwrap(), "--out", again.to_str().unwrap()]);
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("not a sweep report"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

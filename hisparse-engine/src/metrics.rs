@@ -1,12 +1,12 @@
 //! Metrics of every decode step and of a whole run: throughput, time per stage, hits and misses,
 //! bytes moved per tier, bytes in use, and the request counts.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Seconds spent per stage of a decode step (summed over layers). Kernel stages time the
 /// backend call alone; `bookkeeping` is everything else the engine does (batch assembly,
 /// uploads of per-step metadata, scheduling, retiring, metrics).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct StageTimes {
     /// Generating the synthetic model's new rows, keys and queries (the emulated model).
     pub workload: f64,

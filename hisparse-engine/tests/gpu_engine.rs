@@ -225,3 +225,52 @@ fn on_cuda_prefetch_on_the_transfer_stream_is_exact() {
         }
     }
 }
+
+/// Misses brought in by the attention (`miss_fill = "attention"`: the swap-in only decides, the
+/// attention reads missed rows from the host tier and writes them into their slots): every GPU
+/// policy equals resident bit for bit, so does `auto` switching between both paths, and with
+/// launch graphs, prefetch on the transfer stream and IndexShare layers it computes what the
+/// copying swap-in does, with the same hits and misses at every step.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn on_cuda_misses_filled_by_the_attention_are_lossless() {
+    let fill = |mut c: EngineConfig| {
+        c.hisparse.miss_fill = "attention".into();
+        c
+    };
+    let resident = run_on(gpu(), eager(Mode::Resident, "lru"), &[], None);
+    let policies: Vec<_> =
+        hisparse_policy::policy::builtin(0).into_iter().filter(|p| p.cuda().is_some() && !p.needs_future()).collect();
+    for policy in &policies {
+        let hs = run_on(gpu(), fill(eager(Mode::HiSparse, policy.name())), &[], None);
+        assert_eq!(hs, resident, "{}: outputs differ from the resident baseline", policy.name());
+        let mut copy = eager(Mode::HiSparse, policy.name());
+        copy.hisparse.miss_fill = "swap-in".into();
+        assert_eq!(run_on(gpu(), copy, &[], None), resident, "{}: the copying swap-in differs", policy.name());
+    }
+    // `auto` at batches of at most 3: the requests (arriving two at a time, five in all) take
+    // both paths from step to step, eager and replayed.
+    for graphs in [false, true] {
+        let mut c = eager(Mode::HiSparse, "lru");
+        c.launch_graphs = graphs;
+        c.hisparse.miss_fill = "auto".into();
+        c.hisparse.miss_fill_max_batch = 3;
+        assert_eq!(run_on(gpu(), c, &[], None), resident, "auto (graphs: {graphs})");
+    }
+    let strip = |c: &[common::StepCounts]| c.iter().map(|c| (c.hits, c.misses, c.prefetched)).collect::<Vec<_>>();
+    for (prefetcher, share) in [("none", false), ("adjacent-layer", false), ("shared-index", true)] {
+        let mut c = config(Mode::HiSparse, "clock");
+        c.hisparse.prefetcher = prefetcher.into();
+        if share {
+            c.geometry = c.geometry.with_indexers(hisparse_memory::IndexerLayout::Every { first_full: 1, freq: 2 });
+        }
+        let mut copy = c.clone();
+        copy.hisparse.miss_fill = "swap-in".into();
+        let (copied, cc) = run_counted(gpu(), copy, &[], None);
+        let (filled, fc) = run_counted(gpu(), fill(c), &[], None);
+        assert!(fc.iter().map(|c| c.replays).sum::<u64>() >= 10, "{prefetcher}: graphs replayed");
+        assert!(fc.iter().map(|c| c.misses).sum::<u64>() > 0, "{prefetcher}: the run must miss");
+        assert_eq!(strip(&fc), strip(&cc), "{prefetcher}: hits, misses and prefetches differ");
+        assert_eq!(filled, copied, "{prefetcher}: outputs differ from the copying swap-in");
+    }
+}

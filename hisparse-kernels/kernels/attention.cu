@@ -12,6 +12,13 @@
 // One split writes out/lse directly; several write normalised partials that `merge_splits`
 // combines by their LSE. Rows past a selection's end are masked.
 //
+// Given `fills` (one word per location: 0, or a host-tier row plus one), the kernel also brings
+// in the misses the swap-in left to it: such a row is gathered straight from the mapped host tier
+// (zero-copy, by the same cp.async as the others, so the host reads of one tile overlap the math
+// of the one before), and written from shared memory to its hot-buffer location for the steps
+// after (by head group 0). The rows and their order are those of the copy-then-attend path, so
+// the output is bit-identical to it.
+//
 // Invariant: d_latent is 512 and d_rope 64 (d_qk 576), rows 16-byte aligned (the launcher checks).
 
 #include <cuda_bf16.h>
@@ -30,6 +37,8 @@ struct AttnParams {
     unsigned long long pool_rows;
     float scale_log2;      // softmax_scale * log2(e)
     unsigned pad;
+    unsigned long long host_base;  // mapped host tier (fills only)
+    unsigned long long host_rows;  // rows of the host tier (fills only)
 };
 
 #define NEG_INF __int_as_float(0xff800000)
@@ -76,26 +85,39 @@ __device__ __forceinline__ unsigned pack_bf16(float a, float b) {
     return *reinterpret_cast<unsigned*>(&v);
 }
 
-// Copies the locations of tile `t` of the split into `tl` (32 entries; threads 0..31).
-__device__ void fetch_locs(int* tl, const int* locs, unsigned first, unsigned end, unsigned t) {
+// Copies the locations of tile `t` of the split into `tl` (32 entries; threads 0..31), and its
+// fill words into `tf` where there are any.
+__device__ void fetch_locs(int* tl, unsigned long long* tf, const int* locs, const unsigned long long* fills,
+                           unsigned first, unsigned end, unsigned t) {
     unsigned idx = first + t * TILE + threadIdx.x;
     if (threadIdx.x < TILE && idx < end) {
         asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_addr(tl + threadIdx.x)), "l"(locs + idx));
+        if (fills)
+            asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(smem_addr(tf + threadIdx.x)),
+                         "l"(fills + idx));
     }
+}
+
+// Row `r`'s fill word in a tile: its host-tier row plus one, 0 when it is in the hot buffer.
+__device__ __forceinline__ unsigned long long fill_of(const unsigned long long* tf, bool filling, unsigned r) {
+    return filling ? tf[r] : 0ull;
 }
 
 // Issues the copies of tile `t`'s rows (locations in `tl`, `valid` of them) into `raw`: warp w
 // copies rows w, w+8, ..., 16 bytes per lane.
-__device__ void fetch_tile(unsigned char* raw, const unsigned char* rows, const int* tl, unsigned valid,
-                           const AttnParams& p, unsigned* fault) {
+__device__ void fetch_tile(unsigned char* raw, const unsigned char* rows, const int* tl, const unsigned long long* tf,
+                           bool filling, unsigned valid, const AttnParams& p, unsigned* fault) {
     const unsigned lane = threadIdx.x & 31, warp = threadIdx.x >> 5, chunks = p.row_bytes / 16;
     for (unsigned r = warp; r < valid; r += THREADS / 32) {
         int loc = tl[r];
-        if (loc < 0 || (unsigned long long)loc >= p.pool_rows) {
+        const unsigned long long f = fill_of(tf, filling, r);
+        if (loc < 0 || (unsigned long long)loc >= p.pool_rows || (f != 0ull && f - 1ull >= p.host_rows)) {
             if (lane == 0) atomicOr(fault, 1u);
             continue;
         }
-        const unsigned char* src = rows + (size_t)loc * p.row_bytes;
+        const unsigned char* src = f != 0ull
+            ? reinterpret_cast<const unsigned char*>(p.host_base) + (size_t)(f - 1ull) * p.row_bytes
+            : rows + (size_t)loc * p.row_bytes;
         unsigned char* dst = raw + r * p.row_bytes;
         for (unsigned c = lane; c < chunks; c += 32) cp_async16(dst + 16 * c, src + 16 * c);
     }
@@ -118,14 +140,20 @@ __device__ __forceinline__ uint4 dequant8(uint2 codes, float s) {
 }
 
 // Dequantizes the fetched tile into K ([TILE][LDS] bf16); rows past `valid` (or with a bad
-// location) become zeros. Warp w converts rows w, w+8, ...: 72 chunks of 8 values per row.
+// location or fill) become zeros. Warp w converts rows w, w+8, ...: 72 chunks of 8 values per
+// row; a filled row is first written back to its hot-buffer location (`hot`, when non-null).
 __device__ void convert_tile(__nv_bfloat16* K, const unsigned char* raw, unsigned valid, const AttnParams& p,
-                             const int* tl) {
+                             const int* tl, const unsigned long long* tf, bool filling, unsigned char* hot) {
     const unsigned lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     for (unsigned r = warp; r < TILE; r += THREADS / 32) {
         const int loc = r < valid ? tl[r] : -1;
-        const bool ok = loc >= 0 && (unsigned long long)loc < p.pool_rows;
+        const unsigned long long f = r < valid ? fill_of(tf, filling, r) : 0ull;
+        const bool ok = loc >= 0 && (unsigned long long)loc < p.pool_rows && (f == 0ull || f - 1ull < p.host_rows);
         const unsigned char* row = raw + r * p.row_bytes;
+        if (ok && f != 0ull && hot) {
+            uint4* dst = reinterpret_cast<uint4*>(hot + (size_t)loc * p.row_bytes);
+            for (unsigned c = lane; c < p.row_bytes / 16; c += 32) __stcg(dst + c, reinterpret_cast<const uint4*>(row)[c]);
+        }
         __nv_bfloat16* dst = K + r * LDS;
         #pragma unroll
         for (unsigned i = 0; i < 3; ++i) {
@@ -146,8 +174,9 @@ __device__ void convert_tile(__nv_bfloat16* K, const unsigned char* raw, unsigne
 // Grid (splits, head groups, requests); THREADS threads; dynamic shared memory: see the layout.
 extern "C" __global__ void __launch_bounds__(THREADS, 1) sparse_mla_decode(
     const __nv_bfloat16* __restrict__ queries,  // [n, heads, 576]
-    const unsigned char* __restrict__ rows,
+    unsigned char* __restrict__ rows,           // written only at filled locations
     const int* __restrict__ locations,
+    const unsigned long long* __restrict__ fills,  // null: every row is in `rows`
     const Span* __restrict__ sels,
     AttnParams p,
     float* __restrict__ out,       // splits == 1: [n, heads, 512]; else partials [n, heads, splits, 512]
@@ -159,7 +188,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) sparse_mla_decode(
     __nv_bfloat16* P = K + TILE * LDS;                                      // [HB][LDP]
     float* SX = reinterpret_cast<float*>(P + HB * LDP);                     // [2][HB][LDX] partial S
     int* TL = reinterpret_cast<int*>(SX + 2 * HB * LDX);                      // [2][TILE] locations
-    unsigned char* raw = reinterpret_cast<unsigned char*>(TL + 2 * TILE);      // [RAW_BYTES]
+    unsigned long long* TF = reinterpret_cast<unsigned long long*>(TL + 2 * TILE);  // [2][TILE] fills
+    unsigned char* raw = reinterpret_cast<unsigned char*>(TF + 2 * TILE);      // [RAW_BYTES]
 
     const unsigned lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const unsigned g = lane >> 2, tig = lane & 3;
@@ -171,17 +201,20 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) sparse_mla_decode(
     const unsigned per = ((len + p.splits - 1) / p.splits + TILE - 1) / TILE * TILE;
     const unsigned first = min(len, split * per), end = min(len, first + per);
     const int* locs = locations + sel.offset;
+    const unsigned long long* fl = fills ? fills + sel.offset : nullptr;
+    const bool filling = fills != nullptr;
+    unsigned char* hot = (filling && group == 0) ? rows : nullptr;
     const unsigned tiles = (end - first + TILE - 1) / TILE;
 
     // Locations run one tile ahead of rows: tile t's rows are fetched from the locations that
     // landed with tile t-1's rows (TL[t & 1]).
     if (tiles > 0) {
-        fetch_locs(TL, locs, first, end, 0);
+        fetch_locs(TL, TF, locs, fl, first, end, 0);
         asm volatile("cp.async.commit_group;\n" ::);
         asm volatile("cp.async.wait_all;\n" ::);
         __syncthreads();
-        if (tiles > 1) fetch_locs(TL + TILE, locs, first, end, 1);
-        fetch_tile(raw, rows, TL, min(TILE, end - first), p, fault);
+        if (tiles > 1) fetch_locs(TL + TILE, TF + TILE, locs, fl, first, end, 1);
+        fetch_tile(raw, rows, TL, TF, filling, min(TILE, end - first), p, fault);
         asm volatile("cp.async.commit_group;\n" ::);
     }
     // Queries of the group (zeros past the request's heads).
@@ -203,11 +236,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) sparse_mla_decode(
         __syncthreads();  // the raw tile has landed; K, P and SX are free
         const unsigned base = first + t * TILE;
         const unsigned valid = min(TILE, end - base);
-        convert_tile(K, raw, valid, p, TL + (t & 1) * TILE);
+        convert_tile(K, raw, valid, p, TL + (t & 1) * TILE, TF + (t & 1) * TILE, filling, hot);
         __syncthreads();
         if (t + 1 < tiles) {
-            if (t + 2 < tiles) fetch_locs(TL + (t & 1) * TILE, locs, first, end, t + 2);
-            fetch_tile(raw, rows, TL + ((t + 1) & 1) * TILE, min(TILE, end - base - TILE), p, fault);
+            if (t + 2 < tiles) fetch_locs(TL + (t & 1) * TILE, TF + (t & 1) * TILE, locs, fl, first, end, t + 2);
+            fetch_tile(raw, rows, TL + ((t + 1) & 1) * TILE, TF + ((t + 1) & 1) * TILE, filling,
+                       min(TILE, end - base - TILE), p, fault);
             asm volatile("cp.async.commit_group;\n" ::);
         }
 

@@ -99,6 +99,18 @@ __device__ __forceinline__ void copy_row(const unsigned char* src, unsigned char
     for (unsigned c = lane + 96; c < n; c += 32) __stcg(d + c, __ldg(s + c));
 }
 
+// The host-tier row of token `tok` of request `r` in layer p.layer, plus one; 0 where its page
+// index runs past the page list or its page id past the tier (the caller raises the fault).
+__device__ __forceinline__ unsigned long long host_row_plus_one(const SwapReq& r, unsigned tok,
+                                                                const unsigned* __restrict__ host_pages,
+                                                                const SwapParams& p) {
+    const unsigned long long at = (unsigned long long)r.page_offset + tok / p.page_tokens;
+    if (at >= p.host_pages_len) return 0ull;
+    const unsigned page = host_pages[at];
+    if (page >= p.host_pages_per_layer) return 0ull;
+    return ((unsigned long long)p.layer * p.host_pages_per_layer + page) * p.page_tokens + tok % p.page_tokens + 1ull;
+}
+
 __device__ int find_sorted(const unsigned* a, unsigned n, unsigned x) {
     unsigned lo = 0, hi = n;
     while (lo < hi) {

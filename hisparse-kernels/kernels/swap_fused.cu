@@ -25,7 +25,7 @@ extern "C" __global__ void swap_in_fused(const SwapReq* __restrict__ reqs, const
     const unsigned role = s_role;
     if (role == 0) {
         swap_decide(reqs, selections, slot_tokens, records, scalars, ready, prefetched_g, words_g, scores, locations,
-                    counts, miss_tokens, miss_slots, evicted, fault, p);
+                    counts, miss_tokens, miss_slots, evicted, host_pages, nullptr, fault, p);
         __threadfence();
         __syncthreads();
         if (threadIdx.x == 0) atomicExch(decided, 1u);

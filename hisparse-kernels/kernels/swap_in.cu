@@ -3,7 +3,9 @@
 // hisparse_policy::policy): hits keep their slots, victims are the misses' count of smallest
 // (occupied, priority, slot) keys among the non-selected slots, misses in ascending position take
 // them in ascending slot order, and each hook touches only its own slot. A second kernel,
-// copy_misses, then copies every missed row from the mapped host tier into the hot buffer.
+// copy_misses, then copies every missed row from the mapped host tier into the hot buffer —
+// or, given `fills`, the decisions name each miss's host row there (0 for a hit) and the
+// attention (attention.cu) brings the rows in as it reads them.
 //
 // What the host validated (seats, selection ranges, output sizes) is trusted; what only the
 // device holds is checked: a selected position at or beyond seq_len, or a host page id outside
@@ -30,6 +32,7 @@ __device__ void swap_decide(const SwapReq* __restrict__ reqs, const unsigned* __
                             const float* __restrict__ scores, int* __restrict__ locations,
                             unsigned* __restrict__ counts, unsigned* __restrict__ miss_tokens,
                             unsigned* __restrict__ miss_slots, int* __restrict__ evicted,
+                            const unsigned* __restrict__ host_pages, unsigned long long* __restrict__ fills,
                             unsigned* __restrict__ fault, const SwapParams& p) {
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ unsigned warp_sums[33];
@@ -70,6 +73,8 @@ __device__ void swap_decide(const SwapReq* __restrict__ reqs, const unsigned* __
                 atomicOr(fault, 1u);
             }
         }
+        if (fills)
+            for (unsigned j = tid; j < K; j += T) fills[j + r.sel_offset] = 0ull;
         if (tid == 0) {
             counts[COUNTS * blockIdx.x] = K;
             for (unsigned c = 1; c < COUNTS; ++c) counts[COUNTS * blockIdx.x + c] = 0;
@@ -166,6 +171,17 @@ __device__ void swap_decide(const SwapReq* __restrict__ reqs, const unsigned* __
         }
     }
     __syncthreads();
+    // Misses left for the attention to bring in: each one's host row (plus one), hits 0.
+    if (fills) {
+        for (unsigned j = tid; j < K; j += T) {
+            unsigned long long f = 0ull;
+            if (!selflag[j]) {
+                f = host_row_plus_one(r, sel[j], host_pages, p);
+                if (f == 0ull) atomicOr(fault, 1u);
+            }
+            fills[r.sel_offset + j] = f;
+        }
+    }
     // 2. Priorities of the occupied evictables, before any record changes.
     for (unsigned s = tid; s < B; s += T)
         if (flags[s] == FLAG_OCCUPIED) prio[s] = policy_priority(rec[s], hook_env(env0, hs, s, (unsigned)st[s]));
@@ -252,9 +268,10 @@ extern "C" __global__ void swap_in(const SwapReq* __restrict__ reqs, const unsig
                                    const float* __restrict__ scores, int* __restrict__ locations,
                                    unsigned* __restrict__ counts, unsigned* __restrict__ miss_tokens,
                                    unsigned* __restrict__ miss_slots, int* __restrict__ evicted,
+                                   const unsigned* __restrict__ host_pages, unsigned long long* __restrict__ fills,
                                    unsigned* __restrict__ fault, SwapParams p) {
     swap_decide(reqs, selections, slot_tokens, records, scalars, ready, prefetched_g, words_g, scores, locations,
-                counts, miss_tokens, miss_slots, evicted, fault, p);
+                counts, miss_tokens, miss_slots, evicted, host_pages, fills, fault, p);
 }
 
 // Copies misses first, first + stride, ... of request r (one warp each; `first` and `stride`
@@ -270,19 +287,12 @@ __device__ void copy_request_misses(const SwapReq& r, unsigned misses, const uns
     for (unsigned m = first; m < misses; m += stride) {
         const unsigned tok = __ldcg(miss_tokens + r.sel_offset + m);
         const unsigned s = __ldcg(miss_slots + r.sel_offset + m);
-        const unsigned long long at = (unsigned long long)r.page_offset + tok / p.page_tokens;
-        if (tok >= r.seq_len || at >= p.host_pages_len) {
+        const unsigned long long row = tok < r.seq_len ? host_row_plus_one(r, tok, host_pages, p) : 0ull;
+        if (row == 0ull) {
             if (lane == 0) atomicOr(fault, 1u);
             continue;
         }
-        const unsigned page = host_pages[at];
-        if (page >= p.host_pages_per_layer) {
-            if (lane == 0) atomicOr(fault, 1u);
-            continue;
-        }
-        const unsigned long long src =
-            ((unsigned long long)p.layer * p.host_pages_per_layer + page) * p.page_tokens + tok % p.page_tokens;
-        copy_row(host + src * p.row_bytes, hot_rows + (unsigned long long)(base + s) * p.row_bytes, p.row_bytes, lane);
+        copy_row(host + (row - 1ull) * p.row_bytes, hot_rows + (unsigned long long)(base + s) * p.row_bytes, p.row_bytes, lane);
     }
 }
 

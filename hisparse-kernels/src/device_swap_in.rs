@@ -7,10 +7,12 @@
 
 use std::sync::Arc;
 
-use hisparse_memory::{DeviceMemory, KvGeometry};
+use half::bf16;
+use hisparse_memory::{DeviceMemory, KvGeometry, KvRowLayout};
 use hisparse_policy::{EvictionPolicy, Prefetcher};
 
-use crate::error::Result;
+use crate::backend::Span;
+use crate::error::{KernelError, Result};
 
 /// How a device swap-in is sized.
 #[derive(Clone, Debug)]
@@ -36,6 +38,27 @@ pub struct DeviceSwapInConfig {
     pub serial_prefetch: bool,
     /// Test hook: delay every transfer of prefetched rows by this much (CUDA).
     pub transfer_delay: Option<std::time::Duration>,
+    /// In batches of at most this many requests, leave each layer's missed rows to
+    /// [`DeviceSwapIn::attend`] instead of copying them (0: never, `usize::MAX`: always; see
+    /// `HiSparseConfig::miss_fill`). CUDA — a swap-in that cannot ignores it and copies.
+    pub fill_max_batch: usize,
+}
+
+/// What [`DeviceSwapIn::attend`] attends with besides the hot rows: [`crate::AttentionBatch`]
+/// without its `rows` (the swap-in's own, which it writes).
+pub struct AttentionQuery<'a, M: DeviceMemory> {
+    /// Query heads.
+    pub heads: usize,
+    /// Layout of the KV rows.
+    pub layout: KvRowLayout,
+    /// Multiplier of `q . k` before the softmax.
+    pub softmax_scale: f32,
+    /// Queries, `[batch, heads, d_qk]`.
+    pub queries: &'a M::Buffer<bf16>,
+    /// The locations the swap-in's launch of the layer wrote.
+    pub locations: &'a M::Buffer<i32>,
+    /// One span of `locations` per request (the swap-in's `sel_offset`, `sel_len`).
+    pub selections: &'a [Span],
 }
 
 /// One request of a step, for every layer of it (`#[repr(C)]`: the CUDA swap-in kernel reads
@@ -120,6 +143,32 @@ pub trait DeviceSwapIn<M: DeviceMemory>: Send {
     /// backend's later work; the default has none.
     fn settle(&mut self) -> Result<()> {
         Ok(())
+    }
+
+    /// Whether [`DeviceSwapIn::launch`] leaves the missed rows for [`DeviceSwapIn::attend`]
+    /// (then the engine attends through the swap-in); the default copies them itself.
+    fn fills_in_attention(&self) -> bool {
+        false
+    }
+
+    /// Sparse attention of `layer` (as [`crate::Backend::sparse_attention`]) over `hot[layer]`,
+    /// bringing in on the way the misses that the layer's last [`DeviceSwapIn::launch`] left
+    /// (and writing them into `hot[layer]`), for a swap-in that
+    /// [`DeviceSwapIn::fills_in_attention`]; the outputs are bit-identical to copying first.
+    fn attend(
+        &mut self,
+        layer: usize,
+        query: &AttentionQuery<'_, M>,
+        hot: &mut [M::Buffer<u8>],
+        out: &mut M::Buffer<f32>,
+        lse: &mut M::Buffer<f32>,
+    ) -> Result<()> {
+        let _ = (query, hot, out, lse);
+        Err(KernelError::invalid(
+            "miss_fill",
+            layer,
+            "this swap-in copies its misses itself; attend with the backend's sparse_attention",
+        ))
     }
 
     /// Records that the launches of layers `0..layers` ran as a replayed capture of earlier

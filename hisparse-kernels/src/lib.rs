@@ -36,7 +36,9 @@ pub mod unit_stream;
 
 pub use backend::{AttentionBatch, Backend, Buf, IndexerBatch, IndexerRequest, KernelStage, Span, StageSeconds};
 pub use cpu::{CpuBackend, CpuRowBackup, CpuSwapIn};
-pub use device_swap_in::{DeviceSwapCounts, DeviceSwapIn, DeviceSwapInConfig, DeviceSwapReq, SWAP_COUNTS};
+pub use device_swap_in::{
+    AttentionQuery, DeviceSwapCounts, DeviceSwapIn, DeviceSwapInConfig, DeviceSwapReq, SWAP_COUNTS,
+};
 pub use error::{KernelError, Result};
 pub use gemm::GemmShape;
 pub use merge::merge_partial;

@@ -89,11 +89,17 @@ fn compare(z: &Sizes, seed: u64) {
         .collect();
     let pages_d = s.clone_htod(&pages).unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    // Every policy, as one launch (decisions and copies fused) and as two.
+    // Every policy, as one launch (decisions and copies fused), as two, and deciding only (the
+    // misses' host rows left for the attention: `fill`).
     let policies = registered(77).into_iter().filter(|p| p.cuda().is_some());
-    for (policy, fused_max) in policies.flat_map(|p| [(Arc::clone(&p), usize::MAX), (p, 0)]) {
+    let forms = |p: Arc<dyn hisparse_policy::EvictionPolicy>| {
+        [(Arc::clone(&p), usize::MAX, false), (Arc::clone(&p), 0, false), (p, usize::MAX, true)]
+    };
+    let pages_per_layer = mapped.layout().pages_per_layer;
+    for (policy, fused_max, fill) in policies.flat_map(forms) {
         let mut gpu = GpuSwapIn::new(&dev, Arc::clone(&policy), n, layers, b, z.block, k + 1, longest + 1).unwrap();
         gpu.set_fused_max(fused_max);
+        gpu.set_fill_in_attention(fill);
         let mut cpu: Vec<Vec<SwapInState>> =
             z.prompts.iter().map(|_| (0..layers).map(|_| SwapInState::new(b).unwrap()).collect()).collect();
         let mut hot: Vec<_> = (0..layers).map(|_| s.alloc_zeros::<u8>(n * (b + 1) * ROW).unwrap()).collect();
@@ -176,6 +182,7 @@ fn compare(z: &Sizes, seed: u64) {
                     s.clone_dtoh(&out.miss_slots).unwrap(),
                     s.clone_dtoh(&out.evicted).unwrap(),
                 );
+                let fills = s.clone_dtoh(&out.fills).unwrap();
                 for (r, (req, plan)) in reqs.iter().zip(&plans).enumerate() {
                     let what = format!("{} step {step} layer {l} request {r}", policy.name());
                     let (o, n) = (req.sel_offset as usize, req.sel_len as usize);
@@ -200,6 +207,26 @@ fn compare(z: &Sizes, seed: u64) {
                         let ge: Vec<(u32, u32)> =
                             (0..m).filter(|&i| ev[o + i] >= 0).map(|i| (ev[o + i] as u32, ms[o + i])).collect();
                         assert_eq!(ge, plan.evictions, "{what}: evictions");
+                    }
+                    if fill {
+                        // Each miss names its host row (plus one), each hit 0; the test then does
+                        // what the attention would: the missed rows into their slots.
+                        let missed: std::collections::HashMap<u32, u32> = plan.misses.iter().copied().collect();
+                        let sel = &sels[o..o + n];
+                        for (j, &tok) in sel.iter().enumerate() {
+                            let want = match missed.get(&tok) {
+                                None => 0,
+                                Some(_) => {
+                                    let page = pages[page_offsets[r] as usize + tok as usize / PAGE] as usize;
+                                    ((l * pages_per_layer + page) * PAGE + tok as usize % PAGE + 1) as u64
+                                }
+                            };
+                            assert_eq!(fills[o + j], want, "{what}: fill of position {tok}");
+                        }
+                        for &(tok, slot) in &plan.misses {
+                            let at = (r * (b + 1) + slot as usize) * ROW;
+                            s.memcpy_htod(&row_of(r, l, tok as usize), &mut hot_l.slice_mut(at..at + ROW)).unwrap();
+                        }
                     }
                 }
             }
@@ -234,8 +261,16 @@ fn compare(z: &Sizes, seed: u64) {
         }
         assert!(managed > 0, "some buffers went through policy-managed steps");
         eprintln!(
-            "{}: {steps} steps x {layers} layers x {n} requests (top_k {k}, {b} slots, block {}) match the CPU swap-in",
+            "{} ({}): {steps} steps x {layers} layers x {n} requests (top_k {k}, {b} slots, block {}) match the CPU \
+             swap-in",
             policy.name(),
+            if fill {
+                "misses left to the attention"
+            } else if fused_max > 0 {
+                "one launch"
+            } else {
+                "two launches"
+            },
             z.block
         );
     }
@@ -302,8 +337,10 @@ fn out_of_range_selections_and_pages_raise_the_fault_flag() {
         (s.clone_dtoh(&out.locations).unwrap(), gpu.take_fault().unwrap())
     };
     let good: Vec<u32> = host.pages(RequestId(0)).unwrap().to_vec();
-    for (fused_max, step) in [(usize::MAX, 0u32), (0, 10)] {
+    // One launch, two, and deciding only (the misses' host rows checked there instead).
+    for (fused_max, step, fill) in [(usize::MAX, 0u32, false), (0, 10, false), (usize::MAX, 20, true)] {
         gpu.set_fused_max(fused_max);
+        gpu.set_fill_in_attention(fill);
         // A valid step: no fault.
         let (_, fault) = run(&mut gpu, &mut hot, 200 + step, &[3, 150, 199], &good);
         assert!(!fault);

@@ -48,6 +48,16 @@ pub struct HiSparseConfig {
     /// Ours: most rows a speculative prefetcher brings into one buffer per step (0: a quarter
     /// of top-k).
     pub prefetch_budget: usize,
+    /// Ours: who brings a layer's missed rows into its hot buffer — `swap-in` (its own copy
+    /// kernel, before the attention starts), `attention` (the attention reads them from the
+    /// host tier as it goes and writes them back), or `auto` (the attention for batches of at
+    /// most `miss_fill_max_batch` requests, where the copy kernel's latency dominates; the
+    /// swap-in above). CUDA only: the CPU backend copies either way. Results are bit-identical;
+    /// `swap-in` is the default because it measured as fast or faster on the H200 at every
+    /// batch size (BENCHMARKS.md, issue 15).
+    pub miss_fill: String,
+    /// Ours: with `miss_fill = "auto"`, the largest batch whose misses the attention fills.
+    pub miss_fill_max_batch: usize,
     /// Ours: positions per page of the host tier and the device pools.
     pub page_tokens: usize,
     /// Ours: device bytes for KV rows, index keys and hot buffers (0: decided by the engine).
@@ -79,6 +89,8 @@ impl Default for HiSparseConfig {
             policy_config: PolicyConfig::default(),
             prefetcher: "none".into(),
             prefetch_budget: 0,
+            miss_fill: "swap-in".into(),
+            miss_fill_max_batch: 8,
             page_tokens: 64,
             device_kv_bytes: 0,
             host_tier_bytes: 0,
@@ -95,6 +107,18 @@ fn invalid(field: &'static str, value: impl std::fmt::Display, reason: impl Into
 }
 
 impl HiSparseConfig {
+    /// The values of `miss_fill`.
+    pub const MISS_FILLS: [&'static str; 3] = ["auto", "swap-in", "attention"];
+
+    /// The largest batch whose misses the attention brings in (0: none, `usize::MAX`: all).
+    pub fn fill_max_batch(&self) -> usize {
+        match self.miss_fill.as_str() {
+            "attention" => usize::MAX,
+            "auto" => self.miss_fill_max_batch,
+            _ => 0,
+        }
+    }
+
     /// Parses JSON (unknown keys are errors; missing keys take their defaults).
     pub fn from_json(text: &str) -> Result<Self> {
         serde_json::from_str(text).map_err(|e| invalid("hisparse_config", format!("{e}"), "not a valid config (JSON)"))
@@ -187,6 +211,13 @@ impl HiSparseConfig {
         }
         crate::policy::make(&self.eviction_policy, &self.policy())?;
         crate::prefetch::make_prefetcher(&self.prefetcher, &self.prefetch())?;
+        if !Self::MISS_FILLS.contains(&self.miss_fill.as_str()) {
+            return Err(invalid(
+                "miss_fill",
+                &self.miss_fill,
+                format!("must be one of {}", Self::MISS_FILLS.join(", ")),
+            ));
+        }
         if self.prefetch_budget > self.device_buffer_size {
             return Err(invalid(
                 "prefetch_budget",
@@ -300,6 +331,7 @@ mod tests {
             (HiSparseConfig { page_tokens: 0, ..Default::default() }, "page_tokens"),
             (HiSparseConfig { eviction_policy: "lfu-9000".into(), ..Default::default() }, "eviction_policy"),
             (HiSparseConfig { prefetcher: "psychic".into(), ..Default::default() }, "prefetcher"),
+            (HiSparseConfig { miss_fill: "dma".into(), ..Default::default() }, "miss_fill"),
             (HiSparseConfig { prefetch_budget: 5000, ..Default::default() }, "prefetch_budget"),
             (
                 HiSparseConfig {

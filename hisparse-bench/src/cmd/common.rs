@@ -82,6 +82,15 @@ pub struct EngineArgs {
     /// quarter of top_k).
     #[arg(long)]
     pub prefetch_budget: Option<usize>,
+    /// Who brings a layer's missed rows into its hot buffer: swap-in (default: its copy kernel,
+    /// before the attention), attention (read from the host tier by the attention as it goes),
+    /// or auto (the attention in batches of at most --miss-fill-max-batch requests, the swap-in
+    /// above). CUDA; the CPU backend copies either way. Outputs are bit-identical.
+    #[arg(long, value_parser = ["auto", "swap-in", "attention"])]
+    pub miss_fill: Option<String>,
+    /// With --miss-fill auto: the largest batch whose misses the attention fills (default 8).
+    #[arg(long)]
+    pub miss_fill_max_batch: Option<usize>,
     /// KV row format: fp8 (656 B rows) or bf16 (1152 B rows).
     #[arg(long, value_parser = ["fp8", "bf16"])]
     pub kv_format: Option<String>,
@@ -151,6 +160,7 @@ fn flag_of(field: &str) -> Option<&'static str> {
         "eviction_policy" => "eviction-policy",
         "prefetcher" => "prefetcher",
         "prefetch_budget" => "prefetch-budget",
+        "miss_fill" => "miss-fill",
         "host_tier_file" | "host_tier_path" => "host-tier-file",
         _ => return None,
     })
@@ -175,6 +185,7 @@ impl EngineArgs {
             "eviction_policy" => self.eviction_policy.is_some(),
             "prefetcher" => self.prefetcher.is_some(),
             "prefetch_budget" => self.prefetch_budget.is_some(),
+            "miss_fill" => self.miss_fill.is_some(),
             "host_tier_file" | "host_tier_path" => self.host_tier_file.is_some(),
             _ => false,
         }
@@ -261,6 +272,12 @@ impl EngineArgs {
         }
         if let Some(v) = self.prefetch_budget {
             c.prefetch_budget = v;
+        }
+        if let Some(v) = &self.miss_fill {
+            c.miss_fill = v.clone();
+        }
+        if let Some(v) = self.miss_fill_max_batch {
+            c.miss_fill_max_batch = v;
         }
         if let Some(p) = &self.host_tier_file {
             if self.uses_cuda() {

@@ -11,6 +11,7 @@ pub mod gpu_bench;
 pub mod kernel_bench;
 #[cfg(feature = "cuda")]
 pub mod launch_gaps;
+pub mod replot;
 pub mod run;
 pub mod selfcheck;
 pub mod simulate;

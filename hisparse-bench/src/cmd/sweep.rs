@@ -11,7 +11,7 @@ use hisparse_engine::{RequestSpec, StageTimes};
 use hisparse_memory::{Mode, RequestId};
 use hisparse_policy::trace::TraceReader;
 use hisparse_policy::{SimConfig, simulate};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::common::EngineArgs;
 use crate::error::{BenchError, Result};
@@ -45,7 +45,7 @@ pub struct SweepArgs {
 }
 
 /// One (context, concurrency, mode) point.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Point {
     /// Prompt tokens.
     pub context: usize,
@@ -91,7 +91,7 @@ pub struct Point {
 }
 
 /// The sweep's output.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SweepReport {
     /// Geometry preset.
     pub preset: String,
@@ -99,6 +99,10 @@ pub struct SweepReport {
     pub backend: String,
     /// Regular hot-buffer slots.
     pub device_buffer_size: usize,
+    /// The hierarchy's policies: eviction policy, prefetcher, and who fills the misses
+    /// (empty in reports from before it was recorded).
+    #[serde(default)]
+    pub hierarchy: String,
     /// Device bytes given to the KV cache (the budget).
     pub device_kv_bytes: u64,
     /// Device bytes the tiers really hold, per mode (whole pages and hot buffers of the budget).
@@ -337,6 +341,16 @@ pub fn run(a: &SweepArgs) -> Result<(SweepReport, PathBuf)> {
         backend: backend.into(),
         emulation: model.map_or_else(|| "none: attention only".to_owned(), |m| m.describe()),
         device_buffer_size: hs.device_buffer_size,
+        hierarchy: format!(
+            "{} eviction, prefetcher {}, misses filled by the {}",
+            hs.eviction_policy,
+            hs.prefetcher,
+            match (backend == "cuda", hs.fill_max_batch()) {
+                (false, _) | (true, 0) => "swap-in".to_owned(),
+                (true, usize::MAX) => "attention".to_owned(),
+                (true, n) => format!("attention in batches of at most {n} requests, else the swap-in"),
+            }
+        ),
         device_kv_bytes: hs.device_kv_bytes,
         device_tier_bytes: tier_bytes,
         host_tier_bytes: hs.host_bytes(),

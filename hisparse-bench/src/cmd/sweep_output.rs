@@ -189,12 +189,14 @@ pub fn render(r: &SweepReport, out: &std::path::Path) -> String {
     let tiers: Vec<String> = r.device_tier_bytes.iter().map(|(m, b)| format!("{m} {}", human_bytes(*b))).collect();
     let mut s = format!(
         "hisparse sweep: {} geometry, {} backend, buffer {} slots, host tier {}\n\
+         hierarchy: {}\n\
          device KV budget {} (tiers hold: {})\nmodel: {}\n\
          each point: median of {} windows of {} steps [min-max]\n\n{:>8} {:>11} {:>9} {:>9} {:>26} {:>26} {:>7} {:>10}\n",
         r.preset,
         r.backend,
         r.device_buffer_size,
         human_bytes(r.host_tier_bytes),
+        r.hierarchy,
         human_bytes(r.device_kv_bytes),
         tiers.join(", "),
         r.emulation,

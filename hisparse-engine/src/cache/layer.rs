@@ -9,7 +9,9 @@
 
 use std::time::Instant;
 
-use hisparse_kernels::{AttentionBatch, Backend, Buf, DeviceSwapIn, IndexerBatch, KernelStage, RowBackup};
+use hisparse_kernels::{
+    AttentionBatch, AttentionQuery, Backend, Buf, DeviceSwapIn, IndexerBatch, KernelStage, RowBackup,
+};
 use hisparse_memory::{DeviceMemory, Mode};
 
 use super::step::{DecodeStep, LayerInputs};
@@ -183,9 +185,23 @@ where
             Ok(())
         })?;
 
-        // 5. Attention over the selected rows.
+        // 5. Attention over the selected rows (through the swap-in where it leaves the misses
+        // for the attention to bring in).
         self.stage(KernelStage::Attention, |s| {
             let c = &mut *s.cache;
+            if let (Mode::HiSparse, Some(swap)) = (mode, c.swap.as_mut())
+                && swap.fills_in_attention()
+            {
+                let q = AttentionQuery {
+                    heads: q_heads,
+                    layout: c.kv_row,
+                    softmax_scale,
+                    queries: inputs.attention_queries,
+                    locations: &c.scratch.locs,
+                    selections: &s.sel_spans,
+                };
+                return Ok(swap.attend(l, &q, c.device.hot_pools_mut(), out, lse)?);
+            }
             let batch = AttentionBatch {
                 heads: q_heads,
                 layout: c.kv_row,

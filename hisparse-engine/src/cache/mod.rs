@@ -215,6 +215,7 @@ where
                     max_tokens: cfg.hisparse.max_request_tokens,
                     serial_prefetch: cfg.serial_prefetch,
                     transfer_delay: cfg.transfer_delay,
+                    fill_max_batch: cfg.hisparse.fill_max_batch(),
                 };
                 let swap = backend.device_swap_in(&dcfg, &mut host)?;
                 let backup =

@@ -15,21 +15,23 @@ use cudarc::driver::{CudaEvent, CudaFunction, CudaSlice, DeviceRepr, ValidAsZero
 use half::bf16;
 use hisparse_memory::cuda::CudaMemory;
 
+use super::attention_launch::{AttentionKernels, AttnRows, AttnScratch};
 use super::decode_launch::{GpuIndexerReq, GpuSpan};
 use super::device::CudaDevice;
 use super::driver_error;
 use super::launch_graph::LaunchGraph;
 use super::step_launch::LocateReq;
 use crate::backend::{AttentionBatch, Backend, IndexerBatch, KernelStage, Span, StageSeconds};
+use crate::device_swap_in::AttentionQuery;
 use crate::error::{KernelError, Result};
 
 /// Heads of one attention block; rows per tile (the kernel's `HB`, `TILE`).
 pub(super) const HEAD_BLOCK: usize = 64;
 pub(super) const TILE: usize = 32;
 /// Shared memory of the attention kernel: Q and K tiles (stride 584 bf16), P, partial S, two
-/// tiles of locations, raw rows.
+/// tiles of locations and of fill words, raw rows.
 pub(super) const ATTN_SMEM: usize =
-    64 * 584 * 2 + 32 * 584 * 2 + 64 * 40 * 2 + 2 * 64 * 40 * 4 + 2 * 32 * 4 + 32 * 1152;
+    64 * 584 * 2 + 32 * 584 * 2 + 64 * 40 * 2 + 2 * 64 * 40 * 4 + 2 * 32 * 4 + 2 * 32 * 8 + 32 * 1152;
 
 /// Dynamic shared memory of top-k: eight copies of a 2048-bin histogram.
 pub(super) const TOPK_SMEM: usize = 8 * 2048 * 4;
@@ -47,16 +49,13 @@ pub(super) struct Scratch {
     pub(super) fault: CudaSlice<u32>,
     pub(super) reqs: CudaSlice<GpuIndexerReq>,
     pub(super) spans: CudaSlice<GpuSpan>,
-    pub(super) sels: CudaSlice<GpuSpan>,
-    pub(super) part_out: CudaSlice<f32>,
-    pub(super) part_lse: CudaSlice<f32>,
+    pub(super) attn: AttnScratch,
     pub(super) rows_data: CudaSlice<u8>,
     pub(super) locate: CudaSlice<LocateReq>,
     pub(super) seeds: CudaSlice<u64>,
     /// What the per-call arrays above hold (they are the same for every layer of a step).
     pub(super) reqs_c: Vec<GpuIndexerReq>,
     pub(super) spans_c: Vec<GpuSpan>,
-    pub(super) sels_c: Vec<GpuSpan>,
     pub(super) locate_c: Vec<LocateReq>,
 }
 
@@ -75,8 +74,7 @@ pub struct CudaBackend {
     pub(super) sms: usize,
     pub(super) indexer: CudaFunction,
     pub(super) top_k: CudaFunction,
-    pub(super) attention: CudaFunction,
-    pub(super) merge: CudaFunction,
+    pub(super) attention: AttentionKernels,
     pub(super) write_rows: CudaFunction,
     pub(super) locate_rows: CudaFunction,
     pub(super) fill_unit: CudaFunction,
@@ -87,8 +85,6 @@ pub struct CudaBackend {
     pub(super) blas: std::sync::OnceLock<super::gemm_launch::Blas>,
     /// The launch sequence last captured, and its key.
     pub(super) graph: Mutex<Option<(u64, LaunchGraph)>>,
-    /// Split count of the attention (0: chosen per call from the batch and the SM count).
-    pub(super) splits: usize,
 }
 
 pub(super) fn lock<T>(m: &Mutex<T>) -> Result<MutexGuard<'_, T>> {
@@ -141,8 +137,7 @@ impl CudaBackend {
             .map_err(driver_error("SM count"))?;
         let indexer = dev.function("indexer", "indexer_scores")?;
         let top_k = dev.function("topk", "top_k_select")?;
-        let attention = dev.function("attention", "sparse_mla_decode")?;
-        let merge = dev.function("attention", "merge_splits")?;
+        let attention = AttentionKernels::load(&dev)?;
         let write_rows = dev.function("rows", "write_rows")?;
         let locate_rows = dev.function("rows", "locate_rows")?;
         let fill_unit = dev.function("rows", "fill_unit_bf16")?;
@@ -156,24 +151,18 @@ impl CudaBackend {
         top_k
             .set_attribute(CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, TOPK_SMEM as i32)
             .map_err(driver_error("top-k shared memory opt-in"))?;
-        attention
-            .set_attribute(CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, ATTN_SMEM as i32)
-            .map_err(driver_error("attention shared memory opt-in"))?;
         let s = dev.stream().clone();
         let a = |e| driver_error("scratch alloc")(e);
         let scratch = Scratch {
             fault: s.alloc_zeros(1).map_err(a)?,
             reqs: s.alloc_zeros(64).map_err(a)?,
             spans: s.alloc_zeros(64).map_err(a)?,
-            sels: s.alloc_zeros(64).map_err(a)?,
-            part_out: s.alloc_zeros(1).map_err(a)?,
-            part_lse: s.alloc_zeros(1).map_err(a)?,
+            attn: AttnScratch::new(&dev)?,
             rows_data: s.alloc_zeros(64).map_err(a)?,
             locate: s.alloc_zeros(64).map_err(a)?,
             seeds: s.alloc_zeros(64).map_err(a)?,
             reqs_c: Vec::new(),
             spans_c: Vec::new(),
-            sels_c: Vec::new(),
             locate_c: Vec::new(),
         };
         Ok(Self {
@@ -182,7 +171,6 @@ impl CudaBackend {
             indexer,
             top_k,
             attention,
-            merge,
             write_rows,
             locate_rows,
             fill_unit,
@@ -191,7 +179,6 @@ impl CudaBackend {
             timer: Mutex::new(Timer::default()),
             graph: Mutex::new(None),
             blas: std::sync::OnceLock::new(),
-            splits: 0,
             dev,
         })
     }
@@ -204,16 +191,8 @@ impl CudaBackend {
     /// Fixes the attention's split count (0: automatic). Results depend on it in their last
     /// bits, so runs compared bit for bit use the same value.
     pub fn with_splits(mut self, splits: usize) -> Self {
-        self.splits = splits;
+        self.attention.splits = splits;
         self
-    }
-
-    /// The split count for `blocks` (request, head group) pairs of `max_len` selected rows.
-    pub(super) fn choose_splits(&self, blocks: usize, max_len: usize) -> usize {
-        let tiles = max_len.div_ceil(TILE).max(1);
-        let want = if self.splits > 0 { self.splits } else { (self.sms as f64 / blocks as f64).round() as usize };
-        // At least two tiles per split, so that the fetch of one overlaps the other.
-        want.clamp(1, tiles.div_ceil(2).max(1))
     }
 }
 
@@ -244,7 +223,17 @@ impl Backend for CudaBackend {
         out: &mut CudaSlice<f32>,
         lse: &mut CudaSlice<f32>,
     ) -> Result<()> {
-        self.launch_attention(batch, out, lse)
+        let q = AttentionQuery {
+            heads: batch.heads,
+            layout: batch.layout,
+            softmax_scale: batch.softmax_scale,
+            queries: batch.queries,
+            locations: batch.locations,
+            selections: batch.selections,
+        };
+        let mut sc = lock(&self.scratch)?;
+        let Scratch { attn, fault, .. } = &mut *sc;
+        self.attention.launch(&self.dev, attn, &q, AttnRows::Pool(batch.rows), out, lse, fault)
     }
 
     fn write_rows(&self, pool: &mut CudaSlice<u8>, row_bytes: usize, rows: &[u32], data: &[u8]) -> Result<()> {
@@ -383,7 +372,7 @@ impl Backend for CudaBackend {
         cfg: &crate::DeviceSwapInConfig,
         host: &mut hisparse_memory::HostTier,
     ) -> Result<Self::SwapIn> {
-        super::swap_in_backend::CudaSwapIn::new(&self.dev, cfg, host)
+        super::swap_in_backend::CudaSwapIn::new(&self.dev, cfg, host, self.attention.clone())
     }
 
     fn row_backup(&self, cfg: &crate::RowBackupConfig, host: &mut hisparse_memory::HostTier) -> Result<Self::Backup> {

@@ -1,17 +1,14 @@
-//! The decode kernels' launches of [`CudaBackend`]: the indexer, top-k and sparse attention
-//! (with the split merge), their kernel-argument structs, and the host-side checks that run
-//! before anything is launched.
+//! The decode kernels' launches of [`CudaBackend`]: the indexer and top-k, their kernel-argument
+//! structs, and the host-side checks that run before anything is launched (the attention's are
+//! in `attention_launch.rs`).
 
 use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, ValidAsZeroBits};
-use hisparse_memory::KvRowFormat;
 use hisparse_memory::cuda::CudaMemory;
 
-use super::backend::{
-    ATTN_SMEM, CudaBackend, HEAD_BLOCK, MAX_INDEX_HEADS, Scratch, TOPK_SMEM, indexer_smem, lock, room, upload_cached,
-};
+use super::backend::{CudaBackend, MAX_INDEX_HEADS, Scratch, TOPK_SMEM, indexer_smem, lock, upload_cached};
 use super::driver_error;
 use super::printed_launch::PrintedLaunch;
-use crate::backend::{AttentionBatch, IndexerBatch, Span};
+use crate::backend::{IndexerBatch, Span};
 use crate::error::{KernelError, Result, check_len};
 
 #[repr(C)]
@@ -30,18 +27,6 @@ pub(super) struct GpuSpan {
     pub(super) len: u64,
 }
 
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
-pub(super) struct AttnParams {
-    pub(super) heads: u32,
-    pub(super) row_bytes: u32,
-    pub(super) fp8: u32,
-    pub(super) splits: u32,
-    pub(super) pool_rows: u64,
-    pub(super) scale_log2: f32,
-    pub(super) pad: u32,
-}
-
 // SAFETY: #[repr(C)] structs of plain numbers, laid out as the kernels' structs of the same name.
 unsafe impl DeviceRepr for GpuIndexerReq {}
 // SAFETY: as above.
@@ -50,8 +35,6 @@ unsafe impl ValidAsZeroBits for GpuIndexerReq {}
 unsafe impl DeviceRepr for GpuSpan {}
 // SAFETY: as above.
 unsafe impl ValidAsZeroBits for GpuSpan {}
-// SAFETY: as above.
-unsafe impl DeviceRepr for AttnParams {}
 
 impl CudaBackend {
     pub(super) fn launch_indexer(
@@ -175,102 +158,6 @@ impl CudaBackend {
         // SAFETY: every span lies within `scores` and `out` holds at least n * k positions
         // (checked).
         unsafe { b.launch(cfg) }.map_err(driver_error("top-k launch"))?;
-        Ok(())
-    }
-
-    pub(super) fn launch_attention(
-        &self,
-        batch: &AttentionBatch<'_, CudaMemory>,
-        out: &mut CudaSlice<f32>,
-        lse: &mut CudaSlice<f32>,
-    ) -> Result<()> {
-        let (heads, layout) = (batch.heads, batch.layout);
-        let n = batch.selections.len();
-        if heads == 0 {
-            return Err(KernelError::invalid("heads", heads, "must be at least 1"));
-        }
-        if layout.d_latent() != 512 || layout.d_rope() != 64 {
-            return Err(KernelError::invalid(
-                "layout",
-                format!("{}+{}", layout.d_latent(), layout.d_rope()),
-                "the CUDA attention is built for 512 latent + 64 rope dims",
-            ));
-        }
-        if !batch.softmax_scale.is_finite() {
-            return Err(KernelError::invalid("softmax_scale", batch.softmax_scale, "must be finite"));
-        }
-        check_len("queries", n * heads * 576, batch.queries.len())?;
-        check_len("out", n * heads * 512, out.len())?;
-        check_len("lse", n * heads, lse.len())?;
-        let rb = layout.row_bytes();
-        if !batch.rows.len().is_multiple_of(rb) {
-            return Err(KernelError::invalid("rows", batch.rows.len(), format!("not a multiple of the row size {rb}")));
-        }
-        let mut max_len = 0;
-        for s in batch.selections {
-            if s.end() > batch.locations.len() {
-                return Err(hisparse_memory::MemoryError::OutOfBounds {
-                    field: "locations",
-                    start: s.offset,
-                    end: s.end(),
-                    len: batch.locations.len(),
-                }
-                .into());
-            }
-            max_len = max_len.max(s.len);
-        }
-        if n == 0 {
-            return Ok(());
-        }
-        let groups = heads.div_ceil(HEAD_BLOCK);
-        let splits = self.choose_splits(n * groups, max_len);
-        let params = AttnParams {
-            heads: heads as u32,
-            row_bytes: rb as u32,
-            fp8: u32::from(layout.format() == KvRowFormat::Fp8),
-            splits: splits as u32,
-            pool_rows: (batch.rows.len() / rb) as u64,
-            scale_log2: batch.softmax_scale * std::f32::consts::LOG2_E,
-            pad: 0,
-        };
-        let host: Vec<GpuSpan> =
-            batch.selections.iter().map(|s| GpuSpan { offset: s.offset as u64, len: s.len as u64 }).collect();
-        let mut sc = lock(&self.scratch)?;
-        let Scratch { sels: sd, sels_c, .. } = &mut *sc;
-        upload_cached(&self.dev, sd, sels_c, &host)?;
-        let s = self.dev.stream();
-        let cfg = LaunchConfig {
-            grid_dim: (splits as u32, groups as u32, n as u32),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: ATTN_SMEM as u32,
-        };
-        if splits > 1 {
-            room(&self.dev, &mut sc.part_out, n * heads * splits * 512)?;
-            room(&self.dev, &mut sc.part_lse, n * heads * splits)?;
-        }
-        let Scratch { fault, sels, part_out, part_lse, .. } = &mut *sc;
-        let mut b = PrintedLaunch::new(&self.dev.print, s, &self.attention);
-        b.arg(batch.queries).arg(batch.rows).arg(batch.locations).arg(&*sels).params(&params);
-        if splits > 1 {
-            b.arg_mut(&mut *part_out).arg_mut(&mut *part_lse);
-        } else {
-            b.arg_mut(&mut *out).arg_mut(&mut *lse);
-        }
-        b.arg_mut(&mut *fault);
-        // SAFETY: queries, out and lse hold n requests' heads (checked); selections lie within
-        // `locations` (checked); locations are checked against the pool in the kernel; partials
-        // hold n * heads * splits entries.
-        unsafe { b.launch(cfg) }.map_err(driver_error("attention launch"))?;
-        if splits > 1 {
-            let cfg =
-                LaunchConfig { grid_dim: ((n * heads) as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
-            let sp = splits as u32;
-            let mut b = PrintedLaunch::new(&self.dev.print, s, &self.merge);
-            b.arg(&*part_out).arg(&*part_lse).arg(&sp).arg_mut(out).arg_mut(lse);
-            // SAFETY: the partials were written for n * heads rows of `splits` each; out and lse
-            // hold n * heads rows (checked).
-            unsafe { b.launch(cfg) }.map_err(driver_error("merge launch"))?;
-        }
         Ok(())
     }
 }

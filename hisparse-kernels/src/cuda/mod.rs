@@ -5,6 +5,7 @@
 //! With cudarc's dynamic loading this module always compiles; on a machine without a driver or
 //! NVRTC every entry point returns [`KernelError::CudaUnavailable`].
 
+mod attention_launch;
 mod backend;
 mod backup;
 mod decode_launch;

@@ -68,6 +68,10 @@ pub struct SwapOutputs {
     pub miss_slots: CudaSlice<u32>,
     /// The token evicted from that slot (-1: it was empty).
     pub evicted: CudaSlice<i32>,
+    /// Per selected token, written only by a swap-in that leaves its misses to the attention
+    /// ([`GpuSwapIn::set_fill_in_attention`]): 0 for a row in the hot buffer, else the missed
+    /// row's host-tier row plus one.
+    pub fills: CudaSlice<u64>,
 }
 
 impl SwapOutputs {
@@ -83,6 +87,7 @@ impl SwapOutputs {
             miss_tokens: stream.alloc_zeros(selected.max(1)).map_err(e)?,
             miss_slots: stream.alloc_zeros(selected.max(1)).map_err(e)?,
             evicted: stream.alloc_zeros(selected.max(1)).map_err(e)?,
+            fills: stream.alloc_zeros(selected.max(1)).map_err(e)?,
         })
     }
 }
@@ -100,6 +105,9 @@ pub struct GpuSwapIn {
     pub(super) funcs: SwapFunctions,
     /// Batches of at most this many requests run the one-launch swap-in (`swap_in_fused`).
     pub(super) fused_max: usize,
+    /// Launches of batches of at most this many requests decide only and leave the missed rows
+    /// to the attention (`SwapOutputs::fills`); 0: never.
+    pub(super) fill_max: usize,
     /// Three words per seat for the one-launch swap-in's roles (zero between launches).
     pub(super) sync: CudaSlice<u32>,
     pub(super) seats: usize,
@@ -212,6 +220,7 @@ impl GpuSwapIn {
             policy,
             funcs,
             fused_max: FUSED_MAX_REQUESTS,
+            fill_max: 0,
             seats,
             layers,
             slots: buffer_slots,
@@ -241,6 +250,24 @@ impl GpuSwapIn {
     /// Batches of at most `n` requests run the swap-in as one launch (0: never).
     pub fn set_fused_max(&mut self, n: usize) {
         self.fused_max = n;
+    }
+
+    /// Whether launches copy the missed rows (false, the default) or only decide, writing each
+    /// selected token's host row to `SwapOutputs::fills` for an attention that brings the rows
+    /// in itself (`miss_fill = "attention"`): the hot buffer then lacks them until it has run.
+    pub fn set_fill_in_attention(&mut self, on: bool) {
+        self.fill_max = if on { usize::MAX } else { 0 };
+    }
+
+    /// Leaves the misses to the attention in launches of at most `n` requests only (larger
+    /// ones copy them).
+    pub fn set_fill_max(&mut self, n: usize) {
+        self.fill_max = n;
+    }
+
+    /// Whether a launch of `n` requests leaves its misses to the attention.
+    pub fn fills(&self, n: usize) -> bool {
+        n <= self.fill_max
     }
 
     pub(super) fn state_range(&self, seat: usize) -> Result<std::ops::Range<usize>> {

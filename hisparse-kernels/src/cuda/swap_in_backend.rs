@@ -11,11 +11,14 @@ use hisparse_memory::HostTier;
 use hisparse_memory::cuda::{CudaMemory, MappedHostTier};
 use hisparse_policy::EvictionPolicy;
 
+use super::attention_launch::{AttentionKernels, AttnRows, AttnScratch};
 use super::device::CudaDevice;
 use super::driver_error;
 use super::swap_in::{GpuSwapIn, SwapBatch, SwapOutputs};
 use super::swap_prefetch::GpuPrefetch;
-use crate::device_swap_in::{DeviceSwapCounts, DeviceSwapIn, DeviceSwapInConfig, DeviceSwapReq, SWAP_COUNTS};
+use crate::device_swap_in::{
+    AttentionQuery, DeviceSwapCounts, DeviceSwapIn, DeviceSwapInConfig, DeviceSwapReq, SWAP_COUNTS,
+};
 use crate::error::{KernelError, Result};
 
 /// The CUDA device swap-in.
@@ -32,15 +35,26 @@ pub struct CudaSwapIn {
     layers: usize,
     /// Prefetch of later layers' rows (a prefetcher other than `none`).
     prefetch: Option<GpuPrefetch>,
+    /// The attention that brings the misses in (`fill_in_attention`), and its scratch.
+    attention: AttentionKernels,
+    attn_scratch: AttnScratch,
+    /// The layer whose fills `out.fills` holds (the last launched with misses left to attend).
+    fills_of: Option<usize>,
 }
 
 impl CudaSwapIn {
-    /// Registers `host` with the device and sets up the swap-in state.
-    pub fn new(dev: &Arc<CudaDevice>, cfg: &DeviceSwapInConfig, host: &mut HostTier) -> Result<Self> {
+    /// Registers `host` with the device and sets up the swap-in state; `attention` (the
+    /// backend's, with its split count) attends when the misses are left to it.
+    pub(super) fn new(
+        dev: &Arc<CudaDevice>,
+        cfg: &DeviceSwapInConfig,
+        host: &mut HostTier,
+        attention: AttentionKernels,
+    ) -> Result<Self> {
         let delay_ns = cfg.transfer_delay.map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
         let prefetch = GpuPrefetch::new(dev, cfg, cfg.serial_prefetch, delay_ns)?;
         let mapped = host.register_cuda(dev.context())?;
-        let gpu = GpuSwapIn::new(
+        let mut gpu = GpuSwapIn::new(
             dev,
             Arc::clone(&cfg.policy),
             cfg.seats,
@@ -50,6 +64,7 @@ impl CudaSwapIn {
             cfg.geometry.top_k,
             cfg.max_tokens,
         )?;
+        gpu.set_fill_max(cfg.fill_max_batch);
         let s = dev.stream();
         Ok(Self {
             dev: Arc::clone(dev),
@@ -62,6 +77,9 @@ impl CudaSwapIn {
             launched: 0,
             layers: cfg.geometry.layers,
             prefetch,
+            attention,
+            attn_scratch: AttnScratch::new(dev)?,
+            fills_of: None,
         })
     }
 }
@@ -77,6 +95,7 @@ impl DeviceSwapIn<CudaMemory> for CudaSwapIn {
 
     fn begin_step(&mut self, reqs: &[DeviceSwapReq], host_pages: &[u32]) -> Result<()> {
         self.launched = 0;
+        self.fills_of = None;
         // Into the same buffers while they fit: a captured launch sequence reads them there.
         match self.batch.as_mut() {
             Some(b) => self.gpu.update_requests(b, reqs)?,
@@ -119,7 +138,10 @@ impl DeviceSwapIn<CudaMemory> for CudaSwapIn {
             return Err(KernelError::invalid("begin_step", "missing", "launch before the step's requests"));
         };
         let n = batch.requests().len();
+        self.fills_of = None;
         if n == 0 {
+            // Nothing to fill: the attention of no request may follow.
+            self.fills_of = Some(layer);
             return Ok(());
         }
         if layer >= self.layers {
@@ -152,11 +174,41 @@ impl DeviceSwapIn<CudaMemory> for CudaSwapIn {
         );
         std::mem::swap(&mut self.out.locations, locations);
         r?;
+        self.fills_of = Some(layer);
         self.launched = self.launched.max(layer + 1);
         if let Some(p) = self.prefetch.as_mut() {
             p.after_layer(&mut self.gpu, layer, selections, scores, &self.pages_d, &self.host, hot_pools)?;
         }
         Ok(())
+    }
+
+    fn fills_in_attention(&self) -> bool {
+        self.gpu.fills(self.batch.as_ref().map_or(0, |b| b.requests().len()))
+    }
+
+    fn attend(
+        &mut self,
+        layer: usize,
+        query: &AttentionQuery<'_, CudaMemory>,
+        hot: &mut [CudaSlice<u8>],
+        out: &mut CudaSlice<f32>,
+        lse: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        if !self.fills_in_attention() {
+            return Err(KernelError::invalid("miss_fill", layer, "this swap-in copied the misses already"));
+        }
+        if self.fills_of != Some(layer) {
+            return Err(KernelError::invalid(
+                "layer",
+                layer,
+                format!("the last swap-in launch was of layer {:?}; attend right after it", self.fills_of),
+            ));
+        }
+        let hot = hot
+            .get_mut(layer)
+            .ok_or_else(|| KernelError::invalid("hot", layer, "no hot-buffer pool for that layer"))?;
+        let rows = AttnRows::Fill { hot, fills: &self.out.fills, host: &self.host };
+        self.attention.launch(&self.dev, &mut self.attn_scratch, query, rows, out, lse, &mut self.gpu.fault)
     }
 
     fn settle(&mut self) -> Result<()> {

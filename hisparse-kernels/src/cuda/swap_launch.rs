@@ -91,7 +91,7 @@ impl GpuSwapIn {
         if sel_end > entries {
             return Err(KernelError::invalid("selections", entries, format!("the batch reads {sel_end}")));
         }
-        if [out.locations.len(), out.miss_tokens.len(), out.miss_slots.len(), out.evicted.len()]
+        if [out.locations.len(), out.miss_tokens.len(), out.miss_slots.len(), out.evicted.len(), out.fills.len()]
             .iter()
             .any(|&n| n < sel_end)
             || out.counts.len() < SWAP_COUNTS * reqs.len()
@@ -157,12 +157,13 @@ impl GpuSwapIn {
         if n == 0 {
             return Ok(());
         }
-        let SwapOutputs { locations, counts: own_counts, miss_tokens, miss_slots, evicted } = out;
+        let SwapOutputs { locations, counts: own_counts, miss_tokens, miss_slots, evicted, fills } = out;
         let (counts, at) = counts.unwrap_or((own_counts, 0));
         if at.checked_add(SWAP_COUNTS * n).is_none_or(|end| end > counts.len()) {
             return Err(KernelError::invalid("counts", at, format!("no room for {n} requests' counts there")));
         }
-        let fused = n <= self.fused_max;
+        let fill = self.fills(n);
+        let fused = n <= self.fused_max && !fill;
         if fused && 3 * n > self.sync.len() {
             return Err(KernelError::invalid("reqs", n, format!("more requests than the {} seats", self.seats)));
         }
@@ -211,16 +212,22 @@ impl GpuSwapIn {
             .arg_mut(&mut *evicted);
         if fused {
             b.arg(host_pages).arg_mut(&mut *hot_rows).arg_mut(sync);
+        } else if fill {
+            b.arg(host_pages).arg_mut(&mut *fills);
+        } else {
+            b.arg(host_pages).arg(&null);
         }
         b.arg_mut(fault).params(&params);
         // SAFETY: the batch was validated against this swap-in when made (seats within the state
         // arrays, selection ranges within `sel_end`), and every buffer was checked above to hold
         // what the kernel indexes (the sync words: three per request); selections out of range
         // are skipped by the kernel (fault); the one-launch form's host rows are reached only
-        // through the registered tier, at page ids it checks (fault otherwise).
+        // through the registered tier, at page ids it checks (fault otherwise); host page ids
+        // are read within `host_pages_len` (checked against the list above) and `fills`
+        // holds `sel_end` entries (checked).
         unsafe { b.launch(cfg) }.map_err(cuda("swap-in launch"))?;
         drop(b);
-        if fused {
+        if fused || fill {
             return Ok(());
         }
         let stream = Arc::clone(&self.stream);

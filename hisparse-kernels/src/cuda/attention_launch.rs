@@ -1,0 +1,229 @@
+//! The sparse MLA attention's launch (`attention.cu`: the kernel and the split merge), shared by
+//! [`super::CudaBackend`] (rows already in the pool) and [`super::CudaSwapIn`] (the attention
+//! that also brings in the misses its swap-in left, `miss_fill = "attention"`): the kernels, their
+//! reused scratch, the argument struct, and the host-side checks that run before any launch.
+
+use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute_enum};
+use cudarc::driver::{CudaFunction, CudaSlice, DeviceRepr, LaunchConfig};
+use hisparse_memory::KvRowFormat;
+use hisparse_memory::cuda::{CudaMemory, MappedHostTier};
+
+use super::backend::{ATTN_SMEM, HEAD_BLOCK, TILE, room, upload_cached};
+use super::decode_launch::GpuSpan;
+use super::device::CudaDevice;
+use super::driver_error;
+use super::printed_launch::PrintedLaunch;
+use crate::device_swap_in::AttentionQuery;
+use crate::error::{KernelError, Result, check_len};
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
+struct AttnParams {
+    heads: u32,
+    row_bytes: u32,
+    fp8: u32,
+    splits: u32,
+    pool_rows: u64,
+    scale_log2: f32,
+    pad: u32,
+    host_base: u64,
+    host_rows: u64,
+}
+
+// SAFETY: #[repr(C)] struct of plain numbers, laid out as the kernel's struct of the same name.
+unsafe impl DeviceRepr for AttnParams {}
+
+/// Where the attention reads the selected rows.
+pub(super) enum AttnRows<'a> {
+    /// Every row is in the pool already.
+    Pool(&'a CudaSlice<u8>),
+    /// The pool (`hot`) holds the hits; a location whose fill word in `fills` is non-zero is a
+    /// miss, read from `host` (row `fill - 1`) and written into `hot` at its location.
+    Fill { hot: &'a mut CudaSlice<u8>, fills: &'a CudaSlice<u64>, host: &'a MappedHostTier },
+}
+
+/// Reused buffers of the attention's launches: the spans, the split partials.
+pub(super) struct AttnScratch {
+    sels: CudaSlice<GpuSpan>,
+    sels_c: Vec<GpuSpan>,
+    part_out: CudaSlice<f32>,
+    part_lse: CudaSlice<f32>,
+}
+
+impl AttnScratch {
+    pub(super) fn new(dev: &CudaDevice) -> Result<Self> {
+        let s = dev.stream();
+        let a = |e| driver_error("attention scratch")(e);
+        Ok(Self {
+            sels: s.alloc_zeros(64).map_err(a)?,
+            sels_c: Vec::new(),
+            part_out: s.alloc_zeros(1).map_err(a)?,
+            part_lse: s.alloc_zeros(1).map_err(a)?,
+        })
+    }
+}
+
+/// The attention's kernels, loaded, and how it splits a batch.
+#[derive(Clone)]
+pub(super) struct AttentionKernels {
+    attention: CudaFunction,
+    merge: CudaFunction,
+    sms: usize,
+    /// Split count (0: chosen per call from the batch and the SM count).
+    pub(super) splits: usize,
+}
+
+impl AttentionKernels {
+    /// The kernels of `dev` (its module is loaded once), shared memory opted in.
+    pub(super) fn load(dev: &CudaDevice) -> Result<Self> {
+        let sms = dev
+            .context()
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(driver_error("SM count"))?;
+        let attention = dev.function("attention", "sparse_mla_decode")?;
+        attention
+            .set_attribute(CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, ATTN_SMEM as i32)
+            .map_err(driver_error("attention shared memory opt-in"))?;
+        let merge = dev.function("attention", "merge_splits")?;
+        Ok(Self { attention, merge, sms: usize::try_from(sms).unwrap_or(1).max(1), splits: 0 })
+    }
+
+    /// The split count for `blocks` (request, head group) pairs of `max_len` selected rows.
+    pub(super) fn choose_splits(&self, blocks: usize, max_len: usize) -> usize {
+        let tiles = max_len.div_ceil(TILE).max(1);
+        let want = if self.splits > 0 { self.splits } else { (self.sms as f64 / blocks as f64).round() as usize };
+        // At least two tiles per split, so that the fetch of one overlaps the other.
+        want.clamp(1, tiles.div_ceil(2).max(1))
+    }
+
+    /// Sparse attention of `q`'s requests over `rows` into `out` and `lse`; a bad location or
+    /// fill raises `fault` (the row reads as zeros). Every size is checked before any launch.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn launch(
+        &self,
+        dev: &CudaDevice,
+        sc: &mut AttnScratch,
+        q: &AttentionQuery<'_, CudaMemory>,
+        rows: AttnRows<'_>,
+        out: &mut CudaSlice<f32>,
+        lse: &mut CudaSlice<f32>,
+        fault: &mut CudaSlice<u32>,
+    ) -> Result<()> {
+        let (heads, layout) = (q.heads, q.layout);
+        let n = q.selections.len();
+        if heads == 0 {
+            return Err(KernelError::invalid("heads", heads, "must be at least 1"));
+        }
+        if layout.d_latent() != 512 || layout.d_rope() != 64 {
+            return Err(KernelError::invalid(
+                "layout",
+                format!("{}+{}", layout.d_latent(), layout.d_rope()),
+                "the CUDA attention is built for 512 latent + 64 rope dims",
+            ));
+        }
+        if !q.softmax_scale.is_finite() {
+            return Err(KernelError::invalid("softmax_scale", q.softmax_scale, "must be finite"));
+        }
+        check_len("queries", n * heads * 576, q.queries.len())?;
+        check_len("out", n * heads * 512, out.len())?;
+        check_len("lse", n * heads, lse.len())?;
+        let rb = layout.row_bytes();
+        let pool_len = match &rows {
+            AttnRows::Pool(r) => r.len(),
+            AttnRows::Fill { hot, .. } => hot.len(),
+        };
+        if !pool_len.is_multiple_of(rb) {
+            return Err(KernelError::invalid("rows", pool_len, format!("not a multiple of the row size {rb}")));
+        }
+        let mut max_len = 0;
+        let mut sel_end = 0;
+        for s in q.selections {
+            if s.end() > q.locations.len() {
+                return Err(hisparse_memory::MemoryError::OutOfBounds {
+                    field: "locations",
+                    start: s.offset,
+                    end: s.end(),
+                    len: q.locations.len(),
+                }
+                .into());
+            }
+            max_len = max_len.max(s.len);
+            sel_end = sel_end.max(s.end());
+        }
+        let (host_base, host_rows) = match &rows {
+            AttnRows::Pool(_) => (0, 0),
+            AttnRows::Fill { fills, host, .. } => {
+                if fills.len() < sel_end {
+                    return Err(KernelError::invalid("fills", fills.len(), format!("the selections reach {sel_end}")));
+                }
+                if host.layout().row_bytes != rb {
+                    return Err(KernelError::invalid(
+                        "host",
+                        host.layout().row_bytes,
+                        format!("the host tier's rows are not the attention's {rb} bytes"),
+                    ));
+                }
+                (host.device_ptr(), host.layout().rows())
+            }
+        };
+        if n == 0 {
+            return Ok(());
+        }
+        let groups = heads.div_ceil(HEAD_BLOCK);
+        let splits = self.choose_splits(n * groups, max_len);
+        let params = AttnParams {
+            heads: heads as u32,
+            row_bytes: rb as u32,
+            fp8: u32::from(layout.format() == KvRowFormat::Fp8),
+            splits: splits as u32,
+            pool_rows: (pool_len / rb) as u64,
+            scale_log2: q.softmax_scale * std::f32::consts::LOG2_E,
+            pad: 0,
+            host_base,
+            host_rows,
+        };
+        let host: Vec<GpuSpan> =
+            q.selections.iter().map(|s| GpuSpan { offset: s.offset as u64, len: s.len as u64 }).collect();
+        upload_cached(dev, &mut sc.sels, &mut sc.sels_c, &host)?;
+        let s = dev.stream();
+        let cfg = LaunchConfig {
+            grid_dim: (splits as u32, groups as u32, n as u32),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: ATTN_SMEM as u32,
+        };
+        if splits > 1 {
+            room(dev, &mut sc.part_out, n * heads * splits * 512)?;
+            room(dev, &mut sc.part_lse, n * heads * splits)?;
+        }
+        let null = 0u64;
+        let mut b = PrintedLaunch::new(&dev.print, s, &self.attention);
+        b.arg(q.queries);
+        match rows {
+            AttnRows::Pool(r) => b.arg(r).arg(q.locations).arg(&null),
+            AttnRows::Fill { hot, fills, .. } => b.arg_mut(hot).arg(q.locations).arg(fills),
+        };
+        b.arg(&sc.sels).params(&params);
+        if splits > 1 {
+            b.arg_mut(&mut sc.part_out).arg_mut(&mut sc.part_lse);
+        } else {
+            b.arg_mut(&mut *out).arg_mut(&mut *lse);
+        }
+        b.arg_mut(fault);
+        // SAFETY: queries, out and lse hold n requests' heads (checked); selections lie within
+        // `locations` and `fills` (checked); locations are checked against the pool and fills
+        // against the registered host tier (alive while its handle is) in the kernel, which
+        // writes the pool only at checked locations; partials hold n * heads * splits entries.
+        unsafe { b.launch(cfg) }.map_err(driver_error("attention launch"))?;
+        if splits > 1 {
+            let cfg =
+                LaunchConfig { grid_dim: ((n * heads) as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+            let sp = splits as u32;
+            let mut b = PrintedLaunch::new(&dev.print, s, &self.merge);
+            b.arg(&sc.part_out).arg(&sc.part_lse).arg(&sp).arg_mut(out).arg_mut(lse);
+            // SAFETY: the partials were written for n * heads rows of `splits` each; out and lse
+            // hold n * heads rows (checked).
+            unsafe { b.launch(cfg) }.map_err(driver_error("merge launch"))?;
+        }
+        Ok(())
+    }
+}
