@@ -23,7 +23,7 @@ pub use engine::{DEFAULT_MAX_QUEUED, DecodeEngine, Engine, EngineConfig, LayerDu
 pub use error::{EngineError, Result};
 pub use latency::{LatencySummary, Percentiles, TokenLatency};
 pub use metrics::{RunSummary, StageTimes, StepMetrics};
-pub use model::{ModelEmulation, ModelShape};
+pub use model::{ModelEmulation, ModelShape, RankExchange};
 pub use ranks::{Collective, CollectiveKind, RankPlan, collectives};
 pub use request::{Outcome, RequestSpec};
 pub use runtime::{RuntimeConfig, RuntimeHandle};

@@ -61,3 +61,59 @@ fn a_model_with_other_layers_is_refused() {
     let e = Engine::new(CpuBackend::new(), cfg).err().unwrap();
     assert!(e.to_string().contains("model.moe_inter"), "{e}");
 }
+
+/// Two ranks of a data-parallel deployment (threads, the CPU collectives): each engine decodes
+/// its own requests — rank 1 fewer, so it idles at the end and still meets rank 0's collectives
+/// — with the model's all-gathers and reduce-scatters around every FFN; the attention outputs
+/// are those of the same requests without the exchange, and both ranks moved the same bytes.
+#[test]
+fn two_ranks_exchange_around_the_ffn_and_leave_attention_alone() {
+    use hisparse_engine::RankExchange;
+    use hisparse_kernels::{Backend, CpuRank};
+    let reqs = common::requests();
+    let share = |rank: usize| -> Vec<RequestSpec> { if rank == 0 { reqs.clone() } else { reqs[..2].to_vec() } };
+    let run = |rank: usize, group: Option<CpuRank>| {
+        let mut cfg = config(Mode::HiSparse, "lru");
+        cfg.model = Some(tiny());
+        let mut e = Engine::new(CpuBackend::new(), cfg).unwrap();
+        if let Some(g) = group {
+            let ex = RankExchange::new(&tiny(), Box::new(g), e.cache().backend().memory()).unwrap();
+            e.set_exchange(ex).unwrap();
+        }
+        for r in share(rank) {
+            e.submit(r).unwrap();
+        }
+        let mut digests = std::collections::BTreeMap::new();
+        // A fixed number of steps on every rank (the sweep's way), enough for all to finish.
+        for _ in 0..60 {
+            for (id, tok, layer, d) in e.step().unwrap().digests {
+                digests.insert((id.0, tok, layer), d);
+            }
+        }
+        assert!(e.is_idle(), "rank {rank} finished");
+        (digests, e.exchanged_bytes())
+    };
+    let out: Vec<_> = std::thread::scope(|s| {
+        let h: Vec<_> = CpuRank::group(2)
+            .unwrap()
+            .into_iter()
+            .enumerate()
+            .map(|(rank, g)| {
+                let run = &run;
+                s.spawn(move || run(rank, Some(g)))
+            })
+            .collect();
+        h.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (rank, (digests, bytes)) in out.iter().enumerate() {
+        let (alone, none) = run(rank, None);
+        assert_eq!(none, 0);
+        assert!(!digests.is_empty());
+        assert_eq!(digests, &alone, "rank {rank}: the exchange changed attention outputs");
+        assert!(*bytes > 0 && *bytes == out[0].1, "rank {rank}: {bytes} bytes against rank 0's {}", out[0].1);
+    }
+    let mut e = Engine::new(CpuBackend::new(), config(Mode::HiSparse, "lru")).unwrap();
+    let g = CpuRank::group(1).unwrap().pop().unwrap();
+    let ex = RankExchange::new(&tiny(), Box::new(g), e.cache().backend().memory()).unwrap();
+    assert!(e.set_exchange(ex).unwrap_err().to_string().contains("model"), "no model, no exchange");
+}

@@ -19,6 +19,7 @@
 //! ```
 
 pub mod backend;
+pub mod collectives;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
@@ -35,6 +36,7 @@ pub mod row_backup;
 pub mod unit_stream;
 
 pub use backend::{AttentionBatch, Backend, Buf, IndexerBatch, IndexerRequest, KernelStage, Span, StageSeconds};
+pub use collectives::{Collectives, CpuRank};
 pub use cpu::{CpuBackend, CpuRowBackup, CpuSwapIn};
 pub use device_swap_in::{
     AttentionQuery, DeviceSwapCounts, DeviceSwapIn, DeviceSwapInConfig, DeviceSwapReq, SWAP_COUNTS,

@@ -268,6 +268,28 @@ where
         &self.cache
     }
 
+    /// Runs the emulated model's collectives with the other ranks of a data-parallel
+    /// deployment (one engine per GPU, `crate::ranks`) through `exchange`, from the next step
+    /// on. Refused without an emulated model (`model` in the config).
+    pub fn set_exchange(&mut self, exchange: crate::model::RankExchange<B::Memory>) -> Result<()> {
+        match self.runner.model.as_mut() {
+            Some(m) => {
+                m.set_exchange(exchange);
+                Ok(())
+            }
+            None => Err(EngineError::Config {
+                field: "model",
+                value: "none".into(),
+                reason: "the ranks' collectives run around the emulated model's FFN: give a model".into(),
+            }),
+        }
+    }
+
+    /// Bytes this engine's rank sent and received in collectives so far (0 without an exchange).
+    pub fn exchanged_bytes(&self) -> u64 {
+        self.runner.model.as_ref().and_then(|m| m.exchange()).map_or(0, |x| x.bytes)
+    }
+
     /// Checks that every pool holds exactly what live requests hold (no leak).
     pub fn check_pools(&self) -> Result<()> {
         self.cache.check()?;

@@ -95,6 +95,12 @@ where
                 tracing::info_span!("decode_step", step = self.step, batch = self.scheduler.running.len()).entered();
             self.runner.run(&mut self.cache, &self.scheduler, self.step, &mut rep)?;
             rep.latencies = self.scheduler.advance(Instant::now());
+        } else if let Some(m) = self.runner.model.as_mut().filter(|m| m.exchange().is_some()) {
+            // An idle rank of a deployment still meets the others' collectives: its model's
+            // layers run at the batch they pad to (SGLang's idle batch).
+            for l in 0..m.shape().layers {
+                m.launch(l, 0, self.cache.backend())?;
+            }
         }
         let m = &mut rep.metrics;
         m.tokens = self.scheduler.running.len();

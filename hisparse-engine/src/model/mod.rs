@@ -9,10 +9,12 @@
 //! Invariant: every GEMM with fp8 weights runs as a bf16 GEMM with half the output columns —
 //! the same weight bytes read and the same tensor-core time (bf16's peak rate is half fp8's).
 
+mod exchange;
 mod weights;
 
 use serde::Serialize;
 
+pub use exchange::RankExchange;
 pub use weights::ModelEmulation;
 
 use crate::error::{EngineError, Result};

@@ -1,11 +1,13 @@
 //! `ModelEmulation`: the emulated model's weights on the device (random, one buffer per planned
 //! GEMM of every layer, all experts held) and the launch of a layer's GEMMs for a batch, through
-//! [`Backend::gemm_bf16`] on reused activation buffers.
+//! [`Backend::gemm_bf16`] on reused activation buffers — with a [`RankExchange`], the ranks'
+//! collectives around each layer's FFN and after the LM head.
 
 use half::bf16;
 use hisparse_kernels::{Backend, GemmShape};
 use hisparse_memory::DeviceMemory;
 
+use super::exchange::RankExchange;
 use super::{ModelShape, PlannedGemm};
 use crate::error::{EngineError, Result};
 
@@ -20,6 +22,13 @@ pub struct ModelEmulation<M: DeviceMemory> {
     /// The plan of every layer for `batch` requests.
     plans: Vec<Vec<PlannedGemm>>,
     batch: usize,
+    /// The exchange with the other ranks (a multi-GPU deployment), if any.
+    exchange: Option<RankExchange<M>>,
+}
+
+/// Whether a planned GEMM belongs to the FFN or MoE block (after the all-gather).
+fn in_ffn(g: &PlannedGemm) -> bool {
+    g.name.starts_with("ffn") || g.name.starts_with("shared") || g.name.starts_with("experts") || g.name == "router"
 }
 
 /// Fills `out` (`len` values) with the unit stream of `seed` on the backend.
@@ -66,12 +75,25 @@ impl<M: DeviceMemory> ModelEmulation<M> {
             c: mem.alloc_zeroed(0)?,
             plans: Vec::new(),
             batch: usize::MAX,
+            exchange: None,
         })
     }
 
     /// The model's shape.
     pub fn shape(&self) -> &ModelShape {
         &self.shape
+    }
+
+    /// Runs the ranks' collectives through `exchange` from the next step on: every rank then
+    /// plans its GEMMs for the batch all ranks pad to.
+    pub fn set_exchange(&mut self, exchange: RankExchange<M>) {
+        self.exchange = Some(exchange);
+        self.batch = usize::MAX;
+    }
+
+    /// The exchange, if the model runs with one.
+    pub fn exchange(&self) -> Option<&RankExchange<M>> {
+        self.exchange.as_ref()
     }
 
     /// Weight bytes held on the device.
@@ -108,11 +130,35 @@ impl<M: DeviceMemory> ModelEmulation<M> {
                 reason: format!("the emulated model has {} layers", self.shape.layers),
             });
         }
+        let mem = backend.memory();
+        let batch = match self.exchange.as_mut() {
+            // The step's first layer: the ranks agree on the batch they pad to.
+            Some(ex) if l == 0 => ex.begin_step(batch, mem)?,
+            Some(ex) => ex.padded(),
+            None => batch,
+        };
         self.prepare(batch, backend)?;
-        for (g, w) in self.plans[l].iter().zip(&self.weights[l]) {
+        let plan = &self.plans[l];
+        let ffn_at = plan.iter().position(in_ffn).unwrap_or(plan.len());
+        for (i, (g, w)) in plan.iter().zip(&self.weights[l]).enumerate() {
+            if let Some(ex) = self.exchange.as_mut() {
+                if i == ffn_at {
+                    ex.before_ffn(mem)?;
+                }
+                if g.name == "lm_head" {
+                    ex.after_ffn(mem)?;
+                }
+            }
             let s = GemmShape { m: g.m, n: g.n, k: g.k, batch: g.batch };
             if !s.is_empty() {
                 backend.gemm_bf16(&s, &self.a, w, &mut self.c)?;
+            }
+        }
+        if let Some(ex) = self.exchange.as_mut() {
+            if plan.iter().any(|g| g.name == "lm_head") {
+                ex.after_lm_head(mem)?;
+            } else if ffn_at < plan.len() {
+                ex.after_ffn(mem)?;
             }
         }
         Ok(())

@@ -12,6 +12,7 @@ mod decode_launch;
 mod device;
 mod gemm_launch;
 mod launch_graph;
+mod nccl;
 mod nvrtc;
 mod policy;
 mod printed_launch;
@@ -27,6 +28,7 @@ pub use backend::CudaBackend;
 pub use backup::{BackupRows, CudaRowBackup, GpuBackup};
 pub use device::CudaDevice;
 pub use launch_graph::LaunchGraph;
+pub use nccl::{NcclId, NcclRank, nccl_available};
 pub use nvrtc::{ARCH, CompiledKernel, compile, cuda_include_dir, nvrtc_available, nvrtc_version};
 pub use policy::{
     GpuNomination, GpuPolicyEnv, GpuPolicyScalars, GpuPrefetchSource, GpuSlotRecord, GpuStepCtx, GpuVictimKey,
