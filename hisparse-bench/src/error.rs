@@ -41,6 +41,14 @@ pub enum BenchError {
     /// A self-check found a result out of tolerance.
     #[error("self-check failed: {0}")]
     Check(String),
+    /// A rank of a multi-GPU run failed (`--gpus`).
+    #[error("rank {rank}: {source}")]
+    Rank {
+        /// The rank.
+        rank: usize,
+        /// What failed there.
+        source: Box<BenchError>,
+    },
     /// SIGINT or SIGTERM arrived; the command stopped between steps, writing nothing half-done.
     #[error("interrupted while {0}; stopped cleanly, no partial output written")]
     Interrupted(String),

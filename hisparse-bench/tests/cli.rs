@@ -109,6 +109,29 @@ fn bad_input_prints_one_line_and_exits_2() {
 }
 
 #[test]
+fn a_sweep_over_two_ranks_sums_their_requests_and_tokens() {
+    let dir = tmp("sweep-ranks");
+    let out = dir.join("out");
+    let args =
+        ["sweep", "--backend", "cpu", "--concurrency", "1,3", "--context", "600", "--warmup", "1", "--window", "2"];
+    let o = hisparse(&[&args[..], &["--gpus", "2", "--out", out.to_str().unwrap()]].concat());
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let table = String::from_utf8_lossy(&o.stdout);
+    assert!(table.contains("deployment: 2 GPUs"), "{table}");
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("sweep.json")).unwrap()).unwrap();
+    assert_eq!(json["gpus"], 2);
+    for p in json["points"].as_array().unwrap() {
+        // Every request submitted runs, on one rank or the other (1 on rank 0; 2 + 1).
+        assert_eq!(p["running"].as_f64().unwrap(), p["concurrency"].as_f64().unwrap(), "{p}");
+        assert!(p["tokens_per_s"].as_f64().unwrap() > 0.0, "{p}");
+    }
+    let o = hisparse(&[&args[..], &["--gpus", "0", "--out", out.to_str().unwrap()]].concat());
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--gpus"), "{}", String::from_utf8_lossy(&o.stderr));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn a_small_sweep_writes_its_table_and_plots() {
     let dir = tmp("sweep");
     let out = dir.join("out");

@@ -340,6 +340,20 @@ pub trait Backend: Send + Sync {
         Ok(false)
     }
 
+    /// This backend's side of a group of ranks (one engine per device of a deployment), for
+    /// `member`: the CPU takes [`crate::collectives::RankMember::Cpu`], CUDA
+    /// [`crate::collectives::RankMember::Nccl`]; the default has no collectives.
+    fn join_group(
+        &self,
+        member: crate::collectives::RankMember,
+    ) -> Result<Box<dyn crate::collectives::Collectives<Self::Memory>>> {
+        Err(crate::KernelError::invalid(
+            "gpus",
+            member.ranks(),
+            format!("the {} backend has no collectives", self.name()),
+        ))
+    }
+
     /// Fills `out` with `seeds.len()` segments of `len` values: segment `i` is the unit stream
     /// seeded `seeds[i]` ([`crate::unit_stream`]) rounded to bf16 — an emulated model's data,
     /// generated where it is used. The default generates on the host and copies.

@@ -37,6 +37,33 @@ pub trait Collectives<M: DeviceMemory> {
     fn max(&mut self, value: u32) -> Result<u32>;
 }
 
+/// One rank's ticket to a group, for [`crate::Backend::join_group`].
+pub enum RankMember {
+    /// A rank of a CPU group ([`CpuRank::group`]).
+    Cpu(CpuRank),
+    /// Rank `rank` of `ranks` of the NCCL group `id` (the backend's GPU).
+    #[cfg(feature = "cuda")]
+    Nccl {
+        /// The group.
+        id: crate::cuda::NcclId,
+        /// This rank.
+        rank: usize,
+        /// Ranks in the group.
+        ranks: usize,
+    },
+}
+
+impl RankMember {
+    /// Ranks in the group.
+    pub fn ranks(&self) -> usize {
+        match self {
+            Self::Cpu(r) => r.shared.ranks,
+            #[cfg(feature = "cuda")]
+            Self::Nccl { ranks, .. } => *ranks,
+        }
+    }
+}
+
 /// What every rank of a CPU group posts before the exchange: its input and its output's length.
 #[derive(Default, Clone)]
 struct Post {

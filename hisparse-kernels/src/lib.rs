@@ -36,7 +36,7 @@ pub mod row_backup;
 pub mod unit_stream;
 
 pub use backend::{AttentionBatch, Backend, Buf, IndexerBatch, IndexerRequest, KernelStage, Span, StageSeconds};
-pub use collectives::{Collectives, CpuRank};
+pub use collectives::{Collectives, CpuRank, RankMember};
 pub use cpu::{CpuBackend, CpuRowBackup, CpuSwapIn};
 pub use device_swap_in::{
     AttentionQuery, DeviceSwapCounts, DeviceSwapIn, DeviceSwapInConfig, DeviceSwapReq, SWAP_COUNTS,

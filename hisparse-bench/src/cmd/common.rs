@@ -481,7 +481,37 @@ impl EngineArgs {
     /// found (falling back to the CPU with a note if the GPU cannot be opened), `cuda` fails with
     /// a one-line error where it cannot be used.
     pub fn engine(&self, mode: Mode, typical_tokens: usize, flag: &'static str) -> Result<Box<dyn DecodeEngine>> {
-        let cfg = self.engine_config(mode, typical_tokens, flag)?;
+        self.build(self.engine_config(mode, typical_tokens, flag)?, 0)
+    }
+
+    /// The engine of rank `rank` of `ranks` (one per GPU, `hisparse sweep --gpus`): on GPU
+    /// `rank` (CUDA), with its slice of the host memory (whole pages, `RankPlan`).
+    pub fn rank_engine(
+        &self,
+        mode: Mode,
+        typical_tokens: usize,
+        flag: &'static str,
+        rank: usize,
+        plan: &hisparse_engine::ranks::RankPlan,
+    ) -> Result<Box<dyn DecodeEngine>> {
+        let mut cfg = self.engine_config(mode, typical_tokens, flag)?;
+        cfg.hisparse.host_tier_bytes = plan.host_bytes_per_rank;
+        // A rank's slice holds the requests it is given (of `typical_tokens`), not the longest
+        // one the whole machine's tier could.
+        cfg.hisparse.max_request_tokens = typical_tokens;
+        self.build(cfg, rank)
+    }
+
+    /// Bytes of one host page of every layer (what `RankPlan` divides the host memory in).
+    pub fn host_page_bytes(&self, g: &KvGeometry, hs: &HiSparseConfig) -> Result<u64> {
+        let row = g.kv_row()?.row_bytes() as u64;
+        (hs.page_tokens as u64)
+            .checked_mul(row)
+            .and_then(|b| b.checked_mul(g.layers as u64))
+            .ok_or_else(|| BenchError::flag("config", "page_tokens", "a host page's bytes overflow"))
+    }
+
+    fn build(&self, cfg: EngineConfig, ordinal: usize) -> Result<Box<dyn DecodeEngine>> {
         let driver = cuda_driver_present();
         match self.backend {
             BackendKind::Cpu => Ok(Box::new(Engine::new(CpuBackend::new(), cfg)?)),
@@ -489,7 +519,7 @@ impl EngineArgs {
             BackendKind::Cuda if !driver => {
                 Err(BenchError::flag("backend", "cuda", "no CUDA driver (libcuda.so) on this machine"))
             }
-            BackendKind::Auto | BackendKind::Cuda => match cuda_engine(cfg.clone()) {
+            BackendKind::Auto | BackendKind::Cuda => match cuda_engine(cfg.clone(), ordinal) {
                 Ok(e) => Ok(e),
                 Err(e) if self.backend == BackendKind::Auto => {
                     eprintln!("hisparse: the CUDA backend could not start ({e}); running on the CPU");
@@ -502,13 +532,16 @@ impl EngineArgs {
 }
 
 #[cfg(feature = "cuda")]
-fn cuda_engine(cfg: EngineConfig) -> std::result::Result<Box<dyn DecodeEngine>, String> {
-    let be = hisparse_kernels::cuda::CudaBackend::new(0).map_err(|e| e.to_string())?;
+fn cuda_engine(cfg: EngineConfig, ordinal: usize) -> std::result::Result<Box<dyn DecodeEngine>, String> {
+    let be = hisparse_kernels::cuda::CudaBackend::new(ordinal).map_err(|e| e.to_string())?;
     Ok(Box::new(Engine::new(be, cfg).map_err(|e| e.to_string())?))
 }
 
 #[cfg(not(feature = "cuda"))]
-fn cuda_engine(_cfg: hisparse_engine::EngineConfig) -> std::result::Result<Box<dyn DecodeEngine>, String> {
+fn cuda_engine(
+    _cfg: hisparse_engine::EngineConfig,
+    _ordinal: usize,
+) -> std::result::Result<Box<dyn DecodeEngine>, String> {
     Err("this build has no CUDA support (feature `cuda`)".into())
 }
 

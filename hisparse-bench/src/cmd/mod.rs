@@ -18,5 +18,6 @@ pub mod simulate;
 pub mod sizing;
 pub mod sweep;
 pub mod sweep_output;
+pub mod sweep_ranks;
 pub mod trace;
 pub mod trace_import;

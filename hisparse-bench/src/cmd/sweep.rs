@@ -42,6 +42,12 @@ pub struct SweepArgs {
     /// Output folder (default: results/sweep; this command's files in it are replaced).
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// GPUs (ranks), one engine each with its share of the requests and of the host memory; with
+    /// an emulated model the ranks exchange tokens around every FFN (NCCL on CUDA; `--gpus 1`:
+    /// one engine with its one-rank collectives). On the CPU backend, that many CPU engines.
+    /// Concurrency levels count requests over all ranks. Without it: one engine, no collectives.
+    #[arg(long)]
+    pub gpus: Option<usize>,
 }
 
 /// One (context, concurrency, mode) point.
@@ -88,6 +94,9 @@ pub struct Point {
     pub kernel_ms: f64,
     /// Mean time per step and stage over the windows (milliseconds).
     pub stages_ms: StageTimes,
+    /// Collective bytes per rank and step (MB; `--gpus` with an emulated model, else 0).
+    #[serde(default)]
+    pub exchange_mb_per_step: f64,
 }
 
 /// The sweep's output.
@@ -103,6 +112,9 @@ pub struct SweepReport {
     /// (empty in reports from before it was recorded).
     #[serde(default)]
     pub hierarchy: String,
+    /// GPUs (ranks) of the deployment measured; points sum their tokens (1 in older reports).
+    #[serde(default = "one")]
+    pub gpus: usize,
     /// Device bytes given to the KV cache (the budget).
     pub device_kv_bytes: u64,
     /// Device bytes the tiers really hold, per mode (whole pages and hot buffers of the budget).
@@ -127,7 +139,7 @@ pub struct SweepReport {
 
 /// Sums over one measurement window.
 #[derive(Default, Clone)]
-struct Window {
+pub(super) struct Window {
     tokens: usize,
     secs: f64,
     steps: usize,
@@ -145,7 +157,7 @@ struct Window {
 }
 
 impl Window {
-    fn add(&mut self, m: &hisparse_engine::StepMetrics) {
+    pub(super) fn add(&mut self, m: &hisparse_engine::StepMetrics) {
         self.tokens += m.tokens;
         self.secs += m.seconds;
         self.steps += 1;
@@ -173,7 +185,7 @@ fn share(part: u64, whole: u64) -> f64 {
 }
 
 /// The point of `windows` (at least one).
-fn point(context: usize, concurrency: usize, mode: Mode, windows: &[Window]) -> Point {
+pub(super) fn point(context: usize, concurrency: usize, mode: Mode, windows: &[Window]) -> Point {
     let mut all = Window::default();
     for w in windows {
         all.tokens += w.tokens;
@@ -218,7 +230,12 @@ fn point(context: usize, concurrency: usize, mode: Mode, windows: &[Window]) -> 
         prefetch_wasted_share: share(all.wasted, all.prefetched),
         kernel_ms: 1e3 * all.kernels / n,
         stages_ms: super::sweep_output::scale_stages(&all.stages, 1e3 / n),
+        exchange_mb_per_step: 0.0,
     }
+}
+
+fn one() -> usize {
+    1
 }
 
 #[derive(Clone, Default)]
@@ -244,6 +261,12 @@ fn check(a: &SweepArgs) -> Result<(Vec<usize>, usize)> {
     }
     if a.context.is_empty() {
         return Err(BenchError::flag("context", "", "give at least one length"));
+    }
+    if let Some(n) = a.gpus {
+        guard::within("gpus", n, 1, 1024)?;
+        if a.engine.host_tier_file.is_some() {
+            return Err(BenchError::flag("gpus", n, "the ranks cannot share one host-tier file"));
+        }
     }
     for &c in &a.context {
         guard::at_least_one("context", c)?;
@@ -290,6 +313,20 @@ pub fn run(a: &SweepArgs) -> Result<(SweepReport, PathBuf)> {
     let trace = SharedBuf::default();
     for &context in &a.context {
         for mode in [Mode::Resident, Mode::HiSparse] {
+            if let Some(ranks) = a.gpus {
+                bar.set_message(format!("context {context}, {mode}: {ranks} ranks"));
+                let run = super::sweep_ranks::measure(a, ranks, mode, (context, life), &levels, steps, &bar)?;
+                backend = run.backend;
+                if !tier_bytes.iter().any(|&(m, _)| m == mode) {
+                    tier_bytes.push((mode, run.device_tier_bytes));
+                }
+                let (ps, per_step) = run.points(a, context, mode, &levels, g.layers);
+                points.extend(ps);
+                if mode == Mode::HiSparse {
+                    measured_misses.push((format!("context {context}"), per_step));
+                }
+                continue;
+            }
             bar.set_message(format!("context {context}, {mode}: starting the engine"));
             let mut e = a.engine.engine(mode, context + life, "context")?;
             backend = e.backend_name();
@@ -341,16 +378,8 @@ pub fn run(a: &SweepArgs) -> Result<(SweepReport, PathBuf)> {
         backend: backend.into(),
         emulation: model.map_or_else(|| "none: attention only".to_owned(), |m| m.describe()),
         device_buffer_size: hs.device_buffer_size,
-        hierarchy: format!(
-            "{} eviction, prefetcher {}, misses filled by the {}",
-            hs.eviction_policy,
-            hs.prefetcher,
-            match (backend == "cuda", hs.fill_max_batch()) {
-                (false, _) | (true, 0) => "swap-in".to_owned(),
-                (true, usize::MAX) => "attention".to_owned(),
-                (true, n) => format!("attention in batches of at most {n} requests, else the swap-in"),
-            }
-        ),
+        gpus: a.gpus.unwrap_or(1),
+        hierarchy: super::sweep_output::hierarchy(&hs, backend),
         device_kv_bytes: hs.device_kv_bytes,
         device_tier_bytes: tier_bytes,
         host_tier_bytes: hs.host_bytes(),

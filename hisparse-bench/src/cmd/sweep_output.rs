@@ -184,6 +184,16 @@ fn transfers_svg(r: &SweepReport) -> Result<String> {
     line_chart(&chart, &series)
 }
 
+/// The hierarchy's policies in a line: eviction, prefetcher, who fills the misses.
+pub fn hierarchy(hs: &hisparse_policy::HiSparseConfig, backend: &str) -> String {
+    let fill = match (backend == "cuda", hs.fill_max_batch()) {
+        (false, _) | (true, 0) => "swap-in".to_owned(),
+        (true, usize::MAX) => "attention".to_owned(),
+        (true, n) => format!("attention in batches of at most {n} requests, else the swap-in"),
+    };
+    format!("{} eviction, prefetcher {}, misses filled by the {fill}", hs.eviction_policy, hs.prefetcher)
+}
+
 /// The sweep as a table.
 pub fn render(r: &SweepReport, out: &std::path::Path) -> String {
     let tiers: Vec<String> = r.device_tier_bytes.iter().map(|(m, b)| format!("{m} {}", human_bytes(*b))).collect();
@@ -211,6 +221,18 @@ pub fn render(r: &SweepReport, out: &std::path::Path) -> String {
         "ratio",
         "hs miss %"
     );
+    if r.gpus > 1 || r.points.iter().any(|p| p.exchange_mb_per_step > 0.0) {
+        let x = r.points.iter().map(|p| p.exchange_mb_per_step).fold(0.0, f64::max);
+        s.insert_str(
+            s.find("each point:").unwrap_or(0),
+            &format!(
+                "deployment: {} GPU{}, one engine each (requests round robin, host tier divided); tok/s summed \
+                 over them, a step their slowest; collectives up to {x:.2} MB per rank and step\n",
+                r.gpus,
+                if r.gpus == 1 { "" } else { "s" }
+            ),
+        );
+    }
     let mut keys: Vec<(usize, usize)> = r.points.iter().map(|p| (p.context, p.concurrency)).collect();
     keys.sort_unstable();
     keys.dedup();

@@ -43,6 +43,13 @@ pub trait DecodeEngine {
     fn device_tier_bytes(&self) -> usize;
     /// See [`Engine::counts`].
     fn counts(&self) -> (usize, usize, usize);
+
+    /// Joins a group of ranks (one engine per device): the emulated model's collectives then
+    /// run through the backend's side of it ([`Engine::set_exchange`]). Needs a model.
+    fn join_ranks(&mut self, member: hisparse_kernels::RankMember) -> Result<()>;
+
+    /// See [`Engine::exchanged_bytes`].
+    fn exchanged_bytes(&self) -> u64;
 }
 
 impl<B: Backend> DecodeEngine for Engine<B>
@@ -103,6 +110,24 @@ where
 
     fn device_tier_bytes(&self) -> usize {
         Engine::device_tier_bytes(self)
+    }
+
+    fn join_ranks(&mut self, member: hisparse_kernels::RankMember) -> Result<()> {
+        let Some(shape) = self.config().model.clone() else {
+            return Err(crate::error::EngineError::Config {
+                field: "model",
+                value: "none".into(),
+                reason: "the ranks' collectives run around the emulated model's FFN: give a model".into(),
+            });
+        };
+        let backend = self.cache().backend();
+        let group = backend.join_group(member)?;
+        let ex = crate::model::RankExchange::new(&shape, group, backend.memory())?;
+        self.set_exchange(ex)
+    }
+
+    fn exchanged_bytes(&self) -> u64 {
+        Engine::exchanged_bytes(self)
     }
 
     fn counts(&self) -> (usize, usize, usize) {

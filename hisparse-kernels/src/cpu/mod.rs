@@ -48,6 +48,19 @@ impl Backend for CpuBackend {
         &self.memory
     }
 
+    fn join_group(
+        &self,
+        member: crate::collectives::RankMember,
+    ) -> Result<Box<dyn crate::collectives::Collectives<EmulatedDevice>>> {
+        match member {
+            crate::collectives::RankMember::Cpu(r) => Ok(Box::new(r)),
+            #[cfg(feature = "cuda")]
+            crate::collectives::RankMember::Nccl { ranks, .. } => {
+                Err(KernelError::invalid("gpus", ranks, "an NCCL rank on the CPU backend: use --backend cuda"))
+            }
+        }
+    }
+
     fn indexer_scores(&self, batch: &IndexerBatch<'_, EmulatedDevice>, scores: &mut Vec<f32>) -> Result<()> {
         indexer::indexer_scores(batch, scores)
     }

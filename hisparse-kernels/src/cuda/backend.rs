@@ -289,6 +289,20 @@ impl Backend for CudaBackend {
         self.launch_gemm(shape, a, b, c)
     }
 
+    fn join_group(
+        &self,
+        member: crate::collectives::RankMember,
+    ) -> Result<Box<dyn crate::collectives::Collectives<CudaMemory>>> {
+        match member {
+            crate::collectives::RankMember::Nccl { id, rank, ranks } => {
+                Ok(Box::new(super::NcclRank::join(&self.dev, rank, ranks, &id)?))
+            }
+            m @ crate::collectives::RankMember::Cpu(_) => {
+                Err(KernelError::invalid("gpus", m.ranks(), "a CPU rank on the CUDA backend: ranks of GPUs use NCCL"))
+            }
+        }
+    }
+
     fn launch_print(&self) -> u64 {
         self.dev.take_print()
     }
