@@ -61,6 +61,35 @@ pub struct AttentionQuery<'a, M: DeviceMemory> {
     pub selections: &'a [Span],
 }
 
+impl<'a, M: DeviceMemory> AttentionQuery<'a, M> {
+    /// The batch that attends over `rows` (every selected row already there).
+    pub fn with_rows(&self, rows: &'a M::Buffer<u8>) -> crate::AttentionBatch<'a, M> {
+        crate::AttentionBatch {
+            heads: self.heads,
+            layout: self.layout,
+            softmax_scale: self.softmax_scale,
+            queries: self.queries,
+            rows,
+            locations: self.locations,
+            selections: self.selections,
+        }
+    }
+}
+
+impl<'a, M: DeviceMemory> crate::AttentionBatch<'a, M> {
+    /// What the batch attends with besides its rows.
+    pub fn query(&self) -> AttentionQuery<'a, M> {
+        AttentionQuery {
+            heads: self.heads,
+            layout: self.layout,
+            softmax_scale: self.softmax_scale,
+            queries: self.queries,
+            locations: self.locations,
+            selections: self.selections,
+        }
+    }
+}
+
 /// One request of a step, for every layer of it (`#[repr(C)]`: the CUDA swap-in kernel reads
 /// it as is).
 #[repr(C)]

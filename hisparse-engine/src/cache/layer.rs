@@ -9,9 +9,7 @@
 
 use std::time::Instant;
 
-use hisparse_kernels::{
-    AttentionBatch, AttentionQuery, Backend, Buf, DeviceSwapIn, IndexerBatch, KernelStage, RowBackup,
-};
+use hisparse_kernels::{AttentionQuery, Backend, Buf, DeviceSwapIn, IndexerBatch, KernelStage, RowBackup};
 use hisparse_memory::{DeviceMemory, Mode};
 
 use super::step::{DecodeStep, LayerInputs};
@@ -189,29 +187,21 @@ where
         // for the attention to bring in).
         self.stage(KernelStage::Attention, |s| {
             let c = &mut *s.cache;
-            if let (Mode::HiSparse, Some(swap)) = (mode, c.swap.as_mut())
-                && swap.fills_in_attention()
-            {
-                let q = AttentionQuery {
-                    heads: q_heads,
-                    layout: c.kv_row,
-                    softmax_scale,
-                    queries: inputs.attention_queries,
-                    locations: &c.scratch.locs,
-                    selections: &s.sel_spans,
-                };
-                return Ok(swap.attend(l, &q, c.device.hot_pools_mut(), out, lse)?);
-            }
-            let batch = AttentionBatch {
+            let q = AttentionQuery {
                 heads: q_heads,
                 layout: c.kv_row,
                 softmax_scale,
                 queries: inputs.attention_queries,
-                rows: if mode == Mode::HiSparse { c.device.hot(l) } else { c.device.kv(l) },
                 locations: &c.scratch.locs,
                 selections: &s.sel_spans,
             };
-            Ok(c.backend.sparse_attention(&batch, out, lse)?)
+            if let (Mode::HiSparse, Some(swap)) = (mode, c.swap.as_mut())
+                && swap.fills_in_attention()
+            {
+                return Ok(swap.attend(l, &q, c.device.hot_pools_mut(), out, lse)?);
+            }
+            let rows = if mode == Mode::HiSparse { c.device.hot(l) } else { c.device.kv(l) };
+            Ok(c.backend.sparse_attention(&q.with_rows(rows), out, lse)?)
         })?;
 
         // 6. The new rows, backed up from their slots to the host tier off the critical path.

@@ -8,6 +8,9 @@
 //!
 //! Invariant: the exchange's sizes are those of `crate::ranks::collectives` for the agreed
 //! batches (tested), and every rank makes the same calls in the same order.
+//! Invariant: its buffers are remade only when the agreed batch changes, which changes layer
+//! 0's GEMM shapes and so the key of a captured launch sequence: a replayed graph never names
+//! freed buffers.
 
 use half::bf16;
 use hisparse_kernels::Collectives;

@@ -22,7 +22,6 @@ use super::driver_error;
 use super::launch_graph::LaunchGraph;
 use super::step_launch::LocateReq;
 use crate::backend::{AttentionBatch, Backend, IndexerBatch, KernelStage, Span, StageSeconds};
-use crate::device_swap_in::AttentionQuery;
 use crate::error::{KernelError, Result};
 
 /// Heads of one attention block; rows per tile (the kernel's `HB`, `TILE`).
@@ -223,17 +222,9 @@ impl Backend for CudaBackend {
         out: &mut CudaSlice<f32>,
         lse: &mut CudaSlice<f32>,
     ) -> Result<()> {
-        let q = AttentionQuery {
-            heads: batch.heads,
-            layout: batch.layout,
-            softmax_scale: batch.softmax_scale,
-            queries: batch.queries,
-            locations: batch.locations,
-            selections: batch.selections,
-        };
         let mut sc = lock(&self.scratch)?;
         let Scratch { attn, fault, .. } = &mut *sc;
-        self.attention.launch(&self.dev, attn, &q, AttnRows::Pool(batch.rows), out, lse, fault)
+        self.attention.launch(&self.dev, attn, &batch.query(), AttnRows::Pool(batch.rows), out, lse, fault)
     }
 
     fn write_rows(&self, pool: &mut CudaSlice<u8>, row_bytes: usize, rows: &[u32], data: &[u8]) -> Result<()> {

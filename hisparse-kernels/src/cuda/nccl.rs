@@ -16,7 +16,12 @@ use hisparse_memory::cuda::CudaMemory;
 
 use super::device::CudaDevice;
 use crate::collectives::Collectives;
-use crate::error::{KernelError, Result};
+use crate::error::{KernelError, Result, check_len};
+
+/// `len` elements from each of `ranks` ranks.
+fn times_ranks(len: usize, ranks: usize) -> Result<usize> {
+    len.checked_mul(ranks).ok_or_else(|| KernelError::invalid("len", len, format!("times {ranks} ranks overflows")))
+}
 
 fn nccl_error(context: &'static str) -> impl FnOnce(cudarc::nccl::result::NcclError) -> KernelError {
     move |e| KernelError::Cuda { context: context.to_owned(), message: format!("{e:?}") }
@@ -84,27 +89,13 @@ impl Collectives<CudaMemory> for NcclRank {
     }
 
     fn all_gather(&mut self, send: &CudaSlice<bf16>, recv: &mut CudaSlice<bf16>) -> Result<()> {
-        let want = send.len().checked_mul(self.ranks());
-        if want != Some(recv.len()) {
-            return Err(KernelError::invalid(
-                "recv",
-                recv.len(),
-                format!("an all-gather of {} elements over {} ranks needs {want:?}", send.len(), self.ranks()),
-            ));
-        }
+        check_len("recv", times_ranks(send.len(), self.ranks())?, recv.len())?;
         self.comm.all_gather(send, recv).map_err(nccl_error("ncclAllGather"))?;
         Ok(())
     }
 
     fn reduce_scatter(&mut self, send: &CudaSlice<bf16>, recv: &mut CudaSlice<bf16>) -> Result<()> {
-        let want = recv.len().checked_mul(self.ranks());
-        if want != Some(send.len()) {
-            return Err(KernelError::invalid(
-                "send",
-                send.len(),
-                format!("a reduce-scatter into {} elements over {} ranks needs {want:?}", recv.len(), self.ranks()),
-            ));
-        }
+        check_len("send", times_ranks(recv.len(), self.ranks())?, send.len())?;
         self.comm.reduce_scatter(send, recv, &ReduceOp::Sum).map_err(nccl_error("ncclReduceScatter"))?;
         Ok(())
     }
