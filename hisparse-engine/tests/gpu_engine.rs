@@ -248,10 +248,11 @@ fn on_cuda_misses_filled_by_the_attention_are_lossless() {
         copy.hisparse.miss_fill = "swap-in".into();
         assert_eq!(run_on(gpu(), copy, &[], None), resident, "{}: the copying swap-in differs", policy.name());
     }
-    // `auto` at batches of at most 3: the requests (arriving two at a time, five in all) take
-    // both paths from step to step, eager and replayed.
+    // `auto` at batches of at most 3 under a policy that reads scores (where `auto` lets the
+    // attention fill rather than defer): the requests (arriving two at a time, five in all)
+    // take both paths from step to step, eager and replayed.
     for graphs in [false, true] {
-        let mut c = eager(Mode::HiSparse, "lru");
+        let mut c = eager(Mode::HiSparse, "score");
         c.launch_graphs = graphs;
         c.hisparse.miss_fill = "auto".into();
         c.hisparse.miss_fill_max_batch = 3;
@@ -272,5 +273,69 @@ fn on_cuda_misses_filled_by_the_attention_are_lossless() {
         assert!(fc.iter().map(|c| c.misses).sum::<u64>() > 0, "{prefetcher}: the run must miss");
         assert_eq!(strip(&fc), strip(&cc), "{prefetcher}: hits, misses and prefetches differ");
         assert_eq!(filled, copied, "{prefetcher}: outputs differ from the copying swap-in");
+    }
+}
+
+/// The swap-in deferred (`miss_fill = "deferred"`: the attention reads each miss from the host
+/// tier and writes nothing; the swap-in's decisions and copies run after it on a stream of
+/// their own): every GPU policy that does not read scores equals resident bit for bit, eager and
+/// with the deferred stream slowed; with launch graphs and each prefetcher (IndexShare layers for
+/// shared-index) the hits, misses and prefetches equal the copying swap-in's at every step, and
+/// so do the outputs; a policy that reads scores is refused by name, and `auto` (deferred in
+/// small batches, the attention filling under such a policy) is lossless too.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn on_cuda_a_deferred_swap_in_is_lossless() {
+    let defer = |mut c: EngineConfig| {
+        c.hisparse.miss_fill = "deferred".into();
+        c
+    };
+    let resident = run_on(gpu(), eager(Mode::Resident, "lru"), &[], None);
+    let policies: Vec<_> =
+        hisparse_policy::policy::builtin(0).into_iter().filter(|p| p.cuda().is_some() && !p.needs_future()).collect();
+    let mut refused = 0;
+    for policy in &policies {
+        let cfg = defer(eager(Mode::HiSparse, policy.name()));
+        if policy.needs_scores() {
+            let e = Engine::new(gpu(), cfg).err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(e.contains("miss_fill") && e.contains(policy.name()), "{}: {e}", policy.name());
+            refused += 1;
+            // `auto` takes it: the attention fills its misses in small batches instead.
+            let mut auto = eager(Mode::HiSparse, policy.name());
+            auto.hisparse.miss_fill = "auto".into();
+            assert_eq!(run_on(gpu(), auto, &[], None), resident, "{}: auto", policy.name());
+            continue;
+        }
+        let hs = run_on(gpu(), cfg, &[], None);
+        assert_eq!(hs, resident, "{}: outputs differ from the resident baseline", policy.name());
+    }
+    assert!(refused > 0 && refused < policies.len(), "{refused} of {} policies refused", policies.len());
+    let mut slow = defer(eager(Mode::HiSparse, "s3fifo"));
+    slow.transfer_delay = Some(Duration::from_micros(300));
+    assert_eq!(run_on(gpu(), slow, &[], None), resident, "deferred stream slowed");
+    // `auto` at batches of at most 3: deferred and copying swap-ins from step to step, eager and
+    // replayed, with a mid-run switch to a policy that reads scores and back.
+    for graphs in [false, true] {
+        let mut c = eager(Mode::HiSparse, "lru");
+        c.launch_graphs = graphs;
+        c.hisparse.miss_fill = "auto".into();
+        c.hisparse.miss_fill_max_batch = 3;
+        assert_eq!(run_on(gpu(), c, &["score", "lru"], None), resident, "auto (graphs: {graphs})");
+    }
+    let strip = |c: &[common::StepCounts]| c.iter().map(|c| (c.hits, c.misses, c.prefetched)).collect::<Vec<_>>();
+    for (prefetcher, share) in [("none", false), ("adjacent-layer", false), ("shared-index", true)] {
+        let mut c = config(Mode::HiSparse, "clock");
+        c.hisparse.prefetcher = prefetcher.into();
+        if share {
+            c.geometry = c.geometry.with_indexers(hisparse_memory::IndexerLayout::Every { first_full: 1, freq: 2 });
+        }
+        let mut copy = c.clone();
+        copy.hisparse.miss_fill = "swap-in".into();
+        let (copied, cc) = run_counted(gpu(), copy, &[], None);
+        let (deferred, dc) = run_counted(gpu(), defer(c), &[], None);
+        assert!(dc.iter().map(|c| c.replays).sum::<u64>() >= 10, "{prefetcher}: graphs replayed");
+        assert!(dc.iter().map(|c| c.misses).sum::<u64>() > 0, "{prefetcher}: the run must miss");
+        assert_eq!(strip(&dc), strip(&cc), "{prefetcher}: hits, misses and prefetches differ");
+        assert_eq!(deferred, copied, "{prefetcher}: outputs differ from the copying swap-in");
     }
 }

@@ -16,8 +16,9 @@
 // in the misses the swap-in left to it: such a row is gathered straight from the mapped host tier
 // (zero-copy, by the same cp.async as the others, so the host reads of one tile overlap the math
 // of the one before), and written from shared memory to its hot-buffer location for the steps
-// after (by head group 0). The rows and their order are those of the copy-then-attend path, so
-// the output is bit-identical to it.
+// after (by head group 0) unless `write_back` is 0 (miss_fill = "deferred": the swap-in copies
+// them later, off the critical path). The rows and their order are those of the copy-then-attend
+// path, so the output is bit-identical to it.
 //
 // Invariant: d_latent is 512 and d_rope 64 (d_qk 576), rows 16-byte aligned (the launcher checks).
 
@@ -36,7 +37,7 @@ struct AttnParams {
     unsigned splits;       // blocks per (request, head group)
     unsigned long long pool_rows;
     float scale_log2;      // softmax_scale * log2(e)
-    unsigned pad;
+    unsigned write_back;   // fills only: 1 writes each filled row to its location
     unsigned long long host_base;  // mapped host tier (fills only)
     unsigned long long host_rows;  // rows of the host tier (fills only)
 };
@@ -203,7 +204,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) sparse_mla_decode(
     const int* locs = locations + sel.offset;
     const unsigned long long* fl = fills ? fills + sel.offset : nullptr;
     const bool filling = fills != nullptr;
-    unsigned char* hot = (filling && group == 0) ? rows : nullptr;
+    unsigned char* hot = (filling && p.write_back && group == 0) ? rows : nullptr;
     const unsigned tiles = (end - first + TILE - 1) / TILE;
 
     // Locations run one tile ahead of rows: tile t's rows are fetched from the locations that

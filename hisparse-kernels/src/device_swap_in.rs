@@ -36,12 +36,18 @@ pub struct DeviceSwapInConfig {
     /// Prefetch on the backend's main stream, in order, instead of a transfer stream of its
     /// own (CUDA; the results are the same).
     pub serial_prefetch: bool,
-    /// Test hook: delay every transfer of prefetched rows by this much (CUDA).
+    /// Test hook: delay every transfer of prefetched rows, and every deferred swap-in, by this
+    /// much (CUDA).
     pub transfer_delay: Option<std::time::Duration>,
     /// In batches of at most this many requests, leave each layer's missed rows to
     /// [`DeviceSwapIn::attend`] instead of copying them (0: never, `usize::MAX`: always; see
     /// `HiSparseConfig::miss_fill`). CUDA — a swap-in that cannot ignores it and copies.
     pub fill_max_batch: usize,
+    /// Where the attention fills the misses (`fill_max_batch`), only read them from the host
+    /// tier and leave the swap-in (decisions and copies) to run after, off the critical path, on
+    /// a stream of its own (`miss_fill = "deferred"`, `"auto"`). CUDA; under a policy that
+    /// reads scores (which the next layer overwrites first) the attention fills them instead.
+    pub fill_deferred: bool,
 }
 
 /// What [`DeviceSwapIn::attend`] attends with besides the hot rows: [`crate::AttentionBatch`]

@@ -50,9 +50,11 @@ fn nccl_collectives_match_the_cpu_twin_on_every_gpu() {
                     let mut b = st.alloc_zeros::<bf16>(len).unwrap();
                     r.reduce_scatter(&send, &mut b).unwrap();
                     assert_eq!(r.max(3 * rank as u32 + 1).unwrap(), 3 * (gpus as u32 - 1) + 1, "the ranks' max");
-                    // Wrong lengths are refused before NCCL is called.
-                    let mut short = st.alloc_zeros::<bf16>(len).unwrap();
-                    assert!(r.all_gather(&send, &mut short).unwrap_err().to_string().contains("recv"));
+                    // Wrong lengths are refused before NCCL is called (one element too many,
+                    // whatever the rank count).
+                    let one = st.clone_htod(&random(90 + rank as u64, len)).unwrap();
+                    let mut long = st.alloc_zeros::<bf16>(gpus * len + 1).unwrap();
+                    assert!(r.all_gather(&one, &mut long).unwrap_err().to_string().contains("recv"));
                     (st.clone_dtoh(&g).unwrap(), st.clone_dtoh(&b).unwrap())
                 })
             })

@@ -11,8 +11,8 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use hisparse_kernels::SWAP_COUNTS;
 use hisparse_kernels::cuda::{CudaDevice, GpuSwapIn, SwapOutputs, SwapReq};
+use hisparse_kernels::{HotLocation, SWAP_COUNTS, locate_in_hot};
 use hisparse_memory::{HostTier, HostTierConfig, RequestId};
 use hisparse_policy::policy::registered;
 use hisparse_policy::{StepCtx, SwapInPlan, SwapInState, SwapInputs};
@@ -122,6 +122,7 @@ fn compare(z: &Sizes, seed: u64) {
                 let mut sels: Vec<u32> = Vec::new();
                 let mut scores: Vec<f32> = Vec::new();
                 let mut plans = Vec::new();
+                let mut twins = Vec::new();
                 for (r, &p) in z.prompts.iter().enumerate() {
                     let seq_len = p + step;
                     let newest = seq_len - 1;
@@ -146,6 +147,10 @@ fn compare(z: &Sizes, seed: u64) {
                         (0..seq_len)
                             .map(|_| if rng.random_bool(0.05) { f32::NAN } else { rng.random_range(-4.0..4.0f32) }),
                     );
+                    // Where each selected token is before the step decides (the deferred swap-in's
+                    // locate), from the CPU's table, which equals the GPU's.
+                    let table: Vec<i32> = cpu[r][l].table().slots().map(|t| t.map_or(-1, |t| t as i32)).collect();
+                    twins.push(locate_in_hot(&table, &sel, seq_len).unwrap());
                     let mut plan = SwapInPlan::default();
                     let inputs = SwapInputs { next_use: None, scores: Some(&scores[score_offset..]) };
                     cpu[r][l].step(policy.as_ref(), &sel, seq_len, &ctx, inputs, &mut plan).unwrap();
@@ -174,6 +179,52 @@ fn compare(z: &Sizes, seed: u64) {
                         bt
                     }
                 };
+                // The locate first (it changes nothing): the CPU twin's answer, in the kernel's
+                // words, and the selection copied.
+                let (mut loc_l, mut fill_l) =
+                    (s.alloc_zeros::<i32>(sels.len()).unwrap(), s.alloc_zeros(sels.len()).unwrap());
+                let mut copy = s.alloc_zeros::<u32>(sels.len()).unwrap();
+                gpu.locate(
+                    &s,
+                    l,
+                    bt,
+                    &sels_d.as_view(),
+                    &pages_d,
+                    &mapped,
+                    &mut loc_l,
+                    &mut fill_l,
+                    &mut copy.as_view_mut(),
+                )
+                .unwrap();
+                let (loc_l, fill_l) = (s.clone_dtoh(&loc_l).unwrap(), s.clone_dtoh(&fill_l).unwrap());
+                assert_eq!(
+                    s.clone_dtoh(&copy).unwrap(),
+                    sels,
+                    "{} step {step} layer {l}: selection copy",
+                    policy.name()
+                );
+                for (r, (req, twin)) in reqs.iter().zip(&twins).enumerate() {
+                    let base = r * (b + 1);
+                    for (j, (&tok, w)) in sels[req.sel_offset as usize..].iter().zip(twin).enumerate() {
+                        let at = req.sel_offset as usize + j;
+                        let want = match *w {
+                            HotLocation::Slot(slot) => ((base + slot as usize) as i32, 0u64),
+                            HotLocation::Host => {
+                                let page = pages[page_offsets[r] as usize + tok as usize / PAGE] as usize;
+                                (
+                                    (base + b) as i32,
+                                    ((l * pages_per_layer + page) * PAGE + tok as usize % PAGE + 1) as u64,
+                                )
+                            }
+                        };
+                        assert_eq!(
+                            (loc_l[at], fill_l[at]),
+                            want,
+                            "{} step {step} layer {l} request {r}: located {tok}",
+                            policy.name()
+                        );
+                    }
+                }
                 gpu.launch(l, bt, &sels_d.as_view(), Some(&scores_d.as_view()), &pages_d, &mapped, hot_l, &mut out)
                     .unwrap();
                 let (locs, counts) = (s.clone_dtoh(&out.locations).unwrap(), s.clone_dtoh(&out.counts).unwrap());
@@ -197,6 +248,24 @@ fn compare(z: &Sizes, seed: u64) {
                         ],
                         "{what}: counts"
                     );
+                    // The twin's misses are the step's misses, its slots the hits' (and the newest's).
+                    let twin = &twins[r];
+                    let host_toks: Vec<u32> = sels[o..o + n]
+                        .iter()
+                        .zip(twin)
+                        .filter(|(_, w)| **w == HotLocation::Host)
+                        .map(|(&t, _)| t)
+                        .collect();
+                    assert_eq!(
+                        host_toks,
+                        plan.misses.iter().map(|m| m.0).collect::<Vec<_>>(),
+                        "{what}: located misses"
+                    );
+                    for (j, w) in twin.iter().enumerate() {
+                        if let HotLocation::Slot(slot) = *w {
+                            assert_eq!(slot, plan.locations[j], "{what}: located hit {j}");
+                        }
+                    }
                     let base = (r * (b + 1)) as i32;
                     let gpu_locs: Vec<u32> = locs[o..o + n].iter().map(|&x| (x - base) as u32).collect();
                     assert_eq!(gpu_locs, plan.locations, "{what}: locations");
@@ -357,6 +426,27 @@ fn out_of_range_selections_and_pages_raise_the_fault_flag() {
         let (_, fault) = run(&mut gpu, &mut hot, 202 + step, &fresh, &bad);
         assert!(fault, "page id beyond the tier");
     }
+    // The deferred swap-in's locate: the same checks, the same fault, location -1.
+    let locate = |gpu: &mut GpuSwapIn, seq_len: u32, sel: &[u32], pages: &[u32]| {
+        let req = SwapReq { seat: 0, seq_len, step: 1, sel_len: sel.len() as u32, ..SwapReq::default() };
+        let batch = gpu.upload_requests(&[req]).unwrap();
+        let (sels, pages_d) = (s.clone_htod(sel).unwrap(), s.clone_htod(pages).unwrap());
+        let (mut loc, mut fill) = (s.alloc_zeros::<i32>(sel.len()).unwrap(), s.alloc_zeros::<u64>(sel.len()).unwrap());
+        let mut copy = s.alloc_zeros::<u32>(sel.len()).unwrap();
+        gpu.locate(&s, 0, &batch, &sels.as_view(), &pages_d, &mapped, &mut loc, &mut fill, &mut copy.as_view_mut())
+            .unwrap();
+        (s.clone_dtoh(&loc).unwrap(), gpu.take_fault().unwrap())
+    };
+    let (locs, fault) = locate(&mut gpu, 240, &[3, 150, 239], &good);
+    assert!(!fault && locs.iter().all(|&l| l >= 0), "valid: {locs:?}");
+    let (locs, fault) = locate(&mut gpu, 40, &[3, 41], &good);
+    assert!(fault && locs == [3, -1], "fast path: {locs:?}");
+    let (locs, fault) = locate(&mut gpu, 240, &[5, 250], &good);
+    assert!(fault && locs[1] == -1, "managed path: {locs:?}");
+    let mut bad = good.clone();
+    bad[290 / PAGE] = u32::MAX - 1;
+    let (locs, fault) = locate(&mut gpu, 299, &[290], &bad);
+    assert!(fault && locs == [-1], "page id beyond the tier: {locs:?}");
     // What the host can see is refused before any launch: pages for the sequence beyond the list.
     let req = SwapReq {
         seat: 0,

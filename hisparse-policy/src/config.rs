@@ -50,13 +50,14 @@ pub struct HiSparseConfig {
     pub prefetch_budget: usize,
     /// Ours: who brings a layer's missed rows into its hot buffer — `swap-in` (its own copy
     /// kernel, before the attention starts), `attention` (the attention reads them from the
-    /// host tier as it goes and writes them back), or `auto` (the attention for batches of at
-    /// most `miss_fill_max_batch` requests, where the copy kernel's latency dominates; the
-    /// swap-in above). CUDA only: the CPU backend copies either way. Results are bit-identical;
-    /// `swap-in` is the default because it measured as fast or faster on the H200 at every
-    /// batch size (BENCHMARKS.md, issue 15).
+    /// host tier as it goes and writes them back), `deferred` (the attention only reads them
+    /// from the host tier; the swap-in's decisions and copies run after it on a stream of their
+    /// own, off the critical path; not with a policy that reads scores), or `auto` (deferred for
+    /// batches of at most `miss_fill_max_batch` requests, where the swap-in's latency dominates
+    /// — with a policy that reads scores the attention fills them there — and the swap-in
+    /// above). CUDA only: the CPU backend copies either way. Results are bit-identical.
     pub miss_fill: String,
-    /// Ours: with `miss_fill = "auto"`, the largest batch whose misses the attention fills.
+    /// Ours: with `miss_fill = "auto"`, the largest batch whose swap-in is deferred.
     pub miss_fill_max_batch: usize,
     /// Ours: positions per page of the host tier and the device pools.
     pub page_tokens: usize,
@@ -108,15 +109,21 @@ fn invalid(field: &'static str, value: impl std::fmt::Display, reason: impl Into
 
 impl HiSparseConfig {
     /// The values of `miss_fill`.
-    pub const MISS_FILLS: [&'static str; 3] = ["auto", "swap-in", "attention"];
+    pub const MISS_FILLS: [&'static str; 4] = ["auto", "swap-in", "attention", "deferred"];
 
     /// The largest batch whose misses the attention brings in (0: none, `usize::MAX`: all).
     pub fn fill_max_batch(&self) -> usize {
         match self.miss_fill.as_str() {
-            "attention" => usize::MAX,
+            "attention" | "deferred" => usize::MAX,
             "auto" => self.miss_fill_max_batch,
             _ => 0,
         }
+    }
+
+    /// Whether, where the attention takes the misses, it only reads them and the swap-in runs
+    /// after it (`deferred`, and `auto`'s small batches).
+    pub fn fill_deferred(&self) -> bool {
+        matches!(self.miss_fill.as_str(), "deferred" | "auto")
     }
 
     /// Parses JSON (unknown keys are errors; missing keys take their defaults).
@@ -209,7 +216,18 @@ impl HiSparseConfig {
                 "must be a finite number above 0",
             ));
         }
-        crate::policy::make(&self.eviction_policy, &self.policy())?;
+        let policy = crate::policy::make(&self.eviction_policy, &self.policy())?;
+        if self.miss_fill == "deferred" && policy.needs_scores() {
+            return Err(invalid(
+                "miss_fill",
+                &self.miss_fill,
+                format!(
+                    "the {} policy reads each layer's scores, which the next layer overwrites before a deferred \
+                     swap-in decides; use auto, swap-in or attention with it",
+                    self.eviction_policy
+                ),
+            ));
+        }
         crate::prefetch::make_prefetcher(&self.prefetcher, &self.prefetch())?;
         if !Self::MISS_FILLS.contains(&self.miss_fill.as_str()) {
             return Err(invalid(
@@ -332,6 +350,10 @@ mod tests {
             (HiSparseConfig { eviction_policy: "lfu-9000".into(), ..Default::default() }, "eviction_policy"),
             (HiSparseConfig { prefetcher: "psychic".into(), ..Default::default() }, "prefetcher"),
             (HiSparseConfig { miss_fill: "dma".into(), ..Default::default() }, "miss_fill"),
+            (
+                HiSparseConfig { miss_fill: "deferred".into(), eviction_policy: "score".into(), ..Default::default() },
+                "miss_fill",
+            ),
             (HiSparseConfig { prefetch_budget: 5000, ..Default::default() }, "prefetch_budget"),
             (
                 HiSparseConfig {

@@ -84,9 +84,11 @@ pub struct EngineArgs {
     pub prefetch_budget: Option<usize>,
     /// Who brings a layer's missed rows into its hot buffer: swap-in (default: its copy kernel,
     /// before the attention), attention (read from the host tier by the attention as it goes),
-    /// or auto (the attention in batches of at most --miss-fill-max-batch requests, the swap-in
-    /// above). CUDA; the CPU backend copies either way. Outputs are bit-identical.
-    #[arg(long, value_parser = ["auto", "swap-in", "attention"])]
+    /// deferred (read by the attention, the swap-in run after it on a stream of its own; not
+    /// with the score policy), or auto (the attention in batches of at most
+    /// --miss-fill-max-batch requests, the swap-in above). CUDA; the CPU backend copies either
+    /// way. Outputs are bit-identical.
+    #[arg(long, value_parser = ["auto", "swap-in", "attention", "deferred"])]
     pub miss_fill: Option<String>,
     /// With --miss-fill auto: the largest batch whose misses the attention fills (default 8).
     #[arg(long)]

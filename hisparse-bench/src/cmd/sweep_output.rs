@@ -188,6 +188,13 @@ fn transfers_svg(r: &SweepReport) -> Result<String> {
 pub fn hierarchy(hs: &hisparse_policy::HiSparseConfig, backend: &str) -> String {
     let fill = match (backend == "cuda", hs.fill_max_batch()) {
         (false, _) | (true, 0) => "swap-in".to_owned(),
+        (true, usize::MAX) if hs.fill_deferred() => {
+            "deferred swap-in (the attention reads them from the host tier)".to_owned()
+        }
+        (true, n) if hs.fill_deferred() => format!(
+            "deferred swap-in in batches of at most {n} requests (the attention reads them from the host tier), \
+             else the swap-in"
+        ),
         (true, usize::MAX) => "attention".to_owned(),
         (true, n) => format!("attention in batches of at most {n} requests, else the swap-in"),
     };

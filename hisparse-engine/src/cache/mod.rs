@@ -216,6 +216,7 @@ where
                     serial_prefetch: cfg.serial_prefetch,
                     transfer_delay: cfg.transfer_delay,
                     fill_max_batch: cfg.hisparse.fill_max_batch(),
+                    fill_deferred: cfg.hisparse.fill_deferred(),
                 };
                 let swap = backend.device_swap_in(&dcfg, &mut host)?;
                 let backup =

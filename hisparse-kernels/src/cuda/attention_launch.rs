@@ -25,7 +25,7 @@ struct AttnParams {
     splits: u32,
     pool_rows: u64,
     scale_log2: f32,
-    pad: u32,
+    write_back: u32,
     host_base: u64,
     host_rows: u64,
 }
@@ -40,6 +40,8 @@ pub(super) enum AttnRows<'a> {
     /// The pool (`hot`) holds the hits; a location whose fill word in `fills` is non-zero is a
     /// miss, read from `host` (row `fill - 1`) and written into `hot` at its location.
     Fill { hot: &'a mut CudaSlice<u8>, fills: &'a CudaSlice<u64>, host: &'a MappedHostTier },
+    /// As `Fill`, but the misses are only read (the deferred swap-in brings them in later).
+    Read { hot: &'a CudaSlice<u8>, fills: &'a CudaSlice<u64>, host: &'a MappedHostTier },
 }
 
 /// Reused buffers of the attention's launches: the spans, the split partials.
@@ -131,6 +133,7 @@ impl AttentionKernels {
         let pool_len = match &rows {
             AttnRows::Pool(r) => r.len(),
             AttnRows::Fill { hot, .. } => hot.len(),
+            AttnRows::Read { hot, .. } => hot.len(),
         };
         if !pool_len.is_multiple_of(rb) {
             return Err(KernelError::invalid("rows", pool_len, format!("not a multiple of the row size {rb}")));
@@ -152,7 +155,7 @@ impl AttentionKernels {
         }
         let (host_base, host_rows) = match &rows {
             AttnRows::Pool(_) => (0, 0),
-            AttnRows::Fill { fills, host, .. } => {
+            AttnRows::Fill { fills, host, .. } | AttnRows::Read { fills, host, .. } => {
                 if fills.len() < sel_end {
                     return Err(KernelError::invalid("fills", fills.len(), format!("the selections reach {sel_end}")));
                 }
@@ -178,7 +181,7 @@ impl AttentionKernels {
             splits: splits as u32,
             pool_rows: (pool_len / rb) as u64,
             scale_log2: q.softmax_scale * std::f32::consts::LOG2_E,
-            pad: 0,
+            write_back: u32::from(matches!(rows, AttnRows::Fill { .. })),
             host_base,
             host_rows,
         };
@@ -201,6 +204,7 @@ impl AttentionKernels {
         match rows {
             AttnRows::Pool(r) => b.arg(r).arg(q.locations).arg(&null),
             AttnRows::Fill { hot, fills, .. } => b.arg_mut(hot).arg(q.locations).arg(fills),
+            AttnRows::Read { hot, fills, .. } => b.arg(hot).arg(q.locations).arg(fills),
         };
         b.arg(&sc.sels).params(&params);
         if splits > 1 {
@@ -212,7 +216,7 @@ impl AttentionKernels {
         // SAFETY: queries, out and lse hold n requests' heads (checked); selections lie within
         // `locations` and `fills` (checked); locations are checked against the pool and fills
         // against the registered host tier (alive while its handle is) in the kernel, which
-        // writes the pool only at checked locations; partials hold n * heads * splits entries.
+        // writes the pool only at checked locations and only given `Fill` (write_back); partials hold n * heads * splits entries.
         unsafe { b.launch(cfg) }.map_err(driver_error("attention launch"))?;
         if splits > 1 {
             let cfg =

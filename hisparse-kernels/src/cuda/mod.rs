@@ -18,6 +18,7 @@ mod policy;
 mod printed_launch;
 mod sources;
 mod step_launch;
+mod swap_deferred;
 mod swap_in;
 mod swap_in_backend;
 mod swap_launch;

@@ -14,6 +14,7 @@ use hisparse_policy::EvictionPolicy;
 use super::attention_launch::{AttentionKernels, AttnRows, AttnScratch};
 use super::device::CudaDevice;
 use super::driver_error;
+use super::swap_deferred::DeferredSwapIn;
 use super::swap_in::{GpuSwapIn, SwapBatch, SwapOutputs};
 use super::swap_prefetch::GpuPrefetch;
 use crate::device_swap_in::{
@@ -40,6 +41,13 @@ pub struct CudaSwapIn {
     attn_scratch: AttnScratch,
     /// The layer whose fills `out.fills` holds (the last launched with misses left to attend).
     fills_of: Option<usize>,
+    /// The deferred swap-in (`miss_fill = "deferred"` or `"auto"`), for batches of at most
+    /// `fill_max` while the policy reads no scores (else the attention fills those misses).
+    deferred: Option<DeferredSwapIn>,
+    /// The largest batch whose misses the attention fills or reads.
+    fill_max: usize,
+    /// The policy reads scores (which the next layer overwrites before a deferred swap-in).
+    reads_scores: bool,
 }
 
 impl CudaSwapIn {
@@ -64,7 +72,10 @@ impl CudaSwapIn {
             cfg.geometry.top_k,
             cfg.max_tokens,
         )?;
-        gpu.set_fill_max(cfg.fill_max_batch);
+        let deferred =
+            if cfg.fill_deferred { Some(DeferredSwapIn::new(dev, cfg.geometry.layers, delay_ns)?) } else { None };
+        let reads_scores = cfg.policy.needs_scores();
+        gpu.set_fill_max(if deferred.is_some() && !reads_scores { 0 } else { cfg.fill_max_batch });
         let s = dev.stream();
         Ok(Self {
             dev: Arc::clone(dev),
@@ -80,7 +91,31 @@ impl CudaSwapIn {
             attention,
             attn_scratch: AttnScratch::new(dev)?,
             fills_of: None,
+            deferred,
+            fill_max: cfg.fill_max_batch,
+            reads_scores,
         })
+    }
+
+    /// Whether the swap-in of a batch of `n` requests is deferred.
+    fn defers(&self, n: usize) -> bool {
+        self.deferred.is_some() && !self.reads_scores && n <= self.fill_max
+    }
+
+    /// What follows a layer's launch: its fills noted, its nominations prefetched.
+    fn after_launch(
+        &mut self,
+        layer: usize,
+        selections: &CudaSlice<i32>,
+        scores: Option<&CudaSlice<f32>>,
+        hot_pools: &mut [CudaSlice<u8>],
+    ) -> Result<()> {
+        self.fills_of = Some(layer);
+        self.launched = self.launched.max(layer + 1);
+        if let Some(p) = self.prefetch.as_mut() {
+            p.after_layer(&mut self.gpu, layer, selections, scores, &self.pages_d, &self.host, hot_pools)?;
+        }
+        Ok(())
     }
 }
 
@@ -90,6 +125,9 @@ impl DeviceSwapIn<CudaMemory> for CudaSwapIn {
     }
 
     fn set_policy(&mut self, policy: Arc<dyn EvictionPolicy>) -> Result<()> {
+        self.reads_scores = policy.needs_scores();
+        let attention_fills = self.deferred.is_none() || self.reads_scores;
+        self.gpu.set_fill_max(if attention_fills { self.fill_max } else { 0 });
         self.gpu.reset_policy(policy, &self.dev)
     }
 
@@ -122,6 +160,9 @@ impl DeviceSwapIn<CudaMemory> for CudaSwapIn {
         }
         if let Some(p) = self.prefetch.as_mut() {
             p.begin_step(&self.gpu, reqs)?;
+        }
+        if let Some(d) = self.deferred.as_mut() {
+            d.begin_step(reqs.len(), selected)?;
         }
         Ok(())
     }
@@ -156,12 +197,21 @@ impl DeviceSwapIn<CudaMemory> for CudaSwapIn {
         // SAFETY: positions are non-negative i32s; u32 has the same size and alignment.
         let sels = unsafe { selections.transmute::<u32>(selections.len()) }
             .ok_or_else(|| KernelError::invalid("selections", selections.len(), "cannot be viewed as u32"))?;
+        let at = layer * SWAP_COUNTS * n;
+        if self.defers(n)
+            && let Some(d) = self.deferred.as_mut()
+        {
+            let io = (locations, &mut self.out.fills);
+            d.launch(&mut self.gpu, layer, batch, &sels, (&self.pages_d, &self.host), hot, io, (&mut self.counts, at))?;
+            return self.after_launch(layer, selections, scores, hot_pools);
+        }
         // The kernel writes locations into the swap-in's output; lend it the caller's buffer.
         std::mem::swap(&mut self.out.locations, locations);
         let score_view = scores.map(|s| s.as_view());
         // Counts straight into this layer's place in the step's counts (no copy launch).
-        let at = layer * SWAP_COUNTS * n;
+        let main = Arc::clone(self.dev.stream());
         let r = self.gpu.launch_counted(
+            &main,
             layer,
             batch,
             &sels,
@@ -174,16 +224,12 @@ impl DeviceSwapIn<CudaMemory> for CudaSwapIn {
         );
         std::mem::swap(&mut self.out.locations, locations);
         r?;
-        self.fills_of = Some(layer);
-        self.launched = self.launched.max(layer + 1);
-        if let Some(p) = self.prefetch.as_mut() {
-            p.after_layer(&mut self.gpu, layer, selections, scores, &self.pages_d, &self.host, hot_pools)?;
-        }
-        Ok(())
+        self.after_launch(layer, selections, scores, hot_pools)
     }
 
     fn fills_in_attention(&self) -> bool {
-        self.gpu.fills(self.batch.as_ref().map_or(0, |b| b.requests().len()))
+        let n = self.batch.as_ref().map_or(0, |b| b.requests().len());
+        self.gpu.fills(n) || self.defers(n)
     }
 
     fn attend(
@@ -207,11 +253,17 @@ impl DeviceSwapIn<CudaMemory> for CudaSwapIn {
         let hot = hot
             .get_mut(layer)
             .ok_or_else(|| KernelError::invalid("hot", layer, "no hot-buffer pool for that layer"))?;
-        let rows = AttnRows::Fill { hot, fills: &self.out.fills, host: &self.host };
+        let n = self.batch.as_ref().map_or(0, |b| b.requests().len());
+        let (fills, host) = (&self.out.fills, &self.host);
+        let rows =
+            if self.defers(n) { AttnRows::Read { hot, fills, host } } else { AttnRows::Fill { hot, fills, host } };
         self.attention.launch(&self.dev, &mut self.attn_scratch, query, rows, out, lse, &mut self.gpu.fault)
     }
 
     fn settle(&mut self) -> Result<()> {
+        if let Some(d) = self.deferred.as_mut() {
+            d.settle()?;
+        }
         match self.prefetch.as_mut() {
             Some(p) => p.settle(),
             None => Ok(()),

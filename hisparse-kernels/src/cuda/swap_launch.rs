@@ -38,11 +38,10 @@ fn u32_of(field: &'static str, v: usize) -> Result<u32> {
 }
 
 impl GpuSwapIn {
-    /// Checks what a launch of `layer` over `batch` reads and writes (the host tier and its page
-    /// list, the entries `0..entries` of the per-selection buffers, the outputs, the hot rows,
-    /// the scores) and returns the kernels' parameters.
-    #[allow(clippy::too_many_arguments)]
-    fn checked_params(
+    /// Checks what a launch of `layer` over `batch` reads (the host tier and its page list, the
+    /// entries `0..entries` of the per-selection buffers, the scores) and returns the kernels'
+    /// parameters.
+    pub(super) fn checked_params(
         &self,
         layer: usize,
         batch: &SwapBatch,
@@ -50,8 +49,6 @@ impl GpuSwapIn {
         scores: Option<&CudaView<'_, f32>>,
         host_pages: &CudaSlice<u32>,
         host: &MappedHostTier,
-        hot_rows: &CudaSlice<u8>,
-        out: &SwapOutputs,
     ) -> Result<SwapParams> {
         let lay = host.layout();
         let reqs = batch.requests();
@@ -87,17 +84,8 @@ impl GpuSwapIn {
             }
         }
         let sel_end = batch.selection_end();
-        let hot_need = self.seats.checked_mul(self.slots + 1).and_then(|n| n.checked_mul(row_bytes));
         if sel_end > entries {
             return Err(KernelError::invalid("selections", entries, format!("the batch reads {sel_end}")));
-        }
-        if [out.locations.len(), out.miss_tokens.len(), out.miss_slots.len(), out.evicted.len(), out.fills.len()]
-            .iter()
-            .any(|&n| n < sel_end)
-            || out.counts.len() < SWAP_COUNTS * reqs.len()
-            || hot_need.is_none_or(|n| hot_rows.len() < n)
-        {
-            return Err(KernelError::invalid("out", sel_end, "output or hot-row buffers too small"));
         }
         Ok(SwapParams {
             layer: u32_of("layer", layer)?,
@@ -111,6 +99,27 @@ impl GpuSwapIn {
             host_base: host.device_ptr(),
             seed: self.policy.seed(),
         })
+    }
+
+    /// Checks that `out` and `hot_rows` (a layer's pool) hold what a launch over `batch` writes.
+    fn check_outputs(
+        &self,
+        batch: &SwapBatch,
+        out: &SwapOutputs,
+        hot_rows: &CudaSlice<u8>,
+        row_bytes: u32,
+    ) -> Result<()> {
+        let sel_end = batch.selection_end();
+        let hot_need = self.seats.checked_mul(self.slots + 1).and_then(|n| n.checked_mul(row_bytes as usize));
+        if [out.locations.len(), out.miss_tokens.len(), out.miss_slots.len(), out.evicted.len(), out.fills.len()]
+            .iter()
+            .any(|&n| n < sel_end)
+            || out.counts.len() < SWAP_COUNTS * batch.requests().len()
+            || hot_need.is_none_or(|n| hot_rows.len() < n)
+        {
+            return Err(KernelError::invalid("out", sel_end, "output or hot-row buffers too small"));
+        }
+        Ok(())
     }
 
     /// Launches the swap-in of `layer` for `batch` (from [`GpuSwapIn::upload_requests`]):
@@ -132,16 +141,19 @@ impl GpuSwapIn {
         hot_rows: &mut CudaSlice<u8>,
         out: &mut SwapOutputs,
     ) -> Result<()> {
-        self.launch_counted(layer, batch, selections, scores, host_pages, host, hot_rows, out, None)
+        let stream = Arc::clone(&self.stream);
+        self.launch_counted(&stream, layer, batch, selections, scores, host_pages, host, hot_rows, out, None)
     }
 
-    /// [`GpuSwapIn::launch`], with the counts written to `counts` (at least [`SWAP_COUNTS`]
-    /// words per request) instead of `out.counts` where given. A batch of at most
+    /// [`GpuSwapIn::launch`] on `stream` (ordering it against the swap-in's other work is the
+    /// caller's), with the counts written to `counts` (at least [`SWAP_COUNTS`] words per
+    /// request) instead of `out.counts` where given. A batch of at most
     /// [`GpuSwapIn::set_fused_max`] requests runs as one launch (decisions and copies),
     /// larger ones as two.
     #[allow(clippy::too_many_arguments)]
     pub fn launch_counted(
         &mut self,
+        stream: &Arc<CudaStream>,
         layer: usize,
         batch: &SwapBatch,
         selections: &CudaView<'_, u32>,
@@ -152,7 +164,8 @@ impl GpuSwapIn {
         out: &mut SwapOutputs,
         counts: Option<(&mut CudaSlice<u32>, usize)>,
     ) -> Result<()> {
-        let params = self.checked_params(layer, batch, selections.len(), scores, host_pages, host, hot_rows, out)?;
+        let params = self.checked_params(layer, batch, selections.len(), scores, host_pages, host)?;
+        self.check_outputs(batch, out, hot_rows, params.row_bytes)?;
         let n = batch.requests().len();
         if n == 0 {
             return Ok(());
@@ -174,20 +187,8 @@ impl GpuSwapIn {
             shared_mem_bytes: Self::shared_bytes(self.slots, self.max_sel) as u32,
         };
         let null = 0u64;
-        let GpuSwapIn {
-            print,
-            stream,
-            funcs,
-            slot_tokens,
-            records,
-            scalars,
-            ready,
-            prefetched,
-            words,
-            fault,
-            sync,
-            ..
-        } = &mut *self;
+        let GpuSwapIn { print, funcs, slot_tokens, records, scalars, ready, prefetched, words, fault, sync, .. } =
+            &mut *self;
         let mut b = PrintedLaunch::new(print, stream, if fused { &funcs.fused } else { &funcs.decide });
         b.arg(batch.device())
             .arg(selections)
@@ -230,9 +231,8 @@ impl GpuSwapIn {
         if fused || fill {
             return Ok(());
         }
-        let stream = Arc::clone(&self.stream);
         let lists = (&counts_at.as_view(), &*miss_tokens, &*miss_slots);
-        self.launch_copies(&stream, batch, host_pages, hot_rows, lists, &params)
+        self.launch_copies(stream, batch, host_pages, hot_rows, lists, &params)
     }
 
     /// Brings nominated tokens into `layer`'s buffers before their selection is known
@@ -301,7 +301,8 @@ impl GpuSwapIn {
         hot_rows: &mut CudaSlice<u8>,
         out: &mut SwapOutputs,
     ) -> Result<()> {
-        let params = self.checked_params(layer, batch, candidates.len(), scores, host_pages, host, hot_rows, out)?;
+        let params = self.checked_params(layer, batch, candidates.len(), scores, host_pages, host)?;
+        self.check_outputs(batch, out, hot_rows, params.row_bytes)?;
         let n = batch.requests().len();
         if prot.n != n {
             return Err(KernelError::invalid("protect_spans", prot.n, format!("{n} requests")));

@@ -1,5 +1,6 @@
 //! The swap-in's kernel module: its source with an eviction policy's hooks spliced in
-//! (`kernels/swap_in.cu`, `swap_common.cu`, `swap_fused.cu`, `prefetch.cu`), and its loaded
+//! (`kernels/swap_in.cu`, `swap_common.cu`, `swap_fused.cu`, `swap_locate.cu`, `prefetch.cu`),
+//! and its loaded
 //! functions with their shared memory opted in.
 
 use cudarc::driver::CudaFunction;
@@ -21,12 +22,13 @@ pub fn swap_in_source(policy: &dyn EvictionPolicy) -> Option<KernelSource> {
     let template = include_str!("../../kernels/swap_in.cu")
         .replace("//@COMMON@", include_str!("../../kernels/swap_common.cu"))
         + include_str!("../../kernels/swap_fused.cu")
+        + include_str!("../../kernels/swap_locate.cu")
         + include_str!("../../kernels/prefetch.cu");
     let code = super::sources::splice_policy(&template, policy)?;
     Some(KernelSource {
         name: super::sources::module_name("swap_in", &code),
         code,
-        kernels: &["swap_in", "copy_misses", "gather_rows", "prefetch_in", "swap_in_fused"],
+        kernels: &["swap_in", "copy_misses", "gather_rows", "prefetch_in", "swap_in_fused", "locate_in_hot"],
     })
 }
 
@@ -45,6 +47,7 @@ pub(super) struct SwapFunctions {
     pub copy: CudaFunction,
     pub prefetch: CudaFunction,
     pub fused: CudaFunction,
+    pub locate: CudaFunction,
 }
 
 impl SwapFunctions {
@@ -58,6 +61,7 @@ impl SwapFunctions {
             copy: get("copy_misses")?,
             prefetch: get("prefetch_in")?,
             fused: get("swap_in_fused")?,
+            locate: get("locate_in_hot")?,
         };
         let opt_in = |func: &CudaFunction, bytes: usize| {
             func.set_attribute(CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes as i32)

@@ -1,0 +1,72 @@
+// Where each selected token is before any decision is made (miss_fill = "deferred"): a hit's
+// (or the newest token's) hot-buffer row, or for a miss its host-tier row plus one in `fills`
+// (its location then names the request's reserved slot, a placeholder the attention checks only
+// for range: it reads the row from the host tier and writes nothing). The swap-in proper
+// (swap_decide and the copies) follows on another stream, making exactly the decisions it would
+// have made here, for the steps after; this kernel changes no state.
+//
+// Grid (requests, chunks of LOCATE_CHUNK selected positions), any multiple of 32 threads: each
+// block scans the whole slot table for the tokens of its own chunk (ascending, so a token
+// outside the chunk's first..last is passed over without a search), so no block waits for
+// another. It also copies its chunk's positions to `sel_copy`, which the deferred swap-in reads
+// after the next layer has overwritten the selection buffer. A position at or beyond seq_len,
+// or a miss whose page id is out of range, gets location -1 and raises the fault flag. An
+// unsorted selection (the device's data) can only turn hits into misses, read from the host
+// tier, whose rows are the same bytes.
+
+#define LOCATE_CHUNK 256
+
+extern "C" __global__ void locate_in_hot(const SwapReq* __restrict__ reqs, const unsigned* __restrict__ selections,
+                                         const int* __restrict__ slot_tokens, const unsigned* __restrict__ host_pages,
+                                         int* __restrict__ locations, unsigned long long* __restrict__ fills,
+                                         unsigned* __restrict__ sel_copy, unsigned* __restrict__ fault, SwapParams p) {
+    __shared__ unsigned sel[LOCATE_CHUNK];
+    __shared__ int hit[LOCATE_CHUNK];
+    const SwapReq r = reqs[blockIdx.x];
+    const unsigned j0 = blockIdx.y * LOCATE_CHUNK;
+    if (j0 >= r.sel_len) return;  // uniform over the block
+    const unsigned n = min((unsigned)LOCATE_CHUNK, r.sel_len - j0);
+    const unsigned B = p.buffer_slots, tid = threadIdx.x, T = blockDim.x;
+    const long long base = (long long)r.seat * (B + 1);
+    const unsigned o = r.sel_offset + j0;
+    for (unsigned i = tid; i < n; i += T) {
+        const unsigned t = selections[o + i];
+        sel[i] = t;
+        hit[i] = -1;
+        sel_copy[o + i] = t;
+    }
+    __syncthreads();
+    if (r.seq_len > B) {
+        const int* st = slot_tokens + ((unsigned long long)r.seat * p.layers + p.layer) * B;
+        const unsigned lo = sel[0], hi = sel[n - 1];
+        for (unsigned s = tid; s < B; s += T) {
+            const int t = st[s];
+            if (t >= 0 && (unsigned)t >= lo && (unsigned)t <= hi) {
+                const int k = find_sorted(sel, n, (unsigned)t);
+                if (k >= 0) hit[k] = (int)s;
+            }
+        }
+        __syncthreads();
+    }
+    for (unsigned i = tid; i < n; i += T) {
+        const unsigned t = sel[i];
+        long long loc = base + B;
+        unsigned long long f = 0ull;
+        if (t >= r.seq_len) {
+            loc = -1;
+            atomicOr(fault, 1u);
+        } else if (r.seq_len <= B) {
+            loc = base + t;  // the fast path: token t lives in slot t
+        } else if (t != r.seq_len - 1 && hit[i] >= 0) {
+            loc = base + hit[i];
+        } else if (t != r.seq_len - 1) {
+            f = host_row_plus_one(r, t, host_pages, p);
+            if (f == 0ull) {
+                loc = -1;
+                atomicOr(fault, 1u);
+            }
+        }
+        locations[o + i] = (int)loc;
+        fills[o + i] = f;
+    }
+}

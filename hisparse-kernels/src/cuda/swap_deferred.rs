@@ -1,0 +1,186 @@
+//! The deferred swap-in (`miss_fill = "deferred"`): per layer, on the main stream, only the
+//! location of each selected token as it is (`locate_in_hot`: a hit's slot, a miss's host-tier
+//! row) for an attention that reads the misses straight from the host tier and writes nothing;
+//! then, on a stream of its own, the swap-in proper — decisions and copies, exactly the serial
+//! ones — over a copy of the selection, so that the hot buffer holds the step's misses for the
+//! steps after. The main stream never waits for it within the step.
+//!
+//! Why it may run beside the attention: a swap-in evicts only slots its layer did not select
+//! and writes rows only into those, while the attention reads only selected slots and the
+//! reserved newest slot (which no swap-in writes); the decisions read the state the locate read,
+//! so they find the same hits. A policy that reads scores is refused: the next layer's indexer
+//! overwrites them before the deferred decisions run.
+//!
+//! Invariant: every deferred swap-in of a step is waited for by the main stream before the
+//! step's end ([`DeferredSwapIn::settle`]), so the next step's locate of a layer reads the
+//! state that layer's swap-in left; each layer's selection copy is its own, rewritten only by
+//! the next step's locate of that layer.
+
+use std::sync::Arc;
+
+use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::{CudaEvent, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, LaunchConfig};
+use hisparse_memory::cuda::MappedHostTier;
+
+use super::device::CudaDevice;
+use super::driver_error;
+use super::printed_launch::{LaunchPrint, PrintedLaunch};
+use super::swap_in::{GpuSwapIn, SwapBatch, SwapOutputs};
+use crate::error::{KernelError, Result};
+
+/// Selected positions per block of `locate_in_hot` (`LOCATE_CHUNK` in kernels/swap_locate.cu).
+const LOCATE_CHUNK: usize = 256;
+
+impl GpuSwapIn {
+    /// Writes, for every selected token of `batch` in `layer`, where it is now, changing no
+    /// state: `locations` gets a hit's (or the newest token's) hot-buffer row, `fills` 0 for
+    /// those and a miss's host-tier row plus one (its location is then the request's reserved
+    /// slot, a placeholder); `sel_copy` gets the selection. Launched on `stream`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn locate(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        layer: usize,
+        batch: &SwapBatch,
+        selections: &CudaView<'_, u32>,
+        host_pages: &CudaSlice<u32>,
+        host: &MappedHostTier,
+        locations: &mut CudaSlice<i32>,
+        fills: &mut CudaSlice<u64>,
+        sel_copy: &mut CudaViewMut<'_, u32>,
+    ) -> Result<()> {
+        let params = self.checked_params(layer, batch, selections.len(), None, host_pages, host)?;
+        let sel_end = batch.selection_end();
+        for (field, len) in [("locations", locations.len()), ("fills", fills.len()), ("sel_copy", sel_copy.len())] {
+            if len < sel_end {
+                return Err(KernelError::invalid(field, len, format!("the batch writes {sel_end} entries")));
+            }
+        }
+        let reqs = batch.requests();
+        let longest = reqs.iter().map(|r| r.sel_len as usize).max().unwrap_or(0);
+        if reqs.is_empty() || longest == 0 {
+            return Ok(());
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (reqs.len() as u32, longest.div_ceil(LOCATE_CHUNK) as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let GpuSwapIn { print, funcs, slot_tokens, fault, .. } = &mut *self;
+        let mut b = PrintedLaunch::new(print, stream, &funcs.locate);
+        b.arg(batch.device())
+            .arg(selections)
+            .arg(slot_tokens)
+            .arg(host_pages)
+            .arg_mut(locations)
+            .arg_mut(fills)
+            .arg_mut(sel_copy)
+            .arg_mut(fault)
+            .params(&params);
+        // SAFETY: the batch was validated against this swap-in (seats within the slot tables,
+        // selection ranges within `sel_end`, the request count within u32 as its seats are),
+        // and the three outputs hold `sel_end` entries (checked); host page ids are read within
+        // `host_pages_len` and checked against the tier (fault otherwise); nothing is
+        // dereferenced in the host tier.
+        unsafe { b.launch(cfg) }.map_err(driver_error("locate launch"))?;
+        Ok(())
+    }
+}
+
+/// The deferred swap-in's stream and buffers: see the module documentation.
+pub(super) struct DeferredSwapIn {
+    main: Arc<CudaStream>,
+    stream: Arc<CudaStream>,
+    layers: usize,
+    /// Per layer, a copy of its selection, `cap` entries each.
+    sel_copy: CudaSlice<u32>,
+    cap: usize,
+    /// What the deferred launches write besides their counts (their locations are not the
+    /// attention's).
+    out: SwapOutputs,
+    /// The deferred stream's last launch.
+    pending: Option<CudaEvent>,
+    /// Test hook: the delay kernel and its nanoseconds, before every deferred swap-in.
+    delay: Option<(CudaFunction, u64)>,
+    print: Arc<LaunchPrint>,
+}
+
+impl DeferredSwapIn {
+    /// A deferred swap-in for `layers` layers, with a stream of its own; `delay_ns` (a test
+    /// hook) slows every deferred swap-in.
+    pub(super) fn new(dev: &CudaDevice, layers: usize, delay_ns: u64) -> Result<Self> {
+        let main = Arc::clone(dev.stream());
+        let delay = match delay_ns {
+            0 => None,
+            ns => Some((dev.function("backup", "delay_ns")?, ns)),
+        };
+        Ok(Self {
+            delay,
+            print: Arc::clone(&dev.print),
+            stream: dev.context().new_stream().map_err(driver_error("deferred swap-in stream"))?,
+            sel_copy: main.alloc_zeros(layers.max(1)).map_err(driver_error("selection copies"))?,
+            cap: 1,
+            out: SwapOutputs::new(&main, 1, 1)?,
+            main,
+            layers,
+            pending: None,
+        })
+    }
+
+    /// Room for a step of `requests` requests reading `sel_end` selection entries (buffers
+    /// grow only, so that a captured step still finds them where they were).
+    pub(super) fn begin_step(&mut self, requests: usize, sel_end: usize) -> Result<()> {
+        if sel_end > self.cap {
+            let cap = sel_end.next_power_of_two();
+            let n = cap.checked_mul(self.layers).ok_or_else(|| KernelError::invalid("selections", cap, "overflows"))?;
+            self.sel_copy = self.main.alloc_zeros(n).map_err(driver_error("selection copies"))?;
+            self.cap = cap;
+        }
+        if self.out.miss_tokens.len() < sel_end || self.out.counts.len() < crate::SWAP_COUNTS * requests {
+            self.out = SwapOutputs::new(&self.main, requests.next_power_of_two(), sel_end.next_power_of_two())?;
+        }
+        Ok(())
+    }
+
+    /// The locate of `layer` on the main stream (into `locations` and `fills`), then its
+    /// swap-in on the deferred stream, counted into `counts` from `at`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn launch(
+        &mut self,
+        gpu: &mut GpuSwapIn,
+        layer: usize,
+        batch: &SwapBatch,
+        selections: &CudaView<'_, u32>,
+        (pages, host): (&CudaSlice<u32>, &MappedHostTier),
+        hot: &mut CudaSlice<u8>,
+        (locations, fills): (&mut CudaSlice<i32>, &mut CudaSlice<u64>),
+        counts: (&mut CudaSlice<u32>, usize),
+    ) -> Result<()> {
+        if layer >= self.layers {
+            return Err(KernelError::invalid("layer", layer, format!("the swap-in holds {} layers", self.layers)));
+        }
+        let (at, cap) = (layer * self.cap, self.cap);
+        let mut copy = self.sel_copy.slice_mut(at..at + cap);
+        gpu.locate(&self.main, layer, batch, selections, pages, host, locations, fills, &mut copy)?;
+        self.stream.join(&self.main).map_err(driver_error("the deferred stream waits for the locate"))?;
+        if let Some((f, ns)) = &self.delay {
+            super::backup::launch_delay(&self.print, &self.stream, f, ns)?;
+        }
+        let copy = self.sel_copy.slice(at..at + cap);
+        let stream = Arc::clone(&self.stream);
+        gpu.launch_counted(&stream, layer, batch, &copy, None, pages, host, hot, &mut self.out, Some(counts))?;
+        let e = stream
+            .record_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))
+            .map_err(driver_error("deferred swap-in event"))?;
+        self.pending = Some(e);
+        Ok(())
+    }
+
+    /// Orders every deferred swap-in queued so far before the main stream's later work.
+    pub(super) fn settle(&mut self) -> Result<()> {
+        match self.pending.take() {
+            Some(e) => self.main.wait(&e).map_err(driver_error("wait for the deferred swap-in")),
+            None => Ok(()),
+        }
+    }
+}
