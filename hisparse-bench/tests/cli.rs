@@ -132,6 +132,35 @@ fn a_sweep_over_two_ranks_sums_their_requests_and_tokens() {
 }
 
 #[test]
+fn a_run_over_two_ranks_decodes_every_request_and_names_the_deployment() {
+    let dir = tmp("run-ranks");
+    let out = dir.join("out");
+    let args = ["run", "--backend", "cpu", "--concurrency", "5", "--context", "300,900", "--output", "3,6"];
+    let o = hisparse(&[&args[..], &["--gpus", "2", "--arrival-rate", "200", "--out", out.to_str().unwrap()]].concat());
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let table = String::from_utf8_lossy(&o.stdout);
+    assert!(table.contains("2 GPUs, one engine each"), "{table}");
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("run.json")).unwrap()).unwrap();
+    for m in 0..2 {
+        // Requests 0, 2, 4 on rank 0 and 1, 3 on rank 1: 3 + 6 + 3 + 6 + 3 tokens in all.
+        assert_eq!(json[m]["gpus"], 2);
+        assert_eq!(json[m]["summary"]["tokens"], 21, "{}", json[m]["summary"]);
+        let running: Vec<u64> =
+            json[m]["steps"].as_array().unwrap().iter().map(|s| s["running"].as_u64().unwrap()).collect();
+        assert!(running.iter().any(|&r| r >= 2), "both ranks decoded at once: {running:?}");
+    }
+    for (extra, needle) in
+        [(vec!["--gpus", "0"], "--gpus"), (vec!["--gpus", "2", "--record-trace", "t.hstrace"], "--record-trace")]
+    {
+        let o = hisparse(&[&args[..], &extra[..], &["--out", out.to_str().unwrap()]].concat());
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{err}");
+        assert!(err.contains(needle), "{err}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn a_small_sweep_writes_its_table_and_plots() {
     let dir = tmp("sweep");
     let out = dir.join("out");

@@ -28,15 +28,20 @@ pub fn poisson_times(n: usize, rate: f64, seed: u64) -> Vec<f64> {
 /// (`times[i]` seconds after the start; all at once without times), steps while anything is
 /// queued or running, and sleeps until the next arrival while idle. `on_step` sees every
 /// report (and may stop the run with an error). Returns the requests refused by a full queue.
+///
+/// As a rank of a group (`vote`), it steps while any rank has work, even with nothing of its
+/// own to decode (an idle step, which still meets the others' collectives), and ends with the
+/// last rank to finish.
 pub fn drive(
     e: &mut dyn DecodeEngine,
     specs: &[RequestSpec],
     times: Option<&[f64]>,
+    vote: Option<&super::run_ranks::RankVote>,
     mut on_step: impl FnMut(StepReport) -> Result<()>,
 ) -> Result<Vec<u64>> {
     let start = Instant::now();
     let (mut next, mut refused) = (0, Vec::new());
-    while next < specs.len() || !e.is_idle() {
+    loop {
         let now = start.elapsed().as_secs_f64();
         while next < specs.len() && times.is_none_or(|t| t[next] <= now) {
             let at = times.map_or(start, |t| start + Duration::from_secs_f64(t[next]));
@@ -47,10 +52,18 @@ pub fn drive(
             }
             next += 1;
         }
-        if e.is_idle() {
+        let (pending, active) = (next < specs.len() || !e.is_idle(), !e.is_idle());
+        let (pending, active) = vote.map_or((pending, active), |v| v.any(pending, active));
+        if !pending {
+            break;
+        }
+        if !active {
             if let Some(t) = times.and_then(|t| t.get(next)) {
                 // Nothing to decode until the next arrival.
                 std::thread::sleep(Duration::from_secs_f64((t - now).clamp(0.0, 0.05)));
+            } else if vote.is_some() {
+                // Another rank's request arrives next.
+                std::thread::sleep(Duration::from_millis(1));
             }
             continue;
         }

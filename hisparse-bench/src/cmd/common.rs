@@ -486,21 +486,22 @@ impl EngineArgs {
         self.build(self.engine_config(mode, typical_tokens, flag)?, 0)
     }
 
-    /// The engine of rank `rank` of `ranks` (one per GPU, `hisparse sweep --gpus`): on GPU
-    /// `rank` (CUDA), with its slice of the host memory (whole pages, `RankPlan`).
+    /// The engine of rank `rank` of `ranks` (one per GPU, `hisparse sweep --gpus`, `run
+    /// --gpus`): on GPU `rank` (CUDA), with its slice of the host memory (whole pages,
+    /// `RankPlan`), sized for requests of `typical_tokens` and at most `longest_tokens`.
     pub fn rank_engine(
         &self,
         mode: Mode,
-        typical_tokens: usize,
+        (typical_tokens, longest_tokens): (usize, usize),
         flag: &'static str,
         rank: usize,
         plan: &hisparse_engine::ranks::RankPlan,
     ) -> Result<Box<dyn DecodeEngine>> {
         let mut cfg = self.engine_config(mode, typical_tokens, flag)?;
         cfg.hisparse.host_tier_bytes = plan.host_bytes_per_rank;
-        // A rank's slice holds the requests it is given (of `typical_tokens`), not the longest
-        // one the whole machine's tier could.
-        cfg.hisparse.max_request_tokens = typical_tokens;
+        // A rank's slice holds the requests it is given, not the longest one the whole
+        // machine's tier could.
+        cfg.hisparse.max_request_tokens = longest_tokens;
         self.build(cfg, rank)
     }
 

@@ -13,6 +13,7 @@ pub mod kernel_bench;
 pub mod launch_gaps;
 pub mod replot;
 pub mod run;
+pub mod run_ranks;
 pub mod selfcheck;
 pub mod simulate;
 pub mod sizing;

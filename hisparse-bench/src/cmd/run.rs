@@ -71,6 +71,12 @@ pub struct RunArgs {
     /// Output folder (default: results/run; this command's files in it are replaced).
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// GPUs (ranks), one engine each with its share of the requests (round robin) and of the
+    /// host memory; with an emulated model the ranks exchange tokens around every FFN (NCCL on
+    /// CUDA) and step together until the last one is done. On the CPU backend, that many CPU
+    /// engines. Without it: one engine, no collectives.
+    #[arg(long)]
+    pub gpus: Option<usize>,
 }
 
 /// One mode's result.
@@ -88,6 +94,10 @@ pub struct ModeRun {
     pub refused: Vec<u64>,
     /// Time to first decode and per-token latency.
     pub latency: LatencySummary,
+    /// Ranks (engines) it ran on; a step is then the slowest rank's, its tokens their sum.
+    pub gpus: usize,
+    /// Collective bytes per rank and step (`--gpus` with an emulated model, else 0).
+    pub exchange_mb_per_step: f64,
 }
 
 /// Runs; returns the results and the output folder.
@@ -106,6 +116,15 @@ pub fn run(a: &RunArgs) -> Result<(Vec<ModeRun>, PathBuf)> {
     }
     for &o in &a.output {
         guard::at_least_one("output", o)?;
+    }
+    if let Some(n) = a.gpus {
+        guard::within("gpus", n, 1, 1024)?;
+        if a.engine.host_tier_file.is_some() {
+            return Err(BenchError::flag("gpus", n, "the ranks cannot share one host-tier file"));
+        }
+        if a.record_trace.is_some() {
+            return Err(BenchError::flag("gpus", n, "--record-trace records one engine: run without --gpus"));
+        }
     }
     for &c in &a.context {
         guard::at_least_one("context", c)?;
@@ -134,17 +153,6 @@ pub fn run(a: &RunArgs) -> Result<(Vec<ModeRun>, PathBuf)> {
     };
     let mut runs = Vec::new();
     for mode in a.mode.modes() {
-        let typical = a.context.iter().copied().min().unwrap_or(1) + a.output.iter().copied().min().unwrap_or(1);
-        let mut e = a.engine.engine(mode, typical, "context")?;
-        if mode == Mode::HiSparse
-            && let Some(f) = trace_file.as_mut()
-        {
-            let clone = f.writer().get_ref().try_clone().map_err(|source| BenchError::Io {
-                path: a.record_trace.as_ref().map_or_else(String::new, |p| p.display().to_string()),
-                source,
-            })?;
-            e.record_trace(Box::new(std::io::BufWriter::new(clone)))?;
-        }
         let specs: Vec<RequestSpec> = (0..a.concurrency)
             .map(|i| RequestSpec {
                 id: RequestId(i as u64),
@@ -153,29 +161,11 @@ pub fn run(a: &RunArgs) -> Result<(Vec<ModeRun>, PathBuf)> {
             })
             .collect();
         let times = a.arrival_rate.map(|r| super::arrivals::poisson_times(specs.len(), r, a.engine.seed));
-        let all: u64 = specs.iter().map(|s| s.output_tokens as u64).sum();
-        let bar = progress::bar(all, &format!("{mode} tokens"));
-        let mut rejected = Vec::new();
-        let mut summary = RunSummary::default();
-        let (mut steps, mut latencies) = (Vec::new(), Vec::new());
-        let refused = super::arrivals::drive(e.as_mut(), &specs, times.as_deref(), |r| {
-            interrupt::check(|| format!("decoding the {mode} run (step {})", steps.len() + 1))?;
-            bar.inc(r.metrics.tokens as u64);
-            summary.add(&r.metrics);
-            steps.push(r.metrics);
-            latencies.extend(r.latencies);
-            Ok(())
-        })?;
-        bar.finish_and_clear();
-        e.finish_trace()?;
-        e.check_pools()?;
-        for (id, o) in e.outcomes() {
-            if let hisparse_engine::Outcome::Rejected { reason } = o {
-                rejected.push((id.0, reason.clone()));
-            }
-        }
-        let latency = LatencySummary::of(&latencies);
-        runs.push(ModeRun { mode, summary, steps, rejected, refused, latency });
+        let run = match a.gpus {
+            Some(ranks) => super::run_ranks::run_mode(a, mode, ranks, &specs, times.as_deref())?,
+            None => run_mode(a, mode, &specs, times.as_deref(), trace_file.as_mut())?,
+        };
+        runs.push(run);
     }
     out.write_json("run.json", &runs)?;
     let mut csv = Csv::new(&[
@@ -240,6 +230,63 @@ pub fn run(a: &RunArgs) -> Result<(Vec<ModeRun>, PathBuf)> {
     Ok((runs, out.keep()))
 }
 
+/// The shortest and the longest request of `a` (prompt + output tokens).
+pub(super) fn request_lengths(a: &RunArgs) -> (usize, usize) {
+    let min = |v: &[usize]| v.iter().copied().min().unwrap_or(1);
+    let max = |v: &[usize]| v.iter().copied().max().unwrap_or(1);
+    (min(&a.context) + min(&a.output), max(&a.context) + max(&a.output))
+}
+
+/// One mode on one engine: `specs` decoded to the end (arriving at `times`), the hisparse run
+/// recorded into `trace` where given.
+fn run_mode(
+    a: &RunArgs,
+    mode: Mode,
+    specs: &[RequestSpec],
+    times: Option<&[f64]>,
+    trace: Option<&mut AtomicFile>,
+) -> Result<ModeRun> {
+    let mut e = a.engine.engine(mode, request_lengths(a).0, "context")?;
+    if mode == Mode::HiSparse
+        && let Some(f) = trace
+    {
+        let clone = f.writer().get_ref().try_clone().map_err(|source| BenchError::Io {
+            path: a.record_trace.as_ref().map_or_else(String::new, |p| p.display().to_string()),
+            source,
+        })?;
+        e.record_trace(Box::new(std::io::BufWriter::new(clone)))?;
+    }
+    let all: u64 = specs.iter().map(|s| s.output_tokens as u64).sum();
+    let bar = progress::bar(all, &format!("{mode} tokens"));
+    let mut summary = RunSummary::default();
+    let (mut steps, mut latencies) = (Vec::new(), Vec::new());
+    let refused = super::arrivals::drive(e.as_mut(), specs, times, None, |r| {
+        interrupt::check(|| format!("decoding the {mode} run (step {})", steps.len() + 1))?;
+        bar.inc(r.metrics.tokens as u64);
+        summary.add(&r.metrics);
+        steps.push(r.metrics);
+        latencies.extend(r.latencies);
+        Ok(())
+    })?;
+    bar.finish_and_clear();
+    e.finish_trace()?;
+    e.check_pools()?;
+    let rejected = rejected_of(e.as_ref());
+    let latency = LatencySummary::of(&latencies);
+    Ok(ModeRun { mode, summary, steps, rejected, refused, latency, gpus: 1, exchange_mb_per_step: 0.0 })
+}
+
+/// The requests `e` rejected whole, with the reason.
+pub(super) fn rejected_of(e: &dyn hisparse_engine::DecodeEngine) -> Vec<(u64, String)> {
+    e.outcomes()
+        .iter()
+        .filter_map(|(id, o)| match o {
+            hisparse_engine::Outcome::Rejected { reason } => Some((id.0, reason.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
 /// The runs as a table.
 pub fn render(runs: &[ModeRun], out: &std::path::Path) -> String {
     let mut s = format!(
@@ -291,6 +338,13 @@ pub fn render(runs: &[ModeRun], out: &std::path::Path) -> String {
             x.prefetch_useful,
             100.0 * x.prefetch_useful as f64 / x.prefetched as f64,
             x.prefetch_wasted
+        );
+    }
+    for r in runs.iter().filter(|r| r.gpus > 1 || r.exchange_mb_per_step > 0.0) {
+        s += &format!(
+            "{}: {} GPUs, one engine each (requests round robin, host tier divided); a step is the slowest rank's, \
+             tokens summed; collectives {:.2} MB per rank and step\n",
+            r.mode, r.gpus, r.exchange_mb_per_step
         );
     }
     for r in runs {

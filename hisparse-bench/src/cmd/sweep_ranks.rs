@@ -15,6 +15,7 @@ use hisparse_kernels::{CpuRank, RankMember};
 use hisparse_memory::{Mode, RequestId};
 use indicatif::ProgressBar;
 
+use super::common::EngineArgs;
 use super::sweep::{Point, SweepArgs, Window, point};
 use crate::error::{BenchError, Result};
 
@@ -56,7 +57,7 @@ impl RankRun {
 }
 
 /// One deployment step from its ranks' steps: the slowest rank's time and stages, the sums of
-/// tokens, requests and transfers.
+/// tokens, requests and transfers (`hisparse run --gpus` too).
 pub(super) fn across_ranks(ranks: &[StepMetrics]) -> StepMetrics {
     let slowest = ranks.iter().max_by(|a, b| a.seconds.total_cmp(&b.seconds));
     let mut m = slowest.cloned().unwrap_or_default();
@@ -74,11 +75,11 @@ pub(super) fn across_ranks(ranks: &[StepMetrics]) -> StepMetrics {
 
 /// The group tickets: NCCL on CUDA, the CPU twin otherwise; none without a model (nothing to
 /// exchange).
-fn members(a: &SweepArgs, ranks: usize) -> Result<Vec<Option<RankMember>>> {
-    if a.engine.model()?.is_none() {
+pub(super) fn members(engine: &EngineArgs, ranks: usize) -> Result<Vec<Option<RankMember>>> {
+    if engine.model()?.is_none() {
         return Ok((0..ranks).map(|_| None).collect());
     }
-    if a.engine.uses_cuda() {
+    if engine.uses_cuda() {
         return cuda_members(ranks);
     }
     Ok(CpuRank::group(ranks)?.into_iter().map(|r| Some(RankMember::Cpu(r))).collect())
@@ -114,11 +115,11 @@ pub(super) fn measure(
     let hs = a.engine.hisparse(&g)?;
     let plan = RankPlan::new(ranks, hs.host_bytes(), a.engine.host_page_bytes(&g, &hs)?)?;
     let (tx, rx) = mpsc::channel::<RankOut>();
-    for (rank, member) in members(a, ranks)?.into_iter().enumerate() {
+    for (rank, member) in members(&a.engine, ranks)?.into_iter().enumerate() {
         let (a, plan, levels, bar, tx) = (a.clone(), plan.clone(), levels.to_vec(), bar.clone(), tx.clone());
         std::thread::spawn(move || {
             let run = || -> Result<_> {
-                let mut e = a.engine.rank_engine(mode, context + life, "context", rank, &plan)?;
+                let mut e = a.engine.rank_engine(mode, (context + life, context + life), "context", rank, &plan)?;
                 if let Some(m) = member {
                     e.join_ranks(m)?;
                 }

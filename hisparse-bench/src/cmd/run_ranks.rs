@@ -1,0 +1,257 @@
+//! `hisparse run --gpus N`: one engine per GPU (a thread each; on the CPU backend, N CPU
+//! engines), each with its slice of the host memory and its round-robin share of the requests
+//! (arriving when they would have), decoded to the end. With an emulated model the ranks
+//! exchange tokens around every FFN (NCCL on CUDA, the CPU twin otherwise), so they step
+//! together: a [`StepVote`] before every step keeps a rank with nothing to decode stepping idly
+//! while any other has work, and ends them all with the last. A step of the deployment is its
+//! slowest rank's step, its tokens and transfers the sum over the ranks; latencies are every
+//! rank's.
+//!
+//! A rank that fails while the others wait cannot be waited for: the first error ends the
+//! command (the process, and with it the other ranks' threads).
+
+use std::sync::mpsc;
+use std::sync::{Arc, Barrier, Mutex};
+
+use hisparse_engine::ranks::RankPlan;
+use hisparse_engine::{LatencySummary, RequestSpec, RunSummary, StepMetrics, TokenLatency};
+use hisparse_memory::Mode;
+
+use super::run::{ModeRun, RunArgs, rejected_of, request_lengths};
+use super::sweep_ranks::{across_ranks, members};
+use crate::error::{BenchError, Result};
+use crate::{interrupt, progress};
+
+/// The ranks' agreement before each step on whether any still has work (requests to come,
+/// queued or running) and whether any has something to decode now. The ranks are threads of
+/// one process, so a barrier and a lock are the collective: round `r` adds into slot `r % 2`,
+/// which round `r - 2` used and every rank finished reading before the barrier of `r - 1`.
+pub struct StepVote {
+    barrier: Barrier,
+    /// Per slot: its round, ranks with work, ranks with something to decode.
+    slots: Mutex<[(u64, usize, usize); 2]>,
+}
+
+/// One rank's handle on a [`StepVote`] (its own round count).
+pub struct RankVote {
+    vote: Arc<StepVote>,
+    round: std::cell::Cell<u64>,
+}
+
+impl StepVote {
+    /// A vote of `ranks` ranks; one handle per rank.
+    pub fn group(ranks: usize) -> Vec<RankVote> {
+        let vote = Arc::new(StepVote { barrier: Barrier::new(ranks), slots: Mutex::new([(u64::MAX, 0, 0); 2]) });
+        (0..ranks).map(|_| RankVote { vote: Arc::clone(&vote), round: std::cell::Cell::new(0) }).collect()
+    }
+}
+
+impl RankVote {
+    /// This rank's `(pending, active)`; returns whether any rank has work and whether any has
+    /// something to decode now. Every rank calls it once per round.
+    pub fn any(&self, pending: bool, active: bool) -> (bool, bool) {
+        let r = self.round.get();
+        self.round.set(r + 1);
+        let slot = (r % 2) as usize;
+        let add = |s: &mut [(u64, usize, usize); 2]| {
+            if s[slot].0 != r {
+                s[slot] = (r, 0, 0);
+            }
+            s[slot].1 += usize::from(pending);
+            s[slot].2 += usize::from(active);
+        };
+        // A poisoned lock means another rank panicked holding it; its counts are still whole
+        // (the closure cannot panic), so the vote goes on with them.
+        add(&mut self.vote.slots.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+        self.vote.barrier.wait();
+        let s = self.vote.slots.lock().unwrap_or_else(std::sync::PoisonError::into_inner)[slot];
+        (s.1 > 0, s.2 > 0)
+    }
+}
+
+/// What one rank measured: its steps, latencies, rejected and refused requests, exchanged bytes.
+type RankResult = (Vec<StepMetrics>, Vec<TokenLatency>, Vec<(u64, String)>, Vec<u64>, u64);
+
+/// One mode on `ranks` engines: see the module documentation.
+pub(super) fn run_mode(
+    a: &RunArgs,
+    mode: Mode,
+    ranks: usize,
+    specs: &[RequestSpec],
+    times: Option<&[f64]>,
+) -> Result<ModeRun> {
+    let g = a.engine.geometry()?;
+    let hs = a.engine.hisparse(&g)?;
+    let plan = RankPlan::new(ranks, hs.host_bytes(), a.engine.host_page_bytes(&g, &hs)?)?;
+    let members = members(&a.engine, ranks)?;
+    let lockstep = members.iter().any(Option::is_some);
+    let mut votes = StepVote::group(ranks).into_iter();
+    let all: u64 = specs.iter().map(|s| s.output_tokens as u64).sum();
+    let bar = progress::bar(all, &format!("{mode} tokens over {ranks} GPUs"));
+    let (tx, rx) = mpsc::channel::<(usize, Result<RankResult>)>();
+    for (rank, member) in members.into_iter().enumerate() {
+        // One handle per rank (the group has `ranks` of them).
+        let vote = votes.next().filter(|_| lockstep);
+        let mine: Vec<usize> = (0..specs.len()).filter(|i| i % ranks == rank).collect();
+        let my_specs: Vec<RequestSpec> = mine.iter().map(|&i| specs[i]).collect();
+        let my_times: Option<Vec<f64>> = times.map(|t| mine.iter().map(|&i| t[i]).collect());
+        let (a, plan, bar, tx) = (a.clone(), plan.clone(), bar.clone(), tx.clone());
+        std::thread::spawn(move || {
+            let run = || -> Result<RankResult> {
+                let mut e = a.engine.rank_engine(mode, request_lengths(&a), "context", rank, &plan)?;
+                if let Some(m) = member {
+                    e.join_ranks(m)?;
+                }
+                let (mut steps, mut lat) = (Vec::new(), Vec::new());
+                let refused = super::arrivals::drive(e.as_mut(), &my_specs, my_times.as_deref(), vote.as_ref(), |r| {
+                    interrupt::check(|| format!("decoding the {mode} run on rank {rank}"))?;
+                    bar.inc(r.metrics.tokens as u64);
+                    steps.push(r.metrics);
+                    lat.extend(r.latencies);
+                    Ok(())
+                })?;
+                e.check_pools()?;
+                Ok((steps, lat, rejected_of(e.as_ref()), refused, e.exchanged_bytes()))
+            };
+            // The receiver is gone only when the command already ended.
+            let _ = tx.send((rank, run()));
+        });
+    }
+    drop(tx);
+    let mut per_rank: Vec<Option<RankResult>> = (0..ranks).map(|_| None).collect();
+    for _ in 0..ranks {
+        let (rank, r) =
+            rx.recv().map_err(|_| BenchError::flag("gpus", ranks, "a rank's thread ended without a result"))?;
+        per_rank[rank] = Some(r.map_err(|e| BenchError::Rank { rank, source: Box::new(e) })?);
+    }
+    bar.finish_and_clear();
+    let per_rank: Vec<RankResult> = per_rank.into_iter().flatten().collect();
+    // Deployment steps: step i of every rank that ran one (all of them, in lockstep).
+    let longest = per_rank.iter().map(|r| r.0.len()).max().unwrap_or(0);
+    let steps: Vec<StepMetrics> = (0..longest)
+        .map(|i| across_ranks(&per_rank.iter().filter_map(|r| r.0.get(i).cloned()).collect::<Vec<_>>()))
+        .collect();
+    let mut summary = RunSummary::default();
+    for s in &steps {
+        summary.add(s);
+    }
+    let latencies: Vec<TokenLatency> = per_rank.iter().flat_map(|r| r.1.iter().cloned()).collect();
+    let exchanged = per_rank.first().map_or(0, |r| r.4);
+    Ok(ModeRun {
+        mode,
+        summary,
+        rejected: per_rank.iter().flat_map(|r| r.2.iter().cloned()).collect(),
+        refused: per_rank.iter().flat_map(|r| r.3.iter().copied()).collect(),
+        latency: LatencySummary::of(&latencies),
+        gpus: ranks,
+        exchange_mb_per_step: exchanged as f64 / 1e6 / steps.len().max(1) as f64,
+        steps,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
+    use super::*;
+    use hisparse_engine::model::ModelShape;
+    use hisparse_engine::{Engine, EngineConfig, RankExchange};
+    use hisparse_kernels::{Backend, CpuBackend, CpuRank};
+    use hisparse_memory::{KvGeometry, RequestId};
+
+    #[test]
+    fn every_rank_sees_the_same_vote_every_round() {
+        let ranks = 4;
+        let votes = StepVote::group(ranks);
+        let seen: Vec<Vec<(bool, bool)>> = std::thread::scope(|s| {
+            let h: Vec<_> = votes
+                .into_iter()
+                .enumerate()
+                .map(|(rank, v)| {
+                    s.spawn(move || {
+                        // Rank r has work for 10 * (r + 1) rounds and decodes on odd rounds.
+                        (0..50)
+                            .map(|round| v.any(round < 10 * (rank + 1), round < 10 * (rank + 1) && round % 2 == 1))
+                            .collect()
+                    })
+                })
+                .collect();
+            h.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (round, want) in (0..50).map(|r| (r, (r < 40, r < 40 && r % 2 == 1))) {
+            for (rank, s) in seen.iter().enumerate() {
+                assert_eq!(s[round], want, "rank {rank} round {round}");
+            }
+        }
+    }
+
+    fn tiny() -> ModelShape {
+        ModelShape {
+            name: "tiny".into(),
+            layers: 4,
+            hidden: 64,
+            heads: 4,
+            q_lora: 32,
+            kv_lora: 512,
+            rope: 64,
+            qk_nope: 16,
+            v_head: 16,
+            index_heads: 8,
+            index_dim: 128,
+            dense_inter: 128,
+            dense_layers: 1,
+            experts: 16,
+            experts_per_token: 2,
+            shared_experts: 1,
+            moe_inter: 32,
+            vocab: 256,
+            ranks: 8,
+        }
+    }
+
+    /// Two engines exchanging around the FFN, one with far less to decode: driven with the vote
+    /// both step until the busier is done (the other idly), as many steps each, and they move the
+    /// same bytes; every request finishes.
+    #[test]
+    fn ranks_driven_with_the_vote_step_together_until_the_last_is_done() {
+        let share = |rank: usize| -> Vec<RequestSpec> {
+            let (n, out) = if rank == 0 { (3, 12) } else { (1, 3) };
+            (0..n)
+                .map(|i| RequestSpec { id: RequestId(10 * rank as u64 + i), prompt_tokens: 700, output_tokens: out })
+                .collect()
+        };
+        let group = CpuRank::group(2).unwrap();
+        let votes = StepVote::group(2);
+        let out: Vec<(usize, u64, usize)> = std::thread::scope(|s| {
+            let h: Vec<_> = group
+                .into_iter()
+                .zip(votes)
+                .enumerate()
+                .map(|(rank, (g, v))| {
+                    s.spawn(move || {
+                        let mut cfg =
+                            EngineConfig::new(KvGeometry::preset("cpu-small").unwrap(), Mode::HiSparse, 64 << 20);
+                        cfg.hisparse.max_request_tokens = 4096;
+                        cfg.model = Some(tiny());
+                        let mut e = Engine::new(CpuBackend::new(), cfg).unwrap();
+                        let ex = RankExchange::new(&tiny(), Box::new(g), e.cache().backend().memory()).unwrap();
+                        e.set_exchange(ex).unwrap();
+                        let specs = share(rank);
+                        let mut steps = 0;
+                        super::super::arrivals::drive(&mut e, &specs, None, Some(&v), |_| {
+                            steps += 1;
+                            Ok(())
+                        })
+                        .unwrap();
+                        let finished = e.outcomes().len();
+                        (steps, e.exchanged_bytes(), finished)
+                    })
+                })
+                .collect();
+            h.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert_eq!(out[0].0, out[1].0, "both ranks ran the same steps");
+        assert!(out[0].0 >= 12, "{} steps", out[0].0);
+        assert!(out[0].1 > 0 && out[0].1 == out[1].1, "bytes {} and {}", out[0].1, out[1].1);
+        assert_eq!((out[0].2, out[1].2), (3, 1), "every request finished");
+    }
+}
