@@ -87,7 +87,15 @@ fn gpu_indexer_matches_the_cpu_indexer() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_top_k_selects_exactly_what_the_cpu_selects() {
-    let (cpu, gpu) = (CpuBackend::new(), gpu());
+    // Every form: one block per request, the chosen split (several for this small batch), and
+    // a forced odd chunk count.
+    for blocks in [1usize, 0, 7] {
+        top_k_against_the_cpu(&gpu().with_top_k_blocks(blocks), blocks);
+    }
+}
+
+fn top_k_against_the_cpu(gpu: &CudaBackend, blocks: usize) {
+    let cpu = CpuBackend::new();
     let mem = gpu.memory().clone();
     let mut rng = random::rng(5);
     // Quantised scores make many ties; a few infinities and NaNs too.
@@ -104,6 +112,9 @@ fn gpu_top_k_selects_exactly_what_the_cpu_selects() {
         spans.push(Span::new(at, n));
         at += n + 1;
     }
+    // The last request's scores all equal: one bin through every pass, the lowest positions win.
+    let last = spans[spans.len() - 1];
+    scores[last.offset..last.end()].fill(1.5);
     for k in [2048usize, 1, 777] {
         let mut want = vec![0i32; spans.len() * k];
         cpu.top_k(&scores, &spans, k, &mut want).unwrap();
@@ -111,7 +122,7 @@ fn gpu_top_k_selects_exactly_what_the_cpu_selects() {
         let mut got = mem.upload(&vec![-1i32; spans.len() * k]).unwrap();
         gpu.top_k(&sd, &spans, k, &mut got).unwrap();
         gpu.finish_step().unwrap();
-        assert_eq!(mem.download(&got).unwrap(), want, "k = {k}");
+        assert_eq!(mem.download(&got).unwrap(), want, "k = {k}, blocks {blocks}");
     }
     // Continuous scores: the radix passes usually stop after two digits (whole bin taken).
     let smooth = random::normal(&mut rng, total, 3.0);
@@ -122,7 +133,7 @@ fn gpu_top_k_selects_exactly_what_the_cpu_selects() {
         let mut got = mem.upload(&vec![-1i32; spans.len() * k]).unwrap();
         gpu.top_k(&sd, &spans, k, &mut got).unwrap();
         gpu.finish_step().unwrap();
-        assert_eq!(mem.download(&got).unwrap(), want, "continuous scores, k = {k}");
+        assert_eq!(mem.download(&got).unwrap(), want, "continuous scores, k = {k}, blocks {blocks}");
     }
     let sd = mem.upload(&scores).unwrap();
     let mut out = mem.alloc_zeroed::<i32>(4096).unwrap();

@@ -73,6 +73,8 @@ pub struct CudaBackend {
     pub(super) sms: usize,
     pub(super) indexer: CudaFunction,
     pub(super) top_k: CudaFunction,
+    /// Top-k over several blocks per request (small batches).
+    pub(super) top_k_split: super::topk_launch::TopKSplit,
     pub(super) attention: AttentionKernels,
     pub(super) write_rows: CudaFunction,
     pub(super) locate_rows: CudaFunction,
@@ -150,6 +152,8 @@ impl CudaBackend {
         top_k
             .set_attribute(CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, TOPK_SMEM as i32)
             .map_err(driver_error("top-k shared memory opt-in"))?;
+        let sms = usize::try_from(sms).unwrap_or(1).max(1);
+        let top_k_split = super::topk_launch::TopKSplit::load(&dev, sms)?;
         let s = dev.stream().clone();
         let a = |e| driver_error("scratch alloc")(e);
         let scratch = Scratch {
@@ -166,9 +170,10 @@ impl CudaBackend {
         };
         Ok(Self {
             mem: CudaMemory::new(s),
-            sms: usize::try_from(sms).unwrap_or(1).max(1),
+            sms,
             indexer,
             top_k,
+            top_k_split,
             attention,
             write_rows,
             locate_rows,
@@ -185,6 +190,20 @@ impl CudaBackend {
     /// The device.
     pub fn device(&self) -> &Arc<CudaDevice> {
         &self.dev
+    }
+
+    /// Fixes how many blocks a request's top-k may use: 0 chooses per call (several for small
+    /// batches), 1 always one (the default for now: the split form is not yet measured on the
+    /// H200), more at most that many. The selection is the same either way.
+    pub fn with_top_k_blocks(self, blocks: usize) -> Self {
+        self.set_top_k_blocks(blocks);
+        self
+    }
+
+    /// [`CudaBackend::with_top_k_blocks`] on a backend in use (later launches; a captured launch
+    /// sequence keeps the form it was captured with, and its print changes with the form).
+    pub fn set_top_k_blocks(&self, blocks: usize) {
+        self.top_k_split.choice.blocks.store(blocks, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Fixes the attention's split count (0: automatic). Results depend on it in their last

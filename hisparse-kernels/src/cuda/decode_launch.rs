@@ -149,6 +149,10 @@ impl CudaBackend {
         let mut sc = lock(&self.scratch)?;
         let Scratch { spans: sd, spans_c, .. } = &mut *sc;
         upload_cached(&self.dev, sd, spans_c, &host)?;
+        let longest = spans.iter().map(|s| s.len).max().unwrap_or(0);
+        if let Some(chunks) = self.top_k_split.choice.choose(n, longest) {
+            return self.top_k_split.launch(&self.dev, scores, &sc.spans, &host, k, chunks, out);
+        }
         let s = self.dev.stream();
         let cfg =
             LaunchConfig { grid_dim: (n as u32, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: TOPK_SMEM as u32 };

@@ -24,6 +24,7 @@ mod swap_in_backend;
 mod swap_launch;
 mod swap_module;
 mod swap_prefetch;
+mod topk_launch;
 
 pub use backend::CudaBackend;
 pub use backup::{BackupRows, CudaRowBackup, GpuBackup};

@@ -33,8 +33,8 @@ pub fn all_sources() -> Vec<KernelSource> {
     });
     v.push(KernelSource {
         name: "topk".into(),
-        code: include_str!("../../kernels/topk.cu").to_owned(),
-        kernels: &["top_k_select"],
+        code: [include_str!("../../kernels/topk.cu"), include_str!("../../kernels/topk_split.cu")].concat(),
+        kernels: &["top_k_select", "topk_hist", "topk_filter", "topk_resolve", "topk_place"],
     });
     v.push(KernelSource {
         name: "attention".into(),
