@@ -186,12 +186,14 @@ fn transfers_svg(r: &SweepReport) -> Result<String> {
 
 /// The hierarchy's policies in a line: eviction, prefetcher, who fills the misses.
 pub fn hierarchy(hs: &hisparse_policy::HiSparseConfig, backend: &str) -> String {
+    // Under a policy that reads scores `auto` lets the attention fill instead of deferring.
+    let reads_scores = hisparse_policy::policy::make(&hs.eviction_policy, &hs.policy()).is_ok_and(|p| p.needs_scores());
     let fill = match (backend == "cuda", hs.fill_max_batch()) {
         (false, _) | (true, 0) => "swap-in".to_owned(),
         (true, usize::MAX) if hs.fill_deferred() => {
             "deferred swap-in (the attention reads them from the host tier)".to_owned()
         }
-        (true, n) if hs.fill_deferred() => format!(
+        (true, n) if hs.fill_deferred() && !reads_scores => format!(
             "deferred swap-in in batches of at most {n} requests (the attention reads them from the host tier), \
              else the swap-in"
         ),
@@ -302,4 +304,30 @@ fn transfers(r: &SweepReport) -> String {
         s += "(swap-in ms: layer 0 only, the other layers replayed as one graph; --no-graphs times every layer)\n";
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::hierarchy;
+    use hisparse_policy::HiSparseConfig;
+
+    #[test]
+    fn the_hierarchy_line_names_who_fills_the_misses() {
+        let with = |fill: &str, policy: &str| HiSparseConfig {
+            miss_fill: fill.into(),
+            eviction_policy: policy.into(),
+            ..HiSparseConfig::default()
+        };
+        let line = |fill, policy, backend| hierarchy(&with(fill, policy), backend);
+        assert!(line("auto", "lru", "cuda").ends_with("deferred swap-in in batches of at most 8 requests (the attention reads them from the host tier), else the swap-in"));
+        assert!(
+            line("auto", "score", "cuda").ends_with("attention in batches of at most 8 requests, else the swap-in")
+        );
+        assert!(
+            line("deferred", "lru", "cuda").ends_with("deferred swap-in (the attention reads them from the host tier)")
+        );
+        assert!(line("attention", "lru", "cuda").ends_with("misses filled by the attention"));
+        // The CPU backend copies whatever the setting.
+        assert!(line("deferred", "lru", "cpu").ends_with("misses filled by the swap-in"));
+    }
 }
