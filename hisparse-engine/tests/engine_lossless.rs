@@ -56,7 +56,8 @@ fn a_slow_backup_worker_stays_lossless() {
 #[test]
 fn misses_left_to_the_attention_on_the_cpu_are_still_copied_and_lossless() {
     let resident = run(config(Mode::Resident, "lru"), &[], None);
-    for (fill, policy) in [("attention", "clock"), ("deferred", "clock"), ("auto", "score")] {
+    for (fill, policy) in [("attention", "clock"), ("deferred", "clock"), ("deferred-gather", "lru"), ("auto", "score")]
+    {
         let mut cfg = config(Mode::HiSparse, policy);
         cfg.hisparse.miss_fill = fill.into();
         assert_eq!(run(cfg, &[], None), resident, "{fill} / {policy}");

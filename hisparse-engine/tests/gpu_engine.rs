@@ -286,8 +286,14 @@ fn on_cuda_misses_filled_by_the_attention_are_lossless() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn on_cuda_a_deferred_swap_in_is_lossless() {
+    for fill in ["deferred", "deferred-gather"] {
+        deferred_swap_in_is_lossless(fill);
+    }
+}
+
+fn deferred_swap_in_is_lossless(fill: &str) {
     let defer = |mut c: EngineConfig| {
-        c.hisparse.miss_fill = "deferred".into();
+        c.hisparse.miss_fill = fill.into();
         c
     };
     let resident = run_on(gpu(), eager(Mode::Resident, "lru"), &[], None);
@@ -307,12 +313,12 @@ fn on_cuda_a_deferred_swap_in_is_lossless() {
             continue;
         }
         let hs = run_on(gpu(), cfg, &[], None);
-        assert_eq!(hs, resident, "{}: outputs differ from the resident baseline", policy.name());
+        assert_eq!(hs, resident, "{fill} / {}: outputs differ from the resident baseline", policy.name());
     }
     assert!(refused > 0 && refused < policies.len(), "{refused} of {} policies refused", policies.len());
     let mut slow = defer(eager(Mode::HiSparse, "s3fifo"));
     slow.transfer_delay = Some(Duration::from_micros(300));
-    assert_eq!(run_on(gpu(), slow, &[], None), resident, "deferred stream slowed");
+    assert_eq!(run_on(gpu(), slow, &[], None), resident, "{fill}: deferred stream slowed");
     // `auto` at batches of at most 3: deferred and copying swap-ins from step to step, eager and
     // replayed, with a mid-run switch to a policy that reads scores and back.
     for graphs in [false, true] {
@@ -333,9 +339,9 @@ fn on_cuda_a_deferred_swap_in_is_lossless() {
         copy.hisparse.miss_fill = "swap-in".into();
         let (copied, cc) = run_counted(gpu(), copy, &[], None);
         let (deferred, dc) = run_counted(gpu(), defer(c), &[], None);
-        assert!(dc.iter().map(|c| c.replays).sum::<u64>() >= 10, "{prefetcher}: graphs replayed");
-        assert!(dc.iter().map(|c| c.misses).sum::<u64>() > 0, "{prefetcher}: the run must miss");
-        assert_eq!(strip(&dc), strip(&cc), "{prefetcher}: hits, misses and prefetches differ");
-        assert_eq!(deferred, copied, "{prefetcher}: outputs differ from the copying swap-in");
+        assert!(dc.iter().map(|c| c.replays).sum::<u64>() >= 10, "{fill} / {prefetcher}: graphs replayed");
+        assert!(dc.iter().map(|c| c.misses).sum::<u64>() > 0, "{fill} / {prefetcher}: the run must miss");
+        assert_eq!(strip(&dc), strip(&cc), "{fill} / {prefetcher}: hits, misses and prefetches differ");
+        assert_eq!(deferred, copied, "{fill} / {prefetcher}: outputs differ from the copying swap-in");
     }
 }

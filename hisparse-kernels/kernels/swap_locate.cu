@@ -13,15 +13,25 @@
 // or a miss whose page id is out of range, gets location -1 and raises the fault flag. An
 // unsorted selection (the device's data) can only turn hits into misses, read from the host
 // tier, whose rows are the same bytes.
+//
+// Given `staging` (miss_fill = "deferred-gather"), the block also copies its chunk's missed rows
+// from the mapped host tier into `staging` at their selection index (row sel_offset + j, its
+// warps one row each, so that many host reads are in flight), and a miss's fill word names that
+// staging row plus one instead of its host row: the attention then reads every row from device
+// memory.
 
 #define LOCATE_CHUNK 256
 
 extern "C" __global__ void locate_in_hot(const SwapReq* __restrict__ reqs, const unsigned* __restrict__ selections,
                                          const int* __restrict__ slot_tokens, const unsigned* __restrict__ host_pages,
                                          int* __restrict__ locations, unsigned long long* __restrict__ fills,
-                                         unsigned* __restrict__ sel_copy, unsigned* __restrict__ fault, SwapParams p) {
+                                         unsigned* __restrict__ sel_copy, unsigned char* __restrict__ staging,
+                                         unsigned* __restrict__ fault, SwapParams p) {
     __shared__ unsigned sel[LOCATE_CHUNK];
     __shared__ int hit[LOCATE_CHUNK];
+    __shared__ unsigned long long miss_row[LOCATE_CHUNK];  // host row of the chunk's q-th miss
+    __shared__ unsigned miss_at[LOCATE_CHUNK];             // and its index in the chunk
+    __shared__ unsigned misses;
     const SwapReq r = reqs[blockIdx.x];
     const unsigned j0 = blockIdx.y * LOCATE_CHUNK;
     if (j0 >= r.sel_len) return;  // uniform over the block
@@ -35,6 +45,7 @@ extern "C" __global__ void locate_in_hot(const SwapReq* __restrict__ reqs, const
         hit[i] = -1;
         sel_copy[o + i] = t;
     }
+    if (tid == 0) misses = 0;
     __syncthreads();
     if (r.seq_len > B) {
         const int* st = slot_tokens + ((unsigned long long)r.seat * p.layers + p.layer) * B;
@@ -64,9 +75,21 @@ extern "C" __global__ void locate_in_hot(const SwapReq* __restrict__ reqs, const
             if (f == 0ull) {
                 loc = -1;
                 atomicOr(fault, 1u);
+            } else if (staging) {
+                const unsigned q = atomicAdd(&misses, 1u);
+                miss_row[q] = f - 1ull;
+                miss_at[q] = i;
+                f = (unsigned long long)(o + i) + 1ull;
             }
         }
         locations[o + i] = (int)loc;
         fills[o + i] = f;
     }
+    if (!staging) return;  // uniform over the block
+    __syncthreads();
+    const unsigned lane = tid & 31, warps = T >> 5;
+    const unsigned char* host = reinterpret_cast<const unsigned char*>(p.host_base);
+    for (unsigned q = tid >> 5; q < misses; q += warps)
+        copy_row(host + miss_row[q] * p.row_bytes, staging + (unsigned long long)(o + miss_at[q]) * p.row_bytes,
+                 p.row_bytes, lane);
 }

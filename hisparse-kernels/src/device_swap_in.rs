@@ -48,6 +48,9 @@ pub struct DeviceSwapInConfig {
     /// a stream of its own (`miss_fill = "deferred"`, `"auto"`). CUDA; under a policy that
     /// reads scores (which the next layer overwrites first) the attention fills them instead.
     pub fill_deferred: bool,
+    /// With `fill_deferred`: the locate also gathers the misses from the host tier into device
+    /// staging rows, and the attention reads them there (`miss_fill = "deferred-gather"`).
+    pub fill_gather: bool,
 }
 
 /// What [`DeviceSwapIn::attend`] attends with besides the hot rows: [`crate::AttentionBatch`]

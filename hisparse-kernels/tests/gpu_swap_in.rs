@@ -180,49 +180,55 @@ fn compare(z: &Sizes, seed: u64) {
                     }
                 };
                 // The locate first (it changes nothing): the CPU twin's answer, in the kernel's
-                // words, and the selection copied.
-                let (mut loc_l, mut fill_l) =
-                    (s.alloc_zeros::<i32>(sels.len()).unwrap(), s.alloc_zeros(sels.len()).unwrap());
-                let mut copy = s.alloc_zeros::<u32>(sels.len()).unwrap();
-                gpu.locate(
-                    &s,
-                    l,
-                    bt,
-                    &sels_d.as_view(),
-                    &pages_d,
-                    &mapped,
-                    &mut loc_l,
-                    &mut fill_l,
-                    &mut copy.as_view_mut(),
-                )
-                .unwrap();
-                let (loc_l, fill_l) = (s.clone_dtoh(&loc_l).unwrap(), s.clone_dtoh(&fill_l).unwrap());
-                assert_eq!(
-                    s.clone_dtoh(&copy).unwrap(),
-                    sels,
-                    "{} step {step} layer {l}: selection copy",
-                    policy.name()
-                );
-                for (r, (req, twin)) in reqs.iter().zip(&twins).enumerate() {
-                    let base = r * (b + 1);
-                    for (j, (&tok, w)) in sels[req.sel_offset as usize..].iter().zip(twin).enumerate() {
-                        let at = req.sel_offset as usize + j;
-                        let want = match *w {
-                            HotLocation::Slot(slot) => ((base + slot as usize) as i32, 0u64),
-                            HotLocation::Host => {
-                                let page = pages[page_offsets[r] as usize + tok as usize / PAGE] as usize;
-                                (
-                                    (base + b) as i32,
-                                    ((l * pages_per_layer + page) * PAGE + tok as usize % PAGE + 1) as u64,
-                                )
-                            }
-                        };
-                        assert_eq!(
-                            (loc_l[at], fill_l[at]),
-                            want,
-                            "{} step {step} layer {l} request {r}: located {tok}",
-                            policy.name()
-                        );
+                // words, and the selection copied; then gathering the misses into staging rows
+                // (`deferred-gather`): each at its selection index, its fill word naming it.
+                for gather in [false, true] {
+                    let (mut loc_l, mut fill_l) =
+                        (s.alloc_zeros::<i32>(sels.len()).unwrap(), s.alloc_zeros(sels.len()).unwrap());
+                    let mut copy = s.alloc_zeros::<u32>(sels.len()).unwrap();
+                    let mut staging = s.alloc_zeros::<u8>(sels.len() * ROW).unwrap();
+                    gpu.locate(
+                        &s,
+                        l,
+                        bt,
+                        &sels_d.as_view(),
+                        &pages_d,
+                        &mapped,
+                        &mut loc_l,
+                        &mut fill_l,
+                        &mut copy.as_view_mut(),
+                        gather.then_some(&mut staging),
+                    )
+                    .unwrap();
+                    let (loc_l, fill_l) = (s.clone_dtoh(&loc_l).unwrap(), s.clone_dtoh(&fill_l).unwrap());
+                    let staged = s.clone_dtoh(&staging).unwrap();
+                    let what = format!("{} step {step} layer {l} (gather: {gather})", policy.name());
+                    assert_eq!(s.clone_dtoh(&copy).unwrap(), sels, "{what}: selection copy");
+                    for (r, (req, twin)) in reqs.iter().zip(&twins).enumerate() {
+                        let base = r * (b + 1);
+                        for (j, (&tok, w)) in sels[req.sel_offset as usize..].iter().zip(twin).enumerate() {
+                            let at = req.sel_offset as usize + j;
+                            let want = match *w {
+                                HotLocation::Slot(slot) => ((base + slot as usize) as i32, 0u64),
+                                HotLocation::Host if gather => {
+                                    let row = &staged[at * ROW..(at + 1) * ROW];
+                                    assert_eq!(
+                                        row,
+                                        row_of(r, l, tok as usize).as_slice(),
+                                        "{what}: staged row of {tok}"
+                                    );
+                                    ((base + b) as i32, at as u64 + 1)
+                                }
+                                HotLocation::Host => {
+                                    let page = pages[page_offsets[r] as usize + tok as usize / PAGE] as usize;
+                                    (
+                                        (base + b) as i32,
+                                        ((l * pages_per_layer + page) * PAGE + tok as usize % PAGE + 1) as u64,
+                                    )
+                                }
+                            };
+                            assert_eq!((loc_l[at], fill_l[at]), want, "{what} request {r}: located {tok}");
+                        }
                     }
                 }
                 gpu.launch(l, bt, &sels_d.as_view(), Some(&scores_d.as_view()), &pages_d, &mapped, hot_l, &mut out)
@@ -433,7 +439,9 @@ fn out_of_range_selections_and_pages_raise_the_fault_flag() {
         let (sels, pages_d) = (s.clone_htod(sel).unwrap(), s.clone_htod(pages).unwrap());
         let (mut loc, mut fill) = (s.alloc_zeros::<i32>(sel.len()).unwrap(), s.alloc_zeros::<u64>(sel.len()).unwrap());
         let mut copy = s.alloc_zeros::<u32>(sel.len()).unwrap();
-        gpu.locate(&s, 0, &batch, &sels.as_view(), &pages_d, &mapped, &mut loc, &mut fill, &mut copy.as_view_mut())
+        let mut staging = s.alloc_zeros::<u8>(sel.len() * ROW).unwrap();
+        let st = Some(&mut staging);
+        gpu.locate(&s, 0, &batch, &sels.as_view(), &pages_d, &mapped, &mut loc, &mut fill, &mut copy.as_view_mut(), st)
             .unwrap();
         (s.clone_dtoh(&loc).unwrap(), gpu.take_fault().unwrap())
     };

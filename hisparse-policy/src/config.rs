@@ -52,7 +52,9 @@ pub struct HiSparseConfig {
     /// kernel, before the attention starts), `attention` (the attention reads them from the
     /// host tier as it goes and writes them back), `deferred` (the attention only reads them
     /// from the host tier; the swap-in's decisions and copies run after it on a stream of their
-    /// own, off the critical path; not with a policy that reads scores), or `auto` (deferred for
+    /// own, off the critical path; not with a policy that reads scores), `deferred-gather` (as
+    /// `deferred`, but the swap-in's first kernel gathers the misses into device staging rows
+    /// and the attention reads them there), or `auto` (deferred for
     /// batches of at most `miss_fill_max_batch` requests, where the swap-in's latency dominates
     /// — with a policy that reads scores the attention fills them there — and the swap-in
     /// above). CUDA only: the CPU backend copies either way. Results are bit-identical.
@@ -109,12 +111,12 @@ fn invalid(field: &'static str, value: impl std::fmt::Display, reason: impl Into
 
 impl HiSparseConfig {
     /// The values of `miss_fill`.
-    pub const MISS_FILLS: [&'static str; 4] = ["auto", "swap-in", "attention", "deferred"];
+    pub const MISS_FILLS: [&'static str; 5] = ["auto", "swap-in", "attention", "deferred", "deferred-gather"];
 
     /// The largest batch whose misses the attention brings in (0: none, `usize::MAX`: all).
     pub fn fill_max_batch(&self) -> usize {
         match self.miss_fill.as_str() {
-            "attention" | "deferred" => usize::MAX,
+            "attention" | "deferred" | "deferred-gather" => usize::MAX,
             "auto" => self.miss_fill_max_batch,
             _ => 0,
         }
@@ -123,7 +125,7 @@ impl HiSparseConfig {
     /// Whether, where the attention takes the misses, it only reads them and the swap-in runs
     /// after it (`deferred`, and `auto`'s small batches).
     pub fn fill_deferred(&self) -> bool {
-        matches!(self.miss_fill.as_str(), "deferred" | "auto")
+        matches!(self.miss_fill.as_str(), "deferred" | "deferred-gather" | "auto")
     }
 
     /// Parses JSON (unknown keys are errors; missing keys take their defaults).
@@ -217,7 +219,7 @@ impl HiSparseConfig {
             ));
         }
         let policy = crate::policy::make(&self.eviction_policy, &self.policy())?;
-        if self.miss_fill == "deferred" && policy.needs_scores() {
+        if self.miss_fill.starts_with("deferred") && policy.needs_scores() {
             return Err(invalid(
                 "miss_fill",
                 &self.miss_fill,
@@ -352,6 +354,14 @@ mod tests {
             (HiSparseConfig { miss_fill: "dma".into(), ..Default::default() }, "miss_fill"),
             (
                 HiSparseConfig { miss_fill: "deferred".into(), eviction_policy: "score".into(), ..Default::default() },
+                "miss_fill",
+            ),
+            (
+                HiSparseConfig {
+                    miss_fill: "deferred-gather".into(),
+                    eviction_policy: "score".into(),
+                    ..Default::default()
+                },
                 "miss_fill",
             ),
             (HiSparseConfig { prefetch_budget: 5000, ..Default::default() }, "prefetch_budget"),

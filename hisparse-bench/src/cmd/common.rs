@@ -85,10 +85,11 @@ pub struct EngineArgs {
     /// Who brings a layer's missed rows into its hot buffer: swap-in (default: its copy kernel,
     /// before the attention), attention (read from the host tier by the attention as it goes),
     /// deferred (read by the attention, the swap-in run after it on a stream of its own; not
-    /// with the score policy), or auto (the attention in batches of at most
+    /// with the score policy), deferred-gather (as deferred, the misses gathered into device
+    /// staging rows first for the attention), or auto (deferred in batches of at most
     /// --miss-fill-max-batch requests, the swap-in above). CUDA; the CPU backend copies either
     /// way. Outputs are bit-identical.
-    #[arg(long, value_parser = ["auto", "swap-in", "attention", "deferred"])]
+    #[arg(long, value_parser = ["auto", "swap-in", "attention", "deferred", "deferred-gather"])]
     pub miss_fill: Option<String>,
     /// With --miss-fill auto: the largest batch whose misses the attention fills (default 8).
     #[arg(long)]

@@ -190,6 +190,9 @@ pub fn hierarchy(hs: &hisparse_policy::HiSparseConfig, backend: &str) -> String 
     let reads_scores = hisparse_policy::policy::make(&hs.eviction_policy, &hs.policy()).is_ok_and(|p| p.needs_scores());
     let fill = match (backend == "cuda", hs.fill_max_batch()) {
         (false, _) | (true, 0) => "swap-in".to_owned(),
+        (true, _) if hs.miss_fill == "deferred-gather" => {
+            "deferred swap-in (its first kernel gathers them into device staging rows for the attention)".to_owned()
+        }
         (true, usize::MAX) if hs.fill_deferred() => {
             "deferred swap-in (the attention reads them from the host tier)".to_owned()
         }
@@ -327,6 +330,10 @@ mod tests {
             line("deferred", "lru", "cuda").ends_with("deferred swap-in (the attention reads them from the host tier)")
         );
         assert!(line("attention", "lru", "cuda").ends_with("misses filled by the attention"));
+        assert!(
+            line("deferred-gather", "lru", "cuda")
+                .ends_with("gathers them into device staging rows for the attention)")
+        );
         // The CPU backend copies whatever the setting.
         assert!(line("deferred", "lru", "cpu").ends_with("misses filled by the swap-in"));
     }

@@ -217,6 +217,7 @@ where
                     transfer_delay: cfg.transfer_delay,
                     fill_max_batch: cfg.hisparse.fill_max_batch(),
                     fill_deferred: cfg.hisparse.fill_deferred(),
+                    fill_gather: cfg.hisparse.miss_fill == "deferred-gather",
                 };
                 let swap = backend.device_swap_in(&dcfg, &mut host)?;
                 let backup =

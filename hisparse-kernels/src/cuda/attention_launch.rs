@@ -42,6 +42,9 @@ pub(super) enum AttnRows<'a> {
     Fill { hot: &'a mut CudaSlice<u8>, fills: &'a CudaSlice<u64>, host: &'a MappedHostTier },
     /// As `Fill`, but the misses are only read (the deferred swap-in brings them in later).
     Read { hot: &'a CudaSlice<u8>, fills: &'a CudaSlice<u64>, host: &'a MappedHostTier },
+    /// As `Read`, but a non-zero fill word names a row of `staging` (device memory) plus one:
+    /// the misses the locate gathered there.
+    Staged { hot: &'a CudaSlice<u8>, fills: &'a CudaSlice<u64>, staging: &'a CudaSlice<u8> },
 }
 
 /// Reused buffers of the attention's launches: the spans, the split partials.
@@ -133,7 +136,7 @@ impl AttentionKernels {
         let pool_len = match &rows {
             AttnRows::Pool(r) => r.len(),
             AttnRows::Fill { hot, .. } => hot.len(),
-            AttnRows::Read { hot, .. } => hot.len(),
+            AttnRows::Read { hot, .. } | AttnRows::Staged { hot, .. } => hot.len(),
         };
         if !pool_len.is_multiple_of(rb) {
             return Err(KernelError::invalid("rows", pool_len, format!("not a multiple of the row size {rb}")));
@@ -167,6 +170,12 @@ impl AttentionKernels {
                     ));
                 }
                 (host.device_ptr(), host.layout().rows())
+            }
+            AttnRows::Staged { fills, staging, .. } => {
+                if fills.len() < sel_end {
+                    return Err(KernelError::invalid("fills", fills.len(), format!("the selections reach {sel_end}")));
+                }
+                (super::printed_launch::addr(*staging, dev.stream()), (staging.len() / rb) as u64)
             }
         };
         if n == 0 {
@@ -204,7 +213,9 @@ impl AttentionKernels {
         match rows {
             AttnRows::Pool(r) => b.arg(r).arg(q.locations).arg(&null),
             AttnRows::Fill { hot, fills, .. } => b.arg_mut(hot).arg(q.locations).arg(fills),
-            AttnRows::Read { hot, fills, .. } => b.arg(hot).arg(q.locations).arg(fills),
+            AttnRows::Read { hot, fills, .. } | AttnRows::Staged { hot, fills, .. } => {
+                b.arg(hot).arg(q.locations).arg(fills)
+            }
         };
         b.arg(&sc.sels).params(&params);
         if splits > 1 {
@@ -215,7 +226,9 @@ impl AttentionKernels {
         b.arg_mut(fault);
         // SAFETY: queries, out and lse hold n requests' heads (checked); selections lie within
         // `locations` and `fills` (checked); locations are checked against the pool and fills
-        // against the registered host tier (alive while its handle is) in the kernel, which
+        // against the registered host tier (alive while its handle is) or the staging rows
+        // (borrowed for the call; a graph that replays this launch is keyed by its address) in
+        // the kernel, which
         // writes the pool only at checked locations and only given `Fill` (write_back); partials hold n * heads * splits entries.
         unsafe { b.launch(cfg) }.map_err(driver_error("attention launch"))?;
         if splits > 1 {

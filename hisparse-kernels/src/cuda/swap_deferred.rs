@@ -11,6 +11,11 @@
 //! so they find the same hits. A policy that reads scores is refused: the next layer's indexer
 //! overwrites them before the deferred decisions run.
 //!
+//! With `miss_fill = "deferred-gather"` the locate also copies each miss from the host tier into
+//! a staging row of its own (its selection index), and the attention reads it there, from device
+//! memory; the staging holds one layer's misses at a time, which the main stream's order keeps
+//! (a layer's locate follows the attention before it).
+//!
 //! Invariant: every deferred swap-in of a step is waited for by the main stream before the
 //! step's end ([`DeferredSwapIn::settle`]), so the next step's locate of a layer reads the
 //! state that layer's swap-in left; each layer's selection copy is its own, rewritten only by
@@ -35,7 +40,9 @@ impl GpuSwapIn {
     /// Writes, for every selected token of `batch` in `layer`, where it is now, changing no
     /// state: `locations` gets a hit's (or the newest token's) hot-buffer row, `fills` 0 for
     /// those and a miss's host-tier row plus one (its location is then the request's reserved
-    /// slot, a placeholder); `sel_copy` gets the selection. Launched on `stream`.
+    /// slot, a placeholder); `sel_copy` gets the selection. Given `staging` (a row per
+    /// selection entry), the missed rows are copied there too, at their selection index, and a
+    /// miss's fill word names that staging row plus one instead. Launched on `stream`.
     #[allow(clippy::too_many_arguments)]
     pub fn locate(
         &mut self,
@@ -48,6 +55,7 @@ impl GpuSwapIn {
         locations: &mut CudaSlice<i32>,
         fills: &mut CudaSlice<u64>,
         sel_copy: &mut CudaViewMut<'_, u32>,
+        staging: Option<&mut CudaSlice<u8>>,
     ) -> Result<()> {
         let params = self.checked_params(layer, batch, selections.len(), None, host_pages, host)?;
         let sel_end = batch.selection_end();
@@ -56,16 +64,29 @@ impl GpuSwapIn {
                 return Err(KernelError::invalid(field, len, format!("the batch writes {sel_end} entries")));
             }
         }
+        let rows_need = sel_end.checked_mul(params.row_bytes as usize);
+        if let Some(st) = staging.as_ref()
+            && rows_need.is_none_or(|b| st.len() < b)
+        {
+            return Err(KernelError::invalid(
+                "staging",
+                st.len(),
+                format!("{sel_end} rows of {} bytes", params.row_bytes),
+            ));
+        }
         let reqs = batch.requests();
         let longest = reqs.iter().map(|r| r.sel_len as usize).max().unwrap_or(0);
         if reqs.is_empty() || longest == 0 {
             return Ok(());
         }
+        // More warps per block when they also copy rows (a warp a row).
+        let threads = if staging.is_some() { 512 } else { 256 };
         let cfg = LaunchConfig {
             grid_dim: (reqs.len() as u32, longest.div_ceil(LOCATE_CHUNK) as u32, 1),
-            block_dim: (256, 1, 1),
+            block_dim: (threads, 1, 1),
             shared_mem_bytes: 0,
         };
+        let null = 0u64;
         let GpuSwapIn { print, funcs, slot_tokens, fault, .. } = &mut *self;
         let mut b = PrintedLaunch::new(print, stream, &funcs.locate);
         b.arg(batch.device())
@@ -74,14 +95,17 @@ impl GpuSwapIn {
             .arg(host_pages)
             .arg_mut(locations)
             .arg_mut(fills)
-            .arg_mut(sel_copy)
-            .arg_mut(fault)
-            .params(&params);
+            .arg_mut(sel_copy);
+        match staging {
+            Some(st) => b.arg_mut(st),
+            None => b.arg(&null),
+        };
+        b.arg_mut(fault).params(&params);
         // SAFETY: the batch was validated against this swap-in (seats within the slot tables,
         // selection ranges within `sel_end`, the request count within u32 as its seats are),
-        // and the three outputs hold `sel_end` entries (checked); host page ids are read within
-        // `host_pages_len` and checked against the tier (fault otherwise); nothing is
-        // dereferenced in the host tier.
+        // and the outputs hold `sel_end` entries, the staging `sel_end` rows (checked); host
+        // page ids are read within `host_pages_len` and checked against the tier (fault
+        // otherwise), so a missed row is read only inside the registered tier.
         unsafe { b.launch(cfg) }.map_err(driver_error("locate launch"))?;
         Ok(())
     }
@@ -103,18 +127,28 @@ pub(super) struct DeferredSwapIn {
     /// Test hook: the delay kernel and its nanoseconds, before every deferred swap-in.
     delay: Option<(CudaFunction, u64)>,
     print: Arc<LaunchPrint>,
+    /// `miss_fill = "deferred-gather"`: the row size, and a row per selection entry into which
+    /// the locate gathers the misses for the attention (one layer's at a time: the main stream
+    /// orders each layer's locate after the attention before it).
+    gather: Option<(usize, CudaSlice<u8>)>,
 }
 
 impl DeferredSwapIn {
     /// A deferred swap-in for `layers` layers, with a stream of its own; `delay_ns` (a test
-    /// hook) slows every deferred swap-in.
-    pub(super) fn new(dev: &CudaDevice, layers: usize, delay_ns: u64) -> Result<Self> {
+    /// hook) slows every deferred swap-in; given `gather_row_bytes`, the locate gathers the
+    /// misses into a staging buffer of such rows for the attention.
+    pub(super) fn new(dev: &CudaDevice, layers: usize, delay_ns: u64, gather_row_bytes: Option<usize>) -> Result<Self> {
         let main = Arc::clone(dev.stream());
+        let gather = match gather_row_bytes {
+            Some(rb) => Some((rb, main.alloc_zeros(rb.max(1)).map_err(driver_error("staging rows"))?)),
+            None => None,
+        };
         let delay = match delay_ns {
             0 => None,
             ns => Some((dev.function("backup", "delay_ns")?, ns)),
         };
         Ok(Self {
+            gather,
             delay,
             print: Arc::clone(&dev.print),
             stream: dev.context().new_stream().map_err(driver_error("deferred swap-in stream"))?,
@@ -135,6 +169,15 @@ impl DeferredSwapIn {
             let n = cap.checked_mul(self.layers).ok_or_else(|| KernelError::invalid("selections", cap, "overflows"))?;
             self.sel_copy = self.main.alloc_zeros(n).map_err(driver_error("selection copies"))?;
             self.cap = cap;
+        }
+        if let Some((rb, st)) = self.gather.as_mut() {
+            let need = sel_end
+                .next_power_of_two()
+                .checked_mul(*rb)
+                .ok_or_else(|| KernelError::invalid("selections", sel_end, "staging rows overflow"))?;
+            if st.len() < need {
+                *st = self.main.alloc_zeros(need).map_err(driver_error("staging rows"))?;
+            }
         }
         if self.out.miss_tokens.len() < sel_end || self.out.counts.len() < crate::SWAP_COUNTS * requests {
             self.out = SwapOutputs::new(&self.main, requests.next_power_of_two(), sel_end.next_power_of_two())?;
@@ -161,7 +204,8 @@ impl DeferredSwapIn {
         }
         let (at, cap) = (layer * self.cap, self.cap);
         let mut copy = self.sel_copy.slice_mut(at..at + cap);
-        gpu.locate(&self.main, layer, batch, selections, pages, host, locations, fills, &mut copy)?;
+        let staging = self.gather.as_mut().map(|(_, st)| st);
+        gpu.locate(&self.main, layer, batch, selections, pages, host, locations, fills, &mut copy, staging)?;
         self.stream.join(&self.main).map_err(driver_error("the deferred stream waits for the locate"))?;
         if let Some((f, ns)) = &self.delay {
             super::backup::launch_delay(&self.print, &self.stream, f, ns)?;
@@ -174,6 +218,11 @@ impl DeferredSwapIn {
             .map_err(driver_error("deferred swap-in event"))?;
         self.pending = Some(e);
         Ok(())
+    }
+
+    /// The rows the last locate gathered (`deferred-gather`), at their selection index.
+    pub(super) fn staging(&self) -> Option<&CudaSlice<u8>> {
+        self.gather.as_ref().map(|(_, st)| st)
     }
 
     /// Orders every deferred swap-in queued so far before the main stream's later work.

@@ -72,8 +72,12 @@ impl CudaSwapIn {
             cfg.geometry.top_k,
             cfg.max_tokens,
         )?;
-        let deferred =
-            if cfg.fill_deferred { Some(DeferredSwapIn::new(dev, cfg.geometry.layers, delay_ns)?) } else { None };
+        let gather = cfg.fill_gather.then_some(mapped.layout().row_bytes);
+        let deferred = if cfg.fill_deferred {
+            Some(DeferredSwapIn::new(dev, cfg.geometry.layers, delay_ns, gather)?)
+        } else {
+            None
+        };
         let reads_scores = cfg.policy.needs_scores();
         gpu.set_fill_max(if deferred.is_some() && !reads_scores { 0 } else { cfg.fill_max_batch });
         let s = dev.stream();
@@ -255,8 +259,12 @@ impl DeviceSwapIn<CudaMemory> for CudaSwapIn {
             .ok_or_else(|| KernelError::invalid("hot", layer, "no hot-buffer pool for that layer"))?;
         let n = self.batch.as_ref().map_or(0, |b| b.requests().len());
         let (fills, host) = (&self.out.fills, &self.host);
-        let rows =
-            if self.defers(n) { AttnRows::Read { hot, fills, host } } else { AttnRows::Fill { hot, fills, host } };
+        let staging = self.deferred.as_ref().and_then(DeferredSwapIn::staging);
+        let rows = match (self.defers(n), staging) {
+            (true, Some(staging)) => AttnRows::Staged { hot, fills, staging },
+            (true, None) => AttnRows::Read { hot, fills, host },
+            (false, _) => AttnRows::Fill { hot, fills, host },
+        };
         self.attention.launch(&self.dev, &mut self.attn_scratch, query, rows, out, lse, &mut self.gpu.fault)
     }
 
