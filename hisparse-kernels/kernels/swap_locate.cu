@@ -93,3 +93,28 @@ extern "C" __global__ void locate_in_hot(const SwapReq* __restrict__ reqs, const
         copy_row(host + miss_row[q] * p.row_bytes, staging + (unsigned long long)(o + miss_at[q]) * p.row_bytes,
                  p.row_bytes, lane);
 }
+
+// The deferred swap-in's copies under "deferred-gather": every miss of request x comes from the
+// staging row the locate gathered it into (its selection index, found again in the selection
+// copy), device to device, block (x, y) taking misses y, y + gridDim.y, ... (in warps). The
+// locate and the decisions read the same slot table, so each miss was gathered; a token the
+// selection copy lacks (which cannot happen) is skipped.
+extern "C" __global__ void copy_staged_misses(const SwapReq* __restrict__ reqs, const unsigned* __restrict__ counts,
+                                              const unsigned* __restrict__ miss_tokens,
+                                              const unsigned* __restrict__ miss_slots,
+                                              const unsigned* __restrict__ sel_copy,
+                                              const unsigned char* __restrict__ staging,
+                                              unsigned char* __restrict__ hot_rows, SwapParams p) {
+    const SwapReq r = reqs[blockIdx.x];
+    const unsigned misses = __ldcg(counts + COUNTS * blockIdx.x + 1);
+    const unsigned lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    const long long base = (long long)r.seat * (p.buffer_slots + 1);
+    const unsigned* sel = sel_copy + r.sel_offset;
+    for (unsigned m = blockIdx.y * warps + (threadIdx.x >> 5); m < misses; m += gridDim.y * warps) {
+        const unsigned tok = __ldcg(miss_tokens + r.sel_offset + m), s = __ldcg(miss_slots + r.sel_offset + m);
+        const int j = find_sorted(sel, r.sel_len, tok);
+        if (j < 0) continue;
+        copy_row(staging + (unsigned long long)(r.sel_offset + (unsigned)j) * p.row_bytes,
+                 hot_rows + (unsigned long long)(base + s) * p.row_bytes, p.row_bytes, lane);
+    }
+}

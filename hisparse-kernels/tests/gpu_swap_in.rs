@@ -187,6 +187,7 @@ fn compare(z: &Sizes, seed: u64) {
                         (s.alloc_zeros::<i32>(sels.len()).unwrap(), s.alloc_zeros(sels.len()).unwrap());
                     let mut copy = s.alloc_zeros::<u32>(sels.len()).unwrap();
                     let mut staging = s.alloc_zeros::<u8>(sels.len() * ROW).unwrap();
+                    let mut staging_view = staging.as_view_mut();
                     gpu.locate(
                         &s,
                         l,
@@ -197,7 +198,7 @@ fn compare(z: &Sizes, seed: u64) {
                         &mut loc_l,
                         &mut fill_l,
                         &mut copy.as_view_mut(),
-                        gather.then_some(&mut staging),
+                        gather.then_some(&mut staging_view),
                     )
                     .unwrap();
                     let (loc_l, fill_l) = (s.clone_dtoh(&loc_l).unwrap(), s.clone_dtoh(&fill_l).unwrap());
@@ -440,7 +441,8 @@ fn out_of_range_selections_and_pages_raise_the_fault_flag() {
         let (mut loc, mut fill) = (s.alloc_zeros::<i32>(sel.len()).unwrap(), s.alloc_zeros::<u64>(sel.len()).unwrap());
         let mut copy = s.alloc_zeros::<u32>(sel.len()).unwrap();
         let mut staging = s.alloc_zeros::<u8>(sel.len() * ROW).unwrap();
-        let st = Some(&mut staging);
+        let mut view = staging.as_view_mut();
+        let st = Some(&mut view);
         gpu.locate(&s, 0, &batch, &sels.as_view(), &pages_d, &mapped, &mut loc, &mut fill, &mut copy.as_view_mut(), st)
             .unwrap();
         (s.clone_dtoh(&loc).unwrap(), gpu.take_fault().unwrap())

@@ -4,7 +4,7 @@
 //! reused scratch, the argument struct, and the host-side checks that run before any launch.
 
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute_enum};
-use cudarc::driver::{CudaFunction, CudaSlice, DeviceRepr, LaunchConfig};
+use cudarc::driver::{CudaFunction, CudaSlice, CudaView, DeviceRepr, LaunchConfig};
 use hisparse_memory::KvRowFormat;
 use hisparse_memory::cuda::{CudaMemory, MappedHostTier};
 
@@ -44,7 +44,7 @@ pub(super) enum AttnRows<'a> {
     Read { hot: &'a CudaSlice<u8>, fills: &'a CudaSlice<u64>, host: &'a MappedHostTier },
     /// As `Read`, but a non-zero fill word names a row of `staging` (device memory) plus one:
     /// the misses the locate gathered there.
-    Staged { hot: &'a CudaSlice<u8>, fills: &'a CudaSlice<u64>, staging: &'a CudaSlice<u8> },
+    Staged { hot: &'a CudaSlice<u8>, fills: &'a CudaSlice<u64>, staging: &'a CudaView<'a, u8> },
 }
 
 /// Reused buffers of the attention's launches: the spans, the split partials.

@@ -24,6 +24,7 @@ mod swap_in_backend;
 mod swap_launch;
 mod swap_module;
 mod swap_prefetch;
+mod swap_staging;
 mod topk_launch;
 
 pub use backend::CudaBackend;

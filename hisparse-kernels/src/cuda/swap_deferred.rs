@@ -12,9 +12,9 @@
 //! overwrites them before the deferred decisions run.
 //!
 //! With `miss_fill = "deferred-gather"` the locate also copies each miss from the host tier into
-//! a staging row of its own (its selection index), and the attention reads it there, from device
-//! memory; the staging holds one layer's misses at a time, which the main stream's order keeps
-//! (a layer's locate follows the attention before it).
+//! a staging row of its own (its selection index, in a ring of slots: `swap_staging.rs`), the
+//! attention reads it there, from device memory, and the deferred swap-in copies it from there
+//! into its slot: a miss crosses PCIe once.
 //!
 //! Invariant: every deferred swap-in of a step is waited for by the main stream before the
 //! step's end ([`DeferredSwapIn::settle`]), so the next step's locate of a layer reads the
@@ -31,6 +31,7 @@ use super::device::CudaDevice;
 use super::driver_error;
 use super::printed_launch::{LaunchPrint, PrintedLaunch};
 use super::swap_in::{GpuSwapIn, SwapBatch, SwapOutputs};
+use super::swap_staging::{StagedRows, StagingRing};
 use crate::error::{KernelError, Result};
 
 /// Selected positions per block of `locate_in_hot` (`LOCATE_CHUNK` in kernels/swap_locate.cu).
@@ -55,7 +56,7 @@ impl GpuSwapIn {
         locations: &mut CudaSlice<i32>,
         fills: &mut CudaSlice<u64>,
         sel_copy: &mut CudaViewMut<'_, u32>,
-        staging: Option<&mut CudaSlice<u8>>,
+        staging: Option<&mut CudaViewMut<'_, u8>>,
     ) -> Result<()> {
         let params = self.checked_params(layer, batch, selections.len(), None, host_pages, host)?;
         let sel_end = batch.selection_end();
@@ -127,10 +128,8 @@ pub(super) struct DeferredSwapIn {
     /// Test hook: the delay kernel and its nanoseconds, before every deferred swap-in.
     delay: Option<(CudaFunction, u64)>,
     print: Arc<LaunchPrint>,
-    /// `miss_fill = "deferred-gather"`: the row size, and a row per selection entry into which
-    /// the locate gathers the misses for the attention (one layer's at a time: the main stream
-    /// orders each layer's locate after the attention before it).
-    gather: Option<(usize, CudaSlice<u8>)>,
+    /// `miss_fill = "deferred-gather"`: the rows the locates gather the misses into.
+    gather: Option<StagingRing>,
 }
 
 impl DeferredSwapIn {
@@ -140,7 +139,7 @@ impl DeferredSwapIn {
     pub(super) fn new(dev: &CudaDevice, layers: usize, delay_ns: u64, gather_row_bytes: Option<usize>) -> Result<Self> {
         let main = Arc::clone(dev.stream());
         let gather = match gather_row_bytes {
-            Some(rb) => Some((rb, main.alloc_zeros(rb.max(1)).map_err(driver_error("staging rows"))?)),
+            Some(rb) => Some(StagingRing::new(&main, rb)?),
             None => None,
         };
         let delay = match delay_ns {
@@ -170,14 +169,8 @@ impl DeferredSwapIn {
             self.sel_copy = self.main.alloc_zeros(n).map_err(driver_error("selection copies"))?;
             self.cap = cap;
         }
-        if let Some((rb, st)) = self.gather.as_mut() {
-            let need = sel_end
-                .next_power_of_two()
-                .checked_mul(*rb)
-                .ok_or_else(|| KernelError::invalid("selections", sel_end, "staging rows overflow"))?;
-            if st.len() < need {
-                *st = self.main.alloc_zeros(need).map_err(driver_error("staging rows"))?;
-            }
+        if let Some(ring) = self.gather.as_mut() {
+            ring.reserve(&self.main, sel_end)?;
         }
         if self.out.miss_tokens.len() < sel_end || self.out.counts.len() < crate::SWAP_COUNTS * requests {
             self.out = SwapOutputs::new(&self.main, requests.next_power_of_two(), sel_end.next_power_of_two())?;
@@ -204,29 +197,54 @@ impl DeferredSwapIn {
         }
         let (at, cap) = (layer * self.cap, self.cap);
         let mut copy = self.sel_copy.slice_mut(at..at + cap);
-        let staging = self.gather.as_mut().map(|(_, st)| st);
-        gpu.locate(&self.main, layer, batch, selections, pages, host, locations, fills, &mut copy, staging)?;
+        let mut slot = match self.gather.as_mut() {
+            Some(ring) => Some(ring.slot_mut(&self.main, layer)?),
+            None => None,
+        };
+        gpu.locate(&self.main, layer, batch, selections, pages, host, locations, fills, &mut copy, slot.as_mut())?;
         self.stream.join(&self.main).map_err(driver_error("the deferred stream waits for the locate"))?;
         if let Some((f, ns)) = &self.delay {
             super::backup::launch_delay(&self.print, &self.stream, f, ns)?;
         }
         let copy = self.sel_copy.slice(at..at + cap);
         let stream = Arc::clone(&self.stream);
-        gpu.launch_counted(&stream, layer, batch, &copy, None, pages, host, hot, &mut self.out, Some(counts))?;
+        let staged = self
+            .gather
+            .as_ref()
+            .map(|ring| StagedRows { rows: ring.slot(layer), selection: self.sel_copy.slice(at..at + cap) });
+        gpu.launch_counted(
+            &stream,
+            layer,
+            batch,
+            &copy,
+            None,
+            pages,
+            host,
+            hot,
+            &mut self.out,
+            Some(counts),
+            staged.as_ref(),
+        )?;
         let e = stream
             .record_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))
             .map_err(driver_error("deferred swap-in event"))?;
-        self.pending = Some(e);
+        match self.gather.as_mut() {
+            Some(ring) => ring.read_by(layer, e),
+            None => self.pending = Some(e),
+        }
         Ok(())
     }
 
-    /// The rows the last locate gathered (`deferred-gather`), at their selection index.
-    pub(super) fn staging(&self) -> Option<&CudaSlice<u8>> {
-        self.gather.as_ref().map(|(_, st)| st)
+    /// The rows `layer`'s locate gathered (`deferred-gather`), at their selection index.
+    pub(super) fn staging_of(&self, layer: usize) -> Option<CudaView<'_, u8>> {
+        self.gather.as_ref().map(|ring| ring.slot(layer))
     }
 
     /// Orders every deferred swap-in queued so far before the main stream's later work.
     pub(super) fn settle(&mut self) -> Result<()> {
+        if let Some(ring) = self.gather.as_mut() {
+            ring.settle(&self.main)?;
+        }
         match self.pending.take() {
             Some(e) => self.main.wait(&e).map_err(driver_error("wait for the deferred swap-in")),
             None => Ok(()),

@@ -225,6 +225,7 @@ impl DeviceSwapIn<CudaMemory> for CudaSwapIn {
             hot,
             &mut self.out,
             Some((&mut self.counts, at)),
+            None,
         );
         std::mem::swap(&mut self.out.locations, locations);
         r?;
@@ -259,8 +260,8 @@ impl DeviceSwapIn<CudaMemory> for CudaSwapIn {
             .ok_or_else(|| KernelError::invalid("hot", layer, "no hot-buffer pool for that layer"))?;
         let n = self.batch.as_ref().map_or(0, |b| b.requests().len());
         let (fills, host) = (&self.out.fills, &self.host);
-        let staging = self.deferred.as_ref().and_then(DeferredSwapIn::staging);
-        let rows = match (self.defers(n), staging) {
+        let staging = self.deferred.as_ref().and_then(|d| d.staging_of(layer));
+        let rows = match (self.defers(n), staging.as_ref()) {
             (true, Some(staging)) => AttnRows::Staged { hot, fills, staging },
             (true, None) => AttnRows::Read { hot, fills, host },
             (false, _) => AttnRows::Fill { hot, fills, host },

@@ -142,16 +142,17 @@ impl GpuSwapIn {
         out: &mut SwapOutputs,
     ) -> Result<()> {
         let stream = Arc::clone(&self.stream);
-        self.launch_counted(&stream, layer, batch, selections, scores, host_pages, host, hot_rows, out, None)
+        self.launch_counted(&stream, layer, batch, selections, scores, host_pages, host, hot_rows, out, None, None)
     }
 
     /// [`GpuSwapIn::launch`] on `stream` (ordering it against the swap-in's other work is the
     /// caller's), with the counts written to `counts` (at least [`SWAP_COUNTS`] words per
     /// request) instead of `out.counts` where given. A batch of at most
     /// [`GpuSwapIn::set_fused_max`] requests runs as one launch (decisions and copies),
-    /// larger ones as two.
+    /// larger ones as two; given `staged`, the misses are copied from those staging rows
+    /// (device to device) instead of the host tier, after a decision launch.
     #[allow(clippy::too_many_arguments)]
-    pub fn launch_counted(
+    pub(super) fn launch_counted(
         &mut self,
         stream: &Arc<CudaStream>,
         layer: usize,
@@ -163,9 +164,13 @@ impl GpuSwapIn {
         hot_rows: &mut CudaSlice<u8>,
         out: &mut SwapOutputs,
         counts: Option<(&mut CudaSlice<u32>, usize)>,
+        staged: Option<&super::swap_staging::StagedRows<'_>>,
     ) -> Result<()> {
         let params = self.checked_params(layer, batch, selections.len(), scores, host_pages, host)?;
         self.check_outputs(batch, out, hot_rows, params.row_bytes)?;
+        if let Some(st) = staged {
+            st.check(batch, params.row_bytes)?;
+        }
         let n = batch.requests().len();
         if n == 0 {
             return Ok(());
@@ -175,8 +180,9 @@ impl GpuSwapIn {
         if at.checked_add(SWAP_COUNTS * n).is_none_or(|end| end > counts.len()) {
             return Err(KernelError::invalid("counts", at, format!("no room for {n} requests' counts there")));
         }
-        let fill = self.fills(n);
-        let fused = n <= self.fused_max && !fill;
+        // Misses copied from staging rows need the lists of the two-launch form.
+        let fill = self.fills(n) && staged.is_none();
+        let fused = n <= self.fused_max && !fill && staged.is_none();
         if fused && 3 * n > self.sync.len() {
             return Err(KernelError::invalid("reqs", n, format!("more requests than the {} seats", self.seats)));
         }
@@ -232,7 +238,10 @@ impl GpuSwapIn {
             return Ok(());
         }
         let lists = (&counts_at.as_view(), &*miss_tokens, &*miss_slots);
-        self.launch_copies(stream, batch, host_pages, hot_rows, lists, &params)
+        match staged {
+            Some(st) => self.launch_staged_copies(stream, batch, st, hot_rows, lists, &params),
+            None => self.launch_copies(stream, batch, host_pages, hot_rows, lists, &params),
+        }
     }
 
     /// Brings nominated tokens into `layer`'s buffers before their selection is known

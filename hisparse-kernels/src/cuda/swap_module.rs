@@ -28,7 +28,15 @@ pub fn swap_in_source(policy: &dyn EvictionPolicy) -> Option<KernelSource> {
     Some(KernelSource {
         name: super::sources::module_name("swap_in", &code),
         code,
-        kernels: &["swap_in", "copy_misses", "gather_rows", "prefetch_in", "swap_in_fused", "locate_in_hot"],
+        kernels: &[
+            "swap_in",
+            "copy_misses",
+            "gather_rows",
+            "prefetch_in",
+            "swap_in_fused",
+            "locate_in_hot",
+            "copy_staged_misses",
+        ],
     })
 }
 
@@ -48,6 +56,7 @@ pub(super) struct SwapFunctions {
     pub prefetch: CudaFunction,
     pub fused: CudaFunction,
     pub locate: CudaFunction,
+    pub copy_staged: CudaFunction,
 }
 
 impl SwapFunctions {
@@ -62,6 +71,7 @@ impl SwapFunctions {
             prefetch: get("prefetch_in")?,
             fused: get("swap_in_fused")?,
             locate: get("locate_in_hot")?,
+            copy_staged: get("copy_staged_misses")?,
         };
         let opt_in = |func: &CudaFunction, bytes: usize| {
             func.set_attribute(CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes as i32)
