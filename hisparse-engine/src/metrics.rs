@@ -22,6 +22,9 @@ pub struct StageTimes {
     pub attention: f64,
     /// The emulated model's non-attention GEMMs (when emulated).
     pub model: f64,
+    /// The collectives of a data-parallel deployment around those GEMMs (`--gpus`).
+    #[serde(default)]
+    pub exchange: f64,
     /// Layers replayed as one captured launch graph (every kernel stage of them; the stages
     /// above then count the layers launched one by one).
     pub graph: f64,
@@ -44,6 +47,7 @@ impl StageTimes {
             K::Attention => self.attention += secs,
             K::Graph => self.graph += secs,
             K::Model => self.model += secs,
+            K::Exchange => self.exchange += secs,
         }
     }
 
@@ -58,6 +62,7 @@ impl StageTimes {
         self.attention += o.attention;
         self.graph += o.graph;
         self.model += o.model;
+        self.exchange += o.exchange;
         self.backup += o.backup;
         self.admission += o.admission;
     }
@@ -72,6 +77,7 @@ impl StageTimes {
             + self.attention
             + self.graph
             + self.model
+            + self.exchange
             + self.backup
             + self.bookkeeping
     }

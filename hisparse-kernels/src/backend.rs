@@ -117,6 +117,9 @@ pub enum KernelStage {
     Graph,
     /// The emulated model's non-attention GEMMs.
     Model,
+    /// The collectives of a data-parallel deployment around them (the batch agreement, the
+    /// all-gathers and reduce-scatters, the logits' gather).
+    Exchange,
 }
 
 /// Seconds a backend measured per stage on its own clock (CUDA: events on its stream).
@@ -134,6 +137,8 @@ pub struct StageSeconds {
     pub graph: f64,
     /// The emulated model's GEMMs.
     pub model: f64,
+    /// The ranks' collectives.
+    pub exchange: f64,
 }
 
 impl StageSeconds {
@@ -146,6 +151,7 @@ impl StageSeconds {
             KernelStage::Attention => self.attention += secs,
             KernelStage::Graph => self.graph += secs,
             KernelStage::Model => self.model += secs,
+            KernelStage::Exchange => self.exchange += secs,
         }
     }
 }

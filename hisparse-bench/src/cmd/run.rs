@@ -341,10 +341,15 @@ pub fn render(runs: &[ModeRun], out: &std::path::Path) -> String {
         );
     }
     for r in runs.iter().filter(|r| r.gpus > 1 || r.exchange_mb_per_step > 0.0) {
+        let x = &r.summary.stages;
         s += &format!(
             "{}: {} GPUs, one engine each (requests round robin, host tier divided); a step is the slowest rank's, \
-             tokens summed; collectives {:.2} MB per rank and step\n",
-            r.mode, r.gpus, r.exchange_mb_per_step
+             tokens summed; collectives {:.2} MB per rank and step, {:.1}% of the decode time (in layers launched \
+             one by one)\n",
+            r.mode,
+            r.gpus,
+            r.exchange_mb_per_step,
+            100.0 * x.exchange / x.decode().max(1e-12)
         );
     }
     for r in runs {

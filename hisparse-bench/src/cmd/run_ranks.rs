@@ -236,12 +236,16 @@ mod tests {
                         let ex = RankExchange::new(&tiny(), Box::new(g), e.cache().backend().memory()).unwrap();
                         e.set_exchange(ex).unwrap();
                         let specs = share(rank);
-                        let mut steps = 0;
-                        super::super::arrivals::drive(&mut e, &specs, None, Some(&v), |_| {
+                        let (mut steps, mut exchange, mut model) = (0, 0.0, 0.0);
+                        super::super::arrivals::drive(&mut e, &specs, None, Some(&v), |r| {
                             steps += 1;
+                            exchange += r.metrics.stages.exchange;
+                            model += r.metrics.stages.model;
                             Ok(())
                         })
                         .unwrap();
+                        // The collectives are timed apart from the GEMMs around them.
+                        assert!(exchange > 0.0 && model > 0.0, "rank {rank}: exchange {exchange} s, model {model} s");
                         let finished = e.outcomes().len();
                         (steps, e.exchanged_bytes(), finished)
                     })

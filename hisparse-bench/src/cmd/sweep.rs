@@ -171,7 +171,7 @@ impl Window {
         self.wasted += m.prefetch_wasted;
         let st = &m.stages;
         self.swap += st.swap_in + st.backup;
-        self.kernels += st.indexer + st.top_k + st.swap_in + st.attention + st.graph + st.model;
+        self.kernels += st.indexer + st.top_k + st.swap_in + st.attention + st.graph + st.model + st.exchange;
         self.stages.add(st);
     }
 

@@ -24,6 +24,7 @@ pub fn scale_stages(s: &StageTimes, f: f64) -> StageTimes {
         attention: s.attention * f,
         graph: s.graph * f,
         model: s.model * f,
+        exchange: s.exchange * f,
         backup: s.backup * f,
         bookkeeping: s.bookkeeping * f,
         admission: s.admission * f,
@@ -235,11 +236,19 @@ pub fn render(r: &SweepReport, out: &std::path::Path) -> String {
     );
     if r.gpus > 1 || r.points.iter().any(|p| p.exchange_mb_per_step > 0.0) {
         let x = r.points.iter().map(|p| p.exchange_mb_per_step).fold(0.0, f64::max);
+        // The collectives' time is theirs only where layers are launched one by one.
+        let share =
+            r.points.iter().filter(|p| p.step_ms > 0.0).map(|p| p.stages_ms.exchange / p.step_ms).fold(0.0, f64::max);
+        let timed = if share > 0.0 {
+            format!(", at most {:.1}% of a step in the layers launched one by one", 100.0 * share)
+        } else {
+            String::new()
+        };
         s.insert_str(
             s.find("each point:").unwrap_or(0),
             &format!(
                 "deployment: {} GPU{}, one engine each (requests round robin, host tier divided); tok/s summed \
-                 over them, a step their slowest; collectives up to {x:.2} MB per rank and step\n",
+                 over them, a step their slowest; collectives up to {x:.2} MB per rank and step{timed}\n",
                 r.gpus,
                 if r.gpus == 1 { "" } else { "s" }
             ),

@@ -100,6 +100,33 @@ where
         self.stage(stage, |s| f(&s.cache.backend))
     }
 
+    /// Runs `f` as stages, starting with `first`: `f` gets the backend and a switch that ends the
+    /// current stage and begins another (a no-op for the current one), each timed on the host
+    /// and marked on the backend's clock as [`DecodeStep::time_stage`] times one.
+    pub fn time_stages<T>(
+        &mut self,
+        first: KernelStage,
+        f: impl FnOnce(&B, &mut dyn FnMut(KernelStage) -> Result<()>) -> Result<T>,
+    ) -> Result<T> {
+        let backend = &self.cache.backend;
+        let stages = &mut self.metrics.stages;
+        let (mut cur, mut t) = (first, Instant::now());
+        backend.mark_stage(cur, true)?;
+        let mut switch = |next: KernelStage| -> Result<()> {
+            if next != cur {
+                backend.mark_stage(cur, false)?;
+                stages.add_kernel(cur, secs(t));
+                (cur, t) = (next, Instant::now());
+                backend.mark_stage(cur, true)?;
+            }
+            Ok(())
+        };
+        let r = f(backend, &mut switch)?;
+        backend.mark_stage(cur, false)?;
+        stages.add_kernel(cur, secs(t));
+        Ok(r)
+    }
+
     /// Runs `f` as stage `stage`: timed on the host, and marked on the backend's clock.
     fn stage<T>(&mut self, stage: KernelStage, f: impl FnOnce(&mut Self) -> Result<T>) -> Result<T> {
         let t = Instant::now();

@@ -408,6 +408,7 @@ where
             m.stages.attention = s.attention;
             m.stages.graph = s.graph;
             m.stages.model = s.model;
+            m.stages.exchange = s.exchange;
         }
         for id in &self.ids {
             if let Some(r) = c.requests.get_mut(id) {

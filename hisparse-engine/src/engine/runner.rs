@@ -170,7 +170,7 @@ impl<M: DeviceMemory + Clone> StepRunner<M> {
         let (out, lse) = (&mut outs[at], &mut lses[at]);
         step.layer(l, &li, out, lse)?;
         if let Some(m) = model.as_mut() {
-            step.time_stage(KernelStage::Model, |b| m.launch(l, n, b))?;
+            step.time_stages(KernelStage::Model, |b, stage| m.launch_staged(l, n, b, stage))?;
         }
         if self.trace.is_none() && !self.capture_next {
             return Ok(());

@@ -115,6 +115,7 @@ where
             + st.attention
             + st.graph
             + st.model
+            + st.exchange
             + st.backup;
         m.stages.bookkeeping = (m.seconds - counted).max(0.0);
         let Self { scheduler, cache, runner, step, .. } = self;

@@ -4,7 +4,7 @@
 //! collectives around each layer's FFN and after the LM head.
 
 use half::bf16;
-use hisparse_kernels::{Backend, GemmShape};
+use hisparse_kernels::{Backend, GemmShape, KernelStage};
 use hisparse_memory::DeviceMemory;
 
 use super::exchange::RankExchange;
@@ -123,6 +123,19 @@ impl<M: DeviceMemory> ModelEmulation<M> {
 
     /// Launches layer `l`'s GEMMs for `batch` requests.
     pub fn launch<B: Backend<Memory = M>>(&mut self, l: usize, batch: usize, backend: &B) -> Result<()> {
+        self.launch_staged(l, batch, backend, &mut |_| Ok(()))
+    }
+
+    /// [`ModelEmulation::launch`], calling `stage` with [`KernelStage::Exchange`] before each
+    /// collective of the ranks and [`KernelStage::Model`] before the GEMMs after it (for
+    /// [`crate::cache::DecodeStep::time_stages`]).
+    pub fn launch_staged<B: Backend<Memory = M>>(
+        &mut self,
+        l: usize,
+        batch: usize,
+        backend: &B,
+        stage: &mut dyn FnMut(KernelStage) -> Result<()>,
+    ) -> Result<()> {
         if l >= self.shape.layers {
             return Err(EngineError::Config {
                 field: "layer",
@@ -133,22 +146,29 @@ impl<M: DeviceMemory> ModelEmulation<M> {
         let mem = backend.memory();
         let batch = match self.exchange.as_mut() {
             // The step's first layer: the ranks agree on the batch they pad to.
-            Some(ex) if l == 0 => ex.begin_step(batch, mem)?,
+            Some(ex) if l == 0 => {
+                stage(KernelStage::Exchange)?;
+                ex.begin_step(batch, mem)?
+            }
             Some(ex) => ex.padded(),
             None => batch,
         };
+        stage(KernelStage::Model)?;
         self.prepare(batch, backend)?;
         let plan = &self.plans[l];
         let ffn_at = plan.iter().position(in_ffn).unwrap_or(plan.len());
         for (i, (g, w)) in plan.iter().zip(&self.weights[l]).enumerate() {
             if let Some(ex) = self.exchange.as_mut() {
                 if i == ffn_at {
+                    stage(KernelStage::Exchange)?;
                     ex.before_ffn(mem)?;
                 }
                 if g.name == "lm_head" {
+                    stage(KernelStage::Exchange)?;
                     ex.after_ffn(mem)?;
                 }
             }
+            stage(KernelStage::Model)?;
             let s = GemmShape { m: g.m, n: g.n, k: g.k, batch: g.batch };
             if !s.is_empty() {
                 backend.gemm_bf16(&s, &self.a, w, &mut self.c)?;
@@ -156,8 +176,10 @@ impl<M: DeviceMemory> ModelEmulation<M> {
         }
         if let Some(ex) = self.exchange.as_mut() {
             if plan.iter().any(|g| g.name == "lm_head") {
+                stage(KernelStage::Exchange)?;
                 ex.after_lm_head(mem)?;
             } else if ffn_at < plan.len() {
+                stage(KernelStage::Exchange)?;
                 ex.after_ffn(mem)?;
             }
         }
