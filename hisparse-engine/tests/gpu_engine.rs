@@ -258,6 +258,13 @@ fn on_cuda_misses_filled_by_the_attention_are_lossless() {
         c.hisparse.miss_fill_max_batch = 3;
         assert_eq!(run_on(gpu(), c, &[], None), resident, "auto (graphs: {graphs})");
     }
+    matches_the_copying_swap_in("attention", fill);
+}
+
+/// With launch graphs and each prefetcher (IndexShare layers for shared-index), a run made by
+/// `make` computes what the copying swap-in does: the same hits, misses and prefetches at every
+/// step, the same outputs.
+fn matches_the_copying_swap_in(what: &str, make: impl Fn(EngineConfig) -> EngineConfig) {
     let strip = |c: &[common::StepCounts]| c.iter().map(|c| (c.hits, c.misses, c.prefetched)).collect::<Vec<_>>();
     for (prefetcher, share) in [("none", false), ("adjacent-layer", false), ("shared-index", true)] {
         let mut c = config(Mode::HiSparse, "clock");
@@ -268,11 +275,11 @@ fn on_cuda_misses_filled_by_the_attention_are_lossless() {
         let mut copy = c.clone();
         copy.hisparse.miss_fill = "swap-in".into();
         let (copied, cc) = run_counted(gpu(), copy, &[], None);
-        let (filled, fc) = run_counted(gpu(), fill(c), &[], None);
-        assert!(fc.iter().map(|c| c.replays).sum::<u64>() >= 10, "{prefetcher}: graphs replayed");
-        assert!(fc.iter().map(|c| c.misses).sum::<u64>() > 0, "{prefetcher}: the run must miss");
-        assert_eq!(strip(&fc), strip(&cc), "{prefetcher}: hits, misses and prefetches differ");
-        assert_eq!(filled, copied, "{prefetcher}: outputs differ from the copying swap-in");
+        let (made, mc) = run_counted(gpu(), make(c), &[], None);
+        assert!(mc.iter().map(|c| c.replays).sum::<u64>() >= 10, "{what} / {prefetcher}: graphs replayed");
+        assert!(mc.iter().map(|c| c.misses).sum::<u64>() > 0, "{what} / {prefetcher}: the run must miss");
+        assert_eq!(strip(&mc), strip(&cc), "{what} / {prefetcher}: hits, misses and prefetches differ");
+        assert_eq!(made, copied, "{what} / {prefetcher}: outputs differ from the copying swap-in");
     }
 }
 
@@ -328,20 +335,5 @@ fn deferred_swap_in_is_lossless(fill: &str) {
         c.hisparse.miss_fill_max_batch = 3;
         assert_eq!(run_on(gpu(), c, &["score", "lru"], None), resident, "auto (graphs: {graphs})");
     }
-    let strip = |c: &[common::StepCounts]| c.iter().map(|c| (c.hits, c.misses, c.prefetched)).collect::<Vec<_>>();
-    for (prefetcher, share) in [("none", false), ("adjacent-layer", false), ("shared-index", true)] {
-        let mut c = config(Mode::HiSparse, "clock");
-        c.hisparse.prefetcher = prefetcher.into();
-        if share {
-            c.geometry = c.geometry.with_indexers(hisparse_memory::IndexerLayout::Every { first_full: 1, freq: 2 });
-        }
-        let mut copy = c.clone();
-        copy.hisparse.miss_fill = "swap-in".into();
-        let (copied, cc) = run_counted(gpu(), copy, &[], None);
-        let (deferred, dc) = run_counted(gpu(), defer(c), &[], None);
-        assert!(dc.iter().map(|c| c.replays).sum::<u64>() >= 10, "{fill} / {prefetcher}: graphs replayed");
-        assert!(dc.iter().map(|c| c.misses).sum::<u64>() > 0, "{fill} / {prefetcher}: the run must miss");
-        assert_eq!(strip(&dc), strip(&cc), "{fill} / {prefetcher}: hits, misses and prefetches differ");
-        assert_eq!(deferred, copied, "{fill} / {prefetcher}: outputs differ from the copying swap-in");
-    }
+    matches_the_copying_swap_in(fill, defer);
 }

@@ -18,8 +18,8 @@ use hisparse_engine::{LatencySummary, RequestSpec, RunSummary, StepMetrics, Toke
 use hisparse_memory::Mode;
 
 use super::run::{ModeRun, RunArgs, rejected_of, request_lengths};
-use super::sweep_ranks::{across_ranks, members};
-use crate::error::{BenchError, Result};
+use super::sweep_ranks::{across_ranks, members, rank_results};
+use crate::error::Result;
 use crate::{interrupt, progress};
 
 /// The ranks' agreement before each step on whether any still has work (requests to come,
@@ -118,14 +118,8 @@ pub(super) fn run_mode(
         });
     }
     drop(tx);
-    let mut per_rank: Vec<Option<RankResult>> = (0..ranks).map(|_| None).collect();
-    for _ in 0..ranks {
-        let (rank, r) =
-            rx.recv().map_err(|_| BenchError::flag("gpus", ranks, "a rank's thread ended without a result"))?;
-        per_rank[rank] = Some(r.map_err(|e| BenchError::Rank { rank, source: Box::new(e) })?);
-    }
+    let per_rank = rank_results(&rx, ranks)?;
     bar.finish_and_clear();
-    let per_rank: Vec<RankResult> = per_rank.into_iter().flatten().collect();
     // Deployment steps: step i of every rank that ran one (all of them, in lockstep).
     let longest = per_rank.iter().map(|r| r.0.len()).max().unwrap_or(0);
     let steps: Vec<StepMetrics> = (0..longest)

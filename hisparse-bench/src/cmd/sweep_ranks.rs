@@ -96,6 +96,18 @@ fn cuda_members(ranks: usize) -> Result<Vec<Option<RankMember>>> {
     Err(BenchError::flag("gpus", ranks, "this build has no CUDA support (feature `cuda`)"))
 }
 
+/// Every rank's result from `rx`, in rank order; the first rank error (naming the rank) ends it.
+pub(super) fn rank_results<R>(rx: &mpsc::Receiver<(usize, Result<R>)>, ranks: usize) -> Result<Vec<R>> {
+    let mut per_rank: Vec<Option<R>> = (0..ranks).map(|_| None).collect();
+    for _ in 0..ranks {
+        let (rank, r) =
+            rx.recv().map_err(|_| BenchError::flag("gpus", ranks, "a rank's thread ended without a result"))?;
+        let slot = per_rank.get_mut(rank).ok_or_else(|| BenchError::flag("gpus", rank, "no such rank"))?;
+        *slot = Some(r.map_err(|e| BenchError::Rank { rank, source: Box::new(e) })?);
+    }
+    Ok(per_rank.into_iter().flatten().collect())
+}
+
 /// What one rank measured: per level and step its metrics, its backend, its device tier bytes
 /// and the bytes it exchanged.
 type RankResult = (Vec<Vec<StepMetrics>>, &'static str, u64, u64);
@@ -153,14 +165,7 @@ pub(super) fn measure(
         });
     }
     drop(tx);
-    let mut per_rank: Vec<Option<RankResult>> = (0..ranks).map(|_| None).collect();
-    for _ in 0..ranks {
-        let (rank, r) =
-            rx.recv().map_err(|_| BenchError::flag("gpus", ranks, "a rank's thread ended without a result"))?;
-        let r = r.map_err(|e| BenchError::Rank { rank, source: Box::new(e) })?;
-        per_rank[rank] = Some(r);
-    }
-    let per_rank: Vec<_> = per_rank.into_iter().flatten().collect();
+    let per_rank = rank_results(&rx, ranks)?;
     let first = per_rank.first().ok_or_else(|| BenchError::flag("gpus", ranks, "no rank ran"))?;
     let steps_run = (levels.len() * steps).max(1) as f64;
     let run = RankRun {
