@@ -47,6 +47,11 @@ pub struct EngineArgs {
     /// captured CUDA graph.
     #[arg(long)]
     pub no_graphs: bool,
+    /// CUDA: blocks per request of the top-k — 1, one (the default until the split form is
+    /// measured on the H200); 0, several at small batches; more, at most that many. The
+    /// selection is the same.
+    #[arg(long, default_value_t = 1)]
+    pub top_k_blocks: usize,
     /// Emulate the model's non-attention layers (projections, dense FFN, MoE experts) with
     /// cuBLAS GEMMs on random weights of one GPU's share of an 8-GPU deployment, occupying
     /// the HBM they would.
@@ -523,7 +528,7 @@ impl EngineArgs {
             BackendKind::Cuda if !driver => {
                 Err(BenchError::flag("backend", "cuda", "no CUDA driver (libcuda.so) on this machine"))
             }
-            BackendKind::Auto | BackendKind::Cuda => match cuda_engine(cfg.clone(), ordinal) {
+            BackendKind::Auto | BackendKind::Cuda => match cuda_engine(cfg.clone(), ordinal, self.top_k_blocks) {
                 Ok(e) => Ok(e),
                 Err(e) if self.backend == BackendKind::Auto => {
                     eprintln!("hisparse: the CUDA backend could not start ({e}); running on the CPU");
@@ -536,8 +541,13 @@ impl EngineArgs {
 }
 
 #[cfg(feature = "cuda")]
-fn cuda_engine(cfg: EngineConfig, ordinal: usize) -> std::result::Result<Box<dyn DecodeEngine>, String> {
-    let be = hisparse_kernels::cuda::CudaBackend::new(ordinal).map_err(|e| e.to_string())?;
+fn cuda_engine(
+    cfg: EngineConfig,
+    ordinal: usize,
+    top_k_blocks: usize,
+) -> std::result::Result<Box<dyn DecodeEngine>, String> {
+    let be =
+        hisparse_kernels::cuda::CudaBackend::new(ordinal).map_err(|e| e.to_string())?.with_top_k_blocks(top_k_blocks);
     Ok(Box::new(Engine::new(be, cfg).map_err(|e| e.to_string())?))
 }
 
@@ -545,6 +555,7 @@ fn cuda_engine(cfg: EngineConfig, ordinal: usize) -> std::result::Result<Box<dyn
 fn cuda_engine(
     _cfg: hisparse_engine::EngineConfig,
     _ordinal: usize,
+    _top_k_blocks: usize,
 ) -> std::result::Result<Box<dyn DecodeEngine>, String> {
     Err("this build has no CUDA support (feature `cuda`)".into())
 }
