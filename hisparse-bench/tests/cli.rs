@@ -161,6 +161,27 @@ fn a_run_over_two_ranks_decodes_every_request_and_names_the_deployment() {
 }
 
 #[test]
+fn a_sweep_of_one_mode_leaves_the_others_columns_and_plots_out() {
+    let dir = tmp("sweep-one-mode");
+    for (mode, other) in [("hisparse", "resident"), ("resident", "hisparse")] {
+        let out = dir.join(mode);
+        let args = ["sweep", "--backend", "cpu", "--concurrency", "1,2", "--context", "600", "--warmup", "1"];
+        let o = hisparse(&[&args[..], &["--window", "2", "--mode", mode, "--out", out.to_str().unwrap()]].concat());
+        assert!(o.status.success(), "{mode}: {}", String::from_utf8_lossy(&o.stderr));
+        let table = String::from_utf8_lossy(&o.stdout);
+        let json: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("sweep.json")).unwrap()).unwrap();
+        let points = json["points"].as_array().unwrap();
+        assert_eq!(points.len(), 2, "{mode}: {table}");
+        assert!(points.iter().all(|p| p["mode"] == mode && p["tokens_per_s"].as_f64().unwrap() > 0.0), "{mode}");
+        // No ratio without both modes; the plots of the other mode's data are not made.
+        assert!(table.lines().any(|l| l.trim_start().starts_with("600") && l.contains(" - ")), "{mode}: {table}");
+        assert!(out.join("throughput.svg").exists());
+        assert_eq!(out.join("transfers.svg").exists(), mode == "hisparse", "{mode} (not {other})");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn a_small_sweep_writes_its_table_and_plots() {
     let dir = tmp("sweep");
     let out = dir.join("out");

@@ -48,6 +48,10 @@ pub struct SweepArgs {
     /// Concurrency levels count requests over all ranks. Without it: one engine, no collectives.
     #[arg(long)]
     pub gpus: Option<usize>,
+    /// Modes to measure: both (the ratio needs them), or one alone — e.g. hisparse variants
+    /// (--miss-fill ...) measured after one run of both, without running resident again.
+    #[arg(long, value_enum, default_value_t = super::run::ModeArg::Both)]
+    pub mode: super::run::ModeArg,
 }
 
 /// One (context, concurrency, mode) point.
@@ -304,7 +308,8 @@ pub fn run(a: &SweepArgs) -> Result<(SweepReport, PathBuf)> {
     }
     let out = OutputDir::prepare("out", a.out.as_deref().unwrap_or(std::path::Path::new("results/sweep")))?;
     let max_n = levels.last().copied().unwrap_or(1);
-    let total = levels.iter().sum::<usize>().saturating_mul(a.context.len() * 2).saturating_mul(steps);
+    let modes = a.mode.modes();
+    let total = levels.iter().sum::<usize>().saturating_mul(a.context.len() * modes.len()).saturating_mul(steps);
     let bar = progress::bar(total as u64, "request-steps");
     let mut points = Vec::new();
     let mut measured_misses = Vec::new();
@@ -312,7 +317,7 @@ pub fn run(a: &SweepArgs) -> Result<(SweepReport, PathBuf)> {
     let mut backend = "cpu";
     let trace = SharedBuf::default();
     for &context in &a.context {
-        for mode in [Mode::Resident, Mode::HiSparse] {
+        for &mode in &modes {
             if let Some(ranks) = a.gpus {
                 bar.set_message(format!("context {context}, {mode}: {ranks} ranks"));
                 let run = super::sweep_ranks::measure(a, ranks, mode, (context, life), &levels, steps, &bar)?;

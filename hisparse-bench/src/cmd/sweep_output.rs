@@ -85,7 +85,9 @@ pub fn write(r: &SweepReport, out: &OutputDir) -> Result<()> {
     }
     out.write("sweep.csv", csv.text().as_bytes())?;
     out.write("throughput.svg", throughput_svg(r)?.as_bytes())?;
-    out.write("transfers.svg", transfers_svg(r)?.as_bytes())?;
+    if has_hisparse(r) {
+        out.write("transfers.svg", transfers_svg(r)?.as_bytes())?;
+    }
     let markers: Vec<Marker> =
         r.level_starts.iter().map(|&(n, at)| Marker { x: at as f64, label: format!("{n} req") }).collect();
     if !r.misses_over_time.is_empty() {
@@ -114,6 +116,9 @@ fn throughput_svg(r: &SweepReport) -> Result<String> {
     for (ci, &c) in contexts(r).iter().enumerate() {
         for mode in [Mode::Resident, Mode::HiSparse] {
             let pts: Vec<_> = r.points.iter().filter(|p| p.context == c && p.mode == mode).collect();
+            if pts.is_empty() {
+                continue; // a sweep of one mode
+            }
             let color = Some(2 * ci + usize::from(mode == Mode::HiSparse));
             tput.push(Series {
                 label: format!("{mode}, context {c}"),
@@ -262,30 +267,47 @@ pub fn render(r: &SweepReport, out: &std::path::Path) -> String {
     };
     for (c, n) in keys {
         let get = |m: Mode| r.points.iter().find(|p| p.context == c && p.concurrency == n && p.mode == m);
-        if let (Some(res), Some(hs)) = (get(Mode::Resident), get(Mode::HiSparse)) {
-            let ratio =
-                if res.tokens_per_s > 0.0 { format!("{:.2}x", hs.tokens_per_s / res.tokens_per_s) } else { "-".into() };
-            s += &format!(
-                "{:>8} {:>11} {:>9.1} {:>9.1} {:>26} {:>26} {:>7} {:>9.2}%\n",
-                c,
-                n,
-                res.running,
-                hs.running,
-                cell(res),
-                cell(hs),
-                ratio,
-                100.0 * hs.miss_ratio
-            );
-        }
+        let (res, hs) = (get(Mode::Resident), get(Mode::HiSparse));
+        let ratio = match (res, hs) {
+            (Some(res), Some(hs)) if res.tokens_per_s > 0.0 => format!("{:.2}x", hs.tokens_per_s / res.tokens_per_s),
+            _ => "-".into(),
+        };
+        // A sweep of one mode leaves the other's columns as "-".
+        let running = |p: Option<&super::sweep::Point>| p.map_or_else(|| "-".into(), |p| format!("{:.1}", p.running));
+        s += &format!(
+            "{:>8} {:>11} {:>9} {:>9} {:>26} {:>26} {:>7} {:>10}\n",
+            c,
+            n,
+            running(res),
+            running(hs),
+            res.map_or_else(|| "-".into(), cell),
+            hs.map_or_else(|| "-".into(), cell),
+            ratio,
+            hs.map_or_else(|| "-".into(), |h| format!("{:.2}%", 100.0 * h.miss_ratio))
+        );
     }
     s += "\n(resident / hisparse: requests decoding at once; the rest waited for capacity)\n";
-    s += &transfers(r);
-    s += &format!(
-        "wrote {0}/sweep.json, sweep.csv\nplots: {0}/throughput.svg, {0}/transfers.svg, {0}/misses_over_time.svg, \
-         {0}/misses_by_buffer.svg\n",
-        out.display()
-    );
+    if has_hisparse(r) {
+        s += &transfers(r);
+    }
+    // The plots `write` made.
+    let plots: Vec<String> = [
+        ("throughput.svg", true),
+        ("transfers.svg", has_hisparse(r)),
+        ("misses_over_time.svg", !r.misses_over_time.is_empty()),
+        ("misses_by_buffer.svg", !r.misses_by_buffer.is_empty()),
+    ]
+    .iter()
+    .filter(|(_, made)| *made)
+    .map(|(f, _)| format!("{}/{f}", out.display()))
+    .collect();
+    s += &format!("wrote {}/sweep.json, sweep.csv\nplots: {}\n", out.display(), plots.join(", "));
     s
+}
+
+/// Whether the sweep measured the hisparse mode (`--mode` may leave it out).
+fn has_hisparse(r: &SweepReport) -> bool {
+    r.points.iter().any(|p| p.mode == Mode::HiSparse)
 }
 
 /// The hisparse points' step times and transfers: step and swap-in stage times (the swap-in
