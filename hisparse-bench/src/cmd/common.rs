@@ -91,9 +91,10 @@ pub struct EngineArgs {
     /// before the attention), attention (read from the host tier by the attention as it goes),
     /// deferred (read by the attention, the swap-in run after it on a stream of its own; not
     /// with the score policy), deferred-gather (as deferred, the misses gathered into device
-    /// staging rows first for the attention), or auto (deferred in batches of at most
-    /// --miss-fill-max-batch requests, the swap-in above). CUDA; the CPU backend copies either
-    /// way. Outputs are bit-identical.
+    /// staging rows first for the attention; not yet run on the H200), or auto (deferred in
+    /// batches of at most --miss-fill-max-batch requests, the swap-in above). CUDA; the CPU
+    /// backend copies either way. Outputs are bit-identical (checked on the H200 for all but
+    /// deferred-gather).
     #[arg(long, value_parser = ["auto", "swap-in", "attention", "deferred", "deferred-gather"])]
     pub miss_fill: Option<String>,
     /// With --miss-fill auto: the largest batch whose misses the attention fills (default 8).

@@ -128,7 +128,7 @@ impl TopKSplit {
             blocks: u32::try_from(chunks).map_err(|_| bad("chunks", chunks))?,
             pad: 0,
         };
-        if chunks > MAX_CHUNKS || host.iter().any(|s| s.len as usize > chunk * chunks) {
+        if chunks > MAX_CHUNKS || host.iter().any(|s| s.len as usize > chunk.saturating_mul(chunks)) {
             return Err(KernelError::invalid(
                 "chunks",
                 chunks,
