@@ -47,10 +47,10 @@ pub struct EngineArgs {
     /// captured CUDA graph.
     #[arg(long)]
     pub no_graphs: bool,
-    /// CUDA: blocks per request of the top-k — 1, one (the default until the split form is
-    /// measured on the H200); 0, several at small batches; more, at most that many. The
-    /// selection is the same.
-    #[arg(long, default_value_t = 1)]
+    /// CUDA: blocks per request of the top-k — 0 (the default), several for long requests at
+    /// small batches (at least 8 chunks of 64k positions or more); 1, always one; more, at most
+    /// that many. The selection is the same.
+    #[arg(long, default_value_t = 0)]
     pub top_k_blocks: usize,
     /// Emulate the model's non-attention layers (projections, dense FFN, MoE experts) with
     /// cuBLAS GEMMs on random weights of one GPU's share of an 8-GPU deployment, occupying
@@ -91,10 +91,9 @@ pub struct EngineArgs {
     /// before the attention), attention (read from the host tier by the attention as it goes),
     /// deferred (read by the attention, the swap-in run after it on a stream of its own; not
     /// with the score policy), deferred-gather (as deferred, the misses gathered into device
-    /// staging rows first for the attention; not yet run on the H200), or auto (deferred in
-    /// batches of at most --miss-fill-max-batch requests, the swap-in above). CUDA; the CPU
-    /// backend copies either way. Outputs are bit-identical (checked on the H200 for all but
-    /// deferred-gather).
+    /// staging rows first for the attention), or auto (deferred in batches of at most
+    /// --miss-fill-max-batch requests, the swap-in above). CUDA; the CPU backend copies either
+    /// way. Outputs are bit-identical in every form (checked on the H200).
     #[arg(long, value_parser = ["auto", "swap-in", "attention", "deferred", "deferred-gather"])]
     pub miss_fill: Option<String>,
     /// With --miss-fill auto: the largest batch whose misses the attention fills (default 8).

@@ -22,6 +22,13 @@ const BINS: usize = 2048;
 const ROUND: usize = 2048;
 /// Most chunks per request (the resolving kernel's per-chunk shared arrays).
 const MAX_CHUNKS: usize = 1024;
+/// Automatic choice: split only requests of at least this many rounds (64k positions) ...
+const MIN_SPLIT_ROUNDS: usize = 32;
+/// ... into at least this many chunks. Measured on the H200 (BENCHMARKS, issue 16): 2048 of
+/// 128k in 33 us with 64 chunks against 112 us in one block, 50 against 112 us with 17 chunks at
+/// 8 requests, but 130 against 114 us with 3 chunks at 64 requests and 29 against 27 us at 32k:
+/// four launches and the candidates' pass cost more than a few chunks or a short span gain.
+const MIN_SPLIT_CHUNKS: usize = 8;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
@@ -55,14 +62,22 @@ pub(super) struct TopKSplitChoice {
 
 impl TopKSplitChoice {
     /// `(chunk, chunks)` for `requests` requests of at most `longest` positions, or `None` for
-    /// the one-block kernel: about one block per SM in all, chunks of whole rounds.
+    /// the one-block kernel. Chosen per call (`blocks` 0): about one block per SM in all, chunks
+    /// of whole rounds, and only where that gives long requests at least `MIN_SPLIT_CHUNKS`
+    /// chunks; a fixed count splits whenever the span has more than one round.
     pub(super) fn choose(&self, requests: usize, longest: usize) -> Option<(usize, usize)> {
         let rounds = longest.div_ceil(ROUND).max(1);
-        let want = match self.blocks.load(std::sync::atomic::Ordering::Relaxed) {
-            0 => self.sms.div_ceil(requests.max(1)),
-            n => n,
-        };
-        let g = want.min(rounds).min(MAX_CHUNKS);
+        let g = match self.blocks.load(std::sync::atomic::Ordering::Relaxed) {
+            0 => {
+                let g = (self.sms / requests.max(1)).min(rounds);
+                if rounds < MIN_SPLIT_ROUNDS || g < MIN_SPLIT_CHUNKS {
+                    return None;
+                }
+                g
+            }
+            n => n.min(rounds),
+        }
+        .min(MAX_CHUNKS);
         if g <= 1 {
             return None;
         }
@@ -101,7 +116,7 @@ impl TopKSplit {
             scratch: Mutex::new(scratch),
             // One block per request until the split form has run on the H200 (its GPU test and
             // `kernel-bench` set the choice explicitly).
-            choice: TopKSplitChoice { sms, blocks: 1.into() },
+            choice: TopKSplitChoice { sms, blocks: 0.into() },
         })
     }
 
@@ -295,8 +310,12 @@ mod tests {
     fn chunks_are_whole_rounds_and_only_for_small_batches() {
         let s = TopKSplitChoice { sms: 132, blocks: 0.into() };
         assert_eq!(s.choose(1, 131_072), Some((2048, 64)));
-        assert_eq!(s.choose(64, 131_072), Some((45_056, 3)));
-        assert_eq!(s.choose(200, 131_072), None);
+        assert_eq!(s.choose(8, 131_072), Some((8192, 16)), "16 blocks a request, whole rounds");
+        assert_eq!(s.choose(16, 131_072), Some((16_384, 8)), "8 blocks a request");
+        assert_eq!(s.choose(32, 131_072), None, "4 chunks a request measured slower");
+        assert_eq!(s.choose(64, 131_072), None);
+        assert_eq!(s.choose(1, 32_768), None, "a short span: one block");
+        assert_eq!(s.choose(1, 65_536), Some((2048, 32)));
         assert_eq!(s.choose(1, 2048), None, "one round: one block");
         s.blocks.store(1, std::sync::atomic::Ordering::Relaxed);
         assert_eq!(s.choose(1, 131_072), None);
