@@ -166,12 +166,22 @@ fn a_sweep_of_one_mode_leaves_the_others_columns_and_plots_out() {
     for (mode, other) in [("hisparse", "resident"), ("resident", "hisparse")] {
         let out = dir.join(mode);
         let args = ["sweep", "--backend", "cpu", "--concurrency", "1,2", "--context", "600", "--warmup", "1"];
-        let o = hisparse(&[&args[..], &["--window", "2", "--mode", mode, "--out", out.to_str().unwrap()]].concat());
+        // The hisparse run also quantises the indexer's queries (named in the model line).
+        let queries = if mode == "hisparse" { "fp8" } else { "exact" };
+        let o = hisparse(
+            &[
+                &args[..],
+                &["--window", "2", "--mode", mode, "--index-queries", queries, "--out", out.to_str().unwrap()],
+            ]
+            .concat(),
+        );
         assert!(o.status.success(), "{mode}: {}", String::from_utf8_lossy(&o.stderr));
         let table = String::from_utf8_lossy(&o.stdout);
         let json: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("sweep.json")).unwrap()).unwrap();
         let points = json["points"].as_array().unwrap();
         assert_eq!(points.len(), 2, "{mode}: {table}");
+        let named = json["emulation"].as_str().unwrap().contains("indexer queries fp8");
+        assert_eq!(named, mode == "hisparse", "{}", json["emulation"]);
         assert!(points.iter().all(|p| p["mode"] == mode && p["tokens_per_s"].as_f64().unwrap() > 0.0), "{mode}");
         // No ratio without both modes; the plots of the other mode's data are not made.
         assert!(table.lines().any(|l| l.trim_start().starts_with("600") && l.contains(" - ")), "{mode}: {table}");

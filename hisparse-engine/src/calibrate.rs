@@ -103,6 +103,7 @@ pub fn selections(geometry: &KvGeometry, workload: &Workload, spec: &Calibration
                     page_table: &table,
                     requests: &req,
                     pin_newest: false,
+                    queries_as: hisparse_kernels::IndexerQueries::Exact,
                 };
                 cpu.indexer_scores(&batch, &mut scores)?;
                 let newest_score = scores[seq_len - 1];

@@ -63,3 +63,18 @@ fn misses_left_to_the_attention_on_the_cpu_are_still_copied_and_lossless() {
         assert_eq!(run(cfg, &[], None), resident, "{fill} / {policy}");
     }
 }
+
+/// With the indexer's queries quantised to fp8 (both modes score the same quantised values),
+/// hisparse still equals resident; the selection, and so the outputs, differ from exact queries.
+#[test]
+fn fp8_index_queries_stay_lossless() {
+    let fp8 =
+        |mode, policy| EngineConfig { index_queries: hisparse_kernels::IndexerQueries::Fp8, ..config(mode, policy) };
+    let resident = run(fp8(Mode::Resident, "lru"), &[], None);
+    for policy in ["lru", "score"] {
+        assert_eq!(run(fp8(Mode::HiSparse, policy), &[], None), resident, "{policy}");
+    }
+    let exact = run(config(Mode::Resident, "lru"), &[], None);
+    assert_eq!(exact.len(), resident.len());
+    assert_ne!(exact, resident, "fp8 queries select differently somewhere");
+}

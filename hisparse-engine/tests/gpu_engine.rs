@@ -47,6 +47,13 @@ fn on_cuda_hisparse_equals_resident_bit_for_bit() {
     assert_eq!(hs, resident, "slow backup worker");
     let distinct: std::collections::HashSet<u64> = resident.values().copied().collect();
     assert!(distinct.len() > resident.len() / 2, "outputs are not trivial");
+    // The indexer on fp8 queries (e4m3 MMA): both modes select alike.
+    let fp8 =
+        |mode, policy| EngineConfig { index_queries: hisparse_kernels::IndexerQueries::Fp8, ..eager(mode, policy) };
+    let resident = run_on(gpu(), fp8(Mode::Resident, "lru"), &[], None);
+    for policy in ["lru", "score"] {
+        assert_eq!(run_on(gpu(), fp8(Mode::HiSparse, policy), &[], None), resident, "fp8 index queries, {policy}");
+    }
 }
 
 /// Every layer's dump at steps 1, 6 and 12 of the requests decoded together.

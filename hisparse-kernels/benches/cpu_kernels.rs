@@ -36,6 +36,7 @@ fn indexer(c: &mut Criterion) {
                     page_table: &page_table,
                     requests: &requests,
                     pin_newest: false,
+                    queries_as: hisparse_kernels::IndexerQueries::Exact,
                 };
                 cpu.indexer_scores(&b, &mut scores).unwrap();
             })

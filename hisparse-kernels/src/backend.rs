@@ -82,6 +82,8 @@ pub struct IndexerBatch<'a, M: DeviceMemory> {
     pub requests: &'a [IndexerRequest],
     /// Score each request's last position `+inf` instead (the newest token is always selected).
     pub pin_newest: bool,
+    /// The queries' precision: exact, or quantised per head to e4m3 (see [`IndexerQueries`]).
+    pub queries_as: crate::IndexerQueries,
 }
 
 /// Sparse MLA decode attention of one query token per request over a list of KV rows.

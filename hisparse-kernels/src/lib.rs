@@ -27,6 +27,7 @@ pub mod device_swap_in;
 pub mod error;
 pub mod gemm;
 pub mod hot_locate;
+pub mod index_queries;
 pub mod locate;
 pub mod merge;
 pub mod new_rows;
@@ -45,6 +46,7 @@ pub use device_swap_in::{
 pub use error::{KernelError, Result};
 pub use gemm::GemmShape;
 pub use hot_locate::{HotLocation, locate_in_hot};
+pub use index_queries::IndexerQueries;
 pub use merge::merge_partial;
 pub use new_rows::{NewRows, fill_new_rows_host};
 pub use oracle::dense_attention;

@@ -126,6 +126,7 @@ fn indexer_rejects_bad_arguments_by_name() {
             page_table: &table,
             requests,
             pin_newest: false,
+            queries_as: hisparse_kernels::IndexerQueries::Exact,
         };
         let mut s = vec![-3f32; n_scores];
         let r = cpu.indexer_scores(&batch, &mut s);

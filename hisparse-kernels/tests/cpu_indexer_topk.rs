@@ -41,6 +41,7 @@ fn indexer_matches_the_f64_oracle_for_requests_of_different_lengths() {
         page_table: &page_table,
         requests: &requests,
         pin_newest: false,
+        queries_as: hisparse_kernels::IndexerQueries::Exact,
     };
     CpuBackend::new().indexer_scores(&batch, &mut scores).unwrap();
     let mut decoded = vec![0f32; dim];
@@ -120,4 +121,71 @@ fn top_k_orders_special_values_totally() {
     CpuBackend::new().top_k(&scores, &[Span::new(0, 6)], 3, &mut out).unwrap();
     // NaN > +inf > +0 (first +0 at position 0 beats the one at 5) > -0.
     assert_eq!(out, vec![0, 2, 3]);
+}
+
+#[test]
+fn fp8_queries_score_their_quantised_values() {
+    use hisparse_kernels::IndexerQueries;
+    use hisparse_kernels::index_queries::{pow2, quantize_head};
+    let mut rng = random::rng(12);
+    let (heads, dim, p) = (16, 128, 64);
+    let key = IndexKeyLayout::new(dim).unwrap();
+    let pool = random::index_key_pool(&mut rng, key, 20 * p).unwrap();
+    let page_table: Vec<u32> = (0..20).rev().collect();
+    // Two requests with query scales 2^40 apart: each head gets its own power-of-two scale.
+    let mut q = random::normal_bf16(&mut rng, heads * dim, 3e-6);
+    q.extend(random::normal_bf16(&mut rng, heads * dim, 4e6));
+    let w = random::head_weights(&mut rng, 2 * heads);
+    let requests = [
+        IndexerRequest { first_page: 0, seq_len: 700, score_offset: 0 },
+        IndexerRequest { first_page: 11, seq_len: 555, score_offset: 700 },
+    ];
+    let run = |queries_as| {
+        let batch = IndexerBatch {
+            heads,
+            key_layout: key,
+            queries: &q,
+            weights: &w,
+            keys: &pool,
+            page_tokens: p,
+            page_table: &page_table,
+            requests: &requests,
+            pin_newest: false,
+            queries_as,
+        };
+        let mut s = vec![f32::NAN; 1255];
+        CpuBackend::new().indexer_scores(&batch, &mut s).unwrap();
+        s
+    };
+    let (exact, fp8) = (run(IndexerQueries::Exact), run(IndexerQueries::Fp8));
+    let mut decoded = vec![0f32; dim];
+    let mut codes = vec![0u8; dim];
+    let (mut differ, mut positive) = (0, 0);
+    for (i, r) in requests.iter().enumerate() {
+        // The oracle: the quantised queries decoded and scaled back, in f64.
+        let qs: Vec<Vec<f64>> = (0..heads)
+            .map(|h| {
+                let at = (i * heads + h) * dim;
+                let e = quantize_head(&q[at..at + dim], &mut codes);
+                codes.iter().map(|&c| f64::from(hisparse_memory::fp8::decode_e4m3(c)) * f64::from(pow2(e))).collect()
+            })
+            .collect();
+        for t in 0..r.seq_len {
+            let row = (page_table[r.first_page + t / p] as usize * p + t % p) * 132;
+            key.decode(&pool[row..row + 132], &mut decoded).unwrap();
+            let (mut s, mut mag) = (0f64, 0f64);
+            for (h, qh) in qs.iter().enumerate() {
+                let d: f64 = qh.iter().zip(&decoded).map(|(a, b)| a * f64::from(*b)).sum();
+                let m: f64 = qh.iter().zip(&decoded).map(|(a, b)| (a * f64::from(*b)).abs()).sum();
+                s += f64::from(w[i * heads + h]) * d.max(0.0);
+                mag += f64::from(w[i * heads + h]) * m;
+            }
+            let got = f64::from(fp8[r.score_offset + t]);
+            assert!((got - s).abs() <= 1e-5 * mag + 1e-30, "request {i} position {t}: {got} vs {s}");
+            differ += usize::from(fp8[r.score_offset + t] != exact[r.score_offset + t]);
+            positive += usize::from(s > 0.0);
+        }
+    }
+    assert!(positive > 1000, "scores are not trivially zero ({positive} positive)");
+    assert!(differ > 1000, "quantised queries score differently from exact ones ({differ} differ)");
 }

@@ -102,6 +102,7 @@ fn the_indexer_pins_each_requests_newest_position_when_asked() {
             page_table: &table,
             requests: &requests,
             pin_newest: pin,
+            queries_as: hisparse_kernels::IndexerQueries::Exact,
         };
         CpuBackend::new().indexer_scores(&batch, &mut scores).unwrap();
         scores

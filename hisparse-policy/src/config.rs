@@ -54,11 +54,11 @@ pub struct HiSparseConfig {
     /// from the host tier; the swap-in's decisions and copies run after it on a stream of their
     /// own, off the critical path; not with a policy that reads scores), `deferred-gather` (as
     /// `deferred`, but the swap-in's first kernel gathers the misses into device staging rows
-    /// and the attention reads them there; its GPU tests have not run yet), or `auto` (deferred for
+    /// and the attention reads them there, so that each miss crosses PCIe once), or `auto` (deferred for
     /// batches of at most `miss_fill_max_batch` requests, where the swap-in's latency dominates
     /// — with a policy that reads scores the attention fills them there — and the swap-in
-    /// above). CUDA only: the CPU backend copies either way. Results are bit-identical (checked
-    /// on the H200 for all but `deferred-gather`).
+    /// above). CUDA only: the CPU backend copies either way. Results are bit-identical in every
+    /// form (checked on the H200).
     pub miss_fill: String,
     /// Ours: with `miss_fill = "auto"`, the largest batch whose swap-in is deferred.
     pub miss_fill_max_batch: usize,

@@ -83,6 +83,11 @@ pub struct EngineArgs {
     /// same results, without the overlap: for comparison).
     #[arg(long)]
     pub serial_prefetch: bool,
+    /// The indexer's queries: exact (default: bf16 as given) or fp8 (quantised per head to
+    /// e4m3 with a power-of-two scale, DeepSeek-V3.2's recipe; on CUDA scored on fp8 tensor
+    /// cores). Both backends score the same quantised values.
+    #[arg(long, default_value = "exact", value_parser = ["exact", "fp8"])]
+    pub index_queries: String,
     /// Most rows a speculative prefetcher brings into one hot buffer per step (default: a
     /// quarter of top_k).
     #[arg(long)]
@@ -455,6 +460,8 @@ impl EngineArgs {
             max_queued: guard::at_least_one("max-queued", self.max_queued)?,
             serial_prefetch: self.serial_prefetch,
             transfer_delay: None,
+            index_queries: hisparse_kernels::IndexerQueries::from_name(&self.index_queries)
+                .ok_or_else(|| BenchError::flag("index-queries", &self.index_queries, "exact or fp8"))?,
         })
     }
 

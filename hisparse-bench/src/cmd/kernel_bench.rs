@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, sys as blas};
 use half::bf16;
 use hisparse_kernels::cuda::CudaBackend;
-use hisparse_kernels::{AttentionBatch, Backend, IndexerBatch, IndexerRequest, Span};
+use hisparse_kernels::{AttentionBatch, Backend, IndexerBatch, IndexerQueries, IndexerRequest, Span};
 use hisparse_memory::{DeviceMemory, IndexKeyLayout, KvRowFormat, KvRowLayout};
 use rand::seq::SliceRandom;
 use rand::{RngCore, SeedableRng};
@@ -194,27 +194,39 @@ fn indexer_and_top_k(
                     .upload(&hisparse_kernels::random::head_weights(rng, b * heads))
                     .map_err(|e| BenchError::Gpu(e.to_string()))?;
                 let mut scores = mem.alloc_zeroed::<f32>(b * ctx).map_err(|e| BenchError::Gpu(e.to_string()))?;
-                let batch = IndexerBatch {
-                    heads,
-                    key_layout: key,
-                    queries: &q,
-                    weights: &w,
-                    keys: &keys,
-                    page_tokens: p,
-                    page_table: &table,
-                    requests: &reqs,
-                    pin_newest: false,
-                };
-                let ms = time_ms(s, a.reps, || gpu.indexer_scores(&batch, &mut scores).map_err(kerr))?;
-                let bytes = (b * ctx) as f64 * (132.0 + 4.0 + 4.0 / p as f64);
-                let bw = bytes / (ms * 1e-3);
-                let flops = (b * ctx * heads * 128 * 2) as f64 / (ms * 1e-3);
-                push(
-                    format!("indexer {heads} heads, ctx {ctx}, batch {b}"),
-                    ms * 1e3,
-                    "us",
-                    format!("{:.0} GB/s = {:.0}% of HBM copy; {:.0} TFLOP/s", bw / 1e9, 100.0 * bw / hbm, flops / 1e12),
-                );
+                for queries_as in [IndexerQueries::Exact, IndexerQueries::Fp8] {
+                    let batch = IndexerBatch {
+                        heads,
+                        key_layout: key,
+                        queries: &q,
+                        weights: &w,
+                        keys: &keys,
+                        page_tokens: p,
+                        page_table: &table,
+                        requests: &reqs,
+                        pin_newest: false,
+                        queries_as,
+                    };
+                    let ms = time_ms(s, a.reps, || gpu.indexer_scores(&batch, &mut scores).map_err(kerr))?;
+                    let bytes = (b * ctx) as f64 * (132.0 + 4.0 + 4.0 / p as f64);
+                    let bw = bytes / (ms * 1e-3);
+                    let flops = (b * ctx * heads * 128 * 2) as f64 / (ms * 1e-3);
+                    let form = match queries_as {
+                        IndexerQueries::Exact => "",
+                        IndexerQueries::Fp8 => " (fp8 queries, e4m3 MMA)",
+                    };
+                    push(
+                        format!("indexer{form} {heads} heads, ctx {ctx}, batch {b}"),
+                        ms * 1e3,
+                        "us",
+                        format!(
+                            "{:.0} GB/s = {:.0}% of HBM copy; {:.0} TFLOP/s",
+                            bw / 1e9,
+                            100.0 * bw / hbm,
+                            flops / 1e12
+                        ),
+                    );
+                }
                 if heads == 64 {
                     let spans: Vec<Span> = (0..b).map(|i| Span::new(i * ctx, ctx)).collect();
                     let mut top = mem.alloc_zeroed::<i32>(b * 2048).map_err(|e| BenchError::Gpu(e.to_string()))?;
@@ -263,6 +275,7 @@ fn indexer_and_top_k(
             page_table: &table_seq,
             requests: &reqs,
             pin_newest: false,
+            queries_as: IndexerQueries::Exact,
         };
         let ms = time_ms(s, a.reps, || gpu.indexer_scores(&batch, &mut scores).map_err(kerr))?;
         let bw = (64 * ctx) as f64 * (132.0 + 4.0 + 4.0 / p as f64) / (ms * 1e-3);

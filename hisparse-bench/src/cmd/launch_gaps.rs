@@ -65,6 +65,7 @@ pub fn measure(
                 page_table: &table,
                 requests: &reqs,
                 pin_newest: true,
+                queries_as: hisparse_kernels::IndexerQueries::Exact,
             };
             gpu.indexer_scores(&ib, &mut scores).map_err(e)?;
             gpu.top_k(&scores, &spans, k, &mut top).map_err(e)?;

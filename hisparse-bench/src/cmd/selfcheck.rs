@@ -143,6 +143,7 @@ pub fn run(args: &SelfcheckArgs) -> Result<SelfcheckReport> {
         page_table: &page_table,
         requests: &requests,
         pin_newest: false,
+        queries_as: hisparse_kernels::IndexerQueries::Exact,
     };
     let mut scores = vec![0f32; b * l];
     let t = median_secs(1, args.runs, || cpu.indexer_scores(&batch, &mut scores));

@@ -381,7 +381,15 @@ pub fn run(a: &SweepArgs) -> Result<(SweepReport, PathBuf)> {
     let report = SweepReport {
         preset: g.name.clone(),
         backend: backend.into(),
-        emulation: model.map_or_else(|| "none: attention only".to_owned(), |m| m.describe()),
+        emulation: format!(
+            "{}{}",
+            model.map_or_else(|| "none: attention only".to_owned(), |m| m.describe()),
+            if a.engine.index_queries == "fp8" {
+                "; indexer queries fp8 (e4m3, a power-of-two scale per head)"
+            } else {
+                ""
+            }
+        ),
         device_buffer_size: hs.device_buffer_size,
         gpus: a.gpus.unwrap_or(1),
         hierarchy: super::sweep_output::hierarchy(&hs, backend),

@@ -181,6 +181,7 @@ where
                     page_table: &c.scratch.table,
                     requests: &s.reqs,
                     pin_newest: true,
+                    queries_as: c.cfg.index_queries,
                 };
                 Ok(c.backend.indexer_scores(&batch, &mut c.scratch.scores)?)
             })?;

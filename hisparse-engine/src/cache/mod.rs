@@ -58,6 +58,8 @@ pub struct CacheConfig {
     pub serial_prefetch: bool,
     /// Test hook: delay every transfer of prefetched rows by this much (CUDA).
     pub transfer_delay: Option<Duration>,
+    /// The indexer's query precision (exact by default; `Fp8` is DeepSeek-V3.2's recipe).
+    pub index_queries: hisparse_kernels::IndexerQueries,
 }
 
 impl CacheConfig {
@@ -73,6 +75,7 @@ impl CacheConfig {
             backup_delay: None,
             serial_prefetch: false,
             transfer_delay: None,
+            index_queries: hisparse_kernels::IndexerQueries::Exact,
         }
     }
 }

@@ -65,6 +65,8 @@ pub struct EngineConfig {
     pub serial_prefetch: bool,
     /// Test hook: delay every transfer of prefetched rows by this much (CUDA).
     pub transfer_delay: Option<Duration>,
+    /// The indexer's query precision (see [`hisparse_kernels::IndexerQueries`]).
+    pub index_queries: hisparse_kernels::IndexerQueries,
 }
 
 /// The default bound of the waiting queue.
@@ -88,6 +90,7 @@ impl EngineConfig {
             max_queued: DEFAULT_MAX_QUEUED,
             serial_prefetch: false,
             transfer_delay: None,
+            index_queries: hisparse_kernels::IndexerQueries::Exact,
         }
     }
 }
@@ -127,6 +130,7 @@ where
             backup_delay: cfg.backup_delay,
             serial_prefetch: cfg.serial_prefetch,
             transfer_delay: cfg.transfer_delay,
+            index_queries: cfg.index_queries,
         };
         let cache = KvCache::new(backend, cache_cfg, Arc::clone(&runtime.policy), prefetcher)?;
         let model = match &cfg.model {

@@ -1,7 +1,8 @@
 //! CPU lightning indexer: `s_t = scale_t * sum_h w_h * relu(q_h . k~_t)`, where `k~_t` are the key's
 //! e4m3 values and `scale_t` its fp32 scale (equal to `sum_h w_h relu(q_h . k_t)` because scales
 //! are positive). Keys are found through each request's pages. f32 accumulation; parallel over
-//! requests and blocks of positions.
+//! requests and blocks of positions. With [`IndexerQueries::Fp8`] the queries are first
+//! quantised per head exactly as the CUDA kernel quantises them.
 
 use half::bf16;
 use hisparse_memory::fp8::E4M3_TABLE;
@@ -11,6 +12,7 @@ use rayon::prelude::*;
 use super::{disjoint_spans_mut, dot};
 use crate::backend::{IndexerBatch, IndexerRequest, Span};
 use crate::error::{KernelError, Result, check_len};
+use crate::index_queries::{IndexerQueries, pow2, quantize_head};
 
 /// Positions scored per rayon task.
 const BLOCK: usize = 256;
@@ -77,6 +79,27 @@ fn key_row(batch: &IndexerBatch<'_, EmulatedDevice>, r: &IndexerRequest, t: usiz
     batch.page_table[r.first_page + t / p] as usize * p + t % p
 }
 
+/// The queries as the scores use them (f32) and the head weights: as given, or, for
+/// [`IndexerQueries::Fp8`], every head's queries quantised to e4m3 and its weight times the
+/// head's scale.
+fn queries_and_weights(batch: &IndexerBatch<'_, EmulatedDevice>) -> (Vec<f32>, Vec<f32>) {
+    match batch.queries_as {
+        IndexerQueries::Exact => (batch.queries.iter().map(|q| bf16::to_f32(*q)).collect(), batch.weights.to_vec()),
+        IndexerQueries::Fp8 => {
+            let dim = batch.key_layout.dim();
+            let mut codes = vec![0u8; dim];
+            let mut q = Vec::with_capacity(batch.queries.len());
+            let mut w = Vec::with_capacity(batch.weights.len());
+            for (head, &wh) in batch.queries.chunks_exact(dim).zip(batch.weights.iter()) {
+                let e = quantize_head(head, &mut codes);
+                q.extend(codes.iter().map(|&c| E4M3_TABLE[usize::from(c)]));
+                w.push(wh * pow2(e));
+            }
+            (q, w)
+        }
+    }
+}
+
 pub(super) fn indexer_scores(batch: &IndexerBatch<'_, EmulatedDevice>, scores: &mut [f32]) -> Result<()> {
     validate(batch)?;
     let (heads, dim, key_bytes) = (batch.heads, batch.key_layout.dim(), batch.key_layout.row_bytes());
@@ -90,11 +113,11 @@ pub(super) fn indexer_scores(batch: &IndexerBatch<'_, EmulatedDevice>, scores: &
             tasks.push((i, b * BLOCK, chunk));
         }
     }
-    let queries: Vec<f32> = batch.queries.iter().map(|q| bf16::to_f32(*q)).collect();
+    let (queries, weights) = queries_and_weights(batch);
     tasks.into_par_iter().for_each(|(i, start, out)| {
         let r = &batch.requests[i];
         let q = &queries[i * heads * dim..(i + 1) * heads * dim];
-        let w = &batch.weights[i * heads..(i + 1) * heads];
+        let w = &weights[i * heads..(i + 1) * heads];
         let mut key = vec![0f32; dim];
         for (t, o) in out.iter_mut().enumerate() {
             let row = key_row(batch, r, start + t) * key_bytes;

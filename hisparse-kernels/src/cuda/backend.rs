@@ -72,6 +72,8 @@ pub struct CudaBackend {
     pub(super) mem: CudaMemory,
     pub(super) sms: usize,
     pub(super) indexer: CudaFunction,
+    /// The indexer over queries quantised to e4m3 (fp8 MMA).
+    pub(super) indexer_fp8: CudaFunction,
     pub(super) top_k: CudaFunction,
     /// Top-k over several blocks per request (small batches).
     pub(super) top_k_split: super::topk_launch::TopKSplit,
@@ -137,18 +139,20 @@ impl CudaBackend {
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(driver_error("SM count"))?;
         let indexer = dev.function("indexer", "indexer_scores")?;
+        let indexer_fp8 = dev.function("indexer", "indexer_scores_fp8")?;
         let top_k = dev.function("topk", "top_k_select")?;
         let attention = AttentionKernels::load(&dev)?;
         let write_rows = dev.function("rows", "write_rows")?;
         let locate_rows = dev.function("rows", "locate_rows")?;
         let fill_unit = dev.function("rows", "fill_unit_bf16")?;
         let fill_new_rows = dev.function("rows", "fill_new_rows")?;
-        indexer
-            .set_attribute(
+        for f in [&indexer, &indexer_fp8] {
+            f.set_attribute(
                 CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 indexer_smem(MAX_INDEX_HEADS) as i32,
             )
             .map_err(driver_error("indexer shared memory opt-in"))?;
+        }
         top_k
             .set_attribute(CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, TOPK_SMEM as i32)
             .map_err(driver_error("top-k shared memory opt-in"))?;
@@ -172,6 +176,7 @@ impl CudaBackend {
             mem: CudaMemory::new(s),
             sms,
             indexer,
+            indexer_fp8,
             top_k,
             top_k_split,
             attention,

@@ -112,7 +112,11 @@ impl CudaBackend {
         };
         let (h, pt, pp, pin) = (heads as u32, p as u32, pool_pages as u32, u32::from(batch.pin_newest));
         let Scratch { fault, reqs: reqs_d, .. } = &mut *sc;
-        let mut b = PrintedLaunch::new(&self.dev.print, s, &self.indexer);
+        let f = match batch.queries_as {
+            crate::IndexerQueries::Exact => &self.indexer,
+            crate::IndexerQueries::Fp8 => &self.indexer_fp8,
+        };
+        let mut b = PrintedLaunch::new(&self.dev.print, s, f);
         b.arg(batch.queries)
             .arg(batch.weights)
             .arg(batch.keys)
