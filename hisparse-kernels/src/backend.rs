@@ -82,7 +82,7 @@ pub struct IndexerBatch<'a, M: DeviceMemory> {
     pub requests: &'a [IndexerRequest],
     /// Score each request's last position `+inf` instead (the newest token is always selected).
     pub pin_newest: bool,
-    /// The queries' precision: exact, or quantised per head to e4m3 (see [`IndexerQueries`]).
+    /// The queries' precision: exact, or quantised per head to e4m3 (see [`IndexerQueries`](crate::IndexerQueries)).
     pub queries_as: crate::IndexerQueries,
 }
 
