@@ -205,6 +205,11 @@ impl CudaBackend {
         self
     }
 
+    /// The device's streaming multiprocessors.
+    pub fn sm_count(&self) -> usize {
+        self.sms
+    }
+
     /// [`CudaBackend::with_top_k_blocks`] on a backend in use (later launches; a captured launch
     /// sequence keeps the form it was captured with, and its print changes with the form).
     pub fn set_top_k_blocks(&self, blocks: usize) {
