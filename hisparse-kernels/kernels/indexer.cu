@@ -87,13 +87,17 @@ __device__ __forceinline__ void mma_f16(float* c, const unsigned* a, unsigned b0
 #define INDEXER_ARGS queries, weights, keys, page_table, reqs, scores, heads, page_tokens, pool_pages, pin_newest, fault
 
 // Grid (blocks_per_request, requests); WARPS warps per block. Dynamic shared memory:
-// heads * 256 B of query fragments, heads * 4 B of weights, WARPS * 2 * 32 * 33 words of staging.
-template <bool FP8>
+// heads * QB B of query fragments (QB = 256, or 128 in the fixed-head fp8 forms), heads * 4 B of
+// weights, WARPS * 2 * 32 * 33 words of staging. HT: head tiles (heads / 8) fixed at compile time
+// (the tile loop fully unrolled), or 0 for any multiple of 8 (heads as given).
+template <bool FP8, unsigned HT>
 __device__ __forceinline__ void indexer_body(INDEXER_PARAMS) {
     extern __shared__ __align__(16) unsigned char smem[];
-    uint2* qfrag = reinterpret_cast<uint2*>(smem);                        // [heads/8][8][32]
-    float* w = reinterpret_cast<float*>(smem + heads * 256);             // [heads]
-    unsigned* stage = reinterpret_cast<unsigned*>(smem + heads * 260);   // [WARPS][2][32][33]
+    constexpr unsigned QB = FP8 && HT ? 128 : 256;
+    if (HT) heads = 8 * HT;
+    uint2* qfrag = reinterpret_cast<uint2*>(smem);                        // [heads/8][8 or 4][32]
+    float* w = reinterpret_cast<float*>(smem + heads * QB);              // [heads]
+    unsigned* stage = reinterpret_cast<unsigned*>(smem + heads * (QB + 4));  // [WARPS][2][32][33]
     const unsigned lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const unsigned g = lane >> 2, tig = lane & 3;
     const unsigned i = blockIdx.y;
@@ -237,8 +241,7 @@ __device__ __forceinline__ void indexer_body(INDEXER_PARAMS) {
                     a[mt][kk][3] = hi[1];
                 }
             }
-            #pragma unroll 2
-            for (unsigned nt = 0; nt < heads / 8; ++nt) {
+            auto head_tile = [&](unsigned nt) {
                 float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
                 #pragma unroll
                 for (int kk = 0; kk < 4; ++kk) {
@@ -247,6 +250,13 @@ __device__ __forceinline__ void indexer_body(INDEXER_PARAMS) {
                     mma_e4m3(acc[1], a[1][kk], b.x, b.y);
                 }
                 add_heads(nt, acc);
+            };
+            if (HT) {
+                #pragma unroll
+                for (unsigned nt = 0; nt < HT; ++nt) head_tile(nt);
+            } else {
+                #pragma unroll 2
+                for (unsigned nt = 0; nt < heads / 8; ++nt) head_tile(nt);
             }
         } else {
             // A fragments of both 16-row tiles.
@@ -295,9 +305,20 @@ __device__ __forceinline__ void indexer_body(INDEXER_PARAMS) {
 }
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32, 4) indexer_scores(INDEXER_PARAMS) {
-    indexer_body<false>(INDEXER_ARGS);
+    indexer_body<false, 0>(INDEXER_ARGS);
 }
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32, 4) indexer_scores_fp8(INDEXER_PARAMS) {
-    indexer_body<true>(INDEXER_ARGS);
+    indexer_body<true, 0>(INDEXER_ARGS);
+}
+
+// The fp8 form for 32 and 64 heads: the head tiles unrolled, query fragments in 128 B a head, so
+// that five blocks fit an SM (42 KB of shared memory a block at 64 heads, at most 102 registers a
+// thread). Not yet measured on the H200: CudaBackend::with_indexer_fixed_heads opts in.
+extern "C" __global__ void __launch_bounds__(WARPS * 32, 5) indexer_scores_fp8_h32(INDEXER_PARAMS) {
+    indexer_body<true, 4>(INDEXER_ARGS);
+}
+
+extern "C" __global__ void __launch_bounds__(WARPS * 32, 5) indexer_scores_fp8_h64(INDEXER_PARAMS) {
+    indexer_body<true, 8>(INDEXER_ARGS);
 }

@@ -28,7 +28,12 @@ fn gpu_indexer_matches_the_cpu_indexer() {
     ];
     let (cpu, gpu) = (CpuBackend::new(), gpu());
     for (heads, lens, q_std) in cases {
-        for queries_as in [IndexerQueries::Exact, IndexerQueries::Fp8] {
+        // The fp8 form twice: the kernel for any head count, and the ones compiled for 32 and 64
+        // heads (the others fall back to the first).
+        for (queries_as, fixed) in
+            [(IndexerQueries::Exact, false), (IndexerQueries::Fp8, false), (IndexerQueries::Fp8, true)]
+        {
+            gpu.set_indexer_fixed_heads(fixed);
             let case = IndexerCase::new(heads, &lens, q_std, queries_as);
             let (want, got) = (case.scores(&cpu), case.scores(&gpu));
             let max = want.iter().filter(|x| x.is_finite()).fold(0f32, |m, x| m.max(x.abs()));
@@ -42,7 +47,10 @@ fn gpu_indexer_matches_the_cpu_indexer() {
                     worst = worst.max((g - c).abs() / max);
                 }
             }
-            println!("{queries_as:?} queries, {heads} heads: largest difference {worst:.2e} of the largest score");
+            println!(
+                "{queries_as:?} queries{}, {heads} heads: largest difference {worst:.2e} of the largest score",
+                if fixed { " (fixed-head kernel)" } else { "" }
+            );
         }
     }
 }
@@ -64,11 +72,28 @@ fn gpu_fp8_indexer_selects_what_the_cpu_twin_selects() {
     let mut cpu_sel = vec![0i32; spans.len() * k];
     cpu.top_k(&want, &spans, k, &mut cpu_sel).unwrap();
     let mem = gpu.memory().clone();
-    let scores_d = case.scores_on_device(&gpu);
-    let mut sel_d = mem.upload(&vec![-1i32; spans.len() * k]).unwrap();
-    gpu.top_k(&scores_d, &spans, k, &mut sel_d).unwrap();
-    gpu.finish_step().unwrap();
-    let gpu_sel = mem.download(&sel_d).unwrap();
+    for fixed in [false, true] {
+        gpu.set_indexer_fixed_heads(fixed);
+        let scores_d = case.scores_on_device(&gpu);
+        let mut sel_d = mem.upload(&vec![-1i32; spans.len() * k]).unwrap();
+        gpu.top_k(&scores_d, &spans, k, &mut sel_d).unwrap();
+        gpu.finish_step().unwrap();
+        let gpu_sel = mem.download(&sel_d).unwrap();
+        selections_agree(&want, &tol, &spans, &cpu_sel, &gpu_sel, k, fixed);
+    }
+}
+
+/// `gpu_sel` equals `cpu_sel` but for positions within twice their tolerance of the k-th score.
+#[allow(clippy::print_stdout)] // the count of differences is printed for the record
+fn selections_agree(
+    want: &[f32],
+    tol: &[f32],
+    spans: &[Span],
+    cpu_sel: &[i32],
+    gpu_sel: &[i32],
+    k: usize,
+    fixed: bool,
+) {
     let mut differ = 0;
     for (i, sp) in spans.iter().enumerate() {
         let c: std::collections::BTreeSet<i32> = cpu_sel[i * k..(i + 1) * k].iter().copied().collect();
@@ -85,7 +110,10 @@ fn gpu_fp8_indexer_selects_what_the_cpu_twin_selects() {
         }
         differ += g.difference(&c).count();
     }
-    println!("fp8 queries: {differ} of {} selected positions differ from the CPU's", spans.len() * k);
+    println!(
+        "fp8 queries (fixed heads {fixed}): {differ} of {} selected positions differ from the CPU's",
+        spans.len() * k
+    );
     assert!(differ * 100 <= spans.len() * k, "{differ} positions differ: more than 1%");
 }
 

@@ -194,7 +194,12 @@ fn indexer_and_top_k(
                     .upload(&hisparse_kernels::random::head_weights(rng, b * heads))
                     .map_err(|e| BenchError::Gpu(e.to_string()))?;
                 let mut scores = mem.alloc_zeroed::<f32>(b * ctx).map_err(|e| BenchError::Gpu(e.to_string()))?;
-                for queries_as in [IndexerQueries::Exact, IndexerQueries::Fp8] {
+                // Exact queries, fp8 ones with the kernel for any head count, and with the one
+                // compiled for the head count (not yet the default).
+                for (queries_as, fixed) in
+                    [(IndexerQueries::Exact, false), (IndexerQueries::Fp8, false), (IndexerQueries::Fp8, true)]
+                {
+                    gpu.set_indexer_fixed_heads(fixed);
                     let batch = IndexerBatch {
                         heads,
                         key_layout: key,
@@ -207,13 +212,16 @@ fn indexer_and_top_k(
                         pin_newest: false,
                         queries_as,
                     };
-                    let ms = time_ms(s, a.reps, || gpu.indexer_scores(&batch, &mut scores).map_err(kerr))?;
+                    let ms = time_ms(s, a.reps, || gpu.indexer_scores(&batch, &mut scores).map_err(kerr));
+                    gpu.set_indexer_fixed_heads(false);
+                    let ms = ms?;
                     let bytes = (b * ctx) as f64 * (132.0 + 4.0 + 4.0 / p as f64);
                     let bw = bytes / (ms * 1e-3);
                     let flops = (b * ctx * heads * 128 * 2) as f64 / (ms * 1e-3);
-                    let form = match queries_as {
-                        IndexerQueries::Exact => "",
-                        IndexerQueries::Fp8 => " (fp8 queries, e4m3 MMA)",
+                    let form = match (queries_as, fixed) {
+                        (IndexerQueries::Exact, _) => "",
+                        (IndexerQueries::Fp8, false) => " (fp8 queries, e4m3 MMA)",
+                        (IndexerQueries::Fp8, true) => " (fp8 queries, fixed-head kernel)",
                     };
                     push(
                         format!("indexer{form} {heads} heads, ctx {ctx}, batch {b}"),

@@ -35,14 +35,6 @@ pub(super) const ATTN_SMEM: usize =
 /// Dynamic shared memory of top-k: eight copies of a 2048-bin histogram.
 pub(super) const TOPK_SMEM: usize = 8 * 2048 * 4;
 
-/// Most indexer heads (shared memory of the query fragments).
-pub(super) const MAX_INDEX_HEADS: usize = 256;
-
-/// Shared memory of the indexer: query fragments and weights, two staging tiles per warp.
-pub(super) fn indexer_smem(heads: usize) -> usize {
-    heads * 260 + 4 * 2 * 32 * 33 * 4
-}
-
 /// Buffers reused across calls (small per-call arrays, split partials, the fault flag).
 pub(super) struct Scratch {
     pub(super) fault: CudaSlice<u32>,
@@ -71,9 +63,8 @@ pub struct CudaBackend {
     pub(super) dev: Arc<CudaDevice>,
     pub(super) mem: CudaMemory,
     pub(super) sms: usize,
-    pub(super) indexer: CudaFunction,
-    /// The indexer over queries quantised to e4m3 (fp8 MMA).
-    pub(super) indexer_fp8: CudaFunction,
+    /// The indexer's kernels (exact and fp8 queries).
+    pub(super) indexer: super::decode_launch::IndexerKernels,
     pub(super) top_k: CudaFunction,
     /// Top-k over several blocks per request (small batches).
     pub(super) top_k_split: super::topk_launch::TopKSplit,
@@ -138,21 +129,13 @@ impl CudaBackend {
             .context()
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(driver_error("SM count"))?;
-        let indexer = dev.function("indexer", "indexer_scores")?;
-        let indexer_fp8 = dev.function("indexer", "indexer_scores_fp8")?;
+        let indexer = super::decode_launch::IndexerKernels::load(&dev)?;
         let top_k = dev.function("topk", "top_k_select")?;
         let attention = AttentionKernels::load(&dev)?;
         let write_rows = dev.function("rows", "write_rows")?;
         let locate_rows = dev.function("rows", "locate_rows")?;
         let fill_unit = dev.function("rows", "fill_unit_bf16")?;
         let fill_new_rows = dev.function("rows", "fill_new_rows")?;
-        for f in [&indexer, &indexer_fp8] {
-            f.set_attribute(
-                CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                indexer_smem(MAX_INDEX_HEADS) as i32,
-            )
-            .map_err(driver_error("indexer shared memory opt-in"))?;
-        }
         top_k
             .set_attribute(CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, TOPK_SMEM as i32)
             .map_err(driver_error("top-k shared memory opt-in"))?;
@@ -176,7 +159,6 @@ impl CudaBackend {
             mem: CudaMemory::new(s),
             sms,
             indexer,
-            indexer_fp8,
             top_k,
             top_k_split,
             attention,
@@ -203,6 +185,19 @@ impl CudaBackend {
     pub fn with_top_k_blocks(self, blocks: usize) -> Self {
         self.set_top_k_blocks(blocks);
         self
+    }
+
+    /// Scores fp8 queries of 32 or 64 heads with the kernels compiled for those head counts
+    /// (head tiles unrolled, five blocks per SM) instead of the one for any count; off by
+    /// default until measured on the H200. The scores are the same either way.
+    pub fn with_indexer_fixed_heads(self, on: bool) -> Self {
+        self.set_indexer_fixed_heads(on);
+        self
+    }
+
+    /// [`CudaBackend::with_indexer_fixed_heads`] on a backend in use (later launches).
+    pub fn set_indexer_fixed_heads(&self, on: bool) {
+        self.indexer.fixed_heads.store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The device's streaming multiprocessors.

@@ -1,15 +1,72 @@
-//! The decode kernels' launches of [`CudaBackend`]: the indexer and top-k, their kernel-argument
-//! structs, and the host-side checks that run before anything is launched (the attention's are
+//! The decode kernels' launches of [`CudaBackend`]: the indexer (its kernels and which one a call
+//! takes) and top-k, their kernel-argument structs, and the host-side checks that run before anything is launched (the attention's are
 //! in `attention_launch.rs`).
 
-use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, ValidAsZeroBits};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use cudarc::driver::sys::CUfunction_attribute_enum;
+use cudarc::driver::{CudaFunction, CudaSlice, DeviceRepr, LaunchConfig, ValidAsZeroBits};
 use hisparse_memory::cuda::CudaMemory;
 
-use super::backend::{CudaBackend, MAX_INDEX_HEADS, Scratch, TOPK_SMEM, indexer_smem, lock, upload_cached};
-use super::driver_error;
+use super::backend::{CudaBackend, Scratch, TOPK_SMEM, lock, upload_cached};
 use super::printed_launch::PrintedLaunch;
+use super::{CudaDevice, driver_error};
+use crate::IndexerQueries;
 use crate::backend::{IndexerBatch, Span};
 use crate::error::{KernelError, Result, check_len};
+
+/// Most indexer heads (shared memory of the query fragments).
+pub(super) const MAX_INDEX_HEADS: usize = 256;
+
+/// Shared memory of the indexer: query fragments (`frag_bytes` a head) and weights, two staging
+/// tiles per warp.
+fn indexer_smem(heads: usize, frag_bytes: usize) -> usize {
+    heads * (frag_bytes + 4) + 4 * 2 * 32 * 33 * 4
+}
+
+/// The indexer's kernels: exact and fp8 queries for any multiple of 8 heads, and the fp8 form
+/// compiled for 32 and 64 heads.
+pub(super) struct IndexerKernels {
+    exact: CudaFunction,
+    fp8: CudaFunction,
+    fp8_h32: CudaFunction,
+    fp8_h64: CudaFunction,
+    /// Use the fixed-head fp8 forms where they apply.
+    pub(super) fixed_heads: AtomicBool,
+}
+
+impl IndexerKernels {
+    /// The kernels of `dev`'s indexer module, with their shared memory opted in.
+    pub(super) fn load(dev: &CudaDevice) -> Result<Self> {
+        let k = Self {
+            exact: dev.function("indexer", "indexer_scores")?,
+            fp8: dev.function("indexer", "indexer_scores_fp8")?,
+            fp8_h32: dev.function("indexer", "indexer_scores_fp8_h32")?,
+            fp8_h64: dev.function("indexer", "indexer_scores_fp8_h64")?,
+            fixed_heads: AtomicBool::new(false),
+        };
+        for (f, smem) in [
+            (&k.exact, indexer_smem(MAX_INDEX_HEADS, 256)),
+            (&k.fp8, indexer_smem(MAX_INDEX_HEADS, 256)),
+            (&k.fp8_h32, indexer_smem(32, 128)),
+            (&k.fp8_h64, indexer_smem(64, 128)),
+        ] {
+            f.set_attribute(CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
+                .map_err(driver_error("indexer shared memory opt-in"))?;
+        }
+        Ok(k)
+    }
+
+    /// The kernel for `heads` heads of `queries_as` queries, and its dynamic shared memory.
+    fn pick(&self, heads: usize, queries_as: IndexerQueries) -> (&CudaFunction, usize) {
+        match (queries_as, self.fixed_heads.load(Ordering::Relaxed), heads) {
+            (IndexerQueries::Exact, ..) => (&self.exact, indexer_smem(heads, 256)),
+            (IndexerQueries::Fp8, true, 32) => (&self.fp8_h32, indexer_smem(32, 128)),
+            (IndexerQueries::Fp8, true, 64) => (&self.fp8_h64, indexer_smem(64, 128)),
+            (IndexerQueries::Fp8, ..) => (&self.fp8, indexer_smem(heads, 256)),
+        }
+    }
+}
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -104,7 +161,7 @@ impl CudaBackend {
                 format!("the CUDA indexer takes at most {MAX_INDEX_HEADS}"),
             ));
         }
-        let smem = indexer_smem(heads);
+        let (f, smem) = self.indexer.pick(heads, batch.queries_as);
         let cfg = LaunchConfig {
             grid_dim: (per_request as u32, n as u32, 1),
             block_dim: (128, 1, 1),
@@ -112,10 +169,6 @@ impl CudaBackend {
         };
         let (h, pt, pp, pin) = (heads as u32, p as u32, pool_pages as u32, u32::from(batch.pin_newest));
         let Scratch { fault, reqs: reqs_d, .. } = &mut *sc;
-        let f = match batch.queries_as {
-            crate::IndexerQueries::Exact => &self.indexer,
-            crate::IndexerQueries::Fp8 => &self.indexer_fp8,
-        };
         let mut b = PrintedLaunch::new(&self.dev.print, s, f);
         b.arg(batch.queries)
             .arg(batch.weights)

@@ -29,7 +29,7 @@ pub fn all_sources() -> Vec<KernelSource> {
     v.push(KernelSource {
         name: "indexer".into(),
         code: include_str!("../../kernels/indexer.cu").to_owned(),
-        kernels: &["indexer_scores", "indexer_scores_fp8"],
+        kernels: &["indexer_scores", "indexer_scores_fp8", "indexer_scores_fp8_h32", "indexer_scores_fp8_h64"],
     });
     v.push(KernelSource {
         name: "topk".into(),
