@@ -42,6 +42,11 @@ pub fn all_sources() -> Vec<KernelSource> {
         kernels: &["sparse_mla_decode", "merge_splits"],
     });
     v.push(KernelSource {
+        name: "wgmma_probe".into(),
+        code: include_str!("../../kernels/wgmma_probe.cu").to_owned(),
+        kernels: &["wgmma_bf16_probe"],
+    });
+    v.push(KernelSource {
         name: "rows".into(),
         code: include_str!("../../kernels/rows.cu").to_owned(),
         kernels: &["write_rows", "locate_rows", "fill_unit_bf16", "fill_new_rows"],
