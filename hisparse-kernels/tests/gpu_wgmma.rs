@@ -1,6 +1,8 @@
-//! The warpgroup MMA probe (`kernels/wgmma_probe.cu`) against its CPU twin, a plain product of
-//! the same bf16 matrices: the unswizzled shared-memory descriptor encoding that the wgmma
-//! sparse MLA decode builds on, checked before that kernel relies on it.
+//! The warpgroup MMA probes (`kernels/wgmma_probe.cu`) against their CPU twin, a plain product of
+//! the same bf16 matrices: both operands K-major in shared memory (S = Q K^T), and A in registers
+//! with B MN-major (O = P V), each unswizzled and with the 128-byte swizzle — the shared-memory
+//! descriptor encodings that the wgmma sparse MLA decode builds on, checked before that kernel
+//! relies on them.
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
@@ -25,12 +27,33 @@ fn product(a: &[bf16], b: &[bf16], k: usize) -> (Vec<f64>, Vec<f64>) {
     (d, mag)
 }
 
-/// The probe's D for the placement (`k_step`, `m_step`) and descriptor offsets (`lbo`, `sbo`).
-fn probe(dev: &CudaDevice, a: &[bf16], b: &[bf16], k: usize, steps: (u32, u32), offsets: (u32, u32)) -> Vec<f32> {
+/// A probe layout, as the kernel's `ProbeLayout`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct Layout {
+    step_o: u32,
+    step_i: u32,
+    lbo: u32,
+    sbo: u32,
+    swizzle: u32,
+}
+
+// SAFETY: #[repr(C)] struct of plain numbers, laid out as the kernel's `ProbeLayout`.
+unsafe impl cudarc::driver::DeviceRepr for Layout {}
+
+impl Layout {
+    /// The same placement with the descriptor's two offsets exchanged.
+    fn swapped(self) -> Self {
+        Self { lbo: self.sbo, sbo: self.lbo, ..self }
+    }
+}
+
+/// Runs `kernel` of the probe module on `a` and `b` (B as [N][K] for `ss`, [K][N] for `rs`).
+fn probe(dev: &CudaDevice, kernel: &str, a: &[bf16], b: &[bf16], k: usize, la: Layout, lb: Layout) -> Vec<f32> {
     let s = dev.stream();
     let (ad, bd) = (s.clone_htod(a).unwrap(), s.clone_htod(b).unwrap());
     let mut dd = s.alloc_zeros::<f32>(64 * 64).unwrap();
-    let f = dev.function("wgmma_probe", "wgmma_bf16_probe").unwrap();
+    let f = dev.function("wgmma_probe", kernel).unwrap();
     let smem = (2 * 64 * k * 2) as u32;
     f.set_attribute(
         cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -39,22 +62,15 @@ fn probe(dev: &CudaDevice, a: &[bf16], b: &[bf16], k: usize, steps: (u32, u32), 
     .unwrap();
     let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: smem };
     let ku = k as u32;
-    // SAFETY: a and b hold 64 x k bf16, d 64 x 64 f32; the steps place every core matrix of 64
-    // rows and k columns inside the 64 * k * 2 bytes of its operand's shared memory (asserted by
-    // the callers' choice of steps: the documented placement and its transpose).
-    unsafe {
-        s.launch_builder(&f)
-            .arg(&ad)
-            .arg(&bd)
-            .arg(&mut dd)
-            .arg(&ku)
-            .arg(&steps.0)
-            .arg(&steps.1)
-            .arg(&offsets.0)
-            .arg(&offsets.1)
-            .launch(cfg)
+    let mut l = s.launch_builder(&f);
+    l.arg(&ad).arg(&bd).arg(&mut dd).arg(&ku);
+    if kernel == "wgmma_probe_ss" {
+        l.arg(&la);
     }
-    .unwrap();
+    l.arg(&lb);
+    // SAFETY: a and b hold 64 x k bf16 and d 64 x 64 f32; the layouts (`layouts` below) place
+    // every element of an operand inside its 64 * k * 2 bytes of the shared memory asked for.
+    unsafe { l.launch(cfg) }.unwrap();
     s.clone_dtoh(&dd).unwrap()
 }
 
@@ -67,24 +83,50 @@ fn agrees(got: &[f32], want: &[f64], mag: &[f64]) -> Result<(), String> {
     Ok(())
 }
 
+/// The placements and descriptor offsets PTX's documentation gives, for an operand of `outer`
+/// rows of `inner` contiguous values: unswizzled, core matrices 16 B x 8 rows with those along the
+/// contiguous index adjacent (128 B apart) and the next 8 rows `inner * 16` B on; with the
+/// 128-byte swizzle, 8-row atoms 1024 B apart and 64-value column blocks `outer * 128` B apart.
+/// K-major: leading offset = the step along K, stride offset = the step between 8-row groups.
+/// MN-major (`k_outer`): leading offset = the step between 64-value (swizzled) or 8-value
+/// (unswizzled) blocks along MN, stride offset = the step between 8-row groups along K.
+fn layout(outer: usize, inner: usize, swizzle: bool) -> Layout {
+    let (outer, inner) = (outer as u32, inner as u32);
+    if swizzle {
+        Layout { step_o: 1024, step_i: outer * 128, lbo: outer * 128, sbo: 1024, swizzle: 1 }
+    } else {
+        Layout { step_o: inner * 16, step_i: 128, lbo: 128, sbo: inner * 16, swizzle: 0 }
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn wgmma_on_unswizzled_shared_memory_multiplies_like_the_cpu() {
+fn wgmma_on_shared_memory_operands_multiplies_like_the_cpu() {
     let dev = CudaDevice::new(0).expect("a CUDA GPU");
     let mut rng = random::rng(21);
-    for k in [16usize, 64, 128] {
-        let a = random::normal_bf16(&mut rng, 64 * k, 1.0);
-        let b = random::normal_bf16(&mut rng, 64 * k, 1.0);
-        let (want, mag) = product(&a, &b, k);
-        assert!(want.iter().any(|x| x.abs() > 1.0), "the product is not trivial");
-        // Core matrices K-adjacent 128 B apart, M-adjacent k * 16 B apart; PTX: the leading
-        // offset is the step along K, the stride offset the step along M or N.
-        let (ks, ms) = (128u32, (k * 16) as u32);
-        let documented = agrees(&probe(&dev, &a, &b, k, (ks, ms), (ks, ms)), &want, &mag);
-        if let Err(e) = documented {
-            // Name what does work, for whoever writes the next kernel on it.
-            let swapped = agrees(&probe(&dev, &a, &b, k, (ks, ms), (ms, ks)), &want, &mag);
-            panic!("k = {k}: the documented encoding fails ({e}); offsets swapped: {swapped:?}");
+    let mut failures = Vec::new();
+    for swizzle in [false, true] {
+        for k in [64usize, 128] {
+            let a = random::normal_bf16(&mut rng, 64 * k, 1.0);
+            let b = random::normal_bf16(&mut rng, 64 * k, 1.0);
+            let (want, mag) = product(&a, &b, k);
+            assert!(want.iter().any(|x| x.abs() > 1.0), "the product is not trivial");
+            // S = Q K^T: both K-major, B given as [N][K].
+            let (la, lb) = (layout(64, k, swizzle), layout(64, k, swizzle));
+            let ss = |la: Layout, lb: Layout| agrees(&probe(&dev, "wgmma_probe_ss", &a, &b, k, la, lb), &want, &mag);
+            if let Err(e) = ss(la, lb) {
+                let other = ss(la.swapped(), lb.swapped());
+                failures.push(format!("ss, swizzle {swizzle}, k {k}: {e}; offsets swapped: {other:?}"));
+            }
+            // O = P V: A from registers, B MN-major, given as [K][N] (B^T of the same product).
+            let bt: Vec<bf16> = (0..k * 64).map(|e| b[(e % 64) * k + e / 64]).collect();
+            let lt = layout(k, 64, swizzle);
+            let rs = |lt: Layout| agrees(&probe(&dev, "wgmma_probe_rs", &a, &bt, k, lt, lt), &want, &mag);
+            if let Err(e) = rs(lt) {
+                let other = rs(lt.swapped());
+                failures.push(format!("rs, swizzle {swizzle}, k {k}: {e}; offsets swapped: {other:?}"));
+            }
         }
     }
+    assert!(failures.is_empty(), "{failures:#?}");
 }
