@@ -1,6 +1,7 @@
 //! The warpgroup MMA probes (`kernels/wgmma_probe.cu`) against their CPU twin, a plain product of
-//! the same bf16 matrices: both operands K-major in shared memory (S = Q K^T), and A in registers
-//! with B MN-major (O = P V), each unswizzled and with the 128-byte swizzle — the shared-memory
+//! the same bf16 matrices: both operands K-major in shared memory (S = Q K^T), A in registers
+//! with B MN-major (O = P V), and A and a 256-column MN-major B both in shared memory (O = P V
+//! for the second warpgroup), each unswizzled and with the 128-byte swizzle — the shared-memory
 //! descriptor encodings that the wgmma sparse MLA decode builds on, checked before that kernel
 //! relies on them.
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
@@ -10,21 +11,26 @@ use half::bf16;
 use hisparse_kernels::cuda::CudaDevice;
 use hisparse_kernels::random;
 
-/// D = A . B^T for A and B of 64 rows and `k` columns, in f64 of the bf16 values, and each
-/// entry's sum of magnitudes (the bound of fp32 accumulation's error).
-fn product(a: &[bf16], b: &[bf16], k: usize) -> (Vec<f64>, Vec<f64>) {
-    let mut d = vec![0f64; 64 * 64];
-    let mut mag = vec![0f64; 64 * 64];
+/// D = A . B^T for A of 64 rows and B of `n` rows, both of `k` columns, in f64 of the bf16
+/// values, and each entry's sum of magnitudes (the bound of fp32 accumulation's error).
+fn product(a: &[bf16], b: &[bf16], k: usize, n: usize) -> (Vec<f64>, Vec<f64>) {
+    let mut d = vec![0f64; 64 * n];
+    let mut mag = vec![0f64; 64 * n];
     for r in 0..64 {
-        for c in 0..64 {
+        for c in 0..n {
             for j in 0..k {
                 let p = f64::from(a[r * k + j].to_f32()) * f64::from(b[c * k + j].to_f32());
-                d[r * 64 + c] += p;
-                mag[r * 64 + c] += p.abs();
+                d[r * n + c] += p;
+                mag[r * n + c] += p.abs();
             }
         }
     }
     (d, mag)
+}
+
+/// `b` ([n][k]) transposed: [k][n].
+fn transposed(b: &[bf16], k: usize, n: usize) -> Vec<bf16> {
+    (0..k * n).map(|e| b[(e % n) * k + e / n]).collect()
 }
 
 /// A probe layout, as the kernel's `ProbeLayout`.
@@ -48,13 +54,15 @@ impl Layout {
     }
 }
 
-/// Runs `kernel` of the probe module on `a` and `b` (B as [N][K] for `ss`, [K][N] for `rs`).
+/// Runs `kernel` of the probe module on `a` and `b` (B as [N][K] for `ss`, [K][N] for the
+/// others; N = 256 for `ss_t256`, else 64).
 fn probe(dev: &CudaDevice, kernel: &str, a: &[bf16], b: &[bf16], k: usize, la: Layout, lb: Layout) -> Vec<f32> {
+    let n = if kernel == "wgmma_probe_ss_t256" { 256 } else { 64 };
     let s = dev.stream();
     let (ad, bd) = (s.clone_htod(a).unwrap(), s.clone_htod(b).unwrap());
-    let mut dd = s.alloc_zeros::<f32>(64 * 64).unwrap();
+    let mut dd = s.alloc_zeros::<f32>(64 * n).unwrap();
     let f = dev.function("wgmma_probe", kernel).unwrap();
-    let smem = (2 * 64 * k * 2) as u32;
+    let smem = ((64 + n) * k * 2) as u32;
     f.set_attribute(
         cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
         smem as i32,
@@ -64,12 +72,13 @@ fn probe(dev: &CudaDevice, kernel: &str, a: &[bf16], b: &[bf16], k: usize, la: L
     let ku = k as u32;
     let mut l = s.launch_builder(&f);
     l.arg(&ad).arg(&bd).arg(&mut dd).arg(&ku);
-    if kernel == "wgmma_probe_ss" {
+    if kernel != "wgmma_probe_rs" {
         l.arg(&la);
     }
     l.arg(&lb);
-    // SAFETY: a and b hold 64 x k bf16 and d 64 x 64 f32; the layouts (`layouts` below) place
-    // every element of an operand inside its 64 * k * 2 bytes of the shared memory asked for.
+    // SAFETY: a holds 64 x k bf16, b n x k and d 64 x n f32; the layouts (`layout` below) place
+    // every element of an operand inside its share (64 * k * 2 and n * k * 2 bytes) of the
+    // shared memory asked for.
     unsafe { l.launch(cfg) }.unwrap();
     s.clone_dtoh(&dd).unwrap()
 }
@@ -77,7 +86,7 @@ fn probe(dev: &CudaDevice, kernel: &str, a: &[bf16], b: &[bf16], k: usize, la: L
 fn agrees(got: &[f32], want: &[f64], mag: &[f64]) -> Result<(), String> {
     for (i, ((g, w), m)) in got.iter().zip(want).zip(mag).enumerate() {
         if (f64::from(*g) - w).abs() > 1e-5 * m + 1e-30 {
-            return Err(format!("D[{}][{}]: gpu {g} vs cpu {w}", i / 64, i % 64));
+            return Err(format!("D entry {i}: gpu {g} vs cpu {w}"));
         }
     }
     Ok(())
@@ -109,7 +118,7 @@ fn wgmma_on_shared_memory_operands_multiplies_like_the_cpu() {
         for k in [64usize, 128] {
             let a = random::normal_bf16(&mut rng, 64 * k, 1.0);
             let b = random::normal_bf16(&mut rng, 64 * k, 1.0);
-            let (want, mag) = product(&a, &b, k);
+            let (want, mag) = product(&a, &b, k, 64);
             assert!(want.iter().any(|x| x.abs() > 1.0), "the product is not trivial");
             // S = Q K^T: both K-major, B given as [N][K].
             let (la, lb) = (layout(64, k, swizzle), layout(64, k, swizzle));
@@ -119,12 +128,23 @@ fn wgmma_on_shared_memory_operands_multiplies_like_the_cpu() {
                 failures.push(format!("ss, swizzle {swizzle}, k {k}: {e}; offsets swapped: {other:?}"));
             }
             // O = P V: A from registers, B MN-major, given as [K][N] (B^T of the same product).
-            let bt: Vec<bf16> = (0..k * 64).map(|e| b[(e % 64) * k + e / 64]).collect();
+            let bt = transposed(&b, k, 64);
             let lt = layout(k, 64, swizzle);
             let rs = |lt: Layout| agrees(&probe(&dev, "wgmma_probe_rs", &a, &bt, k, lt, lt), &want, &mag);
             if let Err(e) = rs(lt) {
                 let other = rs(lt.swapped());
                 failures.push(format!("rs, swizzle {swizzle}, k {k}: {e}; offsets swapped: {other:?}"));
+            }
+            // The same with 256 columns of B in shared memory (four swizzle atoms along N: the
+            // leading offset is used).
+            let b256 = random::normal_bf16(&mut rng, 256 * k, 1.0);
+            let (want, mag) = product(&a, &b256, k, 256);
+            let bt = transposed(&b256, k, 256);
+            let lt = layout(k, 256, swizzle);
+            let t256 = |lt: Layout| agrees(&probe(&dev, "wgmma_probe_ss_t256", &a, &bt, k, la, lt), &want, &mag);
+            if let Err(e) = t256(lt) {
+                let other = t256(lt.swapped());
+                failures.push(format!("ss_t256, swizzle {swizzle}, k {k}: {e}; B's offsets swapped: {other:?}"));
             }
         }
     }

@@ -44,7 +44,7 @@ pub fn all_sources() -> Vec<KernelSource> {
     v.push(KernelSource {
         name: "wgmma_probe".into(),
         code: include_str!("../../kernels/wgmma_probe.cu").to_owned(),
-        kernels: &["wgmma_probe_ss", "wgmma_probe_rs"],
+        kernels: &["wgmma_probe_ss", "wgmma_probe_rs", "wgmma_probe_ss_t256"],
     });
     v.push(KernelSource {
         name: "rows".into(),
