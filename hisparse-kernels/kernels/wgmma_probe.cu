@@ -17,10 +17,10 @@
 // byte offsets are arguments apart from that placement, so that the test holds the encodings it
 // reads in PTX's documentation against the CPU and names the other where that is what works.
 //
+// The helpers (descriptor, instruction forms) are in wgmma_common.cu, compiled in front.
+//
 // Invariant: K is a multiple of 16 (64 with the swizzle), at most 256, and the steps place every
 // element inside its operand's 64 * K * 2 bytes (the test's launches).
-
-#include <cuda_bf16.h>
 
 struct ProbeLayout {
     unsigned step_o, step_i;  // placement steps (bytes)
@@ -34,12 +34,6 @@ __device__ __forceinline__ unsigned place(const ProbeLayout& l, unsigned o, unsi
     return (o / 8) * l.step_o + (i / 8) * l.step_i + (o % 8) * 16 + (i % 8) * 2;
 }
 
-__device__ __forceinline__ unsigned long long smem_desc(const void* p, const ProbeLayout& l) {
-    const unsigned addr = (unsigned)__cvta_generic_to_shared(p);
-    return (unsigned long long)((addr >> 4) & 0x3fff) | ((unsigned long long)((l.lbo >> 4) & 0x3fff) << 16) |
-           ((unsigned long long)((l.sbo >> 4) & 0x3fff) << 32) | ((unsigned long long)(l.swizzle ? 1 : 0) << 62);
-}
-
 // Copies a [rows][cols] row-major bf16 matrix into shared memory, element (r, c) at
 // place(l, r, c) — r outer, c contiguous.
 __device__ void stage(unsigned char* dst, const __nv_bfloat16* src, unsigned rows, unsigned cols, const ProbeLayout& l) {
@@ -47,6 +41,10 @@ __device__ void stage(unsigned char* dst, const __nv_bfloat16* src, unsigned row
         const unsigned r = e / cols, c = e % cols;
         *reinterpret_cast<__nv_bfloat16*>(dst + place(l, r, c)) = src[e];
     }
+}
+
+__device__ __forceinline__ unsigned long long smem_desc(const void* p, const ProbeLayout& l) {
+    return wgmma_desc(p, l.lbo, l.sbo, l.swizzle);
 }
 
 // The start of k-step s (16 values along K) of an operand whose K is its contiguous index.
@@ -68,22 +66,6 @@ __device__ __forceinline__ void store_d(float* d, const float* acc) {
     }
 }
 
-__device__ __forceinline__ void wgmma_ss(float* d, unsigned long long a, unsigned long long b, int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(a), "l"(b), "r"(accumulate));
-}
-
-__device__ __forceinline__ void wgmma_rs_t(float* d, const unsigned* a, unsigned long long b, int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
-}
-
 __device__ __forceinline__ unsigned pair(const __nv_bfloat16* p) {
     return *reinterpret_cast<const unsigned*>(p);
 }
@@ -99,16 +81,16 @@ extern "C" __global__ void __launch_bounds__(128, 1) wgmma_probe_ss(
     stage(sa, a, 64, k, la);
     stage(sb, b, 64, k, lb);
     // The generic proxy's writes made visible to the async proxy that wgmma reads through.
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    fence_async_shared();
     __syncthreads();
     float acc[32];
     #pragma unroll
     for (int i = 0; i < 32; ++i) acc[i] = 0.f;
-    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+    wgmma_fence();
     for (unsigned s = 0; s < k / 16; ++s)
         wgmma_ss(acc, smem_desc(sa + k_major_step(la, s), la), smem_desc(sb + k_major_step(lb, s), lb), s > 0);
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    wgmma_commit();
+    wgmma_wait_all();
     store_d(d, acc);
 }
 
@@ -120,7 +102,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) wgmma_probe_rs(
     ProbeLayout lb) {
     extern __shared__ __align__(1024) unsigned char smem[];
     stage(smem, bt, k, 64, lb);
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    fence_async_shared();
     __syncthreads();
     const unsigned lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, tig = lane & 3;
     const __nv_bfloat16* r0 = a + (size_t)(16 * w + g) * k;
@@ -128,7 +110,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) wgmma_probe_rs(
     float acc[32];
     #pragma unroll
     for (int i = 0; i < 32; ++i) acc[i] = 0.f;
-    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+    wgmma_fence();
     for (unsigned s = 0; s < k / 16; ++s) {
         // The m16n8k16 A fragment of rows 16 w.. over K 16 s..: (g, 2 tig), (g + 8, 2 tig),
         // (g, 8 + 2 tig), (g + 8, 8 + 2 tig), pairs of consecutive K.
@@ -137,17 +119,9 @@ extern "C" __global__ void __launch_bounds__(128, 1) wgmma_probe_rs(
         // K is the outer index of B here: a k-step is two 8-row groups.
         wgmma_rs_t(acc, fa, smem_desc(smem + 2 * s * lb.step_o, lb), s > 0);
     }
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    wgmma_commit();
+    wgmma_wait_all();
     store_d(d, acc);
-}
-
-__device__ __forceinline__ void wgmma_ss_t256(float* d, unsigned long long a, unsigned long long b, int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}, %128, %129, p, 1, 1, 0, 1;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-        : "l"(a), "l"(b), "r"(accumulate));
 }
 
 // One block of 128 threads: D[64][256] = A . B with A [64][k] K-major and bt [k][256] (K x N)
@@ -162,16 +136,16 @@ extern "C" __global__ void __launch_bounds__(128, 1) wgmma_probe_ss_t256(
     unsigned char* sb = smem + 64 * k * 2;
     stage(sa, a, 64, k, la);
     stage(sb, bt, k, 256, lb);
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    fence_async_shared();
     __syncthreads();
     float acc[128];
     #pragma unroll
     for (int i = 0; i < 128; ++i) acc[i] = 0.f;
-    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+    wgmma_fence();
     for (unsigned s = 0; s < k / 16; ++s)
         wgmma_ss_t256(acc, smem_desc(sa + k_major_step(la, s), la), smem_desc(sb + 2 * s * lb.step_o, lb), s > 0);
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    wgmma_commit();
+    wgmma_wait_all();
     const unsigned lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, tig = lane & 3;
     #pragma unroll
     for (int j = 0; j < 32; ++j) {

@@ -163,6 +163,62 @@ fn gpu_attention_matches_the_cpu_attention_within_bf16_tolerance() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
+fn gpu_wgmma_attention_matches_the_cpu_attention_within_bf16_tolerance() {
+    // The warpgroup-MMA form (bf16 rows in the pool): the same tolerance as the mma.sync form,
+    // every split choice, 16 to 128 heads; placement-independent bit for bit; bad locations
+    // still reported.
+    for (seed, heads) in [(5, 64usize), (6, 128), (7, 16)] {
+        let c = attn_case(seed, heads, KvRowFormat::Bf16, &[2048, 100, 1, 0, 2047, 33, 65]);
+        let (want, want_lse) = run_cpu(&c);
+        let max = want.iter().fold(0f32, |m, x| m.max(x.abs()));
+        assert!(max > 0.01, "outputs are not trivial");
+        for splits in [1usize, 0, 7] {
+            let gpu = gpu().with_splits(splits).with_wgmma_attention(true);
+            let (got, lse) = run_gpu(&gpu, &c, &c.pool, &c.locs);
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (g - w).abs() <= 4e-3 * max + 1e-5,
+                    "wgmma, heads {heads} splits {splits} out[{i}]: {g} vs {w}"
+                );
+            }
+            for (i, (g, w)) in lse.iter().zip(&want_lse).enumerate() {
+                let ok = if w.is_infinite() { g == w } else { (g - w).abs() <= 1e-4 * w.abs().max(1.0) };
+                assert!(ok, "wgmma, heads {heads} splits {splits} lse[{i}]: {g} vs {w}");
+            }
+        }
+    }
+    let c = attn_case(8, 64, KvRowFormat::Bf16, &[2048, 700]);
+    let gpu = gpu().with_wgmma_attention(true);
+    let (a, la) = run_gpu(&gpu, &c, &c.pool, &c.locs);
+    let rb = c.layout.row_bytes();
+    let rows = c.pool.len() / rb;
+    let moved: Vec<u8> = c.pool.chunks(rb).rev().flatten().copied().collect();
+    let locs: Vec<i32> = c.locs.iter().map(|&l| rows as i32 - 1 - l).collect();
+    let (b, lb) = run_gpu(&gpu, &c, &moved, &locs);
+    assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()), "wgmma: outputs depend on placement");
+    assert!(la.iter().zip(&lb).all(|(x, y)| x.to_bits() == y.to_bits()), "wgmma: LSEs depend on placement");
+    let mut bad = c.locs.clone();
+    bad[10] = 1 << 30;
+    let mem = gpu.memory();
+    let (qd, pd, ld) = (mem.upload(&c.q).unwrap(), mem.upload(&c.pool).unwrap(), mem.upload(&bad).unwrap());
+    let (mut out, mut lse) =
+        (mem.alloc_zeroed(c.sels.len() * 64 * 512).unwrap(), mem.alloc_zeroed(c.sels.len() * 64).unwrap());
+    let batch = AttentionBatch {
+        heads: 64,
+        layout: c.layout,
+        softmax_scale: 0.1,
+        queries: &qd,
+        rows: &pd,
+        locations: &ld,
+        selections: &c.sels,
+    };
+    gpu.sparse_attention(&batch, &mut out, &mut lse).unwrap();
+    let e = gpu.finish_step().unwrap_err();
+    assert!(e.to_string().contains("locations"), "wgmma: {e}");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
 fn gpu_attention_does_not_depend_on_where_rows_live() {
     let c = attn_case(9, 128, KvRowFormat::Fp8, &[2048, 700, 2048]);
     let gpu = gpu();

@@ -315,6 +315,8 @@ fn attention(
 ) -> Result<()> {
     let mem = gpu.memory().clone();
     let mut push = |name: String, value: f64, unit: &str, note: String| Figure::record(figs, name, value, unit, note);
+    // The same device and stream with the warpgroup-MMA attention switched on.
+    let wgmma = CudaBackend::on(gpu.device().clone()).map_err(kerr)?.with_wgmma_attention(true);
     for format in [KvRowFormat::Fp8, KvRowFormat::Bf16] {
         let layout = KvRowLayout::new(format, 512, 64).map_err(|e| BenchError::Gpu(e.to_string()))?;
         let b_max = a.batches.iter().copied().max().unwrap_or(1);
@@ -346,20 +348,25 @@ fn attention(
                     locations: &ld,
                     selections: &spans,
                 };
-                let ms = time_ms(s, a.reps, || gpu.sparse_attention(&batch, &mut out, &mut lse).map_err(kerr))?;
-                let flops = (b * heads * 2048 * (576 + 512) * 2) as f64 / (ms * 1e-3);
-                let bytes = (b * 2048 * layout.row_bytes()) as f64 / (ms * 1e-3);
-                push(
-                    format!("attention {format} {heads} heads, top-k 2048, batch {b}"),
-                    ms * 1e3,
-                    "us",
-                    format!(
-                        "{:.1} TFLOP/s = {:.0}% of cuBLAS; rows {:.0} GB/s",
-                        flops / 1e12,
-                        100.0 * flops / gemm,
-                        bytes / 1e9
-                    ),
-                );
+                // bf16 rows also on the warpgroup-MMA form (not yet the default), beside.
+                let forms: &[(&CudaBackend, &str)] =
+                    if format == KvRowFormat::Bf16 { &[(gpu, ""), (&wgmma, " (wgmma)")] } else { &[(gpu, "")] };
+                for &(backend, form) in forms {
+                    let ms = time_ms(s, a.reps, || backend.sparse_attention(&batch, &mut out, &mut lse).map_err(kerr))?;
+                    let flops = (b * heads * 2048 * (576 + 512) * 2) as f64 / (ms * 1e-3);
+                    let bytes = (b * 2048 * layout.row_bytes()) as f64 / (ms * 1e-3);
+                    push(
+                        format!("attention{form} {format} {heads} heads, top-k 2048, batch {b}"),
+                        ms * 1e3,
+                        "us",
+                        format!(
+                            "{:.1} TFLOP/s = {:.0}% of cuBLAS; rows {:.0} GB/s",
+                            flops / 1e12,
+                            100.0 * flops / gemm,
+                            bytes / 1e9
+                        ),
+                    );
+                }
             }
         }
     }

@@ -72,11 +72,19 @@ impl AttnScratch {
 #[derive(Clone)]
 pub(super) struct AttentionKernels {
     attention: CudaFunction,
+    /// The warpgroup-MMA form (`kernels/attention_wgmma.cu`): bf16 rows in the pool only.
+    attention_wgmma: CudaFunction,
     merge: CudaFunction,
     sms: usize,
     /// Split count (0: chosen per call from the batch and the SM count).
     pub(super) splits: usize,
+    /// Use the warpgroup-MMA form where it applies (bf16 rows, no misses to fill).
+    pub(super) wgmma: bool,
 }
+
+/// Dynamic shared memory of the warpgroup-MMA attention (`WG_SMEM` in its source): queries, two
+/// tiles of 64 rows, P and the per-head statistics.
+const WGMMA_SMEM: usize = 3 * 9 * 8192 + 8192 + 3 * 64 * 4;
 
 impl AttentionKernels {
     /// The kernels of `dev` (its module is loaded once), shared memory opted in.
@@ -89,8 +97,22 @@ impl AttentionKernels {
         attention
             .set_attribute(CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, ATTN_SMEM as i32)
             .map_err(driver_error("attention shared memory opt-in"))?;
+        let attention_wgmma = dev.function("attention", "sparse_mla_decode_wgmma")?;
+        attention_wgmma
+            .set_attribute(
+                CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                WGMMA_SMEM as i32,
+            )
+            .map_err(driver_error("wgmma attention shared memory opt-in"))?;
         let merge = dev.function("attention", "merge_splits")?;
-        Ok(Self { attention, merge, sms: usize::try_from(sms).unwrap_or(1).max(1), splits: 0 })
+        Ok(Self {
+            attention,
+            attention_wgmma,
+            merge,
+            sms: usize::try_from(sms).unwrap_or(1).max(1),
+            splits: 0,
+            wgmma: false,
+        })
     }
 
     /// The split count for `blocks` (request, head group) pairs of `max_len` selected rows.
@@ -198,17 +220,20 @@ impl AttentionKernels {
             q.selections.iter().map(|s| GpuSpan { offset: s.offset as u64, len: s.len as u64 }).collect();
         upload_cached(dev, &mut sc.sels, &mut sc.sels_c, &host)?;
         let s = dev.stream();
+        // The warpgroup-MMA form takes bf16 rows that all sit in the pool.
+        let wgmma = self.wgmma && matches!(rows, AttnRows::Pool(_)) && layout.format() == KvRowFormat::Bf16;
+        let (kernel, smem) = if wgmma { (&self.attention_wgmma, WGMMA_SMEM) } else { (&self.attention, ATTN_SMEM) };
         let cfg = LaunchConfig {
             grid_dim: (splits as u32, groups as u32, n as u32),
             block_dim: (256, 1, 1),
-            shared_mem_bytes: ATTN_SMEM as u32,
+            shared_mem_bytes: smem as u32,
         };
         if splits > 1 {
             room(dev, &mut sc.part_out, n * heads * splits * 512)?;
             room(dev, &mut sc.part_lse, n * heads * splits)?;
         }
         let null = 0u64;
-        let mut b = PrintedLaunch::new(&dev.print, s, &self.attention);
+        let mut b = PrintedLaunch::new(&dev.print, s, kernel);
         b.arg(q.queries);
         match rows {
             AttnRows::Pool(r) => b.arg(r).arg(q.locations).arg(&null),

@@ -38,12 +38,17 @@ pub fn all_sources() -> Vec<KernelSource> {
     });
     v.push(KernelSource {
         name: "attention".into(),
-        code: include_str!("../../kernels/attention.cu").to_owned(),
-        kernels: &["sparse_mla_decode", "merge_splits"],
+        code: [
+            include_str!("../../kernels/attention.cu"),
+            include_str!("../../kernels/wgmma_common.cu"),
+            include_str!("../../kernels/attention_wgmma.cu"),
+        ]
+        .concat(),
+        kernels: &["sparse_mla_decode", "merge_splits", "sparse_mla_decode_wgmma"],
     });
     v.push(KernelSource {
         name: "wgmma_probe".into(),
-        code: include_str!("../../kernels/wgmma_probe.cu").to_owned(),
+        code: [include_str!("../../kernels/wgmma_common.cu"), include_str!("../../kernels/wgmma_probe.cu")].concat(),
         kernels: &["wgmma_probe_ss", "wgmma_probe_rs", "wgmma_probe_ss_t256"],
     });
     v.push(KernelSource {

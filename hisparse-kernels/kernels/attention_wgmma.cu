@@ -1,0 +1,216 @@
+// Sparse MLA decode attention on Hopper's warpgroup MMA (issue 16), compiled after attention.cu
+// and wgmma_common.cu (their Span, AttnParams and helpers). A block of two warpgroups takes one
+// request, 64 of its heads and one split of its selected rows, in tiles of 64 rows:
+//   - a tile's rows are gathered by location with cp.async straight into shared memory in the
+//     128-byte-swizzled K-major layout (bf16 rows only: [64][576], nine atoms of 64 dims), the
+//     next tile's while this one is computed (two buffers);
+//   - warpgroup 0: S[64 heads][64 rows] = Q K^T, 36 m64n64k16 wgmmas with Q and K in shared
+//     memory; online softmax in base 2 in its registers; P (bf16) and the per-head rescale
+//     written to shared memory;
+//   - both warpgroups: O[64][256 of the 512 value dims] = alpha O + P V, four m64n256k16 wgmmas
+//     over the same K tile read MN-major (its first 512 dims are V), P from shared memory.
+// One split writes out/lse directly; several write normalised partials for merge_splits (the
+// same layout as sparse_mla_decode's). Rows past a selection's end are masked and zeroed.
+// Descriptors: leading byte offset 8192 (between 64-dim atoms), stride 1024 (between 8-row
+// groups) for every operand — the encoding tests/gpu_wgmma.rs holds to a plain product.
+//
+// Invariant: bf16 rows of 1152 B (the launcher uses this kernel only for those, and only
+// without fills: `fills` must be null); d_qk 576, d_v 512; 256 threads; WG_SMEM bytes of
+// dynamic shared memory, 1024-aligned.
+
+#define WG_TILE 64
+#define WG_ATOM 8192                       // one 64-dim atom of a 64-row operand
+#define WG_OPERAND (9 * WG_ATOM)           // [64][576] bf16
+#define WG_P_OFF (3 * WG_OPERAND)          // after Q and two K buffers
+#define WG_STATS_OFF (WG_P_OFF + WG_ATOM)  // alpha[64], l[64], m[64]
+#define WG_SMEM (WG_STATS_OFF + 3 * 64 * 4)
+#define WG_LBO 8192
+#define WG_SBO 1024
+
+// Byte offset of 16-byte chunk c (8 values) of row o in a swizzled 64-row operand.
+__device__ __forceinline__ unsigned wg_chunk(unsigned o, unsigned c) {
+    return (c / 8) * WG_ATOM + (o / 8) * 1024 + (o % 8) * 128 + (((c % 8) ^ (o % 8)) * 16);
+}
+
+// Issues tile t's rows into `kb` (cp.async; zeros past `valid` or at a bad location).
+__device__ void wg_fetch(unsigned char* kb, const unsigned char* rows, const int* locs, unsigned base, unsigned valid,
+                         const AttnParams& p, unsigned* fault) {
+    for (unsigned e = threadIdx.x; e < WG_TILE * 72; e += 256) {
+        const unsigned r = e / 72, c = e % 72;
+        unsigned char* dst = kb + wg_chunk(r, c);
+        const int loc = r < valid ? locs[base + r] : -1;
+        if (r < valid && (loc < 0 || (unsigned long long)loc >= p.pool_rows)) {
+            if (c == 0) atomicOr(fault, 1u);
+        }
+        if (r < valid && loc >= 0 && (unsigned long long)loc < p.pool_rows) {
+            cp_async16(dst, rows + (size_t)loc * 1152 + 16 * c);
+        } else {
+            *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+        }
+    }
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1) sparse_mla_decode_wgmma(
+    const __nv_bfloat16* __restrict__ queries,  // [n, heads, 576]
+    unsigned char* __restrict__ rows,           // bf16 rows of the pool (read only)
+    const int* __restrict__ locations,
+    const unsigned long long* __restrict__ fills,  // must be null
+    const Span* __restrict__ sels,
+    AttnParams p,
+    float* __restrict__ out,
+    float* __restrict__ lse,
+    unsigned* __restrict__ fault) {
+    extern __shared__ __align__(1024) unsigned char smem[];
+    unsigned char* Qs = smem;
+    float* alpha_s = reinterpret_cast<float*>(smem + WG_STATS_OFF);
+    float* l_s = alpha_s + 64;
+    float* m_s = l_s + 64;
+    const unsigned wg = threadIdx.x >> 7, lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3;
+    const unsigned g = lane >> 2, tig = lane & 3;
+    const unsigned split = blockIdx.x, group = blockIdx.y, i = blockIdx.z;
+    const unsigned h0 = group * 64;
+    const Span sel = sels[i];
+    const unsigned len = (unsigned)sel.len;
+    const unsigned per = ((len + p.splits - 1) / p.splits + WG_TILE - 1) / WG_TILE * WG_TILE;
+    const unsigned first = min(len, split * per), end = min(len, first + per);
+    const int* locs = locations + sel.offset;
+    const unsigned tiles = (end - first + WG_TILE - 1) / WG_TILE;
+    if (fills != nullptr) {
+        if (threadIdx.x == 0) atomicOr(fault, 1u);
+        return;
+    }
+
+    if (tiles > 0) wg_fetch(smem + WG_OPERAND, rows, locs, first, min(WG_TILE, end - first), p, fault);
+    // Queries of the group, swizzled (zeros past the request's heads).
+    for (unsigned e = threadIdx.x; e < 64 * 72; e += 256) {
+        const unsigned h = e / 72, c = e % 72;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (h0 + h < p.heads)
+            v = *reinterpret_cast<const uint4*>(queries + ((size_t)i * p.heads + h0 + h) * DQK + 8 * c);
+        *reinterpret_cast<uint4*>(Qs + wg_chunk(h, c)) = v;
+    }
+
+    float o[128];
+    #pragma unroll
+    for (int j = 0; j < 128; ++j) o[j] = 0.f;
+    // Warpgroup 0's softmax state for its rows r0 = 16 w + g and r0 + 8 (partial row sums).
+    float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
+    const unsigned r0 = 16 * w + g;
+
+    for (unsigned t = 0; t < tiles; ++t) {
+        unsigned char* Ks = smem + (1 + (t & 1)) * WG_OPERAND;
+        asm volatile("cp.async.wait_all;\n" ::);
+        fence_async_shared();
+        __syncthreads();  // tile t (and Q) landed; the other buffer and P are free
+        const unsigned base = first + t * WG_TILE;
+        const unsigned valid = min(WG_TILE, end - base);
+        if (t + 1 < tiles)
+            wg_fetch(smem + (1 + ((t + 1) & 1)) * WG_OPERAND, rows, locs, base + WG_TILE,
+                     min(WG_TILE, end - base - WG_TILE), p, fault);
+        if (wg == 0) {
+            float s[32];
+            wgmma_fence();
+            #pragma unroll
+            for (unsigned ks = 0; ks < 36; ++ks) {
+                const unsigned off = (ks / 4) * WG_ATOM + (ks % 4) * 32;
+                wgmma_ss(s, wgmma_desc(Qs + off, WG_LBO, WG_SBO, 1), wgmma_desc(Ks + off, WG_LBO, WG_SBO, 1), ks > 0);
+            }
+            wgmma_commit();
+            wgmma_wait_all();
+            float mx[2] = {NEG_INF, NEG_INF};
+            #pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                #pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const unsigned col = 8 * j + 2 * tig + (e & 1);
+                    s[4 * j + e] = col < valid ? s[4 * j + e] * p.scale_log2 : NEG_INF;
+                    mx[e >> 1] = fmaxf(mx[e >> 1], s[4 * j + e]);
+                }
+            }
+            float alpha[2];
+            #pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+                mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(0xffffffffu, mx[hf], 1));
+                mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(0xffffffffu, mx[hf], 2));
+                const float mn = fmaxf(m[hf], mx[hf]);
+                alpha[hf] = exp2f(m[hf] - mn);  // m = -inf at first: 0
+                m[hf] = mn;
+                l[hf] *= alpha[hf];
+            }
+            unsigned char* Ps = smem + WG_P_OFF;
+            #pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                const float p0 = exp2f(s[4 * j] - m[0]), p1 = exp2f(s[4 * j + 1] - m[0]);
+                const float p2 = exp2f(s[4 * j + 2] - m[1]), p3 = exp2f(s[4 * j + 3] - m[1]);
+                l[0] += p0 + p1;
+                l[1] += p2 + p3;
+                // Element (head r, row c) of P, K-major over rows: chunk c / 8, value c % 8.
+                const unsigned col = 8 * j + 2 * tig;
+                *reinterpret_cast<unsigned*>(Ps + wg_chunk(r0, col / 8) + (col % 8) * 2) = pack_bf16(p0, p1);
+                *reinterpret_cast<unsigned*>(Ps + wg_chunk(r0 + 8, col / 8) + (col % 8) * 2) = pack_bf16(p2, p3);
+            }
+            if (tig == 0) {
+                alpha_s[r0] = alpha[0];
+                alpha_s[r0 + 8] = alpha[1];
+            }
+            fence_async_shared();
+        }
+        __syncthreads();  // P and alpha written
+        const float a0 = alpha_s[r0], a1 = alpha_s[r0 + 8];
+        #pragma unroll
+        for (int j = 0; j < 32; ++j) {
+            o[4 * j] *= a0;
+            o[4 * j + 1] *= a0;
+            o[4 * j + 2] *= a1;
+            o[4 * j + 3] *= a1;
+        }
+        wgmma_fence();
+        #pragma unroll
+        for (unsigned ks = 0; ks < 4; ++ks) {
+            // P: K-major over rows, k-step ks at 32 B; V: MN-major, this warpgroup's four atoms,
+            // k-step ks two 8-row groups on.
+            wgmma_ss_t256(o, wgmma_desc(smem + WG_P_OFF + 32 * ks, WG_LBO, WG_SBO, 1),
+                          wgmma_desc(Ks + 4 * wg * WG_ATOM + 2048 * ks, WG_LBO, WG_SBO, 1), 1);
+        }
+        wgmma_commit();
+        wgmma_wait_all();
+    }
+
+    if (wg == 0) {
+        #pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            l[hf] += __shfl_xor_sync(0xffffffffu, l[hf], 1);
+            l[hf] += __shfl_xor_sync(0xffffffffu, l[hf], 2);
+        }
+        if (tig == 0) {
+            l_s[r0] = l[0];
+            l_s[r0 + 8] = l[1];
+            m_s[r0] = m[0];
+            m_s[r0 + 8] = m[1];
+        }
+    }
+    __syncthreads();
+    #pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+        const unsigned row = r0 + 8 * hf, h = h0 + row;
+        if (h >= p.heads) continue;
+        const float sum = tiles > 0 ? l_s[row] : 0.f;
+        const float inv = sum > 0.f ? 1.f / sum : 0.f;
+        const float lse_v = sum > 0.f ? (m_s[row] + log2f(sum)) * 0.69314718055994530942f : NEG_INF;
+        size_t ob, lb;
+        if (p.splits == 1) {
+            ob = ((size_t)i * p.heads + h) * DV;
+            lb = (size_t)i * p.heads + h;
+        } else {
+            ob = (((size_t)i * p.heads + h) * p.splits + split) * DV;
+            lb = ((size_t)i * p.heads + h) * p.splits + split;
+        }
+        #pragma unroll
+        for (int j = 0; j < 32; ++j) {
+            const unsigned col = 256 * wg + 8 * j + 2 * tig;
+            *reinterpret_cast<float2*>(out + ob + col) = make_float2(o[4 * j + 2 * hf] * inv, o[4 * j + 2 * hf + 1] * inv);
+        }
+        if (wg == 0 && tig == 0) lse[lb] = lse_v;
+    }
+}
