@@ -182,6 +182,7 @@ fn a_sweep_of_one_mode_leaves_the_others_columns_and_plots_out() {
         assert_eq!(points.len(), 2, "{mode}: {table}");
         let named = json["emulation"].as_str().unwrap().contains("indexer queries fp8");
         assert_eq!(named, mode == "hisparse", "{}", json["emulation"]);
+        assert!(!json["emulation"].as_str().unwrap().contains("warpgroup"), "{}", json["emulation"]);
         assert!(points.iter().all(|p| p["mode"] == mode && p["tokens_per_s"].as_f64().unwrap() > 0.0), "{mode}");
         // No ratio without both modes; the plots of the other mode's data are not made.
         assert!(table.lines().any(|l| l.trim_start().starts_with("600") && l.contains(" - ")), "{mode}: {table}");

@@ -52,6 +52,11 @@ pub struct EngineArgs {
     /// that many. The selection is the same.
     #[arg(long, default_value_t = 0)]
     pub top_k_blocks: usize,
+    /// CUDA: run the attention over bf16 rows (`--kv-format bf16`) that sit in the device pool
+    /// on warpgroup MMA instead of mma.sync (opt-in until measured; fp8 rows and misses the
+    /// attention fills keep mma.sync).
+    #[arg(long)]
+    pub wgmma_attention: bool,
     /// Emulate the model's non-attention layers (projections, dense FFN, MoE experts) with
     /// cuBLAS GEMMs on random weights of one GPU's share of an 8-GPU deployment, occupying
     /// the HBM they would.
@@ -465,6 +470,11 @@ impl EngineArgs {
         })
     }
 
+    /// The CUDA backend's kernel choices.
+    fn cuda_knobs(&self) -> CudaKnobs {
+        CudaKnobs { top_k_blocks: self.top_k_blocks, wgmma_attention: self.wgmma_attention }
+    }
+
     /// Whether the engine will run on CUDA (`--backend cuda`, or `auto` with a driver present).
     pub fn uses_cuda(&self) -> bool {
         match self.backend {
@@ -535,7 +545,7 @@ impl EngineArgs {
             BackendKind::Cuda if !driver => {
                 Err(BenchError::flag("backend", "cuda", "no CUDA driver (libcuda.so) on this machine"))
             }
-            BackendKind::Auto | BackendKind::Cuda => match cuda_engine(cfg.clone(), ordinal, self.top_k_blocks) {
+            BackendKind::Auto | BackendKind::Cuda => match cuda_engine(cfg.clone(), ordinal, self.cuda_knobs()) {
                 Ok(e) => Ok(e),
                 Err(e) if self.backend == BackendKind::Auto => {
                     eprintln!("hisparse: the CUDA backend could not start ({e}); running on the CPU");
@@ -547,14 +557,23 @@ impl EngineArgs {
     }
 }
 
+/// The CUDA backend's kernel choices from the command line.
+#[derive(Clone, Copy, Debug)]
+struct CudaKnobs {
+    top_k_blocks: usize,
+    wgmma_attention: bool,
+}
+
 #[cfg(feature = "cuda")]
 fn cuda_engine(
     cfg: EngineConfig,
     ordinal: usize,
-    top_k_blocks: usize,
+    knobs: CudaKnobs,
 ) -> std::result::Result<Box<dyn DecodeEngine>, String> {
-    let be =
-        hisparse_kernels::cuda::CudaBackend::new(ordinal).map_err(|e| e.to_string())?.with_top_k_blocks(top_k_blocks);
+    let be = hisparse_kernels::cuda::CudaBackend::new(ordinal)
+        .map_err(|e| e.to_string())?
+        .with_top_k_blocks(knobs.top_k_blocks)
+        .with_wgmma_attention(knobs.wgmma_attention);
     Ok(Box::new(Engine::new(be, cfg).map_err(|e| e.to_string())?))
 }
 
@@ -562,7 +581,7 @@ fn cuda_engine(
 fn cuda_engine(
     _cfg: hisparse_engine::EngineConfig,
     _ordinal: usize,
-    _top_k_blocks: usize,
+    _knobs: CudaKnobs,
 ) -> std::result::Result<Box<dyn DecodeEngine>, String> {
     Err("this build has no CUDA support (feature `cuda`)".into())
 }
