@@ -12,7 +12,7 @@
 // One split writes out/lse directly; several write normalised partials for merge_splits (the
 // same layout as sparse_mla_decode's). Rows past a selection's end are masked and zeroed.
 // Descriptors: leading byte offset 8192 (between 64-dim atoms), stride 1024 (between 8-row
-// groups) for every operand — the encoding tests/gpu_wgmma.rs holds to a plain product.
+// groups) — the encodings tests/gpu_wgmma.rs holds to a plain product (WG_K_* and WG_MN_*).
 //
 // Invariant: bf16 rows of 1152 B (the launcher uses this kernel only for those, and only
 // without fills: `fills` must be null); d_qk 576, d_v 512; 256 threads; WG_SMEM bytes of
@@ -24,8 +24,12 @@
 #define WG_P_OFF (3 * WG_OPERAND)          // after Q and two K buffers
 #define WG_STATS_OFF (WG_P_OFF + WG_ATOM)  // alpha[64], l[64], m[64]
 #define WG_SMEM (WG_STATS_OFF + 3 * 64 * 4)
-#define WG_LBO 8192
-#define WG_SBO 1024
+// Descriptor offsets: K-major operands (Q, K, P) and the MN-major one (V), as
+// tests/gpu_wgmma.rs's `layout` gives them for 64-row swizzled operands.
+#define WG_K_LBO 8192
+#define WG_K_SBO 1024
+#define WG_MN_LBO 8192
+#define WG_MN_SBO 1024
 
 // Byte offset of 16-byte chunk c (8 values) of row o in a swizzled 64-row operand.
 __device__ __forceinline__ unsigned wg_chunk(unsigned o, unsigned c) {
@@ -114,7 +118,8 @@ extern "C" __global__ void __launch_bounds__(256, 1) sparse_mla_decode_wgmma(
             #pragma unroll
             for (unsigned ks = 0; ks < 36; ++ks) {
                 const unsigned off = (ks / 4) * WG_ATOM + (ks % 4) * 32;
-                wgmma_ss(s, wgmma_desc(Qs + off, WG_LBO, WG_SBO, 1), wgmma_desc(Ks + off, WG_LBO, WG_SBO, 1), ks > 0);
+                wgmma_ss(s, wgmma_desc(Qs + off, WG_K_LBO, WG_K_SBO, 1), wgmma_desc(Ks + off, WG_K_LBO, WG_K_SBO, 1),
+                         ks > 0);
             }
             wgmma_commit();
             wgmma_wait_all();
@@ -170,8 +175,8 @@ extern "C" __global__ void __launch_bounds__(256, 1) sparse_mla_decode_wgmma(
         for (unsigned ks = 0; ks < 4; ++ks) {
             // P: K-major over rows, k-step ks at 32 B; V: MN-major, this warpgroup's four atoms,
             // k-step ks two 8-row groups on.
-            wgmma_ss_t256(o, wgmma_desc(smem + WG_P_OFF + 32 * ks, WG_LBO, WG_SBO, 1),
-                          wgmma_desc(Ks + 4 * wg * WG_ATOM + 2048 * ks, WG_LBO, WG_SBO, 1), 1);
+            wgmma_ss_t256(o, wgmma_desc(smem + WG_P_OFF + 32 * ks, WG_K_LBO, WG_K_SBO, 1),
+                          wgmma_desc(Ks + 4 * wg * WG_ATOM + 2048 * ks, WG_MN_LBO, WG_MN_SBO, 1), 1);
         }
         wgmma_commit();
         wgmma_wait_all();
