@@ -1,9 +1,11 @@
 // Sparse MLA decode attention on Hopper's warpgroup MMA (issue 16), compiled after attention.cu
 // and wgmma_common.cu (their Span, AttnParams and helpers). A block of two warpgroups takes one
 // request, 64 of its heads and one split of its selected rows, in tiles of 64 rows:
-//   - a tile's rows are gathered by location with cp.async straight into shared memory in the
-//     128-byte-swizzled K-major layout (bf16 rows only: [64][576], nine atoms of 64 dims), the
+//   - bf16 rows: a tile's rows are gathered by location with cp.async straight into shared
+//     memory in the 128-byte-swizzled K-major layout ([64][576], nine atoms of 64 dims), the
 //     next tile's while this one is computed (two buffers);
+//   - fp8 rows (FlashMLA's 656 B): gathered raw into a staging tile, the next one while this
+//     one is computed, and dequantised (e4m3 * pow2 scale, exact in bf16) into the one K tile;
 //   - warpgroup 0: S[64 heads][64 rows] = Q K^T, 36 m64n64k16 wgmmas with Q and K in shared
 //     memory; online softmax in base 2 in its registers; P (bf16) and the per-head rescale
 //     written to shared memory;
@@ -14,16 +16,18 @@
 // Descriptors: leading byte offset 8192 (between 64-dim atoms), stride 1024 (between 8-row
 // groups) — the encodings tests/gpu_wgmma.rs holds to a plain product (WG_K_* and WG_MN_*).
 //
-// Invariant: bf16 rows of 1152 B (the launcher uses this kernel only for those, and only
-// without fills: `fills` must be null); d_qk 576, d_v 512; 256 threads; WG_SMEM bytes of
-// dynamic shared memory, 1024-aligned.
+// Invariant: rows of 1152 B (sparse_mla_decode_wgmma) or 656 B (_fp8), all in the pool
+// (`fills` must be null: the launcher uses these kernels only then); d_qk 576, d_v 512; 256
+// threads; WG_SMEM or WG_SMEM_FP8 bytes of dynamic shared memory, 1024-aligned.
 
 #define WG_TILE 64
 #define WG_ATOM 8192                       // one 64-dim atom of a 64-row operand
 #define WG_OPERAND (9 * WG_ATOM)           // [64][576] bf16
-#define WG_P_OFF (3 * WG_OPERAND)          // after Q and two K buffers
-#define WG_STATS_OFF (WG_P_OFF + WG_ATOM)  // alpha[64], l[64], m[64]
-#define WG_SMEM (WG_STATS_OFF + 3 * 64 * 4)
+#define WG_RAW_FP8 (64 * 656)             // the fp8 staging tile (41 KB, a multiple of 1024)
+// Shared memory: Q | K tiles | (fp8: raw tile) | P | alpha[64], l[64], m[64].
+#define WG_P_OFF_OF(fp8) ((fp8) ? 2 * WG_OPERAND + WG_RAW_FP8 : 3 * WG_OPERAND)
+#define WG_SMEM (WG_P_OFF_OF(false) + WG_ATOM + 3 * 64 * 4)
+#define WG_SMEM_FP8 (WG_P_OFF_OF(true) + WG_ATOM + 3 * 64 * 4)
 // Descriptor offsets: K-major operands (Q, K, P) and the MN-major one (V), as
 // tests/gpu_wgmma.rs's `layout` gives them for 64-row swizzled operands.
 #define WG_K_LBO 8192
@@ -55,19 +59,53 @@ __device__ void wg_fetch(unsigned char* kb, const unsigned char* rows, const int
     asm volatile("cp.async.commit_group;\n" ::);
 }
 
-extern "C" __global__ void __launch_bounds__(256, 1) sparse_mla_decode_wgmma(
-    const __nv_bfloat16* __restrict__ queries,  // [n, heads, 576]
-    unsigned char* __restrict__ rows,           // bf16 rows of the pool (read only)
-    const int* __restrict__ locations,
-    const unsigned long long* __restrict__ fills,  // must be null
-    const Span* __restrict__ sels,
-    AttnParams p,
-    float* __restrict__ out,
-    float* __restrict__ lse,
-    unsigned* __restrict__ fault) {
+// Issues tile rows' raw fp8 bytes into `raw` (row r at r * 656; rows past `valid` or at a bad
+// location are left alone: the conversion zeroes them).
+__device__ void wg_fetch_fp8(unsigned char* raw, const unsigned char* rows, const int* locs, unsigned base,
+                             unsigned valid, const AttnParams& p, unsigned* fault) {
+    for (unsigned e = threadIdx.x; e < WG_TILE * 41; e += 256) {
+        const unsigned r = e / 41, c = e % 41;
+        if (r >= valid) continue;
+        const int loc = locs[base + r];
+        if (loc < 0 || (unsigned long long)loc >= p.pool_rows) {
+            if (c == 0) atomicOr(fault, 1u);
+            continue;
+        }
+        cp_async16(raw + r * 656 + 16 * c, rows + (size_t)loc * 656 + 16 * c);
+    }
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+
+// Dequantises the raw fp8 tile into the swizzled K tile (zeros past `valid` and at bad
+// locations).
+__device__ void wg_convert_fp8(unsigned char* kb, const unsigned char* raw, const int* locs, unsigned base,
+                               unsigned valid, const AttnParams& p) {
+    for (unsigned e = threadIdx.x; e < WG_TILE * 72; e += 256) {
+        const unsigned r = e / 72, c = e % 72;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        const int loc = r < valid ? locs[base + r] : -1;
+        if (loc >= 0 && (unsigned long long)loc < p.pool_rows) {
+            const unsigned char* row = raw + r * 656;
+            v = c < 64 ? dequant8(*reinterpret_cast<const uint2*>(row + 8 * c),
+                                  *reinterpret_cast<const float*>(row + 512 + 4 * (c / 16)))
+                       : *reinterpret_cast<const uint4*>(row + 528 + 16 * (c - 64));
+        }
+        *reinterpret_cast<uint4*>(kb + wg_chunk(r, c)) = v;
+    }
+}
+
+template <bool FP8>
+__device__ __forceinline__ void wg_attention(const __nv_bfloat16* __restrict__ queries, const unsigned char* rows,
+                                             const int* __restrict__ locations,
+                                             const unsigned long long* __restrict__ fills,
+                                             const Span* __restrict__ sels, const AttnParams& p,
+                                             float* __restrict__ out, float* __restrict__ lse,
+                                             unsigned* __restrict__ fault) {
     extern __shared__ __align__(1024) unsigned char smem[];
     unsigned char* Qs = smem;
-    float* alpha_s = reinterpret_cast<float*>(smem + WG_STATS_OFF);
+    unsigned char* raw = smem + 2 * WG_OPERAND;  // fp8 only
+    const unsigned p_off = WG_P_OFF_OF(FP8);
+    float* alpha_s = reinterpret_cast<float*>(smem + p_off + WG_ATOM);
     float* l_s = alpha_s + 64;
     float* m_s = l_s + 64;
     const unsigned wg = threadIdx.x >> 7, lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3;
@@ -85,7 +123,10 @@ extern "C" __global__ void __launch_bounds__(256, 1) sparse_mla_decode_wgmma(
         return;
     }
 
-    if (tiles > 0) wg_fetch(smem + WG_OPERAND, rows, locs, first, min(WG_TILE, end - first), p, fault);
+    if (tiles > 0) {
+        if (FP8) wg_fetch_fp8(raw, rows, locs, first, min(WG_TILE, end - first), p, fault);
+        else wg_fetch(smem + WG_OPERAND, rows, locs, first, min(WG_TILE, end - first), p, fault);
+    }
     // Queries of the group, swizzled (zeros past the request's heads).
     for (unsigned e = threadIdx.x; e < 64 * 72; e += 256) {
         const unsigned h = e / 72, c = e % 72;
@@ -103,15 +144,22 @@ extern "C" __global__ void __launch_bounds__(256, 1) sparse_mla_decode_wgmma(
     const unsigned r0 = 16 * w + g;
 
     for (unsigned t = 0; t < tiles; ++t) {
-        unsigned char* Ks = smem + (1 + (t & 1)) * WG_OPERAND;
-        asm volatile("cp.async.wait_all;\n" ::);
-        fence_async_shared();
-        __syncthreads();  // tile t (and Q) landed; the other buffer and P are free
+        unsigned char* Ks = smem + (1 + (FP8 ? 0 : (t & 1))) * WG_OPERAND;
         const unsigned base = first + t * WG_TILE;
         const unsigned valid = min(WG_TILE, end - base);
-        if (t + 1 < tiles)
-            wg_fetch(smem + (1 + ((t + 1) & 1)) * WG_OPERAND, rows, locs, base + WG_TILE,
-                     min(WG_TILE, end - base - WG_TILE), p, fault);
+        asm volatile("cp.async.wait_all;\n" ::);
+        if (FP8) {
+            __syncthreads();  // raw tile t landed; K and P are free
+            wg_convert_fp8(Ks, raw, locs, base, valid, p);
+        }
+        fence_async_shared();
+        __syncthreads();  // tile t (and Q) in place; the other buffer (raw for fp8) and P are free
+        if (t + 1 < tiles) {
+            if (FP8) wg_fetch_fp8(raw, rows, locs, base + WG_TILE, min(WG_TILE, end - base - WG_TILE), p, fault);
+            else
+                wg_fetch(smem + (1 + ((t + 1) & 1)) * WG_OPERAND, rows, locs, base + WG_TILE,
+                         min(WG_TILE, end - base - WG_TILE), p, fault);
+        }
         if (wg == 0) {
             float s[32];
             wgmma_fence();
@@ -143,7 +191,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) sparse_mla_decode_wgmma(
                 m[hf] = mn;
                 l[hf] *= alpha[hf];
             }
-            unsigned char* Ps = smem + WG_P_OFF;
+            unsigned char* Ps = smem + p_off;
             #pragma unroll
             for (int j = 0; j < 8; ++j) {
                 const float p0 = exp2f(s[4 * j] - m[0]), p1 = exp2f(s[4 * j + 1] - m[0]);
@@ -175,7 +223,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) sparse_mla_decode_wgmma(
         for (unsigned ks = 0; ks < 4; ++ks) {
             // P: K-major over rows, k-step ks at 32 B; V: MN-major, this warpgroup's four atoms,
             // k-step ks two 8-row groups on.
-            wgmma_ss_t256(o, wgmma_desc(smem + WG_P_OFF + 32 * ks, WG_K_LBO, WG_K_SBO, 1),
+            wgmma_ss_t256(o, wgmma_desc(smem + p_off + 32 * ks, WG_K_LBO, WG_K_SBO, 1),
                           wgmma_desc(Ks + 4 * wg * WG_ATOM + 2048 * ks, WG_MN_LBO, WG_MN_SBO, 1), 1);
         }
         wgmma_commit();
@@ -218,4 +266,19 @@ extern "C" __global__ void __launch_bounds__(256, 1) sparse_mla_decode_wgmma(
         }
         if (wg == 0 && tig == 0) lse[lb] = lse_v;
     }
+}
+
+#define WG_PARAMS                                                                                    \
+    const __nv_bfloat16 *__restrict__ queries, /* [n, heads, 576] */                                 \
+        unsigned char *__restrict__ rows,      /* the pool (read only) */                            \
+        const int *__restrict__ locations, const unsigned long long *__restrict__ fills, /* null */ \
+        const Span *__restrict__ sels, AttnParams p, float *__restrict__ out, float *__restrict__ lse, \
+        unsigned *__restrict__ fault
+
+extern "C" __global__ void __launch_bounds__(256, 1) sparse_mla_decode_wgmma(WG_PARAMS) {
+    wg_attention<false>(queries, rows, locations, fills, sels, p, out, lse, fault);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1) sparse_mla_decode_wgmma_fp8(WG_PARAMS) {
+    wg_attention<true>(queries, rows, locations, fills, sels, p, out, lse, fault);
 }

@@ -164,11 +164,16 @@ fn gpu_attention_matches_the_cpu_attention_within_bf16_tolerance() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_wgmma_attention_matches_the_cpu_attention_within_bf16_tolerance() {
-    // The warpgroup-MMA form (bf16 rows in the pool): the same tolerance as the mma.sync form,
-    // every split choice, 16 to 128 heads; placement-independent bit for bit; bad locations
-    // still reported.
-    for (seed, heads) in [(5, 64usize), (6, 128), (7, 16)] {
-        let c = attn_case(seed, heads, KvRowFormat::Bf16, &[2048, 100, 1, 0, 2047, 33, 65]);
+    // The warpgroup-MMA forms (rows in the pool, bf16 and fp8): the same tolerance as the
+    // mma.sync form, every split choice, 16 to 128 heads; placement-independent bit for bit; bad
+    // locations still reported.
+    for (seed, heads, format) in [
+        (5, 64usize, KvRowFormat::Bf16),
+        (6, 128, KvRowFormat::Fp8),
+        (7, 16, KvRowFormat::Bf16),
+        (8, 64, KvRowFormat::Fp8),
+    ] {
+        let c = attn_case(seed, heads, format, &[2048, 100, 1, 0, 2047, 33, 65]);
         let (want, want_lse) = run_cpu(&c);
         let max = want.iter().fold(0f32, |m, x| m.max(x.abs()));
         assert!(max > 0.01, "outputs are not trivial");
@@ -183,11 +188,11 @@ fn gpu_wgmma_attention_matches_the_cpu_attention_within_bf16_tolerance() {
             }
             for (i, (g, w)) in lse.iter().zip(&want_lse).enumerate() {
                 let ok = if w.is_infinite() { g == w } else { (g - w).abs() <= 1e-4 * w.abs().max(1.0) };
-                assert!(ok, "wgmma, heads {heads} splits {splits} lse[{i}]: {g} vs {w}");
+                assert!(ok, "wgmma {format}, heads {heads} splits {splits} lse[{i}]: {g} vs {w}");
             }
         }
     }
-    let c = attn_case(8, 64, KvRowFormat::Bf16, &[2048, 700]);
+    let c = attn_case(9, 64, KvRowFormat::Fp8, &[2048, 700]);
     let gpu = gpu().with_wgmma_attention(true);
     let (a, la) = run_gpu(&gpu, &c, &c.pool, &c.locs);
     let rb = c.layout.row_bytes();

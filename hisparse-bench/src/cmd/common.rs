@@ -52,9 +52,9 @@ pub struct EngineArgs {
     /// that many. The selection is the same.
     #[arg(long, default_value_t = 0)]
     pub top_k_blocks: usize,
-    /// CUDA: run the attention over bf16 rows (`--kv-format bf16`) that sit in the device pool
-    /// on warpgroup MMA instead of mma.sync (opt-in until measured; fp8 rows and misses the
-    /// attention fills keep mma.sync).
+    /// CUDA: run the attention over rows that sit in the device pool (bf16 or fp8) on
+    /// warpgroup MMA instead of mma.sync (opt-in until measured; misses the attention fills
+    /// keep mma.sync).
     #[arg(long)]
     pub wgmma_attention: bool,
     /// Emulate the model's non-attention layers (projections, dense FFN, MoE experts) with

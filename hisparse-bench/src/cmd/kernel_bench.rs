@@ -348,10 +348,8 @@ fn attention(
                     locations: &ld,
                     selections: &spans,
                 };
-                // bf16 rows also on the warpgroup-MMA form (not yet the default), beside.
-                let forms: &[(&CudaBackend, &str)] =
-                    if format == KvRowFormat::Bf16 { &[(gpu, ""), (&wgmma, " (wgmma)")] } else { &[(gpu, "")] };
-                for &(backend, form) in forms {
+                // Also on the warpgroup-MMA form (not yet the default), beside.
+                for (backend, form) in [(gpu, ""), (&wgmma, " (wgmma)")] {
                     let ms = time_ms(s, a.reps, || backend.sparse_attention(&batch, &mut out, &mut lse).map_err(kerr))?;
                     let flops = (b * heads * 2048 * (576 + 512) * 2) as f64 / (ms * 1e-3);
                     let bytes = (b * 2048 * layout.row_bytes()) as f64 / (ms * 1e-3);

@@ -72,19 +72,23 @@ impl AttnScratch {
 #[derive(Clone)]
 pub(super) struct AttentionKernels {
     attention: CudaFunction,
-    /// The warpgroup-MMA form (`kernels/attention_wgmma.cu`): bf16 rows in the pool only.
+    /// The warpgroup-MMA forms (`kernels/attention_wgmma.cu`) for bf16 and fp8 rows, all in the
+    /// pool.
     attention_wgmma: CudaFunction,
+    attention_wgmma_fp8: CudaFunction,
     merge: CudaFunction,
     sms: usize,
     /// Split count (0: chosen per call from the batch and the SM count).
     pub(super) splits: usize,
-    /// Use the warpgroup-MMA form where it applies (bf16 rows, no misses to fill).
+    /// Use the warpgroup-MMA forms where they apply (rows all in the pool).
     pub(super) wgmma: bool,
 }
 
 /// Dynamic shared memory of the warpgroup-MMA attention (`WG_SMEM` in its source): queries, two
-/// tiles of 64 rows, P and the per-head statistics.
+/// tiles of 64 bf16 rows, P and the per-head statistics.
 const WGMMA_SMEM: usize = 3 * 9 * 8192 + 8192 + 3 * 64 * 4;
+/// The fp8 form's (`WG_SMEM_FP8`): queries, one tile, the raw fp8 tile, P and the statistics.
+const WGMMA_SMEM_FP8: usize = 2 * 9 * 8192 + 64 * 656 + 8192 + 3 * 64 * 4;
 
 impl AttentionKernels {
     /// The kernels of `dev` (its module is loaded once), shared memory opted in.
@@ -98,16 +102,16 @@ impl AttentionKernels {
             .set_attribute(CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, ATTN_SMEM as i32)
             .map_err(driver_error("attention shared memory opt-in"))?;
         let attention_wgmma = dev.function("attention", "sparse_mla_decode_wgmma")?;
-        attention_wgmma
-            .set_attribute(
-                CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                WGMMA_SMEM as i32,
-            )
-            .map_err(driver_error("wgmma attention shared memory opt-in"))?;
+        let attention_wgmma_fp8 = dev.function("attention", "sparse_mla_decode_wgmma_fp8")?;
+        for (f, smem) in [(&attention_wgmma, WGMMA_SMEM), (&attention_wgmma_fp8, WGMMA_SMEM_FP8)] {
+            f.set_attribute(CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
+                .map_err(driver_error("wgmma attention shared memory opt-in"))?;
+        }
         let merge = dev.function("attention", "merge_splits")?;
         Ok(Self {
             attention,
             attention_wgmma,
+            attention_wgmma_fp8,
             merge,
             sms: usize::try_from(sms).unwrap_or(1).max(1),
             splits: 0,
@@ -220,9 +224,12 @@ impl AttentionKernels {
             q.selections.iter().map(|s| GpuSpan { offset: s.offset as u64, len: s.len as u64 }).collect();
         upload_cached(dev, &mut sc.sels, &mut sc.sels_c, &host)?;
         let s = dev.stream();
-        // The warpgroup-MMA form takes bf16 rows that all sit in the pool.
-        let wgmma = self.wgmma && matches!(rows, AttnRows::Pool(_)) && layout.format() == KvRowFormat::Bf16;
-        let (kernel, smem) = if wgmma { (&self.attention_wgmma, WGMMA_SMEM) } else { (&self.attention, ATTN_SMEM) };
+        // The warpgroup-MMA forms take rows that all sit in the pool.
+        let (kernel, smem) = match (self.wgmma && matches!(rows, AttnRows::Pool(_)), layout.format()) {
+            (true, KvRowFormat::Bf16) => (&self.attention_wgmma, WGMMA_SMEM),
+            (true, KvRowFormat::Fp8) => (&self.attention_wgmma_fp8, WGMMA_SMEM_FP8),
+            (false, _) => (&self.attention, ATTN_SMEM),
+        };
         let cfg = LaunchConfig {
             grid_dim: (splits as u32, groups as u32, n as u32),
             block_dim: (256, 1, 1),

@@ -218,8 +218,8 @@ impl CudaBackend {
         self
     }
 
-    /// Runs the attention over bf16 rows that all sit in the pool on Hopper's warpgroup MMA
-    /// (`kernels/attention_wgmma.cu`) instead of mma.sync; fp8 rows and misses filled by the
+    /// Runs the attention over rows that all sit in the pool (bf16 or fp8) on Hopper's
+    /// warpgroup MMA (`kernels/attention_wgmma.cu`) instead of mma.sync; misses filled by the
     /// attention keep the mma.sync kernel. Off by default until measured on the H200. Its
     /// outputs agree with the CPU within the same bf16 tolerance, not bit for bit with the other
     /// kernel's.

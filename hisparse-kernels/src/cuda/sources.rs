@@ -44,7 +44,7 @@ pub fn all_sources() -> Vec<KernelSource> {
             include_str!("../../kernels/attention_wgmma.cu"),
         ]
         .concat(),
-        kernels: &["sparse_mla_decode", "merge_splits", "sparse_mla_decode_wgmma"],
+        kernels: &["sparse_mla_decode", "merge_splits", "sparse_mla_decode_wgmma", "sparse_mla_decode_wgmma_fp8"],
     });
     v.push(KernelSource {
         name: "wgmma_probe".into(),
