@@ -382,13 +382,14 @@ pub fn run(a: &SweepArgs) -> Result<(SweepReport, PathBuf)> {
         preset: g.name.clone(),
         backend: backend.into(),
         emulation: format!(
-            "{}{}",
+            "{}{}{}",
             model.map_or_else(|| "none: attention only".to_owned(), |m| m.describe()),
             if a.engine.index_queries == "fp8" {
                 "; indexer queries fp8 (e4m3, a power-of-two scale per head)"
             } else {
                 ""
-            }
+            },
+            if a.engine.wgmma_attention && backend == "cuda" { "; attention on warpgroup MMA" } else { "" }
         ),
         device_buffer_size: hs.device_buffer_size,
         gpus: a.gpus.unwrap_or(1),
