@@ -192,58 +192,29 @@ fn gpu_wgmma_attention_matches_the_cpu_attention_within_bf16_tolerance() {
             }
         }
     }
-    let c = attn_case(9, 64, KvRowFormat::Fp8, &[2048, 700]);
     let gpu = gpu().with_wgmma_attention(true);
-    let (a, la) = run_gpu(&gpu, &c, &c.pool, &c.locs);
+    placement_does_not_matter(&gpu, &attn_case(9, 64, KvRowFormat::Fp8, &[2048, 700]));
+    placement_does_not_matter(&gpu, &attn_case(10, 64, KvRowFormat::Bf16, &[2048, 700]));
+    out_of_range_locations_are_reported(&gpu);
+}
+
+/// `gpu`'s outputs for `c`'s rows equal, bit for bit, those for the same rows moved (the pool
+/// reversed, the locations mapped).
+fn placement_does_not_matter(gpu: &CudaBackend, c: &AttnCase) {
+    let (a, la) = run_gpu(gpu, c, &c.pool, &c.locs);
     let rb = c.layout.row_bytes();
     let rows = c.pool.len() / rb;
     let moved: Vec<u8> = c.pool.chunks(rb).rev().flatten().copied().collect();
     let locs: Vec<i32> = c.locs.iter().map(|&l| rows as i32 - 1 - l).collect();
-    let (b, lb) = run_gpu(&gpu, &c, &moved, &locs);
-    assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()), "wgmma: outputs depend on placement");
-    assert!(la.iter().zip(&lb).all(|(x, y)| x.to_bits() == y.to_bits()), "wgmma: LSEs depend on placement");
-    let mut bad = c.locs.clone();
-    bad[10] = 1 << 30;
-    let mem = gpu.memory();
-    let (qd, pd, ld) = (mem.upload(&c.q).unwrap(), mem.upload(&c.pool).unwrap(), mem.upload(&bad).unwrap());
-    let (mut out, mut lse) =
-        (mem.alloc_zeroed(c.sels.len() * 64 * 512).unwrap(), mem.alloc_zeroed(c.sels.len() * 64).unwrap());
-    let batch = AttentionBatch {
-        heads: 64,
-        layout: c.layout,
-        softmax_scale: 0.1,
-        queries: &qd,
-        rows: &pd,
-        locations: &ld,
-        selections: &c.sels,
-    };
-    gpu.sparse_attention(&batch, &mut out, &mut lse).unwrap();
-    let e = gpu.finish_step().unwrap_err();
-    assert!(e.to_string().contains("locations"), "wgmma: {e}");
+    let (b, lb) = run_gpu(gpu, c, &moved, &locs);
+    assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()), "{}: outputs differ in bits", c.layout.format());
+    assert!(la.iter().zip(&lb).all(|(x, y)| x.to_bits() == y.to_bits()), "{}: LSEs differ in bits", c.layout.format());
 }
 
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_attention_does_not_depend_on_where_rows_live() {
-    let c = attn_case(9, 128, KvRowFormat::Fp8, &[2048, 700, 2048]);
-    let gpu = gpu();
-    let (a, la) = run_gpu(&gpu, &c, &c.pool, &c.locs);
-    // The same rows, moved: reversed pool order.
-    let rb = c.layout.row_bytes();
-    let rows = c.pool.len() / rb;
-    let moved: Vec<u8> = c.pool.chunks(rb).rev().flatten().copied().collect();
-    let locs: Vec<i32> = c.locs.iter().map(|&l| rows as i32 - 1 - l).collect();
-    let (b, lb) = run_gpu(&gpu, &c, &moved, &locs);
-    assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()), "outputs differ in bits");
-    assert!(la.iter().zip(&lb).all(|(x, y)| x.to_bits() == y.to_bits()), "LSEs differ in bits");
-}
-
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_attention_reports_out_of_range_locations() {
+/// A location beyond the pool fails the step by name, once.
+fn out_of_range_locations_are_reported(gpu: &CudaBackend) {
     let mut c = attn_case(4, 64, KvRowFormat::Fp8, &[64]);
     c.locs[10] = 1 << 30;
-    let gpu = gpu();
     let mem = gpu.memory();
     let (qd, pd, ld) = (mem.upload(&c.q).unwrap(), mem.upload(&c.pool).unwrap(), mem.upload(&c.locs).unwrap());
     let (mut out, mut lse) = (mem.alloc_zeroed(64 * 512).unwrap(), mem.alloc_zeroed(64).unwrap());
@@ -260,6 +231,18 @@ fn gpu_attention_reports_out_of_range_locations() {
     let e = gpu.finish_step().unwrap_err();
     assert!(e.to_string().contains("locations"), "{e}");
     gpu.finish_step().expect("the fault is reported once");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_attention_does_not_depend_on_where_rows_live() {
+    placement_does_not_matter(&gpu(), &attn_case(9, 128, KvRowFormat::Fp8, &[2048, 700, 2048]));
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_attention_reports_out_of_range_locations() {
+    out_of_range_locations_are_reported(&gpu());
 }
 
 #[test]
