@@ -52,17 +52,18 @@ __device__ __forceinline__ unsigned k_major_step(const ProbeLayout& l, unsigned 
     return l.swizzle ? (s / 4) * l.step_i + (s % 4) * 32 : 2 * s * l.step_i;
 }
 
+// D[64][N] from a warpgroup's accumulators: warp w holds rows 16 w + g and + 8; register
+// 4 j + {0, 1} columns 8 j + 2 tig + {0, 1} of the first, 4 j + {2, 3} of the second.
+template <unsigned N>
 __device__ __forceinline__ void store_d(float* d, const float* acc) {
-    // Warp w holds rows 16 w + g and + 8; register 4 j + {0, 1} columns 8 j + 2 tig + {0, 1} of
-    // the first, 4 j + {2, 3} of the second.
     const unsigned lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, tig = lane & 3;
     #pragma unroll
-    for (int j = 0; j < 8; ++j) {
+    for (unsigned j = 0; j < N / 8; ++j) {
         const unsigned r = 16 * w + g, c = 8 * j + 2 * tig;
-        d[r * 64 + c] = acc[4 * j];
-        d[r * 64 + c + 1] = acc[4 * j + 1];
-        d[(r + 8) * 64 + c] = acc[4 * j + 2];
-        d[(r + 8) * 64 + c + 1] = acc[4 * j + 3];
+        d[r * N + c] = acc[4 * j];
+        d[r * N + c + 1] = acc[4 * j + 1];
+        d[(r + 8) * N + c] = acc[4 * j + 2];
+        d[(r + 8) * N + c + 1] = acc[4 * j + 3];
     }
 }
 
@@ -91,7 +92,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) wgmma_probe_ss(
         wgmma_ss(acc, smem_desc(sa + k_major_step(la, s), la), smem_desc(sb + k_major_step(lb, s), lb), s > 0);
     wgmma_commit();
     wgmma_wait_all();
-    store_d(d, acc);
+    store_d<64>(d, acc);
 }
 
 // One block of 128 threads. a: [64][k] bf16 row-major, read into registers; bt: [k][64] (K x N)
@@ -121,7 +122,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) wgmma_probe_rs(
     }
     wgmma_commit();
     wgmma_wait_all();
-    store_d(d, acc);
+    store_d<64>(d, acc);
 }
 
 // One block of 128 threads: D[64][256] = A . B with A [64][k] K-major and bt [k][256] (K x N)
@@ -146,13 +147,5 @@ extern "C" __global__ void __launch_bounds__(128, 1) wgmma_probe_ss_t256(
         wgmma_ss_t256(acc, smem_desc(sa + k_major_step(la, s), la), smem_desc(sb + 2 * s * lb.step_o, lb), s > 0);
     wgmma_commit();
     wgmma_wait_all();
-    const unsigned lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, tig = lane & 3;
-    #pragma unroll
-    for (int j = 0; j < 32; ++j) {
-        const unsigned r = 16 * w + g, c = 8 * j + 2 * tig;
-        d[r * 256 + c] = acc[4 * j];
-        d[r * 256 + c + 1] = acc[4 * j + 1];
-        d[(r + 8) * 256 + c] = acc[4 * j + 2];
-        d[(r + 8) * 256 + c + 1] = acc[4 * j + 3];
-    }
+    store_d<256>(d, acc);
 }

@@ -7,7 +7,7 @@ use half::bf16;
 use hisparse_kernels::cuda::CudaBackend;
 use hisparse_kernels::index_queries::{pow2, quantize_head};
 use hisparse_kernels::random;
-use hisparse_kernels::{Backend, CpuBackend, IndexerBatch, IndexerQueries, IndexerRequest, Span};
+use hisparse_kernels::{Backend, Buf, CpuBackend, IndexerBatch, IndexerQueries, IndexerRequest, Span};
 use hisparse_memory::fp8::decode_e4m3;
 use hisparse_memory::{DeviceMemory, IndexKeyLayout};
 use rand::seq::SliceRandom;
@@ -174,6 +174,13 @@ impl IndexerCase {
 
     /// The scores on `backend`, downloaded (gaps hold -7).
     fn scores<B: Backend>(&self, backend: &B) -> Vec<f32> {
+        let out = self.scores_on_device(backend);
+        backend.finish_step().unwrap();
+        backend.memory().download(&out).unwrap()
+    }
+
+    /// The scores left in `backend`'s memory (the step not yet finished).
+    fn scores_on_device<B: Backend>(&self, backend: &B) -> Buf<B, f32> {
         let mem = backend.memory();
         let (qd, wd, kd, td) = (
             mem.upload(&self.q).unwrap(),
@@ -183,21 +190,6 @@ impl IndexerCase {
         );
         let mut out = mem.upload(&vec![-7f32; self.out_len]).unwrap();
         backend.indexer_scores(&self.batch::<B::Memory>(&qd, &wd, &kd, &td), &mut out).unwrap();
-        backend.finish_step().unwrap();
-        mem.download(&out).unwrap()
-    }
-
-    /// The scores left on the CUDA device.
-    fn scores_on_device(&self, gpu: &CudaBackend) -> cudarc::driver::CudaSlice<f32> {
-        let mem = gpu.memory();
-        let (qd, wd, kd, td) = (
-            mem.upload(&self.q).unwrap(),
-            mem.upload(&self.w).unwrap(),
-            mem.upload(&self.pool).unwrap(),
-            mem.upload(&self.table).unwrap(),
-        );
-        let mut out = mem.upload(&vec![-7f32; self.out_len]).unwrap();
-        gpu.indexer_scores(&self.batch::<_>(&qd, &wd, &kd, &td), &mut out).unwrap();
         out
     }
 
