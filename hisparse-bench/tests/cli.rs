@@ -167,9 +167,9 @@ fn a_sweep_of_one_mode_leaves_the_others_columns_and_plots_out() {
         let out = dir.join(mode);
         let args = ["sweep", "--backend", "cpu", "--concurrency", "1,2", "--context", "600", "--warmup", "1"];
         // The hisparse run also quantises the indexer's queries (named in the model line); the
-        // resident one asks for the wgmma attention, which the CPU backend has not (not named).
+        // resident one asks for the mma.sync attention, which the CPU backend has not (not named).
         let (queries, knob) =
-            if mode == "hisparse" { ("fp8", "--serial-prefetch") } else { ("exact", "--wgmma-attention") };
+            if mode == "hisparse" { ("fp8", "--serial-prefetch") } else { ("exact", "--attention-kernel=mma-sync") };
         let o = hisparse(
             &[
                 &args[..],
@@ -184,7 +184,7 @@ fn a_sweep_of_one_mode_leaves_the_others_columns_and_plots_out() {
         assert_eq!(points.len(), 2, "{mode}: {table}");
         let named = json["emulation"].as_str().unwrap().contains("indexer queries fp8");
         assert_eq!(named, mode == "hisparse", "{}", json["emulation"]);
-        assert!(!json["emulation"].as_str().unwrap().contains("warpgroup"), "{}", json["emulation"]);
+        assert!(!json["emulation"].as_str().unwrap().contains("mma.sync"), "{}", json["emulation"]);
         assert!(points.iter().all(|p| p["mode"] == mode && p["tokens_per_s"].as_f64().unwrap() > 0.0), "{mode}");
         // No ratio without both modes; the plots of the other mode's data are not made.
         assert!(table.lines().any(|l| l.trim_start().starts_with("600") && l.contains(" - ")), "{mode}: {table}");

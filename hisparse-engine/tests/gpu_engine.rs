@@ -267,6 +267,10 @@ fn on_cuda_misses_filled_by_the_attention_are_lossless() {
         assert_eq!(run_on(gpu(), c, &[], None), resident, "auto (graphs: {graphs})");
     }
     matches_the_copying_swap_in("attention", fill);
+    // The mma.sync attention (the default is warpgroup MMA) fills alike.
+    let mma = || gpu().with_wgmma_attention(false);
+    let resident = run_on(mma(), eager(Mode::Resident, "lru"), &[], None);
+    assert_eq!(run_on(mma(), fill(eager(Mode::HiSparse, "lru")), &[], None), resident, "mma.sync attention fills");
 }
 
 /// With launch graphs and each prefetcher (IndexShare layers for shared-index), a run made by
@@ -334,6 +338,10 @@ fn deferred_swap_in_is_lossless(fill: &str) {
     let mut slow = defer(eager(Mode::HiSparse, "s3fifo"));
     slow.transfer_delay = Some(Duration::from_micros(300));
     assert_eq!(run_on(gpu(), slow, &[], None), resident, "{fill}: deferred stream slowed");
+    // The mma.sync attention (the default is warpgroup MMA) reads the misses alike.
+    let mma = || gpu().with_wgmma_attention(false);
+    let mma_resident = run_on(mma(), eager(Mode::Resident, "lru"), &[], None);
+    assert_eq!(run_on(mma(), defer(eager(Mode::HiSparse, "lru")), &[], None), mma_resident, "{fill}: mma.sync");
     // `auto` at batches of at most 3: deferred and copying swap-ins from step to step, eager and
     // replayed, with a mid-run switch to a policy that reads scores and back.
     for graphs in [false, true] {

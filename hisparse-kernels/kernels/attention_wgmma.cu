@@ -13,12 +13,17 @@
 //     over the same K tile read MN-major (its first 512 dims are V), P from shared memory.
 // One split writes out/lse directly; several write normalised partials for merge_splits (the
 // same layout as sparse_mla_decode's). Rows past a selection's end are masked and zeroed.
+// Given `fills` (one word per location: 0, or a host-tier or staging row plus one), a row whose
+// word is set is gathered from there by the same cp.async (the misses the swap-in left to the
+// attention, as sparse_mla_decode takes them), and with `write_back` written to its pool
+// location once its tile has landed (by head group 0), so that outputs do not depend on where
+// a row was read.
 // Descriptors: leading byte offset 8192 (between 64-dim atoms), stride 1024 (between 8-row
 // groups) — the encodings tests/gpu_wgmma.rs holds to a plain product (WG_K_* and WG_MN_*).
 //
-// Invariant: rows of 1152 B (sparse_mla_decode_wgmma) or 656 B (_fp8), all in the pool
-// (`fills` must be null: the launcher uses these kernels only then); d_qk 576, d_v 512; 256
-// threads; WG_SMEM or WG_SMEM_FP8 bytes of dynamic shared memory, 1024-aligned.
+// Invariant: rows of 1152 B (sparse_mla_decode_wgmma) or 656 B (_fp8), in the pool or named by
+// their fill word (host_base/host_rows bound those rows); d_qk 576, d_v 512; 256 threads; WG_SMEM
+// or WG_SMEM_FP8 bytes of dynamic shared memory, 1024-aligned.
 
 #define WG_TILE 64
 #define WG_ATOM 8192                       // one 64-dim atom of a 64-row operand
@@ -40,18 +45,28 @@ __device__ __forceinline__ unsigned wg_chunk(unsigned o, unsigned c) {
     return (c / 8) * WG_ATOM + (o / 8) * 1024 + (o % 8) * 128 + (((c % 8) ^ (o % 8)) * 16);
 }
 
+// Where row `base + r` of a selection is read: its fill row when its fill word is set, else
+// its pool location; null when the location (or the fill row) is out of range.
+__device__ __forceinline__ const unsigned char* wg_source(const unsigned char* rows, const int* locs,
+                                                          const unsigned long long* fl, unsigned idx,
+                                                          const AttnParams& p, unsigned rb) {
+    const int loc = locs[idx];
+    const unsigned long long f = fl ? fl[idx] : 0ull;
+    if (loc < 0 || (unsigned long long)loc >= p.pool_rows || (f != 0ull && f - 1ull >= p.host_rows)) return nullptr;
+    return f != 0ull ? reinterpret_cast<const unsigned char*>(p.host_base) + (size_t)(f - 1ull) * rb
+                     : rows + (size_t)loc * rb;
+}
+
 // Issues tile t's rows into `kb` (cp.async; zeros past `valid` or at a bad location).
-__device__ void wg_fetch(unsigned char* kb, const unsigned char* rows, const int* locs, unsigned base, unsigned valid,
-                         const AttnParams& p, unsigned* fault) {
+__device__ void wg_fetch(unsigned char* kb, const unsigned char* rows, const int* locs, const unsigned long long* fl,
+                         unsigned base, unsigned valid, const AttnParams& p, unsigned* fault) {
     for (unsigned e = threadIdx.x; e < WG_TILE * 72; e += 256) {
         const unsigned r = e / 72, c = e % 72;
         unsigned char* dst = kb + wg_chunk(r, c);
-        const int loc = r < valid ? locs[base + r] : -1;
-        if (r < valid && (loc < 0 || (unsigned long long)loc >= p.pool_rows)) {
-            if (c == 0) atomicOr(fault, 1u);
-        }
-        if (r < valid && loc >= 0 && (unsigned long long)loc < p.pool_rows) {
-            cp_async16(dst, rows + (size_t)loc * 1152 + 16 * c);
+        const unsigned char* src = r < valid ? wg_source(rows, locs, fl, base + r, p, 1152) : nullptr;
+        if (r < valid && src == nullptr && c == 0) atomicOr(fault, 1u);
+        if (src != nullptr) {
+            cp_async16(dst, src + 16 * c);
         } else {
             *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
         }
@@ -61,30 +76,30 @@ __device__ void wg_fetch(unsigned char* kb, const unsigned char* rows, const int
 
 // Issues tile rows' raw fp8 bytes into `raw` (row r at r * 656; rows past `valid` or at a bad
 // location are left alone: the conversion zeroes them).
-__device__ void wg_fetch_fp8(unsigned char* raw, const unsigned char* rows, const int* locs, unsigned base,
-                             unsigned valid, const AttnParams& p, unsigned* fault) {
+__device__ void wg_fetch_fp8(unsigned char* raw, const unsigned char* rows, const int* locs,
+                             const unsigned long long* fl, unsigned base, unsigned valid, const AttnParams& p,
+                             unsigned* fault) {
     for (unsigned e = threadIdx.x; e < WG_TILE * 41; e += 256) {
         const unsigned r = e / 41, c = e % 41;
         if (r >= valid) continue;
-        const int loc = locs[base + r];
-        if (loc < 0 || (unsigned long long)loc >= p.pool_rows) {
+        const unsigned char* src = wg_source(rows, locs, fl, base + r, p, 656);
+        if (src == nullptr) {
             if (c == 0) atomicOr(fault, 1u);
             continue;
         }
-        cp_async16(raw + r * 656 + 16 * c, rows + (size_t)loc * 656 + 16 * c);
+        cp_async16(raw + r * 656 + 16 * c, src + 16 * c);
     }
     asm volatile("cp.async.commit_group;\n" ::);
 }
 
 // Dequantises the raw fp8 tile into the swizzled K tile (zeros past `valid` and at bad
 // locations).
-__device__ void wg_convert_fp8(unsigned char* kb, const unsigned char* raw, const int* locs, unsigned base,
-                               unsigned valid, const AttnParams& p) {
+__device__ void wg_convert_fp8(unsigned char* kb, const unsigned char* raw, const unsigned char* rows, const int* locs,
+                               const unsigned long long* fl, unsigned base, unsigned valid, const AttnParams& p) {
     for (unsigned e = threadIdx.x; e < WG_TILE * 72; e += 256) {
         const unsigned r = e / 72, c = e % 72;
         uint4 v = make_uint4(0, 0, 0, 0);
-        const int loc = r < valid ? locs[base + r] : -1;
-        if (loc >= 0 && (unsigned long long)loc < p.pool_rows) {
+        if (r < valid && wg_source(rows, locs, fl, base + r, p, 656) != nullptr) {
             const unsigned char* row = raw + r * 656;
             v = c < 64 ? dequant8(*reinterpret_cast<const uint2*>(row + 8 * c),
                                   *reinterpret_cast<const float*>(row + 512 + 4 * (c / 16)))
@@ -94,8 +109,22 @@ __device__ void wg_convert_fp8(unsigned char* kb, const unsigned char* raw, cons
     }
 }
 
+// Writes the tile's filled rows (valid ones whose fill word is set) to their pool locations:
+// row r's 16-byte chunk c is read from `tile` (the raw fp8 tile, or the swizzled bf16 K tile).
 template <bool FP8>
-__device__ __forceinline__ void wg_attention(const __nv_bfloat16* __restrict__ queries, const unsigned char* rows,
+__device__ void wg_write_back(unsigned char* hot, const unsigned char* tile, const int* locs,
+                              const unsigned long long* fl, unsigned base, unsigned valid, const AttnParams& p) {
+    constexpr unsigned RB = FP8 ? 656 : 1152, CH = RB / 16;
+    for (unsigned e = threadIdx.x; e < valid * CH; e += 256) {
+        const unsigned r = e / CH, c = e % CH;
+        if (fl[base + r] == 0ull || wg_source(hot, locs, fl, base + r, p, RB) == nullptr) continue;
+        const uint4 v = *reinterpret_cast<const uint4*>(tile + (FP8 ? r * 656 + 16 * c : wg_chunk(r, c)));
+        __stcg(reinterpret_cast<uint4*>(hot + (size_t)locs[base + r] * RB) + c, v);
+    }
+}
+
+template <bool FP8>
+__device__ __forceinline__ void wg_attention(const __nv_bfloat16* __restrict__ queries, unsigned char* rows,
                                              const int* __restrict__ locations,
                                              const unsigned long long* __restrict__ fills,
                                              const Span* __restrict__ sels, const AttnParams& p,
@@ -118,14 +147,12 @@ __device__ __forceinline__ void wg_attention(const __nv_bfloat16* __restrict__ q
     const unsigned first = min(len, split * per), end = min(len, first + per);
     const int* locs = locations + sel.offset;
     const unsigned tiles = (end - first + WG_TILE - 1) / WG_TILE;
-    if (fills != nullptr) {
-        if (threadIdx.x == 0) atomicOr(fault, 1u);
-        return;
-    }
+    const unsigned long long* fl = fills ? fills + sel.offset : nullptr;
+    unsigned char* hot = (fills && p.write_back && group == 0) ? rows : nullptr;
 
     if (tiles > 0) {
-        if (FP8) wg_fetch_fp8(raw, rows, locs, first, min(WG_TILE, end - first), p, fault);
-        else wg_fetch(smem + WG_OPERAND, rows, locs, first, min(WG_TILE, end - first), p, fault);
+        if (FP8) wg_fetch_fp8(raw, rows, locs, fl, first, min(WG_TILE, end - first), p, fault);
+        else wg_fetch(smem + WG_OPERAND, rows, locs, fl, first, min(WG_TILE, end - first), p, fault);
     }
     // Queries of the group, swizzled (zeros past the request's heads).
     for (unsigned e = threadIdx.x; e < 64 * 72; e += 256) {
@@ -150,14 +177,18 @@ __device__ __forceinline__ void wg_attention(const __nv_bfloat16* __restrict__ q
         asm volatile("cp.async.wait_all;\n" ::);
         if (FP8) {
             __syncthreads();  // raw tile t landed; K and P are free
-            wg_convert_fp8(Ks, raw, locs, base, valid, p);
+            wg_convert_fp8(Ks, raw, rows, locs, fl, base, valid, p);
+            if (hot) wg_write_back<true>(hot, raw, locs, fl, base, valid, p);
         }
         fence_async_shared();
         __syncthreads();  // tile t (and Q) in place; the other buffer (raw for fp8) and P are free
+        // bf16: tile t's buffer is next refetched after the next iteration's barrier.
+        if (!FP8 && hot) wg_write_back<false>(hot, Ks, locs, fl, base, valid, p);
         if (t + 1 < tiles) {
-            if (FP8) wg_fetch_fp8(raw, rows, locs, base + WG_TILE, min(WG_TILE, end - base - WG_TILE), p, fault);
+            if (FP8)
+                wg_fetch_fp8(raw, rows, locs, fl, base + WG_TILE, min(WG_TILE, end - base - WG_TILE), p, fault);
             else
-                wg_fetch(smem + (1 + ((t + 1) & 1)) * WG_OPERAND, rows, locs, base + WG_TILE,
+                wg_fetch(smem + (1 + ((t + 1) & 1)) * WG_OPERAND, rows, locs, fl, base + WG_TILE,
                          min(WG_TILE, end - base - WG_TILE), p, fault);
         }
         if (wg == 0) {
@@ -270,8 +301,8 @@ __device__ __forceinline__ void wg_attention(const __nv_bfloat16* __restrict__ q
 
 #define WG_PARAMS                                                                                    \
     const __nv_bfloat16 *__restrict__ queries, /* [n, heads, 576] */                                 \
-        unsigned char *__restrict__ rows,      /* the pool (read only) */                            \
-        const int *__restrict__ locations, const unsigned long long *__restrict__ fills, /* null */ \
+        unsigned char *__restrict__ rows,      /* the pool (written only at filled locations) */     \
+        const int *__restrict__ locations, const unsigned long long *__restrict__ fills, /* or null */ \
         const Span *__restrict__ sels, AttnParams p, float *__restrict__ out, float *__restrict__ lse, \
         unsigned *__restrict__ fault
 

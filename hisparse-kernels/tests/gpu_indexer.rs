@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
 use half::bf16;
-use hisparse_kernels::cuda::CudaBackend;
+use hisparse_kernels::cuda::{CudaBackend, FixedHeadIndexer};
 use hisparse_kernels::index_queries::{pow2, quantize_head};
 use hisparse_kernels::random;
 use hisparse_kernels::{Backend, Buf, CpuBackend, IndexerBatch, IndexerQueries, IndexerRequest, Span};
@@ -30,9 +30,11 @@ fn gpu_indexer_matches_the_cpu_indexer() {
     for (heads, lens, q_std) in cases {
         // The fp8 form twice: the kernel for any head count, and the ones compiled for 32 and 64
         // heads (the others fall back to the first).
-        for (queries_as, fixed) in
-            [(IndexerQueries::Exact, false), (IndexerQueries::Fp8, false), (IndexerQueries::Fp8, true)]
-        {
+        for (queries_as, fixed) in [
+            (IndexerQueries::Exact, FixedHeadIndexer::Never),
+            (IndexerQueries::Fp8, FixedHeadIndexer::Never),
+            (IndexerQueries::Fp8, FixedHeadIndexer::Always),
+        ] {
             gpu.set_indexer_fixed_heads(fixed);
             let case = IndexerCase::new(heads, &lens, q_std, queries_as);
             let (want, got) = (case.scores(&cpu), case.scores(&gpu));
@@ -49,7 +51,7 @@ fn gpu_indexer_matches_the_cpu_indexer() {
             }
             println!(
                 "{queries_as:?} queries{}, {heads} heads: largest difference {worst:.2e} of the largest score",
-                if fixed { " (fixed-head kernel)" } else { "" }
+                if fixed == FixedHeadIndexer::Always { " (fixed-head kernel)" } else { "" }
             );
         }
     }
@@ -72,7 +74,7 @@ fn gpu_fp8_indexer_selects_what_the_cpu_twin_selects() {
     let mut cpu_sel = vec![0i32; spans.len() * k];
     cpu.top_k(&want, &spans, k, &mut cpu_sel).unwrap();
     let mem = gpu.memory().clone();
-    for fixed in [false, true] {
+    for fixed in [FixedHeadIndexer::Never, FixedHeadIndexer::Always] {
         gpu.set_indexer_fixed_heads(fixed);
         let scores_d = case.scores_on_device(&gpu);
         let mut sel_d = mem.upload(&vec![-1i32; spans.len() * k]).unwrap();
@@ -92,7 +94,7 @@ fn selections_agree(
     cpu_sel: &[i32],
     gpu_sel: &[i32],
     k: usize,
-    fixed: bool,
+    fixed: FixedHeadIndexer,
 ) {
     let mut differ = 0;
     for (i, sp) in spans.iter().enumerate() {
@@ -111,7 +113,7 @@ fn selections_agree(
         differ += g.difference(&c).count();
     }
     println!(
-        "fp8 queries (fixed heads {fixed}): {differ} of {} selected positions differ from the CPU's",
+        "fp8 queries (fixed heads {fixed:?}): {differ} of {} selected positions differ from the CPU's",
         spans.len() * k
     );
     assert!(differ * 100 <= spans.len() * k, "{differ} positions differ: more than 1%");

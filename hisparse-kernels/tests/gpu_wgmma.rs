@@ -62,7 +62,11 @@ fn probe(dev: &CudaDevice, kernel: &str, a: &[bf16], b: &[bf16], k: usize, la: L
     let (ad, bd) = (s.clone_htod(a).unwrap(), s.clone_htod(b).unwrap());
     let mut dd = s.alloc_zeros::<f32>(64 * n).unwrap();
     let f = dev.function("wgmma_probe", kernel).unwrap();
-    let smem = ((64 + n) * k * 2) as u32;
+    // The operands need (64 + n) * k * 2 bytes; every probe gets the most a block may have, so
+    // that a launch with the offsets swapped (the test's second try) reads inside the block's
+    // shared memory however far the wrong offsets reach (at most 31 * 4096 + 14 * 4096 bytes
+    // past B's start, 200 KB with A's share, at k = 128).
+    let smem = MAX_SHARED.max(((64 + n) * k * 2) as u32);
     f.set_attribute(
         cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
         smem as i32,
@@ -78,10 +82,14 @@ fn probe(dev: &CudaDevice, kernel: &str, a: &[bf16], b: &[bf16], k: usize, la: L
     l.arg(&lb);
     // SAFETY: a holds 64 x k bf16, b n x k and d 64 x n f32; the layouts (`layout` below) place
     // every element of an operand inside its share (64 * k * 2 and n * k * 2 bytes) of the
-    // shared memory asked for.
+    // shared memory asked for; wgmma's reads under wrong offsets stay inside the block's
+    // MAX_SHARED bytes (see above).
     unsafe { l.launch(cfg) }.unwrap();
     s.clone_dtoh(&dd).unwrap()
 }
+
+/// The dynamic shared memory one block may have on sm_90 (227 KB).
+const MAX_SHARED: u32 = 232_448;
 
 fn agrees(got: &[f32], want: &[f64], mag: &[f64]) -> Result<(), String> {
     for (i, ((g, w), m)) in got.iter().zip(want).zip(mag).enumerate() {
@@ -96,15 +104,18 @@ fn agrees(got: &[f32], want: &[f64], mag: &[f64]) -> Result<(), String> {
 /// rows of `inner` contiguous values: unswizzled, core matrices 16 B x 8 rows with those along the
 /// contiguous index adjacent (128 B apart) and the next 8 rows `inner * 16` B on; with the
 /// 128-byte swizzle, 8-row atoms 1024 B apart and 64-value column blocks `outer * 128` B apart.
-/// K-major: leading offset = the step along K, stride offset = the step between 8-row groups.
-/// MN-major (`k_outer`): leading offset = the step between 64-value (swizzled) or 8-value
-/// (unswizzled) blocks along MN, stride offset = the step between 8-row groups along K.
-fn layout(outer: usize, inner: usize, swizzle: bool) -> Layout {
+/// K-major (`mn_major` false, the canonical `((8,m),(T,2k))`): leading offset = the step along
+/// K, stride offset = the step between 8-row groups. MN-major (`mn_major`, rows along K): with
+/// the swizzle (`((T,8,m),(8,k)):((1,T,LBO),(8T,SBO))`) the leading offset is the step between
+/// 64-value blocks along MN and the stride offset the step between 8-row groups along K;
+/// unswizzled (`((T,1,m),(8,k)):((1,T,SBO),(1T,LBO))`) the two exchange roles: the stride
+/// offset steps between 8-value blocks along MN, the leading offset between 8-row groups along K.
+fn layout(outer: usize, inner: usize, swizzle: bool, mn_major: bool) -> Layout {
     let (outer, inner) = (outer as u32, inner as u32);
-    if swizzle {
-        Layout { step_o: 1024, step_i: outer * 128, lbo: outer * 128, sbo: 1024, swizzle: 1 }
-    } else {
-        Layout { step_o: inner * 16, step_i: 128, lbo: 128, sbo: inner * 16, swizzle: 0 }
+    match (swizzle, mn_major) {
+        (true, _) => Layout { step_o: 1024, step_i: outer * 128, lbo: outer * 128, sbo: 1024, swizzle: 1 },
+        (false, false) => Layout { step_o: inner * 16, step_i: 128, lbo: 128, sbo: inner * 16, swizzle: 0 },
+        (false, true) => Layout { step_o: inner * 16, step_i: 128, lbo: inner * 16, sbo: 128, swizzle: 0 },
     }
 }
 
@@ -121,7 +132,7 @@ fn wgmma_on_shared_memory_operands_multiplies_like_the_cpu() {
             let (want, mag) = product(&a, &b, k, 64);
             assert!(want.iter().any(|x| x.abs() > 1.0), "the product is not trivial");
             // S = Q K^T: both K-major, B given as [N][K].
-            let (la, lb) = (layout(64, k, swizzle), layout(64, k, swizzle));
+            let (la, lb) = (layout(64, k, swizzle, false), layout(64, k, swizzle, false));
             let ss = |la: Layout, lb: Layout| agrees(&probe(&dev, "wgmma_probe_ss", &a, &b, k, la, lb), &want, &mag);
             if let Err(e) = ss(la, lb) {
                 let other = ss(la.swapped(), lb.swapped());
@@ -129,7 +140,7 @@ fn wgmma_on_shared_memory_operands_multiplies_like_the_cpu() {
             }
             // O = P V: A from registers, B MN-major, given as [K][N] (B^T of the same product).
             let bt = transposed(&b, k, 64);
-            let lt = layout(k, 64, swizzle);
+            let lt = layout(k, 64, swizzle, true);
             let rs = |lt: Layout| agrees(&probe(&dev, "wgmma_probe_rs", &a, &bt, k, lt, lt), &want, &mag);
             if let Err(e) = rs(lt) {
                 let other = rs(lt.swapped());
@@ -140,7 +151,7 @@ fn wgmma_on_shared_memory_operands_multiplies_like_the_cpu() {
             let b256 = random::normal_bf16(&mut rng, 256 * k, 1.0);
             let (want, mag) = product(&a, &b256, k, 256);
             let bt = transposed(&b256, k, 256);
-            let lt = layout(k, 256, swizzle);
+            let lt = layout(k, 256, swizzle, true);
             let t256 = |lt: Layout| agrees(&probe(&dev, "wgmma_probe_ss_t256", &a, &bt, k, la, lt), &want, &mag);
             if let Err(e) = t256(lt) {
                 let other = t256(lt.swapped());

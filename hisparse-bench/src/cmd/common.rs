@@ -34,6 +34,15 @@ pub enum EmulateKind {
     Off,
 }
 
+/// Which kernel runs the CUDA attention.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum AttentionKernel {
+    /// Hopper's warpgroup MMA (the default: 1.23x mma.sync at batch 64 on the H200).
+    Wgmma,
+    /// mma.sync (the kernel before issue 16).
+    MmaSync,
+}
+
 /// Options that build an engine.
 #[derive(Debug, Clone, clap::Args)]
 pub struct EngineArgs {
@@ -52,11 +61,10 @@ pub struct EngineArgs {
     /// that many. The selection is the same.
     #[arg(long, default_value_t = 0)]
     pub top_k_blocks: usize,
-    /// CUDA: run the attention over rows that sit in the device pool (bf16 or fp8) on
-    /// warpgroup MMA instead of mma.sync (opt-in until measured; misses the attention fills
-    /// keep mma.sync).
-    #[arg(long)]
-    pub wgmma_attention: bool,
+    /// CUDA: the attention's kernel, warpgroup MMA (the default) or mma.sync; both agree with
+    /// the CPU within the same tolerance (each run uses one, so both modes stay bit-identical).
+    #[arg(long, value_enum, default_value_t = AttentionKernel::Wgmma)]
+    pub attention_kernel: AttentionKernel,
     /// Emulate the model's non-attention layers (projections, dense FFN, MoE experts) with
     /// cuBLAS GEMMs on random weights of one GPU's share of an 8-GPU deployment, occupying
     /// the HBM they would.
@@ -472,7 +480,7 @@ impl EngineArgs {
 
     /// The CUDA backend's kernel choices.
     fn cuda_knobs(&self) -> CudaKnobs {
-        CudaKnobs { top_k_blocks: self.top_k_blocks, wgmma_attention: self.wgmma_attention }
+        CudaKnobs { top_k_blocks: self.top_k_blocks, wgmma_attention: self.attention_kernel == AttentionKernel::Wgmma }
     }
 
     /// Whether the engine will run on CUDA (`--backend cuda`, or `auto` with a driver present).

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, sys as blas};
 use half::bf16;
-use hisparse_kernels::cuda::CudaBackend;
+use hisparse_kernels::cuda::{CudaBackend, FixedHeadIndexer};
 use hisparse_kernels::{AttentionBatch, Backend, IndexerBatch, IndexerQueries, IndexerRequest, Span};
 use hisparse_memory::{DeviceMemory, IndexKeyLayout, KvRowFormat, KvRowLayout};
 use rand::seq::SliceRandom;
@@ -195,10 +195,12 @@ fn indexer_and_top_k(
                     .map_err(|e| BenchError::Gpu(e.to_string()))?;
                 let mut scores = mem.alloc_zeroed::<f32>(b * ctx).map_err(|e| BenchError::Gpu(e.to_string()))?;
                 // Exact queries, fp8 ones with the kernel for any head count, and with the one
-                // compiled for the head count (not yet the default).
-                for (queries_as, fixed) in
-                    [(IndexerQueries::Exact, false), (IndexerQueries::Fp8, false), (IndexerQueries::Fp8, true)]
-                {
+                // compiled for the head count (the default for 32 heads).
+                for (queries_as, fixed) in [
+                    (IndexerQueries::Exact, FixedHeadIndexer::Never),
+                    (IndexerQueries::Fp8, FixedHeadIndexer::Never),
+                    (IndexerQueries::Fp8, FixedHeadIndexer::Always),
+                ] {
                     gpu.set_indexer_fixed_heads(fixed);
                     let batch = IndexerBatch {
                         heads,
@@ -213,15 +215,15 @@ fn indexer_and_top_k(
                         queries_as,
                     };
                     let ms = time_ms(s, a.reps, || gpu.indexer_scores(&batch, &mut scores).map_err(kerr));
-                    gpu.set_indexer_fixed_heads(false);
+                    gpu.set_indexer_fixed_heads(FixedHeadIndexer::Auto);
                     let ms = ms?;
                     let bytes = (b * ctx) as f64 * (132.0 + 4.0 + 4.0 / p as f64);
                     let bw = bytes / (ms * 1e-3);
                     let flops = (b * ctx * heads * 128 * 2) as f64 / (ms * 1e-3);
                     let form = match (queries_as, fixed) {
                         (IndexerQueries::Exact, _) => "",
-                        (IndexerQueries::Fp8, false) => " (fp8 queries, e4m3 MMA)",
-                        (IndexerQueries::Fp8, true) => " (fp8 queries, fixed-head kernel)",
+                        (IndexerQueries::Fp8, FixedHeadIndexer::Always) => " (fp8 queries, fixed-head kernel)",
+                        (IndexerQueries::Fp8, _) => " (fp8 queries, e4m3 MMA)",
                     };
                     push(
                         format!("indexer{form} {heads} heads, ctx {ctx}, batch {b}"),
@@ -315,8 +317,8 @@ fn attention(
 ) -> Result<()> {
     let mem = gpu.memory().clone();
     let mut push = |name: String, value: f64, unit: &str, note: String| Figure::record(figs, name, value, unit, note);
-    // The same device and stream with the warpgroup-MMA attention switched on.
-    let wgmma = CudaBackend::on(gpu.device().clone()).map_err(kerr)?.with_wgmma_attention(true);
+    // The same device and stream with the mma.sync attention (the default is warpgroup MMA).
+    let mma = CudaBackend::on(gpu.device().clone()).map_err(kerr)?.with_wgmma_attention(false);
     for format in [KvRowFormat::Fp8, KvRowFormat::Bf16] {
         let layout = KvRowLayout::new(format, 512, 64).map_err(|e| BenchError::Gpu(e.to_string()))?;
         let b_max = a.batches.iter().copied().max().unwrap_or(1);
@@ -348,8 +350,8 @@ fn attention(
                     locations: &ld,
                     selections: &spans,
                 };
-                // Also on the warpgroup-MMA form (not yet the default), beside.
-                for (backend, form) in [(gpu, ""), (&wgmma, " (wgmma)")] {
+                // The mma.sync form (the figures before issue 16) and the default, beside.
+                for (backend, form) in [(&mma, ""), (gpu, " (wgmma)")] {
                     let ms = time_ms(s, a.reps, || backend.sparse_attention(&batch, &mut out, &mut lse).map_err(kerr))?;
                     let flops = (b * heads * 2048 * (576 + 512) * 2) as f64 / (ms * 1e-3);
                     let bytes = (b * 2048 * layout.row_bytes()) as f64 / (ms * 1e-3);

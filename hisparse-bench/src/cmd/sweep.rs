@@ -13,7 +13,7 @@ use hisparse_policy::trace::TraceReader;
 use hisparse_policy::{SimConfig, simulate};
 use serde::{Deserialize, Serialize};
 
-use super::common::EngineArgs;
+use super::common::{AttentionKernel, EngineArgs};
 use crate::error::{BenchError, Result};
 use crate::report::OutputDir;
 use crate::{guard, interrupt, progress};
@@ -389,7 +389,11 @@ pub fn run(a: &SweepArgs) -> Result<(SweepReport, PathBuf)> {
             } else {
                 ""
             },
-            if a.engine.wgmma_attention && backend == "cuda" { "; attention on warpgroup MMA" } else { "" }
+            if a.engine.attention_kernel == AttentionKernel::MmaSync && backend == "cuda" {
+                "; attention on mma.sync"
+            } else {
+                ""
+            }
         ),
         device_buffer_size: hs.device_buffer_size,
         gpus: a.gpus.unwrap_or(1),

@@ -72,15 +72,14 @@ impl AttnScratch {
 #[derive(Clone)]
 pub(super) struct AttentionKernels {
     attention: CudaFunction,
-    /// The warpgroup-MMA forms (`kernels/attention_wgmma.cu`) for bf16 and fp8 rows, all in the
-    /// pool.
+    /// The warpgroup-MMA forms (`kernels/attention_wgmma.cu`) for bf16 and fp8 rows.
     attention_wgmma: CudaFunction,
     attention_wgmma_fp8: CudaFunction,
     merge: CudaFunction,
     sms: usize,
     /// Split count (0: chosen per call from the batch and the SM count).
     pub(super) splits: usize,
-    /// Use the warpgroup-MMA forms where they apply (rows all in the pool).
+    /// Use the warpgroup-MMA forms (the default) rather than `attention` (mma.sync).
     pub(super) wgmma: bool,
 }
 
@@ -115,7 +114,7 @@ impl AttentionKernels {
             merge,
             sms: usize::try_from(sms).unwrap_or(1).max(1),
             splits: 0,
-            wgmma: false,
+            wgmma: true,
         })
     }
 
@@ -224,8 +223,7 @@ impl AttentionKernels {
             q.selections.iter().map(|s| GpuSpan { offset: s.offset as u64, len: s.len as u64 }).collect();
         upload_cached(dev, &mut sc.sels, &mut sc.sels_c, &host)?;
         let s = dev.stream();
-        // The warpgroup-MMA forms take rows that all sit in the pool.
-        let (kernel, smem) = match (self.wgmma && matches!(rows, AttnRows::Pool(_)), layout.format()) {
+        let (kernel, smem) = match (self.wgmma, layout.format()) {
             (true, KvRowFormat::Bf16) => (&self.attention_wgmma, WGMMA_SMEM),
             (true, KvRowFormat::Fp8) => (&self.attention_wgmma_fp8, WGMMA_SMEM_FP8),
             (false, _) => (&self.attention, ATTN_SMEM),

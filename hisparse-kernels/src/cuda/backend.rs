@@ -16,7 +16,7 @@ use half::bf16;
 use hisparse_memory::cuda::CudaMemory;
 
 use super::attention_launch::{AttentionKernels, AttnRows, AttnScratch};
-use super::decode_launch::{GpuIndexerReq, GpuSpan};
+use super::decode_launch::{FixedHeadIndexer, GpuIndexerReq, GpuSpan};
 use super::device::CudaDevice;
 use super::driver_error;
 use super::launch_graph::LaunchGraph;
@@ -187,17 +187,16 @@ impl CudaBackend {
         self
     }
 
-    /// Scores fp8 queries of 32 or 64 heads with the kernels compiled for those head counts
-    /// (head tiles unrolled, five blocks per SM) instead of the one for any count; off by
-    /// default until measured on the H200. The scores are the same either way.
-    pub fn with_indexer_fixed_heads(self, on: bool) -> Self {
-        self.set_indexer_fixed_heads(on);
+    /// Which kernel scores fp8 queries of 32 or 64 heads ([`FixedHeadIndexer`]; the default,
+    /// `Auto`, takes the faster on the H200 for each count). The scores are the same either way.
+    pub fn with_indexer_fixed_heads(self, choice: FixedHeadIndexer) -> Self {
+        self.set_indexer_fixed_heads(choice);
         self
     }
 
     /// [`CudaBackend::with_indexer_fixed_heads`] on a backend in use (later launches).
-    pub fn set_indexer_fixed_heads(&self, on: bool) {
-        self.indexer.fixed_heads.store(on, std::sync::atomic::Ordering::Relaxed);
+    pub fn set_indexer_fixed_heads(&self, choice: FixedHeadIndexer) {
+        self.indexer.set_fixed_heads(choice);
     }
 
     /// The device's streaming multiprocessors.
@@ -218,11 +217,11 @@ impl CudaBackend {
         self
     }
 
-    /// Runs the attention over rows that all sit in the pool (bf16 or fp8) on Hopper's
-    /// warpgroup MMA (`kernels/attention_wgmma.cu`) instead of mma.sync; misses filled by the
-    /// attention keep the mma.sync kernel. Off by default until measured on the H200. Its
-    /// outputs agree with the CPU within the same bf16 tolerance, not bit for bit with the other
-    /// kernel's.
+    /// Runs the attention (bf16 or fp8 rows, in the pool or read from the host tier or staging
+    /// rows) on Hopper's warpgroup MMA (`kernels/attention_wgmma.cu`, the default: 1.23x the
+    /// mma.sync kernel's throughput at batch 64 and 128 heads on the H200) or, given `false`, on
+    /// mma.sync (`kernels/attention.cu`). Both agree with the CPU within the same bf16
+    /// tolerance, not bit for bit with each other: runs compared bit for bit use one kernel.
     pub fn with_wgmma_attention(mut self, on: bool) -> Self {
         self.attention.wgmma = on;
         self

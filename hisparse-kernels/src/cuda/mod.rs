@@ -29,6 +29,7 @@ mod topk_launch;
 
 pub use backend::CudaBackend;
 pub use backup::{BackupRows, CudaRowBackup, GpuBackup};
+pub use decode_launch::FixedHeadIndexer;
 pub use device::CudaDevice;
 pub use launch_graph::LaunchGraph;
 pub use nccl::{NcclId, NcclRank, nccl_available};
