@@ -1,7 +1,8 @@
 //! The CUDA backend's kernels against their CPU twins on random data (the indexer's in
 //! `gpu_indexer.rs`): top-k selections identical (ties, infinities, NaN, continuous scores, 2048 of 128k),
 //! sparse attention within the bf16 tolerance for bf16 and fp8 rows at 16, 64 and 128 heads with
-//! and without splits, placement independence bit for bit, and out-of-range locations reported
+//! and without splits on both attention kernels (warpgroup MMA, the default, and mma.sync),
+//! placement independence bit for bit, and out-of-range locations reported
 //! as faults.
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
@@ -142,7 +143,8 @@ fn gpu_attention_matches_the_cpu_attention_within_bf16_tolerance() {
         let c = attn_case(seed, heads, format, &[2048, 100, 1, 0, 2047, 33]);
         let (want, want_lse) = run_cpu(&c);
         for splits in [1usize, 0, 7] {
-            let gpu = gpu().with_splits(splits);
+            // The mma.sync kernel (the default, warpgroup MMA, is held below).
+            let gpu = gpu().with_splits(splits).with_wgmma_attention(false);
             let (got, lse) = run_gpu(&gpu, &c, &c.pool, &c.locs);
             let max = want.iter().fold(0f32, |m, x| m.max(x.abs()));
             assert!(max > 0.01, "outputs are not trivial");
@@ -236,13 +238,16 @@ fn out_of_range_locations_are_reported(gpu: &CudaBackend) {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_attention_does_not_depend_on_where_rows_live() {
-    placement_does_not_matter(&gpu(), &attn_case(9, 128, KvRowFormat::Fp8, &[2048, 700, 2048]));
+    placement_does_not_matter(
+        &gpu().with_wgmma_attention(false),
+        &attn_case(9, 128, KvRowFormat::Fp8, &[2048, 700, 2048]),
+    );
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_attention_reports_out_of_range_locations() {
-    out_of_range_locations_are_reported(&gpu());
+    out_of_range_locations_are_reported(&gpu().with_wgmma_attention(false));
 }
 
 #[test]
