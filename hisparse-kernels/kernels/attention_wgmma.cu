@@ -45,81 +45,124 @@ __device__ __forceinline__ unsigned wg_chunk(unsigned o, unsigned c) {
     return (c / 8) * WG_ATOM + (o / 8) * 1024 + (o % 8) * 128 + (((c % 8) ^ (o % 8)) * 16);
 }
 
-// Where row `base + r` of a selection is read: its fill row when its fill word is set, else
-// its pool location; null when the location (or the fill row) is out of range.
-__device__ __forceinline__ const unsigned char* wg_source(const unsigned char* rows, const int* locs,
-                                                          const unsigned long long* fl, unsigned idx,
-                                                          const AttnParams& p, unsigned rb) {
-    const int loc = locs[idx];
-    const unsigned long long f = fl ? fl[idx] : 0ull;
-    if (loc < 0 || (unsigned long long)loc >= p.pool_rows || (f != 0ull && f - 1ull >= p.host_rows)) return nullptr;
-    return f != 0ull ? reinterpret_cast<const unsigned char*>(p.host_base) + (size_t)(f - 1ull) * rb
-                     : rows + (size_t)loc * rb;
+// Each thread gathers, converts and writes back the same two rows of every tile, rows
+// tid / 8 and tid / 8 + 32, 16-byte chunks tid % 8, + 8, ...: their location and fill words are
+// loaded once per tile, a tile ahead (`WgWords`), and checked into read addresses when the tile
+// is fetched (`WgRows`), so that no copy waits on a dependent load.
+struct WgWords {
+    int loc[2];
+    unsigned long long fill[2];  // 0: in the pool; else a host-tier or staging row plus one
+};
+
+struct WgRows {
+    const unsigned char* src[2];  // null: zeros (past the tile's valid rows, or out of range)
+    int loc[2];
+    bool filled[2];               // read from a fill row (written back under `write_back`)
+};
+
+// The words of this thread's rows of the tile at `base` with `valid` rows.
+__device__ __forceinline__ WgWords wg_words(const int* locs, const unsigned long long* fl, unsigned base,
+                                            unsigned valid) {
+    WgWords w;
+    #pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const unsigned r = threadIdx.x / 8 + 32 * h;
+        w.loc[h] = r < valid ? locs[base + r] : -1;
+        w.fill[h] = (fl != nullptr && r < valid) ? fl[base + r] : 0ull;
+    }
+    return w;
 }
 
-// Issues tile t's rows into `kb` (cp.async; zeros past `valid` or at a bad location).
-__device__ void wg_fetch(unsigned char* kb, const unsigned char* rows, const int* locs, const unsigned long long* fl,
-                         unsigned base, unsigned valid, const AttnParams& p, unsigned* fault) {
-    for (unsigned e = threadIdx.x; e < WG_TILE * 72; e += 256) {
-        const unsigned r = e / 72, c = e % 72;
-        unsigned char* dst = kb + wg_chunk(r, c);
-        const unsigned char* src = r < valid ? wg_source(rows, locs, fl, base + r, p, 1152) : nullptr;
-        if (r < valid && src == nullptr && c == 0) atomicOr(fault, 1u);
-        if (src != nullptr) {
-            cp_async16(dst, src + 16 * c);
+// Where this thread's rows are read: the fill row when the fill word is set, else the pool
+// location; a valid row out of range (location or fill row) raises the fault and reads zeros.
+__device__ __forceinline__ WgRows wg_rows(const WgWords& w, const unsigned char* rows, unsigned valid,
+                                          const AttnParams& p, unsigned rb, unsigned* fault) {
+    WgRows r;
+    #pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int loc = w.loc[h];
+        const unsigned long long f = w.fill[h];
+        const bool bad = loc < 0 || (unsigned long long)loc >= p.pool_rows || (f != 0ull && f - 1ull >= p.host_rows);
+        r.loc[h] = loc;
+        r.filled[h] = f != 0ull;
+        if (threadIdx.x / 8 + 32 * h >= valid) {
+            r.src[h] = nullptr;
+        } else if (bad) {
+            if (threadIdx.x % 8 == 0) atomicOr(fault, 1u);
+            r.src[h] = nullptr;
         } else {
-            *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+            r.src[h] = f != 0ull ? reinterpret_cast<const unsigned char*>(p.host_base) + (size_t)(f - 1ull) * rb
+                                 : rows + (size_t)loc * rb;
+        }
+    }
+    return r;
+}
+
+// Issues this thread's bf16 chunks of a tile into `kb` (cp.async; zeros where there is no row).
+__device__ __forceinline__ void wg_fetch(unsigned char* kb, const WgRows& r) {
+    #pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const unsigned o = threadIdx.x / 8 + 32 * h;
+        #pragma unroll
+        for (unsigned j = 0; j < 9; ++j) {
+            const unsigned c = threadIdx.x % 8 + 8 * j;
+            unsigned char* dst = kb + wg_chunk(o, c);
+            if (r.src[h] != nullptr) cp_async16(dst, r.src[h] + 16 * c);
+            else *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
         }
     }
     asm volatile("cp.async.commit_group;\n" ::);
 }
 
-// Issues tile rows' raw fp8 bytes into `raw` (row r at r * 656; rows past `valid` or at a bad
-// location are left alone: the conversion zeroes them).
-__device__ void wg_fetch_fp8(unsigned char* raw, const unsigned char* rows, const int* locs,
-                             const unsigned long long* fl, unsigned base, unsigned valid, const AttnParams& p,
-                             unsigned* fault) {
-    for (unsigned e = threadIdx.x; e < WG_TILE * 41; e += 256) {
-        const unsigned r = e / 41, c = e % 41;
-        if (r >= valid) continue;
-        const unsigned char* src = wg_source(rows, locs, fl, base + r, p, 656);
-        if (src == nullptr) {
-            if (c == 0) atomicOr(fault, 1u);
-            continue;
+// Issues this thread's raw fp8 chunks of a tile into `raw` (row o at o * 656, 41 chunks; rows
+// without a source are left alone: the conversion zeroes them).
+__device__ __forceinline__ void wg_fetch_fp8(unsigned char* raw, const WgRows& r) {
+    #pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const unsigned o = threadIdx.x / 8 + 32 * h;
+        if (r.src[h] == nullptr) continue;
+        #pragma unroll
+        for (unsigned j = 0; j < 6; ++j) {
+            const unsigned c = threadIdx.x % 8 + 8 * j;
+            if (c < 41) cp_async16(raw + o * 656 + 16 * c, r.src[h] + 16 * c);
         }
-        cp_async16(raw + r * 656 + 16 * c, src + 16 * c);
     }
     asm volatile("cp.async.commit_group;\n" ::);
 }
 
-// Dequantises the raw fp8 tile into the swizzled K tile (zeros past `valid` and at bad
-// locations).
-__device__ void wg_convert_fp8(unsigned char* kb, const unsigned char* raw, const unsigned char* rows, const int* locs,
-                               const unsigned long long* fl, unsigned base, unsigned valid, const AttnParams& p) {
-    for (unsigned e = threadIdx.x; e < WG_TILE * 72; e += 256) {
-        const unsigned r = e / 72, c = e % 72;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (r < valid && wg_source(rows, locs, fl, base + r, p, 656) != nullptr) {
-            const unsigned char* row = raw + r * 656;
-            v = c < 64 ? dequant8(*reinterpret_cast<const uint2*>(row + 8 * c),
-                                  *reinterpret_cast<const float*>(row + 512 + 4 * (c / 16)))
-                       : *reinterpret_cast<const uint4*>(row + 528 + 16 * (c - 64));
+// Dequantises this thread's chunks of the raw fp8 tile into the swizzled K tile (zeros where
+// there is no row).
+__device__ __forceinline__ void wg_convert_fp8(unsigned char* kb, const unsigned char* raw, const WgRows& r) {
+    #pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const unsigned o = threadIdx.x / 8 + 32 * h;
+        const unsigned char* row = raw + o * 656;
+        #pragma unroll
+        for (unsigned j = 0; j < 9; ++j) {
+            const unsigned c = threadIdx.x % 8 + 8 * j;
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if (r.src[h] != nullptr)
+                v = c < 64 ? dequant8(*reinterpret_cast<const uint2*>(row + 8 * c),
+                                      *reinterpret_cast<const float*>(row + 512 + 4 * (c / 16)))
+                           : *reinterpret_cast<const uint4*>(row + 528 + 16 * (c - 64));
+            *reinterpret_cast<uint4*>(kb + wg_chunk(o, c)) = v;
         }
-        *reinterpret_cast<uint4*>(kb + wg_chunk(r, c)) = v;
     }
 }
 
-// Writes the tile's filled rows (valid ones whose fill word is set) to their pool locations:
-// row r's 16-byte chunk c is read from `tile` (the raw fp8 tile, or the swizzled bf16 K tile).
+// Writes this thread's filled rows of the tile to their pool locations: chunk c of row o read
+// from `tile` (the raw fp8 tile, or the swizzled bf16 K tile).
 template <bool FP8>
-__device__ void wg_write_back(unsigned char* hot, const unsigned char* tile, const int* locs,
-                              const unsigned long long* fl, unsigned base, unsigned valid, const AttnParams& p) {
+__device__ __forceinline__ void wg_write_back(unsigned char* hot, const unsigned char* tile, const WgRows& r) {
     constexpr unsigned RB = FP8 ? 656 : 1152, CH = RB / 16;
-    for (unsigned e = threadIdx.x; e < valid * CH; e += 256) {
-        const unsigned r = e / CH, c = e % CH;
-        if (fl[base + r] == 0ull || wg_source(hot, locs, fl, base + r, p, RB) == nullptr) continue;
-        const uint4 v = *reinterpret_cast<const uint4*>(tile + (FP8 ? r * 656 + 16 * c : wg_chunk(r, c)));
-        __stcg(reinterpret_cast<uint4*>(hot + (size_t)locs[base + r] * RB) + c, v);
+    #pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        if (r.src[h] == nullptr || !r.filled[h]) continue;
+        const unsigned o = threadIdx.x / 8 + 32 * h;
+        for (unsigned c = threadIdx.x % 8; c < CH; c += 8) {
+            const uint4 v = *reinterpret_cast<const uint4*>(tile + (FP8 ? o * 656 + 16 * c : wg_chunk(o, c)));
+            __stcg(reinterpret_cast<uint4*>(hot + (size_t)r.loc[h] * RB) + c, v);
+        }
     }
 }
 
@@ -150,9 +193,17 @@ __device__ __forceinline__ void wg_attention(const __nv_bfloat16* __restrict__ q
     const unsigned long long* fl = fills ? fills + sel.offset : nullptr;
     unsigned char* hot = (fills && p.write_back && group == 0) ? rows : nullptr;
 
+    constexpr unsigned RB = FP8 ? 656 : 1152;
+    // Rows of the tile being computed (cur) and of the next one (next, fetched during cur's
+    // math), and the words of the one after (loaded a tile ahead of their use).
+    WgRows cur = {}, next = {};
+    WgWords ahead = {};
     if (tiles > 0) {
-        if (FP8) wg_fetch_fp8(raw, rows, locs, fl, first, min(WG_TILE, end - first), p, fault);
-        else wg_fetch(smem + WG_OPERAND, rows, locs, fl, first, min(WG_TILE, end - first), p, fault);
+        const unsigned v0 = min(WG_TILE, end - first);
+        next = wg_rows(wg_words(locs, fl, first, v0), rows, v0, p, RB, fault);
+        if (FP8) wg_fetch_fp8(raw, next);
+        else wg_fetch(smem + WG_OPERAND, next);
+        if (tiles > 1) ahead = wg_words(locs, fl, first + WG_TILE, min(WG_TILE, end - first - WG_TILE));
     }
     // Queries of the group, swizzled (zeros past the request's heads).
     for (unsigned e = threadIdx.x; e < 64 * 72; e += 256) {
@@ -174,22 +225,23 @@ __device__ __forceinline__ void wg_attention(const __nv_bfloat16* __restrict__ q
         unsigned char* Ks = smem + (1 + (FP8 ? 0 : (t & 1))) * WG_OPERAND;
         const unsigned base = first + t * WG_TILE;
         const unsigned valid = min(WG_TILE, end - base);
+        cur = next;
         asm volatile("cp.async.wait_all;\n" ::);
         if (FP8) {
             __syncthreads();  // raw tile t landed; K and P are free
-            wg_convert_fp8(Ks, raw, rows, locs, fl, base, valid, p);
-            if (hot) wg_write_back<true>(hot, raw, locs, fl, base, valid, p);
+            wg_convert_fp8(Ks, raw, cur);
+            if (hot) wg_write_back<true>(hot, raw, cur);
         }
         fence_async_shared();
         __syncthreads();  // tile t (and Q) in place; the other buffer (raw for fp8) and P are free
         // bf16: tile t's buffer is next refetched after the next iteration's barrier.
-        if (!FP8 && hot) wg_write_back<false>(hot, Ks, locs, fl, base, valid, p);
+        if (!FP8 && hot) wg_write_back<false>(hot, Ks, cur);
         if (t + 1 < tiles) {
-            if (FP8)
-                wg_fetch_fp8(raw, rows, locs, fl, base + WG_TILE, min(WG_TILE, end - base - WG_TILE), p, fault);
-            else
-                wg_fetch(smem + (1 + ((t + 1) & 1)) * WG_OPERAND, rows, locs, fl, base + WG_TILE,
-                         min(WG_TILE, end - base - WG_TILE), p, fault);
+            const unsigned nv = min(WG_TILE, end - base - WG_TILE);
+            next = wg_rows(ahead, rows, nv, p, RB, fault);
+            if (FP8) wg_fetch_fp8(raw, next);
+            else wg_fetch(smem + (1 + ((t + 1) & 1)) * WG_OPERAND, next);
+            if (t + 2 < tiles) ahead = wg_words(locs, fl, base + 2 * WG_TILE, min(WG_TILE, end - base - 2 * WG_TILE));
         }
         if (wg == 0) {
             float s[32];
