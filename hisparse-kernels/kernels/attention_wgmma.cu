@@ -6,10 +6,9 @@
 //     next tile's while this one is computed (two buffers);
 //   - fp8 rows (FlashMLA's 656 B): gathered raw into a staging tile, the next one while this
 //     one is computed, and dequantised (e4m3 * pow2 scale, exact in bf16) into the one K tile;
-//   - each warpgroup: S[64 heads][32 rows] = Q K^T over its half of the tile's rows, 36
-//     m64n32k16 wgmmas with Q and K in shared memory; the two halves' row maxima exchanged in
-//     shared memory, so both keep the same running maximum and rescale; online softmax in base
-//     2 in registers; its half of P (bf16) written to shared memory;
+//   - warpgroup 0: S[64 heads][64 rows] = Q K^T, 36 m64n64k16 wgmmas with Q and K in shared
+//     memory; online softmax in base 2 in its registers; P (bf16) and the per-head rescale
+//     written to shared memory;
 //   - both warpgroups: O[64][256 of the 512 value dims] = alpha O + P V, four m64n256k16 wgmmas
 //     over the same K tile read MN-major (its first 512 dims are V), P from shared memory.
 // One split writes out/lse directly; several write normalised partials for merge_splits (the
@@ -178,10 +177,9 @@ __device__ __forceinline__ void wg_attention(const __nv_bfloat16* __restrict__ q
     unsigned char* Qs = smem;
     unsigned char* raw = smem + 2 * WG_OPERAND;  // fp8 only
     const unsigned p_off = WG_P_OFF_OF(FP8);
-    // Per-head statistics exchanged between the warpgroups: each one's tile row maxima in the
-    // loop, each one's half of the row sums after it ([2][64] floats, the same words).
-    float* mx_s = reinterpret_cast<float*>(smem + p_off + WG_ATOM);
-    float* l_s = mx_s;
+    float* alpha_s = reinterpret_cast<float*>(smem + p_off + WG_ATOM);
+    float* l_s = alpha_s + 64;
+    float* m_s = l_s + 64;
     const unsigned wg = threadIdx.x >> 7, lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3;
     const unsigned g = lane >> 2, tig = lane & 3;
     const unsigned split = blockIdx.x, group = blockIdx.y, i = blockIdx.z;
@@ -245,69 +243,64 @@ __device__ __forceinline__ void wg_attention(const __nv_bfloat16* __restrict__ q
             else wg_fetch(smem + (1 + ((t + 1) & 1)) * WG_OPERAND, next);
             if (t + 2 < tiles) ahead = wg_words(locs, fl, base + 2 * WG_TILE, min(WG_TILE, end - base - 2 * WG_TILE));
         }
-        // S for this warpgroup's 32 rows of the tile (rows 32 wg on: 4096 B into each atom).
-        float s[16];
-        wgmma_fence();
-        #pragma unroll
-        for (unsigned ks = 0; ks < 36; ++ks) {
-            const unsigned off = (ks / 4) * WG_ATOM + (ks % 4) * 32;
-            wgmma_ss_n32(s, wgmma_desc(Qs + off, WG_K_LBO, WG_K_SBO, 1),
-                         wgmma_desc(Ks + off + 4096 * wg, WG_K_LBO, WG_K_SBO, 1), ks > 0);
-        }
-        wgmma_commit();
-        wgmma_wait_all();
-        float mx[2] = {NEG_INF, NEG_INF};
-        #pragma unroll
-        for (int j = 0; j < 4; ++j) {
+        if (wg == 0) {
+            float s[32];
+            wgmma_fence();
             #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const unsigned col = 32 * wg + 8 * j + 2 * tig + (e & 1);
-                s[4 * j + e] = col < valid ? s[4 * j + e] * p.scale_log2 : NEG_INF;
-                mx[e >> 1] = fmaxf(mx[e >> 1], s[4 * j + e]);
+            for (unsigned ks = 0; ks < 36; ++ks) {
+                const unsigned off = (ks / 4) * WG_ATOM + (ks % 4) * 32;
+                wgmma_ss(s, wgmma_desc(Qs + off, WG_K_LBO, WG_K_SBO, 1), wgmma_desc(Ks + off, WG_K_LBO, WG_K_SBO, 1),
+                         ks > 0);
             }
+            wgmma_commit();
+            wgmma_wait_all();
+            float mx[2] = {NEG_INF, NEG_INF};
+            #pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                #pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const unsigned col = 8 * j + 2 * tig + (e & 1);
+                    s[4 * j + e] = col < valid ? s[4 * j + e] * p.scale_log2 : NEG_INF;
+                    mx[e >> 1] = fmaxf(mx[e >> 1], s[4 * j + e]);
+                }
+            }
+            float alpha[2];
+            #pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+                mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(0xffffffffu, mx[hf], 1));
+                mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(0xffffffffu, mx[hf], 2));
+                const float mn = fmaxf(m[hf], mx[hf]);
+                alpha[hf] = exp2f(m[hf] - mn);  // m = -inf at first: 0
+                m[hf] = mn;
+                l[hf] *= alpha[hf];
+            }
+            unsigned char* Ps = smem + p_off;
+            #pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                const float p0 = exp2f(s[4 * j] - m[0]), p1 = exp2f(s[4 * j + 1] - m[0]);
+                const float p2 = exp2f(s[4 * j + 2] - m[1]), p3 = exp2f(s[4 * j + 3] - m[1]);
+                l[0] += p0 + p1;
+                l[1] += p2 + p3;
+                // Element (head r, row c) of P, K-major over rows: chunk c / 8, value c % 8.
+                const unsigned col = 8 * j + 2 * tig;
+                *reinterpret_cast<unsigned*>(Ps + wg_chunk(r0, col / 8) + (col % 8) * 2) = pack_bf16(p0, p1);
+                *reinterpret_cast<unsigned*>(Ps + wg_chunk(r0 + 8, col / 8) + (col % 8) * 2) = pack_bf16(p2, p3);
+            }
+            if (tig == 0) {
+                alpha_s[r0] = alpha[0];
+                alpha_s[r0 + 8] = alpha[1];
+            }
+            fence_async_shared();
         }
-        #pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-            mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(0xffffffffu, mx[hf], 1));
-            mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(0xffffffffu, mx[hf], 2));
-        }
-        if (tig == 0) {
-            mx_s[64 * wg + r0] = mx[0];
-            mx_s[64 * wg + r0 + 8] = mx[1];
-        }
-        __syncthreads();  // both halves' row maxima
-        // The same running maximum (and so the same alpha) in both warpgroups; l is this
-        // warpgroup's half of the row sums.
-        float alpha[2];
-        #pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-            const float tile_max = fmaxf(mx_s[r0 + 8 * hf], mx_s[64 + r0 + 8 * hf]);
-            const float mn = fmaxf(m[hf], tile_max);
-            alpha[hf] = exp2f(m[hf] - mn);  // m = -inf at first: 0
-            m[hf] = mn;
-            l[hf] *= alpha[hf];
-        }
-        unsigned char* Ps = smem + p_off;
-        #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const float p0 = exp2f(s[4 * j] - m[0]), p1 = exp2f(s[4 * j + 1] - m[0]);
-            const float p2 = exp2f(s[4 * j + 2] - m[1]), p3 = exp2f(s[4 * j + 3] - m[1]);
-            l[0] += p0 + p1;
-            l[1] += p2 + p3;
-            // Element (head r, row c) of P, K-major over rows: chunk c / 8, value c % 8.
-            const unsigned col = 32 * wg + 8 * j + 2 * tig;
-            *reinterpret_cast<unsigned*>(Ps + wg_chunk(r0, col / 8) + (col % 8) * 2) = pack_bf16(p0, p1);
-            *reinterpret_cast<unsigned*>(Ps + wg_chunk(r0 + 8, col / 8) + (col % 8) * 2) = pack_bf16(p2, p3);
-        }
-        fence_async_shared();
+        __syncthreads();  // P and alpha written
+        const float a0 = alpha_s[r0], a1 = alpha_s[r0 + 8];
         #pragma unroll
         for (int j = 0; j < 32; ++j) {
-            o[4 * j] *= alpha[0];
-            o[4 * j + 1] *= alpha[0];
-            o[4 * j + 2] *= alpha[1];
-            o[4 * j + 3] *= alpha[1];
+            o[4 * j] *= a0;
+            o[4 * j + 1] *= a0;
+            o[4 * j + 2] *= a1;
+            o[4 * j + 3] *= a1;
         }
-        __syncthreads();  // P written by both warpgroups
         wgmma_fence();
         #pragma unroll
         for (unsigned ks = 0; ks < 4; ++ks) {
@@ -320,25 +313,27 @@ __device__ __forceinline__ void wg_attention(const __nv_bfloat16* __restrict__ q
         wgmma_wait_all();
     }
 
-    // Each warpgroup's half of the row sums (after the last tile's barriers: the maxima's words
-    // are free); the running maxima are the same in both.
-    #pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-        l[hf] += __shfl_xor_sync(0xffffffffu, l[hf], 1);
-        l[hf] += __shfl_xor_sync(0xffffffffu, l[hf], 2);
-    }
-    if (tig == 0) {
-        l_s[64 * wg + r0] = l[0];
-        l_s[64 * wg + r0 + 8] = l[1];
+    if (wg == 0) {
+        #pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            l[hf] += __shfl_xor_sync(0xffffffffu, l[hf], 1);
+            l[hf] += __shfl_xor_sync(0xffffffffu, l[hf], 2);
+        }
+        if (tig == 0) {
+            l_s[r0] = l[0];
+            l_s[r0 + 8] = l[1];
+            m_s[r0] = m[0];
+            m_s[r0 + 8] = m[1];
+        }
     }
     __syncthreads();
     #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
         const unsigned row = r0 + 8 * hf, h = h0 + row;
         if (h >= p.heads) continue;
-        const float sum = tiles > 0 ? l_s[row] + l_s[64 + row] : 0.f;
+        const float sum = tiles > 0 ? l_s[row] : 0.f;
         const float inv = sum > 0.f ? 1.f / sum : 0.f;
-        const float lse_v = sum > 0.f ? (m[hf] + log2f(sum)) * 0.69314718055994530942f : NEG_INF;
+        const float lse_v = sum > 0.f ? (m_s[row] + log2f(sum)) * 0.69314718055994530942f : NEG_INF;
         size_t ob, lb;
         if (p.splits == 1) {
             ob = ((size_t)i * p.heads + h) * DV;

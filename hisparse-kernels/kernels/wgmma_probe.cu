@@ -6,8 +6,6 @@
 //   - wgmma_probe_rs: A in registers (the mma.sync A fragment of each warp's 16 rows) and B
 //     MN-major, transposed by the instruction (O = P V: P from the softmax's registers, V the
 //     same shared rows as K read along the other dimension);
-//   - wgmma_probe_ss_n32: as wgmma_probe_ss with 32 rows of B (m64n32k16: a warpgroup's half
-//     of S in the attention);
 //   - wgmma_probe_ss_t256: m64n256k16, A K-major and B MN-major both in shared memory (O = P V
 //     for a warpgroup that reads P from shared memory; 256 value dims, four swizzle atoms).
 // An operand's element (o, i) — o its outer index (M or N for K-major, K for MN-major), i the
@@ -95,30 +93,6 @@ extern "C" __global__ void __launch_bounds__(128, 1) wgmma_probe_ss(
     wgmma_commit();
     wgmma_wait_all();
     store_d<64>(d, acc);
-}
-
-// As wgmma_probe_ss with 32 rows of B (m64n32k16: S over half a tile's rows, one warpgroup's
-// share in the wgmma attention). b: [32][k]; d: [64][32] f32. Dynamic shared memory:
-// (64 + 32) * k * 2 bytes, 1024-aligned.
-extern "C" __global__ void __launch_bounds__(128, 1) wgmma_probe_ss_n32(
-    const __nv_bfloat16* __restrict__ a, const __nv_bfloat16* __restrict__ b, float* __restrict__ d, unsigned k,
-    ProbeLayout la, ProbeLayout lb) {
-    extern __shared__ __align__(1024) unsigned char smem[];
-    unsigned char* sa = smem;
-    unsigned char* sb = smem + 64 * k * 2;
-    stage(sa, a, 64, k, la);
-    stage(sb, b, 32, k, lb);
-    fence_async_shared();
-    __syncthreads();
-    float acc[16];
-    #pragma unroll
-    for (int i = 0; i < 16; ++i) acc[i] = 0.f;
-    wgmma_fence();
-    for (unsigned s = 0; s < k / 16; ++s)
-        wgmma_ss_n32(acc, smem_desc(sa + k_major_step(la, s), la), smem_desc(sb + k_major_step(lb, s), lb), s > 0);
-    wgmma_commit();
-    wgmma_wait_all();
-    store_d<32>(d, acc);
 }
 
 // One block of 128 threads. a: [64][k] bf16 row-major, read into registers; bt: [k][64] (K x N)

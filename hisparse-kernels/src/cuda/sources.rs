@@ -49,7 +49,7 @@ pub fn all_sources() -> Vec<KernelSource> {
     v.push(KernelSource {
         name: "wgmma_probe".into(),
         code: [include_str!("../../kernels/wgmma_common.cu"), include_str!("../../kernels/wgmma_probe.cu")].concat(),
-        kernels: &["wgmma_probe_ss", "wgmma_probe_ss_n32", "wgmma_probe_rs", "wgmma_probe_ss_t256"],
+        kernels: &["wgmma_probe_ss", "wgmma_probe_rs", "wgmma_probe_ss_t256"],
     });
     v.push(KernelSource {
         name: "rows".into(),
