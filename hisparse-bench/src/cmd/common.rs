@@ -37,7 +37,7 @@ pub enum EmulateKind {
 /// Which kernel runs the CUDA attention.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum AttentionKernel {
-    /// Hopper's warpgroup MMA (the default: 1.23x mma.sync at batch 64 on the H200).
+    /// Hopper's warpgroup MMA (the default: 2.2-3.0x mma.sync at batch 64 on the H200).
     Wgmma,
     /// mma.sync (the kernel before issue 16).
     MmaSync,

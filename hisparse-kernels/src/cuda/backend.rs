@@ -218,7 +218,7 @@ impl CudaBackend {
     }
 
     /// Runs the attention (bf16 or fp8 rows, in the pool or read from the host tier or staging
-    /// rows) on Hopper's warpgroup MMA (`kernels/attention_wgmma.cu`, the default: 1.23x the
+    /// rows) on Hopper's warpgroup MMA (`kernels/attention_wgmma.cu`, the default: 2.2-3.0x the
     /// mma.sync kernel's throughput at batch 64 and 128 heads on the H200) or, given `false`, on
     /// mma.sync (`kernels/attention.cu`). Both agree with the CPU within the same bf16
     /// tolerance, not bit for bit with each other: runs compared bit for bit use one kernel.
