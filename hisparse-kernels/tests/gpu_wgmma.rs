@@ -64,8 +64,8 @@ fn probe(dev: &CudaDevice, kernel: &str, a: &[bf16], b: &[bf16], k: usize, la: L
     let f = dev.function("wgmma_probe", kernel).unwrap();
     // The operands need (64 + n) * k * 2 bytes; every probe gets the most a block may have, so
     // that a launch with the offsets swapped (the test's second try) reads inside the block's
-    // shared memory however far the wrong offsets reach (at most 31 * 4096 + 14 * 4096 bytes
-    // past B's start, 200 KB with A's share, at k = 128).
+    // shared memory however far the wrong offsets reach (both offsets at most 4096 B, stepped
+    // at most 31 and 15 times: under 190 KB past B's start, 206 KB with A's share, at k = 128).
     let smem = MAX_SHARED.max(((64 + n) * k * 2) as u32);
     f.set_attribute(
         cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,

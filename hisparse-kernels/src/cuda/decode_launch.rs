@@ -30,8 +30,8 @@ fn indexer_smem(heads: usize, frag_bytes: usize) -> usize {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum FixedHeadIndexer {
     /// The fixed-head kernel for 32 heads, the any-count one for 64: the faster of each pair on
-    /// the H200 (32 heads, 128k, batch 64: 74% of the HBM copy against 70%; 64 heads: 43%
-    /// against 44%).
+    /// the H200 (32 heads, 128k, batch 64: 73% of the HBM copy against 69%; 64 heads: 43%
+    /// against 44%; BENCHMARKS.md, issue 16).
     #[default]
     Auto,
     /// The fixed-head kernels for 32 and 64 heads.
