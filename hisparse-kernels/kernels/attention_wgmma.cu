@@ -205,14 +205,15 @@ __device__ __forceinline__ void wg_attention(const __nv_bfloat16* __restrict__ q
         else wg_fetch(smem + WG_OPERAND, next);
         if (tiles > 1) ahead = wg_words(locs, fl, first + WG_TILE, min(WG_TILE, end - first - WG_TILE));
     }
-    // Queries of the group, swizzled (zeros past the request's heads).
+    // Queries of the group, swizzled (zeros past the request's heads), by cp.async: all of a
+    // thread's 18 chunks in flight at once (with one tile per split, at batch 1, their latency
+    // is a block's), landed by the first tile's wait.
     for (unsigned e = threadIdx.x; e < 64 * 72; e += 256) {
         const unsigned h = e / 72, c = e % 72;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (h0 + h < p.heads)
-            v = *reinterpret_cast<const uint4*>(queries + ((size_t)i * p.heads + h0 + h) * DQK + 8 * c);
-        *reinterpret_cast<uint4*>(Qs + wg_chunk(h, c)) = v;
+        if (h0 + h < p.heads) cp_async16(Qs + wg_chunk(h, c), queries + ((size_t)i * p.heads + h0 + h) * DQK + 8 * c);
+        else *reinterpret_cast<uint4*>(Qs + wg_chunk(h, c)) = make_uint4(0, 0, 0, 0);
     }
+    asm volatile("cp.async.commit_group;\n" ::);
 
     float o[128];
     #pragma unroll

@@ -36,6 +36,10 @@ pub struct KernelBenchArgs {
     /// the ceilings always run.
     #[arg(long, value_delimiter = ',', default_value = "indexer,attention,graphs")]
     pub only: Vec<String>,
+    /// Fixed split counts of the warpgroup-MMA attention to time beside its own choice, comma
+    /// separated (none by default).
+    #[arg(long, value_delimiter = ',')]
+    pub attention_splits: Vec<usize>,
     /// Output folder.
     #[arg(long, default_value = "results/kernel-bench")]
     pub out: PathBuf,
@@ -319,6 +323,16 @@ fn attention(
     let mut push = |name: String, value: f64, unit: &str, note: String| Figure::record(figs, name, value, unit, note);
     // The same device and stream with the mma.sync attention (the default is warpgroup MMA).
     let mma = CudaBackend::on(gpu.device().clone()).map_err(kerr)?.with_wgmma_attention(false);
+    let mut fixed = Vec::new();
+    for &n in &a.attention_splits {
+        if n == 0 {
+            return Err(BenchError::flag("attention-splits", n, "a fixed split count is at least 1"));
+        }
+        fixed.push((
+            CudaBackend::on(gpu.device().clone()).map_err(kerr)?.with_splits(n),
+            format!(" (wgmma, {n} splits)"),
+        ));
+    }
     for format in [KvRowFormat::Fp8, KvRowFormat::Bf16] {
         let layout = KvRowLayout::new(format, 512, 64).map_err(|e| BenchError::Gpu(e.to_string()))?;
         let b_max = a.batches.iter().copied().max().unwrap_or(1);
@@ -351,7 +365,8 @@ fn attention(
                     selections: &spans,
                 };
                 // The mma.sync form (the figures before issue 16) and the default, beside.
-                for (backend, form) in [(&mma, ""), (gpu, " (wgmma)")] {
+                let forms = [(&mma, ""), (gpu, " (wgmma)")];
+                for (backend, form) in forms.into_iter().chain(fixed.iter().map(|(b, f)| (b, f.as_str()))) {
                     let ms = time_ms(s, a.reps, || backend.sparse_attention(&batch, &mut out, &mut lse).map_err(kerr))?;
                     let flops = (b * heads * 2048 * (576 + 512) * 2) as f64 / (ms * 1e-3);
                     let bytes = (b * 2048 * layout.row_bytes()) as f64 / (ms * 1e-3);

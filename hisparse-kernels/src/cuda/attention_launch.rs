@@ -83,6 +83,23 @@ pub(super) struct AttentionKernels {
     pub(super) wgmma: bool,
 }
 
+/// Splits of each (request, head group) over `max_len` selected rows, for `blocks` such pairs on
+/// `sms` SMs (`fixed`: the count asked for, else about one block per SM). The mma.sync kernel
+/// keeps at least two of its 32-row tiles per split, so that the fetch of one overlaps the
+/// other; the warpgroup-MMA one takes 64-row tiles, down to one per split (at one request, 32
+/// splits of one tile measured 17.6 us against 19.7 with 16 of two: BENCHMARKS, issue 16), and
+/// its splits hold equal numbers of tiles, so that none is empty (17 splits of 32 tiles left
+/// one empty and measured 26.6 us against 22.1 with 16, at 8 requests of 64 heads).
+fn split_count(wgmma: bool, sms: usize, fixed: usize, blocks: usize, max_len: usize) -> usize {
+    let want = if fixed > 0 { fixed } else { (sms as f64 / blocks.max(1) as f64).round() as usize };
+    if !wgmma {
+        return want.clamp(1, max_len.div_ceil(TILE).div_ceil(2).max(1));
+    }
+    let tiles = max_len.div_ceil(64).max(1);
+    let per = tiles.div_ceil(want.clamp(1, tiles));
+    tiles.div_ceil(per)
+}
+
 /// Dynamic shared memory of the warpgroup-MMA attention (`WG_SMEM` in its source): queries, two
 /// tiles of 64 bf16 rows, P and the per-head statistics.
 const WGMMA_SMEM: usize = 3 * 9 * 8192 + 8192 + 3 * 64 * 4;
@@ -120,10 +137,7 @@ impl AttentionKernels {
 
     /// The split count for `blocks` (request, head group) pairs of `max_len` selected rows.
     pub(super) fn choose_splits(&self, blocks: usize, max_len: usize) -> usize {
-        let tiles = max_len.div_ceil(TILE).max(1);
-        let want = if self.splits > 0 { self.splits } else { (self.sms as f64 / blocks as f64).round() as usize };
-        // At least two tiles per split, so that the fetch of one overlaps the other.
-        want.clamp(1, tiles.div_ceil(2).max(1))
+        split_count(self.wgmma, self.sms, self.splits, blocks, max_len)
     }
 
     /// Sparse attention of `q`'s requests over `rows` into `out` and `lse`; a bad location or
@@ -272,5 +286,34 @@ impl AttentionKernels {
             unsafe { b.launch(cfg) }.map_err(driver_error("merge launch"))?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_count;
+
+    #[test]
+    fn warpgroup_splits_hold_equal_tiles_and_none_is_empty() {
+        // 132 SMs: one request of two head groups takes a tile per split; eight requests of one
+        // group 16 splits of two tiles (17 would leave one empty); 64 requests no split.
+        assert_eq!(split_count(true, 132, 0, 2, 2048), 32);
+        assert_eq!(split_count(true, 132, 0, 8, 2048), 16);
+        assert_eq!(split_count(true, 132, 0, 128, 2048), 1);
+        for blocks in 1..300 {
+            for len in [1usize, 63, 64, 65, 1000, 2048, 4097] {
+                let s = split_count(true, 132, 0, blocks, len);
+                let tiles = len.div_ceil(64);
+                let per = tiles.div_ceil(s);
+                assert!(s >= 1 && s <= tiles && (s - 1) * per < tiles, "{blocks} blocks, {len} rows: {s} splits");
+                // The kernel's own partition (attention_wgmma.cu: whole tiles of len / splits).
+                let rows = len.div_ceil(s).div_ceil(64) * 64;
+                assert!((s - 1) * rows < len, "{blocks} blocks, {len} rows: the kernel's last split is empty");
+            }
+        }
+        // A fixed count is kept where the tiles divide evenly, the mma.sync rule is unchanged.
+        assert_eq!(split_count(true, 132, 8, 128, 2048), 8);
+        assert_eq!(split_count(false, 132, 0, 2, 2048), 32);
+        assert_eq!(split_count(false, 132, 0, 8, 2048), 17);
     }
 }

@@ -32,8 +32,9 @@ pub(super) const TILE: usize = 32;
 pub(super) const ATTN_SMEM: usize =
     64 * 584 * 2 + 32 * 584 * 2 + 64 * 40 * 2 + 2 * 64 * 40 * 4 + 2 * 32 * 4 + 2 * 32 * 8 + 32 * 1152;
 
-/// Dynamic shared memory of top-k: eight copies of a 2048-bin histogram.
-pub(super) const TOPK_SMEM: usize = 8 * 2048 * 4;
+/// Dynamic shared memory of top-k (kernels/topk.cu): eight copies of a 2048-bin histogram, then
+/// 8192 candidates' keys and positions and a bitmap of 262144 positions.
+pub(super) const TOPK_SMEM: usize = (8 * 2048 + 2 * 8192 + 8192) * 4;
 
 /// Buffers reused across calls (small per-call arrays, split partials, the fault flag).
 pub(super) struct Scratch {
