@@ -28,6 +28,9 @@ const MIN_SPLIT_ROUNDS: usize = 32;
 /// 128k in 33 us with 64 chunks against 112 us in one block, 50 against 112 us with 17 chunks at
 /// 8 requests, but 130 against 114 us with 3 chunks at 64 requests and 29 against 27 us at 32k:
 /// four launches and the candidates' pass cost more than a few chunks or a short span gain.
+/// With the one-block kernel's candidates in shared memory (same entry, later) the choice holds:
+/// 33 against 62 us at one request, 48 against 79 at 8, one block (81 us) at 64, and 25 us in
+/// one block at 32k against 30 split.
 const MIN_SPLIT_CHUNKS: usize = 8;
 
 #[repr(C)]
