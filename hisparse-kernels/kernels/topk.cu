@@ -5,12 +5,13 @@
 //
 // Usually (at most FAST_N positions, k below 65536, and at most CAP keys in the threshold bin of
 // the first pass, or else of the second) only one or two passes read every score: the next one
-// marks the keys above the bin in a bitmap of positions and keeps the bin's keys (with their positions) as candidates in
-// shared memory, the finer passes run over the candidates alone, the chosen candidates join the
-// bitmap (the ties in a second one), and one block-wide prefix sum over the bitmaps' counts
-// places every selected position. Else every pass reads every score, and a last pass in rounds of consecutive positions places every
-// selected position at its rank with one block-wide prefix sum per round. Either way the
-// output is ascending, and ties go to the lower positions — exactly the CPU twin's selection.
+// marks the keys above the bin in a bitmap of positions and keeps the bin's keys (with their
+// positions) as candidates in shared memory, the finer passes run over the candidates alone,
+// the chosen candidates join the bitmap (the ties a second one), and one block-wide prefix sum
+// over the bitmaps' counts places every selected position. Else every pass reads every score,
+// and a last pass in rounds of consecutive positions places every selected position at its rank
+// with one block-wide prefix sum per round. Either way the output is ascending, and ties go to
+// the lower positions — exactly the CPU twin's selection.
 
 struct Span {
     unsigned long long offset;
@@ -60,8 +61,8 @@ __device__ unsigned scan_block(unsigned v, unsigned* sums, unsigned* total) {
     return before;
 }
 
-// The second pass of the usual case: positions whose key lies above the first pass's bin
-// (`prefix` on `mask`) are marked in `bits` (a warp's 32 lanes read the 32 positions of one
+// The usual case's pass after the one whose bin was small enough: positions whose key lies
+// above that bin (`prefix` on `mask`) are marked in `bits` (a warp's 32 lanes read the 32 positions of one
 // word); those in it are candidates (`ck` keys and `cp` positions, counted by `*cands`: one
 // atomic per warp and UNROLL rounds).
 __device__ void keep_candidates(const float* s, unsigned n, unsigned prefix, unsigned mask, unsigned* bits,
@@ -156,7 +157,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) top_k_select(
     if (threadIdx.x == 0) cand_count = 0;
 
     unsigned prefix = 0, mask = 0, remaining = k;
-    // The candidates alone are read after the first pass (`cands` of them in ck/cp).
+    // Once kept (`fast`), the candidates alone are read (`cands` of them in ck/cp).
     bool fast = false;
     unsigned cands = 0;
     const unsigned shifts[3] = {21, 10, 0};
