@@ -74,6 +74,43 @@ fn top_k_against_the_cpu(gpu: &CudaBackend, blocks: usize) {
     assert!(gpu.top_k(&sd, &[Span::new(0, 10)], 4096, &mut out).is_err(), "k above the length is refused");
 }
 
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_top_k_reads_every_score_again_where_candidates_do_not_fit() {
+    // The one-block kernel keeps a bin's keys in shared memory only when it holds at most 8192
+    // keys and the span at most 262144 positions; these spans take its other path: 20000 equal
+    // scores straddling the k-th (the bin stays full through both passes), and a span longer
+    // than the bitmaps.
+    let cpu = CpuBackend::new();
+    let gpu = gpu().with_top_k_blocks(1);
+    let mem = gpu.memory().clone();
+    let mut rng = random::rng(17);
+    let crowded = 30_000usize;
+    let long = 300_000usize;
+    let mut scores: Vec<f32> = random::normal(&mut rng, crowded + long, 1.0);
+    for (i, s) in scores[..crowded].iter_mut().enumerate() {
+        // 1000 scores above 2.0, then 20000 at exactly 2.0 in random places among the rest.
+        if i < 1000 {
+            *s = 3.0 + i as f32 / 1000.0;
+        } else if rng.random_range(0..29usize) < 20 {
+            *s = 2.0;
+        } else {
+            *s = s.min(1.5);
+        }
+    }
+    scores[..crowded].shuffle(&mut rng);
+    let spans = [Span::new(0, crowded), Span::new(crowded, long)];
+    let sd = mem.upload(&scores).unwrap();
+    for k in [2048usize, 5000] {
+        let mut want = vec![0i32; spans.len() * k];
+        cpu.top_k(&scores, &spans, k, &mut want).unwrap();
+        let mut got = mem.upload(&vec![-1i32; spans.len() * k]).unwrap();
+        gpu.top_k(&sd, &spans, k, &mut got).unwrap();
+        gpu.finish_step().unwrap();
+        assert_eq!(mem.download(&got).unwrap(), want, "k = {k}");
+    }
+}
+
 /// Random queries, a pool of rows and per-request selections of distinct rows.
 struct AttnCase {
     heads: usize,

@@ -90,12 +90,15 @@ pub(super) struct AttentionKernels {
 /// splits of one tile measured 17.6 us against 19.7 with 16 of two: BENCHMARKS, issue 16), and
 /// its splits hold equal numbers of tiles, so that none is empty (17 splits of 32 tiles left
 /// one empty and measured 26.6 us against 22.1 with 16, at 8 requests of 64 heads).
+/// Rows per tile of the warpgroup-MMA attention (`WG_TILE` in its source).
+const WG_TILE: usize = 64;
+
 fn split_count(wgmma: bool, sms: usize, fixed: usize, blocks: usize, max_len: usize) -> usize {
     let want = if fixed > 0 { fixed } else { (sms as f64 / blocks.max(1) as f64).round() as usize };
     if !wgmma {
         return want.clamp(1, max_len.div_ceil(TILE).div_ceil(2).max(1));
     }
-    let tiles = max_len.div_ceil(64).max(1);
+    let tiles = max_len.div_ceil(WG_TILE).max(1);
     let per = tiles.div_ceil(want.clamp(1, tiles));
     tiles.div_ceil(per)
 }
@@ -291,7 +294,7 @@ impl AttentionKernels {
 
 #[cfg(test)]
 mod tests {
-    use super::split_count;
+    use super::{WG_TILE, split_count};
 
     #[test]
     fn warpgroup_splits_hold_equal_tiles_and_none_is_empty() {
@@ -303,11 +306,11 @@ mod tests {
         for blocks in 1..300 {
             for len in [1usize, 63, 64, 65, 1000, 2048, 4097] {
                 let s = split_count(true, 132, 0, blocks, len);
-                let tiles = len.div_ceil(64);
+                let tiles = len.div_ceil(WG_TILE);
                 let per = tiles.div_ceil(s);
                 assert!(s >= 1 && s <= tiles && (s - 1) * per < tiles, "{blocks} blocks, {len} rows: {s} splits");
                 // The kernel's own partition (attention_wgmma.cu: whole tiles of len / splits).
-                let rows = len.div_ceil(s).div_ceil(64) * 64;
+                let rows = len.div_ceil(s).div_ceil(WG_TILE) * WG_TILE;
                 assert!((s - 1) * rows < len, "{blocks} blocks, {len} rows: the kernel's last split is empty");
             }
         }
