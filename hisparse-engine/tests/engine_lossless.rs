@@ -50,14 +50,19 @@ fn a_slow_backup_worker_stays_lossless() {
     assert_eq!(hs, resident);
 }
 
-/// `miss_fill = "attention"`, `"deferred"` or `"auto"` on the CPU backend: its swap-in copies
+/// `miss_fill = "attention"`, `"deferred"`, `"hits-first"` or `"auto"` on the CPU backend: its swap-in copies
 /// the misses either way (it cannot leave them to the attention), so the outputs stay the
 /// resident ones.
 #[test]
 fn misses_left_to_the_attention_on_the_cpu_are_still_copied_and_lossless() {
     let resident = run(config(Mode::Resident, "lru"), &[], None);
-    for (fill, policy) in [("attention", "clock"), ("deferred", "clock"), ("deferred-gather", "lru"), ("auto", "score")]
-    {
+    for (fill, policy) in [
+        ("attention", "clock"),
+        ("deferred", "clock"),
+        ("deferred-gather", "lru"),
+        ("hits-first", "s3fifo"),
+        ("auto", "score"),
+    ] {
         let mut cfg = config(Mode::HiSparse, policy);
         cfg.hisparse.miss_fill = fill.into();
         assert_eq!(run(cfg, &[], None), resident, "{fill} / {policy}");

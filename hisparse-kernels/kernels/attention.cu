@@ -40,6 +40,11 @@ struct AttnParams {
     unsigned write_back;   // fills only: 1 writes each filled row to its location
     unsigned long long host_base;  // mapped host tier (fills only)
     unsigned long long host_rows;  // rows of the host tier (fills only)
+    // Warpgroup-MMA kernels only (miss_fill = "hits-first"):
+    unsigned skip_filled;  // 1: a row whose fill word is set is left out (masked), not read
+    unsigned part_base;    // with part_stride: this launch's first partial of a (request, head)
+    unsigned part_stride;  // 0: as `splits` says; else partials always, this many per (request, head)
+    unsigned pad;
 };
 
 #define NEG_INF __int_as_float(0xff800000)

@@ -17,7 +17,10 @@
 // word is set is gathered from there by the same cp.async (the misses the swap-in left to the
 // attention, as sparse_mla_decode takes them), and with `write_back` written to its pool
 // location once its tile has landed (by head group 0), so that outputs do not depend on where
-// a row was read.
+// a row was read. With `skip_filled` (miss_fill = "hits-first": the attention over the hits,
+// while the misses are still being copied) such a row is instead left out: not read, its score
+// masked, its flag kept per tile in shared memory; `part_stride` then places this launch's
+// partials among those of the launch over the misses, and merge_splits combines both.
 // Descriptors: leading byte offset 8192 (between 64-dim atoms), stride 1024 (between 8-row
 // groups) — the encodings tests/gpu_wgmma.rs holds to a plain product (WG_K_* and WG_MN_*).
 //
@@ -29,10 +32,10 @@
 #define WG_ATOM 8192                       // one 64-dim atom of a 64-row operand
 #define WG_OPERAND (9 * WG_ATOM)           // [64][576] bf16
 #define WG_RAW_FP8 (64 * 656)             // the fp8 staging tile (41 KB, a multiple of 1024)
-// Shared memory: Q | K tiles | (fp8: raw tile) | P | alpha[64], l[64], m[64].
+// Shared memory: Q | K tiles | (fp8: raw tile) | P | alpha[64], l[64], m[64] | skip[2][64].
 #define WG_P_OFF_OF(fp8) ((fp8) ? 2 * WG_OPERAND + WG_RAW_FP8 : 3 * WG_OPERAND)
-#define WG_SMEM (WG_P_OFF_OF(false) + WG_ATOM + 3 * 64 * 4)
-#define WG_SMEM_FP8 (WG_P_OFF_OF(true) + WG_ATOM + 3 * 64 * 4)
+#define WG_SMEM (WG_P_OFF_OF(false) + WG_ATOM + 3 * 64 * 4 + 128)
+#define WG_SMEM_FP8 (WG_P_OFF_OF(true) + WG_ATOM + 3 * 64 * 4 + 128)
 // Descriptor offsets: K-major operands (Q, K, P) and the MN-major one (V), as
 // tests/gpu_wgmma.rs's `layout` gives them for 64-row swizzled operands.
 #define WG_K_LBO 8192
@@ -75,17 +78,22 @@ __device__ __forceinline__ WgWords wg_words(const int* locs, const unsigned long
 
 // Where this thread's rows are read: the fill row when the fill word is set, else the pool
 // location; a valid row out of range (location or fill row) raises the fault and reads zeros.
+// Given `skip` (the tile's 64 flags, under skip_filled), a row whose fill word is set is not
+// read and its flag is raised (by the row's first thread); every other flag is cleared.
 __device__ __forceinline__ WgRows wg_rows(const WgWords& w, const unsigned char* rows, unsigned valid,
-                                          const AttnParams& p, unsigned rb, unsigned* fault) {
+                                          const AttnParams& p, unsigned rb, unsigned* fault,
+                                          unsigned char* skip) {
     WgRows r;
     #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int loc = w.loc[h];
         const unsigned long long f = w.fill[h];
+        const bool left_out = skip != nullptr && f != 0ull;
+        if (skip != nullptr && threadIdx.x % 8 == 0) skip[threadIdx.x / 8 + 32 * h] = left_out;
         const bool bad = loc < 0 || (unsigned long long)loc >= p.pool_rows || (f != 0ull && f - 1ull >= p.host_rows);
         r.loc[h] = loc;
-        r.filled[h] = f != 0ull;
-        if (threadIdx.x / 8 + 32 * h >= valid) {
+        r.filled[h] = f != 0ull && !left_out;
+        if (threadIdx.x / 8 + 32 * h >= valid || left_out) {
             r.src[h] = nullptr;
         } else if (bad) {
             if (threadIdx.x % 8 == 0) atomicOr(fault, 1u);
@@ -180,6 +188,7 @@ __device__ __forceinline__ void wg_attention(const __nv_bfloat16* __restrict__ q
     float* alpha_s = reinterpret_cast<float*>(smem + p_off + WG_ATOM);
     float* l_s = alpha_s + 64;
     float* m_s = l_s + 64;
+    unsigned char* skip_s = reinterpret_cast<unsigned char*>(m_s + 64);  // [tile parity][64]
     const unsigned wg = threadIdx.x >> 7, lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3;
     const unsigned g = lane >> 2, tig = lane & 3;
     const unsigned split = blockIdx.x, group = blockIdx.y, i = blockIdx.z;
@@ -200,7 +209,7 @@ __device__ __forceinline__ void wg_attention(const __nv_bfloat16* __restrict__ q
     WgWords ahead = {};
     if (tiles > 0) {
         const unsigned v0 = min(WG_TILE, end - first);
-        next = wg_rows(wg_words(locs, fl, first, v0), rows, v0, p, RB, fault);
+        next = wg_rows(wg_words(locs, fl, first, v0), rows, v0, p, RB, fault, p.skip_filled ? skip_s : nullptr);
         if (FP8) wg_fetch_fp8(raw, next);
         else wg_fetch(smem + WG_OPERAND, next);
         if (tiles > 1) ahead = wg_words(locs, fl, first + WG_TILE, min(WG_TILE, end - first - WG_TILE));
@@ -239,7 +248,7 @@ __device__ __forceinline__ void wg_attention(const __nv_bfloat16* __restrict__ q
         if (!FP8 && hot) wg_write_back<false>(hot, Ks, cur);
         if (t + 1 < tiles) {
             const unsigned nv = min(WG_TILE, end - base - WG_TILE);
-            next = wg_rows(ahead, rows, nv, p, RB, fault);
+            next = wg_rows(ahead, rows, nv, p, RB, fault, p.skip_filled ? skip_s + 64 * ((t + 1) & 1) : nullptr);
             if (FP8) wg_fetch_fp8(raw, next);
             else wg_fetch(smem + (1 + ((t + 1) & 1)) * WG_OPERAND, next);
             if (t + 2 < tiles) ahead = wg_words(locs, fl, base + 2 * WG_TILE, min(WG_TILE, end - base - 2 * WG_TILE));
@@ -256,12 +265,14 @@ __device__ __forceinline__ void wg_attention(const __nv_bfloat16* __restrict__ q
             wgmma_commit();
             wgmma_wait_all();
             float mx[2] = {NEG_INF, NEG_INF};
+            const unsigned char* sk = skip_s + 64 * (t & 1);
             #pragma unroll
             for (int j = 0; j < 8; ++j) {
                 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const unsigned col = 8 * j + 2 * tig + (e & 1);
-                    s[4 * j + e] = col < valid ? s[4 * j + e] * p.scale_log2 : NEG_INF;
+                    const bool in = col < valid && !(p.skip_filled && sk[col]);
+                    s[4 * j + e] = in ? s[4 * j + e] * p.scale_log2 : NEG_INF;
                     mx[e >> 1] = fmaxf(mx[e >> 1], s[4 * j + e]);
                 }
             }
@@ -271,15 +282,18 @@ __device__ __forceinline__ void wg_attention(const __nv_bfloat16* __restrict__ q
                 mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(0xffffffffu, mx[hf], 1));
                 mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(0xffffffffu, mx[hf], 2));
                 const float mn = fmaxf(m[hf], mx[hf]);
-                alpha[hf] = exp2f(m[hf] - mn);  // m = -inf at first: 0
+                // m = -inf at first: 0; still -inf (every row so far left out): nothing to scale.
+                alpha[hf] = mn == NEG_INF ? 1.f : exp2f(m[hf] - mn);
                 m[hf] = mn;
                 l[hf] *= alpha[hf];
             }
             unsigned char* Ps = smem + p_off;
+            // A maximum still -inf has only masked scores under it: 0 for each (not NaN).
+            const float mb0 = m[0] == NEG_INF ? 0.f : m[0], mb1 = m[1] == NEG_INF ? 0.f : m[1];
             #pragma unroll
             for (int j = 0; j < 8; ++j) {
-                const float p0 = exp2f(s[4 * j] - m[0]), p1 = exp2f(s[4 * j + 1] - m[0]);
-                const float p2 = exp2f(s[4 * j + 2] - m[1]), p3 = exp2f(s[4 * j + 3] - m[1]);
+                const float p0 = exp2f(s[4 * j] - mb0), p1 = exp2f(s[4 * j + 1] - mb0);
+                const float p2 = exp2f(s[4 * j + 2] - mb1), p3 = exp2f(s[4 * j + 3] - mb1);
                 l[0] += p0 + p1;
                 l[1] += p2 + p3;
                 // Element (head r, row c) of P, K-major over rows: chunk c / 8, value c % 8.
@@ -336,7 +350,10 @@ __device__ __forceinline__ void wg_attention(const __nv_bfloat16* __restrict__ q
         const float inv = sum > 0.f ? 1.f / sum : 0.f;
         const float lse_v = sum > 0.f ? (m_s[row] + log2f(sum)) * 0.69314718055994530942f : NEG_INF;
         size_t ob, lb;
-        if (p.splits == 1) {
+        if (p.part_stride != 0) {
+            lb = ((size_t)i * p.heads + h) * p.part_stride + p.part_base + split;
+            ob = lb * DV;
+        } else if (p.splits == 1) {
             ob = ((size_t)i * p.heads + h) * DV;
             lb = (size_t)i * p.heads + h;
         } else {

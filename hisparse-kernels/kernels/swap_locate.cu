@@ -118,3 +118,70 @@ extern "C" __global__ void copy_staged_misses(const SwapReq* __restrict__ reqs, 
                  hot_rows + (unsigned long long)(base + s) * p.row_bytes, p.row_bytes, lane);
     }
 }
+
+// The misses of `miss_fill = "hits-first"`, on the transfer stream while the attention over the
+// hits runs on the main stream: for every selected position whose fill word the locate set (a
+// host-tier row plus one), its row is copied from the mapped host tier into `staging` at its
+// selection index, as "deferred-gather" places it; and the misses are listed in selection order,
+// request by request (`list[sel_offset + q]` the staging row of request x's q-th miss, and
+// `spans[x]` = {sel_offset, misses}), for the attention over the misses that follows.
+//
+// Grid (requests, chunks of LOCATE_CHUNK positions), 128 threads and no shared memory but a few
+// words, so that a block fits on an SM beside an attention block. Each block counts the misses of
+// the chunks before its own (reading their fill words), ranks its own by ballots in order, and
+// its warps copy one row each at a time. The order, and so the list, depends only on the fills.
+// A fill word past the host tier raises the fault flag and its staging row is left as it was.
+#define GATHER_THREADS 128
+
+struct MissSpan {
+    unsigned long long offset;
+    unsigned long long len;
+};
+
+extern "C" __global__ void __launch_bounds__(GATHER_THREADS) gather_misses(
+    const SwapReq* __restrict__ reqs, const unsigned long long* __restrict__ fills, unsigned char* __restrict__ staging,
+    int* __restrict__ list, MissSpan* __restrict__ spans, unsigned* __restrict__ fault, SwapParams p) {
+    __shared__ unsigned warp_misses[GATHER_THREADS / 32];
+    const SwapReq r = reqs[blockIdx.x];
+    const unsigned j0 = blockIdx.y * LOCATE_CHUNK, tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
+    if (j0 >= r.sel_len) {
+        if (blockIdx.y == 0 && tid == 0) spans[blockIdx.x] = MissSpan{r.sel_offset, 0ull};
+        return;  // uniform over the block
+    }
+    const unsigned long long* f = fills + r.sel_offset;
+    unsigned before = 0;
+    for (unsigned k = 0; k < j0; k += GATHER_THREADS) before += __syncthreads_count(k + tid < j0 && f[k + tid] != 0ull);
+    const unsigned n = min((unsigned)LOCATE_CHUNK, r.sel_len - j0);
+    const unsigned char* host = reinterpret_cast<const unsigned char*>(p.host_base);
+    const unsigned long long host_rows = (unsigned long long)p.layers * p.host_pages_per_layer * p.page_tokens;
+    unsigned q0 = before;
+    for (unsigned k = 0; k < n; k += GATHER_THREADS) {
+        const unsigned i = k + tid;
+        const unsigned long long fw = i < n ? f[j0 + i] : 0ull;
+        const unsigned ballot = __ballot_sync(0xffffffffu, fw != 0ull);
+        if (lane == 0) warp_misses[wid] = __popc(ballot);
+        __syncthreads();
+        unsigned q = q0, total = 0;
+        for (unsigned w = 0; w < GATHER_THREADS / 32; ++w) {
+            if (w < wid) q += warp_misses[w];
+            total += warp_misses[w];
+        }
+        q += __popc(ballot & ((1u << lane) - 1u));
+        if (fw != 0ull) list[r.sel_offset + q] = (int)(r.sel_offset + j0 + i);
+        // The warp copies its own misses, one row at a time, in ballot order.
+        for (unsigned b = ballot; b != 0u; b &= b - 1u) {
+            const unsigned src_lane = __ffs(b) - 1u;
+            const unsigned long long row = __shfl_sync(0xffffffffu, fw, src_lane) - 1ull;
+            const unsigned at = j0 + k + 32 * wid + src_lane;
+            if (row >= host_rows) {  // not a fill word the locate wrote: the row reads as zeros
+                if (lane == 0) atomicOr(fault, 1u);
+                continue;
+            }
+            copy_row(host + row * p.row_bytes, staging + (unsigned long long)(r.sel_offset + at) * p.row_bytes,
+                     p.row_bytes, lane);
+        }
+        q0 += total;
+        __syncthreads();  // warp_misses is rewritten next round
+    }
+    if (j0 + n == r.sel_len && tid == 0) spans[blockIdx.x] = MissSpan{r.sel_offset, q0};
+}

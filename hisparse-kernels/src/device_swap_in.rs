@@ -51,6 +51,11 @@ pub struct DeviceSwapInConfig {
     /// With `fill_deferred`: the locate also gathers the misses from the host tier into device
     /// staging rows, and the attention reads them there (`miss_fill = "deferred-gather"`).
     pub fill_gather: bool,
+    /// With `fill_deferred`: the attention over each layer's hits runs while its misses are
+    /// gathered into staging rows on a stream of their own, then the attention over the misses
+    /// and the LSE merge (`miss_fill = "hits-first"`; equal to the other forms within f32
+    /// rounding, not bit for bit).
+    pub fill_hits_first: bool,
 }
 
 /// What [`DeviceSwapIn::attend`] attends with besides the hot rows: [`crate::AttentionBatch`]

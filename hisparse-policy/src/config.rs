@@ -54,11 +54,14 @@ pub struct HiSparseConfig {
     /// from the host tier; the swap-in's decisions and copies run after it on a stream of their
     /// own, off the critical path; not with a policy that reads scores), `deferred-gather` (as
     /// `deferred`, but the swap-in's first kernel gathers the misses into device staging rows
-    /// and the attention reads them there, so that each miss crosses PCIe once), or `auto` (deferred for
+    /// and the attention reads them there, so that each miss crosses PCIe once), `hits-first` (as
+    /// `deferred`, but the misses are gathered into staging rows on that stream while the attention
+    /// runs over the hits alone; then the attention over the misses and the LSE merge: equal to
+    /// the other forms within f32 rounding, not bit for bit; warpgroup-MMA attention only), or `auto` (deferred for
     /// batches of at most `miss_fill_max_batch` requests, where the swap-in's latency dominates
     /// — with a policy that reads scores the attention fills them there — and the swap-in
     /// above). CUDA only: the CPU backend copies either way. Results are bit-identical in every
-    /// form (checked on the H200).
+    /// form but `hits-first` (checked on the H200).
     pub miss_fill: String,
     /// Ours: with `miss_fill = "auto"`, the largest batch whose swap-in is deferred.
     pub miss_fill_max_batch: usize,
@@ -112,12 +115,13 @@ fn invalid(field: &'static str, value: impl std::fmt::Display, reason: impl Into
 
 impl HiSparseConfig {
     /// The values of `miss_fill`.
-    pub const MISS_FILLS: [&'static str; 5] = ["auto", "swap-in", "attention", "deferred", "deferred-gather"];
+    pub const MISS_FILLS: [&'static str; 6] =
+        ["auto", "swap-in", "attention", "deferred", "deferred-gather", "hits-first"];
 
     /// The largest batch whose misses the attention brings in (0: none, `usize::MAX`: all).
     pub fn fill_max_batch(&self) -> usize {
         match self.miss_fill.as_str() {
-            "attention" | "deferred" | "deferred-gather" => usize::MAX,
+            "attention" | "deferred" | "deferred-gather" | "hits-first" => usize::MAX,
             "auto" => self.miss_fill_max_batch,
             _ => 0,
         }
@@ -126,7 +130,7 @@ impl HiSparseConfig {
     /// Whether, where the attention takes the misses, it only reads them and the swap-in runs
     /// after it (`deferred`, and `auto`'s small batches).
     pub fn fill_deferred(&self) -> bool {
-        matches!(self.miss_fill.as_str(), "deferred" | "deferred-gather" | "auto")
+        matches!(self.miss_fill.as_str(), "deferred" | "deferred-gather" | "hits-first" | "auto")
     }
 
     /// Parses JSON (unknown keys are errors; missing keys take their defaults).
@@ -220,7 +224,7 @@ impl HiSparseConfig {
             ));
         }
         let policy = crate::policy::make(&self.eviction_policy, &self.policy())?;
-        if self.miss_fill.starts_with("deferred") && policy.needs_scores() {
+        if (self.miss_fill.starts_with("deferred") || self.miss_fill == "hits-first") && policy.needs_scores() {
             return Err(invalid(
                 "miss_fill",
                 &self.miss_fill,
@@ -360,6 +364,14 @@ mod tests {
             (
                 HiSparseConfig {
                     miss_fill: "deferred-gather".into(),
+                    eviction_policy: "score".into(),
+                    ..Default::default()
+                },
+                "miss_fill",
+            ),
+            (
+                HiSparseConfig {
+                    miss_fill: "hits-first".into(),
                     eviction_policy: "score".into(),
                     ..Default::default()
                 },

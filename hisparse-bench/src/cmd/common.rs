@@ -109,10 +109,12 @@ pub struct EngineArgs {
     /// before the attention), attention (read from the host tier by the attention as it goes),
     /// deferred (read by the attention, the swap-in run after it on a stream of its own; not
     /// with the score policy), deferred-gather (as deferred, the misses gathered into device
-    /// staging rows first for the attention), or auto (deferred in batches of at most
+    /// staging rows first for the attention), hits-first (as deferred, the attention over the
+    /// hits running while the misses are gathered, then over the misses and an LSE merge: equal
+    /// within f32 rounding, not bit for bit), or auto (deferred in batches of at most
     /// --miss-fill-max-batch requests, the swap-in above). CUDA; the CPU backend copies either
-    /// way. Outputs are bit-identical in every form (checked on the H200).
-    #[arg(long, value_parser = ["auto", "swap-in", "attention", "deferred", "deferred-gather"])]
+    /// way. Outputs are bit-identical in every form but hits-first (checked on the H200).
+    #[arg(long, value_parser = ["auto", "swap-in", "attention", "deferred", "deferred-gather", "hits-first"])]
     pub miss_fill: Option<String>,
     /// With --miss-fill auto: the largest batch whose misses the attention fills (default 8).
     #[arg(long)]

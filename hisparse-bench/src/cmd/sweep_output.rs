@@ -196,6 +196,9 @@ pub fn hierarchy(hs: &hisparse_policy::HiSparseConfig, backend: &str) -> String 
     let reads_scores = hisparse_policy::policy::make(&hs.eviction_policy, &hs.policy()).is_ok_and(|p| p.needs_scores());
     let fill = match (backend == "cuda", hs.fill_max_batch()) {
         (false, _) | (true, 0) => "swap-in".to_owned(),
+        (true, _) if hs.miss_fill == "hits-first" => "deferred swap-in, the attention over the hits while the misses \
+             are gathered into device staging rows, then over the misses and an LSE merge"
+            .to_owned(),
         (true, _) if hs.miss_fill == "deferred-gather" => {
             "deferred swap-in (its first kernel gathers them into device staging rows for the attention)".to_owned()
         }

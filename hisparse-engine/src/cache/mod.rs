@@ -221,6 +221,7 @@ where
                     fill_max_batch: cfg.hisparse.fill_max_batch(),
                     fill_deferred: cfg.hisparse.fill_deferred(),
                     fill_gather: cfg.hisparse.miss_fill == "deferred-gather",
+                    fill_hits_first: cfg.hisparse.miss_fill == "hits-first",
                 };
                 let swap = backend.device_swap_in(&dcfg, &mut host)?;
                 let backup =

@@ -18,16 +18,23 @@ use crate::error::{KernelError, Result, check_len};
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
-struct AttnParams {
-    heads: u32,
-    row_bytes: u32,
-    fp8: u32,
-    splits: u32,
-    pool_rows: u64,
-    scale_log2: f32,
-    write_back: u32,
-    host_base: u64,
-    host_rows: u64,
+pub(super) struct AttnParams {
+    pub(super) heads: u32,
+    pub(super) row_bytes: u32,
+    pub(super) fp8: u32,
+    pub(super) splits: u32,
+    pub(super) pool_rows: u64,
+    pub(super) scale_log2: f32,
+    pub(super) write_back: u32,
+    pub(super) host_base: u64,
+    pub(super) host_rows: u64,
+    /// Warpgroup-MMA kernels: leave out (mask) rows whose fill word is set (`hits-first`).
+    pub(super) skip_filled: u32,
+    /// With `part_stride`: the first partial of this launch per (request, head).
+    pub(super) part_base: u32,
+    /// 0: partials as `splits` says; else always partials, this many per (request, head).
+    pub(super) part_stride: u32,
+    pub(super) pad: u32,
 }
 
 // SAFETY: #[repr(C)] struct of plain numbers, laid out as the kernel's struct of the same name.
@@ -49,10 +56,10 @@ pub(super) enum AttnRows<'a> {
 
 /// Reused buffers of the attention's launches: the spans, the split partials.
 pub(super) struct AttnScratch {
-    sels: CudaSlice<GpuSpan>,
+    pub(super) sels: CudaSlice<GpuSpan>,
     sels_c: Vec<GpuSpan>,
-    part_out: CudaSlice<f32>,
-    part_lse: CudaSlice<f32>,
+    pub(super) part_out: CudaSlice<f32>,
+    pub(super) part_lse: CudaSlice<f32>,
 }
 
 impl AttnScratch {
@@ -104,10 +111,11 @@ fn split_count(wgmma: bool, sms: usize, fixed: usize, blocks: usize, max_len: us
 }
 
 /// Dynamic shared memory of the warpgroup-MMA attention (`WG_SMEM` in its source): queries, two
-/// tiles of 64 bf16 rows, P and the per-head statistics.
-const WGMMA_SMEM: usize = 3 * 9 * 8192 + 8192 + 3 * 64 * 4;
-/// The fp8 form's (`WG_SMEM_FP8`): queries, one tile, the raw fp8 tile, P and the statistics.
-const WGMMA_SMEM_FP8: usize = 2 * 9 * 8192 + 64 * 656 + 8192 + 3 * 64 * 4;
+/// tiles of 64 bf16 rows, P, the per-head statistics and two tiles' flags of rows left out.
+const WGMMA_SMEM: usize = 3 * 9 * 8192 + 8192 + 3 * 64 * 4 + 128;
+/// The fp8 form's (`WG_SMEM_FP8`): queries, one tile, the raw fp8 tile, P, the statistics and
+/// the flags.
+const WGMMA_SMEM_FP8: usize = 2 * 9 * 8192 + 64 * 656 + 8192 + 3 * 64 * 4 + 128;
 
 impl AttentionKernels {
     /// The kernels of `dev` (its module is loaded once), shared memory opted in.
@@ -143,6 +151,15 @@ impl AttentionKernels {
         split_count(self.wgmma, self.sms, self.splits, blocks, max_len)
     }
 
+    /// The kernel for rows of `format` and its dynamic shared memory.
+    pub(super) fn kernel(&self, format: KvRowFormat) -> (&CudaFunction, usize) {
+        match (self.wgmma, format) {
+            (true, KvRowFormat::Bf16) => (&self.attention_wgmma, WGMMA_SMEM),
+            (true, KvRowFormat::Fp8) => (&self.attention_wgmma_fp8, WGMMA_SMEM_FP8),
+            (false, _) => (&self.attention, ATTN_SMEM),
+        }
+    }
+
     /// Sparse attention of `q`'s requests over `rows` into `out` and `lse`; a bad location or
     /// fill raises `fault` (the row reads as zeros). Every size is checked before any launch.
     #[allow(clippy::too_many_arguments)]
@@ -156,48 +173,14 @@ impl AttentionKernels {
         lse: &mut CudaSlice<f32>,
         fault: &mut CudaSlice<u32>,
     ) -> Result<()> {
-        let (heads, layout) = (q.heads, q.layout);
-        let n = q.selections.len();
-        if heads == 0 {
-            return Err(KernelError::invalid("heads", heads, "must be at least 1"));
-        }
-        if layout.d_latent() != 512 || layout.d_rope() != 64 {
-            return Err(KernelError::invalid(
-                "layout",
-                format!("{}+{}", layout.d_latent(), layout.d_rope()),
-                "the CUDA attention is built for 512 latent + 64 rope dims",
-            ));
-        }
-        if !q.softmax_scale.is_finite() {
-            return Err(KernelError::invalid("softmax_scale", q.softmax_scale, "must be finite"));
-        }
-        check_len("queries", n * heads * 576, q.queries.len())?;
-        check_len("out", n * heads * 512, out.len())?;
-        check_len("lse", n * heads, lse.len())?;
-        let rb = layout.row_bytes();
+        let rb = q.layout.row_bytes();
         let pool_len = match &rows {
             AttnRows::Pool(r) => r.len(),
             AttnRows::Fill { hot, .. } => hot.len(),
             AttnRows::Read { hot, .. } | AttnRows::Staged { hot, .. } => hot.len(),
         };
-        if !pool_len.is_multiple_of(rb) {
-            return Err(KernelError::invalid("rows", pool_len, format!("not a multiple of the row size {rb}")));
-        }
-        let mut max_len = 0;
-        let mut sel_end = 0;
-        for s in q.selections {
-            if s.end() > q.locations.len() {
-                return Err(hisparse_memory::MemoryError::OutOfBounds {
-                    field: "locations",
-                    start: s.offset,
-                    end: s.end(),
-                    len: q.locations.len(),
-                }
-                .into());
-            }
-            max_len = max_len.max(s.len);
-            sel_end = sel_end.max(s.end());
-        }
+        let (max_len, sel_end) = check_query(q, out, lse, pool_len)?;
+        let (heads, layout, n) = (q.heads, q.layout, q.selections.len());
         let (host_base, host_rows) = match &rows {
             AttnRows::Pool(_) => (0, 0),
             AttnRows::Fill { fills, host, .. } | AttnRows::Read { fills, host, .. } => {
@@ -226,25 +209,15 @@ impl AttentionKernels {
         let groups = heads.div_ceil(HEAD_BLOCK);
         let splits = self.choose_splits(n * groups, max_len);
         let params = AttnParams {
-            heads: heads as u32,
-            row_bytes: rb as u32,
-            fp8: u32::from(layout.format() == KvRowFormat::Fp8),
             splits: splits as u32,
-            pool_rows: (pool_len / rb) as u64,
-            scale_log2: q.softmax_scale * std::f32::consts::LOG2_E,
             write_back: u32::from(matches!(rows, AttnRows::Fill { .. })),
             host_base,
             host_rows,
+            ..base_params(q, pool_len)
         };
-        let host: Vec<GpuSpan> =
-            q.selections.iter().map(|s| GpuSpan { offset: s.offset as u64, len: s.len as u64 }).collect();
-        upload_cached(dev, &mut sc.sels, &mut sc.sels_c, &host)?;
+        sc.upload_spans(dev, q)?;
         let s = dev.stream();
-        let (kernel, smem) = match (self.wgmma, layout.format()) {
-            (true, KvRowFormat::Bf16) => (&self.attention_wgmma, WGMMA_SMEM),
-            (true, KvRowFormat::Fp8) => (&self.attention_wgmma_fp8, WGMMA_SMEM_FP8),
-            (false, _) => (&self.attention, ATTN_SMEM),
-        };
+        let (kernel, smem) = self.kernel(layout.format());
         let cfg = LaunchConfig {
             grid_dim: (splits as u32, groups as u32, n as u32),
             block_dim: (256, 1, 1),
@@ -279,17 +252,105 @@ impl AttentionKernels {
         // writes the pool only at checked locations and only given `Fill` (write_back); partials hold n * heads * splits entries.
         unsafe { b.launch(cfg) }.map_err(driver_error("attention launch"))?;
         if splits > 1 {
-            let cfg =
-                LaunchConfig { grid_dim: ((n * heads) as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
-            let sp = splits as u32;
-            let mut b = PrintedLaunch::new(&dev.print, s, &self.merge);
-            b.arg(&sc.part_out).arg(&sc.part_lse).arg(&sp).arg_mut(out).arg_mut(lse);
-            // SAFETY: the partials were written for n * heads rows of `splits` each; out and lse
-            // hold n * heads rows (checked).
-            unsafe { b.launch(cfg) }.map_err(driver_error("merge launch"))?;
+            self.launch_merge(dev, sc, n * heads, splits, out, lse)?;
         }
         Ok(())
     }
+
+    /// Merges `splits` partials of each of `rows` (request, head) rows in `sc` into `out`/`lse`.
+    pub(super) fn launch_merge(
+        &self,
+        dev: &CudaDevice,
+        sc: &AttnScratch,
+        rows: usize,
+        splits: usize,
+        out: &mut CudaSlice<f32>,
+        lse: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        check_len("out", rows * 512, out.len())?;
+        check_len("lse", rows, lse.len())?;
+        if sc.part_out.len() < rows * splits * 512 || sc.part_lse.len() < rows * splits {
+            return Err(KernelError::invalid("splits", splits, "more partials than the scratch holds"));
+        }
+        let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+        let sp = splits as u32;
+        let mut b = PrintedLaunch::new(&dev.print, dev.stream(), &self.merge);
+        b.arg(&sc.part_out).arg(&sc.part_lse).arg(&sp).arg_mut(out).arg_mut(lse);
+        // SAFETY: the partials hold `rows * splits` entries and out and lse `rows` (checked).
+        unsafe { b.launch(cfg) }.map_err(driver_error("merge launch"))?;
+        Ok(())
+    }
+}
+
+impl AttnScratch {
+    /// Uploads `q`'s selection spans into `sels` (skipped when they are what it holds).
+    pub(super) fn upload_spans(&mut self, dev: &CudaDevice, q: &AttentionQuery<'_, CudaMemory>) -> Result<()> {
+        let host: Vec<GpuSpan> =
+            q.selections.iter().map(|s| GpuSpan { offset: s.offset as u64, len: s.len as u64 }).collect();
+        upload_cached(dev, &mut self.sels, &mut self.sels_c, &host)
+    }
+}
+
+/// The parameters every launch over `q` shares (one split, no fills, partials as `splits` says).
+pub(super) fn base_params(q: &AttentionQuery<'_, CudaMemory>, pool_len: usize) -> AttnParams {
+    let rb = q.layout.row_bytes();
+    AttnParams {
+        heads: q.heads as u32,
+        row_bytes: rb as u32,
+        fp8: u32::from(q.layout.format() == KvRowFormat::Fp8),
+        splits: 1,
+        pool_rows: (pool_len / rb) as u64,
+        scale_log2: q.softmax_scale * std::f32::consts::LOG2_E,
+        ..AttnParams::default()
+    }
+}
+
+/// Checks `q` and the outputs against each other and a pool of `pool_len` bytes; returns the
+/// longest selection and the end of the furthest one.
+pub(super) fn check_query(
+    q: &AttentionQuery<'_, CudaMemory>,
+    out: &CudaSlice<f32>,
+    lse: &CudaSlice<f32>,
+    pool_len: usize,
+) -> Result<(usize, usize)> {
+    let (heads, layout) = (q.heads, q.layout);
+    let n = q.selections.len();
+    if heads == 0 {
+        return Err(KernelError::invalid("heads", heads, "must be at least 1"));
+    }
+    if layout.d_latent() != 512 || layout.d_rope() != 64 {
+        return Err(KernelError::invalid(
+            "layout",
+            format!("{}+{}", layout.d_latent(), layout.d_rope()),
+            "the CUDA attention is built for 512 latent + 64 rope dims",
+        ));
+    }
+    if !q.softmax_scale.is_finite() {
+        return Err(KernelError::invalid("softmax_scale", q.softmax_scale, "must be finite"));
+    }
+    check_len("queries", n * heads * 576, q.queries.len())?;
+    check_len("out", n * heads * 512, out.len())?;
+    check_len("lse", n * heads, lse.len())?;
+    let rb = layout.row_bytes();
+    if !pool_len.is_multiple_of(rb) {
+        return Err(KernelError::invalid("rows", pool_len, format!("not a multiple of the row size {rb}")));
+    }
+    let mut max_len = 0;
+    let mut sel_end = 0;
+    for s in q.selections {
+        if s.end() > q.locations.len() {
+            return Err(hisparse_memory::MemoryError::OutOfBounds {
+                field: "locations",
+                start: s.offset,
+                end: s.end(),
+                len: q.locations.len(),
+            }
+            .into());
+        }
+        max_len = max_len.max(s.len);
+        sel_end = sel_end.max(s.end());
+    }
+    Ok((max_len, sel_end))
 }
 
 #[cfg(test)]

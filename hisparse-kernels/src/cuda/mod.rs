@@ -5,6 +5,7 @@
 //! With cudarc's dynamic loading this module always compiles; on a machine without a driver or
 //! NVRTC every entry point returns [`KernelError::CudaUnavailable`].
 
+mod attention_hits_first;
 mod attention_launch;
 mod backend;
 mod backup;
@@ -19,6 +20,7 @@ mod printed_launch;
 mod sources;
 mod step_launch;
 mod swap_deferred;
+mod swap_hits_first;
 mod swap_in;
 mod swap_in_backend;
 mod swap_launch;

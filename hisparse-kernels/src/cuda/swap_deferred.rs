@@ -16,6 +16,9 @@
 //! attention reads it there, from device memory, and the deferred swap-in copies it from there
 //! into its slot: a miss crosses PCIe once.
 //!
+//! With `miss_fill = "hits-first"` the locate only locates (as under `deferred`), and the gather
+//! runs first on the deferred stream (`swap_hits_first.rs`), beside the attention over the hits.
+//!
 //! Invariant: every deferred swap-in of a step is waited for by the main stream before the
 //! step's end ([`DeferredSwapIn::settle`]), so the next step's locate of a layer reads the
 //! state that layer's swap-in left; each layer's selection copy is its own, rewritten only by
@@ -27,9 +30,11 @@ use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaEvent, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, LaunchConfig};
 use hisparse_memory::cuda::MappedHostTier;
 
+use super::attention_hits_first::LandedMisses;
 use super::device::CudaDevice;
 use super::driver_error;
 use super::printed_launch::{LaunchPrint, PrintedLaunch};
+use super::swap_hits_first::MissList;
 use super::swap_in::{GpuSwapIn, SwapBatch, SwapOutputs};
 use super::swap_staging::{StagedRows, StagingRing};
 use crate::error::{KernelError, Result};
@@ -128,16 +133,29 @@ pub(super) struct DeferredSwapIn {
     /// Test hook: the delay kernel and its nanoseconds, before every deferred swap-in.
     delay: Option<(CudaFunction, u64)>,
     print: Arc<LaunchPrint>,
-    /// `miss_fill = "deferred-gather"`: the rows the locates gather the misses into.
+    /// `miss_fill = "deferred-gather"` and `"hits-first"`: the rows the misses are gathered into.
     gather: Option<StagingRing>,
+    /// `miss_fill = "hits-first"`: the misses are gathered on the deferred stream, and listed.
+    hits_first: Option<MissList>,
 }
 
 impl DeferredSwapIn {
     /// A deferred swap-in for `layers` layers, with a stream of its own; `delay_ns` (a test
     /// hook) slows every deferred swap-in; given `gather_row_bytes`, the locate gathers the
-    /// misses into a staging buffer of such rows for the attention.
-    pub(super) fn new(dev: &CudaDevice, layers: usize, delay_ns: u64, gather_row_bytes: Option<usize>) -> Result<Self> {
+    /// misses into a staging buffer of such rows for the attention — or, with `hits_first`, a
+    /// gather on the deferred stream.
+    pub(super) fn new(
+        dev: &CudaDevice,
+        layers: usize,
+        delay_ns: u64,
+        gather_row_bytes: Option<usize>,
+        hits_first: bool,
+    ) -> Result<Self> {
         let main = Arc::clone(dev.stream());
+        if hits_first && gather_row_bytes.is_none() {
+            return Err(KernelError::invalid("miss_fill", "hits-first", "needs staging rows (a row size)"));
+        }
+        let hits_first = if hits_first { Some(MissList::new(&main)?) } else { None };
         let gather = match gather_row_bytes {
             Some(rb) => Some(StagingRing::new(&main, rb)?),
             None => None,
@@ -148,6 +166,7 @@ impl DeferredSwapIn {
         };
         Ok(Self {
             gather,
+            hits_first,
             delay,
             print: Arc::clone(&dev.print),
             stream: dev.context().new_stream().map_err(driver_error("deferred swap-in stream"))?,
@@ -171,6 +190,9 @@ impl DeferredSwapIn {
         }
         if let Some(ring) = self.gather.as_mut() {
             ring.reserve(&self.main, sel_end)?;
+        }
+        if let Some(m) = self.hits_first.as_mut() {
+            m.reserve(&self.main, requests, sel_end)?;
         }
         if self.out.miss_tokens.len() < sel_end || self.out.counts.len() < crate::SWAP_COUNTS * requests {
             self.out = SwapOutputs::new(&self.main, requests.next_power_of_two(), sel_end.next_power_of_two())?;
@@ -201,10 +223,14 @@ impl DeferredSwapIn {
             Some(ring) => Some(ring.slot_mut(&self.main, layer)?),
             None => None,
         };
-        gpu.locate(&self.main, layer, batch, selections, pages, host, locations, fills, &mut copy, slot.as_mut())?;
+        let located_only = if self.hits_first.is_some() { None } else { slot.as_mut() };
+        gpu.locate(&self.main, layer, batch, selections, pages, host, locations, fills, &mut copy, located_only)?;
         self.stream.join(&self.main).map_err(driver_error("the deferred stream waits for the locate"))?;
         if let Some((f, ns)) = &self.delay {
             super::backup::launch_delay(&self.print, &self.stream, f, ns)?;
+        }
+        if let (Some(m), Some(slot)) = (self.hits_first.as_mut(), slot.as_mut()) {
+            m.gather(gpu, &self.stream, layer, batch, (pages, host), fills, slot)?;
         }
         let copy = self.sel_copy.slice(at..at + cap);
         let stream = Arc::clone(&self.stream);
@@ -238,6 +264,13 @@ impl DeferredSwapIn {
     /// The rows `layer`'s locate gathered (`deferred-gather`), at their selection index.
     pub(super) fn staging_of(&self, layer: usize) -> Option<CudaView<'_, u8>> {
         self.gather.as_ref().map(|ring| ring.slot(layer))
+    }
+
+    /// Under `hits-first`, what the last launch's gather (of `layer`) leaves for the attention
+    /// over the misses; `None` otherwise, or before that launch.
+    pub(super) fn landed_misses(&self, layer: usize) -> Option<LandedMisses<'_>> {
+        let (m, ring) = (self.hits_first.as_ref()?, self.gather.as_ref()?);
+        Some(LandedMisses { staging: ring.slot(layer), list: &m.list, spans: &m.spans, landed: m.landed.as_ref()? })
     }
 
     /// Orders every deferred swap-in queued so far before the main stream's later work.

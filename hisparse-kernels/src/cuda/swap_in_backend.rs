@@ -72,9 +72,17 @@ impl CudaSwapIn {
             cfg.geometry.top_k,
             cfg.max_tokens,
         )?;
-        let gather = cfg.fill_gather.then_some(mapped.layout().row_bytes);
-        let deferred = if cfg.fill_deferred {
-            Some(DeferredSwapIn::new(dev, cfg.geometry.layers, delay_ns, gather)?)
+        if cfg.fill_hits_first && !attention.wgmma {
+            return Err(KernelError::invalid(
+                "miss_fill",
+                "hits-first",
+                "needs the warpgroup-MMA attention (not --attention-kernel mma-sync)",
+            ));
+        }
+        let gather = (cfg.fill_gather || cfg.fill_hits_first).then_some(mapped.layout().row_bytes);
+        let deferred = if cfg.fill_deferred || cfg.fill_hits_first {
+            let hits_first = cfg.fill_hits_first;
+            Some(DeferredSwapIn::new(dev, cfg.geometry.layers, delay_ns, gather, hits_first)?)
         } else {
             None
         };
@@ -260,6 +268,12 @@ impl DeviceSwapIn<CudaMemory> for CudaSwapIn {
             .ok_or_else(|| KernelError::invalid("hot", layer, "no hot-buffer pool for that layer"))?;
         let n = self.batch.as_ref().map_or(0, |b| b.requests().len());
         let (fills, host) = (&self.out.fills, &self.host);
+        let deferred = self.deferred.as_ref().filter(|_| self.defers(n));
+        if let Some(misses) = deferred.and_then(|d| d.landed_misses(layer)) {
+            let (sc, fault) = (&mut self.attn_scratch, &mut self.gpu.fault);
+            let rows = (&*hot, &self.out.fills, &self.host);
+            return self.attention.launch_hits_first(&self.dev, sc, query, rows, &misses, out, lse, fault);
+        }
         let staging = self.deferred.as_ref().and_then(|d| d.staging_of(layer));
         let rows = match (self.defers(n), staging.as_ref()) {
             (true, Some(staging)) => AttnRows::Staged { hot, fills, staging },

@@ -1,6 +1,6 @@
 //! The swap-in's kernel module: its source with an eviction policy's hooks spliced in
-//! (`kernels/swap_in.cu`, `swap_common.cu`, `swap_fused.cu`, `swap_locate.cu`, `prefetch.cu`),
-//! and its loaded
+//! (`kernels/swap_in.cu`, `swap_common.cu`, `swap_fused.cu`, `swap_locate.cu`: also the hits-first
+//! gather, `prefetch.cu`), and its loaded
 //! functions with their shared memory opted in.
 
 use cudarc::driver::CudaFunction;
@@ -36,6 +36,7 @@ pub fn swap_in_source(policy: &dyn EvictionPolicy) -> Option<KernelSource> {
             "swap_in_fused",
             "locate_in_hot",
             "copy_staged_misses",
+            "gather_misses",
         ],
     })
 }
@@ -57,6 +58,7 @@ pub(super) struct SwapFunctions {
     pub fused: CudaFunction,
     pub locate: CudaFunction,
     pub copy_staged: CudaFunction,
+    pub gather: CudaFunction,
 }
 
 impl SwapFunctions {
@@ -72,6 +74,7 @@ impl SwapFunctions {
             fused: get("swap_in_fused")?,
             locate: get("locate_in_hot")?,
             copy_staged: get("copy_staged_misses")?,
+            gather: get("gather_misses")?,
         };
         let opt_in = |func: &CudaFunction, bytes: usize| {
             func.set_attribute(CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes as i32)
