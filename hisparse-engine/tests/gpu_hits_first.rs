@@ -1,7 +1,9 @@
 //! `miss_fill = "hits-first"` on the H200: each layer's attention over its hits runs while its
 //! misses are gathered on the deferred stream, then the attention over the misses and the LSE
-//! merge. Its summation is partitioned by hit and miss, so it is checked against resident within
-//! f32 rounding (same selections, outputs and LSEs close), for every GPU policy that
+//! merge. Its summation is partitioned by hit and miss (and the kernel rounds each tile's
+//! probabilities to bf16 against the running maximum of its own partition), so it is checked
+//! against resident within the attention's bf16 tolerance (same selections, outputs within 4e-3
+//! of the largest, as against the CPU twin; LSEs within 1e-5), for every GPU policy that
 //! reads no scores; and bit for bit against itself: run again, with the transfer stream slowed
 //! by an injected delay, and replayed from launch graphs with each prefetcher — whose hits,
 //! misses and prefetches equal the copying swap-in's at every step. A policy that reads scores
@@ -87,7 +89,7 @@ fn on_cuda_hits_first_equals_resident_within_rounding() {
         assert!(misses > 0, "{}: the run must miss", policy.name());
         let worst = max_out_diff(&resident, &hs, policy.name());
         println!("hits-first, {}: largest output difference {worst:.3e} of the largest output", policy.name());
-        assert!(worst <= 1e-5, "{}: outputs differ by {worst:e} of the largest", policy.name());
+        assert!(worst <= 4e-3, "{}: outputs differ by {worst:e} of the largest", policy.name());
     }
     assert!(refused > 0 && refused < policies.len(), "{refused} of {} policies refused", policies.len());
     // The mma.sync attention has no skip mode: refused by name.

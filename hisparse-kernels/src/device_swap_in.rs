@@ -53,8 +53,8 @@ pub struct DeviceSwapInConfig {
     pub fill_gather: bool,
     /// With `fill_deferred`: the attention over each layer's hits runs while its misses are
     /// gathered into staging rows on a stream of their own, then the attention over the misses
-    /// and the LSE merge (`miss_fill = "hits-first"`; equal to the other forms within f32
-    /// rounding, not bit for bit).
+    /// and the LSE merge (`miss_fill = "hits-first"`; equal to the other forms within the
+    /// attention's bf16 tolerance, not bit for bit).
     pub fill_hits_first: bool,
 }
 

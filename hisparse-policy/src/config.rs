@@ -57,7 +57,7 @@ pub struct HiSparseConfig {
     /// and the attention reads them there, so that each miss crosses PCIe once), `hits-first` (as
     /// `deferred`, but the misses are gathered into staging rows on that stream while the attention
     /// runs over the hits alone; then the attention over the misses and the LSE merge: equal to
-    /// the other forms within f32 rounding, not bit for bit; warpgroup-MMA attention only), or `auto` (deferred for
+    /// the other forms within the attention's bf16 tolerance, not bit for bit; warpgroup-MMA attention only), or `auto` (deferred for
     /// batches of at most `miss_fill_max_batch` requests, where the swap-in's latency dominates
     /// — with a policy that reads scores the attention fills them there — and the swap-in
     /// above). CUDA only: the CPU backend copies either way. Results are bit-identical in every

@@ -111,7 +111,7 @@ pub struct EngineArgs {
     /// with the score policy), deferred-gather (as deferred, the misses gathered into device
     /// staging rows first for the attention), hits-first (as deferred, the attention over the
     /// hits running while the misses are gathered, then over the misses and an LSE merge: equal
-    /// within f32 rounding, not bit for bit), or auto (deferred in batches of at most
+    /// within the attention's bf16 tolerance, not bit for bit), or auto (deferred in batches of at most
     /// --miss-fill-max-batch requests, the swap-in above). CUDA; the CPU backend copies either
     /// way. Outputs are bit-identical in every form but hits-first (checked on the H200).
     #[arg(long, value_parser = ["auto", "swap-in", "attention", "deferred", "deferred-gather", "hits-first"])]
