@@ -278,12 +278,7 @@ fn on_cuda_misses_filled_by_the_attention_are_lossless() {
 /// step, the same outputs.
 fn matches_the_copying_swap_in(what: &str, make: impl Fn(EngineConfig) -> EngineConfig) {
     let strip = |c: &[common::StepCounts]| c.iter().map(|c| (c.hits, c.misses, c.prefetched)).collect::<Vec<_>>();
-    for (prefetcher, share) in [("none", false), ("adjacent-layer", false), ("shared-index", true)] {
-        let mut c = config(Mode::HiSparse, "clock");
-        c.hisparse.prefetcher = prefetcher.into();
-        if share {
-            c.geometry = c.geometry.with_indexers(hisparse_memory::IndexerLayout::Every { first_full: 1, freq: 2 });
-        }
+    for (prefetcher, c) in common::prefetcher_configs() {
         let mut copy = c.clone();
         copy.hisparse.miss_fill = "swap-in".into();
         let (copied, cc) = run_counted(gpu(), copy, &[], None);

@@ -72,7 +72,7 @@ fn max_out_diff(resident: &[LayerDump], hs: &[LayerDump], what: &str) -> f32 {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn on_cuda_hits_first_equals_resident_within_rounding() {
+fn on_cuda_hits_first_equals_resident_within_bf16_tolerance() {
     let (resident, _) = dumps(eager(Mode::Resident, "lru"));
     let policies: Vec<_> =
         hisparse_policy::policy::builtin(0).into_iter().filter(|p| p.cuda().is_some() && !p.needs_future()).collect();
@@ -109,12 +109,7 @@ fn on_cuda_hits_first_is_reproducible_slowed_and_replayed() {
     // Launch graphs (fork and join through events) against eager launches, with each prefetcher
     // (IndexShare layers for shared-index); the counts against the copying swap-in's.
     let strip = |c: &[common::StepCounts]| c.iter().map(|c| (c.hits, c.misses, c.prefetched)).collect::<Vec<_>>();
-    for (prefetcher, share) in [("none", false), ("adjacent-layer", false), ("shared-index", true)] {
-        let mut c = config(Mode::HiSparse, "clock");
-        c.hisparse.prefetcher = prefetcher.into();
-        if share {
-            c.geometry = c.geometry.with_indexers(hisparse_memory::IndexerLayout::Every { first_full: 1, freq: 2 });
-        }
+    for (prefetcher, c) in common::prefetcher_configs() {
         let mut copy = c.clone();
         copy.hisparse.miss_fill = "swap-in".into();
         let (_, cc) = run_counted(gpu(), copy, &[], None);

@@ -36,6 +36,22 @@ pub fn config(mode: Mode, policy: &str) -> EngineConfig {
     c
 }
 
+/// The prefetchers the GPU tests run a fill form under, each with its HiSparse config (`clock`,
+/// launch graphs; IndexShare layers for `shared-index`).
+pub fn prefetcher_configs() -> Vec<(&'static str, EngineConfig)> {
+    [("none", false), ("adjacent-layer", false), ("shared-index", true)]
+        .into_iter()
+        .map(|(prefetcher, share)| {
+            let mut c = config(Mode::HiSparse, "clock");
+            c.hisparse.prefetcher = prefetcher.into();
+            if share {
+                c.geometry = c.geometry.with_indexers(hisparse_memory::IndexerLayout::Every { first_full: 1, freq: 2 });
+            }
+            (prefetcher, c)
+        })
+        .collect()
+}
+
 /// Runs the requests (arriving two at a time) on `backend` and returns every digest.
 pub fn run_on<B: Backend>(backend: B, cfg: EngineConfig, swap_policies: &[&str], delay: Option<Duration>) -> Digests
 where
