@@ -28,14 +28,18 @@ fn gpu_indexer_matches_the_cpu_indexer() {
     ];
     let (cpu, gpu) = (CpuBackend::new(), gpu());
     for (heads, lens, q_std) in cases {
-        // The fp8 form twice: the kernel for any head count, and the ones compiled for 32 and 64
-        // heads (the others fall back to the first).
-        for (queries_as, fixed) in [
-            (IndexerQueries::Exact, FixedHeadIndexer::Never),
-            (IndexerQueries::Fp8, FixedHeadIndexer::Never),
-            (IndexerQueries::Fp8, FixedHeadIndexer::Always),
+        // The mma.sync kernels (the fp8 form twice: the kernel for any head count, and the ones
+        // compiled for 32 and 64 heads; the others fall back to the first), then the
+        // warpgroup-MMA ones for 32 and 64 heads (the others fall back to mma.sync).
+        for (queries_as, fixed, wgmma) in [
+            (IndexerQueries::Exact, FixedHeadIndexer::Never, false),
+            (IndexerQueries::Fp8, FixedHeadIndexer::Never, false),
+            (IndexerQueries::Fp8, FixedHeadIndexer::Always, false),
+            (IndexerQueries::Exact, FixedHeadIndexer::Never, true),
+            (IndexerQueries::Fp8, FixedHeadIndexer::Never, true),
         ] {
             gpu.set_indexer_fixed_heads(fixed);
+            gpu.set_wgmma_indexer(wgmma);
             let case = IndexerCase::new(heads, &lens, q_std, queries_as);
             let (want, got) = (case.scores(&cpu), case.scores(&gpu));
             let max = want.iter().filter(|x| x.is_finite()).fold(0f32, |m, x| m.max(x.abs()));
@@ -49,9 +53,13 @@ fn gpu_indexer_matches_the_cpu_indexer() {
                     worst = worst.max((g - c).abs() / max);
                 }
             }
+            let form = match (wgmma && (heads == 32 || heads == 64), fixed) {
+                (true, _) => " (warpgroup MMA)",
+                (false, FixedHeadIndexer::Always) => " (fixed-head kernel)",
+                (false, _) => "",
+            };
             println!(
-                "{queries_as:?} queries{}, {heads} heads: largest difference {worst:.2e} of the largest score",
-                if fixed == FixedHeadIndexer::Always { " (fixed-head kernel)" } else { "" }
+                "{queries_as:?} queries{form}, {heads} heads: largest difference {worst:.2e} of the largest score"
             );
         }
     }
@@ -74,28 +82,31 @@ fn gpu_fp8_indexer_selects_what_the_cpu_twin_selects() {
     let mut cpu_sel = vec![0i32; spans.len() * k];
     cpu.top_k(&want, &spans, k, &mut cpu_sel).unwrap();
     let mem = gpu.memory().clone();
-    for fixed in [FixedHeadIndexer::Never, FixedHeadIndexer::Always] {
+    for (fixed, wgmma) in
+        [(FixedHeadIndexer::Never, false), (FixedHeadIndexer::Always, false), (FixedHeadIndexer::Never, true)]
+    {
         gpu.set_indexer_fixed_heads(fixed);
+        gpu.set_wgmma_indexer(wgmma);
         let scores_d = case.scores_on_device(&gpu);
         let mut sel_d = mem.upload(&vec![-1i32; spans.len() * k]).unwrap();
         gpu.top_k(&scores_d, &spans, k, &mut sel_d).unwrap();
         gpu.finish_step().unwrap();
         let gpu_sel = mem.download(&sel_d).unwrap();
-        selections_agree(&want, &tol, &spans, &cpu_sel, &gpu_sel, k, fixed);
+        selections_agree(
+            &want,
+            &tol,
+            &spans,
+            &cpu_sel,
+            &gpu_sel,
+            k,
+            &if wgmma { "warpgroup MMA".to_owned() } else { format!("fixed heads {fixed:?}") },
+        );
     }
 }
 
 /// `gpu_sel` equals `cpu_sel` but for positions within twice their tolerance of the k-th score.
 #[allow(clippy::print_stdout)] // the count of differences is printed for the record
-fn selections_agree(
-    want: &[f32],
-    tol: &[f32],
-    spans: &[Span],
-    cpu_sel: &[i32],
-    gpu_sel: &[i32],
-    k: usize,
-    fixed: FixedHeadIndexer,
-) {
+fn selections_agree(want: &[f32], tol: &[f32], spans: &[Span], cpu_sel: &[i32], gpu_sel: &[i32], k: usize, form: &str) {
     let mut differ = 0;
     for (i, sp) in spans.iter().enumerate() {
         let c: std::collections::BTreeSet<i32> = cpu_sel[i * k..(i + 1) * k].iter().copied().collect();
@@ -112,10 +123,7 @@ fn selections_agree(
         }
         differ += g.difference(&c).count();
     }
-    println!(
-        "fp8 queries (fixed heads {fixed:?}): {differ} of {} selected positions differ from the CPU's",
-        spans.len() * k
-    );
+    println!("fp8 queries ({form}): {differ} of {} selected positions differ from the CPU's", spans.len() * k);
     assert!(differ * 100 <= spans.len() * k, "{differ} positions differ: more than 1%");
 }
 

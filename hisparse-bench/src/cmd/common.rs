@@ -43,6 +43,15 @@ pub enum AttentionKernel {
     MmaSync,
 }
 
+/// Which kernels run the CUDA indexer at 32 and 64 heads (other head counts take mma.sync).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum IndexerKernel {
+    /// Hopper's warpgroup MMA (the default: 1.5x mma.sync at 64 heads, 128k, batch 64 on the H200).
+    Wgmma,
+    /// mma.sync (the kernels before).
+    MmaSync,
+}
+
 /// Options that build an engine.
 #[derive(Debug, Clone, clap::Args)]
 pub struct EngineArgs {
@@ -65,6 +74,10 @@ pub struct EngineArgs {
     /// the CPU within the same tolerance (each run uses one, so both modes stay bit-identical).
     #[arg(long, value_enum, default_value_t = AttentionKernel::Wgmma)]
     pub attention_kernel: AttentionKernel,
+    /// CUDA: the indexer's kernel at 32 and 64 heads, warpgroup MMA (the default) or mma.sync;
+    /// scores agree within fp32 rounding (each run uses one).
+    #[arg(long, value_enum, default_value_t = IndexerKernel::Wgmma)]
+    pub indexer_kernel: IndexerKernel,
     /// Emulate the model's non-attention layers (projections, dense FFN, MoE experts) with
     /// cuBLAS GEMMs on random weights of one GPU's share of an 8-GPU deployment, occupying
     /// the HBM they would.
@@ -482,7 +495,11 @@ impl EngineArgs {
 
     /// The CUDA backend's kernel choices.
     fn cuda_knobs(&self) -> CudaKnobs {
-        CudaKnobs { top_k_blocks: self.top_k_blocks, wgmma_attention: self.attention_kernel == AttentionKernel::Wgmma }
+        CudaKnobs {
+            top_k_blocks: self.top_k_blocks,
+            wgmma_attention: self.attention_kernel == AttentionKernel::Wgmma,
+            wgmma_indexer: self.indexer_kernel == IndexerKernel::Wgmma,
+        }
     }
 
     /// Whether the engine will run on CUDA (`--backend cuda`, or `auto` with a driver present).
@@ -572,6 +589,7 @@ impl EngineArgs {
 struct CudaKnobs {
     top_k_blocks: usize,
     wgmma_attention: bool,
+    wgmma_indexer: bool,
 }
 
 #[cfg(feature = "cuda")]
@@ -583,7 +601,8 @@ fn cuda_engine(
     let be = hisparse_kernels::cuda::CudaBackend::new(ordinal)
         .map_err(|e| e.to_string())?
         .with_top_k_blocks(knobs.top_k_blocks)
-        .with_wgmma_attention(knobs.wgmma_attention);
+        .with_wgmma_attention(knobs.wgmma_attention)
+        .with_wgmma_indexer(knobs.wgmma_indexer);
     Ok(Box::new(Engine::new(be, cfg).map_err(|e| e.to_string())?))
 }
 

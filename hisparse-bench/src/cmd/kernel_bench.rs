@@ -198,14 +198,18 @@ fn indexer_and_top_k(
                     .upload(&hisparse_kernels::random::head_weights(rng, b * heads))
                     .map_err(|e| BenchError::Gpu(e.to_string()))?;
                 let mut scores = mem.alloc_zeroed::<f32>(b * ctx).map_err(|e| BenchError::Gpu(e.to_string()))?;
-                // Exact queries, fp8 ones with the kernel for any head count, and with the one
-                // compiled for the head count (the default for 32 heads).
-                for (queries_as, fixed) in [
-                    (IndexerQueries::Exact, FixedHeadIndexer::Never),
-                    (IndexerQueries::Fp8, FixedHeadIndexer::Never),
-                    (IndexerQueries::Fp8, FixedHeadIndexer::Always),
+                // On mma.sync: exact queries, fp8 ones with the kernel for any head count, and with
+                // the one compiled for the head count; then the warpgroup-MMA kernels (the
+                // default), exact and fp8 queries.
+                for (queries_as, fixed, wgmma) in [
+                    (IndexerQueries::Exact, FixedHeadIndexer::Never, false),
+                    (IndexerQueries::Fp8, FixedHeadIndexer::Never, false),
+                    (IndexerQueries::Fp8, FixedHeadIndexer::Always, false),
+                    (IndexerQueries::Exact, FixedHeadIndexer::Auto, true),
+                    (IndexerQueries::Fp8, FixedHeadIndexer::Auto, true),
                 ] {
                     gpu.set_indexer_fixed_heads(fixed);
+                    gpu.set_wgmma_indexer(wgmma);
                     let batch = IndexerBatch {
                         heads,
                         key_layout: key,
@@ -220,14 +224,17 @@ fn indexer_and_top_k(
                     };
                     let ms = time_ms(s, a.reps, || gpu.indexer_scores(&batch, &mut scores).map_err(kerr));
                     gpu.set_indexer_fixed_heads(FixedHeadIndexer::Auto);
+                    gpu.set_wgmma_indexer(true);
                     let ms = ms?;
                     let bytes = (b * ctx) as f64 * (132.0 + 4.0 + 4.0 / p as f64);
                     let bw = bytes / (ms * 1e-3);
                     let flops = (b * ctx * heads * 128 * 2) as f64 / (ms * 1e-3);
-                    let form = match (queries_as, fixed) {
-                        (IndexerQueries::Exact, _) => "",
-                        (IndexerQueries::Fp8, FixedHeadIndexer::Always) => " (fp8 queries, fixed-head kernel)",
-                        (IndexerQueries::Fp8, _) => " (fp8 queries, e4m3 MMA)",
+                    let form = match (queries_as, fixed, wgmma) {
+                        (IndexerQueries::Exact, _, true) => " (warpgroup MMA)",
+                        (IndexerQueries::Fp8, _, true) => " (fp8 queries, warpgroup MMA)",
+                        (IndexerQueries::Exact, _, false) => "",
+                        (IndexerQueries::Fp8, FixedHeadIndexer::Always, false) => " (fp8 queries, fixed-head kernel)",
+                        (IndexerQueries::Fp8, _, false) => " (fp8 queries, e4m3 MMA)",
                     };
                     push(
                         format!("indexer{form} {heads} heads, ctx {ctx}, batch {b}"),
@@ -368,6 +375,16 @@ fn attention(
                 let forms = [(&mma, ""), (gpu, " (wgmma)")];
                 for (backend, form) in forms.into_iter().chain(fixed.iter().map(|(b, f)| (b, f.as_str()))) {
                     let ms = time_ms(s, a.reps, || backend.sparse_attention(&batch, &mut out, &mut lse).map_err(kerr))?;
+                    // The same call as a decode step's graph runs it: 8 back to back, replayed.
+                    let replayed = super::launch_gaps::replay_ms(s, a.reps, 8, || {
+                        backend.sparse_attention(&batch, &mut out, &mut lse).map_err(kerr)
+                    })?;
+                    push(
+                        format!("attention{form} {format} {heads} heads, top-k 2048, batch {b}, graph replay"),
+                        replayed * 1e3,
+                        "us",
+                        format!("per call, 8 calls a graph; eager {:.2} us", ms * 1e3),
+                    );
                     let flops = (b * heads * 2048 * (576 + 512) * 2) as f64 / (ms * 1e-3);
                     let bytes = (b * 2048 * layout.row_bytes()) as f64 / (ms * 1e-3);
                     push(

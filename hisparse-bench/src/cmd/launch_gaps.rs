@@ -20,6 +20,20 @@ fn e(x: impl std::fmt::Display) -> BenchError {
     BenchError::Gpu(x.to_string())
 }
 
+/// The median time of one call of `f` replayed from a CUDA graph that holds `calls` of them back
+/// to back: `f` is captured (it must only launch kernels: every per-call array already on the
+/// device, as after the warm-up of `time_ms`), then the graph is replayed as `time_ms` times.
+pub fn replay_ms(s: &Arc<CudaStream>, reps: usize, calls: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+    s.synchronize().map_err(cuda("sync"))?;
+    s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED).map_err(cuda("begin capture"))?;
+    let captured = (0..calls.max(1)).try_for_each(|_| f());
+    let graph = s.end_capture(CUgraphInstantiate_flags(0)).map_err(cuda("end capture"))?;
+    captured?;
+    let graph = graph.ok_or_else(|| BenchError::Gpu("the capture recorded no work".into()))?;
+    graph.upload().map_err(cuda("graph upload"))?;
+    Ok(time_ms(s, reps, || graph.launch().map_err(cuda("graph launch")))? / calls.max(1) as f64)
+}
+
 /// Measures `layers` layers at `batch` requests of `ctx` tokens, eagerly and as one graph.
 pub fn measure(
     gpu: &CudaBackend,
@@ -84,16 +98,7 @@ pub fn measure(
         Ok(())
     };
     let eager = time_ms(s, reps, &mut step)?;
-    // Capture the same step (every per-call array is already on the device, so the calls only
-    // launch kernels) and replay it.
-    s.synchronize().map_err(cuda("sync"))?;
-    s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED).map_err(cuda("begin capture"))?;
-    let captured = step();
-    let graph = s.end_capture(CUgraphInstantiate_flags(0)).map_err(cuda("end capture"))?;
-    captured?;
-    let graph = graph.ok_or_else(|| BenchError::Gpu("the capture recorded no work".into()))?;
-    graph.upload().map_err(cuda("graph upload"))?;
-    let replay = time_ms(s, reps, || graph.launch().map_err(cuda("graph launch")))?;
+    let replay = replay_ms(s, reps, 1, &mut step)?;
     gpu.finish_step().map_err(e)?;
     let per_layer = |ms: f64| 1e3 * ms / layers as f64;
     let name = format!("{layers} layers, batch {batch}, ctx {ctx}: eager launches");

@@ -13,7 +13,7 @@ use hisparse_policy::trace::TraceReader;
 use hisparse_policy::{SimConfig, simulate};
 use serde::{Deserialize, Serialize};
 
-use super::common::{AttentionKernel, EngineArgs};
+use super::common::{AttentionKernel, EngineArgs, IndexerKernel};
 use crate::error::{BenchError, Result};
 use crate::report::OutputDir;
 use crate::{guard, interrupt, progress};
@@ -382,7 +382,7 @@ pub fn run(a: &SweepArgs) -> Result<(SweepReport, PathBuf)> {
         preset: g.name.clone(),
         backend: backend.into(),
         emulation: format!(
-            "{}{}{}",
+            "{}{}{}{}",
             model.map_or_else(|| "none: attention only".to_owned(), |m| m.describe()),
             if a.engine.index_queries == "fp8" {
                 "; indexer queries fp8 (e4m3, a power-of-two scale per head)"
@@ -391,6 +391,11 @@ pub fn run(a: &SweepArgs) -> Result<(SweepReport, PathBuf)> {
             },
             if a.engine.attention_kernel == AttentionKernel::MmaSync && backend == "cuda" {
                 "; attention on mma.sync"
+            } else {
+                ""
+            },
+            if a.engine.indexer_kernel == IndexerKernel::MmaSync && backend == "cuda" {
+                "; indexer on mma.sync"
             } else {
                 ""
             }

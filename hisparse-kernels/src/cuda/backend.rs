@@ -200,6 +200,21 @@ impl CudaBackend {
         self.indexer.set_fixed_heads(choice);
     }
 
+    /// Scores 32 and 64 heads over pages of a multiple of 64 positions on Hopper's warpgroup MMA
+    /// (`kernels/indexer_wgmma.cu`, the default: f16 tensor cores, keys converted exactly in
+    /// registers, exact and fp8 queries), before the choice of [`FixedHeadIndexer`]; given
+    /// `false`, those take the mma.sync kernels too. Scores agree within fp32 rounding either
+    /// way (sum orders differ), so runs compared bit for bit use one setting.
+    pub fn with_wgmma_indexer(self, on: bool) -> Self {
+        self.set_wgmma_indexer(on);
+        self
+    }
+
+    /// [`CudaBackend::with_wgmma_indexer`] on a backend in use (later launches).
+    pub fn set_wgmma_indexer(&self, on: bool) {
+        self.indexer.set_wgmma(on);
+    }
+
     /// The device's streaming multiprocessors.
     pub fn sm_count(&self) -> usize {
         self.sms

@@ -2,7 +2,7 @@
 //! takes) and top-k, their kernel-argument structs, and the host-side checks that run before anything is launched (the attention's are
 //! in `attention_launch.rs`).
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::{CudaFunction, CudaSlice, DeviceRepr, LaunchConfig, ValidAsZeroBits};
@@ -24,9 +24,10 @@ fn indexer_smem(heads: usize, frag_bytes: usize) -> usize {
     heads * (frag_bytes + 4) + 4 * 2 * 32 * 33 * 4
 }
 
-/// Which kernel scores fp8 queries of 32 or 64 heads: the one for any multiple of 8 heads, or
-/// the one compiled for that count (head tiles unrolled, five blocks per SM). The scores are the
-/// same either way.
+/// Which mma.sync kernel scores fp8 queries of 32 or 64 heads: the one for any multiple of 8
+/// heads, or the one compiled for that count (head tiles unrolled, five blocks per SM). The
+/// scores are the same either way. Consulted only where the warpgroup-MMA indexer does not run
+/// ([`CudaBackend::with_wgmma_indexer`] off, or pages not a multiple of 64 positions).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum FixedHeadIndexer {
     /// The fixed-head kernel for 32 heads, the any-count one for 64: the faster of each pair on
@@ -50,27 +51,63 @@ impl FixedHeadIndexer {
     }
 }
 
-/// The indexer's kernels: exact and fp8 queries for any multiple of 8 heads, and the fp8 form
-/// compiled for 32 and 64 heads.
+/// Shared memory of the warpgroup-MMA indexer (`WGI_SMEM` in `kernels/indexer_wgmma.cu`): the
+/// queries as f16 and the weights, three staging tiles of 64 key rows.
+fn indexer_wg_smem(heads: usize) -> usize {
+    heads * 256 + heads * 4 + 3 * 64 * 132
+}
+
+/// The indexer's kernels: exact and fp8 queries for any multiple of 8 heads, the fp8 form
+/// compiled for 32 and 64 heads, and the warpgroup-MMA forms for 32 and 64 heads.
 pub(super) struct IndexerKernels {
     exact: CudaFunction,
     fp8: CudaFunction,
     fp8_h32: CudaFunction,
     fp8_h64: CudaFunction,
+    /// `kernels/indexer_wgmma.cu`: [exact, fp8] x [32, 64 heads].
+    wg: [[CudaFunction; 2]; 2],
+    /// Blocks of each `wg` kernel one SM holds (the driver's figure; at least 1).
+    wg_per_sm: [[usize; 2]; 2],
     /// Where the fixed-head fp8 forms are used ([`FixedHeadIndexer::code`]).
     fixed_heads: AtomicU8,
+    /// Whether 32 and 64 heads over pages of a multiple of 64 positions take the warpgroup-MMA
+    /// forms (before any other choice).
+    wgmma: AtomicBool,
 }
 
 impl IndexerKernels {
     /// The kernels of `dev`'s indexer module, with their shared memory opted in.
     pub(super) fn load(dev: &CudaDevice) -> Result<Self> {
-        let k = Self {
+        let mut k = Self {
             exact: dev.function("indexer", "indexer_scores")?,
             fp8: dev.function("indexer", "indexer_scores_fp8")?,
             fp8_h32: dev.function("indexer", "indexer_scores_fp8_h32")?,
             fp8_h64: dev.function("indexer", "indexer_scores_fp8_h64")?,
+            wg: [
+                [dev.function("indexer", "indexer_scores_wg_h32")?, dev.function("indexer", "indexer_scores_wg_h64")?],
+                [
+                    dev.function("indexer", "indexer_scores_fp8_wg_h32")?,
+                    dev.function("indexer", "indexer_scores_fp8_wg_h64")?,
+                ],
+            ],
+            wg_per_sm: [[1; 2]; 2],
             fixed_heads: AtomicU8::new(FixedHeadIndexer::Auto.code()),
+            wgmma: AtomicBool::new(true),
         };
+        for (q, forms) in k.wg.iter().enumerate() {
+            for (h, f) in forms.iter().enumerate() {
+                let smem = indexer_wg_smem(32 << h);
+                f.set_attribute(
+                    CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    smem as i32,
+                )
+                .map_err(driver_error("indexer shared memory opt-in"))?;
+                let per_sm = f
+                    .occupancy_max_active_blocks_per_multiprocessor(128, smem, None)
+                    .map_err(driver_error("indexer occupancy"))?;
+                k.wg_per_sm[q][h] = (per_sm as usize).max(1);
+            }
+        }
         for (f, smem) in [
             (&k.exact, indexer_smem(MAX_INDEX_HEADS, 256)),
             (&k.fp8, indexer_smem(MAX_INDEX_HEADS, 256)),
@@ -86,6 +123,32 @@ impl IndexerKernels {
     /// Sets where the fixed-head fp8 forms are used (later launches).
     pub(super) fn set_fixed_heads(&self, choice: FixedHeadIndexer) {
         self.fixed_heads.store(choice.code(), Ordering::Relaxed);
+    }
+
+    /// Sets whether the warpgroup-MMA forms are used where they apply (later launches).
+    pub(super) fn set_wgmma(&self, on: bool) {
+        self.wgmma.store(on, Ordering::Relaxed);
+    }
+
+    /// The warpgroup-MMA form for `heads` heads of `queries_as` queries over pages of
+    /// `page_tokens` positions, and its dynamic shared memory, where it applies and is chosen.
+    /// Also the kernel's blocks per SM.
+    fn pick_wg(
+        &self,
+        heads: usize,
+        queries_as: IndexerQueries,
+        page_tokens: usize,
+    ) -> Option<(&CudaFunction, usize, usize)> {
+        let h = match heads {
+            32 => 0,
+            64 => 1,
+            _ => return None,
+        };
+        if !self.wgmma.load(Ordering::Relaxed) || !page_tokens.is_multiple_of(64) {
+            return None;
+        }
+        let q = usize::from(queries_as == IndexerQueries::Fp8);
+        Some((&self.wg[q][h], indexer_wg_smem(heads), self.wg_per_sm[q][h]))
     }
 
     /// The kernel for `heads` heads of `queries_as` queries, and its dynamic shared memory.
@@ -194,7 +257,17 @@ impl CudaBackend {
                 format!("the CUDA indexer takes at most {MAX_INDEX_HEADS}"),
             ));
         }
-        let (f, smem) = self.indexer.pick(heads, batch.queries_as);
+        let (f, smem, per_request) = match self.indexer.pick_wg(heads, batch.queries_as, p) {
+            // A warpgroup takes 64 positions at a time; one wave of as many blocks as the SMs hold
+            // (a second, partial wave would idle most SMs for a whole block's time: 1.2 waves
+            // measured as slow as two), at least eight chunks a block, so that its queries'
+            // setup is a small share of its work.
+            Some((f, smem, per_sm)) => (f, smem, (per_sm * self.sms / n).clamp(1, max_len.div_ceil(64).div_ceil(8))),
+            None => {
+                let (f, smem) = self.indexer.pick(heads, batch.queries_as);
+                (f, smem, per_request)
+            }
+        };
         let cfg = LaunchConfig {
             grid_dim: (per_request as u32, n as u32, 1),
             block_dim: (128, 1, 1),

@@ -28,8 +28,22 @@ pub fn all_sources() -> Vec<KernelSource> {
     });
     v.push(KernelSource {
         name: "indexer".into(),
-        code: include_str!("../../kernels/indexer.cu").to_owned(),
-        kernels: &["indexer_scores", "indexer_scores_fp8", "indexer_scores_fp8_h32", "indexer_scores_fp8_h64"],
+        code: [
+            include_str!("../../kernels/indexer.cu"),
+            include_str!("../../kernels/wgmma_common.cu"),
+            include_str!("../../kernels/indexer_wgmma.cu"),
+        ]
+        .concat(),
+        kernels: &[
+            "indexer_scores",
+            "indexer_scores_fp8",
+            "indexer_scores_fp8_h32",
+            "indexer_scores_fp8_h64",
+            "indexer_scores_wg_h32",
+            "indexer_scores_wg_h64",
+            "indexer_scores_fp8_wg_h32",
+            "indexer_scores_fp8_wg_h64",
+        ],
     });
     v.push(KernelSource {
         name: "topk".into(),

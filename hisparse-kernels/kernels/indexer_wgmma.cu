@@ -1,0 +1,222 @@
+// The lightning indexer on Hopper's warpgroup MMA (issue 16), compiled after indexer.cu (its
+// IndexerReq, parameters and query quantisation) and wgmma_common.cu (the descriptor, fences).
+// One warpgroup (a block of 128 threads) scores 64 positions at a time for all N heads (32 or 64,
+// fixed at compile time): D[64 positions][N heads] = K~ Q^T on wgmma.m64nNk16 (f16 in, fp32
+// accumulate, as HMMA sums: the fp8 wgmma's narrower accumulator is not used), eight k-steps
+// over the 128 dims, then s_t = scale_t * sum_h w_h relu(D[t][h]).
+//   - keys: a chunk's 64 rows (132 B each; pages hold a multiple of 64 positions, so they are
+//     one contiguous 8448-byte run) are copied by cp.async into one of three staging tiles, two
+//     chunks ahead of their use; each thread reads its two rows' words and converts e4m3 pairs
+//     to f16 pairs (exact) straight into the A fragments (registers);
+//   - queries (B, K-major in shared memory, no swizzle): exact ones as bf16 times the request's
+//     power of two into f16 range (as indexer_scores), fp8 ones quantised per head to e4m3 (as
+//     indexer_scores_fp8, the scale folded into the head's weight), both exact in f16.
+// The dims are permuted as in indexer_scores (the dot product is order-free): thread (g, tig)
+// of warp w holds dims 32 tig .. 32 tig + 31 of rows 16 w + g and + 8; k-step s takes its word
+// s (dims 32 tig + 4 s .. + 3) as a0 = (+0, +1) and a2 = (+2, +3) of the first row, a1 and a3
+// of the second; query dim d = 32 T + 4 s + 2 h + j therefore sits at k = 8 h + 2 T + j of
+// k-step s.
+//
+// Invariant: 128 threads; N is 32 or 64; page_tokens a multiple of 64 (the launcher checks);
+// dynamic shared memory WGI_SMEM(N) bytes.
+
+#define WGI_TILE (64 * 132)
+#define WGI_STAGES 3
+#define WGI_SMEM(n) ((n) * 256 + (n) * 4 + WGI_STAGES * WGI_TILE)
+
+__device__ __forceinline__ void wgi_cp_async16(void* dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src));
+}
+
+// D[64][N] (+)= A . B, A (f16) in registers, B (f16) K-major in shared memory.
+template <unsigned N>
+__device__ __forceinline__ void wgmma_f16_rs(float* d, const unsigned* a, unsigned long long b, int acc);
+
+template <>
+__device__ __forceinline__ void wgmma_f16_rs<64>(float* d, const unsigned* a, unsigned long long b, int acc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc));
+}
+
+template <>
+__device__ __forceinline__ void wgmma_f16_rs<32>(float* d, const unsigned* a, unsigned long long b, int acc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc));
+}
+
+// Byte offset of query (head n, dim d) in the B operand: k-step s = (d % 32) / 4 holds N x 16
+// values (two 8x8 core matrices of 16-byte rows along K, 128 B apart; 8-head groups 256 B
+// apart), at k = 8 * ((d % 4) / 2) + 2 * (d / 32) + d % 2.
+template <unsigned N>
+__device__ __forceinline__ unsigned wgi_q_offset(unsigned n, unsigned d) {
+    const unsigned s = (d % 32) / 4, k = 8 * ((d % 4) / 2) + 2 * (d / 32) + d % 2;
+    return s * N * 32 + (n / 8) * 256 + (k / 8) * 128 + (n % 8) * 16 + (k % 8) * 2;
+}
+
+template <bool FP8, unsigned N>
+__device__ __forceinline__ void indexer_wg_body(INDEXER_PARAMS) {
+    extern __shared__ __align__(128) unsigned char smem[];
+    unsigned char* qs = smem;                                   // B: 8 k-steps x N x 32 B
+    float* w = reinterpret_cast<float*>(smem + N * 256);        // [N]
+    unsigned char* stage = smem + N * 256 + N * 4;              // [3][64 rows][132 B]
+    const unsigned tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tig = lane & 3;
+    const unsigned i = blockIdx.y;
+    const IndexerReq r = reqs[i];
+    const __nv_bfloat16* q = queries + (size_t)i * N * DIM;
+    __shared__ float amax_w[WARPS];
+    float down = 1.f;
+    if (!FP8) {
+        // As indexer_scores: the request's largest |q| moved into [2^13, 2^14) by 2^e.
+        float amax = 0.f;
+        for (unsigned e = tid; e < N * DIM / 8; e += 128) {
+            const uint4 v = reinterpret_cast<const uint4*>(q)[e];
+            const __nv_bfloat16* b = reinterpret_cast<const __nv_bfloat16*>(&v);
+            #pragma unroll
+            for (unsigned j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(__bfloat162float(b[j])));
+        }
+        #pragma unroll
+        for (unsigned d = 16; d > 0; d >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, d));
+        if (lane == 0) amax_w[warp] = amax;
+        __syncthreads();
+        amax = fmaxf(fmaxf(amax_w[0], amax_w[1]), fmaxf(amax_w[2], amax_w[3]));
+        const int ex = amax > 0.f ? max(-126, min(126, 13 - ilogbf(amax))) : 0;
+        const float up = ldexpf(1.f, ex);
+        down = ldexpf(1.f, -ex);
+        for (unsigned e = tid; e < N * DIM / 8; e += 128) {
+            const uint4 v = reinterpret_cast<const uint4*>(q)[e];
+            const __nv_bfloat16* b = reinterpret_cast<const __nv_bfloat16*>(&v);
+            #pragma unroll
+            for (unsigned j = 0; j < 8; ++j)
+                *reinterpret_cast<__half*>(qs + wgi_q_offset<N>(8 * e / DIM, 8 * e % DIM + j)) =
+                    __float2half_rn(__bfloat162float(b[j]) * up);
+        }
+        for (unsigned h = tid; h < N; h += 128) w[h] = weights[(size_t)i * N + h];
+    } else {
+        // As indexer_scores_fp8: a warp per head, lane j quantises dims 4 j .. 4 j + 3.
+        for (unsigned h = warp; h < N; h += WARPS) {
+            const uint2 v = reinterpret_cast<const uint2*>(q + (size_t)h * DIM)[lane];
+            const float2 f0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v.x));
+            const float2 f1 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v.y));
+            float amax = fmaxf(fmaxf(fabsf(f0.x), fabsf(f0.y)), fmaxf(fabsf(f1.x), fabsf(f1.y)));
+            #pragma unroll
+            for (unsigned d = 16; d > 0; d >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, d));
+            const int ex = fp8_query_exponent(amax);
+            const float dn = ldexpf(1.f, -ex);
+            const float x[4] = {f0.x * dn, f0.y * dn, f1.x * dn, f1.y * dn};
+            #pragma unroll
+            for (unsigned j = 0; j < 4; ++j) {
+                const __nv_fp8_storage_t c = __nv_cvt_float_to_fp8(x[j], __NV_SATFINITE, __NV_E4M3);
+                const __half_raw hr = __nv_cvt_fp8_to_halfraw(c, __NV_E4M3);  // exact
+                *reinterpret_cast<__half_raw*>(qs + wgi_q_offset<N>(h, 4 * lane + j)) = hr;
+            }
+            if (lane == 0) w[h] = weights[(size_t)i * N + h] * ldexpf(1.f, ex);
+        }
+    }
+    fence_async_shared();
+    __syncthreads();
+    // Each thread's heads' weights: columns 8 j + 2 tig and + 1 of the accumulator.
+    float wr[N / 4];
+    #pragma unroll
+    for (unsigned j = 0; j < N / 8; ++j) {
+        wr[2 * j] = w[8 * j + 2 * tig];
+        wr[2 * j + 1] = w[8 * j + 2 * tig + 1];
+    }
+
+    const unsigned chunks = (r.seq_len + 63) / 64, stride = gridDim.x;
+    // The page of chunk c, loaded a chunk before its copies are issued and checked only there,
+    // so that nothing waits for the load in between.
+    auto page_of = [&](unsigned c) -> unsigned { return c < chunks ? page_table[r.first_page + 64 * c / page_tokens] : 0u; };
+    // Copies chunk c's rows into staging tile `buf` (zeros on a bad page: its scores read 0);
+    // one commit group per call, so that wait_group counts chunks.
+    auto issue = [&](unsigned c, unsigned page, unsigned buf) {
+        unsigned char* dst = stage + buf * WGI_TILE;
+        if (c < chunks && page < pool_pages) {
+            const unsigned char* src = keys + ((size_t)page * page_tokens + 64 * c % page_tokens) * 132;
+            for (unsigned e = tid; e < WGI_TILE / 16; e += 128) wgi_cp_async16(dst + 16 * e, src + 16 * e);
+        } else if (c < chunks) {
+            if (tid == 0) atomicOr(fault, 1u);
+            for (unsigned e = tid; e < WGI_TILE / 16; e += 128) *reinterpret_cast<uint4*>(dst + 16 * e) = make_uint4(0, 0, 0, 0);
+        }
+        asm volatile("cp.async.commit_group;\n" ::);
+    };
+    unsigned c = blockIdx.x;
+    issue(c, page_of(c), 0);
+    issue(c + stride, page_of(c + stride), 1);
+    unsigned ahead = page_of(c + 2 * stride);
+    float acc[N / 2];
+    #pragma unroll
+    for (unsigned j = 0; j < N / 2; ++j) acc[j] = 0.f;
+    const unsigned r0 = 16 * warp + g;
+    for (unsigned it = 0; c < chunks; c += stride, ++it) {
+        issue(c + 2 * stride, ahead, (it + 2) % WGI_STAGES);
+        ahead = page_of(c + 3 * stride);
+        asm volatile("cp.async.wait_group 2;\n" ::);
+        __syncthreads();  // chunk c's rows (every thread's copies) landed
+        const unsigned char* tile = stage + (it % WGI_STAGES) * WGI_TILE;
+        const unsigned* row0 = reinterpret_cast<const unsigned*>(tile + r0 * 132);
+        const unsigned* row1 = reinterpret_cast<const unsigned*>(tile + (r0 + 8) * 132);
+        // Every k-step's A fragment first, so that the eight wgmmas issue back to back.
+        unsigned a[8][4];
+        #pragma unroll
+        for (unsigned s = 0; s < 8; ++s) {
+            const unsigned k0 = row0[8 * tig + s], k1 = row1[8 * tig + s];
+            a[s][0] = f16x2_from_e4m3x2((unsigned short)(k0 & 0xffff));
+            a[s][1] = f16x2_from_e4m3x2((unsigned short)(k1 & 0xffff));
+            a[s][2] = f16x2_from_e4m3x2((unsigned short)(k0 >> 16));
+            a[s][3] = f16x2_from_e4m3x2((unsigned short)(k1 >> 16));
+        }
+        wgmma_fence();
+        #pragma unroll
+        for (unsigned s = 0; s < 8; ++s) wgmma_f16_rs<N>(acc, a[s], wgmma_desc(qs + s * N * 32, 128, 256, 0), s > 0);
+        wgmma_commit();
+        wgmma_wait_all();
+        // Two sums per row (even and odd head columns), so that the dependent chains are short.
+        float u[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
+        #pragma unroll
+        for (unsigned j = 0; j < N / 8; ++j) {
+            #pragma unroll
+            for (unsigned hf = 0; hf < 2; ++hf) {
+                u[hf][0] = fmaf(wr[2 * j], fmaxf(acc[4 * j + 2 * hf], 0.f), u[hf][0]);
+                u[hf][1] = fmaf(wr[2 * j + 1], fmaxf(acc[4 * j + 2 * hf + 1], 0.f), u[hf][1]);
+            }
+        }
+        float v[2] = {u[0][0] + u[0][1], u[1][0] + u[1][1]};
+        #pragma unroll
+        for (unsigned hf = 0; hf < 2; ++hf) {
+            v[hf] += __shfl_xor_sync(0xffffffffu, v[hf], 1);
+            v[hf] += __shfl_xor_sync(0xffffffffu, v[hf], 2);
+            const unsigned rr = r0 + 8 * hf, pos = 64 * c + rr;
+            if (tig == 0 && pos < r.seq_len) {
+                const float scale = *reinterpret_cast<const float*>(tile + rr * 132 + 128) * down;
+                scores[r.score_offset + pos] =
+                    pin_newest && pos + 1 == r.seq_len ? __int_as_float(0x7f800000) : scale * v[hf];
+            }
+        }
+        __syncthreads();  // every thread's reads of the tile done before it is refilled
+    }
+    asm volatile("cp.async.wait_all;\n" ::);
+}
+
+// Five blocks of the 64-head forms fit an SM (at most 102 registers, 42 KB of shared memory),
+// six of the 32-head ones; the launcher asks the driver and fills one wave.
+extern "C" __global__ void __launch_bounds__(128, 5) indexer_scores_wg_h64(INDEXER_PARAMS) {
+    indexer_wg_body<false, 64>(INDEXER_ARGS);
+}
+
+extern "C" __global__ void __launch_bounds__(128, 6) indexer_scores_wg_h32(INDEXER_PARAMS) {
+    indexer_wg_body<false, 32>(INDEXER_ARGS);
+}
+
+extern "C" __global__ void __launch_bounds__(128, 5) indexer_scores_fp8_wg_h64(INDEXER_PARAMS) {
+    indexer_wg_body<true, 64>(INDEXER_ARGS);
+}
+
+extern "C" __global__ void __launch_bounds__(128, 6) indexer_scores_fp8_wg_h32(INDEXER_PARAMS) {
+    indexer_wg_body<true, 32>(INDEXER_ARGS);
+}
