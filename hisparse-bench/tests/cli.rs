@@ -166,14 +166,20 @@ fn a_sweep_of_one_mode_leaves_the_others_columns_and_plots_out() {
     for (mode, other) in [("hisparse", "resident"), ("resident", "hisparse")] {
         let out = dir.join(mode);
         let args = ["sweep", "--backend", "cpu", "--concurrency", "1,2", "--context", "600", "--warmup", "1"];
-        // The hisparse run also quantises the indexer's queries (named in the model line); the
-        // resident one asks for the mma.sync attention, which the CPU backend has not (not named).
-        let (queries, knob) =
-            if mode == "hisparse" { ("fp8", "--serial-prefetch") } else { ("exact", "--attention-kernel=mma-sync") };
+        // The hisparse run also quantises the indexer's queries (named in the model line) and
+        // asks for the mma.sync indexer; the resident one for the mma.sync attention: CUDA
+        // kernels the CPU backend has not (accepted, not named).
+        let (queries, knob) = if mode == "hisparse" {
+            ("fp8", ["--serial-prefetch", "--indexer-kernel=mma-sync"])
+        } else {
+            ("exact", ["--attention-kernel=mma-sync", "--indexer-kernel=wgmma"])
+        };
         let o = hisparse(
             &[
                 &args[..],
-                &["--window", "2", "--mode", mode, "--index-queries", queries, knob, "--out", out.to_str().unwrap()],
+                &["--window", "2", "--mode", mode, "--index-queries", queries],
+                &knob[..],
+                &["--out", out.to_str().unwrap()],
             ]
             .concat(),
         );
