@@ -69,6 +69,50 @@ __device__ __forceinline__ int fp8_query_exponent(float amax) {
     return max(-120, min(120, e));
 }
 
+// The exact form's exponent for the request's n queries at q (16-byte aligned; every thread of
+// the WARPS-warp block calls it, amax_w WARPS floats of shared memory): e with the largest |q|
+// times 2^e in [2^13, 2^14), 0 for all-zero queries. Scaling by 2^e is exact, and every bf16
+// value keeps its bits in f16 (more mantissa) unless it is 2^-27 below the largest.
+__device__ __forceinline__ int exact_query_exponent(const __nv_bfloat16* q, unsigned n, float* amax_w) {
+    float amax = 0.f;
+    // 16-byte loads: 8 values each.
+    for (unsigned e = threadIdx.x; e < n / 8; e += blockDim.x) {
+        uint4 v = reinterpret_cast<const uint4*>(q)[e];
+        unsigned wv[4] = {v.x, v.y, v.z, v.w};
+        #pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            __nv_bfloat162 b = *reinterpret_cast<__nv_bfloat162*>(&wv[j]);
+            float2 f = __bfloat1622float2(b);
+            amax = fmaxf(amax, fmaxf(fabsf(f.x), fabsf(f.y)));
+        }
+    }
+    #pragma unroll
+    for (unsigned d = 16; d > 0; d >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, d));
+    if ((threadIdx.x & 31) == 0) amax_w[threadIdx.x >> 5] = amax;
+    __syncthreads();
+    amax = fmaxf(fmaxf(amax_w[0], amax_w[1]), fmaxf(amax_w[2], amax_w[3]));
+    return amax > 0.f ? max(-126, min(126, 13 - ilogbf(amax))) : 0;
+}
+
+// The fp8 form's quantisation of one head's 128 queries qh, by a whole warp: lane j's word holds
+// the e4m3 codes of dims 4 j .. 4 j + 3 (byte k of dim 4 j + k), *ex the head's exponent
+// (fp8_query_exponent of its largest magnitude; the codes are q * 2^-e).
+__device__ __forceinline__ unsigned fp8_head_codes(const __nv_bfloat16* qh, unsigned lane, int* ex) {
+    const uint2 v = reinterpret_cast<const uint2*>(qh)[lane];
+    float2 f0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v.x));
+    float2 f1 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v.y));
+    float amax = fmaxf(fmaxf(fabsf(f0.x), fabsf(f0.y)), fmaxf(fabsf(f1.x), fabsf(f1.y)));
+    #pragma unroll
+    for (unsigned d = 16; d > 0; d >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, d));
+    *ex = fp8_query_exponent(amax);
+    const float dn = ldexpf(1.f, -*ex);
+    const float x[4] = {f0.x * dn, f0.y * dn, f1.x * dn, f1.y * dn};
+    unsigned word = 0;
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) word |= (unsigned)__nv_cvt_float_to_fp8(x[j], __NV_SATFINITE, __NV_E4M3) << (8 * j);
+    return word;
+}
+
 __device__ __forceinline__ void mma_f16(float* c, const unsigned* a, unsigned b0, unsigned b1) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -107,27 +151,9 @@ __device__ __forceinline__ void indexer_body(INDEXER_PARAMS) {
     __shared__ float amax_w[WARPS];
     float down = 1.f;
     if (!FP8) {
-        // The queries go to f16 times 2^e, e chosen from the request's largest |q| so that it lands
-        // in [2^13, 2^14): the scaling is exact, every bf16 value keeps its bits (f16 has more
-        // mantissa) unless it is 2^-27 below the largest, and scores are scaled back by 2^-e.
-        float amax = 0.f;
-        // 16-byte loads: 8 values each (rows of 128 bf16 are 256 B, so 16-byte aligned).
-        for (unsigned e = threadIdx.x; e < heads * DIM / 8; e += blockDim.x) {
-            uint4 v = reinterpret_cast<const uint4*>(q)[e];
-            unsigned wv[4] = {v.x, v.y, v.z, v.w};
-            #pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                __nv_bfloat162 b = *reinterpret_cast<__nv_bfloat162*>(&wv[j]);
-                float2 f = __bfloat1622float2(b);
-                amax = fmaxf(amax, fmaxf(fabsf(f.x), fabsf(f.y)));
-            }
-        }
-        #pragma unroll
-        for (unsigned d = 16; d > 0; d >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, d));
-        if (lane == 0) amax_w[warp] = amax;
-        __syncthreads();
-        amax = fmaxf(fmaxf(amax_w[0], amax_w[1]), fmaxf(amax_w[2], amax_w[3]));
-        const int ex = amax > 0.f ? max(-126, min(126, 13 - ilogbf(amax))) : 0;
+        // The queries go to f16 times 2^e (exact_query_exponent; rows of 128 bf16 are 256 B, so
+        // 16-byte aligned), and scores are scaled back by 2^-e.
+        const int ex = exact_query_exponent(q, heads * DIM, amax_w);
         const float up = ldexpf(1.f, ex);
         down = ldexpf(1.f, -ex);
         // Query fragments: entry (nt, kk, lane') holds q[8nt + g'][32 tig' + 4 kk .. +3].
@@ -144,19 +170,8 @@ __device__ __forceinline__ void indexer_body(INDEXER_PARAMS) {
         // head 8 nt + g'); lane 0 writes the head's weight times its scale.
         unsigned* qw = reinterpret_cast<unsigned*>(smem);
         for (unsigned h = warp; h < heads; h += WARPS) {
-            const uint2 v = reinterpret_cast<const uint2*>(q + (size_t)h * DIM)[lane];
-            float2 f0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v.x));
-            float2 f1 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v.y));
-            float amax = fmaxf(fmaxf(fabsf(f0.x), fabsf(f0.y)), fmaxf(fabsf(f1.x), fabsf(f1.y)));
-            #pragma unroll
-            for (unsigned d = 16; d > 0; d >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, d));
-            const int ex = fp8_query_exponent(amax);
-            const float dn = ldexpf(1.f, -ex);
-            const float x[4] = {f0.x * dn, f0.y * dn, f1.x * dn, f1.y * dn};
-            unsigned word = 0;
-            #pragma unroll
-            for (int j = 0; j < 4; ++j)
-                word |= (unsigned)__nv_cvt_float_to_fp8(x[j], __NV_SATFINITE, __NV_E4M3) << (8 * j);
+            int ex;
+            const unsigned word = fp8_head_codes(q + (size_t)h * DIM, lane, &ex);
             const unsigned nt = h >> 3, g2 = h & 7, tig2 = lane >> 3, kk = (lane & 7) >> 1;
             qw[2 * ((nt * 4 + kk) * 32 + g2 * 4 + tig2) + (lane & 1)] = word;
             if (lane == 0) w[h] = weights[(size_t)i * heads + h] * ldexpf(1.f, ex);

@@ -73,19 +73,7 @@ __device__ __forceinline__ void indexer_wg_body(INDEXER_PARAMS) {
     float down = 1.f;
     if (!FP8) {
         // As indexer_scores: the request's largest |q| moved into [2^13, 2^14) by 2^e.
-        float amax = 0.f;
-        for (unsigned e = tid; e < N * DIM / 8; e += 128) {
-            const uint4 v = reinterpret_cast<const uint4*>(q)[e];
-            const __nv_bfloat16* b = reinterpret_cast<const __nv_bfloat16*>(&v);
-            #pragma unroll
-            for (unsigned j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(__bfloat162float(b[j])));
-        }
-        #pragma unroll
-        for (unsigned d = 16; d > 0; d >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, d));
-        if (lane == 0) amax_w[warp] = amax;
-        __syncthreads();
-        amax = fmaxf(fmaxf(amax_w[0], amax_w[1]), fmaxf(amax_w[2], amax_w[3]));
-        const int ex = amax > 0.f ? max(-126, min(126, 13 - ilogbf(amax))) : 0;
+        const int ex = exact_query_exponent(q, N * DIM, amax_w);
         const float up = ldexpf(1.f, ex);
         down = ldexpf(1.f, -ex);
         for (unsigned e = tid; e < N * DIM / 8; e += 128) {
@@ -100,18 +88,11 @@ __device__ __forceinline__ void indexer_wg_body(INDEXER_PARAMS) {
     } else {
         // As indexer_scores_fp8: a warp per head, lane j quantises dims 4 j .. 4 j + 3.
         for (unsigned h = warp; h < N; h += WARPS) {
-            const uint2 v = reinterpret_cast<const uint2*>(q + (size_t)h * DIM)[lane];
-            const float2 f0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v.x));
-            const float2 f1 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v.y));
-            float amax = fmaxf(fmaxf(fabsf(f0.x), fabsf(f0.y)), fmaxf(fabsf(f1.x), fabsf(f1.y)));
-            #pragma unroll
-            for (unsigned d = 16; d > 0; d >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, d));
-            const int ex = fp8_query_exponent(amax);
-            const float dn = ldexpf(1.f, -ex);
-            const float x[4] = {f0.x * dn, f0.y * dn, f1.x * dn, f1.y * dn};
+            int ex;
+            const unsigned word = fp8_head_codes(q + (size_t)h * DIM, lane, &ex);
             #pragma unroll
             for (unsigned j = 0; j < 4; ++j) {
-                const __nv_fp8_storage_t c = __nv_cvt_float_to_fp8(x[j], __NV_SATFINITE, __NV_E4M3);
+                const __nv_fp8_storage_t c = (__nv_fp8_storage_t)(word >> (8 * j));
                 const __half_raw hr = __nv_cvt_fp8_to_halfraw(c, __NV_E4M3);  // exact
                 *reinterpret_cast<__half_raw*>(qs + wgi_q_offset<N>(h, 4 * lane + j)) = hr;
             }
