@@ -110,6 +110,10 @@ pub struct StepMetrics {
     pub prefetch_useful: u64,
     /// Prefetched rows evicted before any selection used them.
     pub prefetch_wasted: u64,
+    /// Of the misses, rows the host gathered for the copy engine (`miss_fill = "copy-engine"`).
+    pub copy_engine_rows: u64,
+    /// Of the misses, rows past the copy engine's landing rows (read by the scatter kernel).
+    pub copy_engine_overflow: u64,
     /// Bytes copied device → host by backup.
     pub bytes_d2h: u64,
     /// Launch graphs captured this step.
@@ -151,6 +155,8 @@ impl StepMetrics {
         self.prefetched += o.prefetched;
         self.prefetch_useful += o.prefetch_useful;
         self.prefetch_wasted += o.prefetch_wasted;
+        self.copy_engine_rows += o.copy_engine_rows;
+        self.copy_engine_overflow += o.copy_engine_overflow;
         self.bytes_d2h += o.bytes_d2h;
         self.graph_captures += o.graph_captures;
         self.graph_replays += o.graph_replays;
@@ -186,6 +192,10 @@ pub struct RunSummary {
     pub prefetch_useful: u64,
     /// Prefetched rows evicted unused.
     pub prefetch_wasted: u64,
+    /// Rows the host gathered for the copy engine (`copy-engine`).
+    pub copy_engine_rows: u64,
+    /// Rows past the copy engine's landing rows.
+    pub copy_engine_overflow: u64,
     /// Bytes device → host.
     pub bytes_d2h: u64,
     /// Most requests decoded in one step.
@@ -217,6 +227,8 @@ impl RunSummary {
         self.prefetched += s.prefetched;
         self.prefetch_useful += s.prefetch_useful;
         self.prefetch_wasted += s.prefetch_wasted;
+        self.copy_engine_rows += s.copy_engine_rows;
+        self.copy_engine_overflow += s.copy_engine_overflow;
         self.bytes_d2h += s.bytes_d2h;
         self.max_running = self.max_running.max(s.running);
         self.peak_device_bytes = self.peak_device_bytes.max(s.device_bytes_in_use);

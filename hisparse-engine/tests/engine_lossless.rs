@@ -50,7 +50,7 @@ fn a_slow_backup_worker_stays_lossless() {
     assert_eq!(hs, resident);
 }
 
-/// `miss_fill = "attention"`, `"deferred"`, `"hits-first"` or `"auto"` on the CPU backend: its swap-in copies
+/// `miss_fill = "attention"`, `"deferred"`, `"hits-first"`, `"copy-engine"` or `"auto"` on the CPU backend: its swap-in copies
 /// the misses either way (it cannot leave them to the attention), so the outputs stay the
 /// resident ones.
 #[test]
@@ -61,6 +61,7 @@ fn misses_left_to_the_attention_on_the_cpu_are_still_copied_and_lossless() {
         ("deferred", "clock"),
         ("deferred-gather", "lru"),
         ("hits-first", "s3fifo"),
+        ("copy-engine", "lru"),
         ("auto", "score"),
     ] {
         let mut cfg = config(Mode::HiSparse, policy);

@@ -300,8 +300,19 @@ fn matches_the_copying_swap_in(what: &str, make: impl Fn(EngineConfig) -> Engine
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn on_cuda_a_deferred_swap_in_is_lossless() {
-    for fill in ["deferred", "deferred-gather"] {
+    for fill in ["deferred", "deferred-gather", "copy-engine"] {
         deferred_swap_in_is_lossless(fill);
+    }
+    // The copy engine's landing rows (64, the fewest) short of a layer's misses: the scatter
+    // reads the rest from the host tier; replayed from launch graphs too.
+    let resident = run_on(gpu(), eager(Mode::Resident, "lru"), &[], None);
+    for graphs in [false, true] {
+        let mut c = eager(Mode::HiSparse, "lru");
+        c.launch_graphs = graphs;
+        c.hisparse.miss_fill = "copy-engine".into();
+        c.hisparse.copy_engine_share = 1e-6;
+        c.hisparse.host_gather_threads = 2;
+        assert_eq!(run_on(gpu(), c, &[], None), resident, "copy-engine, 64 landing rows (graphs: {graphs})");
     }
 }
 

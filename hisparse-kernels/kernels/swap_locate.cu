@@ -131,6 +131,11 @@ extern "C" __global__ void copy_staged_misses(const SwapReq* __restrict__ reqs, 
 // the chunks before its own (reading their fill words), ranks its own by ballots in order, and
 // its warps copy one row each at a time. The order, and so the list, depends only on the fills.
 // A fill word past the host tier raises the fault flag and its staging row is left as it was.
+//
+// Without `staging` (miss_fill = "copy-engine") nothing is copied: the list and spans are
+// written as above, and for the host's gather also each listed miss's host-tier row
+// (`host_rows[sel_offset + q]`, ~0u past the tier) and the request count (`header[0]`), into
+// mapped host memory.
 #define GATHER_THREADS 128
 
 struct MissSpan {
@@ -140,10 +145,12 @@ struct MissSpan {
 
 extern "C" __global__ void __launch_bounds__(GATHER_THREADS) gather_misses(
     const SwapReq* __restrict__ reqs, const unsigned long long* __restrict__ fills, unsigned char* __restrict__ staging,
-    int* __restrict__ list, MissSpan* __restrict__ spans, unsigned* __restrict__ fault, SwapParams p) {
+    int* __restrict__ list, MissSpan* __restrict__ spans, unsigned* __restrict__ host_rows,
+    unsigned* __restrict__ header, unsigned* __restrict__ fault, SwapParams p) {
     __shared__ unsigned warp_misses[GATHER_THREADS / 32];
     const SwapReq r = reqs[blockIdx.x];
     const unsigned j0 = blockIdx.y * LOCATE_CHUNK, tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
+    if (header && blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) header[0] = gridDim.x;
     if (j0 >= r.sel_len) {
         if (blockIdx.y == 0 && tid == 0) spans[blockIdx.x] = MissSpan{r.sel_offset, 0ull};
         return;  // uniform over the block
@@ -153,7 +160,7 @@ extern "C" __global__ void __launch_bounds__(GATHER_THREADS) gather_misses(
     for (unsigned k = 0; k < j0; k += GATHER_THREADS) before += __syncthreads_count(k + tid < j0 && f[k + tid] != 0ull);
     const unsigned n = min((unsigned)LOCATE_CHUNK, r.sel_len - j0);
     const unsigned char* host = reinterpret_cast<const unsigned char*>(p.host_base);
-    const unsigned long long host_rows = (unsigned long long)p.layers * p.host_pages_per_layer * p.page_tokens;
+    const unsigned long long host_rows_n = (unsigned long long)p.layers * p.host_pages_per_layer * p.page_tokens;
     unsigned q0 = before;
     for (unsigned k = 0; k < n; k += GATHER_THREADS) {
         const unsigned i = k + tid;
@@ -167,13 +174,23 @@ extern "C" __global__ void __launch_bounds__(GATHER_THREADS) gather_misses(
             total += warp_misses[w];
         }
         q += __popc(ballot & ((1u << lane) - 1u));
-        if (fw != 0ull) list[r.sel_offset + q] = (int)(r.sel_offset + j0 + i);
+        if (fw != 0ull) {
+            list[r.sel_offset + q] = (int)(r.sel_offset + j0 + i);
+            // For the host's gather: the row, or ~0u for a fill word past the tier (skipped).
+            if (host_rows) host_rows[r.sel_offset + q] = fw - 1ull < host_rows_n ? (unsigned)(fw - 1ull) : ~0u;
+        }
+        if (!staging) {  // the host gathers (copy-engine): list only
+            if (fw != 0ull && fw - 1ull >= host_rows_n) atomicOr(fault, 1u);
+            q0 += total;
+            __syncthreads();
+            continue;
+        }
         // The warp copies its own misses, one row at a time, in ballot order.
         for (unsigned b = ballot; b != 0u; b &= b - 1u) {
             const unsigned src_lane = __ffs(b) - 1u;
             const unsigned long long row = __shfl_sync(0xffffffffu, fw, src_lane) - 1ull;
             const unsigned at = j0 + k + 32 * wid + src_lane;
-            if (row >= host_rows) {  // not a fill word the locate wrote: the row reads as zeros
+            if (row >= host_rows_n) {  // not a fill word the locate wrote: the row reads as zeros
                 if (lane == 0) atomicOr(fault, 1u);
                 continue;
             }
@@ -184,4 +201,61 @@ extern "C" __global__ void __launch_bounds__(GATHER_THREADS) gather_misses(
         __syncthreads();  // warp_misses is rewritten next round
     }
     if (j0 + n == r.sel_len && tid == 0) spans[blockIdx.x] = MissSpan{r.sel_offset, q0};
+}
+
+// The device side of miss_fill = "copy-engine", after the host's gather and the copy engine's
+// copy: request x's q-th listed miss (`gather_misses` without staging wrote the list and spans)
+// has ordinal base(x) + q among the layer's misses, base(x) the misses of the requests before x;
+// the host gathered ordinals below `landed_rows` into `landed`, in order, which the copy engine
+// brought to the device. Each listed miss's row goes into `staging` at its selection index —
+// from `landed` by its ordinal, or past `landed_rows` straight from the mapped host tier — and
+// its fill word then names that staging row plus one, as under "deferred-gather": the attention
+// and the deferred swap-in read the same rows from the same place.
+//
+// Grid (requests, chunks of LOCATE_CHUNK misses), any multiple of 32 threads: a warp a row. A
+// span or list entry outside the step's `sel_end` selection entries, or a fill word past the
+// tier, raises the fault flag and is skipped.
+extern "C" __global__ void scatter_landed_misses(const MissSpan* __restrict__ spans, const int* __restrict__ list,
+                                                 unsigned long long* __restrict__ fills,
+                                                 const unsigned char* __restrict__ landed,
+                                                 unsigned char* __restrict__ staging, unsigned* __restrict__ fault,
+                                                 SwapParams p, unsigned landed_rows, unsigned sel_end) {
+    __shared__ unsigned long long base;
+    const unsigned tid = threadIdx.x, lane = tid & 31, warps = blockDim.x >> 5;
+    if (tid == 0) {
+        unsigned long long b = 0ull;
+        for (unsigned x = 0; x < blockIdx.x; ++x) b += spans[x].len;
+        base = b;
+    }
+    __syncthreads();
+    const MissSpan sp = spans[blockIdx.x];
+    if (sp.offset + sp.len > sel_end) {
+        if (tid == 0 && blockIdx.y == 0) atomicOr(fault, 1u);
+        return;  // uniform over the block
+    }
+    const unsigned long long host_rows_n = (unsigned long long)p.layers * p.host_pages_per_layer * p.page_tokens;
+    const unsigned char* host = reinterpret_cast<const unsigned char*>(p.host_base);
+    const unsigned m1 = (unsigned)min((unsigned long long)(blockIdx.y + 1) * LOCATE_CHUNK, sp.len);
+    for (unsigned m = blockIdx.y * LOCATE_CHUNK + (tid >> 5); m < m1; m += warps) {
+        const int j = list[sp.offset + m];
+        if (j < 0 || (unsigned)j >= sel_end) {
+            if (lane == 0) atomicOr(fault, 1u);
+            continue;
+        }
+        const unsigned long long ord = base + m;
+        const unsigned char* src;
+        if (ord < landed_rows) {
+            src = landed + ord * p.row_bytes;
+        } else {
+            const unsigned long long fw = fills[j];
+            if (fw == 0ull || fw - 1ull >= host_rows_n) {
+                if (lane == 0) atomicOr(fault, 1u);
+                continue;
+            }
+            src = host + (fw - 1ull) * p.row_bytes;
+        }
+        copy_row(src, staging + (unsigned long long)j * p.row_bytes, p.row_bytes, lane);
+        __syncwarp();
+        if (lane == 0) fills[j] = (unsigned long long)j + 1ull;
+    }
 }

@@ -56,6 +56,31 @@ pub struct DeviceSwapInConfig {
     /// and the LSE merge (`miss_fill = "hits-first"`; equal to the other forms within the
     /// attention's bf16 tolerance, not bit for bit).
     pub fill_hits_first: bool,
+    /// With `fill_deferred`: each layer's misses are gathered on the host into pinned landing
+    /// rows and copied by the copy engine, then scattered into staging rows where the attention
+    /// reads them (`miss_fill = "copy-engine"`; bit-identical to `deferred-gather`).
+    pub fill_copy_engine: Option<CopyEngineFill>,
+}
+
+/// The copy-engine staging path's settings (`miss_fill = "copy-engine"`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct CopyEngineFill {
+    /// Of a step's selection entries, the share the landing rows hold, per layer: the copy
+    /// engine copies that many rows every layer (a graph's copy has one size), and misses past
+    /// them are read from the host tier by the scatter kernel itself.
+    pub share: f64,
+    /// Host threads of the gather (0: the machine's cores less two, at least one).
+    pub threads: usize,
+}
+
+impl CopyEngineFill {
+    /// The host threads the gather uses.
+    pub fn threads(&self) -> usize {
+        match self.threads {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get().saturating_sub(2).max(1)),
+            t => t,
+        }
+    }
 }
 
 /// What [`DeviceSwapIn::attend`] attends with besides the hot rows: [`crate::AttentionBatch`]
@@ -147,6 +172,10 @@ pub struct DeviceSwapCounts {
     pub bytes_h2d: u64,
     /// Rows prefetched before their layer's selection was known.
     pub prefetched: u64,
+    /// Of the misses, rows the host gathered and the copy engine copied (`copy-engine`).
+    pub copy_engine_rows: u64,
+    /// Of the misses, rows past the landing rows, read from the host tier by the scatter kernel.
+    pub copy_engine_overflow: u64,
     /// Of `bytes_h2d`, the prefetched rows' bytes.
     pub bytes_prefetch: u64,
     /// Hits on slots a prefetch filled (useful prefetches).

@@ -41,7 +41,7 @@ pub use backend::{AttentionBatch, Backend, Buf, IndexerBatch, IndexerRequest, Ke
 pub use collectives::{Collectives, CpuRank, RankMember};
 pub use cpu::{CpuBackend, CpuRowBackup, CpuSwapIn};
 pub use device_swap_in::{
-    AttentionQuery, DeviceSwapCounts, DeviceSwapIn, DeviceSwapInConfig, DeviceSwapReq, SWAP_COUNTS,
+    AttentionQuery, CopyEngineFill, DeviceSwapCounts, DeviceSwapIn, DeviceSwapInConfig, DeviceSwapReq, SWAP_COUNTS,
 };
 pub use error::{KernelError, Result};
 pub use gemm::GemmShape;

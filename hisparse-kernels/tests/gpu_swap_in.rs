@@ -11,7 +11,7 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use hisparse_kernels::cuda::{CudaDevice, GpuSwapIn, SwapOutputs, SwapReq};
+use hisparse_kernels::cuda::{CopyEngineStaging, CudaDevice, GpuSwapIn, SwapOutputs, SwapReq};
 use hisparse_kernels::{HotLocation, SWAP_COUNTS, locate_in_hot};
 use hisparse_memory::{HostTier, HostTierConfig, RequestId};
 use hisparse_policy::policy::registered;
@@ -181,8 +181,10 @@ fn compare(z: &Sizes, seed: u64) {
                 };
                 // The locate first (it changes nothing): the CPU twin's answer, in the kernel's
                 // words, and the selection copied; then gathering the misses into staging rows
-                // (`deferred-gather`): each at its selection index, its fill word naming it.
-                for gather in [false, true] {
+                // (`deferred-gather`): each at its selection index, its fill word naming it; and
+                // the same rows through the host and the copy engine (`copy-engine`), with
+                // landing rows for every miss and with 64 (the rest read by the scatter).
+                for (gather, share) in [(false, None), (true, None), (true, Some(1.0)), (true, Some(1e-6))] {
                     let (mut loc_l, mut fill_l) =
                         (s.alloc_zeros::<i32>(sels.len()).unwrap(), s.alloc_zeros(sels.len()).unwrap());
                     let mut copy = s.alloc_zeros::<u32>(sels.len()).unwrap();
@@ -198,12 +200,28 @@ fn compare(z: &Sizes, seed: u64) {
                         &mut loc_l,
                         &mut fill_l,
                         &mut copy.as_view_mut(),
-                        gather.then_some(&mut staging_view),
+                        (gather && share.is_none()).then_some(&mut staging_view),
                     )
                     .unwrap();
+                    if let Some(share) = share {
+                        let mut ce = CopyEngineStaging::new(&s, &mapped, share, 3).unwrap();
+                        ce.reserve(&s, reqs.len(), sels.len()).unwrap();
+                        ce.stage(&mut gpu, &s, l, bt, (&pages_d, &mapped), &mut fill_l, &mut staging_view).unwrap();
+                        s.synchronize().unwrap();
+                        assert!(!ce.take_fault(), "copy-engine host gather fault");
+                        let misses = twins.iter().flatten().filter(|w| matches!(w, HotLocation::Host)).count();
+                        let (landed, overflow) = ce.take_rows();
+                        assert_eq!(landed + overflow, misses as u64, "copy-engine rows");
+                        if share < 0.5 {
+                            assert_eq!(landed, (misses as u64).min(64), "landing rows in use");
+                        } else {
+                            assert_eq!(overflow, 0, "every miss landed");
+                        }
+                    }
                     let (loc_l, fill_l) = (s.clone_dtoh(&loc_l).unwrap(), s.clone_dtoh(&fill_l).unwrap());
                     let staged = s.clone_dtoh(&staging).unwrap();
-                    let what = format!("{} step {step} layer {l} (gather: {gather})", policy.name());
+                    let what =
+                        format!("{} step {step} layer {l} (gather: {gather}, copy engine: {share:?})", policy.name());
                     assert_eq!(s.clone_dtoh(&copy).unwrap(), sels, "{what}: selection copy");
                     for (r, (req, twin)) in reqs.iter().zip(&twins).enumerate() {
                         let base = r * (b + 1);

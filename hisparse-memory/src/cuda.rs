@@ -155,7 +155,7 @@ impl Drop for HostRegistration {
 #[derive(Debug)]
 struct Mapped {
     reg: HostRegistration,
-    _map: Arc<MmapRaw>,
+    map: Arc<MmapRaw>,
 }
 
 /// The host tier as kernels see it: its device address, length and layout. Cloning shares one
@@ -178,7 +178,7 @@ impl MappedHostTier {
         }
         // SAFETY: `map` is a live mapping kept alive by `Mapped` for as long as the registration.
         let reg = unsafe { HostRegistration::register(ctx, map.as_mut_ptr(), map.len())? };
-        Ok(Self { inner: Arc::new(Mapped { reg, _map: map }), layout })
+        Ok(Self { inner: Arc::new(Mapped { reg, map }), layout })
     }
 
     /// The address kernels use for the mapping's first byte.
@@ -199,6 +199,27 @@ impl MappedHostTier {
     /// The tier's layout (layers, pages per layer, row size, positions per page).
     pub fn layout(&self) -> HostTierLayout {
         self.layout
+    }
+
+    /// Copies row `row` into `dst` (exactly `row_bytes` long) on the host: the bytes a kernel
+    /// reads at `device_ptr() + row * row_bytes` (the host side of a copy-engine staging path).
+    /// Names `row` past the tier, or a `dst` of another length.
+    pub fn read_row(&self, row: u64, dst: &mut [u8]) -> Result<()> {
+        let rb = self.layout.row_bytes;
+        if dst.len() != rb {
+            return Err(MemoryError::invalid("dst", dst.len(), format!("a row is {rb} bytes")));
+        }
+        if row >= self.layout.rows() {
+            return Err(MemoryError::invalid("row", row, format!("the host tier has {} rows", self.layout.rows())));
+        }
+        // Invariant (the struct's): rows() * row_bytes <= the mapping's length, so the row lies
+        // inside the live mapping `inner` keeps; row < rows() makes the product fit in usize.
+        let at = row as usize * rb;
+        // SAFETY: `at..at + rb` lies inside the mapping (above), which outlives `self`; `dst`
+        // is a distinct Rust buffer. Rows a swap-in reads are not written while it reads them
+        // (a row is written once, when its token is made, before any selection can name it).
+        unsafe { std::ptr::copy_nonoverlapping(self.inner.map.as_ptr().add(at), dst.as_mut_ptr(), rb) };
+        Ok(())
     }
 
     /// Checks that every row index of `rows` lies inside the mapping (row `i` at byte

@@ -57,7 +57,10 @@ pub struct HiSparseConfig {
     /// and the attention reads them there, so that each miss crosses PCIe once), `hits-first` (as
     /// `deferred`, but the misses are gathered into staging rows on that stream while the attention
     /// runs over the hits alone; then the attention over the misses and the LSE merge: equal to
-    /// the other forms within the attention's bf16 tolerance, not bit for bit; warpgroup-MMA attention only), or `auto` (deferred for
+    /// the other forms within the attention's bf16 tolerance, not bit for bit; warpgroup-MMA attention only),
+    /// `copy-engine` (as `deferred-gather`, but host threads gather the misses into pinned
+    /// landing rows, the copy engine copies them to the device and a kernel scatters them into
+    /// the staging rows: `copy_engine_share`, `host_gather_threads`), or `auto` (deferred for
     /// batches of at most `miss_fill_max_batch` requests, where the swap-in's latency dominates
     /// — with a policy that reads scores the attention fills them there — and the swap-in
     /// above). CUDA only: the CPU backend copies either way. Results are bit-identical in every
@@ -65,6 +68,13 @@ pub struct HiSparseConfig {
     pub miss_fill: String,
     /// Ours: with `miss_fill = "auto"`, the largest batch whose swap-in is deferred.
     pub miss_fill_max_batch: usize,
+    /// Ours: with `miss_fill = "copy-engine"`, the share of a step's selection entries the
+    /// copy engine copies per layer (a fixed size, as a graph's copy has one); misses past it are
+    /// read from the host tier by the scatter kernel. In (0, 1].
+    pub copy_engine_share: f64,
+    /// Ours: with `miss_fill = "copy-engine"`, host threads of the gather (0: the machine's
+    /// cores less two).
+    pub host_gather_threads: usize,
     /// Ours: positions per page of the host tier and the device pools.
     pub page_tokens: usize,
     /// Ours: device bytes for KV rows, index keys and hot buffers (0: decided by the engine).
@@ -98,6 +108,8 @@ impl Default for HiSparseConfig {
             prefetch_budget: 0,
             miss_fill: "swap-in".into(),
             miss_fill_max_batch: 8,
+            copy_engine_share: 0.125,
+            host_gather_threads: 0,
             page_tokens: 64,
             device_kv_bytes: 0,
             host_tier_bytes: 0,
@@ -115,13 +127,13 @@ fn invalid(field: &'static str, value: impl std::fmt::Display, reason: impl Into
 
 impl HiSparseConfig {
     /// The values of `miss_fill`.
-    pub const MISS_FILLS: [&'static str; 6] =
-        ["auto", "swap-in", "attention", "deferred", "deferred-gather", "hits-first"];
+    pub const MISS_FILLS: [&'static str; 7] =
+        ["auto", "swap-in", "attention", "deferred", "deferred-gather", "hits-first", "copy-engine"];
 
     /// The largest batch whose misses the attention brings in (0: none, `usize::MAX`: all).
     pub fn fill_max_batch(&self) -> usize {
         match self.miss_fill.as_str() {
-            "attention" | "deferred" | "deferred-gather" | "hits-first" => usize::MAX,
+            "attention" | "deferred" | "deferred-gather" | "hits-first" | "copy-engine" => usize::MAX,
             "auto" => self.miss_fill_max_batch,
             _ => 0,
         }
@@ -130,7 +142,7 @@ impl HiSparseConfig {
     /// Whether, where the attention takes the misses, it only reads them and the swap-in runs
     /// after it (`deferred`, and `auto`'s small batches).
     pub fn fill_deferred(&self) -> bool {
-        matches!(self.miss_fill.as_str(), "deferred" | "deferred-gather" | "hits-first" | "auto")
+        matches!(self.miss_fill.as_str(), "deferred" | "deferred-gather" | "hits-first" | "copy-engine" | "auto")
     }
 
     /// Parses JSON (unknown keys are errors; missing keys take their defaults).
@@ -224,7 +236,9 @@ impl HiSparseConfig {
             ));
         }
         let policy = crate::policy::make(&self.eviction_policy, &self.policy())?;
-        if (self.miss_fill.starts_with("deferred") || self.miss_fill == "hits-first") && policy.needs_scores() {
+        let deferred =
+            self.miss_fill.starts_with("deferred") || ["hits-first", "copy-engine"].contains(&&*self.miss_fill);
+        if deferred && policy.needs_scores() {
             return Err(invalid(
                 "miss_fill",
                 &self.miss_fill,
@@ -242,6 +256,16 @@ impl HiSparseConfig {
                 &self.miss_fill,
                 format!("must be one of {}", Self::MISS_FILLS.join(", ")),
             ));
+        }
+        if !(self.copy_engine_share > 0.0 && self.copy_engine_share <= 1.0) {
+            return Err(invalid(
+                "copy_engine_share",
+                format!("{:?}", self.copy_engine_share),
+                "must be in (0, 1] (a share of the selection entries)",
+            ));
+        }
+        if self.host_gather_threads > 256 {
+            return Err(invalid("host_gather_threads", self.host_gather_threads, "must be at most 256"));
         }
         if self.prefetch_budget > self.device_buffer_size {
             return Err(invalid(
@@ -378,6 +402,18 @@ mod tests {
                 "miss_fill",
             ),
             (HiSparseConfig { prefetch_budget: 5000, ..Default::default() }, "prefetch_budget"),
+            (
+                HiSparseConfig {
+                    miss_fill: "copy-engine".into(),
+                    eviction_policy: "score".into(),
+                    ..Default::default()
+                },
+                "miss_fill",
+            ),
+            (HiSparseConfig { copy_engine_share: 0.0, ..Default::default() }, "copy_engine_share"),
+            (HiSparseConfig { copy_engine_share: 1.5, ..Default::default() }, "copy_engine_share"),
+            (HiSparseConfig { copy_engine_share: f64::NAN, ..Default::default() }, "copy_engine_share"),
+            (HiSparseConfig { host_gather_threads: 1000, ..Default::default() }, "host_gather_threads"),
             (
                 HiSparseConfig {
                     policy_config: PolicyConfig { mq_queues: 99, ..PolicyConfig::default() },

@@ -124,14 +124,23 @@ pub struct EngineArgs {
     /// with the score policy), deferred-gather (as deferred, the misses gathered into device
     /// staging rows first for the attention), hits-first (as deferred, the attention over the
     /// hits running while the misses are gathered, then over the misses and an LSE merge: equal
-    /// within the attention's bf16 tolerance, not bit for bit), or auto (deferred in batches of at most
+    /// within the attention's bf16 tolerance, not bit for bit), copy-engine (as deferred-gather,
+    /// but host threads gather the misses into pinned memory and the copy engine copies them), or
+    /// auto (deferred in batches of at most
     /// --miss-fill-max-batch requests, the swap-in above). CUDA; the CPU backend copies either
     /// way. Outputs are bit-identical in every form but hits-first (checked on the H200).
-    #[arg(long, value_parser = ["auto", "swap-in", "attention", "deferred", "deferred-gather", "hits-first"])]
+    #[arg(long, value_parser = ["auto", "swap-in", "attention", "deferred", "deferred-gather", "hits-first", "copy-engine"])]
     pub miss_fill: Option<String>,
     /// With --miss-fill auto: the largest batch whose misses the attention fills (default 8).
     #[arg(long)]
     pub miss_fill_max_batch: Option<usize>,
+    /// With --miss-fill copy-engine: the share of a step's selection entries the copy engine
+    /// copies per layer (default 0.125); misses past it are read by the scatter kernel.
+    #[arg(long)]
+    pub copy_engine_share: Option<f64>,
+    /// With --miss-fill copy-engine: host threads of the gather (default 0: the cores less two).
+    #[arg(long)]
+    pub host_gather_threads: Option<usize>,
     /// KV row format: fp8 (656 B rows) or bf16 (1152 B rows).
     #[arg(long, value_parser = ["fp8", "bf16"])]
     pub kv_format: Option<String>,
@@ -202,6 +211,8 @@ fn flag_of(field: &str) -> Option<&'static str> {
         "prefetcher" => "prefetcher",
         "prefetch_budget" => "prefetch-budget",
         "miss_fill" => "miss-fill",
+        "copy_engine_share" => "copy-engine-share",
+        "host_gather_threads" => "host-gather-threads",
         "host_tier_file" | "host_tier_path" => "host-tier-file",
         _ => return None,
     })
@@ -227,6 +238,8 @@ impl EngineArgs {
             "prefetcher" => self.prefetcher.is_some(),
             "prefetch_budget" => self.prefetch_budget.is_some(),
             "miss_fill" => self.miss_fill.is_some(),
+            "copy_engine_share" => self.copy_engine_share.is_some(),
+            "host_gather_threads" => self.host_gather_threads.is_some(),
             "host_tier_file" | "host_tier_path" => self.host_tier_file.is_some(),
             _ => false,
         }
@@ -319,6 +332,12 @@ impl EngineArgs {
         }
         if let Some(v) = self.miss_fill_max_batch {
             c.miss_fill_max_batch = v;
+        }
+        if let Some(v) = self.copy_engine_share {
+            c.copy_engine_share = v;
+        }
+        if let Some(v) = self.host_gather_threads {
+            c.host_gather_threads = v;
         }
         if let Some(p) = &self.host_tier_file {
             if self.uses_cuda() {

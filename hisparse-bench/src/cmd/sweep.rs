@@ -101,6 +101,10 @@ pub struct Point {
     /// Collective bytes per rank and step (MB; `--gpus` with an emulated model, else 0).
     #[serde(default)]
     pub exchange_mb_per_step: f64,
+    /// Of the misses, the rows the copy engine brought in (`--miss-fill copy-engine`, else 0;
+    /// the rest the scatter kernel read from the host tier).
+    #[serde(default)]
+    pub copy_engine_share_of_misses: f64,
 }
 
 /// The sweep's output.
@@ -155,6 +159,7 @@ pub(super) struct Window {
     prefetched: u64,
     useful: u64,
     wasted: u64,
+    copy_rows: u64,
     swap: f64,
     kernels: f64,
     stages: StageTimes,
@@ -173,6 +178,7 @@ impl Window {
         self.prefetched += m.prefetched;
         self.useful += m.prefetch_useful;
         self.wasted += m.prefetch_wasted;
+        self.copy_rows += m.copy_engine_rows;
         let st = &m.stages;
         self.swap += st.swap_in + st.backup;
         self.kernels += st.indexer + st.top_k + st.swap_in + st.attention + st.graph + st.model + st.exchange;
@@ -203,6 +209,7 @@ pub(super) fn point(context: usize, concurrency: usize, mode: Mode, windows: &[W
         all.prefetched += w.prefetched;
         all.useful += w.useful;
         all.wasted += w.wasted;
+        all.copy_rows += w.copy_rows;
         all.swap += w.swap;
         all.kernels += w.kernels;
         all.stages.add(&w.stages);
@@ -235,6 +242,7 @@ pub(super) fn point(context: usize, concurrency: usize, mode: Mode, windows: &[W
         kernel_ms: 1e3 * all.kernels / n,
         stages_ms: super::sweep_output::scale_stages(&all.stages, 1e3 / n),
         exchange_mb_per_step: 0.0,
+        copy_engine_share_of_misses: share(all.copy_rows, all.misses),
     }
 }
 

@@ -199,6 +199,11 @@ pub fn hierarchy(hs: &hisparse_policy::HiSparseConfig, backend: &str) -> String 
         (true, _) if hs.miss_fill == "hits-first" => "deferred swap-in, the attention over the hits while the misses \
              are gathered into device staging rows, then over the misses and an LSE merge"
             .to_owned(),
+        (true, _) if hs.miss_fill == "copy-engine" => format!(
+            "deferred swap-in (host threads gather them into pinned rows, {:.1}% of the selection per layer, \
+             which the copy engine copies to device staging rows for the attention)",
+            100.0 * hs.copy_engine_share
+        ),
         (true, _) if hs.miss_fill == "deferred-gather" => {
             "deferred swap-in (its first kernel gathers them into device staging rows for the attention)".to_owned()
         }
@@ -368,6 +373,7 @@ mod tests {
             line("deferred-gather", "lru", "cuda")
                 .ends_with("gathers them into device staging rows for the attention)")
         );
+        assert!(line("copy-engine", "lru", "cuda").contains("12.5% of the selection per layer, which the copy engine"));
         // The CPU backend copies whatever the setting.
         assert!(line("deferred", "lru", "cpu").ends_with("misses filled by the swap-in"));
     }

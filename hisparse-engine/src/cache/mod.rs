@@ -24,7 +24,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hisparse_kernels::{Backend, DeviceSwapIn, DeviceSwapInConfig, RowBackupConfig};
+use hisparse_kernels::{Backend, CopyEngineFill, DeviceSwapIn, DeviceSwapInConfig, RowBackupConfig};
 use hisparse_memory::{
     Admission, AdmissionControl, CapacityPlan, DeviceTier, HostTier, HostTierConfig, IndexKeyLayout, KvGeometry,
     KvRowLayout, Mode, RequestId, Resources,
@@ -222,6 +222,10 @@ where
                     fill_deferred: cfg.hisparse.fill_deferred(),
                     fill_gather: cfg.hisparse.miss_fill == "deferred-gather",
                     fill_hits_first: cfg.hisparse.miss_fill == "hits-first",
+                    fill_copy_engine: (cfg.hisparse.miss_fill == "copy-engine").then_some(CopyEngineFill {
+                        share: cfg.hisparse.copy_engine_share,
+                        threads: cfg.hisparse.host_gather_threads,
+                    }),
                 };
                 let swap = backend.device_swap_in(&dcfg, &mut host)?;
                 let backup =

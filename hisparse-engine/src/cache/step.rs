@@ -397,6 +397,8 @@ where
             m.prefetched += counts.prefetched;
             m.prefetch_useful += counts.prefetch_used;
             m.prefetch_wasted += counts.prefetch_wasted;
+            m.copy_engine_rows += counts.copy_engine_rows;
+            m.copy_engine_overflow += counts.copy_engine_overflow;
             m.bytes_d2h += (self.ids.len() * layers * c.kv_row.row_bytes()) as u64;
         } else {
             m.hits += (self.sel_spans.iter().map(|s| s.len).sum::<usize>() * layers) as u64;

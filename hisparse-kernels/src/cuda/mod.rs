@@ -19,6 +19,7 @@ mod policy;
 mod printed_launch;
 mod sources;
 mod step_launch;
+mod swap_copy_engine;
 mod swap_deferred;
 mod swap_hits_first;
 mod swap_in;
@@ -41,6 +42,7 @@ pub use policy::{
 };
 pub use printed_launch::LaunchPrint;
 pub use sources::{KernelSource, all_sources, policy_harness, prefetcher_harness, source};
+pub use swap_copy_engine::CopyEngineStaging;
 pub use swap_in::{GpuSwapIn, SwapBatch, SwapOutputs, SwapParams, SwapReq};
 pub use swap_in_backend::CudaSwapIn;
 pub use swap_launch::ProtectSpans;

@@ -16,6 +16,9 @@
 //! attention reads it there, from device memory, and the deferred swap-in copies it from there
 //! into its slot: a miss crosses PCIe once.
 //!
+//! With `miss_fill = "copy-engine"` the locate only locates too, and the misses reach the same
+//! staging rows through the host and the copy engine (`swap_copy_engine.rs`) before the attention.
+//!
 //! With `miss_fill = "hits-first"` the locate only locates (as under `deferred`), and the gather
 //! runs first on the deferred stream (`swap_hits_first.rs`), beside the attention over the hits.
 //!
@@ -34,6 +37,7 @@ use super::attention_hits_first::LandedMisses;
 use super::device::CudaDevice;
 use super::driver_error;
 use super::printed_launch::{LaunchPrint, PrintedLaunch};
+use super::swap_copy_engine::CopyEngineStaging;
 use super::swap_hits_first::MissList;
 use super::swap_in::{GpuSwapIn, SwapBatch, SwapOutputs};
 use super::swap_staging::{StagedRows, StagingRing};
@@ -137,28 +141,41 @@ pub(super) struct DeferredSwapIn {
     gather: Option<StagingRing>,
     /// `miss_fill = "hits-first"`: the misses are gathered on the deferred stream, and listed.
     hits_first: Option<MissList>,
+    /// `miss_fill = "copy-engine"`: the misses are gathered on the host and copied by the copy
+    /// engine into the staging rows.
+    copy_engine: Option<CopyEngineStaging>,
+}
+
+/// How a deferred swap-in brings the misses where the attention reads them.
+pub(super) enum DeferredFill {
+    /// The attention reads them from the mapped host tier (`deferred`).
+    HostReads,
+    /// The locate gathers them into staging rows of this size (`deferred-gather`).
+    Gather(usize),
+    /// A gather on the deferred stream beside the attention over the hits (`hits-first`).
+    HitsFirst(usize),
+    /// The host and the copy engine, into staging rows (`copy-engine`): the host tier, the
+    /// share of selection entries the landing rows hold, the host threads.
+    CopyEngine(MappedHostTier, f64, usize),
 }
 
 impl DeferredSwapIn {
     /// A deferred swap-in for `layers` layers, with a stream of its own; `delay_ns` (a test
-    /// hook) slows every deferred swap-in; given `gather_row_bytes`, the locate gathers the
-    /// misses into a staging buffer of such rows for the attention — or, with `hits_first`, a
-    /// gather on the deferred stream.
-    pub(super) fn new(
-        dev: &CudaDevice,
-        layers: usize,
-        delay_ns: u64,
-        gather_row_bytes: Option<usize>,
-        hits_first: bool,
-    ) -> Result<Self> {
+    /// hook) slows every deferred swap-in; `fill` says where the attention finds the misses.
+    pub(super) fn new(dev: &CudaDevice, layers: usize, delay_ns: u64, fill: DeferredFill) -> Result<Self> {
         let main = Arc::clone(dev.stream());
-        if hits_first && gather_row_bytes.is_none() {
-            return Err(KernelError::invalid("miss_fill", "hits-first", "needs staging rows (a row size)"));
-        }
-        let hits_first = if hits_first { Some(MissList::new(&main)?) } else { None };
-        let gather = match gather_row_bytes {
-            Some(rb) => Some(StagingRing::new(&main, rb)?),
-            None => None,
+        let (mut hits_first, mut copy_engine) = (None, None);
+        let gather = match fill {
+            DeferredFill::HostReads => None,
+            DeferredFill::Gather(rb) => Some(StagingRing::new(&main, rb)?),
+            DeferredFill::HitsFirst(rb) => {
+                hits_first = Some(MissList::new(&main)?);
+                Some(StagingRing::new(&main, rb)?)
+            }
+            DeferredFill::CopyEngine(tier, share, threads) => {
+                copy_engine = Some(CopyEngineStaging::new(&main, &tier, share, threads)?);
+                Some(StagingRing::new(&main, tier.layout().row_bytes)?)
+            }
         };
         let delay = match delay_ns {
             0 => None,
@@ -167,6 +184,7 @@ impl DeferredSwapIn {
         Ok(Self {
             gather,
             hits_first,
+            copy_engine,
             delay,
             print: Arc::clone(&dev.print),
             stream: dev.context().new_stream().map_err(driver_error("deferred swap-in stream"))?,
@@ -193,6 +211,9 @@ impl DeferredSwapIn {
         }
         if let Some(m) = self.hits_first.as_mut() {
             m.reserve(&self.main, requests, sel_end)?;
+        }
+        if let Some(c) = self.copy_engine.as_mut() {
+            c.reserve(&self.main, requests, sel_end)?;
         }
         if self.out.miss_tokens.len() < sel_end || self.out.counts.len() < crate::SWAP_COUNTS * requests {
             self.out = SwapOutputs::new(&self.main, requests.next_power_of_two(), sel_end.next_power_of_two())?;
@@ -223,8 +244,12 @@ impl DeferredSwapIn {
             Some(ring) => Some(ring.slot_mut(&self.main, layer)?),
             None => None,
         };
-        let located_only = if self.hits_first.is_some() { None } else { slot.as_mut() };
+        let gathers = self.hits_first.is_none() && self.copy_engine.is_none();
+        let located_only = if gathers { slot.as_mut() } else { None };
         gpu.locate(&self.main, layer, batch, selections, pages, host, locations, fills, &mut copy, located_only)?;
+        if let (Some(c), Some(slot)) = (self.copy_engine.as_mut(), slot.as_mut()) {
+            c.stage(gpu, &self.main, layer, batch, (pages, host), fills, slot)?;
+        }
         self.stream.join(&self.main).map_err(driver_error("the deferred stream waits for the locate"))?;
         if let Some((f, ns)) = &self.delay {
             super::backup::launch_delay(&self.print, &self.stream, f, ns)?;
@@ -271,6 +296,14 @@ impl DeferredSwapIn {
     pub(super) fn landed_misses(&self, layer: usize) -> Option<LandedMisses<'_>> {
         let (m, ring) = (self.hits_first.as_ref()?, self.gather.as_ref()?);
         Some(LandedMisses { staging: ring.slot(layer), list: &m.list, spans: &m.spans, landed: m.landed.as_ref()? })
+    }
+
+    /// Under `copy-engine`: whether a host gather failed since the last call, and the rows the
+    /// host gathered and those the scatter read from the host tier itself.
+    pub(super) fn take_copy_engine(&self) -> Option<(bool, u64, u64)> {
+        let c = self.copy_engine.as_ref()?;
+        let (landed, overflow) = c.take_rows();
+        Some((c.take_fault(), landed, overflow))
     }
 
     /// Orders every deferred swap-in queued so far before the main stream's later work.

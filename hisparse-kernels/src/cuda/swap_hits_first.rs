@@ -88,8 +88,9 @@ impl MissList {
             };
             let GpuSwapIn { print, funcs, fault, .. } = &mut *gpu;
             let mut b = PrintedLaunch::new(print, stream, &funcs.gather);
+            let null = 0u64;
             b.arg(batch.device()).arg(fills).arg_mut(staging).arg_mut(&mut self.list).arg_mut(&mut self.spans);
-            b.arg_mut(fault).params(&params);
+            b.arg(&null).arg(&null).arg_mut(fault).params(&params);
             // SAFETY: the batch was validated against this swap-in (selection ranges within
             // `sel_end`, which `fills`, the staging rows and the list cover, and the spans hold a
             // request each: checked); a fill word is read as a host-tier row only below the

@@ -14,7 +14,7 @@ use hisparse_policy::EvictionPolicy;
 use super::attention_launch::{AttentionKernels, AttnRows, AttnScratch};
 use super::device::CudaDevice;
 use super::driver_error;
-use super::swap_deferred::DeferredSwapIn;
+use super::swap_deferred::{DeferredFill, DeferredSwapIn};
 use super::swap_in::{GpuSwapIn, SwapBatch, SwapOutputs};
 use super::swap_prefetch::GpuPrefetch;
 use crate::device_swap_in::{
@@ -79,12 +79,16 @@ impl CudaSwapIn {
                 "needs the warpgroup-MMA attention (not --attention-kernel mma-sync)",
             ));
         }
-        let gather = (cfg.fill_gather || cfg.fill_hits_first).then_some(mapped.layout().row_bytes);
-        let deferred = if cfg.fill_deferred || cfg.fill_hits_first {
-            let hits_first = cfg.fill_hits_first;
-            Some(DeferredSwapIn::new(dev, cfg.geometry.layers, delay_ns, gather, hits_first)?)
-        } else {
-            None
+        let rb = mapped.layout().row_bytes;
+        let fill = match (&cfg.fill_copy_engine, cfg.fill_hits_first, cfg.fill_gather) {
+            (Some(ce), _, _) => Some(DeferredFill::CopyEngine(mapped.clone(), ce.share, ce.threads())),
+            (None, true, _) => Some(DeferredFill::HitsFirst(rb)),
+            (None, false, true) => Some(DeferredFill::Gather(rb)),
+            (None, false, false) => cfg.fill_deferred.then_some(DeferredFill::HostReads),
+        };
+        let deferred = match fill {
+            Some(fill) => Some(DeferredSwapIn::new(dev, cfg.geometry.layers, delay_ns, fill)?),
+            None => None,
         };
         let reads_scores = cfg.policy.needs_scores();
         gpu.set_fill_max(if deferred.is_some() && !reads_scores { 0 } else { cfg.fill_max_batch });
@@ -308,6 +312,14 @@ impl DeviceSwapIn<CudaMemory> for CudaSwapIn {
         let s = self.dev.stream();
         s.memcpy_dtoh(&self.counts.slice(..n3), &mut host).map_err(driver_error("swap-in counts"))?;
         s.synchronize().map_err(driver_error("synchronize"))?;
+        let copy_engine = self.deferred.as_ref().and_then(DeferredSwapIn::take_copy_engine);
+        if let Some((true, _, _)) = copy_engine {
+            return Err(KernelError::invalid(
+                "host gather",
+                "failed",
+                "the copy-engine path's host gather met a list out of its bounds or a row outside the tier",
+            ));
+        }
         if self.gpu.take_fault()? {
             return Err(KernelError::invalid(
                 "selections",
@@ -324,6 +336,10 @@ impl DeviceSwapIn<CudaMemory> for CudaSwapIn {
         }
         let rb = self.host.layout().row_bytes as u64;
         c.bytes_h2d = c.misses * rb;
+        if let Some((_, landed, overflow)) = copy_engine {
+            c.copy_engine_rows = landed;
+            c.copy_engine_overflow = overflow;
+        }
         if let Some(p) = self.prefetch.as_ref() {
             p.add_counts(&mut c, rb)?;
         }

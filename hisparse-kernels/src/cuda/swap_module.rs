@@ -1,6 +1,6 @@
 //! The swap-in's kernel module: its source with an eviction policy's hooks spliced in
 //! (`kernels/swap_in.cu`, `swap_common.cu`, `swap_fused.cu`, `swap_locate.cu`: also the hits-first
-//! gather, `prefetch.cu`), and its loaded
+//! gather and the copy-engine scatter, `prefetch.cu`), and its loaded
 //! functions with their shared memory opted in.
 
 use cudarc::driver::CudaFunction;
@@ -37,6 +37,7 @@ pub fn swap_in_source(policy: &dyn EvictionPolicy) -> Option<KernelSource> {
             "locate_in_hot",
             "copy_staged_misses",
             "gather_misses",
+            "scatter_landed_misses",
         ],
     })
 }
@@ -59,6 +60,7 @@ pub(super) struct SwapFunctions {
     pub locate: CudaFunction,
     pub copy_staged: CudaFunction,
     pub gather: CudaFunction,
+    pub scatter_landed: CudaFunction,
 }
 
 impl SwapFunctions {
@@ -75,6 +77,7 @@ impl SwapFunctions {
             locate: get("locate_in_hot")?,
             copy_staged: get("copy_staged_misses")?,
             gather: get("gather_misses")?,
+            scatter_landed: get("scatter_landed_misses")?,
         };
         let opt_in = |func: &CudaFunction, bytes: usize| {
             func.set_attribute(CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes as i32)
