@@ -184,12 +184,16 @@ __device__ __forceinline__ void indexer_body(INDEXER_PARAMS) {
     unsigned* st2 = stage + warp * 2 * 32 * KEY_WORDS;
     const unsigned chunks = (r.seq_len + 31) / 32;
     const unsigned stride = gridDim.x * WARPS;
-    // Lane j's row of chunk c (-1 past the end or on a bad page): looked up one chunk ahead of
-    // its copies, so that the page-table read is not waited for.
-    auto lookup = [&](unsigned c) -> long long {
-        unsigned t = c * 32 + lane;
+    // Lane j's page of chunk c (past the end: pool_pages, read as no row): loaded one chunk ahead
+    // of its copies and checked only there (row_of), so that nothing waits for the load between.
+    auto lookup = [&](unsigned c) -> unsigned {
+        const unsigned t = c * 32 + lane;
+        return c >= chunks || t >= r.seq_len ? pool_pages : page_table[r.first_page + t / page_tokens];
+    };
+    // Lane j's row of chunk c on `page` (-1 past the end or on a bad page, which raises the fault).
+    auto row_of = [&](unsigned c, unsigned page) -> long long {
+        const unsigned t = c * 32 + lane;
         if (c >= chunks || t >= r.seq_len) return -1;
-        unsigned page = page_table[r.first_page + t / page_tokens];
         if (page < pool_pages) return (long long)page * page_tokens + t % page_tokens;
         atomicOr(fault, 1u);
         return -1;
@@ -219,11 +223,11 @@ __device__ __forceinline__ void indexer_body(INDEXER_PARAMS) {
         asm volatile("cp.async.commit_group;\n" ::);
     };
     unsigned c = blockIdx.x * WARPS + warp;
-    if (c < chunks) issue(lookup(c), 0);
-    long long ahead = lookup(c + stride);
+    if (c < chunks) issue(row_of(c, lookup(c)), 0);
+    unsigned ahead = lookup(c + stride);
     for (unsigned buf = 0; c < chunks; c += stride, buf ^= 1) {
         if (c + stride < chunks) {
-            issue(ahead, buf ^ 1);
+            issue(row_of(c + stride, ahead), buf ^ 1);
             ahead = lookup(c + 2 * stride);
             asm volatile("cp.async.wait_group 1;\n" ::);
         } else {

@@ -5,8 +5,8 @@
 // accumulate, as HMMA sums: the fp8 wgmma's narrower accumulator is not used), eight k-steps
 // over the 128 dims, then s_t = scale_t * sum_h w_h relu(D[t][h]).
 //   - keys: a chunk's 64 rows (132 B each; pages hold a multiple of 64 positions, so they are
-//     one contiguous 8448-byte run) are copied by cp.async into one of three staging tiles, two
-//     chunks ahead of their use; each thread reads its two rows' words and converts e4m3 pairs
+//     one contiguous 8448-byte run) are copied by cp.async into one of WGI_STAGES (four) staging
+//     tiles, three chunks ahead of their use; each thread reads its two rows' words and converts e4m3 pairs
 //     to f16 pairs (exact) straight into the A fragments (registers);
 //   - queries (B, K-major in shared memory, no swizzle): exact ones as bf16 times the request's
 //     power of two into f16 range (as indexer_scores), fp8 ones quantised per head to e4m3 (as
@@ -21,7 +21,7 @@
 // dynamic shared memory WGI_SMEM(N) bytes.
 
 #define WGI_TILE (64 * 132)
-#define WGI_STAGES 3
+#define WGI_STAGES 4
 #define WGI_SMEM(n) ((n) * 256 + (n) * 4 + WGI_STAGES * WGI_TILE)
 
 __device__ __forceinline__ void wgi_cp_async16(void* dst, const void* src) {
@@ -64,7 +64,7 @@ __device__ __forceinline__ void indexer_wg_body(INDEXER_PARAMS) {
     extern __shared__ __align__(128) unsigned char smem[];
     unsigned char* qs = smem;                                   // B: 8 k-steps x N x 32 B
     float* w = reinterpret_cast<float*>(smem + N * 256);        // [N]
-    unsigned char* stage = smem + N * 256 + N * 4;              // [3][64 rows][132 B]
+    unsigned char* stage = smem + N * 256 + N * 4;              // [WGI_STAGES][64 rows][132 B]
     const unsigned tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tig = lane & 3;
     const unsigned i = blockIdx.y;
     const IndexerReq r = reqs[i];
@@ -127,17 +127,18 @@ __device__ __forceinline__ void indexer_wg_body(INDEXER_PARAMS) {
         asm volatile("cp.async.commit_group;\n" ::);
     };
     unsigned c = blockIdx.x;
-    issue(c, page_of(c), 0);
-    issue(c + stride, page_of(c + stride), 1);
-    unsigned ahead = page_of(c + 2 * stride);
+    // The first WGI_STAGES - 1 chunks in flight before the loop, the next one each iteration.
+    #pragma unroll
+    for (unsigned b = 0; b + 1 < WGI_STAGES; ++b) issue(c + b * stride, page_of(c + b * stride), b);
+    unsigned ahead = page_of(c + (WGI_STAGES - 1) * stride);
     float acc[N / 2];
     #pragma unroll
     for (unsigned j = 0; j < N / 2; ++j) acc[j] = 0.f;
     const unsigned r0 = 16 * warp + g;
     for (unsigned it = 0; c < chunks; c += stride, ++it) {
-        issue(c + 2 * stride, ahead, (it + 2) % WGI_STAGES);
-        ahead = page_of(c + 3 * stride);
-        asm volatile("cp.async.wait_group 2;\n" ::);
+        issue(c + (WGI_STAGES - 1) * stride, ahead, (it + WGI_STAGES - 1) % WGI_STAGES);
+        ahead = page_of(c + WGI_STAGES * stride);
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(WGI_STAGES - 1));
         __syncthreads();  // chunk c's rows (every thread's copies) landed
         const unsigned char* tile = stage + (it % WGI_STAGES) * WGI_TILE;
         const unsigned* row0 = reinterpret_cast<const unsigned*>(tile + r0 * 132);
@@ -184,20 +185,20 @@ __device__ __forceinline__ void indexer_wg_body(INDEXER_PARAMS) {
     asm volatile("cp.async.wait_all;\n" ::);
 }
 
-// Five blocks of the 64-head forms fit an SM (at most 102 registers, 42 KB of shared memory),
-// six of the 32-head ones; the launcher asks the driver and fills one wave.
-extern "C" __global__ void __launch_bounds__(128, 5) indexer_scores_wg_h64(INDEXER_PARAMS) {
+// Four blocks of the 64-head forms fit an SM (50 KB of shared memory each), five of the 32-head
+// ones; the launcher asks the driver and fills one wave.
+extern "C" __global__ void __launch_bounds__(128, 4) indexer_scores_wg_h64(INDEXER_PARAMS) {
     indexer_wg_body<false, 64>(INDEXER_ARGS);
 }
 
-extern "C" __global__ void __launch_bounds__(128, 6) indexer_scores_wg_h32(INDEXER_PARAMS) {
+extern "C" __global__ void __launch_bounds__(128, 5) indexer_scores_wg_h32(INDEXER_PARAMS) {
     indexer_wg_body<false, 32>(INDEXER_ARGS);
 }
 
-extern "C" __global__ void __launch_bounds__(128, 5) indexer_scores_fp8_wg_h64(INDEXER_PARAMS) {
+extern "C" __global__ void __launch_bounds__(128, 4) indexer_scores_fp8_wg_h64(INDEXER_PARAMS) {
     indexer_wg_body<true, 64>(INDEXER_ARGS);
 }
 
-extern "C" __global__ void __launch_bounds__(128, 6) indexer_scores_fp8_wg_h32(INDEXER_PARAMS) {
+extern "C" __global__ void __launch_bounds__(128, 5) indexer_scores_fp8_wg_h32(INDEXER_PARAMS) {
     indexer_wg_body<true, 32>(INDEXER_ARGS);
 }

@@ -52,9 +52,9 @@ impl FixedHeadIndexer {
 }
 
 /// Shared memory of the warpgroup-MMA indexer (`WGI_SMEM` in `kernels/indexer_wgmma.cu`): the
-/// queries as f16 and the weights, three staging tiles of 64 key rows.
+/// queries as f16 and the weights, four staging tiles of 64 key rows.
 fn indexer_wg_smem(heads: usize) -> usize {
-    heads * 256 + heads * 4 + 3 * 64 * 132
+    heads * 256 + heads * 4 + 4 * 64 * 132
 }
 
 /// The indexer's kernels: exact and fp8 queries for any multiple of 8 heads, the fp8 form

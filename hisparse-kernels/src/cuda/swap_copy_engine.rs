@@ -153,23 +153,13 @@ impl HostGather {
         // Few rows are gathered on this thread: waking the pool's costs more than they do.
         let per_task = landed.div_ceil(self.pool.current_num_threads().max(1)).max(INLINE_ROWS);
         let gather = |(t, chunk): (usize, &mut [u8])| {
-            // The request of ordinal `ord`, and the ordinal its misses start at.
-            let (mut ord, mut x, mut start) = (t * per_task, 0usize, 0usize);
-            while x < spans.len() && start + spans[x][1] as usize <= ord {
-                start += spans[x][1] as usize;
-                x += 1;
-            }
-            for row_dst in chunk.chunks_exact_mut(rb) {
-                while start + spans[x][1] as usize <= ord {
-                    start += spans[x][1] as usize;
-                    x += 1;
-                }
-                let row = rows[spans[x][0] as usize + (ord - start)];
+            let at = ListEntries::new(spans, t * per_task);
+            for (row_dst, i) in chunk.chunks_exact_mut(rb).zip(at) {
+                let row = rows[i];
                 // ~0u: a fill word past the tier, which raised the device's fault flag.
                 if row != u32::MAX {
                     self.tier.read_row(u64::from(row), row_dst)?;
                 }
-                ord += 1;
             }
             Ok::<(), KernelError>(())
         };
@@ -181,6 +171,41 @@ impl HostGather {
         self.landed.fetch_add(landed as u64, Ordering::Relaxed);
         self.overflow.fetch_add((total - landed) as u64, Ordering::Relaxed);
         Ok(())
+    }
+}
+
+/// The list entries of the misses from ordinal `ord` on, in ordinal order: a request's misses
+/// `q = 0..len` of span `[offset, len]` are at list entries `offset + q` and take the ordinals
+/// after those of the requests before it (as `scatter_landed_misses` numbers them).
+struct ListEntries<'a> {
+    spans: &'a [[u64; 2]],
+    /// The request of the next ordinal, and the ordinal its misses start at.
+    x: usize,
+    start: usize,
+    ord: usize,
+}
+
+impl<'a> ListEntries<'a> {
+    fn new(spans: &'a [[u64; 2]], ord: usize) -> Self {
+        Self { spans, x: 0, start: 0, ord }
+    }
+}
+
+impl Iterator for ListEntries<'_> {
+    type Item = usize;
+
+    fn next(&mut self) -> Option<usize> {
+        while let Some(&[_, len]) = self.spans.get(self.x) {
+            if self.start + len as usize > self.ord {
+                break;
+            }
+            self.start += len as usize;
+            self.x += 1;
+        }
+        let &[off, _] = self.spans.get(self.x)?;
+        let i = off as usize + (self.ord - self.start);
+        self.ord += 1;
+        Some(i)
     }
 }
 
@@ -377,5 +402,23 @@ impl CopyEngineStaging {
         self.job
             .as_ref()
             .map_or((0, 0), |j| (j.landed.swap(0, Ordering::Relaxed), j.overflow.swap(0, Ordering::Relaxed)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ListEntries;
+
+    #[test]
+    fn list_entries_follow_the_scatters_ordinals_from_any_start() {
+        // Requests with misses, without, and spans not packed (as per-request lists are).
+        let spans = [[0u64, 3], [10, 0], [10, 2], [40, 0], [64, 5], [100, 1]];
+        let flat: Vec<usize> = spans.iter().flat_map(|&[off, len]| (off..off + len).map(|i| i as usize)).collect();
+        assert_eq!(flat.len(), 11);
+        for start in 0..=flat.len() + 2 {
+            let got: Vec<usize> = ListEntries::new(&spans, start).collect();
+            assert_eq!(got, flat.get(start..).unwrap_or(&[]), "from ordinal {start}");
+        }
+        assert_eq!(ListEntries::new(&[], 0).next(), None);
     }
 }
