@@ -15,6 +15,7 @@ mod gemm_launch;
 mod launch_graph;
 mod nccl;
 mod nvrtc;
+mod pinned_host;
 mod policy;
 mod printed_launch;
 mod sources;

@@ -15,8 +15,9 @@
 //! and read only by this layer's four operations, in order on the main stream, so the next
 //! layer's list cannot overwrite what this layer's host function reads, nor its host function
 //! the landing rows before this layer's copy has read them; the host function reads nothing
-//! else that changes within a step (its [`HostGather`] is rebuilt only in
-//! [`CopyEngineStaging::reserve`], between steps).
+//! else that changes within a step. Its [`HostGather`] and the buffers are freed only after
+//! waiting for the stream ([`CopyEngineStaging::reserve`] when it grows, and drop), so nothing
+//! queued outlives what it reads.
 
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -28,6 +29,7 @@ use hisparse_memory::cuda::MappedHostTier;
 use rayon::prelude::*;
 
 use super::driver_error;
+use super::pinned_host::{PinnedHost, check};
 use super::printed_launch::{PrintedLaunch, addr};
 use super::swap_in::{GpuSwapIn, SwapBatch};
 use crate::error::{KernelError, Result};
@@ -44,56 +46,6 @@ const HEADER_BYTES: usize = 16;
 const INLINE_ROWS: usize = 256;
 /// Bytes of a span (`MissSpan`: offset and length, two u64s).
 const SPAN_BYTES: usize = 16;
-
-fn check(r: sys::CUresult, what: &str) -> Result<()> {
-    if r == sys::CUresult::CUDA_SUCCESS {
-        Ok(())
-    } else {
-        Err(KernelError::Cuda { context: what.to_owned(), message: format!("{r:?}") })
-    }
-}
-
-/// Pinned host memory mapped into the device's address space (`cuMemHostAlloc` with DEVICEMAP |
-/// PORTABLE), zeroed, freed when dropped.
-struct PinnedHost {
-    ptr: *mut u8,
-    len: usize,
-    device_ptr: u64,
-    ctx: Arc<CudaContext>,
-}
-
-// SAFETY: the buffer is plain host memory owned by this value; who reads and writes it when is
-// ordered by the stream (the module's invariant).
-unsafe impl Send for PinnedHost {}
-// SAFETY: as above; no method mutates through a shared reference.
-unsafe impl Sync for PinnedHost {}
-
-impl PinnedHost {
-    fn new(ctx: &Arc<CudaContext>, len: usize) -> Result<Self> {
-        let len = len.max(16);
-        ctx.bind_to_thread().map_err(driver_error("bind context"))?;
-        let mut p: *mut c_void = std::ptr::null_mut();
-        let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
-        // SAFETY: `p` is a valid out pointer; the driver allocates `len` bytes.
-        check(unsafe { sys::cuMemHostAlloc(&mut p, len, flags) }, "cuMemHostAlloc (copy-engine staging)")?;
-        let mut d: sys::CUdeviceptr = 0;
-        // SAFETY: `p` was just allocated as mapped memory.
-        let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut d, p, 0) };
-        let me = Self { ptr: p.cast(), len, device_ptr: d, ctx: Arc::clone(ctx) };
-        check(r, "cuMemHostGetDevicePointer (copy-engine staging)")?;
-        // SAFETY: `len` bytes at `ptr` are ours.
-        unsafe { std::ptr::write_bytes(me.ptr, 0, len) };
-        Ok(me)
-    }
-}
-
-impl Drop for PinnedHost {
-    fn drop(&mut self) {
-        let _ = self.ctx.bind_to_thread();
-        // SAFETY: allocated by cuMemHostAlloc in `new`, freed once.
-        unsafe { sys::cuMemFreeHost(self.ptr.cast()) };
-    }
-}
 
 /// What the host function of a layer reads and writes: the mapped lists (header, spans, host
 /// rows), the pinned landing rows and the host tier, with their capacities.
@@ -226,6 +178,8 @@ unsafe extern "C" fn host_gather(user: *mut c_void) {
 /// The buffers and the host gather of the copy-engine path: see the module documentation.
 pub struct CopyEngineStaging {
     ctx: Arc<CudaContext>,
+    /// The stream its operations are ordered on (waited for before its buffers are freed).
+    stream: Arc<CudaStream>,
     tier: MappedHostTier,
     pool: Arc<rayon::ThreadPool>,
     /// Of a step's selection entries, the share the landing rows hold.
@@ -252,6 +206,7 @@ impl CopyEngineStaging {
             .map_err(|e| KernelError::invalid("host_gather_threads", threads, e.to_string()))?;
         Ok(Self {
             ctx: Arc::clone(main.context()),
+            stream: Arc::clone(main),
             tier: tier.clone(),
             pool: Arc::new(pool),
             share,
@@ -262,12 +217,15 @@ impl CopyEngineStaging {
     }
 
     /// Room for `requests` requests and `sel_end` selection entries (grows only, between
-    /// steps: no host function of an earlier step is pending then, the step's end having
-    /// synchronised).
+    /// steps; when it grows it first waits for the stream, so that no pending host function or
+    /// copy still reads the buffers it frees).
     pub fn reserve(&mut self, main: &Arc<CudaStream>, requests: usize, sel_end: usize) -> Result<()> {
         let fits = self.job.as_ref().is_some_and(|j| j.spans_cap >= requests && j.rows_cap >= sel_end);
         if fits {
             return Ok(());
+        }
+        if self.job.is_some() {
+            self.stream.synchronize().map_err(driver_error("synchronize before the staging grows"))?;
         }
         let (spans_cap, rows_cap) = (requests.next_power_of_two().max(1), sel_end.next_power_of_two().max(1));
         let landing_rows = ((rows_cap as f64 * self.share).ceil() as usize).div_ceil(64) * 64;
@@ -316,6 +274,9 @@ impl CopyEngineStaging {
         fills: &mut CudaSlice<u64>,
         staging: &mut CudaViewMut<'_, u8>,
     ) -> Result<()> {
+        if main.cu_stream() != self.stream.cu_stream() {
+            return Err(KernelError::invalid("stream", "another", "stage on the stream the path was made with"));
+        }
         let params = gpu.checked_params(layer, batch, fills.len(), None, pages, host)?;
         let sel_end = batch.selection_end();
         let reqs = batch.requests();
@@ -402,6 +363,16 @@ impl CopyEngineStaging {
         self.job
             .as_ref()
             .map_or((0, 0), |j| (j.landed.swap(0, Ordering::Relaxed), j.overflow.swap(0, Ordering::Relaxed)))
+    }
+}
+
+impl Drop for CopyEngineStaging {
+    /// Waits for the stream, so that no host function or copy it queued outlives the job and
+    /// the buffers they read.
+    fn drop(&mut self) {
+        if self.job.is_some() {
+            let _ = self.stream.synchronize();
+        }
     }
 }
 
