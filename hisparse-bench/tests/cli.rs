@@ -534,3 +534,39 @@ fn check_scores_and_selections(st: &safetensors::SafeTensors<'_>, layer: usize) 
         sel_at += k;
     }
 }
+
+#[test]
+fn the_copy_engine_flags_reach_the_config_and_bad_values_are_named_by_flag() {
+    let dir = tmp("copy-engine-flags");
+    let base = [
+        "sweep",
+        "--backend",
+        "cpu",
+        "--concurrency",
+        "1",
+        "--context",
+        "600",
+        "--warmup",
+        "1",
+        "--window",
+        "2",
+        "--mode",
+        "hisparse",
+        "--miss-fill",
+        "copy-engine",
+    ];
+    let out = dir.join("ok");
+    let ok = ["--copy-engine-share", "0.25", "--host-gather-threads", "2", "--out", out.to_str().unwrap()];
+    let o = hisparse(&[&base[..], &ok[..]].concat());
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    for (bad, flag) in [
+        (["--copy-engine-share", "1.5"], "--copy-engine-share"),
+        (["--host-gather-threads", "1000"], "--host-gather-threads"),
+    ] {
+        let o = hisparse(&[&base[..], &bad[..], &["--out", dir.join("bad").to_str().unwrap()]].concat());
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{flag} {}: accepted", bad[1]);
+        assert!(err.contains(flag) && err.contains(bad[1]), "{err}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
