@@ -230,9 +230,16 @@ __device__ __forceinline__ void wg_attention(const __nv_bfloat16* __restrict__ q
     // Warpgroup 0's softmax state for its rows r0 = 16 w + g and r0 + 8 (partial row sums).
     float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
     const unsigned r0 = 16 * w + g;
+    // Descriptors of Q, P and the first K buffer, built once: a k-step's is its byte offset / 16
+    // on (the 14-bit address field does not overflow inside shared memory).
+    const unsigned long long qd = wgmma_desc(Qs, WG_K_LBO, WG_K_SBO, 1);
+    const unsigned long long kd0 = wgmma_desc(smem + WG_OPERAND, WG_K_LBO, WG_K_SBO, 1);
+    const unsigned long long pd = wgmma_desc(smem + p_off, WG_K_LBO, WG_K_SBO, 1);
+    const unsigned long long vd0 = wgmma_desc(smem + WG_OPERAND + 4 * wg * WG_ATOM, WG_MN_LBO, WG_MN_SBO, 1);
 
     for (unsigned t = 0; t < tiles; ++t) {
         unsigned char* Ks = smem + (1 + (FP8 ? 0 : (t & 1))) * WG_OPERAND;
+        const unsigned long long kbuf = FP8 ? 0ull : (unsigned long long)((t & 1) * (WG_OPERAND / 16));
         const unsigned base = first + t * WG_TILE;
         const unsigned valid = min(WG_TILE, end - base);
         cur = next;
@@ -259,8 +266,7 @@ __device__ __forceinline__ void wg_attention(const __nv_bfloat16* __restrict__ q
             #pragma unroll
             for (unsigned ks = 0; ks < 36; ++ks) {
                 const unsigned off = (ks / 4) * WG_ATOM + (ks % 4) * 32;
-                wgmma_ss(s, wgmma_desc(Qs + off, WG_K_LBO, WG_K_SBO, 1), wgmma_desc(Ks + off, WG_K_LBO, WG_K_SBO, 1),
-                         ks > 0);
+                wgmma_ss(s, qd + off / 16, kd0 + kbuf + off / 16, ks > 0);
             }
             wgmma_commit();
             wgmma_wait_all();
@@ -321,8 +327,7 @@ __device__ __forceinline__ void wg_attention(const __nv_bfloat16* __restrict__ q
         for (unsigned ks = 0; ks < 4; ++ks) {
             // P: K-major over rows, k-step ks at 32 B; V: MN-major, this warpgroup's four atoms,
             // k-step ks two 8-row groups on.
-            wgmma_ss_t256(o, wgmma_desc(smem + p_off + 32 * ks, WG_K_LBO, WG_K_SBO, 1),
-                          wgmma_desc(Ks + 4 * wg * WG_ATOM + 2048 * ks, WG_MN_LBO, WG_MN_SBO, 1), 1);
+            wgmma_ss_t256(o, pd + 2 * ks, vd0 + kbuf + 128 * ks, 1);
         }
         wgmma_commit();
         wgmma_wait_all();

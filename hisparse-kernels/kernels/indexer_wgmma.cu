@@ -21,6 +21,10 @@
 // dynamic shared memory WGI_SMEM(N) bytes.
 
 #define WGI_TILE (64 * 132)
+// Four staging tiles a block (four blocks an SM for 64 heads, five for 32): more tiles in fewer
+// blocks measured slower (64 heads: 5 tiles in 3 blocks 63% of the HBM copy, 7 in 3 62%, 11 in
+// 2 53%, against 69% — issue 16's BENCHMARKS); what bounds the kernel is the instructions a
+// chunk takes, not the copies in flight.
 #define WGI_STAGES 4
 #define WGI_SMEM(n) ((n) * 256 + (n) * 4 + WGI_STAGES * WGI_TILE)
 
@@ -110,16 +114,27 @@ __device__ __forceinline__ void indexer_wg_body(INDEXER_PARAMS) {
     }
 
     const unsigned chunks = (r.seq_len + 63) / 64, stride = gridDim.x;
+    // Chunks per page, and its shift where a power of two (the usual page sizes), so that the
+    // chunk's page and place in it take no division per chunk.
+    const unsigned cpp = page_tokens / 64;
+    const bool cpp_pow2 = (cpp & (cpp - 1)) == 0;
+    const unsigned cpp_lg = __ffs(cpp) - 1;
+    auto page_index = [&](unsigned c) -> unsigned { return cpp_pow2 ? c >> cpp_lg : c / cpp; };
+    auto page_chunk = [&](unsigned c) -> unsigned { return cpp_pow2 ? c & (cpp - 1) : c % cpp; };
     // The page of chunk c, loaded a chunk before its copies are issued and checked only there,
     // so that nothing waits for the load in between.
-    auto page_of = [&](unsigned c) -> unsigned { return c < chunks ? page_table[r.first_page + 64 * c / page_tokens] : 0u; };
+    auto page_of = [&](unsigned c) -> unsigned { return c < chunks ? page_table[r.first_page + page_index(c)] : 0u; };
     // Copies chunk c's rows into staging tile `buf` (zeros on a bad page: its scores read 0);
     // one commit group per call, so that wait_group counts chunks.
     auto issue = [&](unsigned c, unsigned page, unsigned buf) {
         unsigned char* dst = stage + buf * WGI_TILE;
         if (c < chunks && page < pool_pages) {
-            const unsigned char* src = keys + ((size_t)page * page_tokens + 64 * c % page_tokens) * 132;
-            for (unsigned e = tid; e < WGI_TILE / 16; e += 128) wgi_cp_async16(dst + 16 * e, src + 16 * e);
+            // 528 copies of 16 bytes: four per thread, and one more for the first 16 threads.
+            const unsigned char* src = keys + ((size_t)page * page_tokens + 64 * page_chunk(c)) * 132 + 16 * tid;
+            unsigned char* to = dst + 16 * tid;
+            #pragma unroll
+            for (unsigned k = 0; k < 4; ++k) wgi_cp_async16(to + 2048 * k, src + 2048 * k);
+            if (tid < WGI_TILE / 16 - 512) wgi_cp_async16(to + 8192, src + 8192);
         } else if (c < chunks) {
             if (tid == 0) atomicOr(fault, 1u);
             for (unsigned e = tid; e < WGI_TILE / 16; e += 128) *reinterpret_cast<uint4*>(dst + 16 * e) = make_uint4(0, 0, 0, 0);
@@ -135,6 +150,9 @@ __device__ __forceinline__ void indexer_wg_body(INDEXER_PARAMS) {
     #pragma unroll
     for (unsigned j = 0; j < N / 2; ++j) acc[j] = 0.f;
     const unsigned r0 = 16 * warp + g;
+    // The queries' descriptor for k-step 0; k-step s's is s * N * 32 bytes on (the address field,
+    // in 16-byte units, does not overflow inside shared memory).
+    const unsigned long long qdesc = wgmma_desc(qs, 128, 256, 0);
     for (unsigned it = 0; c < chunks; c += stride, ++it) {
         issue(c + (WGI_STAGES - 1) * stride, ahead, (it + WGI_STAGES - 1) % WGI_STAGES);
         ahead = page_of(c + WGI_STAGES * stride);
@@ -155,7 +173,7 @@ __device__ __forceinline__ void indexer_wg_body(INDEXER_PARAMS) {
         }
         wgmma_fence();
         #pragma unroll
-        for (unsigned s = 0; s < 8; ++s) wgmma_f16_rs<N>(acc, a[s], wgmma_desc(qs + s * N * 32, 128, 256, 0), s > 0);
+        for (unsigned s = 0; s < 8; ++s) wgmma_f16_rs<N>(acc, a[s], qdesc + (s * N * 32) / 16, s > 0);
         wgmma_commit();
         wgmma_wait_all();
         // Two sums per row (even and odd head columns), so that the dependent chains are short.
