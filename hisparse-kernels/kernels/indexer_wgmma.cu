@@ -17,7 +17,7 @@
 // of the second; query dim d = 32 T + 4 s + 2 h + j therefore sits at k = 8 h + 2 T + j of
 // k-step s.
 //
-// Invariant: 128 threads; N is 32 or 64; page_tokens a multiple of 64 (the launcher checks);
+// Invariant: 128 threads; N is 32 or 64; page_tokens a positive multiple of 64 (the launcher checks);
 // dynamic shared memory WGI_SMEM(N) bytes.
 
 #define WGI_TILE (64 * 132)
