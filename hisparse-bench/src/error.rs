@@ -16,7 +16,7 @@ pub enum BenchError {
     Kernel(#[from] KernelError),
     /// An engine error.
     #[error(transparent)]
-    Engine(#[from] hisparse_engine::EngineError),
+    Engine(hisparse_engine::EngineError),
     /// A policy, trace or simulator error.
     #[error(transparent)]
     Policy(#[from] hisparse_policy::PolicyError),
@@ -52,9 +52,22 @@ pub enum BenchError {
     /// SIGINT or SIGTERM arrived; the command stopped between steps, writing nothing half-done.
     #[error("interrupted while {0}; stopped cleanly, no partial output written")]
     Interrupted(String),
+    /// Standard output could not be written (its reader went away, or it is full).
+    #[error("standard output: {0}")]
+    Stdout(std::io::Error),
     /// A GPU benchmark could not run or measure (CUDA, cuBLAS, a kernel's error).
     #[error("GPU benchmark: {0}")]
     Gpu(String),
+}
+
+impl From<hisparse_engine::EngineError> for BenchError {
+    fn from(e: hisparse_engine::EngineError) -> Self {
+        match e {
+            // The engine saw our Ctrl-C (inside a step: a prefill, between admissions).
+            hisparse_engine::EngineError::Stopped => Self::Interrupted("the engine ran a step".into()),
+            e => Self::Engine(e),
+        }
+    }
 }
 
 /// Result alias of the program.

@@ -8,7 +8,7 @@ use crate::error::{BenchError, Result};
 
 /// Share of the available memory one command may plan to use (the rest: the program, the page
 /// cache, the machine's other work).
-const MEMORY_SHARE: f64 = 0.9;
+pub const MEMORY_SHARE: f64 = 0.9;
 
 /// Bytes of memory the kernel says are available (`MemAvailable`), if it says.
 pub fn available_memory() -> Option<u64> {

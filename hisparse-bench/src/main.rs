@@ -7,11 +7,14 @@
 //! (NVRTC compile of every CUDA kernel for sm_90a). `HISPARSE_LOG=debug` prints tracing spans.
 //! Errors print one line and exit with status 2.
 
-// A command-line program: printing results to stdout is its job.
-#![allow(clippy::print_stdout)]
+// Results go through `console::out` (a closed stdout is an error, not a panic), notes through
+// `console::note`.
+#![warn(clippy::print_stderr)]
 
 mod cmd;
+mod console;
 mod error;
+mod files;
 mod guard;
 mod interrupt;
 mod progress;
@@ -20,7 +23,7 @@ mod timing;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 use crate::error::{BenchError, Result};
 
@@ -74,46 +77,46 @@ fn run(cli: Cli) -> Result<i32> {
     match cli.command {
         Command::Sweep(args) => {
             let (report, out) = cmd::sweep::run(&args)?;
-            print!("{}", cmd::sweep_output::render(&report, &out));
+            console::out(&cmd::sweep_output::render(&report, &out))?;
             Ok(0)
         }
         Command::Replot(args) => {
             let (report, out) = cmd::replot::run(&args)?;
-            print!("{}", cmd::sweep_output::render(&report, &out));
+            console::out(&cmd::sweep_output::render(&report, &out))?;
             Ok(0)
         }
         Command::Run(args) => {
             let (runs, out) = cmd::run::run(&args)?;
-            print!("{}", cmd::run::render(&runs, &out));
+            console::out(&cmd::run::render(&runs, &out))?;
             Ok(0)
         }
         Command::DumpStep(args) => {
             let (path, n) = cmd::dump_step::run(&args)?;
-            println!(
-                "wrote {} ({n} tensors); tensor names are documented in `hisparse dump-step --help`",
+            console::out(&format!(
+                "wrote {} ({n} tensors); tensor names are documented in `hisparse dump-step --help`\n",
                 path.display()
-            );
+            ))?;
             Ok(0)
         }
         #[cfg(feature = "cuda")]
         Command::GpuBench(args) => {
             let figs = cmd::gpu_bench::run(&args)?;
-            println!("{} figures written to {}/gpu-bench.json", figs.len(), args.out.display());
+            console::out(&format!("{} figures written to {}/gpu-bench.json\n", figs.len(), args.out.display()))?;
             Ok(0)
         }
         #[cfg(feature = "cuda")]
         Command::KernelBench(args) => {
             let figs = cmd::kernel_bench::run(&args)?;
-            println!("{} figures written to {}/kernel-bench.json", figs.len(), args.out.display());
+            console::out(&format!("{} figures written to {}/kernel-bench.json\n", figs.len(), args.out.display()))?;
             Ok(0)
         }
         Command::Calibrate(args) => {
-            print!("{}", cmd::calibrate::run(&args)?);
+            console::out(&cmd::calibrate::run(&args)?)?;
             Ok(0)
         }
         Command::Selfcheck(args) => {
             let report = cmd::selfcheck::run(&args)?;
-            print!("{}", cmd::selfcheck::render(&report));
+            console::out(&cmd::selfcheck::render(&report))?;
             match cmd::selfcheck::failures(&report) {
                 Some(f) => Err(BenchError::Check(f)),
                 None => Ok(0),
@@ -122,11 +125,52 @@ fn run(cli: Cli) -> Result<i32> {
         Command::CheckKernels => cmd::check_kernels::run(),
         Command::Simulate(args) => {
             let (report, out) = cmd::simulate::run(&args)?;
-            print!("{}", cmd::simulate::render(&report, &out));
+            console::out(&cmd::simulate::render(&report, &out))?;
             Ok(0)
         }
-        Command::Trace(c) => cmd::trace::run(&c).map(|()| 0),
+        Command::Trace(c) => {
+            console::out(&cmd::trace::run(&c)?)?;
+            Ok(0)
+        }
     }
+}
+
+/// clap's error as one line: its first paragraph (the message and the lines it lists), without
+/// the "error: " prefix; with a non-UTF-8 value, the flag it was given to.
+fn clap_line(e: &clap::Error) -> String {
+    if e.kind() == clap::error::ErrorKind::InvalidUtf8 {
+        let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+        if let Some(i) = args.iter().position(|a| a.to_str().is_none()) {
+            let bad = args[i].to_string_lossy().into_owned();
+            let flag = args[..i].last().and_then(|f| f.to_str()).filter(|f| f.starts_with('-'));
+            return match flag {
+                Some(f) => format!("invalid {f} = {bad}: not UTF-8 text"),
+                None => format!("argument {bad} is not UTF-8 text"),
+            };
+        }
+    }
+    let text = e.to_string();
+    let para: Vec<&str> = text.lines().take_while(|l| !l.trim().is_empty()).map(str::trim).collect();
+    para.join(" ").trim_start_matches("error: ").to_string()
+}
+
+/// One line for a command given without its subcommand, naming the ones there are.
+fn missing_command_line() -> String {
+    let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
+    let mut c = Cli::command();
+    let mut path = vec!["hisparse".to_string()];
+    for a in &args {
+        match c.find_subcommand(a) {
+            Some(s) => {
+                path.push(a.clone());
+                c = s.clone();
+            }
+            None => break,
+        }
+    }
+    let names: Vec<&str> = c.get_subcommands().map(clap::Command::get_name).filter(|n| *n != "help").collect();
+    let at = path.join(" ");
+    format!("{at} needs a command: {}; see `{at} --help`", names.join(", "))
 }
 
 fn main() -> ExitCode {
@@ -137,14 +181,24 @@ fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) if matches!(e.kind(), clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion) => {
-            e.exit()
+            // Help and version go to stdout; a closed stdout ends quietly.
+            return match console::out(&e.render().to_string()) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(BenchError::Stdout(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+                    ExitCode::from(console::EXIT_BROKEN_PIPE)
+                }
+                Err(e) => {
+                    console::note(&format!("hisparse: {e}"));
+                    ExitCode::from(1)
+                }
+            };
         }
-        Err(e) if e.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => e.exit(),
+        Err(e) if e.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            console::note(&format!("hisparse: {}", missing_command_line()));
+            return ExitCode::from(2);
+        }
         Err(e) => {
-            // One line: clap's first line, without its "error: " prefix.
-            let text = e.to_string();
-            let first = text.lines().next().unwrap_or("bad arguments").trim_start_matches("error: ");
-            eprintln!("hisparse: {first}");
+            console::note(&format!("hisparse: {}", clap_line(&e)));
             return ExitCode::from(2);
         }
     };
@@ -152,11 +206,18 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
         Err(e @ BenchError::Interrupted(_)) => {
-            eprintln!("hisparse: {e}");
+            console::note(&format!("hisparse: {e}"));
             ExitCode::from(interrupt::EXIT_INTERRUPTED)
         }
+        Err(BenchError::Stdout(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+            ExitCode::from(console::EXIT_BROKEN_PIPE)
+        }
+        Err(e @ BenchError::Stdout(_)) => {
+            console::note(&format!("hisparse: {e}"));
+            ExitCode::from(1)
+        }
         Err(e) => {
-            eprintln!("hisparse: {e}");
+            console::note(&format!("hisparse: {e}"));
             ExitCode::from(2)
         }
     }

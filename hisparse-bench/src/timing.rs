@@ -8,7 +8,9 @@ pub fn median_secs<T>(warmup: usize, runs: usize, mut f: impl FnMut() -> T) -> f
     for _ in 0..warmup {
         std::hint::black_box(f());
     }
+    // After a Ctrl-C no more runs start (the caller reports the interruption at its next check).
     let mut times: Vec<f64> = (0..runs.max(1))
+        .take_while(|&i| i == 0 || !crate::interrupt::requested())
         .map(|_| {
             let t = Instant::now();
             std::hint::black_box(f());

@@ -2,18 +2,12 @@
 //! (table, JSON, CSV, SVG), and one-line errors with exit status 2 for bad input.
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
+mod common;
+
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
-/// The built program: cargo's path, or (where tests were packed and carried elsewhere, as
-/// gpu-pack does) the `hisparse` beside this test executable.
-fn program() -> PathBuf {
-    let built = PathBuf::from(env!("CARGO_BIN_EXE_hisparse"));
-    if built.exists() {
-        return built;
-    }
-    std::env::current_exe().unwrap().with_file_name("hisparse")
-}
+use common::program;
 
 fn hisparse(args: &[&str]) -> Output {
     Command::new(program()).args(args).output().unwrap()

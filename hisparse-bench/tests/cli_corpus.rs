@@ -6,111 +6,17 @@
 //! hang; no case may leave an output folder or a temporary file behind.
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn program() -> PathBuf {
-    let built = PathBuf::from(env!("CARGO_BIN_EXE_hisparse"));
-    if built.exists() {
-        return built;
-    }
-    std::env::current_exe().unwrap().with_file_name("hisparse")
-}
+use common::{npy, program, raw_trace, run_in, split};
 
-/// What a run ended with.
-struct Ended {
-    code: Option<i32>,
-    stderr: String,
-    secs: f64,
-}
-
-/// Runs the program in `dir` with a time limit; a hang is killed and reported as `code: None`.
-fn run_in(dir: &Path, args: &[String], limit: Duration) -> Ended {
-    let t = Instant::now();
-    let mut child = Command::new(program())
-        .args(args)
-        .current_dir(dir)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            let mut stderr = String::new();
-            std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
-            return Ended { code: status.code(), stderr, secs: t.elapsed().as_secs_f64() };
-        }
-        if t.elapsed() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Ended {
-                code: None,
-                stderr: "HUNG: killed at the time limit".into(),
-                secs: t.elapsed().as_secs_f64(),
-            };
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn varint(mut v: u32, out: &mut Vec<u8>) {
-    while v >= 0x80 {
-        out.push((v as u8) | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
-}
-
-/// A binary trace with correct checksums over whatever the records say (hostile but well
-/// formed): `(step, request, layer, seq_len, positions)` with positions delta-coded as written.
-fn raw_trace(top_k: u32, layers: u32, records: &[(u32, u64, u32, u32, Vec<u32>)]) -> Vec<u8> {
-    let mut b = b"HSPTRACE".to_vec();
-    b.extend_from_slice(&1u16.to_le_bytes());
-    b.extend_from_slice(&0u16.to_le_bytes());
-    for v in [top_k, layers, 656, 0] {
-        b.extend_from_slice(&v.to_le_bytes());
-    }
-    let c = crc32fast::hash(&b);
-    b.extend_from_slice(&c.to_le_bytes());
-    for (step, req, layer, seq_len, pos) in records {
-        let mut p = Vec::new();
-        p.extend_from_slice(&step.to_le_bytes());
-        p.extend_from_slice(&req.to_le_bytes());
-        p.extend_from_slice(&layer.to_le_bytes());
-        p.extend_from_slice(&seq_len.to_le_bytes());
-        p.extend_from_slice(&(pos.len() as u32).to_le_bytes());
-        let mut prev: Option<u32> = None;
-        for &x in pos {
-            // Deltas wrap for unsorted input: the decoder sees what a hostile writer sent.
-            varint(prev.map_or(x, |q| x.wrapping_sub(q).wrapping_sub(1)), &mut p);
-            prev = Some(x);
-        }
-        let c = crc32fast::hash(&p);
-        p.extend_from_slice(&c.to_le_bytes());
-        b.push(0x01);
-        b.extend_from_slice(&(p.len() as u32).to_le_bytes());
-        b.extend_from_slice(&p);
-    }
-    let n = (records.len() as u64).to_le_bytes();
-    b.push(0xFF);
-    b.extend_from_slice(&n);
-    b.extend_from_slice(&crc32fast::hash(&n).to_le_bytes());
-    b
-}
-
-/// A `.npy` file: `descr` and `shape` as numpy writes them, then `data`.
-fn npy(descr: &str, shape: &str, data: &[u8]) -> Vec<u8> {
-    let mut h = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
-    while (10 + h.len() + 1) % 64 != 0 {
-        h.push(' ');
-    }
-    h.push('\n');
-    let mut b = b"\x93NUMPY\x01\x00".to_vec();
-    b.extend_from_slice(&(h.len() as u16).to_le_bytes());
-    b.extend_from_slice(h.as_bytes());
-    b.extend_from_slice(data);
-    b
+/// An int32 tensor view for a safetensors file.
+fn view(shape: Vec<usize>, b: &[u8]) -> safetensors::tensor::TensorView<'_> {
+    safetensors::tensor::TensorView::new(safetensors::Dtype::I32, shape, b).unwrap()
 }
 
 /// Writes the corpus's input files into `dir`.
@@ -162,16 +68,42 @@ fn inputs(dir: &Path) {
     st.extend_from_slice(b"{}");
     w("huge-header.safetensors", &st);
     w("mq99.json", br#"{"mq_queues": 99}"#);
+    // Config keys that set sizes (each error names the key and the file).
+    w("c-device.json", br#"{"device_kv_bytes": 1000000000000}"#);
+    w("c-host.json", br#"{"host_tier_bytes": 1}"#);
+    w("c-page.json", br#"{"page_tokens": 100000000}"#);
+    // A trace whose top_k no hot buffer holds.
+    w(
+        "huge-topk.jsonl",
+        b"{\"hisparse_trace\": 1, \"top_k\": 70000, \"layers\": 1}\n\
+          {\"step\": 1, \"request\": 0, \"layer\": 0, \"seq_len\": 50, \"selected\": [3, 4]}\n",
+    );
+    // Sparse files: one that only begins like a trace, one with a good header and 32 GB.
+    let big = |name: &str, head: &[u8], len: u64| {
+        std::fs::write(dir.join(name), head).unwrap();
+        std::fs::OpenOptions::new().write(true).open(dir.join(name)).unwrap().set_len(len).unwrap();
+    };
+    big("sparse-4g.hstrace", b"HSPTRACE", 4 << 30);
+    big("sparse-32g.hstrace", &ok[..32], 32 << 30);
+    // Captures that would merge requests or shrink a sequence.
+    let sel: Vec<u8> = [1i32, 5, 2, 6].iter().flat_map(|x| x.to_le_bytes()).collect();
+    let st = |tensors: Vec<(&str, safetensors::tensor::TensorView<'_>)>| safetensors::serialize(tensors, None).unwrap();
+    w("dup-names.safetensors", &st(vec![("1", view(vec![2, 1, 2], &sel)), ("01", view(vec![2, 1, 2], &sel))]));
+    let lens: Vec<u8> = [50i32, 40].iter().flat_map(|x| x.to_le_bytes()).collect();
+    w("shrinking.safetensors", &st(vec![("0", view(vec![2, 1, 2], &sel)), ("0.seq_len", view(vec![2], &lens))]));
+    // A link to a user's file, a FIFO, and a folder holding a user's file.
+    std::os::unix::fs::symlink(dir.join("existing.bin"), dir.join("link.bin")).unwrap();
+    let fifo = std::ffi::CString::new(dir.join("fifo").to_str().unwrap()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+    std::fs::create_dir_all(dir.join("users")).unwrap();
+    std::fs::write(dir.join("users/notes.txt"), b"precious").unwrap();
     w("clock0.json", br#"{"clock_bits": 0}"#);
     std::fs::create_dir_all(dir.join("a-folder")).unwrap();
 }
 
 /// `(args, expected exit status, text stderr must contain)`.
 type Case = (Vec<String>, i32, String);
-
-fn split(s: &str) -> Vec<String> {
-    s.split_whitespace().map(str::to_owned).collect()
-}
 
 /// One case per (base command, flag, bad value): exit 2 naming the flag.
 fn flag_cases(base: &str, flag: &str, values: &[&str]) -> Vec<Case> {
@@ -344,6 +276,38 @@ fn corpus() -> Vec<Case> {
     c.extend(flag_cases(synth, "layer-share", &["2", "-0.5"]));
     c.extend(flag_cases(synth, "row-bytes", &["99999999999", "-1"]));
     c.extend(flag_cases(synth, "out", &["existing.bin", "a-folder", "/proc/no/such"]));
+    // issue 37's classes: every case names what the user wrote
+    c.push((vec![], 2, "needs a command: sweep".into()));
+    c.push((split("trace"), 2, "hisparse trace needs a command".into()));
+    c.push((split("sweep --overwrite-host-tier-file"), 2, "--host-tier-file".into()));
+    c.extend(flag_cases(synth, "out", &["newdir/"]));
+    c.extend(flag_cases(synth, "layers", &["5000"]));
+    c.extend(flag_cases(run, "arrival-rate", &["1e-300", "0.0000001"]));
+    c.extend(flag_cases(run, "gpus", &["1000"]));
+    c.extend(flag_cases(run, "record-trace", &["r.jsonl"]));
+    c.extend(flag_cases(dump, "step", &["100000000"]));
+    c.extend(flag_cases(calib, "layers", &["0,0"]));
+    c.push((split(&format!("{sweep} --config c-device.json --host-tier-file t.bin")), 2, "device_kv_bytes".into()));
+    c.push((split(&format!("{sweep} --config c-device.json")), 2, "device_kv_bytes".into()));
+    c.push((split(&format!("{sweep} --config c-host.json")), 2, "host_tier_bytes".into()));
+    c.push((split(&format!("{sweep} --config c-page.json")), 2, "page_tokens".into()));
+    c.push((split("simulate --out out-sim --trace huge-topk.jsonl"), 2, "--trace".into()));
+    c.push((split("trace info sparse-4g.hstrace"), 2, "version 0".into()));
+    c.push((split("simulate --out out-sim --trace sparse-32g.hstrace"), 2, "memory for".into()));
+    c.push((split(&format!("{import} dup-names.safetensors")), 2, "both name request 1".into()));
+    c.push((split(&format!("{import} shrinking.safetensors")), 2, "only grows".into()));
+    c.push((
+        split(&format!("{sweep} --host-tier-file link.bin --overwrite-host-tier-file")),
+        2,
+        "symbolic link".into(),
+    ));
+    c.push((
+        split(&format!("{sweep} --host-tier-file fifo --overwrite-host-tier-file")),
+        2,
+        "not a regular file".into(),
+    ));
+    c.extend(flag_cases(sim, "out", &["users", "."]));
+    c.extend(flag_cases(sweep, "out", &["users"]));
     // the GPU commands check their flags before looking for a GPU
     #[cfg(feature = "cuda")]
     {
@@ -357,6 +321,7 @@ fn corpus() -> Vec<Case> {
         c.extend(flag_cases(kb, "batches", &["0"]));
         c.extend(flag_cases(kb, "contexts", &["100", U64_MAX]));
         c.extend(flag_cases(kb, "only", &["nope"]));
+        c.extend(flag_cases(kb, "attention-splits", &["0"]));
     }
     c
 }
@@ -395,7 +360,10 @@ fn every_bad_input_exits_2_with_one_line_naming_the_flag() {
             let _ = std::fs::remove_dir_all(&p).or_else(|_| std::fs::remove_file(&p));
         }
     }
-    assert_eq!(std::fs::read(dir.join("existing.bin")).unwrap(), b"precious", "a user file was changed");
+    for user in ["existing.bin", "users/notes.txt"] {
+        let now = std::fs::read(dir.join(user)).unwrap();
+        assert!(now == b"precious", "the user's {user} was changed: {} bytes now", now.len());
+    }
     eprintln!("{} cases; slowest {:.2} s: {}", cases.len(), slowest.0, slowest.1);
     assert!(failures.is_empty(), "{} of {} cases failed:\n{}", failures.len(), cases.len(), failures.join("\n"));
     std::fs::remove_dir_all(&dir).unwrap();
@@ -423,7 +391,7 @@ fn a_full_disk_is_an_error_at_start_or_a_clean_failure_never_a_partial_file() {
         // The host tier's space is reserved up front: refused at start, not a SIGBUS later.
         (
             "sweep --backend cpu --concurrency 1 --context 300 --warmup 0 --window 1 --host-tier-file tier.bin --out /tmp",
-            "host tier file",
+            "its file system has",
         ),
         // A single-file output larger than the file system.
         ("dump-step --backend cpu --concurrency 1 --context 300 --step 1 --out step.safetensors", "No space left"),

@@ -25,7 +25,14 @@ fn main() {
     let layers = if std::env::var("EARLY").is_ok() { vec![0, 1, 2] } else { vec![40, 41] };
     let w = if std::env::var("PRESET_PARAMS").is_ok() { Workload::new(&g, seed) } else { w };
     let requests: usize = std::env::var("REQUESTS").ok().and_then(|s| s.parse().ok()).unwrap_or(1);
-    let spec = CalibrationSpec { requests, layers, steps, context: ctx, score_margin: 0 };
+    let spec = CalibrationSpec {
+        requests,
+        layers,
+        steps,
+        context: ctx,
+        score_margin: 0,
+        stop: hisparse_engine::StopFlag::never(),
+    };
     let t = std::time::Instant::now();
     let c = calibrate(&g, &w, &spec).unwrap();
     println!(

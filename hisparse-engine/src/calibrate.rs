@@ -7,7 +7,7 @@ use half::bf16;
 use hisparse_kernels::{Backend, CpuBackend, IndexerBatch, IndexerRequest, Span};
 use hisparse_memory::KvGeometry;
 use hisparse_policy::trace::{TraceHeader, TraceRecord};
-use hisparse_policy::{SimConfig, simulate};
+use hisparse_policy::{PolicyError, SimConfig, simulate_with};
 use serde::Serialize;
 
 use crate::error::Result;
@@ -27,6 +27,8 @@ pub struct CalibrationSpec {
     /// Candidates ranked just below the cut to record per selection, with their scores (and
     /// then the selected tokens' scores too); 0: none.
     pub score_margin: usize,
+    /// A caller's stop, observed every step and between the simulator's replays.
+    pub stop: crate::StopFlag,
 }
 
 /// Measured locality of a workload.
@@ -87,6 +89,7 @@ pub fn selections(geometry: &KvGeometry, workload: &Workload, spec: &Calibration
         let mut selected: Vec<Vec<u32>> = vec![Vec::new(); sources.len()];
         let mut chosen: Vec<ScoresNear> = vec![(None, None); sources.len()];
         for step in 1..=spec.steps {
+            spec.stop.check()?;
             workload.advance(r, &mut drift);
             let seq_len = spec.context + step;
             for (li, &l) in sources.iter().enumerate() {
@@ -176,7 +179,11 @@ pub fn calibrate(geometry: &KvGeometry, workload: &Workload, spec: &CalibrationS
         policy_config: hisparse_policy::PolicyConfig::seeded(1),
         ..SimConfig::default()
     };
-    let report = simulate(&header, &records, &cfg, &|_| {})?;
+    let stop = || spec.stop.requested();
+    let report = match simulate_with(&header, &records, &cfg, &|_| {}, &stop) {
+        Err(PolicyError::Cancelled) => return Err(crate::EngineError::Stopped),
+        r => r?,
+    };
     // Steady state: leave out each stream's first steps (cold buffer) by subtracting them.
     let ratio = |policy: &str, slots: usize| {
         let r = report.results.iter().find(|x| x.policy == policy && x.buffer_slots == slots);

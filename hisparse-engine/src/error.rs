@@ -51,6 +51,9 @@ pub enum EngineError {
         /// The queue's bound.
         capacity: usize,
     },
+    /// The caller asked for a stop ([`crate::StopFlag`]); nothing was left half-done.
+    #[error("stopped at the caller's request")]
+    Stopped,
     /// The backup worker failed.
     #[error("backup worker: {0}")]
     Worker(String),

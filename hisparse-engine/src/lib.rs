@@ -16,6 +16,7 @@ pub mod model;
 pub mod ranks;
 pub mod request;
 pub mod runtime;
+pub mod stop;
 pub mod workload;
 
 pub use cache::{CacheConfig, Captured, DecodeStep, KvCache, LayerInputs, LayerView, Prompt, Rows};
@@ -27,6 +28,7 @@ pub use model::{ModelEmulation, ModelShape, RankExchange};
 pub use ranks::{Collective, CollectiveKind, RankPlan, collectives};
 pub use request::{Outcome, RequestSpec};
 pub use runtime::{RuntimeConfig, RuntimeHandle};
+pub use stop::StopFlag;
 pub use workload::{LocalityParams, Workload};
 
 /// The README's examples, compiled and run as doc-tests.

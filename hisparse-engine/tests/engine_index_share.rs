@@ -93,7 +93,14 @@ fn only_full_layers_store_index_keys() {
 fn the_calibration_repeats_a_full_layers_selection_in_its_shared_layers() {
     let g = KvGeometry::preset("glm-5.2").unwrap();
     let w = Workload::new(&g, 3);
-    let spec = CalibrationSpec { requests: 1, layers: vec![5, 6, 7], steps: 3, context: 3000, score_margin: 0 };
+    let spec = CalibrationSpec {
+        requests: 1,
+        layers: vec![5, 6, 7],
+        steps: 3,
+        context: 3000,
+        score_margin: 0,
+        stop: hisparse_engine::StopFlag::never(),
+    };
     let recs = selections(&g, &w, &spec).unwrap();
     assert_eq!(recs.len(), 9);
     for step in recs.chunks(3) {

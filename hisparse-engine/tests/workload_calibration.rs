@@ -44,7 +44,14 @@ fn glm_5_1(seed: u64) {
     let c = calibrate(
         &g,
         &w,
-        &CalibrationSpec { requests: 2, layers: vec![40, 41], steps: 80, context: 65_536, score_margin: 0 },
+        &CalibrationSpec {
+            requests: 2,
+            layers: vec![40, 41],
+            steps: 80,
+            context: 65_536,
+            score_margin: 0,
+            stop: hisparse_engine::StopFlag::never(),
+        },
     )
     .unwrap();
     let [lru1, lru2, lru4] = c.lru;
@@ -80,7 +87,14 @@ fn deepseek_v3_2(seed: u64) {
     let c = calibrate(
         &g,
         &w,
-        &CalibrationSpec { requests: 1, layers: vec![0, 1, 30, 31], steps: 24, context: 65_536, score_margin: 0 },
+        &CalibrationSpec {
+            requests: 1,
+            layers: vec![0, 1, 30, 31],
+            steps: 24,
+            context: 65_536,
+            score_margin: 0,
+            stop: hisparse_engine::StopFlag::never(),
+        },
     )
     .unwrap();
     eprintln!("deepseek-v3.2 seed {seed}: step overlap {:?}, adjacent layers {:?}", c.step_overlap, c.layer_overlap);

@@ -37,6 +37,14 @@ pub enum PolicyError {
         /// Details.
         message: String,
     },
+    /// An input larger than the memory the caller allows for it.
+    #[error("{} of input, more than the {limit} bytes this machine's available memory allows", bytes.map_or_else(|| "more".to_string(), |b| format!("{b} bytes")))]
+    TooLarge {
+        /// Its size, where known.
+        bytes: Option<u64>,
+        /// The most it may hold.
+        limit: u64,
+    },
     /// The caller asked the simulator to stop; nothing was reported.
     #[error("cancelled")]
     Cancelled,

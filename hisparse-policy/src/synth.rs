@@ -84,8 +84,12 @@ impl SynthConfig {
                 return bad(field, v.to_string(), "must be at least 1");
             }
         }
-        if u32::try_from(self.layers).is_err() {
-            return bad("layers", self.layers.to_string(), "must fit 32 bits");
+        if self.layers > crate::trace::MAX_LAYERS as usize {
+            return bad(
+                "layers",
+                self.layers.to_string(),
+                &format!("a trace holds at most {} layers", crate::trace::MAX_LAYERS),
+            );
         }
         if self.prompt_tokens.checked_add(self.steps).is_none_or(|n| n >= u32::MAX as usize) {
             let (field, v) = if self.steps > self.prompt_tokens {
@@ -97,6 +101,13 @@ impl SynthConfig {
         }
         if self.top_k == 0 || self.top_k > self.prompt_tokens + 1 {
             return bad("top_k", self.top_k.to_string(), "must be in 1..=prompt_tokens + 1");
+        }
+        if self.top_k > crate::trace::MAX_TOP_K as usize {
+            return bad(
+                "top_k",
+                self.top_k.to_string(),
+                &format!("a trace holds at most {} per record", crate::trace::MAX_TOP_K),
+            );
         }
         if self.score_margin > crate::trace::MAX_TOP_K as usize {
             return bad("score_margin", self.score_margin.to_string(), "must be at most 2^20");

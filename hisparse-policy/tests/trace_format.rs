@@ -4,7 +4,9 @@
 
 use std::path::PathBuf;
 
-use hisparse_policy::trace::{TraceHeader, TraceReader, TraceRecord, TraceWriter, jsonl, parallel, raw, read_trace};
+use hisparse_policy::trace::{
+    TraceHeader, TraceReader, TraceRecord, TraceWriter, jsonl, parallel, raw, read_trace, read_trace_from,
+};
 use hisparse_policy::{PolicyError, SimConfig, simulate};
 use proptest::prelude::*;
 
@@ -108,7 +110,7 @@ fn jsonl_round_trip_and_auto_detection() {
     std::fs::write(&pj, &text).unwrap();
     std::fs::write(&pb, binary(true)).unwrap();
     for p in [&pj, &pb] {
-        let (h, recs) = read_trace(p).unwrap();
+        let (h, recs) = read_trace(p, u64::MAX).unwrap();
         assert_eq!((h, recs), (header(true), records(true)), "{}", p.display());
         std::fs::remove_file(p).unwrap();
     }
@@ -558,4 +560,27 @@ fn the_hostile_trace_property_reads_a_fair_share_of_valid_traces() {
             "{ok} of 300 hostile traces (v2: {v2}) were readable: the mix checks too little"
         );
     }
+}
+
+#[test]
+fn a_trace_is_refused_by_its_header_before_its_size_and_by_its_size_before_its_records() {
+    // A large input that is no trace: refused for its header, whatever its claimed size.
+    let mut junk = b"HSPTRACE".to_vec();
+    junk.extend_from_slice(&[0u8; 100]);
+    let e = read_trace_from(junk.as_slice(), Some(1 << 40), 64).unwrap_err().to_string();
+    assert!(e.contains("version 0"), "{e}");
+    // A good header on an input said to be larger than allowed: refused before reading on.
+    let good = binary(false);
+    let e = read_trace_from(&good[..40], Some(1 << 40), 1000).unwrap_err();
+    assert!(matches!(e, PolicyError::TooLarge { bytes: Some(_), limit: 1000 }), "{e}");
+    // Of unknown size (a pipe): refused once more than allowed has come.
+    let e = read_trace_from(good.as_slice(), None, good.len() as u64 - 1).unwrap_err();
+    assert!(matches!(e, PolicyError::TooLarge { bytes: None, .. }), "{e}");
+    assert_eq!(read_trace_from(good.as_slice(), None, good.len() as u64).unwrap().1, records(false));
+    // JSON lines likewise.
+    let mut text = Vec::new();
+    jsonl::write(&mut text, &header(true), &records(true)).unwrap();
+    let e = read_trace_from(text.as_slice(), None, text.len() as u64 / 2).unwrap_err();
+    assert!(matches!(e, PolicyError::TooLarge { .. }), "{e}");
+    assert_eq!(read_trace_from(text.as_slice(), None, text.len() as u64).unwrap().1, records(true));
 }

@@ -136,3 +136,27 @@ fn malformed_captures_are_refused_by_name() {
     assert!(parse_safetensors(b"not safetensors").is_err());
     let _ = SelectionTensor::new(&[1, 4], IndexDtype::U16, &[0; 8]).unwrap();
 }
+
+#[test]
+fn names_of_one_request_and_a_shrinking_sequence_are_refused() {
+    let a = i32s(&SELECTED);
+    for other in ["01", "+1"] {
+        let tensors = vec![
+            ("1", TensorView::new(Dtype::I32, vec![3, 2, 4], &a).unwrap()),
+            (other, TensorView::new(Dtype::I32, vec![3, 2, 4], &a).unwrap()),
+        ];
+        let file = safetensors::serialize(tensors, None).unwrap();
+        let e = parse_safetensors(&file).unwrap_err().to_string();
+        assert!(e.contains("both name request 1"), "{other}: {e}");
+    }
+    // Lengths that go back: refused at import, naming the request and step.
+    let lens = i32s(&[120, 119, 125]);
+    let tensors = vec![
+        ("3", TensorView::new(Dtype::I32, vec![3, 2, 4], &a).unwrap()),
+        ("3.seq_len", TensorView::new(Dtype::I32, vec![3], &lens).unwrap()),
+    ];
+    let file = safetensors::serialize(tensors, None).unwrap();
+    let reqs = parse_safetensors(&file).unwrap();
+    let e = import(&reqs, &ImportOptions::default()).unwrap_err().to_string();
+    assert!(e.contains("request 3 step 2") && e.contains("only grows"), "{e}");
+}

@@ -9,6 +9,10 @@ use hisparse_engine::{DecodeEngine, EngineError, RequestSpec, StepReport};
 use rand::{Rng, SeedableRng};
 
 use crate::error::Result;
+use crate::interrupt;
+
+/// Longest expected span of a run's arrivals, in seconds (`--arrival-rate` is refused beyond).
+pub const LONGEST_ARRIVALS_S: f64 = 86_400.0;
 
 /// When each request arrives, in seconds from the start (ascending).
 pub fn poisson_times(n: usize, rate: f64, seed: u64) -> Vec<f64> {
@@ -59,11 +63,13 @@ pub fn drive(
         }
         if !active {
             if let Some(t) = times.and_then(|t| t.get(next)) {
-                // Nothing to decode until the next arrival.
-                std::thread::sleep(Duration::from_secs_f64((t - now).clamp(0.0, 0.05)));
+                // Nothing to decode until the next arrival (Ctrl-C still heard).
+                interrupt::sleep(Duration::from_secs_f64((t - now).clamp(0.0, 0.05)), || {
+                    format!("waiting for request {} to arrive", next + 1)
+                })?;
             } else if vote.is_some() {
                 // Another rank's request arrives next.
-                std::thread::sleep(Duration::from_millis(1));
+                interrupt::sleep(Duration::from_millis(1), || "waiting for the other ranks".into())?;
             }
             continue;
         }

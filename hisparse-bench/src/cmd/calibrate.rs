@@ -8,8 +8,8 @@ use hisparse_engine::calibrate::{CalibrationSpec, calibrate, trace_header};
 use hisparse_memory::KvGeometry;
 
 use crate::error::{BenchError, Result};
+use crate::files::AtomicFile;
 use crate::guard;
-use crate::report::AtomicFile;
 
 /// Options of `hisparse calibrate`.
 #[derive(Debug, Clone, clap::Args)]
@@ -57,6 +57,11 @@ pub fn run(a: &CalibrateArgs) -> Result<String> {
     if let Some(&l) = layers.iter().find(|&&l| l >= g.layers) {
         return Err(BenchError::flag("layers", l, format!("the preset has {} layers", g.layers)));
     }
+    let mut sorted = layers.clone();
+    sorted.sort_unstable();
+    if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
+        return Err(BenchError::flag("layers", w[0], "is given twice; name each layer once"));
+    }
     if a.steps < 4 {
         return Err(BenchError::flag("steps", a.steps, "need at least 4 steps (the first quarter is warm-up)"));
     }
@@ -86,6 +91,7 @@ pub fn run(a: &CalibrateArgs) -> Result<String> {
         steps: a.steps,
         context: a.context,
         score_margin: a.score_margin,
+        stop: crate::interrupt::engine_stop(),
     };
     // The output file is claimed before the long run, so a refusal comes at once.
     let file = a.trace_out.as_ref().map(|p| AtomicFile::create("trace-out", p, a.overwrite)).transpose()?;

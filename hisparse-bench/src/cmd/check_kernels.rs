@@ -11,37 +11,39 @@ pub const SKIPPED: i32 = 3;
 pub fn run() -> Result<i32> {
     use hisparse_kernels::cuda;
     if !cuda::nvrtc_available() {
-        eprintln!("check-kernels: SKIPPED: no NVRTC library could be loaded (source ../shared/tools/nvrtc-env.sh)");
+        crate::console::note(
+            "check-kernels: SKIPPED: no NVRTC library could be loaded (source ../shared/tools/nvrtc-env.sh)",
+        );
         return Ok(SKIPPED);
     }
     let (major, minor) = cuda::nvrtc_version()?;
     let include = cuda::cuda_include_dir()?;
-    eprintln!("check-kernels: NVRTC {major}.{minor}, headers in {}", include.display());
+    crate::console::note(&format!("check-kernels: NVRTC {major}.{minor}, headers in {}", include.display()));
     let mut failed = 0;
     let sources = cuda::all_sources();
     for src in &sources {
         let t = std::time::Instant::now();
         match cuda::compile(src) {
-            Ok(k) => eprintln!(
+            Ok(k) => crate::console::note(&format!(
                 "  ok    {:<20} {:>7} B of PTX for sm_90a in {:>4} ms ({})",
                 src.name,
                 k.ptx.to_src().len(),
                 t.elapsed().as_millis(),
                 src.kernels.join(", ")
-            ),
+            )),
             Err(e) => {
                 failed += 1;
-                eprintln!("  FAIL  {}: {e}", src.name);
+                crate::console::note(&format!("  FAIL  {}: {e}", src.name));
             }
         }
     }
-    eprintln!("check-kernels: {} sources, {failed} failed", sources.len());
+    crate::console::note(&format!("check-kernels: {} sources, {failed} failed", sources.len()));
     Ok(if failed == 0 { 0 } else { 1 })
 }
 
 /// Without the `cuda` feature there are no kernels to compile.
 #[cfg(not(feature = "cuda"))]
 pub fn run() -> Result<i32> {
-    eprintln!("check-kernels: SKIPPED: this build has no `cuda` feature");
+    crate::console::note("check-kernels: SKIPPED: this build has no `cuda` feature");
     Ok(SKIPPED)
 }

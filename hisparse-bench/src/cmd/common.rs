@@ -166,6 +166,10 @@ pub struct EngineArgs {
     /// Most requests waiting for capacity at once; more are refused (counted as such).
     #[arg(long, default_value_t = hisparse_engine::DEFAULT_MAX_QUEUED)]
     pub max_queued: usize,
+    /// The `--config` file's text, read once (a pipe can be read only once; every engine of a
+    /// command sees the same config).
+    #[arg(skip)]
+    pub config_text: std::sync::OnceLock<String>,
 }
 
 /// Parses a byte count: a number with an optional unit (B; KiB, MiB, GiB, TiB and K, M, G, T
@@ -245,6 +249,43 @@ impl EngineArgs {
         }
     }
 
+    /// The `--config` file's text (read on first use) and the keys it sets.
+    fn config_file(&self) -> Result<Option<(&std::path::Path, String, Vec<String>)>> {
+        let Some(p) = &self.config else { return Ok(None) };
+        let text = match self.config_text.get() {
+            Some(t) => t,
+            None => {
+                let t = crate::files::input::read_config("config", p)?;
+                self.config_text.get_or_init(|| t)
+            }
+        };
+        let keys = serde_json::from_str::<serde_json::Value>(text)
+            .ok()
+            .and_then(|v| v.as_object().map(|o| o.keys().cloned().collect()))
+            .unwrap_or_default();
+        Ok(Some((p.as_path(), text.clone(), keys)))
+    }
+
+    /// The error for a size that several inputs set (`--flag` or config `key`): by the flag
+    /// if the user gave it, else by the config key if the file set it, else by the flag that
+    /// would change the preset's default.
+    fn size_error(&self, sources: &[(&'static str, Option<String>, &str)], reason: &str) -> Result<BenchError> {
+        if let Some((flag, Some(v), _)) = sources.iter().find(|s| s.1.is_some()) {
+            return Ok(BenchError::flag(flag, v, reason.to_string()));
+        }
+        if let Some((path, text, keys)) = self.config_file()?
+            && let Some(key) = sources.iter().map(|s| s.2).find(|k| keys.iter().any(|x| x == k))
+        {
+            let v = serde_json::from_str::<serde_json::Value>(&text)
+                .ok()
+                .and_then(|v| v.get(key).map(ToString::to_string))
+                .unwrap_or_default();
+            return Ok(BenchError::flag("config", path.display(), format!("{key} = {v}: {reason}")));
+        }
+        let flag = sources.first().map_or("device-memory", |s| s.0);
+        Ok(BenchError::flag(flag, "(the preset's default)", reason.to_string()))
+    }
+
     /// A config error as the user would name it: by the flag they gave, else by the config file
     /// it came from, else as the library named it (a preset's value).
     fn name_error(&self, e: PolicyError) -> BenchError {
@@ -273,12 +314,9 @@ impl EngineArgs {
     pub fn hisparse(&self, g: &KvGeometry) -> Result<HiSparseConfig> {
         let base = HiSparseConfig::for_geometry(g);
         let mut longest_given = false;
-        let mut c = match &self.config {
-            Some(p) => {
-                let text = std::fs::read_to_string(p)
-                    .map_err(|e| BenchError::flag("config", p.display(), format!("cannot be read ({e})")))?;
-                longest_given = serde_json::from_str::<serde_json::Value>(&text)
-                    .is_ok_and(|v| v.get("max_request_tokens").is_some());
+        let mut c = match self.config_file()? {
+            Some((p, text, keys)) => {
+                longest_given = keys.iter().any(|k| k == "max_request_tokens");
                 HiSparseConfig::from_json_over(&base, &text)
                     .map_err(|e| BenchError::flag("config", p.display(), e.to_string()))?
             }
@@ -348,21 +386,12 @@ impl EngineArgs {
                      (cuMemHostRegister refuses it); use --backend cpu for the file-backed tier",
                 ));
             }
-            if p.is_dir() {
-                return Err(BenchError::flag("host-tier-file", p.display(), "is a folder; give a file name"));
-            }
+            check_tier_path(p, self.overwrite_host_tier_file)?;
             if let Some(d) = p.parent().filter(|d| !d.as_os_str().is_empty() && !d.is_dir()) {
                 return Err(BenchError::flag(
                     "host-tier-file",
                     p.display(),
                     format!("its folder {} does not exist", d.display()),
-                ));
-            }
-            if p.exists() && !self.overwrite_host_tier_file {
-                return Err(BenchError::flag(
-                    "host-tier-file",
-                    p.display(),
-                    "exists; refusing to overwrite it (pass --overwrite-host-tier-file to replace it)",
                 ));
             }
             c.host_tier_path = Some(p.clone());
@@ -385,8 +414,11 @@ impl EngineArgs {
             (None, Some(m)) if cuda => super::sizing::device_kv_budget(m.weight_bytes())?,
             (None, _) => default,
         };
-        if !cuda && let Some(s) = &self.device_memory {
-            guard::memory("device-memory", s, "the CPU backend's device tier", Some(c.device_kv_bytes))?;
+        if !cuda
+            && let Err(BenchError::Flag { reason, .. }) =
+                guard::memory("device-memory", "", "the CPU backend's device tier", Some(c.device_kv_bytes))
+        {
+            return Err(self.size_error(&[("device-memory", self.device_memory.clone(), "device_kv_bytes")], &reason)?);
         }
         if self.host_to_device_ratio.is_none()
             && let Some(avail) = avail
@@ -401,32 +433,58 @@ impl EngineArgs {
         let per_token = g.kv_bytes_per_token()? as u64;
         let fits = (c.host_bytes() / per_token.max(1)) as usize / c.page_tokens.max(1) * c.page_tokens;
         if fits == 0 {
-            let (flag, value) = match (self.host_to_device_ratio, &self.device_memory) {
-                (Some(r), _) => ("host-to-device-ratio", format!("{r:?}")),
-                (None, Some(d)) => ("device-memory", d.clone()),
-                (None, None) => ("device-memory", guard::human_bytes(c.device_kv_bytes)),
-            };
-            return Err(BenchError::flag(
-                flag,
-                value,
-                format!(
-                    "the host tier ({}) holds less than one page of {} tokens of {per_token} B",
-                    guard::human_bytes(c.host_bytes()),
-                    c.page_tokens
-                ),
-            ));
+            let reason = format!(
+                "the host tier ({}) holds less than one page of {} tokens of {per_token} B",
+                guard::human_bytes(c.host_bytes()),
+                c.page_tokens
+            );
+            return Err(self.size_error(
+                &[
+                    ("host-to-device-ratio", self.host_to_device_ratio.map(|r| format!("{r:?}")), "host_tier_bytes"),
+                    ("host-to-device-ratio", None, "host_to_device_ratio"),
+                    ("device-memory", self.device_memory.clone(), "device_kv_bytes"),
+                    ("device-memory", None, "page_tokens"),
+                ],
+                &reason,
+            )?);
         }
         if !longest_given {
             c.max_request_tokens = c.max_request_tokens.min(fits);
         }
         c.validate(g).map_err(|e| self.name_error(e))?;
         let host = c.host_bytes();
-        if self.host_tier_file.is_none() {
-            let both = if cuda { Some(host) } else { host.checked_add(c.device_kv_bytes) };
-            let what = if cuda { "the host tier" } else { "the host tier beside the CPU backend's device tier" };
-            match self.host_to_device_ratio {
-                Some(r) => guard::memory("host-to-device-ratio", format!("{r:?}"), what, both)?,
-                None => guard::memory("device-memory", guard::human_bytes(c.device_kv_bytes), what, both)?,
+        // What this machine's memory must hold: the host tier (unless a file backs it) and, on
+        // the CPU backend, the device tier too.
+        let in_memory = match (self.host_tier_file.is_some(), cuda) {
+            (true, true) => None,
+            (true, false) => Some((Some(c.device_kv_bytes), "the CPU backend's device tier")),
+            (false, true) => Some((Some(host), "the host tier")),
+            (false, false) => {
+                Some((host.checked_add(c.device_kv_bytes), "the host tier beside the CPU backend's device tier"))
+            }
+        };
+        if let Some((bytes, what)) = in_memory
+            && let Err(BenchError::Flag { reason, .. }) = guard::memory("device-memory", "", what, bytes)
+        {
+            let sources: &[(&'static str, Option<String>, &str)] = if self.host_tier_file.is_some() {
+                &[("device-memory", self.device_memory.clone(), "device_kv_bytes")]
+            } else {
+                &[
+                    ("host-to-device-ratio", self.host_to_device_ratio.map(|r| format!("{r:?}")), "host_tier_bytes"),
+                    ("device-memory", self.device_memory.clone(), "device_kv_bytes"),
+                    ("host-to-device-ratio", None, "host_to_device_ratio"),
+                ]
+            };
+            return Err(self.size_error(sources, &reason)?);
+        }
+        if let Some(p) = &self.host_tier_file {
+            check_tier_room(p, host)?;
+            if !self.keep_host_tier_file {
+                // A second Ctrl-C removes the file this process created and holds locked.
+                static TIER: std::sync::OnceLock<crate::files::cleanup::Registered> = std::sync::OnceLock::new();
+                TIER.get_or_init(|| {
+                    crate::files::cleanup::register(crate::files::cleanup::Leftover::LockedFile(p.clone()))
+                });
             }
         }
         Ok(c)
@@ -509,6 +567,7 @@ impl EngineArgs {
             transfer_delay: None,
             index_queries: hisparse_kernels::IndexerQueries::from_name(&self.index_queries)
                 .ok_or_else(|| BenchError::flag("index-queries", &self.index_queries, "exact or fp8"))?,
+            stop: crate::interrupt::engine_stop(),
         })
     }
 
@@ -574,6 +633,28 @@ impl EngineArgs {
         self.build(cfg, rank)
     }
 
+    /// The host memory divided between `ranks` engines, refused naming `--gpus` where a rank's
+    /// share cannot hold one page or a request of `longest` tokens.
+    pub fn rank_plan(
+        &self,
+        g: &KvGeometry,
+        hs: &HiSparseConfig,
+        ranks: usize,
+        longest: usize,
+    ) -> Result<hisparse_engine::ranks::RankPlan> {
+        let plan = hisparse_engine::ranks::RankPlan::new(ranks, hs.host_bytes(), self.host_page_bytes(g, hs)?)
+            .map_err(|e| BenchError::flag("gpus", ranks, e.to_string()))?;
+        let mut share = hs.clone();
+        share.host_tier_bytes = plan.host_bytes_per_rank;
+        self.check_request_fits(g, &share, Mode::HiSparse, "gpus", ranks, longest).map_err(|e| match e {
+            BenchError::Flag { reason, .. } => {
+                BenchError::flag("gpus", ranks, format!("a GPU's share of the host memory is too small: {reason}"))
+            }
+            e => e,
+        })?;
+        Ok(plan)
+    }
+
     /// Bytes of one host page of every layer (what `RankPlan` divides the host memory in).
     pub fn host_page_bytes(&self, g: &KvGeometry, hs: &HiSparseConfig) -> Result<u64> {
         let row = g.kv_row()?.row_bytes() as u64;
@@ -594,13 +675,70 @@ impl EngineArgs {
             BackendKind::Auto | BackendKind::Cuda => match cuda_engine(cfg.clone(), ordinal, self.cuda_knobs()) {
                 Ok(e) => Ok(e),
                 Err(e) if self.backend == BackendKind::Auto => {
-                    eprintln!("hisparse: the CUDA backend could not start ({e}); running on the CPU");
+                    crate::console::note(&format!(
+                        "hisparse: the CUDA backend could not start ({e}); running on the CPU"
+                    ));
                     Ok(Box::new(Engine::new(CpuBackend::new(), cfg)?))
                 }
                 Err(e) => Err(BenchError::flag("backend", "cuda", e.to_string())),
             },
         }
     }
+}
+
+/// Refuses a `--host-tier-file` path that could not hold a tier of this process's own: a
+/// folder, a link (never followed: the tier would land in whatever it points to), something
+/// that is not a regular file (a FIFO, a device), a folder that does not exist, or an existing
+/// file without `--overwrite-host-tier-file`.
+fn check_tier_path(p: &std::path::Path, overwrite: bool) -> Result<()> {
+    let bad = |why: &str| Err(BenchError::flag("host-tier-file", p.display(), why.to_string()));
+    match std::fs::symlink_metadata(p) {
+        Ok(m) if m.is_dir() => return bad("is a folder; give a file name"),
+        Ok(m) if m.file_type().is_symlink() => {
+            return bad("is a symbolic link; a host tier file is never reached through one (give the file's own path)");
+        }
+        Ok(m) if !m.is_file() => {
+            return bad("is not a regular file (a FIFO, socket or device): a host tier needs a file of its own");
+        }
+        Ok(_) if !overwrite => {
+            return bad("exists; refusing to overwrite it (pass --overwrite-host-tier-file to replace it)");
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Refuses a host-tier file of `bytes` that the file system it would be on has no room for
+/// (checked before any work; the tier reserves its space again when it is made).
+fn check_tier_room(p: &std::path::Path, bytes: u64) -> Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = match p.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_owned(),
+        _ => PathBuf::from("."),
+    };
+    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else { return Ok(()) };
+    // SAFETY: statvfs writes only the zeroed struct it is given; `c` is NUL-terminated.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; both pointers live across the call.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return Ok(());
+    }
+    // Both are 64-bit on Linux.
+    let free = st.f_bavail.saturating_mul(st.f_frsize);
+    // An existing file being replaced gives its blocks back.
+    let own = std::fs::symlink_metadata(p).map_or(0, |m| m.len());
+    if bytes > free.saturating_add(own) {
+        return Err(BenchError::flag(
+            "host-tier-file",
+            p.display(),
+            format!(
+                "the host tier needs {}; its file system has {} free",
+                guard::human_bytes(bytes),
+                guard::human_bytes(free)
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// The CUDA backend's kernel choices from the command line.

@@ -19,7 +19,7 @@ use safetensors::{Dtype, tensor::TensorView};
 use super::common::EngineArgs;
 use super::run::ModeArg;
 use crate::error::{BenchError, Result};
-use crate::report::{AtomicFile, OutputDir};
+use crate::files::AtomicFile;
 use crate::{guard, interrupt};
 
 /// Every tensor of the file, per layer `l`: name, dtype, shape and meaning (also shown by
@@ -93,12 +93,12 @@ pub fn run(a: &DumpStepArgs) -> Result<(PathBuf, usize)> {
     }
     // The folder (made if missing, removed again if this fails) and the file are checked for
     // writability, and an existing file refused, before any work.
-    let dir = match a.out.parent().filter(|d| !d.as_os_str().is_empty()) {
-        Some(d) => Some(OutputDir::prepare("out", d)?),
-        None => None,
-    };
-    let mut file = AtomicFile::create("out", &a.out, a.overwrite)?;
-    let mut e = a.engine.engine(mode, total, "context")?;
+    let mut file = AtomicFile::create_with_folders("out", &a.out, a.overwrite)?;
+    // A request too long for the tiers is refused naming the larger of the two flags.
+    let (flag, value) = if a.step > a.context { ("step", a.step) } else { ("context", a.context) };
+    let g = a.engine.geometry()?;
+    a.engine.check_request_fits(&g, &a.engine.hisparse(&g)?, Mode::HiSparse, flag, value, total)?;
+    let mut e = a.engine.engine(mode, total, flag)?;
     for i in 0..a.concurrency {
         e.submit(RequestSpec { id: RequestId(i as u64), prompt_tokens: a.context, output_tokens: a.step })?;
     }
@@ -200,6 +200,5 @@ pub fn run(a: &DumpStepArgs) -> Result<(PathBuf, usize)> {
     std::io::Write::write_all(file.writer(), &bytes)
         .map_err(|source| BenchError::Io { path: a.out.display().to_string(), source })?;
     let path = file.commit()?;
-    dir.map(OutputDir::keep);
     Ok((path, tensors.len()))
 }

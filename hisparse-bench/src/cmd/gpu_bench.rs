@@ -22,8 +22,8 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use crate::error::{BenchError, Result};
+use crate::files::OutputDir;
 use crate::guard;
-use crate::report::OutputDir;
 
 /// Options of `hisparse gpu-bench`.
 #[derive(Debug, Clone, clap::Args)]
@@ -65,7 +65,7 @@ pub(crate) fn cuda(what: &'static str) -> impl FnOnce(cudarc::driver::DriverErro
 impl Figure {
     /// Prints the figure as a table line and appends it to `figs`.
     pub(crate) fn record(figs: &mut Vec<Figure>, name: String, value: f64, unit: &str, note: String) {
-        eprintln!("{name:<60} {value:>10.2} {unit:<7} {note}");
+        crate::console::note(&format!("{name:<60} {value:>10.2} {unit:<7} {note}"));
         figs.push(Figure { name, value, unit: unit.into(), note });
     }
 }
@@ -122,7 +122,7 @@ pub fn run(a: &GpuBenchArgs) -> Result<Vec<Figure>> {
     let mut figs = Vec::new();
     let mut push =
         |name: String, value: f64, unit: &str, note: String| Figure::record(&mut figs, name, value, unit, note);
-    eprintln!("device: {}", dev.name()?);
+    crate::console::note(&format!("device: {}", dev.name()?));
 
     // Ceilings: HBM copy, pinned host-to-device memcpy.
     let n = 2usize << 30;
@@ -416,6 +416,6 @@ pub fn run(a: &GpuBenchArgs) -> Result<Vec<Figure>> {
         }
     }
     out.write_json("gpu-bench.json", &figs)?;
-    out.keep();
+    out.commit()?;
     Ok(figs)
 }

@@ -17,8 +17,8 @@ use rand::{RngCore, SeedableRng};
 
 use super::gpu_bench::{Figure, cuda, time_ms};
 use crate::error::{BenchError, Result};
+use crate::files::OutputDir;
 use crate::guard;
-use crate::report::OutputDir;
 
 /// Options of `hisparse kernel-bench`.
 #[derive(Debug, Clone, clap::Args)]
@@ -92,6 +92,9 @@ pub fn run(a: &KernelBenchArgs) -> Result<Vec<Figure>> {
     if let Some(o) = a.only.iter().find(|o| !["indexer", "attention", "graphs"].contains(&o.as_str())) {
         return Err(BenchError::flag("only", o, "sections are indexer, attention and graphs"));
     }
+    for &n in &a.attention_splits {
+        guard::within("attention-splits", n, 1, 4096)?;
+    }
     let out = OutputDir::prepare("out", &a.out)?;
     let gpu = CudaBackend::new(0).map_err(kerr)?;
     let mem = gpu.memory().clone();
@@ -99,7 +102,7 @@ pub fn run(a: &KernelBenchArgs) -> Result<Vec<Figure>> {
     let mut figs = Vec::new();
     let mut push =
         |name: String, value: f64, unit: &str, note: String| Figure::record(&mut figs, name, value, unit, note);
-    eprintln!("device: {}", gpu.device().name().map_err(kerr)?);
+    crate::console::note(&format!("device: {}", gpu.device().name().map_err(kerr)?));
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
 
     // Ceilings: HBM copy and a cuBLAS bf16 GEMM.
@@ -157,7 +160,7 @@ pub fn run(a: &KernelBenchArgs) -> Result<Vec<Figure>> {
     }
     gpu.finish_step().map_err(kerr)?;
     out.write_json("kernel-bench.json", &figs)?;
-    out.keep();
+    out.commit()?;
     Ok(figs)
 }
 
@@ -332,9 +335,7 @@ fn attention(
     let mma = CudaBackend::on(gpu.device().clone()).map_err(kerr)?.with_wgmma_attention(false);
     let mut fixed = Vec::new();
     for &n in &a.attention_splits {
-        if n == 0 {
-            return Err(BenchError::flag("attention-splits", n, "a fixed split count is at least 1"));
-        }
+        // Checked at the start (run): at least 1.
         fixed.push((
             CudaBackend::on(gpu.device().clone()).map_err(kerr)?.with_splits(n),
             format!(" (wgmma, {n} splits)"),

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use super::sweep::SweepReport;
 use crate::error::{BenchError, Result};
-use crate::report::OutputDir;
+use crate::files::OutputDir;
 
 /// The command's arguments.
 #[derive(Debug, Clone, clap::Args)]
@@ -21,18 +21,20 @@ pub struct ReplotArgs {
 
 /// Reads the report and writes its outputs; returns it and the folder.
 pub fn run(a: &ReplotArgs) -> Result<(SweepReport, PathBuf)> {
-    let text = std::fs::read_to_string(&a.sweep_json)
-        .map_err(|e| BenchError::flag("sweep_json", a.sweep_json.display(), format!("cannot be read ({e})")))?;
+    let limit = crate::files::input::memory_limit(8);
+    let text = crate::files::Input::open("sweep_json", &a.sweep_json)?.read_text("the sweep report", limit)?;
     let report: SweepReport = serde_json::from_str(&text)
         .map_err(|e| BenchError::flag("sweep_json", a.sweep_json.display(), format!("is not a sweep report ({e})")))?;
-    let dest = match &a.out {
-        Some(d) => d.clone(),
-        None => a.sweep_json.parent().map_or_else(|| PathBuf::from("replot"), |p| p.join("replot")),
+    let json_dir = match a.sweep_json.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
     };
-    if std::fs::canonicalize(&dest).ok() == a.sweep_json.parent().and_then(|p| std::fs::canonicalize(p).ok()) {
+    let dest = a.out.clone().unwrap_or_else(|| json_dir.join("replot"));
+    let (d, j) = (std::fs::canonicalize(&dest).ok(), std::fs::canonicalize(&json_dir).ok());
+    if d.is_some() && d == j {
         return Err(BenchError::flag("out", dest.display(), "is the folder of the JSON it reads; pick another"));
     }
     let out = OutputDir::prepare("out", &dest)?;
     super::sweep_output::write(&report, &out)?;
-    Ok((report, out.keep()))
+    Ok((report, out.commit()?))
 }

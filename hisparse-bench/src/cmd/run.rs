@@ -12,7 +12,8 @@ use serde::Serialize;
 
 use super::common::EngineArgs;
 use crate::error::{BenchError, Result};
-use crate::report::{AtomicFile, Csv, OutputDir};
+use crate::files::{AtomicFile, OutputDir};
+use crate::report::Csv;
 use crate::{guard, interrupt, progress};
 
 /// Which modes to run.
@@ -68,7 +69,8 @@ pub struct RunArgs {
     /// Replace an existing --record-trace file.
     #[arg(long)]
     pub overwrite: bool,
-    /// Output folder (default: results/run; this command's files in it are replaced).
+    /// Output folder (default: results/run), written whole: an earlier output of this program there is
+    /// replaced, a folder holding other files is refused.
     #[arg(long)]
     pub out: Option<PathBuf>,
     /// GPUs (ranks), one engine each with its share of the requests (round robin) and of the
@@ -109,10 +111,23 @@ pub fn run(a: &RunArgs) -> Result<(Vec<ModeRun>, PathBuf)> {
     if a.output.is_empty() {
         return Err(BenchError::flag("output", "", "give at least one length"));
     }
-    if let Some(r) = a.arrival_rate
-        && !(r.is_finite() && r > 0.0)
-    {
-        return Err(BenchError::flag("arrival-rate", r, "requests per second: a positive number"));
+    if let Some(r) = a.arrival_rate {
+        if !(r.is_finite() && r > 0.0) {
+            return Err(BenchError::flag("arrival-rate", r, "requests per second: a positive number"));
+        }
+        // The arrivals' expected span: beyond a day, the run would only wait.
+        let span = a.concurrency as f64 / r;
+        if span > super::arrivals::LONGEST_ARRIVALS_S {
+            return Err(BenchError::flag(
+                "arrival-rate",
+                format!("{r:?}"),
+                format!(
+                    "{} requests would arrive over about {span:.3e} s; arrivals may span at most a day ({} s)",
+                    a.concurrency,
+                    super::arrivals::LONGEST_ARRIVALS_S
+                ),
+            ));
+        }
     }
     for &o in &a.output {
         guard::at_least_one("output", o)?;
@@ -139,6 +154,14 @@ pub fn run(a: &RunArgs) -> Result<(Vec<ModeRun>, PathBuf)> {
     let out = OutputDir::prepare("out", a.out.as_deref().unwrap_or(std::path::Path::new("results/run")))?;
     // Checked for writability now, before minutes of work; renamed into place at the end.
     let mut trace_file = match &a.record_trace {
+        Some(p) if p.extension().is_some_and(|e| e == "jsonl") => {
+            return Err(BenchError::flag(
+                "record-trace",
+                p.display(),
+                "the engine records a binary trace: name it .hstrace (JSON lines come from `trace synth` \
+                 and `trace import`)",
+            ));
+        }
         Some(p) if a.mode.modes().contains(&Mode::HiSparse) => {
             Some(AtomicFile::create("record-trace", p, a.overwrite)?)
         }
@@ -227,7 +250,7 @@ pub fn run(a: &RunArgs) -> Result<(Vec<ModeRun>, PathBuf)> {
     if let Some(f) = trace_file {
         f.commit()?;
     }
-    Ok((runs, out.keep()))
+    Ok((runs, out.commit()?))
 }
 
 /// The shortest and the longest request of `a` (prompt + output tokens).

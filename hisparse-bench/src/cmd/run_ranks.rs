@@ -13,7 +13,6 @@
 use std::sync::mpsc;
 use std::sync::{Arc, Barrier, Mutex};
 
-use hisparse_engine::ranks::RankPlan;
 use hisparse_engine::{LatencySummary, RequestSpec, RunSummary, StepMetrics, TokenLatency};
 use hisparse_memory::Mode;
 
@@ -82,7 +81,7 @@ pub(super) fn run_mode(
 ) -> Result<ModeRun> {
     let g = a.engine.geometry()?;
     let hs = a.engine.hisparse(&g)?;
-    let plan = RankPlan::new(ranks, hs.host_bytes(), a.engine.host_page_bytes(&g, &hs)?)?;
+    let plan = a.engine.rank_plan(&g, &hs, ranks, request_lengths(a).1)?;
     let members = members(&a.engine, ranks)?;
     let lockstep = members.iter().any(Option::is_some);
     let mut votes = StepVote::group(ranks).into_iter();

@@ -106,7 +106,7 @@ pub fn run(args: &SelfcheckArgs) -> Result<SelfcheckReport> {
     guard::memory(flag, value, "the batch's keys, scores and rows", bytes)?;
     // Checked for writability (and refused if it exists) before any work.
     let json = match &args.json {
-        Some(p) => Some(crate::report::AtomicFile::create("json", p, args.overwrite)?),
+        Some(p) => Some(crate::files::AtomicFile::create("json", p, args.overwrite)?),
         None => None,
     };
     let bar = ProgressBar::new(6).with_style(
@@ -118,11 +118,14 @@ pub fn run(args: &SelfcheckArgs) -> Result<SelfcheckReport> {
     let mut rng = random::rng(args.seed);
     let mut lines = Vec::new();
 
+    crate::interrupt::check(|| "self-checking the CPU kernels (memcpy ceiling)".into())?;
+
     bar.set_message("memcpy ceiling");
     let memcpy = memcpy_bandwidth(256 << 20);
     bar.inc(1);
 
     // Indexer over every position of every request.
+    crate::interrupt::check(|| "self-checking the CPU kernels (indexer)".into())?;
     bar.set_message("indexer");
     let key = g.index_key()?;
     // Whole pages of 64 keys per request; position t of request i is key i * pages + t.
@@ -161,6 +164,7 @@ pub fn run(args: &SelfcheckArgs) -> Result<SelfcheckReport> {
     bar.inc(1);
 
     // Top-k of every request.
+    crate::interrupt::check(|| "self-checking the CPU kernels (top-k)".into())?;
     bar.set_message("top-k");
     let spans: Vec<Span> = (0..b).map(|i| Span::new(i * l, l)).collect();
     let mut top = vec![0i32; b * k];
@@ -179,6 +183,7 @@ pub fn run(args: &SelfcheckArgs) -> Result<SelfcheckReport> {
     bar.inc(1);
 
     // Sparse attention over the selections, rows in the preset's format.
+    crate::interrupt::check(|| "self-checking the CPU kernels (sparse attention)".into())?;
     bar.set_message("sparse attention");
     let layout = g.kv_row()?;
     let (pool, values) = random::kv_pool(&mut rng, layout, b * l)?;
@@ -200,6 +205,7 @@ pub fn run(args: &SelfcheckArgs) -> Result<SelfcheckReport> {
     let t = median_secs(1, args.runs, || cpu.sparse_attention(&attn, &mut out, &mut lse));
     cpu.sparse_attention(&attn, &mut out, &mut lse)?;
     bar.inc(1);
+    crate::interrupt::check(|| "self-checking the CPU kernels (dense f64 oracle)".into())?;
     bar.set_message("dense f64 oracle");
     let sel_rows: Vec<u8> = locations[..k]
         .iter()
@@ -221,6 +227,7 @@ pub fn run(args: &SelfcheckArgs) -> Result<SelfcheckReport> {
     bar.inc(1);
 
     // The same selected values in bf16 rows: how far fp8 moves the output.
+    crate::interrupt::check(|| "self-checking the CPU kernels (fp8 vs bf16 rows)".into())?;
     bar.set_message("fp8 vs bf16 rows");
     let bf = g.clone().with_kv_format(KvRowFormat::Bf16).kv_row()?;
     let orig: Vec<f32> =

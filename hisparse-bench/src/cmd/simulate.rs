@@ -6,12 +6,12 @@ use std::path::PathBuf;
 
 use hisparse_policy::policy::BuiltinPolicy;
 use hisparse_policy::prefetch::{BuiltinPrefetcher, PrefetcherConfig};
-use hisparse_policy::trace::read_trace;
 use hisparse_policy::{PolicyConfig, PolicyError, SimConfig, SimReport, memory_estimate, replays, simulate_with};
 
 use crate::error::{BenchError, Result};
+use crate::files::OutputDir;
+use crate::report::Csv;
 use crate::report::plot::{Chart, Series, line_chart, misses_over_time, stacked_charts};
-use crate::report::{Csv, OutputDir};
 use crate::{guard, interrupt, progress};
 
 /// Options of `hisparse simulate`.
@@ -46,21 +46,33 @@ pub struct SimulateArgs {
     /// Bytes per fetched row (default: the trace's, else 656).
     #[arg(long, default_value_t = 0)]
     pub row_bytes: usize,
-    /// Output folder (default: `results/simulate-NAME`, NAME being the trace file name; this
-    /// command's files in it are replaced).
+    /// Output folder (default: `results/simulate-NAME`, NAME being the trace file name), written
+    /// whole: an earlier output of this program there is replaced, a folder holding other files
+    /// is refused.
     #[arg(long)]
     pub out: Option<PathBuf>,
 }
 
 /// Runs the simulation and writes its outputs; returns the report and the output folder.
 pub fn run(a: &SimulateArgs) -> Result<(SimReport, PathBuf)> {
-    let (header, records) = read_trace(&a.trace)?;
+    let (header, records) = super::trace::read_trace_arg("trace", &a.trace)?;
     if records.is_empty() {
         return Err(BenchError::flag("trace", a.trace.display(), "holds no records"));
     }
     let k = header.top_k as usize;
-    let buffers = if a.buffers.is_empty() { vec![k, 2 * k, 4 * k] } else { a.buffers.clone() };
     let max = hisparse_memory::slot_table::MAX_BUFFER_SLOTS;
+    if k > max {
+        return Err(BenchError::flag(
+            "trace",
+            a.trace.display(),
+            format!("its top_k is {k}; a hot buffer holds at most {max} slots, so no buffer could hold a selection"),
+        ));
+    }
+    let buffers = if a.buffers.is_empty() {
+        vec![k, 2 * k, 4 * k].into_iter().filter(|&b| b <= max).collect()
+    } else {
+        a.buffers.clone()
+    };
     for &b in &buffers {
         if b < k.max(1) || b > max {
             return Err(BenchError::flag(
@@ -75,8 +87,7 @@ pub fn run(a: &SimulateArgs) -> Result<(SimReport, PathBuf)> {
     let mut policy_config = match &a.policy_config {
         None => PolicyConfig::default(),
         Some(p) => {
-            let text = std::fs::read_to_string(p)
-                .map_err(|e| BenchError::flag("policy-config", p.display(), e.to_string()))?;
+            let text = crate::files::input::read_config("policy-config", p)?;
             let c: PolicyConfig = serde_json::from_str(&text)
                 .map_err(|e| BenchError::flag("policy-config", p.display(), e.to_string()))?;
             c.validate().map_err(|e| BenchError::flag("policy-config", p.display(), e.to_string()))?;
@@ -187,7 +198,7 @@ pub fn run(a: &SimulateArgs) -> Result<(SimReport, PathBuf)> {
     }
     out.write("simulate.csv", csv.text().as_bytes())?;
     plots(&report, &buffers, &a.trace, &out)?;
-    Ok((report, out.keep()))
+    Ok((report, out.commit()?))
 }
 
 /// The label of a result line: its policy, and its prefetcher when the run had several.

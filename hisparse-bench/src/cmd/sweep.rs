@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use super::common::{AttentionKernel, EngineArgs, IndexerKernel};
 use crate::error::{BenchError, Result};
-use crate::report::OutputDir;
+use crate::files::OutputDir;
 use crate::{guard, interrupt, progress};
 
 /// Options of `hisparse sweep`.
@@ -39,7 +39,8 @@ pub struct SweepArgs {
     /// Measurement windows per level (at least 3): the point is their median, with min and max.
     #[arg(long, default_value_t = 3)]
     pub windows: usize,
-    /// Output folder (default: results/sweep; this command's files in it are replaced).
+    /// Output folder (default: results/sweep), written whole: an earlier output of this program there is
+    /// replaced, a folder holding other files is refused.
     #[arg(long)]
     pub out: Option<PathBuf>,
     /// GPUs (ranks), one engine each with its share of the requests and of the host memory; with
@@ -422,7 +423,7 @@ pub fn run(a: &SweepArgs) -> Result<(SweepReport, PathBuf)> {
         misses_by_buffer,
     };
     super::sweep_output::write(&report, &out)?;
-    Ok((report, out.keep()))
+    Ok((report, out.commit()?))
 }
 
 /// Replays the recorded selections under LRU at 1, 2 and 4 times top-k slots.

@@ -9,9 +9,10 @@ use hisparse_memory::Mode;
 
 use super::sweep::SweepReport;
 use crate::error::Result;
+use crate::files::OutputDir;
 use crate::guard::human_bytes;
+use crate::report::Csv;
 use crate::report::plot::{Chart, Marker, Series, line_chart, misses_over_time, stacked_charts};
-use crate::report::{Csv, OutputDir};
 
 /// `s` with every stage multiplied by `f`.
 pub fn scale_stages(s: &StageTimes, f: f64) -> StageTimes {

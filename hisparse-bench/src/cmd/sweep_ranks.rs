@@ -10,7 +10,6 @@
 use std::sync::mpsc;
 
 use hisparse_engine::StepMetrics;
-use hisparse_engine::ranks::RankPlan;
 use hisparse_kernels::{CpuRank, RankMember};
 use hisparse_memory::{Mode, RequestId};
 use indicatif::ProgressBar;
@@ -125,7 +124,7 @@ pub(super) fn measure(
 ) -> Result<RankRun> {
     let g = a.engine.geometry()?;
     let hs = a.engine.hisparse(&g)?;
-    let plan = RankPlan::new(ranks, hs.host_bytes(), a.engine.host_page_bytes(&g, &hs)?)?;
+    let plan = a.engine.rank_plan(&g, &hs, ranks, context + life)?;
     let (tx, rx) = mpsc::channel::<RankOut>();
     for (rank, member) in members(&a.engine, ranks)?.into_iter().enumerate() {
         let (a, plan, levels, bar, tx) = (a.clone(), plan.clone(), levels.to_vec(), bar.clone(), tx.clone());

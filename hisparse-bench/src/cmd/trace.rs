@@ -7,11 +7,11 @@ use std::path::PathBuf;
 
 use hisparse_policy::PolicyError;
 use hisparse_policy::synth::{SynthConfig, synth_header, synth_trace};
-use hisparse_policy::trace::{TraceRecord, TraceWriter, jsonl, read_trace};
+use hisparse_policy::trace::{TraceHeader, TraceRecord, TraceWriter, jsonl};
 use serde::Serialize;
 
 use crate::error::{BenchError, Result};
-use crate::report::AtomicFile;
+use crate::files::AtomicFile;
 use crate::{guard, interrupt, progress};
 
 /// `hisparse trace ...`
@@ -79,19 +79,39 @@ pub struct SynthArgs {
     pub seed: u64,
 }
 
-/// Runs a trace command.
-pub fn run(cmd: &TraceCommand) -> Result<()> {
+/// Reads the trace given as `--flag` (or the argument `flag`): header first, then the rest,
+/// within the memory this machine has for it and its decoded records.
+pub fn read_trace_arg(flag: &'static str, path: &std::path::Path) -> Result<(TraceHeader, Vec<TraceRecord>)> {
+    let input = crate::files::Input::open(flag, path)?;
+    let size = input.len();
+    let limit = crate::files::input::memory_limit(1 + hisparse_policy::trace::DECODED_PER_TRACE_BYTE);
+    match hisparse_policy::trace::read_trace_from(input, size, limit) {
+        Ok(t) => Ok(t),
+        Err(_) if interrupt::requested() => Err(BenchError::Interrupted(format!("reading {}", path.display()))),
+        Err(PolicyError::TooLarge { bytes, limit }) => Err(BenchError::flag(
+            flag,
+            path.display(),
+            format!(
+                "the trace is {}; this machine has memory for {} of trace (it is read whole)",
+                bytes.map_or_else(|| "longer than that".into(), guard::human_bytes),
+                guard::human_bytes(limit)
+            ),
+        )),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Runs a trace command; returns what it prints.
+pub fn run(cmd: &TraceCommand) -> Result<String> {
     match cmd {
         TraceCommand::Synth(a) => synth(a),
-        TraceCommand::Import(a) => {
-            println!("{}", super::trace_import::run(a)?);
-            Ok(())
-        }
+        TraceCommand::Import(a) => Ok(format!("{}\n", super::trace_import::run(a)?)),
         TraceCommand::Info { trace } => {
-            let (header, records) = read_trace(trace)?;
+            let (header, records) = read_trace_arg("trace", trace)?;
             let info = describe(&records);
-            println!(
-                "{}: top_k {}, {} layers, row {} B, scores: {}, near-cut candidates: {}",
+            let mut s = String::new();
+            s += &format!(
+                "{}: top_k {}, {} layers, row {} B, scores: {}, near-cut candidates: {}\n",
                 trace.display(),
                 header.top_k,
                 header.layers,
@@ -101,25 +121,25 @@ pub fn run(cmd: &TraceCommand) -> Result<()> {
             );
             if !header.index_source.is_empty() {
                 let full: Vec<u32> = (0..header.layers).filter(|&l| header.source_of(l) == l).collect();
-                println!(
-                    "layer structure: {} of {} layers full ({full:?}), the others share",
+                s += &format!(
+                    "layer structure: {} of {} layers full ({full:?}), the others share\n",
                     full.len(),
                     header.layers
                 );
             }
-            println!(
-                "{} records, {} streams (request x layer), steps {}..={}",
+            s += &format!(
+                "{} records, {} streams (request x layer), steps {}..={}\n",
                 records.len(),
                 info.streams,
                 info.first_step,
                 info.last_step
             );
-            println!(
-                "mean consecutive-step overlap {:.1}%, adjacent-layer overlap {:.1}%",
+            s += &format!(
+                "mean consecutive-step overlap {:.1}%, adjacent-layer overlap {:.1}%\n",
                 100.0 * info.step_overlap,
                 100.0 * info.layer_overlap
             );
-            Ok(())
+            Ok(s)
         }
     }
 }
@@ -140,7 +160,7 @@ fn synth_flag(field: &str) -> &'static str {
     }
 }
 
-fn synth(a: &SynthArgs) -> Result<()> {
+fn synth(a: &SynthArgs) -> Result<String> {
     let cfg = SynthConfig {
         requests: a.requests,
         layers: a.layers,
@@ -206,8 +226,7 @@ fn synth(a: &SynthArgs) -> Result<()> {
     bar.finish_and_clear();
     let path = file.commit()?;
     let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-    println!("wrote {} ({records} records, {:.1} MB)", path.display(), size as f64 / 1e6);
-    Ok(())
+    Ok(format!("wrote {} ({records} records, {:.1} MB)\n", path.display(), size as f64 / 1e6))
 }
 
 /// Overlap statistics of a trace.

@@ -9,7 +9,7 @@ use hisparse_policy::trace::import::{ImportOptions, RequestSelections, import, p
 use hisparse_policy::trace::{TraceWriter, jsonl};
 
 use crate::error::{BenchError, Result};
-use crate::report::AtomicFile;
+use crate::files::AtomicFile;
 use crate::{guard, interrupt};
 
 /// Options of `hisparse trace import`.
@@ -42,12 +42,19 @@ pub struct ImportArgs {
     pub index_source: Vec<u32>,
 }
 
-/// Maps `path` read-only.
-fn map(path: &PathBuf) -> Result<memmap2::Mmap> {
-    let f = std::fs::File::open(path).map_err(|e| BenchError::flag("inputs", path.display(), e.to_string()))?;
-    // SAFETY: the map is read-only and lives while the bytes are parsed; a file changed by
-    // another process meanwhile can only yield wrong positions, which the checks refuse.
-    unsafe { memmap2::Mmap::map(&f) }.map_err(|e| BenchError::flag("inputs", path.display(), e.to_string()))
+/// Reads every input whole (not mapped: a file another process shrinks meanwhile gives a short
+/// read, refused by the tensor's checks, never a SIGBUS), within the memory the inputs and the
+/// records made from them may take together.
+fn read_inputs(paths: &[PathBuf]) -> Result<Vec<Vec<u8>>> {
+    let mut left = crate::files::input::memory_limit(3);
+    paths
+        .iter()
+        .map(|p| {
+            let bytes = crate::files::Input::open("inputs", p)?.read_all("the tensor file", left)?;
+            left = left.saturating_sub(bytes.len() as u64);
+            Ok(bytes)
+        })
+        .collect()
 }
 
 /// Runs the import; returns what it wrote, as a line.
@@ -60,7 +67,7 @@ pub fn run(a: &ImportArgs) -> Result<String> {
         }
         None => a.index_source.clone(),
     };
-    let maps: Vec<memmap2::Mmap> = a.inputs.iter().map(map).collect::<Result<_>>()?;
+    let maps = read_inputs(&a.inputs)?;
     let safetensors = a.inputs.iter().any(|p| p.extension().is_some_and(|e| e == "safetensors"));
     let requests: Vec<RequestSelections<'_>> = if safetensors {
         if maps.len() != 1 {

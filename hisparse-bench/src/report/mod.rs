@@ -1,10 +1,7 @@
-//! Writing results: SVG line charts, CSV files and JSON, into an output folder or file, always
-//! atomically (`output.rs`).
+//! Results as documents: SVG line charts (`plot.rs`) and CSV files; where they are written is
+//! `files`' concern.
 
-pub mod output;
 pub mod plot;
-
-pub use output::{AtomicFile, OutputDir};
 
 /// A CSV document built row by row (fields are numbers or simple names: no quoting needed,
 /// commas in a field are replaced by semicolons).

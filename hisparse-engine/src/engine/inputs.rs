@@ -74,6 +74,8 @@ pub(crate) struct SyntheticInputs<M: DeviceMemory> {
     pending: Option<Pending>,
     /// The host buffers of a used-up pending step, reused by the next one.
     spare: Vec<HostLayer>,
+    /// The caller's stop, observed by a prompt's prefill.
+    stop: crate::StopFlag,
 }
 
 /// Makes `buf` hold exactly `len` elements; `true` when it was reallocated. An empty input (a
@@ -117,8 +119,9 @@ fn generate(wl: &Workload, g: &KvGeometry, reqs: &[(u64, usize, &RequestDrift)],
 }
 
 impl<M: DeviceMemory> SyntheticInputs<M> {
-    pub fn new(mem: &M, geometry: &KvGeometry, seed: u64) -> Result<Self> {
+    pub fn new(mem: &M, geometry: &KvGeometry, seed: u64, stop: crate::StopFlag) -> Result<Self> {
         Ok(Self {
+            stop,
             workload: Workload::new(geometry, seed),
             geometry: geometry.clone(),
             drifts: HashMap::new(),
@@ -147,12 +150,15 @@ impl<M: DeviceMemory> SyntheticInputs<M> {
     {
         let (kv_row, key) = cache.layouts();
         let (kb, keyb) = (kv_row.row_bytes(), key.row_bytes());
-        let wl = &self.workload;
+        let (wl, stop) = (&self.workload, &self.stop);
+        stop.check()?;
         let got = cache.admit_with(id, prompt, total, |l, rows, keys| {
+            // A long prompt's prefill observes a stop between rows (then the admission is undone).
             rows.par_chunks_mut(kb).enumerate().try_for_each(|(t, r)| {
+                stop.check()?;
                 let mut v = vec![0f32; kv_row.d_qk()];
                 wl.kv_row(id.0, l, t, &mut v);
-                kv_row.encode(&v, r)
+                kv_row.encode(&v, r).map_err(EngineError::from)
             })?;
             if let Some(keys) = keys {
                 keys.par_chunks_mut(keyb).enumerate().try_for_each(|(t, k)| {

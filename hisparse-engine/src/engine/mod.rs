@@ -67,6 +67,9 @@ pub struct EngineConfig {
     pub transfer_delay: Option<Duration>,
     /// The indexer's query precision (see [`hisparse_kernels::IndexerQueries`]).
     pub index_queries: hisparse_kernels::IndexerQueries,
+    /// A caller's request to stop, observed before each step, between admissions and inside a
+    /// prompt's prefill.
+    pub stop: crate::StopFlag,
 }
 
 /// The default bound of the waiting queue.
@@ -91,6 +94,7 @@ impl EngineConfig {
             serial_prefetch: false,
             transfer_delay: None,
             index_queries: hisparse_kernels::IndexerQueries::Exact,
+            stop: crate::StopFlag::never(),
         }
     }
 }
@@ -144,7 +148,7 @@ where
             Some(shape) => Some(crate::model::ModelEmulation::new(shape.clone(), cache.backend())?),
             None => None,
         };
-        let inputs = inputs::SyntheticInputs::new(cache.backend().memory(), g, cfg.workload_seed)?;
+        let inputs = inputs::SyntheticInputs::new(cache.backend().memory(), g, cfg.workload_seed, cfg.stop.clone())?;
         let runner = runner::StepRunner::new(inputs, model, cfg.capture_digests, cfg.launch_graphs);
         Ok(Self {
             last_policy: Arc::clone(&runtime.policy),

@@ -80,6 +80,7 @@ where
 {
     /// Admits what fits, decodes one token for every running request, retires finished ones.
     pub fn step(&mut self) -> Result<StepReport> {
+        self.cfg.stop.check()?;
         self.step += 1;
         let mut rep = StepReport::default();
         rep.metrics.step = self.step;

@@ -2,7 +2,10 @@
 //! refused unless the caller asked to overwrite it), its whole length reserved on the file system
 //! up front (so a full disk is an error at start, never a SIGBUS mid-run), locked exclusively for
 //! the tier's life (a second process is refused), and removed when the tier goes away unless the
-//! caller asked to keep it.
+//! caller asked to keep it — only if the path still names this tier's file.
+//!
+//! Invariant: a tier file is a regular file reached without following a link: a link, a FIFO,
+//! a device or a socket at the path is refused by name, never truncated, filled or removed.
 
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
@@ -33,6 +36,8 @@ pub(super) struct TierFile {
     file: File,
     path: PathBuf,
     keep: bool,
+    /// Device and inode of the file (removed on drop only while the path still names it).
+    id: (u64, u64),
 }
 
 fn io(what: &Path, e: std::io::Error) -> MemoryError {
@@ -43,9 +48,11 @@ impl TierFile {
     /// Creates (or, with `overwrite`, replaces) the file, locks it and reserves `len` bytes.
     /// On any failure nothing is left behind that this call created.
     pub(super) fn create(spec: &HostTierFile, len: usize) -> Result<Self> {
+        use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
         let path = &spec.path;
         let mut opts = OpenOptions::new();
-        opts.read(true).write(true);
+        // Never through a link; never waiting on a FIFO (refused below).
+        opts.read(true).write(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC);
         if spec.overwrite {
             // Truncated only after the lock is held (below): another process's tier is never touched.
             opts.create(true);
@@ -59,10 +66,25 @@ impl TierFile {
                     path.display(),
                     "exists; refusing to overwrite it (ask for overwrite explicitly, or pick a new path)",
                 )
+            } else if e.raw_os_error() == Some(libc::ELOOP) {
+                MemoryError::invalid(
+                    "host_tier_file",
+                    path.display(),
+                    "is a symbolic link; a host tier file is never reached through one",
+                )
             } else {
                 io(path, e)
             }
         })?;
+        let meta = file.metadata().map_err(|e| io(path, e))?;
+        if !meta.is_file() {
+            return Err(MemoryError::invalid(
+                "host_tier_file",
+                path.display(),
+                "is not a regular file (a FIFO, socket or device): a host tier needs a file of its own",
+            ));
+        }
+        let id = (meta.dev(), meta.ino());
         // From here on a failure removes the file only if this call created it.
         let created = !spec.overwrite;
         let fail = |e: MemoryError| {
@@ -86,7 +108,7 @@ impl TierFile {
             file.set_len(0).map_err(|e| fail(io(path, e)))?;
         }
         reserve(&file, len).map_err(|e| fail(io(path, e)))?;
-        Ok(Self { file, path: path.clone(), keep: spec.keep })
+        Ok(Self { file, path: path.clone(), keep: spec.keep, id })
     }
 
     /// The open file (for the mapping).
@@ -102,7 +124,10 @@ impl TierFile {
 
 impl Drop for TierFile {
     fn drop(&mut self) {
-        if !self.keep {
+        use std::os::unix::fs::MetadataExt;
+        // Someone may have put another file at the path meanwhile: that one stays.
+        let ours = std::fs::symlink_metadata(&self.path).is_ok_and(|m| (m.dev(), m.ino()) == self.id);
+        if !self.keep && ours {
             let _ = std::fs::remove_file(&self.path);
         }
         // The lock goes with the descriptor.

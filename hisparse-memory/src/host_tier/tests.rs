@@ -202,3 +202,36 @@ fn a_tier_too_small_for_one_page_is_refused() {
     let e = HostTier::new(&cfg(1000, None)).unwrap_err();
     assert!(matches!(e, MemoryError::InvalidField { field: "host_bytes", .. }), "{e}");
 }
+
+#[test]
+fn a_link_a_fifo_or_a_replaced_path_is_never_written_or_removed() {
+    let spec = |path: &PathBuf| HostTierFile { path: path.clone(), overwrite: true, keep: false };
+    // A link to a user's file, even with overwrite asked: refused, the target untouched.
+    let (user, link) = (tmp_path("user"), tmp_path("link"));
+    std::fs::write(&user, b"precious user data").unwrap();
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(&user, &link).unwrap();
+    let e = HostTier::new(&cfg(656 * 4 * 3 * 2, Some(spec(&link)))).unwrap_err().to_string();
+    assert!(e.contains("symbolic link"), "{e}");
+    assert_eq!(std::fs::read(&user).unwrap(), b"precious user data");
+    assert!(std::fs::symlink_metadata(&link).is_ok(), "the link stays");
+    // A FIFO: refused by name, at once (no wait for a reader).
+    let fifo = tmp_path("fifo");
+    let _ = std::fs::remove_file(&fifo);
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let e = HostTier::new(&cfg(656 * 4 * 3 * 2, Some(spec(&fifo)))).unwrap_err().to_string();
+    assert!(e.contains("not a regular file"), "{e}");
+    // A tier whose path was given to another file meanwhile leaves that file alone.
+    let path = tmp_path("moved");
+    let _ = std::fs::remove_file(&path);
+    let t = HostTier::new(&cfg(656 * 4 * 3 * 2, Some(HostTierFile::new(&path)))).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    std::fs::write(&path, b"the user's new file").unwrap();
+    drop(t);
+    assert_eq!(std::fs::read(&path).unwrap(), b"the user's new file");
+    for p in [user, link, fifo, path] {
+        std::fs::remove_file(p).unwrap();
+    }
+}

@@ -157,7 +157,19 @@ pub fn parse_safetensors(bytes: &[u8]) -> Result<Vec<RequestSelections<'_>>> {
     }
     let numbered: Option<Vec<u64>> = names.iter().map(|n| n.parse().ok()).collect();
     match &numbered {
-        Some(_) => names.sort_by_key(|n| n.parse::<u64>().unwrap_or(u64::MAX)),
+        Some(ids) => {
+            // "1", "01" and "+1" all read as request 1: two of them would merge two requests.
+            let mut pairs: Vec<(u64, &String)> = ids.iter().copied().zip(&names).collect();
+            pairs.sort();
+            if let Some(w) = pairs.windows(2).find(|w| w[0].0 == w[1].0) {
+                return Err(bad(
+                    "safetensors",
+                    format!("tensors {} and {}", w[0].1, w[1].1),
+                    format!("both name request {}: name each request once (0, 1, 2, ...)", w[0].0),
+                ));
+            }
+            names.sort_by_key(|n| n.parse::<u64>().unwrap_or(u64::MAX));
+        }
         None => names.sort(),
     }
     let mut out = Vec::with_capacity(names.len());
@@ -247,6 +259,7 @@ pub fn import(requests: &[RequestSelections<'_>], opts: &ImportOptions) -> Resul
             return Err(bad("seq_len", lens.len(), format!("request {} has {steps} steps", r.request)));
         }
         let mut longest = 0u32;
+        let mut last_len = 0u32;
         for step in 0..steps {
             let mut rows = Vec::with_capacity(layers);
             for layer in 0..layers {
@@ -272,6 +285,18 @@ pub fn import(requests: &[RequestSelections<'_>], opts: &ImportOptions) -> Resul
                 (None, Some(p)) => p.checked_add(step as u32 + 1).ok_or_else(|| bad("prompt_len", p, "too long"))?,
                 (None, None) => longest.max(1),
             };
+            if seq_len < last_len {
+                return Err(bad(
+                    "seq_len",
+                    seq_len,
+                    format!(
+                        "request {} step {}: shorter than step {step}'s {last_len} (a sequence only grows)",
+                        r.request,
+                        step + 1
+                    ),
+                ));
+            }
+            last_len = seq_len;
             for (layer, selected) in rows.into_iter().enumerate() {
                 if let Some(&m) = selected.last().filter(|&&m| m >= seq_len) {
                     return Err(bad(

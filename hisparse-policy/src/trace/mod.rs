@@ -35,6 +35,7 @@ pub mod raw;
 
 pub use binary::{TraceReader, TraceWriter};
 
+use std::io::{BufRead, Read};
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -239,21 +240,72 @@ impl TraceRecord {
     }
 }
 
-/// Reads a whole trace file, binary or JSON lines (told apart by the first byte).
-pub fn read_trace(path: &Path) -> Result<(TraceHeader, Vec<TraceRecord>)> {
+/// Bytes of decoded records a byte of a binary trace can become at most (a one-byte position
+/// decodes to four; a record's fields and vectors stay below that per byte of its encoding):
+/// what a caller multiplies a trace's size by to size the memory reading it takes.
+pub const DECODED_PER_TRACE_BYTE: u64 = 4;
+
+/// Reads a whole trace file, binary or JSON lines (told apart by the first byte), header first
+/// (a file that is not a trace is refused before the rest is read), at most `max_bytes` of it
+/// (a larger file is refused with [`PolicyError::TooLarge`] once its header is checked).
+pub fn read_trace(path: &Path, max_bytes: u64) -> Result<(TraceHeader, Vec<TraceRecord>)> {
     let io = |e: std::io::Error| PolicyError::Io { path: path.display().to_string(), message: e.to_string() };
     let file = std::fs::File::open(path).map_err(io)?;
-    let mut reader = std::io::BufReader::new(file);
-    let first = {
-        use std::io::BufRead;
-        reader.fill_buf().map_err(io)?.first().copied()
-    };
+    let size = file.metadata().ok().filter(std::fs::Metadata::is_file).map(|m| m.len());
+    read_trace_from(file, size, max_bytes)
+}
+
+/// [`read_trace`] from any reader (a pipe too): the header is read and checked first; then a
+/// `size` (when the input's length is known) above `max_bytes` is refused before anything
+/// else is read, and an input that turns out longer than `max_bytes` is refused on the way.
+pub fn read_trace_from(input: impl Read, size: Option<u64>, max_bytes: u64) -> Result<(TraceHeader, Vec<TraceRecord>)> {
+    let mut input = std::io::BufReader::new(input);
+    let unreadable = |e: std::io::Error| PolicyError::Trace { what: "unreadable", offset: 0, message: e.to_string() };
+    let first = input.fill_buf().map_err(unreadable)?.first().copied();
+    let too_large = |bytes: Option<u64>| PolicyError::TooLarge { bytes, limit: max_bytes };
+    if size.is_some_and(|n| n > max_bytes) && first != Some(b'{') {
+        // The header first: a file that is no trace is refused as such, not for its size.
+        TraceReader::new(&mut input)?;
+        return Err(too_large(size));
+    }
     if first == Some(b'{') {
-        jsonl::read(reader)
-    } else {
-        // Binary: read whole (sized up front), decoded on every core.
-        drop(reader);
-        let bytes = std::fs::read(path).map_err(io)?;
-        parallel::read_all(&bytes)
+        let mut bounded = input.take(max_bytes);
+        let read = jsonl::read(&mut bounded);
+        if bounded.limit() == 0 && bounded.into_inner().fill_buf().is_ok_and(|b| !b.is_empty()) {
+            return Err(too_large(size));
+        }
+        return read;
+    }
+    // Binary: the header checked as it is read, then the rest (sized up front), decoded on
+    // every core.
+    let mut bytes = Vec::new();
+    TraceReader::new(Tee { input: &mut input, copy: &mut bytes })?;
+    if let Some(n) = size {
+        bytes.reserve(usize::try_from(n).unwrap_or(0).saturating_sub(bytes.len()));
+    }
+    let room = max_bytes.saturating_sub(bytes.len() as u64);
+    let mut rest = input.take(room.saturating_add(1));
+    rest.read_to_end(&mut bytes).map_err(|e| PolicyError::Trace {
+        what: "unreadable",
+        offset: bytes.len() as u64,
+        message: e.to_string(),
+    })?;
+    if bytes.len() as u64 > max_bytes {
+        return Err(too_large(size));
+    }
+    parallel::read_all(&bytes)
+}
+
+/// A reader that keeps a copy of what it reads.
+struct Tee<'a, R> {
+    input: R,
+    copy: &'a mut Vec<u8>,
+}
+
+impl<R: Read> Read for Tee<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.input.read(buf)?;
+        self.copy.extend_from_slice(&buf[..n]);
+        Ok(n)
     }
 }
