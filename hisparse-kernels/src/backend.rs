@@ -4,10 +4,10 @@
 use half::bf16;
 use hisparse_memory::{DeviceMemory, HostTier, IndexKeyLayout, KvRowLayout};
 
-use crate::device_swap_in::{DeviceSwapIn, DeviceSwapInConfig};
 use crate::error::Result;
 use crate::new_rows::NewRows;
 use crate::row_backup::{RowBackup, RowBackupConfig};
+use crate::swap_in::{DeviceSwapIn, DeviceSwapInConfig};
 
 /// A buffer of `T` in backend `B`'s device memory.
 pub type Buf<B, T> = <<B as Backend>::Memory as DeviceMemory>::Buffer<T>;

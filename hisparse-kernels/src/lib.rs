@@ -23,10 +23,8 @@ pub mod collectives;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
-pub mod device_swap_in;
 pub mod error;
 pub mod gemm;
-pub mod hot_locate;
 pub mod index_queries;
 pub mod locate;
 pub mod merge;
@@ -35,22 +33,24 @@ pub mod oracle;
 #[cfg(feature = "random")]
 pub mod random;
 pub mod row_backup;
+pub mod swap_in;
 pub mod unit_stream;
 
 pub use backend::{AttentionBatch, Backend, Buf, IndexerBatch, IndexerRequest, KernelStage, Span, StageSeconds};
 pub use collectives::{Collectives, CpuRank, RankMember};
-pub use cpu::{CpuBackend, CpuRowBackup, CpuSwapIn};
-pub use device_swap_in::{
-    AttentionQuery, CopyEngineFill, DeviceSwapCounts, DeviceSwapIn, DeviceSwapInConfig, DeviceSwapReq, SWAP_COUNTS,
-};
+pub use cpu::{CpuBackend, CpuRowBackup};
+
 pub use error::{KernelError, Result};
 pub use gemm::GemmShape;
-pub use hot_locate::{HotLocation, locate_in_hot};
 pub use index_queries::IndexerQueries;
 pub use merge::merge_partial;
 pub use new_rows::{NewRows, fill_new_rows_host};
 pub use oracle::dense_attention;
 pub use row_backup::{RowBackup, RowBackupConfig};
+pub use swap_in::{
+    AttentionQuery, CopyEngineFill, CpuSwapIn, DeviceSwapCounts, DeviceSwapIn, DeviceSwapInConfig, DeviceSwapReq,
+    HotLocation, SWAP_COUNTS, locate_in_hot,
+};
 
 /// The README's examples, compiled and run as doc-tests.
 #[cfg(doctest)]

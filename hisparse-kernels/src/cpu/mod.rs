@@ -5,11 +5,9 @@
 mod attention;
 mod backup;
 mod indexer;
-mod swap_in;
 mod topk;
 
 pub use backup::CpuRowBackup;
-pub use swap_in::CpuSwapIn;
 
 #[cfg(feature = "cuda")]
 pub(crate) use topk::check_spans as check_top_k_spans;
@@ -18,9 +16,9 @@ pub use topk::top_k_positions;
 use hisparse_memory::{EmulatedDevice, HostTier};
 
 use crate::backend::{AttentionBatch, Backend, IndexerBatch, Span};
-use crate::device_swap_in::DeviceSwapInConfig;
 use crate::error::{KernelError, Result};
 use crate::row_backup::RowBackupConfig;
+use crate::swap_in::{CpuSwapIn, DeviceSwapInConfig};
 
 /// The CPU backend. Its device memory is host memory ([`EmulatedDevice`]).
 #[derive(Clone, Copy, Debug, Default)]

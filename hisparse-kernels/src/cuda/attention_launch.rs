@@ -13,35 +13,35 @@ use super::decode_launch::GpuSpan;
 use super::device::CudaDevice;
 use super::driver_error;
 use super::printed_launch::PrintedLaunch;
-use crate::device_swap_in::AttentionQuery;
 use crate::error::{KernelError, Result, check_len};
+use crate::swap_in::AttentionQuery;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
-pub(super) struct AttnParams {
-    pub(super) heads: u32,
-    pub(super) row_bytes: u32,
-    pub(super) fp8: u32,
-    pub(super) splits: u32,
-    pub(super) pool_rows: u64,
-    pub(super) scale_log2: f32,
-    pub(super) write_back: u32,
-    pub(super) host_base: u64,
-    pub(super) host_rows: u64,
+pub(crate) struct AttnParams {
+    pub(crate) heads: u32,
+    pub(crate) row_bytes: u32,
+    pub(crate) fp8: u32,
+    pub(crate) splits: u32,
+    pub(crate) pool_rows: u64,
+    pub(crate) scale_log2: f32,
+    pub(crate) write_back: u32,
+    pub(crate) host_base: u64,
+    pub(crate) host_rows: u64,
     /// Warpgroup-MMA kernels: leave out (mask) rows whose fill word is set (`hits-first`).
-    pub(super) skip_filled: u32,
+    pub(crate) skip_filled: u32,
     /// With `part_stride`: the first partial of this launch per (request, head).
-    pub(super) part_base: u32,
+    pub(crate) part_base: u32,
     /// 0: partials as `splits` says; else always partials, this many per (request, head).
-    pub(super) part_stride: u32,
-    pub(super) pad: u32,
+    pub(crate) part_stride: u32,
+    pub(crate) pad: u32,
 }
 
 // SAFETY: #[repr(C)] struct of plain numbers, laid out as the kernel's struct of the same name.
 unsafe impl DeviceRepr for AttnParams {}
 
 /// Where the attention reads the selected rows.
-pub(super) enum AttnRows<'a> {
+pub(crate) enum AttnRows<'a> {
     /// Every row is in the pool already.
     Pool(&'a CudaSlice<u8>),
     /// The pool (`hot`) holds the hits; a location whose fill word in `fills` is non-zero is a
@@ -55,15 +55,15 @@ pub(super) enum AttnRows<'a> {
 }
 
 /// Reused buffers of the attention's launches: the spans, the split partials.
-pub(super) struct AttnScratch {
-    pub(super) sels: CudaSlice<GpuSpan>,
+pub(crate) struct AttnScratch {
+    pub(crate) sels: CudaSlice<GpuSpan>,
     sels_c: Vec<GpuSpan>,
-    pub(super) part_out: CudaSlice<f32>,
-    pub(super) part_lse: CudaSlice<f32>,
+    pub(crate) part_out: CudaSlice<f32>,
+    pub(crate) part_lse: CudaSlice<f32>,
 }
 
 impl AttnScratch {
-    pub(super) fn new(dev: &CudaDevice) -> Result<Self> {
+    pub(crate) fn new(dev: &CudaDevice) -> Result<Self> {
         let s = dev.stream();
         let a = |e| driver_error("attention scratch")(e);
         Ok(Self {
@@ -77,7 +77,7 @@ impl AttnScratch {
 
 /// The attention's kernels, loaded, and how it splits a batch.
 #[derive(Clone)]
-pub(super) struct AttentionKernels {
+pub(crate) struct AttentionKernels {
     attention: CudaFunction,
     /// The warpgroup-MMA forms (`kernels/attention_wgmma.cu`) for bf16 and fp8 rows.
     attention_wgmma: CudaFunction,
@@ -85,9 +85,9 @@ pub(super) struct AttentionKernels {
     merge: CudaFunction,
     sms: usize,
     /// Split count (0: chosen per call from the batch and the SM count).
-    pub(super) splits: usize,
+    pub(crate) splits: usize,
     /// Use the warpgroup-MMA forms (the default) rather than `attention` (mma.sync).
-    pub(super) wgmma: bool,
+    pub(crate) wgmma: bool,
 }
 
 /// Splits of each (request, head group) over `max_len` selected rows, for `blocks` such pairs on
@@ -119,7 +119,7 @@ const WGMMA_SMEM_FP8: usize = 2 * 9 * 8192 + 64 * 656 + 8192 + 3 * 64 * 4 + 128;
 
 impl AttentionKernels {
     /// The kernels of `dev` (its module is loaded once), shared memory opted in.
-    pub(super) fn load(dev: &CudaDevice) -> Result<Self> {
+    pub(crate) fn load(dev: &CudaDevice) -> Result<Self> {
         let sms = dev
             .context()
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
@@ -147,12 +147,12 @@ impl AttentionKernels {
     }
 
     /// The split count for `blocks` (request, head group) pairs of `max_len` selected rows.
-    pub(super) fn choose_splits(&self, blocks: usize, max_len: usize) -> usize {
+    pub(crate) fn choose_splits(&self, blocks: usize, max_len: usize) -> usize {
         split_count(self.wgmma, self.sms, self.splits, blocks, max_len)
     }
 
     /// The kernel for rows of `format` and its dynamic shared memory.
-    pub(super) fn kernel(&self, format: KvRowFormat) -> (&CudaFunction, usize) {
+    pub(crate) fn kernel(&self, format: KvRowFormat) -> (&CudaFunction, usize) {
         match (self.wgmma, format) {
             (true, KvRowFormat::Bf16) => (&self.attention_wgmma, WGMMA_SMEM),
             (true, KvRowFormat::Fp8) => (&self.attention_wgmma_fp8, WGMMA_SMEM_FP8),
@@ -163,7 +163,7 @@ impl AttentionKernels {
     /// Sparse attention of `q`'s requests over `rows` into `out` and `lse`; a bad location or
     /// fill raises `fault` (the row reads as zeros). Every size is checked before any launch.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn launch(
+    pub(crate) fn launch(
         &self,
         dev: &CudaDevice,
         sc: &mut AttnScratch,
@@ -258,7 +258,7 @@ impl AttentionKernels {
     }
 
     /// Merges `splits` partials of each of `rows` (request, head) rows in `sc` into `out`/`lse`.
-    pub(super) fn launch_merge(
+    pub(crate) fn launch_merge(
         &self,
         dev: &CudaDevice,
         sc: &AttnScratch,
@@ -284,7 +284,7 @@ impl AttentionKernels {
 
 impl AttnScratch {
     /// Uploads `q`'s selection spans into `sels` (skipped when they are what it holds).
-    pub(super) fn upload_spans(&mut self, dev: &CudaDevice, q: &AttentionQuery<'_, CudaMemory>) -> Result<()> {
+    pub(crate) fn upload_spans(&mut self, dev: &CudaDevice, q: &AttentionQuery<'_, CudaMemory>) -> Result<()> {
         let host: Vec<GpuSpan> =
             q.selections.iter().map(|s| GpuSpan { offset: s.offset as u64, len: s.len as u64 }).collect();
         upload_cached(dev, &mut self.sels, &mut self.sels_c, &host)
@@ -292,7 +292,7 @@ impl AttnScratch {
 }
 
 /// The parameters every launch over `q` shares (one split, no fills, partials as `splits` says).
-pub(super) fn base_params(q: &AttentionQuery<'_, CudaMemory>, pool_len: usize) -> AttnParams {
+pub(crate) fn base_params(q: &AttentionQuery<'_, CudaMemory>, pool_len: usize) -> AttnParams {
     let rb = q.layout.row_bytes();
     AttnParams {
         heads: q.heads as u32,
@@ -307,7 +307,7 @@ pub(super) fn base_params(q: &AttentionQuery<'_, CudaMemory>, pool_len: usize) -
 
 /// Checks `q` and the outputs against each other and a pool of `pool_len` bytes; returns the
 /// longest selection and the end of the furthest one.
-pub(super) fn check_query(
+pub(crate) fn check_query(
     q: &AttentionQuery<'_, CudaMemory>,
     out: &CudaSlice<f32>,
     lse: &CudaSlice<f32>,

@@ -25,35 +25,35 @@ use crate::backend::{AttentionBatch, Backend, IndexerBatch, KernelStage, Span, S
 use crate::error::{KernelError, Result};
 
 /// Heads of one attention block; rows per tile (the kernel's `HB`, `TILE`).
-pub(super) const HEAD_BLOCK: usize = 64;
-pub(super) const TILE: usize = 32;
+pub(crate) const HEAD_BLOCK: usize = 64;
+pub(crate) const TILE: usize = 32;
 /// Shared memory of the attention kernel: Q and K tiles (stride 584 bf16), P, partial S, two
 /// tiles of locations and of fill words, raw rows.
-pub(super) const ATTN_SMEM: usize =
+pub(crate) const ATTN_SMEM: usize =
     64 * 584 * 2 + 32 * 584 * 2 + 64 * 40 * 2 + 2 * 64 * 40 * 4 + 2 * 32 * 4 + 2 * 32 * 8 + 32 * 1152;
 
 /// Dynamic shared memory of top-k (kernels/topk.cu): eight copies of a 2048-bin histogram, then
 /// 8192 candidates' keys and positions and a bitmap of 262144 positions.
-pub(super) const TOPK_SMEM: usize = (8 * 2048 + 2 * 8192 + 8192) * 4;
+pub(crate) const TOPK_SMEM: usize = (8 * 2048 + 2 * 8192 + 8192) * 4;
 
 /// Buffers reused across calls (small per-call arrays, split partials, the fault flag).
-pub(super) struct Scratch {
-    pub(super) fault: CudaSlice<u32>,
-    pub(super) reqs: CudaSlice<GpuIndexerReq>,
-    pub(super) spans: CudaSlice<GpuSpan>,
-    pub(super) attn: AttnScratch,
-    pub(super) rows_data: CudaSlice<u8>,
-    pub(super) locate: CudaSlice<LocateReq>,
-    pub(super) seeds: CudaSlice<u64>,
+pub(crate) struct Scratch {
+    pub(crate) fault: CudaSlice<u32>,
+    pub(crate) reqs: CudaSlice<GpuIndexerReq>,
+    pub(crate) spans: CudaSlice<GpuSpan>,
+    pub(crate) attn: AttnScratch,
+    pub(crate) rows_data: CudaSlice<u8>,
+    pub(crate) locate: CudaSlice<LocateReq>,
+    pub(crate) seeds: CudaSlice<u64>,
     /// What the per-call arrays above hold (they are the same for every layer of a step).
-    pub(super) reqs_c: Vec<GpuIndexerReq>,
-    pub(super) spans_c: Vec<GpuSpan>,
-    pub(super) locate_c: Vec<LocateReq>,
+    pub(crate) reqs_c: Vec<GpuIndexerReq>,
+    pub(crate) spans_c: Vec<GpuSpan>,
+    pub(crate) locate_c: Vec<LocateReq>,
 }
 
 /// Event pairs recorded per stage since the last `finish_step`.
 #[derive(Default)]
-pub(super) struct Timer {
+pub(crate) struct Timer {
     open: Option<(KernelStage, CudaEvent)>,
     done: Vec<(KernelStage, CudaEvent, CudaEvent)>,
     pool: Vec<CudaEvent>,
@@ -61,34 +61,34 @@ pub(super) struct Timer {
 
 /// The CUDA backend of one GPU.
 pub struct CudaBackend {
-    pub(super) dev: Arc<CudaDevice>,
-    pub(super) mem: CudaMemory,
-    pub(super) sms: usize,
+    pub(crate) dev: Arc<CudaDevice>,
+    pub(crate) mem: CudaMemory,
+    pub(crate) sms: usize,
     /// The indexer's kernels (exact and fp8 queries).
-    pub(super) indexer: super::decode_launch::IndexerKernels,
-    pub(super) top_k: CudaFunction,
+    pub(crate) indexer: super::decode_launch::IndexerKernels,
+    pub(crate) top_k: CudaFunction,
     /// Top-k over several blocks per request (small batches).
-    pub(super) top_k_split: super::topk_launch::TopKSplit,
-    pub(super) attention: AttentionKernels,
-    pub(super) write_rows: CudaFunction,
-    pub(super) locate_rows: CudaFunction,
-    pub(super) fill_unit: CudaFunction,
-    pub(super) fill_new_rows: CudaFunction,
-    pub(super) scratch: Mutex<Scratch>,
-    pub(super) timer: Mutex<Timer>,
+    pub(crate) top_k_split: super::topk_launch::TopKSplit,
+    pub(crate) attention: AttentionKernels,
+    pub(crate) write_rows: CudaFunction,
+    pub(crate) locate_rows: CudaFunction,
+    pub(crate) fill_unit: CudaFunction,
+    pub(crate) fill_new_rows: CudaFunction,
+    pub(crate) scratch: Mutex<Scratch>,
+    pub(crate) timer: Mutex<Timer>,
     /// cuBLAS, made on first use (`gemm_launch.rs`).
-    pub(super) blas: std::sync::OnceLock<super::gemm_launch::Blas>,
+    pub(crate) blas: std::sync::OnceLock<super::gemm_launch::Blas>,
     /// The launch sequence last captured, and its key.
-    pub(super) graph: Mutex<Option<(u64, LaunchGraph)>>,
+    pub(crate) graph: Mutex<Option<(u64, LaunchGraph)>>,
 }
 
-pub(super) fn lock<T>(m: &Mutex<T>) -> Result<MutexGuard<'_, T>> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> Result<MutexGuard<'_, T>> {
     m.lock().map_err(|_| KernelError::Cuda { context: "backend state".into(), message: "poisoned lock".into() })
 }
 
 /// `buf` with room for `len` elements (reallocated, uninitialised contents, when too small).
 /// Copies `host` into `buf` unless `cache` says `buf` already holds it.
-pub(super) fn upload_cached<T: DeviceRepr + ValidAsZeroBits + Clone + PartialEq>(
+pub(crate) fn upload_cached<T: DeviceRepr + ValidAsZeroBits + Clone + PartialEq>(
     dev: &CudaDevice,
     buf: &mut CudaSlice<T>,
     cache: &mut Vec<T>,
@@ -106,7 +106,7 @@ pub(super) fn upload_cached<T: DeviceRepr + ValidAsZeroBits + Clone + PartialEq>
     Ok(())
 }
 
-pub(super) fn room<T: DeviceRepr + ValidAsZeroBits>(
+pub(crate) fn room<T: DeviceRepr + ValidAsZeroBits>(
     dev: &CudaDevice,
     buf: &mut CudaSlice<T>,
     len: usize,
@@ -246,7 +246,7 @@ impl CudaBackend {
 
 impl Backend for CudaBackend {
     type Memory = CudaMemory;
-    type SwapIn = super::swap_in_backend::CudaSwapIn;
+    type SwapIn = crate::swap_in::cuda::CudaSwapIn;
     type Backup = super::backup::CudaRowBackup;
 
     fn name(&self) -> &'static str {
@@ -426,7 +426,7 @@ impl Backend for CudaBackend {
         cfg: &crate::DeviceSwapInConfig,
         host: &mut hisparse_memory::HostTier,
     ) -> Result<Self::SwapIn> {
-        super::swap_in_backend::CudaSwapIn::new(&self.dev, cfg, host, self.attention.clone())
+        crate::swap_in::cuda::CudaSwapIn::new(&self.dev, cfg, host, self.attention.clone())
     }
 
     fn row_backup(&self, cfg: &crate::RowBackupConfig, host: &mut hisparse_memory::HostTier) -> Result<Self::Backup> {

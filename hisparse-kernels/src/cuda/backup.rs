@@ -27,7 +27,7 @@ fn cuda(context: &str) -> impl FnOnce(cudarc::driver::DriverError) -> KernelErro
 }
 
 /// Launches the test hook `delay_ns` (one thread spinning `ns` nanoseconds) on `stream`.
-pub(super) fn launch_delay(
+pub(crate) fn launch_delay(
     print: &LaunchPrint,
     stream: &Arc<CudaStream>,
     delay: &CudaFunction,

@@ -16,7 +16,7 @@ use crate::backend::{IndexerBatch, Span};
 use crate::error::{KernelError, Result, check_len};
 
 /// Most indexer heads (shared memory of the query fragments).
-pub(super) const MAX_INDEX_HEADS: usize = 256;
+pub(crate) const MAX_INDEX_HEADS: usize = 256;
 
 /// Shared memory of the indexer: query fragments (`frag_bytes` a head) and weights, two staging
 /// tiles per warp.
@@ -59,7 +59,7 @@ fn indexer_wg_smem(heads: usize) -> usize {
 
 /// The indexer's kernels: exact and fp8 queries for any multiple of 8 heads, the fp8 form
 /// compiled for 32 and 64 heads, and the warpgroup-MMA forms for 32 and 64 heads.
-pub(super) struct IndexerKernels {
+pub(crate) struct IndexerKernels {
     exact: CudaFunction,
     fp8: CudaFunction,
     fp8_h32: CudaFunction,
@@ -77,7 +77,7 @@ pub(super) struct IndexerKernels {
 
 impl IndexerKernels {
     /// The kernels of `dev`'s indexer module, with their shared memory opted in.
-    pub(super) fn load(dev: &CudaDevice) -> Result<Self> {
+    pub(crate) fn load(dev: &CudaDevice) -> Result<Self> {
         let mut k = Self {
             exact: dev.function("indexer", "indexer_scores")?,
             fp8: dev.function("indexer", "indexer_scores_fp8")?,
@@ -121,12 +121,12 @@ impl IndexerKernels {
     }
 
     /// Sets where the fixed-head fp8 forms are used (later launches).
-    pub(super) fn set_fixed_heads(&self, choice: FixedHeadIndexer) {
+    pub(crate) fn set_fixed_heads(&self, choice: FixedHeadIndexer) {
         self.fixed_heads.store(choice.code(), Ordering::Relaxed);
     }
 
     /// Sets whether the warpgroup-MMA forms are used where they apply (later launches).
-    pub(super) fn set_wgmma(&self, on: bool) {
+    pub(crate) fn set_wgmma(&self, on: bool) {
         self.wgmma.store(on, Ordering::Relaxed);
     }
 
@@ -166,18 +166,18 @@ impl IndexerKernels {
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub(super) struct GpuIndexerReq {
-    pub(super) first_page: u32,
-    pub(super) seq_len: u32,
-    pub(super) score_offset: u32,
-    pub(super) pad: u32,
+pub(crate) struct GpuIndexerReq {
+    pub(crate) first_page: u32,
+    pub(crate) seq_len: u32,
+    pub(crate) score_offset: u32,
+    pub(crate) pad: u32,
 }
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub(super) struct GpuSpan {
-    pub(super) offset: u64,
-    pub(super) len: u64,
+pub(crate) struct GpuSpan {
+    pub(crate) offset: u64,
+    pub(crate) len: u64,
 }
 
 // SAFETY: #[repr(C)] structs of plain numbers, laid out as the kernels' structs of the same name.
@@ -190,7 +190,7 @@ unsafe impl DeviceRepr for GpuSpan {}
 unsafe impl ValidAsZeroBits for GpuSpan {}
 
 impl CudaBackend {
-    pub(super) fn launch_indexer(
+    pub(crate) fn launch_indexer(
         &self,
         batch: &IndexerBatch<'_, CudaMemory>,
         scores: &mut CudaSlice<f32>,
@@ -293,7 +293,7 @@ impl CudaBackend {
         Ok(())
     }
 
-    pub(super) fn launch_top_k(
+    pub(crate) fn launch_top_k(
         &self,
         scores: &CudaSlice<f32>,
         spans: &[Span],

@@ -16,9 +16,9 @@ pub struct CudaDevice {
     stream: Arc<CudaStream>,
     modules: Mutex<HashMap<String, Arc<CudaModule>>>,
     /// Print of the launches since it was last taken (see `printed_launch.rs`).
-    pub(super) print: Arc<super::printed_launch::LaunchPrint>,
+    pub(crate) print: Arc<super::printed_launch::LaunchPrint>,
     /// Whether the stream is being captured into a graph.
-    pub(super) capturing: AtomicBool,
+    pub(crate) capturing: AtomicBool,
 }
 
 impl CudaDevice {

@@ -16,7 +16,7 @@ use crate::gemm::GemmShape;
 const WORKSPACE: usize = 32 << 20;
 
 /// A cuBLAS handle and the workspace it was given.
-pub(super) struct Blas {
+pub(crate) struct Blas {
     handle: CudaBlas,
     _workspace: CudaSlice<u8>,
 }
@@ -52,7 +52,7 @@ impl CudaBackend {
         self.blas.get().ok_or_else(|| KernelError::invalid("blas", "unset", "the cuBLAS handle was not kept"))
     }
 
-    pub(super) fn launch_gemm(
+    pub(crate) fn launch_gemm(
         &self,
         g: &GemmShape,
         a: &CudaSlice<bf16>,

@@ -5,30 +5,18 @@
 //! With cudarc's dynamic loading this module always compiles; on a machine without a driver or
 //! NVRTC every entry point returns [`KernelError::CudaUnavailable`].
 
-mod attention_hits_first;
-mod attention_launch;
-mod backend;
-mod backup;
-mod decode_launch;
-mod device;
+pub(crate) mod attention_launch;
+pub(crate) mod backend;
+pub(crate) mod backup;
+pub(crate) mod decode_launch;
+pub(crate) mod device;
 mod gemm_launch;
 mod launch_graph;
 mod nccl;
 mod nvrtc;
-mod pinned_host;
-mod policy;
-mod printed_launch;
-mod sources;
-mod step_launch;
-mod swap_copy_engine;
-mod swap_deferred;
-mod swap_hits_first;
-mod swap_in;
-mod swap_in_backend;
-mod swap_launch;
-mod swap_module;
-mod swap_prefetch;
-mod swap_staging;
+pub(crate) mod printed_launch;
+pub(crate) mod sources;
+pub(crate) mod step_launch;
 mod topk_launch;
 
 pub use backend::CudaBackend;
@@ -38,16 +26,14 @@ pub use device::CudaDevice;
 pub use launch_graph::LaunchGraph;
 pub use nccl::{NcclId, NcclRank, nccl_available};
 pub use nvrtc::{ARCH, CompiledKernel, compile, cuda_include_dir, nvrtc_available, nvrtc_version};
-pub use policy::{
-    GpuNomination, GpuPolicyEnv, GpuPolicyScalars, GpuPrefetchSource, GpuSlotRecord, GpuStepCtx, GpuVictimKey,
-};
 pub use printed_launch::LaunchPrint;
-pub use sources::{KernelSource, all_sources, policy_harness, prefetcher_harness, source};
-pub use swap_copy_engine::CopyEngineStaging;
-pub use swap_in::{GpuSwapIn, SwapBatch, SwapOutputs, SwapParams, SwapReq};
-pub use swap_in_backend::CudaSwapIn;
-pub use swap_launch::ProtectSpans;
-pub use swap_module::{FUSED_MAX_REQUESTS, swap_in_source};
+pub use sources::{KernelSource, all_sources, source};
+
+pub use crate::swap_in::cuda::{
+    CopyEngineStaging, CudaSwapIn, FUSED_MAX_REQUESTS, GpuNomination, GpuPolicyEnv, GpuPolicyScalars,
+    GpuPrefetchSource, GpuSlotRecord, GpuStepCtx, GpuSwapIn, GpuVictimKey, ProtectSpans, SwapBatch, SwapOutputs,
+    SwapParams, SwapReq, policy_harness, prefetcher_harness, swap_in_source,
+};
 
 use crate::error::KernelError;
 
@@ -64,7 +50,7 @@ pub fn memory_info(ordinal: usize) -> Result<(u64, u64), KernelError> {
     Ok((free as u64, total as u64))
 }
 
-fn driver_error(context: impl Into<String>) -> impl FnOnce(cudarc::driver::DriverError) -> KernelError {
+pub(crate) fn driver_error(context: impl Into<String>) -> impl FnOnce(cudarc::driver::DriverError) -> KernelError {
     let context = context.into();
     move |e| KernelError::Cuda { context, message: e.to_string() }
 }

@@ -13,8 +13,7 @@ pub struct KernelSource {
     pub kernels: &'static [&'static str],
 }
 
-/// All kernel sources: the fixed ones, a policy-hook harness and a swap-in module per
-/// GPU-capable policy, and a harness per built-in prefetcher.
+/// All kernel sources: the fixed ones, then the swap-in's (`crate::swap_in::cuda::sources`).
 pub fn all_sources() -> Vec<KernelSource> {
     let mut v = vec![KernelSource {
         name: "fp8_convert".into(),
@@ -70,49 +69,18 @@ pub fn all_sources() -> Vec<KernelSource> {
         code: include_str!("../../kernels/rows.cu").to_owned(),
         kernels: &["write_rows", "locate_rows", "fill_unit_bf16", "fill_new_rows"],
     });
-    for p in hisparse_policy::policy::builtin(0) {
-        if let Some(src) = policy_harness(p.as_ref()) {
-            v.push(src);
-        }
-        if let Some(src) = super::swap_module::swap_in_source(p.as_ref()) {
-            v.push(src);
-        }
-    }
-    for b in hisparse_policy::prefetch::BuiltinPrefetcher::ALL {
-        let p = (b.spec().make)(&hisparse_policy::prefetch::PrefetcherConfig { budget: 0 });
-        if let Some(src) = prefetcher_harness(p.as_ref()) {
-            v.push(src);
-        }
-    }
+    // The swap-in's: a policy-hook harness and a swap-in module per GPU-capable policy, a
+    // nomination harness per built-in prefetcher.
+    v.extend(crate::swap_in::cuda::sources());
     v
 }
 
-/// The nomination harness of `prefetcher` (named by its source), or `None` for a CPU-only
-/// prefetcher.
-pub fn prefetcher_harness(prefetcher: &dyn hisparse_policy::prefetch::Prefetcher) -> Option<KernelSource> {
-    let program = hisparse_policy::prefetch::cuda::program(prefetcher)?;
-    let code = include_str!("../../kernels/prefetch_harness.cu").replace("//@PREFETCHER@", &program);
-    Some(KernelSource { name: module_name("prefetch", &code), code, kernels: &["prefetch_nominations"] })
-}
-
-/// `template` with `policy`'s CUDA program (prelude, hooks, defaults:
-/// `hisparse_policy::policy::cuda::program`) spliced in at `//@POLICY@`, or `None` for a
-/// CPU-only policy.
-pub(crate) fn splice_policy(template: &str, policy: &dyn hisparse_policy::EvictionPolicy) -> Option<String> {
-    let program = hisparse_policy::policy::cuda::program(policy)?;
-    Some(template.replace("//@POLICY@", &program))
-}
-
-/// A module name for `code` built from `prefix`: named by what it contains (a hash of the
-/// source), so two policies that share a name but not a source never share a compiled module.
+/// A module name for `code` built from `prefix`: named by what it contains (an FNV-1a hash of
+/// the source), so two sources that share a prefix but not their code never share a compiled
+/// module.
 pub(crate) fn module_name(prefix: &str, code: &str) -> String {
-    format!("{prefix}_{:016x}", hisparse_policy::policy::cuda::program_hash(code))
-}
-
-/// The hook harness of `policy` (named by its source), or `None` for a CPU-only policy.
-pub fn policy_harness(policy: &dyn hisparse_policy::EvictionPolicy) -> Option<KernelSource> {
-    let code = splice_policy(include_str!("../../kernels/policy_harness.cu"), policy)?;
-    Some(KernelSource { name: module_name("policy", &code), code, kernels: &["policy_hooks"] })
+    let hash = code.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+    format!("{prefix}_{hash:016x}")
 }
 
 /// The source named `name`, if any.

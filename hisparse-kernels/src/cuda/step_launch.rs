@@ -15,11 +15,11 @@ use crate::new_rows::NewRows;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub(super) struct LocateReq {
-    pub(super) sel_offset: u64,
-    pub(super) sel_len: u64,
-    pub(super) first_page: u64,
-    pub(super) pages: u64,
+pub(crate) struct LocateReq {
+    pub(crate) sel_offset: u64,
+    pub(crate) sel_len: u64,
+    pub(crate) first_page: u64,
+    pub(crate) pages: u64,
 }
 
 /// The arguments of `fill_new_rows` (the kernel's `NewRowsArgs`).
@@ -47,7 +47,7 @@ unsafe impl DeviceRepr for LocateReq {}
 unsafe impl ValidAsZeroBits for LocateReq {}
 
 impl CudaBackend {
-    pub(super) fn launch_write_rows(
+    pub(crate) fn launch_write_rows(
         &self,
         pool: &mut CudaSlice<u8>,
         row_bytes: usize,
@@ -76,7 +76,7 @@ impl CudaBackend {
         self.write_indexed(pool, row_bytes, &words.slice(..n), &words.slice(n..), fault)
     }
 
-    pub(super) fn launch_scatter_rows(
+    pub(crate) fn launch_scatter_rows(
         &self,
         pool: &mut CudaSlice<u8>,
         row_bytes: usize,
@@ -122,7 +122,7 @@ impl CudaBackend {
         Ok(())
     }
 
-    pub(super) fn launch_fill_new_rows(
+    pub(crate) fn launch_fill_new_rows(
         &self,
         fill: &NewRows<'_, CudaMemory>,
         rows: &mut CudaSlice<u8>,
@@ -179,7 +179,7 @@ impl CudaBackend {
         Ok(())
     }
 
-    pub(super) fn launch_locate_rows(
+    pub(crate) fn launch_locate_rows(
         &self,
         selections: &CudaSlice<i32>,
         spans: &[Span],
@@ -230,7 +230,7 @@ impl CudaBackend {
         Ok(())
     }
 
-    pub(super) fn launch_fill_unit(&self, seeds: &[u64], len: usize, out: &mut CudaSlice<bf16>) -> Result<()> {
+    pub(crate) fn launch_fill_unit(&self, seeds: &[u64], len: usize, out: &mut CudaSlice<bf16>) -> Result<()> {
         check_len("out", seeds.len() * len, out.len())?;
         if seeds.is_empty() || len == 0 {
             return Ok(());
@@ -243,7 +243,7 @@ impl CudaBackend {
         self.fill_with(&sc.seeds, n, len, out)
     }
 
-    pub(super) fn launch_fill_unit_seeded(
+    pub(crate) fn launch_fill_unit_seeded(
         &self,
         seeds: &CudaSlice<u64>,
         len: usize,

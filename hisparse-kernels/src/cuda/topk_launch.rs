@@ -57,10 +57,10 @@ struct SplitScratch {
 
 /// How many chunks a request's top-k takes.
 #[derive(Debug)]
-pub(super) struct TopKSplitChoice {
+pub(crate) struct TopKSplitChoice {
     sms: usize,
     /// Chunks per request: 0 chooses per call; 1 never splits; more: at most that many.
-    pub(super) blocks: std::sync::atomic::AtomicUsize,
+    pub(crate) blocks: std::sync::atomic::AtomicUsize,
 }
 
 impl TopKSplitChoice {
@@ -68,7 +68,7 @@ impl TopKSplitChoice {
     /// the one-block kernel. Chosen per call (`blocks` 0): about one block per SM in all, chunks
     /// of whole rounds, and only where that gives long requests at least `MIN_SPLIT_CHUNKS`
     /// chunks; a fixed count splits whenever the span has more than one round.
-    pub(super) fn choose(&self, requests: usize, longest: usize) -> Option<(usize, usize)> {
+    pub(crate) fn choose(&self, requests: usize, longest: usize) -> Option<(usize, usize)> {
         let rounds = longest.div_ceil(ROUND).max(1);
         let g = match self.blocks.load(std::sync::atomic::Ordering::Relaxed) {
             0 => {
@@ -90,18 +90,18 @@ impl TopKSplitChoice {
 }
 
 /// The multi-block top-k's kernels, scratch and chunk choice.
-pub(super) struct TopKSplit {
+pub(crate) struct TopKSplit {
     hist: CudaFunction,
     filter: CudaFunction,
     resolve: CudaFunction,
     place: CudaFunction,
     scratch: Mutex<SplitScratch>,
-    pub(super) choice: TopKSplitChoice,
+    pub(crate) choice: TopKSplitChoice,
 }
 
 impl TopKSplit {
     /// The kernels of `dev`'s top-k module.
-    pub(super) fn load(dev: &CudaDevice, sms: usize) -> Result<Self> {
+    pub(crate) fn load(dev: &CudaDevice, sms: usize) -> Result<Self> {
         let s = dev.stream();
         let a = |e| driver_error("top-k scratch")(e);
         let scratch = SplitScratch {
@@ -127,7 +127,7 @@ impl TopKSplit {
     /// positions; `spans` is on the device already (`host` its copy; each lies within
     /// `scores`, and `out` holds `host.len() * k`: checked by the caller).
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn launch(
+    pub(crate) fn launch(
         &self,
         dev: &CudaDevice,
         scores: &CudaSlice<f32>,

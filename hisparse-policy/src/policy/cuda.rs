@@ -51,9 +51,3 @@ pub fn program(policy: &dyn EvictionPolicy) -> Option<String> {
     let hooks = policy.cuda()?;
     Some(format!("{PRELUDE}\n{hooks}\n{DEFAULTS}"))
 }
-
-/// A short stable hash of a policy's program (FNV-1a), for naming compiled modules by what they
-/// contain rather than by the policy's name.
-pub fn program_hash(code: &str) -> u64 {
-    code.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
-}

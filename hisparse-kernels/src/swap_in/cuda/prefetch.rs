@@ -24,19 +24,19 @@ use cudarc::driver::{CudaEvent, CudaFunction, CudaSlice, CudaStream};
 use hisparse_memory::cuda::MappedHostTier;
 use hisparse_policy::prefetch::{Candidates, LayerSelection, When};
 
-use super::device::CudaDevice;
-use super::printed_launch::{LaunchPrint, addr};
-use super::swap_in::{GpuSwapIn, SwapBatch, SwapOutputs, SwapReq};
-use super::swap_launch::ProtectSpans;
-use crate::device_swap_in::{DeviceSwapCounts, DeviceSwapInConfig, SWAP_COUNTS};
+use super::launch::ProtectSpans;
+use super::state::{GpuSwapIn, SwapBatch, SwapOutputs, SwapReq};
+use crate::cuda::device::CudaDevice;
+use crate::cuda::printed_launch::{LaunchPrint, addr};
 use crate::error::{KernelError, Result};
+use crate::swap_in::{DeviceSwapCounts, DeviceSwapInConfig, SWAP_COUNTS};
 
 fn cuda(context: &str) -> impl FnOnce(cudarc::driver::DriverError) -> KernelError + '_ {
     move |e| KernelError::Cuda { context: context.to_owned(), message: e.to_string() }
 }
 
 /// The prefetch state of a CUDA swap-in: see the module documentation.
-pub(super) struct GpuPrefetch {
+pub(crate) struct GpuPrefetch {
     cfg: DeviceSwapInConfig,
     print: Arc<LaunchPrint>,
     main: Arc<CudaStream>,
@@ -240,7 +240,7 @@ impl GpuPrefetch {
             Some(t) => {
                 t.join(m).map_err(cuda("the transfer stream waits for the selection"))?;
                 if let Some((f, ns)) = &self.delay {
-                    super::backup::launch_delay(&self.print, &t, f, ns)?;
+                    crate::cuda::backup::launch_delay(&self.print, &t, f, ns)?;
                 }
                 t
             }

@@ -33,14 +33,14 @@ use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaEvent, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, LaunchConfig};
 use hisparse_memory::cuda::MappedHostTier;
 
-use super::attention_hits_first::LandedMisses;
-use super::device::CudaDevice;
-use super::driver_error;
-use super::printed_launch::{LaunchPrint, PrintedLaunch};
-use super::swap_copy_engine::CopyEngineStaging;
-use super::swap_hits_first::MissList;
-use super::swap_in::{GpuSwapIn, SwapBatch, SwapOutputs};
-use super::swap_staging::{StagedRows, StagingRing};
+use super::copy_engine::CopyEngineStaging;
+use super::hits_first::MissList;
+use super::hits_first_attention::LandedMisses;
+use super::staging::{StagedRows, StagingRing};
+use super::state::{GpuSwapIn, SwapBatch, SwapOutputs};
+use crate::cuda::device::CudaDevice;
+use crate::cuda::driver_error;
+use crate::cuda::printed_launch::{LaunchPrint, PrintedLaunch};
 use crate::error::{KernelError, Result};
 
 /// Selected positions per block of `locate_in_hot` (`LOCATE_CHUNK` in kernels/swap_locate.cu).
@@ -122,7 +122,7 @@ impl GpuSwapIn {
 }
 
 /// The deferred swap-in's stream and buffers: see the module documentation.
-pub(super) struct DeferredSwapIn {
+pub(crate) struct DeferredSwapIn {
     main: Arc<CudaStream>,
     stream: Arc<CudaStream>,
     layers: usize,
@@ -147,7 +147,7 @@ pub(super) struct DeferredSwapIn {
 }
 
 /// How a deferred swap-in brings the misses where the attention reads them.
-pub(super) enum DeferredFill {
+pub(crate) enum DeferredFill {
     /// The attention reads them from the mapped host tier (`deferred`).
     HostReads,
     /// The locate gathers them into staging rows of this size (`deferred-gather`).
@@ -162,7 +162,7 @@ pub(super) enum DeferredFill {
 impl DeferredSwapIn {
     /// A deferred swap-in for `layers` layers, with a stream of its own; `delay_ns` (a test
     /// hook) slows every deferred swap-in; `fill` says where the attention finds the misses.
-    pub(super) fn new(dev: &CudaDevice, layers: usize, delay_ns: u64, fill: DeferredFill) -> Result<Self> {
+    pub(crate) fn new(dev: &CudaDevice, layers: usize, delay_ns: u64, fill: DeferredFill) -> Result<Self> {
         let main = Arc::clone(dev.stream());
         let (mut hits_first, mut copy_engine) = (None, None);
         let gather = match fill {
@@ -199,7 +199,7 @@ impl DeferredSwapIn {
 
     /// Room for a step of `requests` requests reading `sel_end` selection entries (buffers
     /// grow only, so that a captured step still finds them where they were).
-    pub(super) fn begin_step(&mut self, requests: usize, sel_end: usize) -> Result<()> {
+    pub(crate) fn begin_step(&mut self, requests: usize, sel_end: usize) -> Result<()> {
         if sel_end > self.cap {
             let cap = sel_end.next_power_of_two();
             let n = cap.checked_mul(self.layers).ok_or_else(|| KernelError::invalid("selections", cap, "overflows"))?;
@@ -224,7 +224,7 @@ impl DeferredSwapIn {
     /// The locate of `layer` on the main stream (into `locations` and `fills`), then its
     /// swap-in on the deferred stream, counted into `counts` from `at`.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn launch(
+    pub(crate) fn launch(
         &mut self,
         gpu: &mut GpuSwapIn,
         layer: usize,
@@ -252,7 +252,7 @@ impl DeferredSwapIn {
         }
         self.stream.join(&self.main).map_err(driver_error("the deferred stream waits for the locate"))?;
         if let Some((f, ns)) = &self.delay {
-            super::backup::launch_delay(&self.print, &self.stream, f, ns)?;
+            crate::cuda::backup::launch_delay(&self.print, &self.stream, f, ns)?;
         }
         if let (Some(m), Some(slot)) = (self.hits_first.as_mut(), slot.as_mut()) {
             m.gather(gpu, &self.stream, layer, batch, (pages, host), fills, slot)?;
@@ -287,27 +287,27 @@ impl DeferredSwapIn {
     }
 
     /// The rows `layer`'s locate gathered (`deferred-gather`), at their selection index.
-    pub(super) fn staging_of(&self, layer: usize) -> Option<CudaView<'_, u8>> {
+    pub(crate) fn staging_of(&self, layer: usize) -> Option<CudaView<'_, u8>> {
         self.gather.as_ref().map(|ring| ring.slot(layer))
     }
 
     /// Under `hits-first`, what the last launch's gather (of `layer`) leaves for the attention
     /// over the misses; `None` otherwise, or before that launch.
-    pub(super) fn landed_misses(&self, layer: usize) -> Option<LandedMisses<'_>> {
+    pub(crate) fn landed_misses(&self, layer: usize) -> Option<LandedMisses<'_>> {
         let (m, ring) = (self.hits_first.as_ref()?, self.gather.as_ref()?);
         Some(LandedMisses { staging: ring.slot(layer), list: &m.list, spans: &m.spans, landed: m.landed.as_ref()? })
     }
 
     /// Under `copy-engine`: whether a host gather failed since the last call, and the rows the
     /// host gathered and those the scatter read from the host tier itself.
-    pub(super) fn take_copy_engine(&self) -> Option<(bool, u64, u64)> {
+    pub(crate) fn take_copy_engine(&self) -> Option<(bool, u64, u64)> {
         let c = self.copy_engine.as_ref()?;
         let (landed, overflow) = c.take_rows();
         Some((c.take_fault(), landed, overflow))
     }
 
     /// Orders every deferred swap-in queued so far before the main stream's later work.
-    pub(super) fn settle(&mut self) -> Result<()> {
+    pub(crate) fn settle(&mut self) -> Result<()> {
         if let Some(ring) = self.gather.as_mut() {
             ring.settle(&self.main)?;
         }

@@ -13,11 +13,11 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
 use hisparse_policy::{EvictionPolicy, PolicyScalars, SlotRecord};
 
-use super::device::CudaDevice;
+use super::module::{FUSED_MAX_REQUESTS, MAX_SHARED_BYTES, SwapFunctions};
 use super::policy::{GpuPolicyScalars, GpuSlotRecord};
-use super::swap_module::{FUSED_MAX_REQUESTS, MAX_SHARED_BYTES, SwapFunctions};
-use crate::device_swap_in::{DeviceSwapReq, SWAP_COUNTS};
+use crate::cuda::device::CudaDevice;
 use crate::error::{KernelError, Result};
+use crate::swap_in::{DeviceSwapReq, SWAP_COUNTS};
 
 /// One request of a swap-in launch: the backend-neutral [`DeviceSwapReq`], which is laid out
 /// as the kernel's `SwapReq`.
@@ -99,33 +99,33 @@ fn cuda(context: &str) -> impl FnOnce(cudarc::driver::DriverError) -> KernelErro
 /// The GPU swap-in of one policy, with the state of `seats` hot buffers of `layers` layers.
 pub struct GpuSwapIn {
     /// The print its launches leave (the device's: a replayed graph holds them).
-    pub(super) print: Arc<super::LaunchPrint>,
-    pub(super) stream: Arc<CudaStream>,
-    pub(super) policy: Arc<dyn EvictionPolicy>,
-    pub(super) funcs: SwapFunctions,
+    pub(crate) print: Arc<crate::cuda::LaunchPrint>,
+    pub(crate) stream: Arc<CudaStream>,
+    pub(crate) policy: Arc<dyn EvictionPolicy>,
+    pub(crate) funcs: SwapFunctions,
     /// Batches of at most this many requests run the one-launch swap-in (`swap_in_fused`).
-    pub(super) fused_max: usize,
+    pub(crate) fused_max: usize,
     /// Launches of batches of at most this many requests decide only and leave the missed rows
     /// to the attention (`SwapOutputs::fills`); 0: never.
-    pub(super) fill_max: usize,
+    pub(crate) fill_max: usize,
     /// Three words per seat for the one-launch swap-in's roles (zero between launches).
-    pub(super) sync: CudaSlice<u32>,
-    pub(super) seats: usize,
-    pub(super) layers: usize,
-    pub(super) slots: usize,
-    pub(super) block: u32,
-    pub(super) max_sel: usize,
-    pub(super) slot_tokens: CudaSlice<i32>,
-    pub(super) records: CudaSlice<GpuSlotRecord>,
-    pub(super) scalars: CudaSlice<GpuPolicyScalars>,
-    pub(super) ready: CudaSlice<u32>,
+    pub(crate) sync: CudaSlice<u32>,
+    pub(crate) seats: usize,
+    pub(crate) layers: usize,
+    pub(crate) slots: usize,
+    pub(crate) block: u32,
+    pub(crate) max_sel: usize,
+    pub(crate) slot_tokens: CudaSlice<i32>,
+    pub(crate) records: CudaSlice<GpuSlotRecord>,
+    pub(crate) scalars: CudaSlice<GpuPolicyScalars>,
+    pub(crate) ready: CudaSlice<u32>,
     /// Per slot of every state: filled by a prefetch no selection has used yet.
-    pub(super) prefetched: CudaSlice<u8>,
+    pub(crate) prefetched: CudaSlice<u8>,
     /// Per state, `word_tokens` token words (policies that keep them).
-    pub(super) words: Option<CudaSlice<u32>>,
-    pub(super) word_tokens: usize,
-    pub(super) max_tokens: usize,
-    pub(super) fault: CudaSlice<u32>,
+    pub(crate) words: Option<CudaSlice<u32>>,
+    pub(crate) word_tokens: usize,
+    pub(crate) max_tokens: usize,
+    pub(crate) fault: CudaSlice<u32>,
 }
 
 /// A batch's requests, validated against the swap-in that made them and copied to the device:
@@ -232,12 +232,12 @@ impl GpuSwapIn {
     /// Dynamic shared memory of the decision kernel for `b` slots and `k` selected tokens
     /// (kernels/swap_in.cu: the selection, priorities, staged records and slot table, victims,
     /// flags).
-    pub(super) fn shared_bytes(b: usize, k: usize) -> usize {
+    pub(crate) fn shared_bytes(b: usize, k: usize) -> usize {
         ((4 * k + 15) & !15) + 8 * b + 8 * b + 4 * k + 4 * b + b + k + b
     }
 
     /// Dynamic shared memory of the prefetch kernel for `k` candidates (kernels/prefetch.cu).
-    pub(super) fn prefetch_shared_bytes(b: usize, k: usize) -> usize {
+    pub(crate) fn prefetch_shared_bytes(b: usize, k: usize) -> usize {
         let kp = k.next_power_of_two();
         ((4 * (2 * kp + 2 * k) + 15) & !15) + 8 * b + b + k
     }
@@ -270,7 +270,7 @@ impl GpuSwapIn {
         n <= self.fill_max
     }
 
-    pub(super) fn state_range(&self, seat: usize) -> Result<std::ops::Range<usize>> {
+    pub(crate) fn state_range(&self, seat: usize) -> Result<std::ops::Range<usize>> {
         if seat >= self.seats {
             return Err(KernelError::invalid("seat", seat, format!("there are {} seats", self.seats)));
         }

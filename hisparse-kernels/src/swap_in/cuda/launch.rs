@@ -8,8 +8,8 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, LaunchConfig};
 use hisparse_memory::cuda::MappedHostTier;
 
-use super::printed_launch::PrintedLaunch;
-use super::swap_in::{GpuSwapIn, SwapBatch, SwapOutputs, SwapParams};
+use super::state::{GpuSwapIn, SwapBatch, SwapOutputs, SwapParams};
+use crate::cuda::printed_launch::PrintedLaunch;
 
 /// Each request's protected positions of a prefetch, `(offset, len)` in a protect buffer, on
 /// the device; checked on the host when set ([`GpuSwapIn::set_protect`]).
@@ -26,8 +26,8 @@ impl ProtectSpans {
         Ok(Self { dev: stream.alloc_zeros(2).map_err(cuda("protect spans"))?, n: 0, end: 0 })
     }
 }
-use crate::device_swap_in::SWAP_COUNTS;
 use crate::error::{KernelError, Result};
+use crate::swap_in::SWAP_COUNTS;
 
 fn cuda(context: &str) -> impl FnOnce(cudarc::driver::DriverError) -> KernelError + '_ {
     move |e| KernelError::Cuda { context: context.to_owned(), message: e.to_string() }
@@ -41,7 +41,7 @@ impl GpuSwapIn {
     /// Checks what a launch of `layer` over `batch` reads (the host tier and its page list, the
     /// entries `0..entries` of the per-selection buffers, the scores) and returns the kernels'
     /// parameters.
-    pub(super) fn checked_params(
+    pub(crate) fn checked_params(
         &self,
         layer: usize,
         batch: &SwapBatch,
@@ -152,7 +152,7 @@ impl GpuSwapIn {
     /// larger ones as two; given `staged`, the misses are copied from those staging rows
     /// (device to device) instead of the host tier, after a decision launch.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn launch_counted(
+    pub(crate) fn launch_counted(
         &mut self,
         stream: &Arc<CudaStream>,
         layer: usize,
@@ -164,7 +164,7 @@ impl GpuSwapIn {
         hot_rows: &mut CudaSlice<u8>,
         out: &mut SwapOutputs,
         counts: Option<(&mut CudaSlice<u32>, usize)>,
-        staged: Option<&super::swap_staging::StagedRows<'_>>,
+        staged: Option<&super::staging::StagedRows<'_>>,
     ) -> Result<()> {
         let params = self.checked_params(layer, batch, selections.len(), scores, host_pages, host)?;
         self.check_outputs(batch, out, hot_rows, params.row_bytes)?;

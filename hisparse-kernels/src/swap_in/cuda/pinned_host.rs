@@ -7,11 +7,11 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, sys};
 
-use super::driver_error;
+use crate::cuda::driver_error;
 use crate::error::{KernelError, Result};
 
 /// A driver call's result as this crate's error, naming `what`.
-pub(super) fn check(r: sys::CUresult, what: &str) -> Result<()> {
+pub(crate) fn check(r: sys::CUresult, what: &str) -> Result<()> {
     if r == sys::CUresult::CUDA_SUCCESS {
         Ok(())
     } else {
@@ -21,10 +21,10 @@ pub(super) fn check(r: sys::CUresult, what: &str) -> Result<()> {
 
 /// Pinned host memory mapped into the device's address space (`cuMemHostAlloc` with DEVICEMAP |
 /// PORTABLE), zeroed, freed when dropped.
-pub(super) struct PinnedHost {
-    pub(super) ptr: *mut u8,
-    pub(super) len: usize,
-    pub(super) device_ptr: u64,
+pub(crate) struct PinnedHost {
+    pub(crate) ptr: *mut u8,
+    pub(crate) len: usize,
+    pub(crate) device_ptr: u64,
     ctx: Arc<CudaContext>,
 }
 
@@ -35,7 +35,7 @@ unsafe impl Send for PinnedHost {}
 unsafe impl Sync for PinnedHost {}
 
 impl PinnedHost {
-    pub(super) fn new(ctx: &Arc<CudaContext>, len: usize) -> Result<Self> {
+    pub(crate) fn new(ctx: &Arc<CudaContext>, len: usize) -> Result<Self> {
         let len = len.max(16);
         ctx.bind_to_thread().map_err(driver_error("bind context"))?;
         let mut p: *mut c_void = std::ptr::null_mut();

@@ -11,16 +11,14 @@ use hisparse_memory::HostTier;
 use hisparse_memory::cuda::{CudaMemory, MappedHostTier};
 use hisparse_policy::EvictionPolicy;
 
-use super::attention_launch::{AttentionKernels, AttnRows, AttnScratch};
-use super::device::CudaDevice;
-use super::driver_error;
-use super::swap_deferred::{DeferredFill, DeferredSwapIn};
-use super::swap_in::{GpuSwapIn, SwapBatch, SwapOutputs};
-use super::swap_prefetch::GpuPrefetch;
-use crate::device_swap_in::{
-    AttentionQuery, DeviceSwapCounts, DeviceSwapIn, DeviceSwapInConfig, DeviceSwapReq, SWAP_COUNTS,
-};
+use super::deferred::{DeferredFill, DeferredSwapIn};
+use super::prefetch::GpuPrefetch;
+use super::state::{GpuSwapIn, SwapBatch, SwapOutputs};
+use crate::cuda::attention_launch::{AttentionKernels, AttnRows, AttnScratch};
+use crate::cuda::device::CudaDevice;
+use crate::cuda::driver_error;
 use crate::error::{KernelError, Result};
+use crate::swap_in::{AttentionQuery, DeviceSwapCounts, DeviceSwapIn, DeviceSwapInConfig, DeviceSwapReq, SWAP_COUNTS};
 
 /// The CUDA device swap-in.
 pub struct CudaSwapIn {
@@ -53,7 +51,7 @@ pub struct CudaSwapIn {
 impl CudaSwapIn {
     /// Registers `host` with the device and sets up the swap-in state; `attention` (the
     /// backend's, with its split count) attends when the misses are left to it.
-    pub(super) fn new(
+    pub(crate) fn new(
         dev: &Arc<CudaDevice>,
         cfg: &DeviceSwapInConfig,
         host: &mut HostTier,

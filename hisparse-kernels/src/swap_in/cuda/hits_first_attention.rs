@@ -16,26 +16,26 @@
 use cudarc::driver::{CudaEvent, CudaSlice, CudaView, LaunchConfig};
 use hisparse_memory::cuda::{CudaMemory, MappedHostTier};
 
-use super::attention_launch::{AttentionKernels, AttnParams, AttnScratch, base_params, check_query};
-use super::backend::{HEAD_BLOCK, room};
-use super::decode_launch::GpuSpan;
-use super::device::CudaDevice;
-use super::driver_error;
-use super::printed_launch::PrintedLaunch;
-use crate::device_swap_in::AttentionQuery;
+use crate::cuda::attention_launch::{AttentionKernels, AttnParams, AttnScratch, base_params, check_query};
+use crate::cuda::backend::{HEAD_BLOCK, room};
+use crate::cuda::decode_launch::GpuSpan;
+use crate::cuda::device::CudaDevice;
+use crate::cuda::driver_error;
+use crate::cuda::printed_launch::PrintedLaunch;
 use crate::error::{KernelError, Result};
+use crate::swap_in::AttentionQuery;
 
 /// What the transfer stream left for a layer's attention over its misses.
-pub(super) struct LandedMisses<'a> {
+pub(crate) struct LandedMisses<'a> {
     /// The layer's staging rows (row `sel_offset + j` holds selected token `j`'s row if it was a
     /// miss).
-    pub(super) staging: CudaView<'a, u8>,
+    pub(crate) staging: CudaView<'a, u8>,
     /// Per request, its misses' staging rows in selection order, from its `sel_offset`.
-    pub(super) list: &'a CudaSlice<i32>,
+    pub(crate) list: &'a CudaSlice<i32>,
     /// Per request `{sel_offset, misses}` of `list`.
-    pub(super) spans: &'a CudaSlice<GpuSpan>,
+    pub(crate) spans: &'a CudaSlice<GpuSpan>,
     /// Recorded on the transfer stream once the rows, the list and the spans are written.
-    pub(super) landed: &'a CudaEvent,
+    pub(crate) landed: &'a CudaEvent,
 }
 
 impl AttentionKernels {
@@ -43,7 +43,7 @@ impl AttentionKernels {
     /// `hot` now, the misses from `misses` once it has landed, and the merge. Refused for the
     /// mma.sync kernel. Every size is checked before any launch.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn launch_hits_first(
+    pub(crate) fn launch_hits_first(
         &self,
         dev: &CudaDevice,
         sc: &mut AttnScratch,

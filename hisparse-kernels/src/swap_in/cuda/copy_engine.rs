@@ -28,10 +28,10 @@ use cudarc::driver::{CudaContext, CudaSlice, CudaStream, CudaViewMut, LaunchConf
 use hisparse_memory::cuda::MappedHostTier;
 use rayon::prelude::*;
 
-use super::driver_error;
 use super::pinned_host::{PinnedHost, check};
-use super::printed_launch::{PrintedLaunch, addr};
-use super::swap_in::{GpuSwapIn, SwapBatch};
+use super::state::{GpuSwapIn, SwapBatch};
+use crate::cuda::driver_error;
+use crate::cuda::printed_launch::{PrintedLaunch, addr};
 use crate::error::{KernelError, Result};
 
 /// Misses per block of `scatter_landed_misses`, and positions per block of `gather_misses`

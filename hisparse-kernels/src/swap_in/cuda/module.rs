@@ -7,9 +7,9 @@ use cudarc::driver::CudaFunction;
 use cudarc::driver::sys::CUfunction_attribute_enum;
 use hisparse_policy::EvictionPolicy;
 
-use super::device::CudaDevice;
-use super::sources::KernelSource;
-use super::swap_in::GpuSwapIn;
+use super::state::GpuSwapIn;
+use crate::cuda::device::CudaDevice;
+use crate::cuda::sources::{KernelSource, module_name};
 use crate::error::{KernelError, Result};
 
 fn cuda(context: &str) -> impl FnOnce(cudarc::driver::DriverError) -> KernelError + '_ {
@@ -19,14 +19,14 @@ fn cuda(context: &str) -> impl FnOnce(cudarc::driver::DriverError) -> KernelErro
 /// The source of the swap-in module with `policy`'s hooks (the step kernel, the miss copies, the
 /// prefetch kernel), or `None` for a CPU-only policy.
 pub fn swap_in_source(policy: &dyn EvictionPolicy) -> Option<KernelSource> {
-    let template = include_str!("../../kernels/swap_in.cu")
-        .replace("//@COMMON@", include_str!("../../kernels/swap_common.cu"))
-        + include_str!("../../kernels/swap_fused.cu")
-        + include_str!("../../kernels/swap_locate.cu")
-        + include_str!("../../kernels/prefetch.cu");
-    let code = super::sources::splice_policy(&template, policy)?;
+    let template = include_str!("../../../kernels/swap_in/swap_in.cu")
+        .replace("//@COMMON@", include_str!("../../../kernels/swap_in/swap_common.cu"))
+        + include_str!("../../../kernels/swap_in/swap_fused.cu")
+        + include_str!("../../../kernels/swap_in/swap_locate.cu")
+        + include_str!("../../../kernels/swap_in/prefetch.cu");
+    let code = splice_policy(&template, policy)?;
     Some(KernelSource {
-        name: super::sources::module_name("swap_in", &code),
+        name: module_name("swap_in", &code),
         code,
         kernels: &[
             "swap_in",
@@ -42,6 +42,43 @@ pub fn swap_in_source(policy: &dyn EvictionPolicy) -> Option<KernelSource> {
     })
 }
 
+/// The swap-in's kernel sources: per GPU-capable built-in policy its hook harness and its
+/// swap-in module, per built-in prefetcher with a GPU form its nomination harness.
+pub(crate) fn sources() -> Vec<KernelSource> {
+    let mut v = Vec::new();
+    for p in hisparse_policy::policy::builtin(0) {
+        v.extend(policy_harness(p.as_ref()));
+        v.extend(swap_in_source(p.as_ref()));
+    }
+    for b in hisparse_policy::prefetch::BuiltinPrefetcher::ALL {
+        let p = (b.spec().make)(&hisparse_policy::prefetch::PrefetcherConfig { budget: 0 });
+        v.extend(prefetcher_harness(p.as_ref()));
+    }
+    v
+}
+
+/// `template` with `policy`'s CUDA program (prelude, hooks, defaults:
+/// `hisparse_policy::policy::cuda::program`) spliced in at `//@POLICY@`, or `None` for a
+/// CPU-only policy.
+fn splice_policy(template: &str, policy: &dyn EvictionPolicy) -> Option<String> {
+    let program = hisparse_policy::policy::cuda::program(policy)?;
+    Some(template.replace("//@POLICY@", &program))
+}
+
+/// The hook harness of `policy` (named by its source), or `None` for a CPU-only policy.
+pub fn policy_harness(policy: &dyn EvictionPolicy) -> Option<KernelSource> {
+    let code = splice_policy(include_str!("../../../kernels/swap_in/policy_harness.cu"), policy)?;
+    Some(KernelSource { name: module_name("policy", &code), code, kernels: &["policy_hooks"] })
+}
+
+/// The nomination harness of `prefetcher` (named by its source), or `None` for a CPU-only
+/// prefetcher.
+pub fn prefetcher_harness(prefetcher: &dyn hisparse_policy::prefetch::Prefetcher) -> Option<KernelSource> {
+    let program = hisparse_policy::prefetch::cuda::program(prefetcher)?;
+    let code = include_str!("../../../kernels/swap_in/prefetch_harness.cu").replace("//@PREFETCHER@", &program);
+    Some(KernelSource { name: module_name("prefetch", &code), code, kernels: &["prefetch_nominations"] })
+}
+
 /// Batches of at most this many requests run the swap-in as one launch by default
 /// ([`GpuSwapIn::set_fused_max`]).
 pub const FUSED_MAX_REQUESTS: usize = 8;
@@ -49,10 +86,10 @@ pub const FUSED_MAX_REQUESTS: usize = 8;
 /// The most dynamic shared memory a swap-in block may opt into on sm_90: the 227 KiB a block
 /// may have, less 2 KiB for the kernels' static shared memory (warp sums, a 256-bin histogram
 /// and a few words: about 1.2 KiB).
-pub(super) const MAX_SHARED_BYTES: usize = 227 * 1024 - 2048;
+pub(crate) const MAX_SHARED_BYTES: usize = 227 * 1024 - 2048;
 
 /// The kernels of one policy's swap-in module, with their shared memory opted in.
-pub(super) struct SwapFunctions {
+pub(crate) struct SwapFunctions {
     pub decide: CudaFunction,
     pub copy: CudaFunction,
     pub prefetch: CudaFunction,
@@ -64,7 +101,7 @@ pub(super) struct SwapFunctions {
 }
 
 impl SwapFunctions {
-    pub(super) fn load(dev: &CudaDevice, policy: &dyn EvictionPolicy, slots: usize, max_sel: usize) -> Result<Self> {
+    pub(crate) fn load(dev: &CudaDevice, policy: &dyn EvictionPolicy, slots: usize, max_sel: usize) -> Result<Self> {
         let src = swap_in_source(policy)
             .ok_or_else(|| KernelError::invalid("eviction_policy", policy.name(), "has no GPU form"))?;
         let name = src.name.clone();

@@ -15,10 +15,10 @@ use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, CudaViewMut, LaunchConfig};
 use hisparse_memory::cuda::MappedHostTier;
 
-use super::decode_launch::GpuSpan;
-use super::driver_error;
-use super::printed_launch::PrintedLaunch;
-use super::swap_in::{GpuSwapIn, SwapBatch};
+use super::state::{GpuSwapIn, SwapBatch};
+use crate::cuda::decode_launch::GpuSpan;
+use crate::cuda::driver_error;
+use crate::cuda::printed_launch::PrintedLaunch;
 use crate::error::{KernelError, Result};
 
 /// Selected positions per block of `gather_misses` (`LOCATE_CHUNK` in kernels/swap_locate.cu).
@@ -28,14 +28,14 @@ const THREADS: u32 = 128;
 
 /// The misses' list and spans of the layer being attended, and the event that marks them (and
 /// its staging rows) landed.
-pub(super) struct MissList {
-    pub(super) list: CudaSlice<i32>,
-    pub(super) spans: CudaSlice<GpuSpan>,
-    pub(super) landed: Option<CudaEvent>,
+pub(crate) struct MissList {
+    pub(crate) list: CudaSlice<i32>,
+    pub(crate) spans: CudaSlice<GpuSpan>,
+    pub(crate) landed: Option<CudaEvent>,
 }
 
 impl MissList {
-    pub(super) fn new(main: &Arc<CudaStream>) -> Result<Self> {
+    pub(crate) fn new(main: &Arc<CudaStream>) -> Result<Self> {
         Ok(Self {
             list: main.alloc_zeros(1).map_err(driver_error("miss list"))?,
             spans: main.alloc_zeros(1).map_err(driver_error("miss spans"))?,
@@ -44,7 +44,7 @@ impl MissList {
     }
 
     /// Room for `requests` requests and `sel_end` selection entries (grows only, before a step).
-    pub(super) fn reserve(&mut self, main: &Arc<CudaStream>, requests: usize, sel_end: usize) -> Result<()> {
+    pub(crate) fn reserve(&mut self, main: &Arc<CudaStream>, requests: usize, sel_end: usize) -> Result<()> {
         if self.list.len() < sel_end {
             self.list = main.alloc_zeros(sel_end.next_power_of_two()).map_err(driver_error("miss list"))?;
         }
@@ -57,7 +57,7 @@ impl MissList {
     /// Gathers `layer`'s misses (the fill words `fills` the locate wrote) into `staging` and the
     /// list on `stream`, then records the event [`MissList::landed`].
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn gather(
+    pub(crate) fn gather(
         &mut self,
         gpu: &mut GpuSwapIn,
         stream: &Arc<CudaStream>,

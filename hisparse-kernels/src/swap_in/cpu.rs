@@ -12,8 +12,8 @@ use hisparse_memory::{EmulatedDevice, HostRowReader, HostTier, HostTierLayout};
 use hisparse_policy::prefetch::{PrefetchCounts, PrefetchQueue, PrefetchStep, When};
 use hisparse_policy::{EvictionPolicy, PolicyError, StepCtx, SwapInPlan, SwapInState, SwapInputs};
 
-use crate::device_swap_in::{DeviceSwapCounts, DeviceSwapIn, DeviceSwapInConfig, DeviceSwapReq};
 use crate::error::{KernelError, Result};
+use crate::swap_in::{DeviceSwapCounts, DeviceSwapIn, DeviceSwapInConfig, DeviceSwapReq};
 
 /// One hot buffer's state in every layer, and its request's queued prefetches.
 struct Seat {

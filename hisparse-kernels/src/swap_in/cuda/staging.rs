@@ -14,16 +14,16 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, CudaView, CudaViewMut, LaunchConfig};
 
-use super::driver_error;
-use super::printed_launch::PrintedLaunch;
-use super::swap_in::{GpuSwapIn, SwapBatch, SwapParams};
+use super::state::{GpuSwapIn, SwapBatch, SwapParams};
+use crate::cuda::driver_error;
+use crate::cuda::printed_launch::PrintedLaunch;
 use crate::error::{KernelError, Result};
 
 /// Slots of the ring: layers whose misses may wait in it for their deferred swap-in.
-pub(super) const DEPTH: usize = 4;
+pub(crate) const DEPTH: usize = 4;
 
 /// The ring and, per slot, the event of the deferred swap-in that reads it.
-pub(super) struct StagingRing {
+pub(crate) struct StagingRing {
     row_bytes: usize,
     /// Rows per slot (a power of two at least the step's selection entries).
     rows: usize,
@@ -35,14 +35,14 @@ pub(super) struct StagingRing {
 pub struct StagedRows<'a> {
     /// The staging rows of the layer (row `sel_offset + j` holds selected token `j`'s row if it
     /// was a miss).
-    pub(super) rows: CudaView<'a, u8>,
+    pub(crate) rows: CudaView<'a, u8>,
     /// The layer's selection copy.
-    pub(super) selection: CudaView<'a, u32>,
+    pub(crate) selection: CudaView<'a, u32>,
 }
 
 impl StagedRows<'_> {
     /// Checks that the rows and the selection cover what `batch` reads.
-    pub(super) fn check(&self, batch: &SwapBatch, row_bytes: u32) -> Result<()> {
+    pub(crate) fn check(&self, batch: &SwapBatch, row_bytes: u32) -> Result<()> {
         let sel_end = batch.selection_end();
         let need = sel_end.checked_mul(row_bytes as usize);
         if need.is_none_or(|b| self.rows.len() < b) || self.selection.len() < sel_end {
@@ -54,7 +54,7 @@ impl StagedRows<'_> {
 
 impl StagingRing {
     /// An empty ring of `row_bytes` rows.
-    pub(super) fn new(main: &Arc<CudaStream>, row_bytes: usize) -> Result<Self> {
+    pub(crate) fn new(main: &Arc<CudaStream>, row_bytes: usize) -> Result<Self> {
         Ok(Self {
             row_bytes,
             rows: 0,
@@ -65,7 +65,7 @@ impl StagingRing {
 
     /// Room for `sel_end` selection entries per slot (grows only, before a step: a captured
     /// step finds the ring where it was).
-    pub(super) fn reserve(&mut self, main: &Arc<CudaStream>, sel_end: usize) -> Result<()> {
+    pub(crate) fn reserve(&mut self, main: &Arc<CudaStream>, sel_end: usize) -> Result<()> {
         if sel_end <= self.rows {
             return Ok(());
         }
@@ -86,7 +86,7 @@ impl StagingRing {
 
     /// `layer`'s slot to gather into, once `main` has waited for the deferred swap-in that read
     /// it last.
-    pub(super) fn slot_mut(&mut self, main: &CudaStream, layer: usize) -> Result<CudaViewMut<'_, u8>> {
+    pub(crate) fn slot_mut(&mut self, main: &CudaStream, layer: usize) -> Result<CudaViewMut<'_, u8>> {
         if let Some(e) = self.done[layer % DEPTH].take() {
             main.wait(&e).map_err(driver_error("wait for a staging slot"))?;
         }
@@ -95,17 +95,17 @@ impl StagingRing {
     }
 
     /// `layer`'s slot to read.
-    pub(super) fn slot(&self, layer: usize) -> CudaView<'_, u8> {
+    pub(crate) fn slot(&self, layer: usize) -> CudaView<'_, u8> {
         self.ring.slice(self.range(layer))
     }
 
     /// Records that `event` ends the deferred swap-in reading `layer`'s slot.
-    pub(super) fn read_by(&mut self, layer: usize, event: CudaEvent) {
+    pub(crate) fn read_by(&mut self, layer: usize, event: CudaEvent) {
         self.done[layer % DEPTH] = Some(event);
     }
 
     /// Orders every deferred swap-in that reads the ring before `main`'s later work.
-    pub(super) fn settle(&mut self, main: &CudaStream) -> Result<()> {
+    pub(crate) fn settle(&mut self, main: &CudaStream) -> Result<()> {
         for e in self.done.iter_mut().filter_map(Option::take) {
             main.wait(&e).map_err(driver_error("wait for the deferred swap-in"))?;
         }
@@ -116,7 +116,7 @@ impl StagingRing {
 impl GpuSwapIn {
     /// The copies of a deferred swap-in's misses from `staged` into `hot_rows`: enough blocks
     /// per request for about 4096 warps in all.
-    pub(super) fn launch_staged_copies(
+    pub(crate) fn launch_staged_copies(
         &mut self,
         stream: &Arc<CudaStream>,
         batch: &SwapBatch,
