@@ -11,11 +11,10 @@
 use std::error::Error;
 
 use half::bf16;
-use hisparse_engine::{CacheConfig, KvCache, LayerInputs, Prompt, Rows};
-use hisparse_kernels::{CpuBackend, dense_attention};
-use hisparse_memory::{Admission, KvGeometry, Mode, RequestId};
-use hisparse_policy::PolicyConfig;
-use hisparse_policy::prefetch::make_prefetcher;
+use hisparse_engine::{
+    Admission, BuiltinPolicy, BuiltinPrefetcher, CacheConfig, CpuBackend, KvCache, KvGeometry, LayerInputs, Mode,
+    PolicyChoice, PolicyConfig, PrefetcherChoice, Prompt, RequestId, Rows, dense_attention,
+};
 
 /// SplitMix64: the toy model's random projections.
 struct Rng(u64);
@@ -46,9 +45,10 @@ fn main() -> Result<(), Box<dyn Error>> {
     let mut cfg = CacheConfig::new(g.clone(), Mode::HiSparse, 32 << 20);
     cfg.hisparse.device_buffer_size = 384; // small: long requests miss and evict
     cfg.hisparse.max_request_tokens = 2048;
-    // The caller picks the policy and the prefetcher: any `EvictionPolicy` / `Prefetcher`.
-    let policy = hisparse_policy::policy::make("lru", &PolicyConfig::default())?;
-    let prefetcher = make_prefetcher("adjacent-layer", &cfg.hisparse.prefetch())?;
+    // The caller picks the policy and the prefetcher (any `EvictionPolicy` / `Prefetcher`; the
+    // built-ins here), made once.
+    let policy = PolicyChoice::from(BuiltinPolicy::Lru).make_online(&PolicyConfig::default())?;
+    let prefetcher = PrefetcherChoice::from(BuiltinPrefetcher::AdjacentLayer).make(&cfg.hisparse.prefetch());
     let mut cache = KvCache::new(CpuBackend::new(), cfg, policy, prefetcher)?;
     let (kv_row, key) = cache.layouts();
     let (rb, kb, d_qk, d_v) = (kv_row.row_bytes(), key.row_bytes(), g.d_qk(), g.d_v());

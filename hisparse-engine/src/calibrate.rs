@@ -7,7 +7,7 @@ use half::bf16;
 use hisparse_kernels::{Backend, CpuBackend, IndexerBatch, IndexerRequest, Span};
 use hisparse_memory::KvGeometry;
 use hisparse_policy::trace::{TraceHeader, TraceRecord};
-use hisparse_policy::{PolicyError, SimConfig, simulate_with};
+use hisparse_policy::{BuiltinPolicy, PolicyError, SimConfig, simulate_with};
 use serde::Serialize;
 
 use crate::error::Result;
@@ -174,7 +174,9 @@ pub fn calibrate(geometry: &KvGeometry, workload: &Workload, spec: &CalibrationS
     let k = geometry.top_k;
     let header = trace_header(geometry, spec);
     let cfg = SimConfig {
-        policies: ["lru", "fifo", "random", "belady"].map(String::from).to_vec(),
+        policies: [BuiltinPolicy::Lru, BuiltinPolicy::Fifo, BuiltinPolicy::Random, BuiltinPolicy::Belady]
+            .map(Into::into)
+            .to_vec(),
         buffer_sizes: vec![k, 2 * k, 4 * k],
         policy_config: hisparse_policy::PolicyConfig::seeded(1),
         ..SimConfig::default()

@@ -4,16 +4,16 @@
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use hisparse_policy::{EvictionPolicy, PolicyConfig};
+use hisparse_policy::{OnlinePolicy, PolicyChoice, PolicyConfig};
 use serde::{Deserialize, Serialize};
 
-use crate::error::{EngineError, Result};
+use crate::error::Result;
 
 /// The runtime-swappable part of the configuration.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RuntimeConfig {
-    /// Eviction policy name (an online policy).
-    pub eviction_policy: String,
+    /// The eviction policy (an online one: refused otherwise when the config is set).
+    pub eviction_policy: PolicyChoice,
     /// Seed of randomised policies.
     pub policy_seed: u64,
     /// The policies' tunables (their seed is `policy_seed`).
@@ -29,21 +29,14 @@ pub struct Runtime {
     /// The config.
     pub config: RuntimeConfig,
     /// Its policy.
-    pub policy: Arc<dyn EvictionPolicy>,
+    pub policy: OnlinePolicy,
 }
 
 impl Runtime {
     /// Resolves `config`; refuses offline policies (they need the future).
     pub fn new(config: RuntimeConfig) -> Result<Self> {
         let cfg = PolicyConfig { seed: config.policy_seed, ..config.policy_config.clone() };
-        let policy = hisparse_policy::policy::make(&config.eviction_policy, &cfg)?;
-        if policy.needs_future() {
-            return Err(EngineError::Config {
-                field: "eviction_policy",
-                value: config.eviction_policy.clone(),
-                reason: "an offline policy (it needs the future): use it in `hisparse simulate`".into(),
-            });
-        }
+        let policy = config.eviction_policy.make_online(&cfg)?;
         Ok(Self { config, policy })
     }
 }
@@ -63,9 +56,9 @@ impl RuntimeHandle {
     }
 
     /// Replaces the eviction policy, keeping the rest.
-    pub fn set_policy(&self, name: &str, seed: u64) -> Result<()> {
+    pub fn set_policy(&self, policy: PolicyChoice, seed: u64) -> Result<()> {
         let mut c = self.cell.load().config.clone();
-        c.eviction_policy = name.to_owned();
+        c.eviction_policy = policy;
         c.policy_seed = seed;
         self.set(c)
     }

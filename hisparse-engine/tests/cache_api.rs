@@ -161,8 +161,9 @@ fn a_policy_chosen_by_the_caller_is_used() {
     let mut c = cache(Mode::HiSparse, &g, "lru", "none", None);
     let clock: Arc<dyn hisparse_policy::EvictionPolicy> =
         hisparse_policy::policy::make("clock", &PolicyConfig::default()).unwrap();
-    c.set_policy(Arc::clone(&clock)).unwrap();
+    c.set_policy(hisparse_policy::OnlinePolicy::new(Arc::clone(&clock)).unwrap()).unwrap();
     assert_eq!(c.policy().name(), "clock");
+    // An offline policy cannot even be made into one the cache takes.
     let belady = hisparse_policy::policy::make("belady", &PolicyConfig::default()).unwrap();
-    assert!(c.set_policy(belady).is_err(), "an offline policy needs the future");
+    assert!(hisparse_policy::OnlinePolicy::new(belady).is_err(), "an offline policy needs the future");
 }

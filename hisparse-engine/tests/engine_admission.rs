@@ -101,7 +101,7 @@ fn bad_configs_and_requests_are_named() {
     c.hisparse.device_buffer_size = 100; // below top_k 256
     assert!(field(Engine::new(CpuBackend::new(), c).err().unwrap()).contains("device_buffer_size = 100"));
     let mut c = cfg(Mode::HiSparse, 8 << 20);
-    c.hisparse.eviction_policy = "belady".into();
+    c.hisparse.eviction_policy = "belady".parse().unwrap();
     assert!(field(Engine::new(CpuBackend::new(), c).err().unwrap()).contains("eviction_policy = belady"));
     let c = cfg(Mode::Resident, 0);
     assert!(field(Engine::new(CpuBackend::new(), c).err().unwrap()).contains("device_kv_bytes = 0"));
@@ -112,5 +112,5 @@ fn bad_configs_and_requests_are_named() {
     assert!(e.submit(req(1, 10, 0)).unwrap_err().to_string().contains("output_tokens"));
     e.submit(req(1, 10, 1)).unwrap();
     assert!(e.submit(req(1, 10, 1)).unwrap_err().to_string().contains("duplicate"));
-    assert!(e.runtime().set_policy("belady", 0).is_err(), "an offline policy cannot be swapped in");
+    assert!(e.runtime().set_policy("belady".parse().unwrap(), 0).is_err(), "an offline policy cannot be swapped in");
 }

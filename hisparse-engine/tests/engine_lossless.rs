@@ -65,7 +65,7 @@ fn misses_left_to_the_attention_on_the_cpu_are_still_copied_and_lossless() {
         ("auto", "score"),
     ] {
         let mut cfg = config(Mode::HiSparse, policy);
-        cfg.hisparse.miss_fill = fill.into();
+        cfg.hisparse.miss_fill = fill.parse::<hisparse_policy::MissFillMode>().unwrap().into();
         assert_eq!(run(cfg, &[], None), resident, "{fill} / {policy}");
     }
 }

@@ -7,7 +7,7 @@
 mod common;
 
 use common::{StepCounts, config, expected_count, run_counted, run_on};
-use hisparse_engine::{Engine, EngineConfig, EngineError};
+use hisparse_engine::EngineConfig;
 use hisparse_kernels::CpuBackend;
 use hisparse_memory::{IndexerLayout, Mode};
 use hisparse_policy::prefetch::PREFETCHER_NAMES;
@@ -19,7 +19,7 @@ fn shared(mut c: EngineConfig) -> EngineConfig {
 }
 
 fn with_prefetcher(mut c: EngineConfig, prefetcher: &str, budget: usize) -> EngineConfig {
-    c.hisparse.prefetcher = prefetcher.into();
+    c.hisparse.prefetcher = prefetcher.parse().unwrap();
     c.hisparse.prefetch_budget = budget;
     c
 }
@@ -105,9 +105,10 @@ fn a_budget_bounds_what_one_buffer_takes_per_step() {
 }
 
 #[test]
-fn an_unknown_prefetcher_is_refused_by_name() {
-    let cfg = with_prefetcher(config(Mode::HiSparse, "lru"), "psychic", 0);
-    let err = Engine::new(CpuBackend::new(), cfg).err().unwrap();
-    assert!(err.to_string().contains("psychic"), "{err}");
-    assert!(matches!(err, EngineError::Policy(_) | EngineError::Config { .. }), "{err:?}");
+fn an_unknown_prefetcher_is_refused_by_name_where_it_is_read() {
+    // A name is resolved once, where it comes in: no engine is ever built with one it lacks.
+    let e = "psychic".parse::<hisparse_policy::PrefetcherChoice>().unwrap_err();
+    assert!(e.to_string().contains("psychic") && e.to_string().contains("adjacent-layer"), "{e}");
+    let e = hisparse_policy::HiSparseConfig::from_json(r#"{"prefetcher": "psychic"}"#).unwrap_err();
+    assert!(e.to_string().contains("psychic"), "{e}");
 }

@@ -178,7 +178,7 @@ fn on_cuda_the_per_layer_api_is_lossless_for_every_gpu_policy() {
 #[ignore = "needs a CUDA GPU"]
 fn on_cuda_next_step_prefetch_is_refused_by_name() {
     let mut cfg = config(Mode::HiSparse, "lru");
-    cfg.hisparse.prefetcher = "next-step".into();
+    cfg.hisparse.prefetcher = "next-step".parse().unwrap();
     let e = Engine::new(gpu(), cfg).err().expect("refused");
     assert!(e.to_string().contains("prefetcher") && e.to_string().contains("next-step"), "{e}");
 }
@@ -206,7 +206,7 @@ fn on_cuda_prefetch_on_the_transfer_stream_is_exact() {
             for policy in ["lru", "s3fifo", "score"] {
                 let make = |serial: bool, graphs: bool, delay: Option<Duration>| {
                     let mut c = geo(config(Mode::HiSparse, policy));
-                    c.hisparse.prefetcher = prefetcher.into();
+                    c.hisparse.prefetcher = prefetcher.parse().unwrap();
                     c.serial_prefetch = serial;
                     c.launch_graphs = graphs;
                     c.transfer_delay = delay;
@@ -243,7 +243,7 @@ fn on_cuda_prefetch_on_the_transfer_stream_is_exact() {
 #[ignore = "needs a CUDA GPU"]
 fn on_cuda_misses_filled_by_the_attention_are_lossless() {
     let fill = |mut c: EngineConfig| {
-        c.hisparse.miss_fill = "attention".into();
+        c.hisparse.miss_fill = hisparse_policy::MissFill::Attention;
         c
     };
     let resident = run_on(gpu(), eager(Mode::Resident, "lru"), &[], None);
@@ -253,7 +253,7 @@ fn on_cuda_misses_filled_by_the_attention_are_lossless() {
         let hs = run_on(gpu(), fill(eager(Mode::HiSparse, policy.name())), &[], None);
         assert_eq!(hs, resident, "{}: outputs differ from the resident baseline", policy.name());
         let mut copy = eager(Mode::HiSparse, policy.name());
-        copy.hisparse.miss_fill = "swap-in".into();
+        copy.hisparse.miss_fill = hisparse_policy::MissFill::SwapIn;
         assert_eq!(run_on(gpu(), copy, &[], None), resident, "{}: the copying swap-in differs", policy.name());
     }
     // `auto` at batches of at most 3 under a policy that reads scores (where `auto` lets the
@@ -262,8 +262,7 @@ fn on_cuda_misses_filled_by_the_attention_are_lossless() {
     for graphs in [false, true] {
         let mut c = eager(Mode::HiSparse, "score");
         c.launch_graphs = graphs;
-        c.hisparse.miss_fill = "auto".into();
-        c.hisparse.miss_fill_max_batch = 3;
+        c.hisparse.miss_fill = hisparse_policy::MissFill::Auto { max_batch: 3 };
         assert_eq!(run_on(gpu(), c, &[], None), resident, "auto (graphs: {graphs})");
     }
     matches_the_copying_swap_in("attention", fill);
@@ -280,7 +279,7 @@ fn matches_the_copying_swap_in(what: &str, make: impl Fn(EngineConfig) -> Engine
     let strip = |c: &[common::StepCounts]| c.iter().map(|c| (c.hits, c.misses, c.prefetched)).collect::<Vec<_>>();
     for (prefetcher, c) in common::prefetcher_configs() {
         let mut copy = c.clone();
-        copy.hisparse.miss_fill = "swap-in".into();
+        copy.hisparse.miss_fill = hisparse_policy::MissFill::SwapIn;
         let (copied, cc) = run_counted(gpu(), copy, &[], None);
         let (made, mc) = run_counted(gpu(), make(c), &[], None);
         assert!(mc.iter().map(|c| c.replays).sum::<u64>() >= 10, "{what} / {prefetcher}: graphs replayed");
@@ -309,16 +308,14 @@ fn on_cuda_a_deferred_swap_in_is_lossless() {
     for graphs in [false, true] {
         let mut c = eager(Mode::HiSparse, "lru");
         c.launch_graphs = graphs;
-        c.hisparse.miss_fill = "copy-engine".into();
-        c.hisparse.copy_engine_share = 1e-6;
-        c.hisparse.host_gather_threads = 2;
+        c.hisparse.miss_fill = hisparse_policy::MissFill::CopyEngine { share: 1e-6, host_threads: 2 };
         assert_eq!(run_on(gpu(), c, &[], None), resident, "copy-engine, 64 landing rows (graphs: {graphs})");
     }
 }
 
 fn deferred_swap_in_is_lossless(fill: &str) {
     let defer = |mut c: EngineConfig| {
-        c.hisparse.miss_fill = fill.into();
+        c.hisparse.miss_fill = fill.parse::<hisparse_policy::MissFillMode>().unwrap().into();
         c
     };
     let resident = run_on(gpu(), eager(Mode::Resident, "lru"), &[], None);
@@ -333,7 +330,7 @@ fn deferred_swap_in_is_lossless(fill: &str) {
             refused += 1;
             // `auto` takes it: the attention fills its misses in small batches instead.
             let mut auto = eager(Mode::HiSparse, policy.name());
-            auto.hisparse.miss_fill = "auto".into();
+            auto.hisparse.miss_fill = hisparse_policy::MissFill::from(hisparse_policy::MissFillMode::Auto);
             assert_eq!(run_on(gpu(), auto, &[], None), resident, "{}: auto", policy.name());
             continue;
         }
@@ -353,8 +350,7 @@ fn deferred_swap_in_is_lossless(fill: &str) {
     for graphs in [false, true] {
         let mut c = eager(Mode::HiSparse, "lru");
         c.launch_graphs = graphs;
-        c.hisparse.miss_fill = "auto".into();
-        c.hisparse.miss_fill_max_batch = 3;
+        c.hisparse.miss_fill = hisparse_policy::MissFill::Auto { max_batch: 3 };
         assert_eq!(run_on(gpu(), c, &["score", "lru"], None), resident, "auto (graphs: {graphs})");
     }
     matches_the_copying_swap_in(fill, defer);

@@ -24,7 +24,7 @@ fn gpu() -> CudaBackend {
 }
 
 fn hits_first(mut c: EngineConfig) -> EngineConfig {
-    c.hisparse.miss_fill = "hits-first".into();
+    c.hisparse.miss_fill = hisparse_policy::MissFill::HitsFirst;
     c
 }
 
@@ -111,7 +111,7 @@ fn on_cuda_hits_first_is_reproducible_slowed_and_replayed() {
     let strip = |c: &[common::StepCounts]| c.iter().map(|c| (c.hits, c.misses, c.prefetched)).collect::<Vec<_>>();
     for (prefetcher, c) in common::prefetcher_configs() {
         let mut copy = c.clone();
-        copy.hisparse.miss_fill = "swap-in".into();
+        copy.hisparse.miss_fill = hisparse_policy::MissFill::SwapIn;
         let (_, cc) = run_counted(gpu(), copy, &[], None);
         let (replayed, hc) = run_counted(gpu(), hits_first(c.clone()), &[], None);
         let (launched, _) = run_counted(gpu(), hits_first(EngineConfig { launch_graphs: false, ..c }), &[], None);

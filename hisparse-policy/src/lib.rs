@@ -3,13 +3,15 @@
 //! Owns the decisions of the hierarchy: which resident token gives its slot to a missing one
 //! (eviction policies, each with a Rust and a CUDA C form: [`policy`]), the CPU swap-in step
 //! that the GPU kernel must match exactly ([`swap_in`]), the configuration with SGLang's keys
-//! ([`HiSparseConfig`]), the trace format ([`trace`]), synthetic traces ([`synth`]) and the
+//! ([`HiSparseConfig`]; the policy, prefetcher and miss-fill form chosen once as typed values:
+//! [`choice`]), the trace format ([`trace`]), synthetic traces ([`synth`]) and the
 //! trace-driven simulator ([`mod@simulate`]).
 //!
 //! Invariant: after every swap-in step the slot table is a bijection, every selected token is
 //! resident, no selected token was evicted, and the newest token sits in the reserved slot
 //! (property-tested for every policy in `tests/`).
 
+pub mod choice;
 pub mod config;
 pub mod error;
 pub mod policy;
@@ -19,9 +21,12 @@ pub mod swap_in;
 pub mod synth;
 pub mod trace;
 
-pub use config::HiSparseConfig;
+pub use choice::{OnlinePolicy, PolicyChoice, PrefetcherChoice};
+pub use config::{HiSparseConfig, MissFill, MissFillMode};
 pub use error::{PolicyError, Result};
+pub use policy::BuiltinPolicy;
 pub use policy::{EvictionPolicy, PolicyConfig, PolicyEnv, PolicyScalars, SlotRecord, StampRule, StepCtx, VictimKey};
+pub use prefetch::BuiltinPrefetcher;
 pub use prefetch::{Prefetcher, PrefetcherConfig};
 pub use simulate::{SimConfig, SimReport, SimResult, memory_estimate, replays, simulate, simulate_with};
 pub use swap_in::{PrefetchPlan, SwapInPlan, SwapInState, SwapInputs, copy_missing_rows, copy_rows};

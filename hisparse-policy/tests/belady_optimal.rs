@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use hisparse_policy::trace::{TraceHeader, TraceRecord};
-use hisparse_policy::{SimConfig, simulate};
+use hisparse_policy::{BuiltinPolicy, SimConfig, simulate};
 use rand::{Rng, SeedableRng};
 
 /// Fewest total misses from step `i` on with resident set `r` (bit t = token t resident in a
@@ -84,7 +84,7 @@ fn belady_matches_exhaustive_search() {
         }
         let header = TraceHeader { top_k: slots, layers: 1, row_bytes: 0, ..TraceHeader::default() };
         let cfg = SimConfig {
-            policies: vec!["belady".into(), "lru".into()],
+            policies: vec![BuiltinPolicy::Belady.into(), BuiltinPolicy::Lru.into()],
             buffer_sizes: vec![slots as usize],
             ..SimConfig::default()
         };

@@ -6,7 +6,10 @@
 
 use hisparse_policy::policy::{self, POLICY_NAMES};
 use hisparse_policy::trace::{TraceHeader, TraceRecord};
-use hisparse_policy::{PrefetchPlan, SimConfig, StepCtx, SwapInPlan, SwapInState, SwapInputs, simulate};
+use hisparse_policy::{
+    BuiltinPolicy, BuiltinPrefetcher, PolicyChoice, PrefetchPlan, SimConfig, StepCtx, SwapInPlan, SwapInState,
+    SwapInputs, simulate,
+};
 use proptest::prelude::*;
 
 /// Per step: a selection, prefetch candidates, a protected set and a budget.
@@ -101,8 +104,8 @@ fn shared_trace() -> (TraceHeader, Vec<TraceRecord>) {
 fn shared_index_prefetch_leaves_shared_layers_no_critical_misses() {
     let (header, records) = shared_trace();
     let cfg = SimConfig {
-        policies: vec!["lru".into(), "belady".into()],
-        prefetchers: vec!["none".into(), "shared-index".into()],
+        policies: vec![BuiltinPolicy::Lru.into(), BuiltinPolicy::Belady.into()],
+        prefetchers: vec![BuiltinPrefetcher::None.into(), BuiltinPrefetcher::SharedIndex.into()],
         buffer_sizes: vec![16, 32],
         ..SimConfig::default()
     };
@@ -120,7 +123,11 @@ fn shared_index_prefetch_leaves_shared_layers_no_critical_misses() {
                     .unwrap()
             };
             let (none, shared) = (line("none"), line("shared-index"));
-            let c = SimConfig { policies: vec![policy.into()], buffer_sizes: vec![slots], ..SimConfig::default() };
+            let c = SimConfig {
+                policies: vec![PolicyChoice::parse(policy).unwrap()],
+                buffer_sizes: vec![slots],
+                ..SimConfig::default()
+            };
             let full = simulate(&header, &only(&[0, 2]), &c, &|_| {}).unwrap().results[0].misses;
             let layer1 = simulate(&header, &only(&[1]), &c, &|_| {}).unwrap().results[0].misses;
             assert_eq!(none.misses, full + layer1, "{policy} {slots}");

@@ -110,7 +110,7 @@ proptest! {
         let header = TraceHeader { top_k: 6, layers: 1, row_bytes: 656, ..TraceHeader::default() };
         // Policies that need scores are refused on a trace without near-cut scores.
         let online = POLICY_NAMES.iter().filter(|n| !policy::by_name(n, 0).unwrap().needs_scores());
-        let cfg = SimConfig { policies: online.map(|s| s.to_string()).collect(), buffer_sizes: vec![slots], policy_config: PolicyConfig::seeded(3), ..SimConfig::default() };
+        let cfg = SimConfig { policies: online.map(|s| s.parse().unwrap()).collect(), buffer_sizes: vec![slots], policy_config: PolicyConfig::seeded(3), ..SimConfig::default() };
         let report = simulate(&header, &records, &cfg, &|_| {}).unwrap();
         let misses = |name: &str| report.results.iter().find(|r| r.policy == name).unwrap().misses;
         let compulsory = misses("compulsory");

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use hisparse_policy::trace::{
     TraceHeader, TraceReader, TraceRecord, TraceWriter, jsonl, parallel, raw, read_trace, read_trace_from,
 };
-use hisparse_policy::{PolicyError, SimConfig, simulate};
+use hisparse_policy::{BuiltinPolicy, BuiltinPrefetcher, PolicyError, SimConfig, simulate};
 use proptest::prelude::*;
 
 fn header(scores: bool) -> TraceHeader {
@@ -494,10 +494,10 @@ proptest! {
                     TraceHeader { top_k, layers: 3, row_bytes: 656, has_scores: true, ..TraceHeader::default() }
                 };
                 if !read.is_empty() && hisparse_policy::memory_estimate(&read).is_some_and(|b| b < 64 << 20) {
-                    let mut cfg = SimConfig { policies: vec!["lru".into(), "belady".into()], buffer_sizes: vec![top_k as usize, 2 * top_k as usize], ..SimConfig::default() };
+                    let mut cfg = SimConfig { policies: vec![BuiltinPolicy::Lru.into(), BuiltinPolicy::Belady.into()], buffer_sizes: vec![top_k as usize, 2 * top_k as usize], ..SimConfig::default() };
                     if v2 {
-                        cfg.policies.push("score".into());
-                        cfg.prefetchers = ["none", "shared-index", "adjacent-layer", "next-step"].map(String::from).to_vec();
+                        cfg.policies.push(BuiltinPolicy::Score.into());
+                        cfg.prefetchers = BuiltinPrefetcher::ALL.map(Into::into).to_vec();
                     }
                     if let Ok(rep) = simulate(&h, &read, &cfg, &|_| {}) {
                         for x in &rep.results {

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use hisparse_engine::{DecodeEngine, Engine, EngineConfig, ModelShape};
 use hisparse_kernels::CpuBackend;
 use hisparse_memory::{KvGeometry, KvRowFormat, MemoryError, Mode};
-use hisparse_policy::{HiSparseConfig, PolicyError};
+use hisparse_policy::{BuiltinPolicy, BuiltinPrefetcher, HiSparseConfig, MissFill, MissFillMode, PolicyError};
 
 use crate::error::{BenchError, Result};
 use crate::guard;
@@ -98,13 +98,13 @@ pub struct EngineArgs {
     pub swap_in_block_size: Option<usize>,
     /// Eviction policy: lru, fifo, random, clock, clock-cold, s3fifo, mq, score, score-lru
     /// (`hisparse simulate` compares them on a trace).
-    #[arg(long)]
-    pub eviction_policy: Option<String>,
+    #[arg(long, value_enum)]
+    pub eviction_policy: Option<BuiltinPolicy>,
     /// Prefetcher: none, shared-index (exact, for IndexShare layers, e.g. --preset glm-5.2),
     /// adjacent-layer, next-step (speculative; CPU backend only for now). On CUDA the prefetches
     /// run on a transfer stream beside the main one.
-    #[arg(long)]
-    pub prefetcher: Option<String>,
+    #[arg(long, value_enum)]
+    pub prefetcher: Option<BuiltinPrefetcher>,
     /// Run CUDA prefetches in order on the main stream instead of the transfer stream (the
     /// same results, without the overlap: for comparison).
     #[arg(long)]
@@ -126,11 +126,11 @@ pub struct EngineArgs {
     /// hits running while the misses are gathered, then over the misses and an LSE merge: equal
     /// within the attention's bf16 tolerance, not bit for bit), copy-engine (as deferred-gather,
     /// but host threads gather the misses into pinned memory and the copy engine copies them), or
-    /// auto (deferred in batches of at most
-    /// --miss-fill-max-batch requests, the swap-in above). CUDA; the CPU backend copies either
-    /// way. Outputs are bit-identical in every form but hits-first (checked on the H200).
-    #[arg(long, value_parser = ["auto", "swap-in", "attention", "deferred", "deferred-gather", "hits-first", "copy-engine"])]
-    pub miss_fill: Option<String>,
+    /// auto (deferred in batches of at most --miss-fill-max-batch requests, the swap-in above).
+    /// CUDA; the CPU backend copies either way. Outputs are bit-identical in every form but
+    /// hits-first.
+    #[arg(long, value_enum)]
+    pub miss_fill: Option<MissFillMode>,
     /// With --miss-fill auto: the largest batch whose misses the attention fills (default 8).
     #[arg(long)]
     pub miss_fill_max_batch: Option<usize>,
@@ -242,11 +242,39 @@ impl EngineArgs {
             "prefetcher" => self.prefetcher.is_some(),
             "prefetch_budget" => self.prefetch_budget.is_some(),
             "miss_fill" => self.miss_fill.is_some(),
+            "miss_fill_max_batch" => self.miss_fill_max_batch.is_some(),
             "copy_engine_share" => self.copy_engine_share.is_some(),
             "host_gather_threads" => self.host_gather_threads.is_some(),
             "host_tier_file" | "host_tier_path" => self.host_tier_file.is_some(),
             _ => false,
         }
+    }
+
+    /// The miss-fill form of the flags over `base` (the preset's or the config file's): the mode
+    /// and each parameter the flags give, the rest from `base`; a parameter of another mode is
+    /// refused naming its flag.
+    fn miss_fill_over(&self, base: MissFill) -> Result<MissFill> {
+        let mode = self.miss_fill.unwrap_or(base.mode());
+        let max_batch = match base {
+            MissFill::Auto { max_batch } => max_batch,
+            _ => MissFill::DEFAULT_MAX_BATCH,
+        };
+        let (share, threads) = base.copy_engine().unwrap_or((MissFill::DEFAULT_SHARE, 0));
+        for (flag, given, of) in [
+            ("miss-fill-max-batch", self.miss_fill_max_batch.map(|v| v.to_string()), MissFillMode::Auto),
+            ("copy-engine-share", self.copy_engine_share.map(|v| format!("{v:?}")), MissFillMode::CopyEngine),
+            ("host-gather-threads", self.host_gather_threads.map(|v| v.to_string()), MissFillMode::CopyEngine),
+        ] {
+            if let Some(v) = given.filter(|_| mode != of) {
+                return Err(BenchError::flag(flag, v, format!("applies to --miss-fill {of}, not {mode}")));
+            }
+        }
+        Ok(MissFill::new(
+            mode,
+            self.miss_fill_max_batch.unwrap_or(max_batch),
+            self.copy_engine_share.unwrap_or(share),
+            self.host_gather_threads.unwrap_or(threads),
+        ))
     }
 
     /// The `--config` file's text (read on first use) and the keys it sets.
@@ -338,45 +366,26 @@ impl EngineArgs {
         if let Some(v) = self.swap_in_block_size {
             c.swap_in_block_size = v;
         }
-        if let Some(v) = &self.eviction_policy {
-            let p = hisparse_policy::policy::by_name(v, c.policy_seed).map_err(|e| self.name_error(e))?;
-            if p.needs_future() {
-                return Err(BenchError::flag(
-                    "eviction-policy",
-                    v,
-                    "an offline policy (it needs the future): use it in `hisparse simulate`",
-                ));
-            }
-            c.eviction_policy = v.clone();
+        if let Some(v) = self.eviction_policy {
+            c.eviction_policy = v.into();
         }
-        if let Some(v) = &self.prefetcher {
-            if self.uses_cuda() && v == "next-step" {
+        if let Some(v) = self.prefetcher {
+            if self.uses_cuda() && v == BuiltinPrefetcher::NextStep {
                 return Err(BenchError::flag(
                     "prefetcher",
-                    v,
+                    "next-step",
                     "the CUDA backend prefetches a layer's selection into later layers \
                      (shared-index, adjacent-layer); next-step needs near-cut candidates on the \
                      device, not built yet: use --backend cpu (or compare prefetchers on a trace \
                      with `hisparse simulate --prefetchers`)",
                 ));
             }
-            c.prefetcher = v.clone();
+            c.prefetcher = v.into();
         }
         if let Some(v) = self.prefetch_budget {
             c.prefetch_budget = v;
         }
-        if let Some(v) = &self.miss_fill {
-            c.miss_fill = v.clone();
-        }
-        if let Some(v) = self.miss_fill_max_batch {
-            c.miss_fill_max_batch = v;
-        }
-        if let Some(v) = self.copy_engine_share {
-            c.copy_engine_share = v;
-        }
-        if let Some(v) = self.host_gather_threads {
-            c.host_gather_threads = v;
-        }
+        c.miss_fill = self.miss_fill_over(c.miss_fill)?;
         if let Some(p) = &self.host_tier_file {
             if self.uses_cuda() {
                 return Err(BenchError::flag(

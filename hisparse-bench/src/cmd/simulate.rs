@@ -6,7 +6,10 @@ use std::path::PathBuf;
 
 use hisparse_policy::policy::BuiltinPolicy;
 use hisparse_policy::prefetch::{BuiltinPrefetcher, PrefetcherConfig};
-use hisparse_policy::{PolicyConfig, PolicyError, SimConfig, SimReport, memory_estimate, replays, simulate_with};
+use hisparse_policy::{
+    PolicyChoice, PolicyConfig, PolicyError, PrefetcherChoice, SimConfig, SimReport, memory_estimate, replays,
+    simulate_with,
+};
 
 use crate::error::{BenchError, Result};
 use crate::files::OutputDir;
@@ -97,11 +100,10 @@ pub fn run(a: &SimulateArgs) -> Result<(SimReport, PathBuf)> {
     if let Some(seed) = a.seed {
         policy_config.seed = seed;
     }
-    let names = |v: &[&'static str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-    let policies = names(&a.policies.iter().map(|p| p.name()).collect::<Vec<_>>());
-    let prefetchers = names(&a.prefetchers.iter().map(|p| p.spec().name).collect::<Vec<_>>());
+    let policies: Vec<PolicyChoice> = a.policies.iter().map(|&p| p.into()).collect();
+    let prefetchers: Vec<PrefetcherChoice> = a.prefetchers.iter().map(|&p| p.into()).collect();
     for p in &policies {
-        if hisparse_policy::policy::make(p, &policy_config)?.needs_scores() && header.score_margin == 0 {
+        if p.make(&policy_config)?.needs_scores() && header.score_margin == 0 {
             return Err(BenchError::flag(
                 "policies",
                 p,

@@ -435,7 +435,11 @@ fn replay(trace: &SharedBuf, k: usize) -> Result<Vec<(usize, Vec<f64>)>> {
     let mut r = TraceReader::new(bytes.as_slice())?;
     let header = r.header().clone();
     let records = r.by_ref().collect::<std::result::Result<Vec<_>, _>>()?;
-    let cfg = SimConfig { policies: vec!["lru".into()], buffer_sizes: vec![k, 2 * k, 4 * k], ..SimConfig::default() };
+    let cfg = SimConfig {
+        policies: vec![hisparse_policy::BuiltinPolicy::Lru.into()],
+        buffer_sizes: vec![k, 2 * k, 4 * k],
+        ..SimConfig::default()
+    };
     let rep = simulate(&header, &records, &cfg, &|_| {})?;
     Ok(rep.results.iter().filter(|x| x.policy == "lru").map(|x| (x.buffer_slots, x.series.clone())).collect())
 }

@@ -193,30 +193,31 @@ fn transfers_svg(r: &SweepReport) -> Result<String> {
 
 /// The hierarchy's policies in a line: eviction, prefetcher, who fills the misses.
 pub fn hierarchy(hs: &hisparse_policy::HiSparseConfig, backend: &str) -> String {
+    use hisparse_policy::MissFill;
     // Under a policy that reads scores `auto` lets the attention fill instead of deferring.
-    let reads_scores = hisparse_policy::policy::make(&hs.eviction_policy, &hs.policy()).is_ok_and(|p| p.needs_scores());
-    let fill = match (backend == "cuda", hs.fill_max_batch()) {
-        (false, _) | (true, 0) => "swap-in".to_owned(),
-        (true, _) if hs.miss_fill == "hits-first" => "deferred swap-in, the attention over the hits while the misses \
-             are gathered into device staging rows, then over the misses and an LSE merge"
+    let reads_scores = hs.online_policy().is_ok_and(|p| p.needs_scores());
+    let fill = match (backend == "cuda", hs.miss_fill) {
+        (false, _) | (true, MissFill::SwapIn) => "swap-in".to_owned(),
+        (true, MissFill::HitsFirst) => "deferred swap-in, the attention over the hits while the misses are \
+             gathered into device staging rows, then over the misses and an LSE merge"
             .to_owned(),
-        (true, _) if hs.miss_fill == "copy-engine" => format!(
+        (true, MissFill::CopyEngine { share, .. }) => format!(
             "deferred swap-in (host threads gather them into pinned rows, {:.1}% of the selection per layer, \
              which the copy engine copies to device staging rows for the attention)",
-            100.0 * hs.copy_engine_share
+            100.0 * share
         ),
-        (true, _) if hs.miss_fill == "deferred-gather" => {
+        (true, MissFill::DeferredGather) => {
             "deferred swap-in (its first kernel gathers them into device staging rows for the attention)".to_owned()
         }
-        (true, usize::MAX) if hs.fill_deferred() => {
-            "deferred swap-in (the attention reads them from the host tier)".to_owned()
-        }
-        (true, n) if hs.fill_deferred() && !reads_scores => format!(
+        (true, MissFill::Deferred) => "deferred swap-in (the attention reads them from the host tier)".to_owned(),
+        (true, MissFill::Auto { max_batch: n }) if !reads_scores => format!(
             "deferred swap-in in batches of at most {n} requests (the attention reads them from the host tier), \
              else the swap-in"
         ),
-        (true, usize::MAX) => "attention".to_owned(),
-        (true, n) => format!("attention in batches of at most {n} requests, else the swap-in"),
+        (true, MissFill::Attention) => "attention".to_owned(),
+        (true, MissFill::Auto { max_batch: n }) => {
+            format!("attention in batches of at most {n} requests, else the swap-in")
+        }
     };
     format!("{} eviction, prefetcher {}, misses filled by the {fill}", hs.eviction_policy, hs.prefetcher)
 }
@@ -357,8 +358,8 @@ mod tests {
     #[test]
     fn the_hierarchy_line_names_who_fills_the_misses() {
         let with = |fill: &str, policy: &str| HiSparseConfig {
-            miss_fill: fill.into(),
-            eviction_policy: policy.into(),
+            miss_fill: fill.parse::<hisparse_policy::MissFillMode>().unwrap().into(),
+            eviction_policy: policy.parse().unwrap(),
             ..HiSparseConfig::default()
         };
         let line = |fill, policy, backend| hierarchy(&with(fill, policy), backend);

@@ -24,13 +24,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hisparse_kernels::{Backend, CopyEngineFill, DeviceSwapIn, DeviceSwapInConfig, RowBackupConfig};
+use hisparse_kernels::{Backend, DeviceSwapIn, DeviceSwapInConfig, RowBackupConfig};
 use hisparse_memory::{
     Admission, AdmissionControl, CapacityPlan, DeviceTier, HostTier, HostTierConfig, IndexKeyLayout, KvGeometry,
     KvRowLayout, Mode, RequestId, Resources,
 };
-use hisparse_policy::prefetch::{Prefetcher, make_prefetcher};
-use hisparse_policy::{EvictionPolicy, HiSparseConfig, PolicyConfig};
+use hisparse_policy::prefetch::Prefetcher;
+use hisparse_policy::{HiSparseConfig, OnlinePolicy};
 
 use crate::error::{EngineError, Result};
 
@@ -107,7 +107,7 @@ pub struct KvCache<B: Backend> {
     /// The backend's backup of new rows (hisparse mode).
     pub(crate) backup: Option<B::Backup>,
     pub(crate) admission: AdmissionControl,
-    pub(crate) policy: Arc<dyn EvictionPolicy>,
+    pub(crate) policy: OnlinePolicy,
     pub(crate) prefetcher: Arc<dyn Prefetcher>,
     pub(crate) requests: BTreeMap<RequestId, CachedRequest>,
     /// Buffers a step reuses from the last one.
@@ -142,12 +142,7 @@ where
 {
     /// Plans the tiers from the config's byte budgets and allocates them; `policy` evicts and
     /// `prefetcher` nominates (hisparse mode).
-    pub fn new(
-        backend: B,
-        cfg: CacheConfig,
-        policy: Arc<dyn EvictionPolicy>,
-        prefetcher: Arc<dyn Prefetcher>,
-    ) -> Result<Self> {
+    pub fn new(backend: B, cfg: CacheConfig, policy: OnlinePolicy, prefetcher: Arc<dyn Prefetcher>) -> Result<Self> {
         let g = &cfg.geometry;
         cfg.hisparse.validate(g)?;
         if cfg.hisparse.device_kv_bytes == 0 {
@@ -155,13 +150,6 @@ where
                 field: "device_kv_bytes",
                 value: "0".into(),
                 reason: "the cache needs a device budget for the KV rows and index keys".into(),
-            });
-        }
-        if policy.needs_future() {
-            return Err(EngineError::Config {
-                field: "eviction_policy",
-                value: policy.name().into(),
-                reason: "an offline policy (it needs the future): use it in `hisparse simulate`".into(),
             });
         }
         let (kv_row, key) = (g.kv_row()?, g.index_key()?);
@@ -209,7 +197,7 @@ where
                 })?;
                 let dcfg = DeviceSwapInConfig {
                     geometry: g.clone(),
-                    policy: Arc::clone(&policy),
+                    policy: policy.clone(),
                     prefetcher: Arc::clone(&prefetcher),
                     prefetch_budget: cfg.hisparse.prefetch_budget,
                     seats: device.config().seats,
@@ -218,14 +206,7 @@ where
                     max_tokens: cfg.hisparse.max_request_tokens,
                     serial_prefetch: cfg.serial_prefetch,
                     transfer_delay: cfg.transfer_delay,
-                    fill_max_batch: cfg.hisparse.fill_max_batch(),
-                    fill_deferred: cfg.hisparse.fill_deferred(),
-                    fill_gather: cfg.hisparse.miss_fill == "deferred-gather",
-                    fill_hits_first: cfg.hisparse.miss_fill == "hits-first",
-                    fill_copy_engine: (cfg.hisparse.miss_fill == "copy-engine").then_some(CopyEngineFill {
-                        share: cfg.hisparse.copy_engine_share,
-                        threads: cfg.hisparse.host_gather_threads,
-                    }),
+                    miss_fill: cfg.hisparse.miss_fill,
                 };
                 let swap = backend.device_swap_in(&dcfg, &mut host)?;
                 let backup =
@@ -259,29 +240,20 @@ where
     /// (`eviction_policy`, `policy_seed`, `policy_config`, `prefetcher`, `prefetch_budget`).
     pub fn with_named_policies(backend: B, cfg: CacheConfig) -> Result<Self> {
         let h = &cfg.hisparse;
-        let pc = PolicyConfig { seed: h.policy_seed, ..h.policy_config.clone() };
-        let policy = hisparse_policy::policy::make(&h.eviction_policy, &pc)?;
-        let prefetcher = make_prefetcher(&h.prefetcher, &h.prefetch())?;
+        let (policy, prefetcher) = (h.online_policy()?, h.prefetcher.make(&h.prefetch()));
         Self::new(backend, cfg, policy, prefetcher)
     }
 
     /// The eviction policy.
-    pub fn policy(&self) -> &Arc<dyn EvictionPolicy> {
+    pub fn policy(&self) -> &OnlinePolicy {
         &self.policy
     }
 
     /// Replaces the eviction policy between steps: every buffer's records are rebuilt from its
     /// slots' current contents.
-    pub fn set_policy(&mut self, policy: Arc<dyn EvictionPolicy>) -> Result<()> {
-        if policy.needs_future() {
-            return Err(EngineError::Config {
-                field: "eviction_policy",
-                value: policy.name().into(),
-                reason: "an offline policy (it needs the future)".into(),
-            });
-        }
+    pub fn set_policy(&mut self, policy: OnlinePolicy) -> Result<()> {
         if let Some(s) = self.swap.as_mut() {
-            s.set_policy(Arc::clone(&policy))?;
+            s.set_policy(policy.clone())?;
         }
         self.policy = policy;
         Ok(())

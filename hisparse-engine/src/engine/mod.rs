@@ -20,9 +20,8 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 use hisparse_kernels::Backend;
 use hisparse_memory::{KvGeometry, Mode, RequestId, Resources};
-use hisparse_policy::prefetch::make_prefetcher;
+use hisparse_policy::HiSparseConfig;
 use hisparse_policy::trace::{TraceHeader, TraceWriter};
-use hisparse_policy::{EvictionPolicy, HiSparseConfig};
 
 use crate::cache::{CacheConfig, KvCache};
 use crate::error::{EngineError, Result};
@@ -106,7 +105,7 @@ pub struct Engine<B: Backend> {
     scheduler: scheduler::Scheduler,
     runner: runner::StepRunner<B::Memory>,
     runtime: Arc<ArcSwap<Runtime>>,
-    last_policy: Arc<dyn EvictionPolicy>,
+    last_policy: hisparse_policy::OnlinePolicy,
     step: u64,
     cfg: EngineConfig,
 }
@@ -120,12 +119,12 @@ where
     pub fn new(backend: B, cfg: EngineConfig) -> Result<Self> {
         let g = &cfg.geometry;
         let runtime = Runtime::new(RuntimeConfig {
-            eviction_policy: cfg.hisparse.eviction_policy.clone(),
+            eviction_policy: cfg.hisparse.eviction_policy,
             policy_seed: cfg.hisparse.policy_seed,
             policy_config: cfg.hisparse.policy_config.clone(),
             max_running: 0,
         })?;
-        let prefetcher = make_prefetcher(&cfg.hisparse.prefetcher, &cfg.hisparse.prefetch())?;
+        let prefetcher = cfg.hisparse.prefetcher.make(&cfg.hisparse.prefetch());
         let cache_cfg = CacheConfig {
             geometry: g.clone(),
             mode: cfg.mode,
@@ -136,7 +135,7 @@ where
             transfer_delay: cfg.transfer_delay,
             index_queries: cfg.index_queries,
         };
-        let cache = KvCache::new(backend, cache_cfg, Arc::clone(&runtime.policy), prefetcher)?;
+        let cache = KvCache::new(backend, cache_cfg, runtime.policy.clone(), prefetcher)?;
         let model = match &cfg.model {
             Some(shape) if shape.layers != g.layers => {
                 return Err(EngineError::Config {
@@ -151,7 +150,7 @@ where
         let inputs = inputs::SyntheticInputs::new(cache.backend().memory(), g, cfg.workload_seed, cfg.stop.clone())?;
         let runner = runner::StepRunner::new(inputs, model, cfg.capture_digests, cfg.launch_graphs);
         Ok(Self {
-            last_policy: Arc::clone(&runtime.policy),
+            last_policy: runtime.policy.clone(),
             runtime: Arc::new(ArcSwap::from_pointee(runtime)),
             scheduler: scheduler::Scheduler::new(cfg.max_queued),
             runner,

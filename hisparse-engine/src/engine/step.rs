@@ -146,9 +146,9 @@ where
     /// A policy swapped through the runtime handle: the cache rebuilds its records.
     fn take_up_policy(&mut self) -> Result<()> {
         let rt = self.runtime.load_full();
-        if !std::sync::Arc::ptr_eq(&rt.policy, &self.last_policy) {
-            self.cache.set_policy(std::sync::Arc::clone(&rt.policy))?;
-            self.last_policy = std::sync::Arc::clone(&rt.policy);
+        if !std::sync::Arc::ptr_eq(rt.policy.get(), self.last_policy.get()) {
+            self.cache.set_policy(rt.policy.clone())?;
+            self.last_policy = rt.policy.clone();
         }
         Ok(())
     }

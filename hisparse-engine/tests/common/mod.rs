@@ -29,7 +29,7 @@ pub fn requests() -> Vec<RequestSpec> {
 
 pub fn config(mode: Mode, policy: &str) -> EngineConfig {
     let mut c = EngineConfig::new(KvGeometry::preset("cpu-small").unwrap(), mode, 64 << 20);
-    c.hisparse.eviction_policy = policy.into();
+    c.hisparse.eviction_policy = policy.parse().unwrap();
     c.hisparse.max_request_tokens = 4096;
     c.typical_tokens = 2048;
     c.capture_digests = true;
@@ -43,7 +43,7 @@ pub fn prefetcher_configs() -> Vec<(&'static str, EngineConfig)> {
         .into_iter()
         .map(|(prefetcher, share)| {
             let mut c = config(Mode::HiSparse, "clock");
-            c.hisparse.prefetcher = prefetcher.into();
+            c.hisparse.prefetcher = prefetcher.parse().unwrap();
             if share {
                 c.geometry = c.geometry.with_indexers(hisparse_memory::IndexerLayout::Every { first_full: 1, freq: 2 });
             }
@@ -101,7 +101,7 @@ where
         }
         if step > 0 && step % 7 == 0 && !swap_policies.is_empty() {
             let p = swap_policies[(step / 7) % swap_policies.len()];
-            e.runtime().set_policy(p, 5).unwrap();
+            e.runtime().set_policy(p.parse().unwrap(), 5).unwrap();
             // The batch cap changes too: 2 requests, then no cap, then 3.
             let mut c = e.runtime().get();
             c.max_running = [2, 0, 3][(step / 7) % 3];

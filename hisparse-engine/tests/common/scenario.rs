@@ -79,7 +79,10 @@ where
     cfg.hisparse.max_request_tokens = 4096;
     cfg.typical_tokens = 2048;
     cfg.backup_delay = delay;
-    let p = hisparse_policy::policy::make(policy, &PolicyConfig { seed: 5, ..PolicyConfig::default() }).unwrap();
+    let p = hisparse_policy::PolicyChoice::parse(policy)
+        .unwrap()
+        .make_online(&PolicyConfig { seed: 5, ..PolicyConfig::default() })
+        .unwrap();
     let f = make_prefetcher(prefetcher, &cfg.hisparse.prefetch()).unwrap();
     KvCache::new(backend, cfg, p, f).unwrap()
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use hisparse_memory::{EmulatedDevice, HostRowReader, HostTier, HostTierLayout};
 use hisparse_policy::prefetch::{PrefetchCounts, PrefetchQueue, PrefetchStep, When};
-use hisparse_policy::{EvictionPolicy, PolicyError, StepCtx, SwapInPlan, SwapInState, SwapInputs};
+use hisparse_policy::{OnlinePolicy, PolicyError, StepCtx, SwapInPlan, SwapInState, SwapInputs};
 
 use crate::error::{KernelError, Result};
 use crate::swap_in::{DeviceSwapCounts, DeviceSwapIn, DeviceSwapInConfig, DeviceSwapReq};
@@ -77,9 +77,6 @@ fn copy_rows(
 impl CpuSwapIn {
     /// A swap-in over `host` for `cfg`'s seats and layers.
     pub fn new(cfg: &DeviceSwapInConfig, host: &HostTier) -> Result<Self> {
-        if cfg.policy.needs_future() {
-            return Err(KernelError::invalid("policy", cfg.policy.name(), "an offline policy cannot run online"));
-        }
         if host.layers() != cfg.geometry.layers {
             return Err(KernelError::invalid(
                 "layers",
@@ -147,10 +144,7 @@ impl DeviceSwapIn<EmulatedDevice> for CpuSwapIn {
         Ok(())
     }
 
-    fn set_policy(&mut self, policy: Arc<dyn EvictionPolicy>) -> Result<()> {
-        if policy.needs_future() {
-            return Err(KernelError::invalid("policy", policy.name(), "an offline policy cannot run online"));
-        }
+    fn set_policy(&mut self, policy: OnlinePolicy) -> Result<()> {
         for seat in self.seats.iter_mut().flatten() {
             seat.swap.iter_mut().for_each(SwapInState::reset_policy);
         }
@@ -202,7 +196,7 @@ impl DeviceSwapIn<EmulatedDevice> for CpuSwapIn {
             ));
         }
         let (b, layout) = (self.cfg.buffer_slots, self.host.layout());
-        let policy = Arc::clone(&self.cfg.policy);
+        let policy = Arc::clone(self.cfg.policy.get());
         let prefetcher = Arc::clone(&self.cfg.prefetcher);
         let scores = scores.map(Vec::as_slice);
         let mut sel = Vec::new();
@@ -272,7 +266,7 @@ impl DeviceSwapIn<EmulatedDevice> for CpuSwapIn {
     fn end_step(&mut self, hot: &mut [Vec<u8>]) -> Result<DeviceSwapCounts> {
         if self.cfg.prefetcher.name() != "none" {
             let (b, layout) = (self.cfg.buffer_slots, self.host.layout());
-            let policy = Arc::clone(&self.cfg.policy);
+            let policy = Arc::clone(self.cfg.policy.get());
             let scores = std::mem::take(&mut self.last_scores);
             for i in 0..self.reqs.len() {
                 let r = self.reqs[i];

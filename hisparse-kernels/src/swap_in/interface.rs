@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use half::bf16;
 use hisparse_memory::{DeviceMemory, KvGeometry, KvRowLayout};
-use hisparse_policy::{EvictionPolicy, Prefetcher};
+use hisparse_policy::{MissFill, OnlinePolicy, Prefetcher};
 
 use crate::backend::Span;
 use crate::error::{KernelError, Result};
@@ -20,7 +20,7 @@ pub struct DeviceSwapInConfig {
     /// The model geometry (layers, top-k, which layers share an index).
     pub geometry: KvGeometry,
     /// The eviction policy (on CUDA it must have a GPU form).
-    pub policy: Arc<dyn EvictionPolicy>,
+    pub policy: OnlinePolicy,
     /// The prefetcher (`none` on a backend that cannot prefetch yet).
     pub prefetcher: Arc<dyn Prefetcher>,
     /// Rows one nomination may bring into one buffer (0: the prefetcher's own bound).
@@ -39,48 +39,9 @@ pub struct DeviceSwapInConfig {
     /// Test hook: delay every transfer of prefetched rows, and every deferred swap-in, by this
     /// much (CUDA).
     pub transfer_delay: Option<std::time::Duration>,
-    /// In batches of at most this many requests, leave each layer's missed rows to
-    /// [`DeviceSwapIn::attend`] instead of copying them (0: never, `usize::MAX`: always; see
-    /// `HiSparseConfig::miss_fill`). CUDA — a swap-in that cannot ignores it and copies.
-    pub fill_max_batch: usize,
-    /// Where the attention fills the misses (`fill_max_batch`), only read them from the host
-    /// tier and leave the swap-in (decisions and copies) to run after, off the critical path, on
-    /// a stream of its own (`miss_fill = "deferred"`, `"auto"`). CUDA; under a policy that
-    /// reads scores (which the next layer overwrites first) the attention fills them instead.
-    pub fill_deferred: bool,
-    /// With `fill_deferred`: the locate also gathers the misses from the host tier into device
-    /// staging rows, and the attention reads them there (`miss_fill = "deferred-gather"`).
-    pub fill_gather: bool,
-    /// With `fill_deferred`: the attention over each layer's hits runs while its misses are
-    /// gathered into staging rows on a stream of their own, then the attention over the misses
-    /// and the LSE merge (`miss_fill = "hits-first"`; equal to the other forms within the
-    /// attention's bf16 tolerance, not bit for bit).
-    pub fill_hits_first: bool,
-    /// With `fill_deferred`: each layer's misses are gathered on the host into pinned landing
-    /// rows and copied by the copy engine, then scattered into staging rows where the attention
-    /// reads them (`miss_fill = "copy-engine"`; bit-identical to `deferred-gather`).
-    pub fill_copy_engine: Option<CopyEngineFill>,
-}
-
-/// The copy-engine staging path's settings (`miss_fill = "copy-engine"`).
-#[derive(Clone, Debug, PartialEq)]
-pub struct CopyEngineFill {
-    /// Of a step's selection entries, the share the landing rows hold, per layer: the copy
-    /// engine copies that many rows every layer (a graph's copy has one size), and misses past
-    /// them are read from the host tier by the scatter kernel itself.
-    pub share: f64,
-    /// Host threads of the gather (0: the machine's cores less two, at least one).
-    pub threads: usize,
-}
-
-impl CopyEngineFill {
-    /// The host threads the gather uses.
-    pub fn threads(&self) -> usize {
-        match self.threads {
-            0 => std::thread::available_parallelism().map_or(1, |n| n.get().saturating_sub(2).max(1)),
-            t => t,
-        }
-    }
+    /// Who brings each layer's missed rows into its hot buffer (CUDA; a swap-in that cannot
+    /// follow it copies them itself, as the CPU backend's does).
+    pub miss_fill: MissFill,
 }
 
 /// What [`DeviceSwapIn::attend`] attends with besides the hot rows: [`crate::AttentionBatch`]
@@ -192,7 +153,7 @@ pub trait DeviceSwapIn<M: DeviceMemory>: Send {
     fn reset_seat(&mut self, seat: usize, preload: usize) -> Result<()>;
 
     /// Switches the policy; every buffer's records are rebuilt from the slots' contents.
-    fn set_policy(&mut self, policy: Arc<dyn EvictionPolicy>) -> Result<()>;
+    fn set_policy(&mut self, policy: OnlinePolicy) -> Result<()>;
 
     /// The step's requests and their host pages (concatenated; see `page_offset`).
     fn begin_step(&mut self, reqs: &[DeviceSwapReq], host_pages: &[u32]) -> Result<()>;

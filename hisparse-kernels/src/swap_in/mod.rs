@@ -27,6 +27,4 @@ mod interface;
 
 pub use cpu::CpuSwapIn;
 pub use hot_locate::{HotLocation, locate_in_hot};
-pub use interface::{
-    AttentionQuery, CopyEngineFill, DeviceSwapCounts, DeviceSwapIn, DeviceSwapInConfig, DeviceSwapReq, SWAP_COUNTS,
-};
+pub use interface::{AttentionQuery, DeviceSwapCounts, DeviceSwapIn, DeviceSwapInConfig, DeviceSwapReq, SWAP_COUNTS};

@@ -21,18 +21,19 @@ use std::collections::BTreeMap;
 use rayon::prelude::*;
 use serde::Serialize;
 
+use crate::choice::{PolicyChoice, PrefetcherChoice};
 use crate::error::{PolicyError, Result};
-use crate::policy::{self, PolicyConfig};
-use crate::prefetch::{self, PrefetcherConfig};
+use crate::policy::PolicyConfig;
+use crate::prefetch::PrefetcherConfig;
 use crate::trace::{TraceHeader, TraceRecord};
 
 /// What to simulate.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct SimConfig {
-    /// Policy names (see [`policy::POLICY_NAMES`]); `belady` is the offline bound.
-    pub policies: Vec<String>,
-    /// Prefetcher names (see [`prefetch::PREFETCHER_NAMES`]); empty: `none` only.
-    pub prefetchers: Vec<String>,
+    /// The policies (any registered one; `belady` is the offline bound).
+    pub policies: Vec<PolicyChoice>,
+    /// The prefetchers; empty: `none` only.
+    pub prefetchers: Vec<PrefetcherChoice>,
     /// Regular slots per buffer to try.
     pub buffer_sizes: Vec<usize>,
     /// The policies' tunables (the seed of `random`, ...).
@@ -222,14 +223,11 @@ pub fn replays(records: &[TraceRecord], cfg: &SimConfig) -> u64 {
     streams.dedup();
     let mut requests: Vec<u64> = streams.iter().map(|s| s.0).collect();
     requests.dedup();
-    let prefetchers: Vec<String> =
-        if cfg.prefetchers.is_empty() { vec!["none".into()] } else { cfg.prefetchers.clone() };
+    let prefetchers =
+        if cfg.prefetchers.is_empty() { vec![PrefetcherChoice::default()] } else { cfg.prefetchers.clone() };
     let per_policy_buffer: u64 = prefetchers
         .iter()
-        .map(|p| match prefetch::prefetcher_by_name(p) {
-            Ok(p) if p.crosses_layers() => requests.len() as u64,
-            _ => streams.len() as u64,
-        })
+        .map(|p| if p.make(&cfg.prefetcher_config).crosses_layers() { requests.len() } else { streams.len() } as u64)
         .sum();
     per_policy_buffer * (cfg.policies.len() * cfg.buffer_sizes.len()) as u64 + streams.len() as u64
 }
@@ -250,11 +248,9 @@ pub fn simulate_with(
             reason: "need at least one policy and one buffer size".into(),
         });
     }
-    let policies: Vec<_> = cfg.policies.iter().map(|p| policy::make(p, &cfg.policy_config)).collect::<Result<_>>()?;
-    let prefetch_names: Vec<String> =
-        if cfg.prefetchers.is_empty() { vec!["none".into()] } else { cfg.prefetchers.clone() };
-    let prefetchers: Vec<_> =
-        prefetch_names.iter().map(|p| prefetch::make_prefetcher(p, &cfg.prefetcher_config)).collect::<Result<_>>()?;
+    let policies: Vec<_> = cfg.policies.iter().map(|p| p.make(&cfg.policy_config)).collect::<Result<_>>()?;
+    let chosen = if cfg.prefetchers.is_empty() { vec![PrefetcherChoice::default()] } else { cfg.prefetchers.clone() };
+    let prefetchers: Vec<_> = chosen.iter().map(|p| p.make(&cfg.prefetcher_config)).collect();
     for &b in &cfg.buffer_sizes {
         if (b as u64) < u64::from(header.top_k) {
             return Err(PolicyError::Invalid {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use cudarc::driver::CudaSlice;
 use hisparse_memory::HostTier;
 use hisparse_memory::cuda::{CudaMemory, MappedHostTier};
-use hisparse_policy::EvictionPolicy;
+use hisparse_policy::{MissFill, OnlinePolicy};
 
 use super::deferred::{DeferredFill, DeferredSwapIn};
 use super::prefetch::GpuPrefetch;
@@ -62,7 +62,7 @@ impl CudaSwapIn {
         let mapped = host.register_cuda(dev.context())?;
         let mut gpu = GpuSwapIn::new(
             dev,
-            Arc::clone(&cfg.policy),
+            Arc::clone(cfg.policy.get()),
             cfg.seats,
             cfg.geometry.layers,
             cfg.buffer_slots,
@@ -70,7 +70,8 @@ impl CudaSwapIn {
             cfg.geometry.top_k,
             cfg.max_tokens,
         )?;
-        if cfg.fill_hits_first && !attention.wgmma {
+        let fill = cfg.miss_fill;
+        if fill.hits_first() && !attention.wgmma {
             return Err(KernelError::invalid(
                 "miss_fill",
                 "hits-first",
@@ -78,18 +79,20 @@ impl CudaSwapIn {
             ));
         }
         let rb = mapped.layout().row_bytes;
-        let fill = match (&cfg.fill_copy_engine, cfg.fill_hits_first, cfg.fill_gather) {
-            (Some(ce), _, _) => Some(DeferredFill::CopyEngine(mapped.clone(), ce.share, ce.threads())),
-            (None, true, _) => Some(DeferredFill::HitsFirst(rb)),
-            (None, false, true) => Some(DeferredFill::Gather(rb)),
-            (None, false, false) => cfg.fill_deferred.then_some(DeferredFill::HostReads),
+        let form = match fill {
+            MissFill::CopyEngine { share, host_threads } => {
+                Some(DeferredFill::CopyEngine(mapped.clone(), share, MissFill::gather_threads(host_threads)))
+            }
+            MissFill::HitsFirst => Some(DeferredFill::HitsFirst(rb)),
+            MissFill::DeferredGather => Some(DeferredFill::Gather(rb)),
+            f => f.deferred().then_some(DeferredFill::HostReads),
         };
-        let deferred = match fill {
+        let deferred = match form {
             Some(fill) => Some(DeferredSwapIn::new(dev, cfg.geometry.layers, delay_ns, fill)?),
             None => None,
         };
         let reads_scores = cfg.policy.needs_scores();
-        gpu.set_fill_max(if deferred.is_some() && !reads_scores { 0 } else { cfg.fill_max_batch });
+        gpu.set_fill_max(if deferred.is_some() && !reads_scores { 0 } else { fill.fill_max_batch() });
         let s = dev.stream();
         Ok(Self {
             dev: Arc::clone(dev),
@@ -106,7 +109,7 @@ impl CudaSwapIn {
             attn_scratch: AttnScratch::new(dev)?,
             fills_of: None,
             deferred,
-            fill_max: cfg.fill_max_batch,
+            fill_max: fill.fill_max_batch(),
             reads_scores,
         })
     }
@@ -138,11 +141,11 @@ impl DeviceSwapIn<CudaMemory> for CudaSwapIn {
         self.gpu.reset_seat(seat, preload)
     }
 
-    fn set_policy(&mut self, policy: Arc<dyn EvictionPolicy>) -> Result<()> {
+    fn set_policy(&mut self, policy: OnlinePolicy) -> Result<()> {
         self.reads_scores = policy.needs_scores();
         let attention_fills = self.deferred.is_none() || self.reads_scores;
         self.gpu.set_fill_max(if attention_fills { self.fill_max } else { 0 });
-        self.gpu.reset_policy(policy, &self.dev)
+        self.gpu.reset_policy(Arc::clone(policy.get()), &self.dev)
     }
 
     fn begin_step(&mut self, reqs: &[DeviceSwapReq], host_pages: &[u32]) -> Result<()> {

@@ -1,0 +1,192 @@
+//! Who brings a layer's missed rows into its hot buffer ([`MissFill`]): one enum, its
+//! parameters inside its variants, chosen once at the config or command-line edge. The CPU
+//! backend copies the misses whatever the choice; the CUDA swap-in follows it.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{PolicyError, Result};
+
+/// The name of a miss-fill form, as configs and the command line write it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+#[serde(rename_all = "kebab-case")]
+pub enum MissFillMode {
+    /// Deferred in small batches (at most `miss_fill_max_batch` requests), the swap-in's copy
+    /// above.
+    Auto,
+    /// The swap-in's copy kernel, before the attention.
+    SwapIn,
+    /// The attention reads the misses from the host tier as it goes and writes them back.
+    Attention,
+    /// The attention reads the misses; the swap-in runs after it on a stream of its own.
+    Deferred,
+    /// As deferred, the misses gathered into device staging rows first.
+    DeferredGather,
+    /// As deferred, the attention over the hits while the misses are gathered, then over the
+    /// misses and an LSE merge (equal within the attention's bf16 tolerance).
+    HitsFirst,
+    /// As deferred-gather, the misses gathered by host threads into pinned rows and copied by
+    /// the copy engine.
+    CopyEngine,
+}
+
+/// Who brings a layer's missed rows into its hot buffer (CUDA; results are bit-identical in
+/// every form but [`MissFill::HitsFirst`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub enum MissFill {
+    /// The swap-in's own copy kernel, before the attention starts (the default).
+    #[default]
+    SwapIn,
+    /// The attention reads them from the host tier as it goes and writes them back.
+    Attention,
+    /// The attention only reads them from the host tier; the swap-in's decisions and copies run
+    /// after it on a stream of their own, off the critical path (not with a policy that reads
+    /// scores, which the next layer overwrites first).
+    Deferred,
+    /// As [`MissFill::Deferred`], but the misses are first gathered into device staging rows
+    /// where the attention reads them, so each crosses PCIe once.
+    DeferredGather,
+    /// As [`MissFill::Deferred`], but the misses are gathered into staging rows while the
+    /// attention runs over the hits alone; then the attention over the misses and the LSE
+    /// merge: equal to the other forms within the attention's bf16 tolerance, not bit for bit
+    /// (warpgroup-MMA attention only).
+    HitsFirst,
+    /// As [`MissFill::DeferredGather`], but host threads gather the misses into pinned landing
+    /// rows, the copy engine copies them and a kernel scatters them into the staging rows.
+    CopyEngine {
+        /// Of a step's selection entries, the share the landing rows hold per layer (a fixed
+        /// size, as a graph's copy has one); misses past it are read by the scatter kernel. In
+        /// (0, 1].
+        share: f64,
+        /// Host threads of the gather (0: the machine's cores less two), at most 256.
+        host_threads: usize,
+    },
+    /// [`MissFill::Deferred`] for batches of at most `max_batch` requests, where the swap-in's
+    /// latency dominates (with a policy that reads scores, the attention fills them there);
+    /// [`MissFill::SwapIn`] above.
+    Auto {
+        /// The largest batch whose swap-in is deferred.
+        max_batch: usize,
+    },
+}
+
+impl MissFill {
+    /// `Auto`'s default largest deferred batch.
+    pub const DEFAULT_MAX_BATCH: usize = 8;
+    /// `CopyEngine`'s default share of the selection entries.
+    pub const DEFAULT_SHARE: f64 = 0.125;
+
+    /// The form named `mode`, with the parameters its variant takes.
+    pub fn new(mode: MissFillMode, max_batch: usize, share: f64, host_threads: usize) -> Self {
+        match mode {
+            MissFillMode::Auto => Self::Auto { max_batch },
+            MissFillMode::SwapIn => Self::SwapIn,
+            MissFillMode::Attention => Self::Attention,
+            MissFillMode::Deferred => Self::Deferred,
+            MissFillMode::DeferredGather => Self::DeferredGather,
+            MissFillMode::HitsFirst => Self::HitsFirst,
+            MissFillMode::CopyEngine => Self::CopyEngine { share, host_threads },
+        }
+    }
+
+    /// Its name.
+    pub fn mode(&self) -> MissFillMode {
+        match self {
+            Self::Auto { .. } => MissFillMode::Auto,
+            Self::SwapIn => MissFillMode::SwapIn,
+            Self::Attention => MissFillMode::Attention,
+            Self::Deferred => MissFillMode::Deferred,
+            Self::DeferredGather => MissFillMode::DeferredGather,
+            Self::HitsFirst => MissFillMode::HitsFirst,
+            Self::CopyEngine { .. } => MissFillMode::CopyEngine,
+        }
+    }
+
+    /// The largest batch whose misses the attention takes (0: none, `usize::MAX`: every batch).
+    pub fn fill_max_batch(&self) -> usize {
+        match self {
+            Self::SwapIn => 0,
+            Self::Auto { max_batch } => *max_batch,
+            _ => usize::MAX,
+        }
+    }
+
+    /// Whether, where the attention takes the misses, it only reads them and the swap-in runs
+    /// after it.
+    pub fn deferred(&self) -> bool {
+        !matches!(self, Self::SwapIn | Self::Attention)
+    }
+
+    /// Whether the misses are gathered into staging rows by the locate (`deferred-gather`).
+    pub fn gathers(&self) -> bool {
+        matches!(self, Self::DeferredGather)
+    }
+
+    /// Whether the attention runs over the hits first (`hits-first`).
+    pub fn hits_first(&self) -> bool {
+        matches!(self, Self::HitsFirst)
+    }
+
+    /// The copy engine's share and host threads (`copy-engine`).
+    pub fn copy_engine(&self) -> Option<(f64, usize)> {
+        match self {
+            Self::CopyEngine { share, host_threads } => Some((*share, *host_threads)),
+            _ => None,
+        }
+    }
+
+    /// The host threads a gather of `host_threads` (0: the cores less two, at least one) uses.
+    pub fn gather_threads(host_threads: usize) -> usize {
+        match host_threads {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get().saturating_sub(2).max(1)),
+            t => t,
+        }
+    }
+
+    /// Checks the parameters; the error names the config key.
+    pub fn validate(&self) -> Result<()> {
+        if let Self::CopyEngine { share, host_threads } = *self {
+            if !(share > 0.0 && share <= 1.0) {
+                return Err(PolicyError::Invalid {
+                    field: "copy_engine_share",
+                    value: format!("{share:?}"),
+                    reason: "must be in (0, 1] (a share of the selection entries)".into(),
+                });
+            }
+            if host_threads > 256 {
+                return Err(PolicyError::Invalid {
+                    field: "host_gather_threads",
+                    value: host_threads.to_string(),
+                    reason: "must be at most 256".into(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+impl std::str::FromStr for MissFillMode {
+    type Err = PolicyError;
+    fn from_str(s: &str) -> Result<Self> {
+        serde_json::from_value(serde_json::Value::String(s.to_owned())).map_err(|e| PolicyError::Invalid {
+            field: "miss_fill",
+            value: s.to_owned(),
+            reason: e.to_string(),
+        })
+    }
+}
+
+impl From<MissFillMode> for MissFill {
+    /// The form with its default parameters.
+    fn from(mode: MissFillMode) -> Self {
+        Self::new(mode, Self::DEFAULT_MAX_BATCH, Self::DEFAULT_SHARE, 0)
+    }
+}
+
+impl std::fmt::Display for MissFillMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The serde name (kebab-case) is the name everywhere.
+        let v = serde_json::to_value(self).map_err(|_| std::fmt::Error)?;
+        f.write_str(v.as_str().unwrap_or("?"))
+    }
+}

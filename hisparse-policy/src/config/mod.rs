@@ -1,0 +1,269 @@
+//! `HiSparseConfig`: SGLang's `--hisparse-config` keys as they are (`top_k`,
+//! `device_buffer_size`, `host_to_device_ratio`, `swap_in_block_size`) plus ours, from JSON or
+//! from code, validated against a geometry with typed errors naming the field. The eviction
+//! policy, the prefetcher and the miss-fill form are typed values ([`PolicyChoice`],
+//! [`PrefetcherChoice`], [`MissFill`]); the JSON form keeps their names as flat keys
+//! (`raw.rs`), resolved once when it is read.
+
+mod miss_fill;
+mod raw;
+#[cfg(test)]
+mod tests;
+
+pub use miss_fill::{MissFill, MissFillMode};
+
+use std::path::PathBuf;
+
+use hisparse_memory::KvGeometry;
+use hisparse_memory::slot_table::MAX_BUFFER_SLOTS;
+use serde::{Deserialize, Serialize};
+
+use crate::choice::{OnlinePolicy, PolicyChoice, PrefetcherChoice};
+use crate::error::{PolicyError, Result};
+use crate::policy::PolicyConfig;
+use crate::prefetch::PrefetcherConfig;
+
+/// The hierarchy's configuration.
+///
+/// ```
+/// use hisparse_policy::HiSparseConfig;
+/// // SGLang's keys as they are, plus any of ours.
+/// let c = HiSparseConfig::from_json(r#"{"top_k": 2048, "device_buffer_size": 4096,
+///     "host_to_device_ratio": 8, "swap_in_block_size": 512, "eviction_policy": "clock"}"#)?;
+/// assert_eq!((c.device_buffer_size, c.eviction_policy.name()), (4096, "clock"));
+/// let bad = HiSparseConfig { device_buffer_size: 1024, ..HiSparseConfig::default() };
+/// let geometry = hisparse_memory::KvGeometry::preset("glm-5.1")?;
+/// assert!(bad.validate(&geometry).unwrap_err().to_string().contains("device_buffer_size = 1024"));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "raw::RawConfig", into = "raw::RawConfig")]
+pub struct HiSparseConfig {
+    /// SGLang: tokens selected per request, layer and step (must equal the geometry's).
+    pub top_k: usize,
+    /// SGLang: regular hot-buffer slots per request and layer (plus one reserved newest slot).
+    pub device_buffer_size: usize,
+    /// SGLang: host-tier capacity as a multiple of the device bytes given to the KV cache.
+    pub host_to_device_ratio: f64,
+    /// SGLang: threads per request block of the swap-in kernel (1..=1024).
+    pub swap_in_block_size: usize,
+    /// Ours: the eviction policy (`eviction_policy`: a registered name, `lru`, `clock`, `score`,
+    /// ...; `belady` only in the simulator).
+    pub eviction_policy: PolicyChoice,
+    /// Ours: seed of the `random` policy (it replaces `policy_config.seed`).
+    pub policy_seed: u64,
+    /// Ours: the policies' tunables (CLOCK's counter bits, MQ's queues, ...).
+    pub policy_config: PolicyConfig,
+    /// Ours: the prefetcher (`prefetcher`: `none`, `shared-index`, `adjacent-layer`,
+    /// `next-step`).
+    pub prefetcher: PrefetcherChoice,
+    /// Ours: most rows a speculative prefetcher brings into one buffer per step (0: a quarter
+    /// of top-k).
+    pub prefetch_budget: usize,
+    /// Ours: who brings a layer's missed rows into its hot buffer (JSON: `miss_fill` with
+    /// `miss_fill_max_batch` for `auto`, `copy_engine_share` and `host_gather_threads` for
+    /// `copy-engine`). CUDA only: the CPU backend copies either way.
+    pub miss_fill: MissFill,
+    /// Ours: positions per page of the host tier and the device pools.
+    pub page_tokens: usize,
+    /// Ours: device bytes for KV rows, index keys and hot buffers (0: decided by the engine).
+    pub device_kv_bytes: u64,
+    /// Ours: host-tier bytes; 0 means `host_to_device_ratio * device_kv_bytes`.
+    pub host_tier_bytes: u64,
+    /// Ours: back the host tier with this file (the NVMe tier) instead of anonymous memory. A
+    /// new file is created (an existing one is refused unless `host_tier_overwrite`), its space
+    /// reserved up front, locked while in use and removed afterwards unless `host_tier_keep`.
+    pub host_tier_path: Option<PathBuf>,
+    /// Ours: replace an existing `host_tier_path` instead of refusing it.
+    pub host_tier_overwrite: bool,
+    /// Ours: leave the `host_tier_path` file in place when the tier goes away.
+    pub host_tier_keep: bool,
+    /// Ours: the longest request (prompt + output tokens) the tiers must be able to hold.
+    pub max_request_tokens: usize,
+}
+
+impl Default for HiSparseConfig {
+    /// The LMSYS blog's colocated setting: `{top_k 2048, buffer 4096, ratio 8, block 512}`, LRU.
+    fn default() -> Self {
+        Self {
+            top_k: 2048,
+            device_buffer_size: 4096,
+            host_to_device_ratio: 8.0,
+            swap_in_block_size: 512,
+            eviction_policy: PolicyChoice::default(),
+            policy_seed: 0,
+            policy_config: PolicyConfig::default(),
+            prefetcher: PrefetcherChoice::default(),
+            prefetch_budget: 0,
+            miss_fill: MissFill::SwapIn,
+            page_tokens: 64,
+            device_kv_bytes: 0,
+            host_tier_bytes: 0,
+            host_tier_path: None,
+            host_tier_overwrite: false,
+            host_tier_keep: false,
+            max_request_tokens: 131_072,
+        }
+    }
+}
+
+fn invalid(field: &'static str, value: impl std::fmt::Display, reason: impl Into<String>) -> PolicyError {
+    PolicyError::Invalid { field, value: value.to_string(), reason: reason.into() }
+}
+
+impl HiSparseConfig {
+    /// Parses JSON (unknown keys are errors; missing keys take their defaults).
+    pub fn from_json(text: &str) -> Result<Self> {
+        serde_json::from_str(text).map_err(|e| invalid("hisparse_config", format!("{e}"), "not a valid config (JSON)"))
+    }
+
+    /// Parses JSON over `base`: keys present in `text` replace `base`'s, missing ones keep it
+    /// (so a file of SGLang's keys alone, or `{}`, works with any preset when `base` is
+    /// [`HiSparseConfig::for_geometry`]). Unknown keys are errors naming the key.
+    pub fn from_json_over(base: &Self, text: &str) -> Result<Self> {
+        let bad = |e: String| invalid("hisparse_config", e, "not a valid config (JSON)");
+        let given: serde_json::Value = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
+        let serde_json::Value::Object(given) = given else {
+            return Err(bad("not a JSON object".into()));
+        };
+        let mut merged = serde_json::to_value(base).map_err(|e| bad(e.to_string()))?;
+        if let serde_json::Value::Object(m) = &mut merged {
+            m.extend(given);
+        }
+        serde_json::from_value(merged).map_err(|e| bad(e.to_string()))
+    }
+
+    /// The defaults with `top_k` taken from `geometry` and a buffer of twice that (the blog's
+    /// 4096 slots for top-k 2048).
+    pub fn for_geometry(geometry: &KvGeometry) -> Self {
+        Self { top_k: geometry.top_k, device_buffer_size: 2 * geometry.top_k, ..Self::default() }
+    }
+
+    /// The policies' config with `policy_seed` as its seed.
+    pub fn policy(&self) -> PolicyConfig {
+        PolicyConfig { seed: self.policy_seed, ..self.policy_config.clone() }
+    }
+
+    /// The eviction policy made from its config, refused if it needs the future.
+    pub fn online_policy(&self) -> Result<OnlinePolicy> {
+        self.eviction_policy.make_online(&self.policy())
+    }
+
+    /// The prefetchers' config.
+    pub fn prefetch(&self) -> PrefetcherConfig {
+        PrefetcherConfig { budget: self.prefetch_budget }
+    }
+
+    /// Host-tier bytes this config gives (explicit, or the ratio times the device bytes).
+    pub fn host_bytes(&self) -> u64 {
+        if self.host_tier_bytes > 0 {
+            self.host_tier_bytes
+        } else {
+            (self.host_to_device_ratio * self.device_kv_bytes as f64) as u64
+        }
+    }
+
+    /// Checks every field against `geometry`; the error names the first field at fault.
+    pub fn validate(&self, geometry: &KvGeometry) -> Result<()> {
+        geometry.validate()?;
+        for (field, v) in [
+            ("top_k", self.top_k),
+            ("device_buffer_size", self.device_buffer_size),
+            ("page_tokens", self.page_tokens),
+            ("max_request_tokens", self.max_request_tokens),
+        ] {
+            if v == 0 {
+                return Err(invalid(field, v, "must be at least 1"));
+            }
+        }
+        if self.top_k != geometry.top_k {
+            return Err(invalid(
+                "top_k",
+                self.top_k,
+                format!("the geometry {} selects top_k = {}", geometry.name, geometry.top_k),
+            ));
+        }
+        if self.top_k > self.device_buffer_size {
+            return Err(invalid(
+                "device_buffer_size",
+                self.device_buffer_size,
+                format!("must be at least top_k = {} so that a step's selection fits", self.top_k),
+            ));
+        }
+        if self.device_buffer_size > MAX_BUFFER_SLOTS {
+            return Err(invalid("device_buffer_size", self.device_buffer_size, format!("at most {MAX_BUFFER_SLOTS}")));
+        }
+        if !(1..=1024).contains(&self.swap_in_block_size) {
+            return Err(invalid(
+                "swap_in_block_size",
+                self.swap_in_block_size,
+                "must be in 1..=1024 (threads per block)",
+            ));
+        }
+        if !(self.host_to_device_ratio.is_finite() && self.host_to_device_ratio > 0.0) {
+            return Err(invalid(
+                "host_to_device_ratio",
+                format!("{:?}", self.host_to_device_ratio),
+                "must be a finite number above 0",
+            ));
+        }
+        let policy = self.online_policy()?;
+        let always_deferred = self.miss_fill.deferred() && !matches!(self.miss_fill, MissFill::Auto { .. });
+        if always_deferred && policy.needs_scores() {
+            return Err(invalid(
+                "miss_fill",
+                self.miss_fill.mode(),
+                format!(
+                    "the {} policy reads each layer's scores, which the next layer overwrites before a deferred \
+                     swap-in decides; use auto, swap-in or attention with it",
+                    self.eviction_policy
+                ),
+            ));
+        }
+        self.miss_fill.validate()?;
+        if self.prefetch_budget > self.device_buffer_size {
+            return Err(invalid(
+                "prefetch_budget",
+                self.prefetch_budget,
+                format!("at most device_buffer_size = {} (rows one buffer can take)", self.device_buffer_size),
+            ));
+        }
+        if self.host_bytes() > isize::MAX as u64 {
+            let (field, value) = if self.host_tier_bytes > 0 {
+                ("host_tier_bytes", self.host_tier_bytes.to_string())
+            } else {
+                ("host_to_device_ratio", format!("{:?}", self.host_to_device_ratio))
+            };
+            return Err(invalid(
+                field,
+                value,
+                format!("gives a host tier of {} B, beyond the address space", self.host_bytes()),
+            ));
+        }
+        if self.device_kv_bytes > 0 {
+            let one = (self.max_request_tokens.div_ceil(self.page_tokens) as u64)
+                .checked_mul(self.page_tokens as u64)
+                .and_then(|t| t.checked_mul(geometry.kv_bytes_per_token().ok()? as u64))
+                .ok_or_else(|| {
+                    invalid("max_request_tokens", self.max_request_tokens, "its KV bytes overflow a 64-bit count")
+                })?;
+            if self.host_bytes() < one {
+                let (field, value) = if self.host_tier_bytes > 0 {
+                    ("host_tier_bytes", self.host_tier_bytes.to_string())
+                } else {
+                    ("host_to_device_ratio", format!("{:?}", self.host_to_device_ratio))
+                };
+                return Err(invalid(
+                    field,
+                    value,
+                    format!(
+                        "the host tier ({} B) cannot hold one request of max_request_tokens = {} ({one} B)",
+                        self.host_bytes(),
+                        self.max_request_tokens
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,104 @@
+//! The config's JSON form: SGLang's keys and ours as flat keys, names as strings. It exists only
+//! at the edge — read, then resolved once into [`HiSparseConfig`]'s typed values (an unknown
+//! name is an error naming its key), and written back the same way.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use super::{HiSparseConfig, MissFill, MissFillMode};
+use crate::choice::{PolicyChoice, PrefetcherChoice};
+use crate::error::PolicyError;
+use crate::policy::PolicyConfig;
+
+/// [`HiSparseConfig`] as JSON has it (missing keys take the defaults; unknown keys are errors).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub(super) struct RawConfig {
+    top_k: usize,
+    device_buffer_size: usize,
+    host_to_device_ratio: f64,
+    swap_in_block_size: usize,
+    eviction_policy: String,
+    policy_seed: u64,
+    policy_config: PolicyConfig,
+    prefetcher: String,
+    prefetch_budget: usize,
+    miss_fill: MissFillMode,
+    miss_fill_max_batch: usize,
+    copy_engine_share: f64,
+    host_gather_threads: usize,
+    page_tokens: usize,
+    device_kv_bytes: u64,
+    host_tier_bytes: u64,
+    host_tier_path: Option<PathBuf>,
+    host_tier_overwrite: bool,
+    host_tier_keep: bool,
+    max_request_tokens: usize,
+}
+
+impl Default for RawConfig {
+    fn default() -> Self {
+        HiSparseConfig::default().into()
+    }
+}
+
+impl From<HiSparseConfig> for RawConfig {
+    fn from(c: HiSparseConfig) -> Self {
+        let (max_batch, (share, host_threads)) = (
+            match c.miss_fill {
+                MissFill::Auto { max_batch } => max_batch,
+                _ => MissFill::DEFAULT_MAX_BATCH,
+            },
+            c.miss_fill.copy_engine().unwrap_or((MissFill::DEFAULT_SHARE, 0)),
+        );
+        Self {
+            top_k: c.top_k,
+            device_buffer_size: c.device_buffer_size,
+            host_to_device_ratio: c.host_to_device_ratio,
+            swap_in_block_size: c.swap_in_block_size,
+            eviction_policy: c.eviction_policy.name().to_owned(),
+            policy_seed: c.policy_seed,
+            policy_config: c.policy_config,
+            prefetcher: c.prefetcher.name().to_owned(),
+            prefetch_budget: c.prefetch_budget,
+            miss_fill: c.miss_fill.mode(),
+            miss_fill_max_batch: max_batch,
+            copy_engine_share: share,
+            host_gather_threads: host_threads,
+            page_tokens: c.page_tokens,
+            device_kv_bytes: c.device_kv_bytes,
+            host_tier_bytes: c.host_tier_bytes,
+            host_tier_path: c.host_tier_path,
+            host_tier_overwrite: c.host_tier_overwrite,
+            host_tier_keep: c.host_tier_keep,
+            max_request_tokens: c.max_request_tokens,
+        }
+    }
+}
+
+impl TryFrom<RawConfig> for HiSparseConfig {
+    type Error = PolicyError;
+
+    fn try_from(r: RawConfig) -> Result<Self, PolicyError> {
+        Ok(Self {
+            top_k: r.top_k,
+            device_buffer_size: r.device_buffer_size,
+            host_to_device_ratio: r.host_to_device_ratio,
+            swap_in_block_size: r.swap_in_block_size,
+            eviction_policy: PolicyChoice::parse(&r.eviction_policy)?,
+            policy_seed: r.policy_seed,
+            policy_config: r.policy_config,
+            prefetcher: PrefetcherChoice::parse(&r.prefetcher)?,
+            prefetch_budget: r.prefetch_budget,
+            miss_fill: MissFill::new(r.miss_fill, r.miss_fill_max_batch, r.copy_engine_share, r.host_gather_threads),
+            page_tokens: r.page_tokens,
+            device_kv_bytes: r.device_kv_bytes,
+            host_tier_bytes: r.host_tier_bytes,
+            host_tier_path: r.host_tier_path,
+            host_tier_overwrite: r.host_tier_overwrite,
+            host_tier_keep: r.host_tier_keep,
+            max_request_tokens: r.max_request_tokens,
+        })
+    }
+}

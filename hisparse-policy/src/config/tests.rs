@@ -1,0 +1,176 @@
+//! The config's keys, its JSON form and its validation, field by field.
+
+use hisparse_memory::MemoryError;
+
+use super::*;
+use crate::BuiltinPolicy;
+
+fn glm() -> KvGeometry {
+    KvGeometry::preset("glm-5.1").unwrap()
+}
+
+fn field_of(e: PolicyError) -> &'static str {
+    match e {
+        PolicyError::Invalid { field, .. } | PolicyError::Memory(MemoryError::InvalidField { field, .. }) => field,
+        PolicyError::UnknownPolicy { .. } => "eviction_policy",
+        other => panic!("{other}"),
+    }
+}
+
+#[test]
+fn sglang_keys_parse_as_they_are() {
+    let c = HiSparseConfig::from_json(
+        r#"{"top_k": 2048, "device_buffer_size": 6144, "host_to_device_ratio": 10, "swap_in_block_size": 960}"#,
+    )
+    .unwrap();
+    assert_eq!((c.top_k, c.device_buffer_size, c.host_to_device_ratio, c.swap_in_block_size), (2048, 6144, 10.0, 960));
+    assert_eq!(c.eviction_policy.name(), "lru");
+    c.validate(&glm()).unwrap();
+    assert!(HiSparseConfig::from_json(r#"{"topk": 2048}"#).unwrap_err().to_string().contains("topk"));
+}
+
+#[test]
+fn a_partial_file_keeps_the_presets_values() {
+    let small = KvGeometry::preset("cpu-small").unwrap();
+    let base = HiSparseConfig::for_geometry(&small);
+    let empty = HiSparseConfig::from_json_over(&base, "{}").unwrap();
+    assert_eq!(empty, base);
+    empty.validate(&small).unwrap();
+    let c =
+        HiSparseConfig::from_json_over(&base, r#"{"device_buffer_size": 1024, "swap_in_block_size": 256}"#).unwrap();
+    assert_eq!((c.top_k, c.device_buffer_size, c.swap_in_block_size), (256, 1024, 256));
+    c.validate(&small).unwrap();
+    // A value the preset fixes, set otherwise in the file: the error names both.
+    let c = HiSparseConfig::from_json_over(&base, r#"{"top_k": 2048}"#).unwrap();
+    let e = c.validate(&small).unwrap_err().to_string();
+    assert!(e.contains("top_k = 2048") && e.contains("cpu-small selects top_k = 256"), "{e}");
+    assert!(HiSparseConfig::from_json_over(&base, r#"{"topk": 1}"#).unwrap_err().to_string().contains("topk"));
+    assert!(HiSparseConfig::from_json_over(&base, "[1, 2]").is_err());
+}
+
+#[test]
+fn each_bad_field_is_named() {
+    let g = glm();
+    let cases: Vec<(HiSparseConfig, &str)> = vec![
+        (HiSparseConfig { device_buffer_size: 2047, ..Default::default() }, "device_buffer_size"),
+        (HiSparseConfig { device_buffer_size: 0, ..Default::default() }, "device_buffer_size"),
+        (HiSparseConfig { top_k: 0, ..Default::default() }, "top_k"),
+        (HiSparseConfig { top_k: 1024, ..Default::default() }, "top_k"),
+        (HiSparseConfig { swap_in_block_size: 0, ..Default::default() }, "swap_in_block_size"),
+        (HiSparseConfig { swap_in_block_size: 1025, ..Default::default() }, "swap_in_block_size"),
+        (HiSparseConfig { host_to_device_ratio: 0.0, ..Default::default() }, "host_to_device_ratio"),
+        (HiSparseConfig { page_tokens: 0, ..Default::default() }, "page_tokens"),
+        (
+            HiSparseConfig {
+                miss_fill: MissFill::Deferred,
+                eviction_policy: BuiltinPolicy::Score.into(),
+                ..Default::default()
+            },
+            "miss_fill",
+        ),
+        (
+            HiSparseConfig {
+                miss_fill: MissFill::DeferredGather,
+                eviction_policy: BuiltinPolicy::Score.into(),
+                ..Default::default()
+            },
+            "miss_fill",
+        ),
+        (
+            HiSparseConfig {
+                miss_fill: MissFill::HitsFirst,
+                eviction_policy: BuiltinPolicy::Score.into(),
+                ..Default::default()
+            },
+            "miss_fill",
+        ),
+        (HiSparseConfig { prefetch_budget: 5000, ..Default::default() }, "prefetch_budget"),
+        (
+            HiSparseConfig {
+                miss_fill: MissFill::CopyEngine { share: 0.125, host_threads: 0 },
+                eviction_policy: BuiltinPolicy::Score.into(),
+                ..Default::default()
+            },
+            "miss_fill",
+        ),
+        (
+            HiSparseConfig { miss_fill: MissFill::CopyEngine { share: 0.0, host_threads: 0 }, ..Default::default() },
+            "copy_engine_share",
+        ),
+        (
+            HiSparseConfig { miss_fill: MissFill::CopyEngine { share: 1.5, host_threads: 0 }, ..Default::default() },
+            "copy_engine_share",
+        ),
+        (
+            HiSparseConfig {
+                miss_fill: MissFill::CopyEngine { share: f64::NAN, host_threads: 0 },
+                ..Default::default()
+            },
+            "copy_engine_share",
+        ),
+        (
+            HiSparseConfig {
+                miss_fill: MissFill::CopyEngine { share: 0.125, host_threads: 1000 },
+                ..Default::default()
+            },
+            "host_gather_threads",
+        ),
+        (HiSparseConfig { eviction_policy: BuiltinPolicy::Belady.into(), ..Default::default() }, "eviction_policy"),
+        (
+            HiSparseConfig {
+                policy_config: PolicyConfig { mq_queues: 99, ..PolicyConfig::default() },
+                ..Default::default()
+            },
+            "mq_queues",
+        ),
+        (HiSparseConfig { device_buffer_size: 70_000, top_k: 2048, ..Default::default() }, "device_buffer_size"),
+        // 1 MiB of device bytes x 8 cannot hold a 128k-token request of 51 KB per token.
+        (HiSparseConfig { device_kv_bytes: 1 << 20, ..Default::default() }, "host_to_device_ratio"),
+        (
+            HiSparseConfig { device_kv_bytes: 1 << 30, host_tier_bytes: 1 << 20, ..Default::default() },
+            "host_tier_bytes",
+        ),
+        // A ratio whose host tier is beyond the address space (the product saturates).
+        (
+            HiSparseConfig { device_kv_bytes: 1 << 30, host_to_device_ratio: 1e300, ..Default::default() },
+            "host_to_device_ratio",
+        ),
+        // A request length whose KV bytes overflow a 64-bit count.
+        (
+            HiSparseConfig { device_kv_bytes: 1 << 30, max_request_tokens: usize::MAX - 64, ..Default::default() },
+            "max_request_tokens",
+        ),
+    ];
+    for (c, field) in cases {
+        assert_eq!(field_of(c.validate(&g).unwrap_err()), field, "{c:?}");
+    }
+    // Enough host bytes for one request passes.
+    HiSparseConfig { device_kv_bytes: 1 << 30, ..Default::default() }.validate(&g).unwrap();
+}
+
+#[test]
+fn names_are_resolved_once_when_json_is_read_and_written_back_the_same() {
+    for (json, needle) in [
+        (r#"{"eviction_policy": "lfu-9000"}"#, "lfu-9000"),
+        (r#"{"prefetcher": "psychic"}"#, "psychic"),
+        (r#"{"miss_fill": "dma"}"#, "dma"),
+    ] {
+        let e = HiSparseConfig::from_json(json).unwrap_err().to_string();
+        assert!(e.contains(needle), "{e}");
+    }
+    let c = HiSparseConfig::from_json(
+        r#"{"eviction_policy": "s3fifo", "prefetcher": "adjacent-layer", "miss_fill": "copy-engine",
+            "copy_engine_share": 0.25, "host_gather_threads": 6}"#,
+    )
+    .unwrap();
+    assert_eq!((c.eviction_policy.name(), c.prefetcher.name()), ("s3fifo", "adjacent-layer"));
+    assert_eq!(c.miss_fill, MissFill::CopyEngine { share: 0.25, host_threads: 6 });
+    let auto = HiSparseConfig::from_json(r#"{"miss_fill": "auto", "miss_fill_max_batch": 3}"#).unwrap();
+    assert_eq!(auto.miss_fill, MissFill::Auto { max_batch: 3 });
+    // Written back: the same flat keys, read again to the same config.
+    for c in [c, auto] {
+        let text = serde_json::to_string(&c).unwrap();
+        assert!(text.contains("\"miss_fill\""), "{text}");
+        assert_eq!(HiSparseConfig::from_json(&text).unwrap(), c);
+    }
+}
