@@ -25,38 +25,12 @@
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
-struct Span {
-    unsigned long long offset;
-    unsigned long long len;
-};
-
-struct AttnParams {
-    unsigned heads;        // query heads of a request
-    unsigned row_bytes;    // 1152 (bf16) or 656 (fp8)
-    unsigned fp8;          // 1: FlashMLA fp8 rows
-    unsigned splits;       // blocks per (request, head group)
-    unsigned long long pool_rows;
-    float scale_log2;      // softmax_scale * log2(e)
-    unsigned write_back;   // fills only: 1 writes each filled row to its location
-    unsigned long long host_base;  // mapped host tier (fills only)
-    unsigned long long host_rows;  // rows of the host tier (fills only)
-    // Warpgroup-MMA kernels only (miss_fill = "hits-first"):
-    unsigned skip_filled;  // 1: a row whose fill word is set is left out (masked), not read
-    unsigned part_base;    // with part_stride: this launch's first partial of a (request, head)
-    unsigned part_stride;  // 0: as `splits` says; else partials always, this many per (request, head)
-    unsigned pad;
-};
+// Span and AttnParams, and HB, TILE, THREADS, LDS, LDP, LDX, RAW_BYTES: the generated prelude
+// (hisparse-kernels/src/cuda/facts.rs).
 
 #define NEG_INF __int_as_float(0xff800000)
 #define DQK 576
 #define DV 512
-#define HB 64          // heads per block
-#define TILE 32        // rows per tile
-#define LDS 584        // padded bf16 stride of Q and K rows in shared memory (1168 B)
-#define LDP 40         // padded bf16 stride of P rows (80 B)
-#define LDX 40         // padded f32 stride of the partial-S rows
-#define THREADS 256
-#define RAW_BYTES (TILE * 1152)
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
     return (unsigned)__cvta_generic_to_shared(p);

@@ -28,14 +28,11 @@
 // their fill word (host_base/host_rows bound those rows); d_qk 576, d_v 512; 256 threads; WG_SMEM
 // or WG_SMEM_FP8 bytes of dynamic shared memory, 1024-aligned.
 
-#define WG_TILE 64
-#define WG_ATOM 8192                       // one 64-dim atom of a 64-row operand
+// WG_TILE, WG_ATOM (one 64-dim atom of a 64-row operand), WG_RAW_FP8 (the fp8 staging tile),
+// WG_SMEM and WG_SMEM_FP8: the generated prelude (src/cuda/facts.rs).
 #define WG_OPERAND (9 * WG_ATOM)           // [64][576] bf16
-#define WG_RAW_FP8 (64 * 656)             // the fp8 staging tile (41 KB, a multiple of 1024)
 // Shared memory: Q | K tiles | (fp8: raw tile) | P | alpha[64], l[64], m[64] | skip[2][64].
 #define WG_P_OFF_OF(fp8) ((fp8) ? 2 * WG_OPERAND + WG_RAW_FP8 : 3 * WG_OPERAND)
-#define WG_SMEM (WG_P_OFF_OF(false) + WG_ATOM + 3 * 64 * 4 + 128)
-#define WG_SMEM_FP8 (WG_P_OFF_OF(true) + WG_ATOM + 3 * 64 * 4 + 128)
 // Descriptor offsets: K-major operands (Q, K, P) and the MN-major one (V), as
 // tests/gpu_wgmma.rs's `layout` gives them for 64-row swizzled operands.
 #define WG_K_LBO 8192

@@ -24,12 +24,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
-struct IndexerReq {
-    unsigned first_page;
-    unsigned seq_len;
-    unsigned score_offset;
-    unsigned pad;
-};
+// IndexerReq: the generated prelude (src/cuda/facts.rs).
 
 #define DIM 128
 #define KEY_WORDS 33  // 132 B

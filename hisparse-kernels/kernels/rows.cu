@@ -9,12 +9,7 @@
 
 #include <cuda_bf16.h>
 
-struct LocateReq {
-    unsigned long long sel_offset;
-    unsigned long long sel_len;
-    unsigned long long first_page;
-    unsigned long long pages;
-};
+// LocateReq: the generated prelude (src/cuda/facts.rs).
 
 // Row i of `src` (`row_words` words) goes to row `idx[i]` of the pool.
 extern "C" __global__ void write_rows(const unsigned* __restrict__ idx, const unsigned* __restrict__ src,
@@ -129,16 +124,7 @@ __device__ __forceinline__ float quantize(float v, bool live, unsigned char* cod
     return s;
 }
 
-struct NewRowsArgs {
-    unsigned n;            // requests
-    unsigned fp8;          // KV row format: 1 fp8 (codes, scales, bf16 rope), 0 bf16
-    unsigned d_latent;     // latent dims (a multiple of 128 for fp8)
-    unsigned d_rope;       // rope dims
-    unsigned row_bytes;    // bytes of a KV row
-    unsigned key_dim;      // index-key dims (<= 128); 0: no keys
-    float key_c, key_b;    // key = c * u + b * w
-    float step, half_width;
-};
+// NewRowsArgs: the generated prelude (src/cuda/facts.rs).
 
 // Block i: request i's new KV row from the stream kv_seeds[i] and, with keys, its index key from
 // the streams key_seeds[2i], key_seeds[2i+1]. 128 threads.

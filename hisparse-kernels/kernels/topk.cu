@@ -13,18 +13,11 @@
 // with one block-wide prefix sum per round. Either way the output is ascending, and ties go to
 // the lower positions — exactly the CPU twin's selection.
 
-struct Span {
-    unsigned long long offset;
-    unsigned long long len;
-};
 
-#define THREADS 1024
-#define BINS 2048
+// THREADS, BINS, COPIES, CAP (candidates kept in shared memory) and FAST_N (positions the bitmaps
+// cover), Span: the generated prelude (src/cuda/facts.rs).
 #define UNROLL 8
-#define COPIES 8
 #define V 4
-#define CAP 8192       // candidates kept in shared memory (keys and positions)
-#define FAST_N 262144  // positions of the bitmaps (FAST_N / 32 words each)
 // Dynamic shared memory: [COPIES][BINS] histograms (then the ties' bitmap), CAP candidate keys,
 // CAP candidate positions and the selected positions' bitmap (TOPK_SMEM in the launcher).
 

@@ -21,15 +21,9 @@
 // positions), per chunk three words (above, ties taken, first output index) and per request
 // three words (prefix, mask, ties left after the chunks above).
 
-#define SPLIT_THREADS 512
 #define SPLIT_COPIES 4  // histogram copies of topk_hist (32 KB of static shared memory)
 
-struct SplitArgs {
-    unsigned k;
-    unsigned chunk;   // positions per block (a multiple of SPLIT_THREADS * V)
-    unsigned blocks;  // chunks per request (gridDim.y)
-    unsigned pad;
-};
+// SplitArgs, SPLIT_THREADS: the generated prelude (src/cuda/facts.rs).
 
 // Exclusive prefix sum over a block of SPLIT_THREADS threads (16 warps); `sums` is 33 words of
 // shared memory; `*total` gets the sum.

@@ -44,7 +44,7 @@ fn two_steps(dev: &CudaDevice, host: &mut HostTier, mapped: &MappedHostTier, sea
             sel_len: sel.len() as u32,
             page_offset: 0,
             score_offset: 0,
-            pad: 0,
+            prefetch_budget: 0,
             request: seat_req,
         };
         let batch = gpu.upload_requests(&[r]).unwrap();

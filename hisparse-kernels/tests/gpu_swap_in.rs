@@ -163,7 +163,7 @@ fn compare(z: &Sizes, seed: u64) {
                         sel_len: sel.len() as u32,
                         page_offset: page_offsets[r],
                         score_offset: score_offset as u32,
-                        pad: 0,
+                        prefetch_budget: 0,
                         request: r as u64 + 1000,
                     });
                     sels.extend(sel);
@@ -420,7 +420,7 @@ fn out_of_range_selections_and_pages_raise_the_fault_flag() {
             sel_len: sel.len() as u32,
             page_offset: 0,
             score_offset: 0,
-            pad: 0,
+            prefetch_budget: 0,
             request: 0,
         };
         let batch = gpu.upload_requests(&[req]).unwrap();
@@ -484,7 +484,7 @@ fn out_of_range_selections_and_pages_raise_the_fault_flag() {
         sel_len: 1,
         page_offset: 0,
         score_offset: 0,
-        pad: 0,
+        prefetch_budget: 0,
         request: 0,
     };
     let batch = gpu.upload_requests(&[req]).unwrap();

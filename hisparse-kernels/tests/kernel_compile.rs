@@ -50,3 +50,31 @@ fn a_broken_source_reports_the_compiler_log() {
     let msg = e.to_string();
     assert!(msg.contains("broken") && msg.contains("undefined_thing"), "{msg}");
 }
+
+/// The layout checks of the generated preludes bite: a copy of the swap-in module whose `SwapReq`
+/// declaration has one field's type changed, or two fields swapped, fails to compile with a
+/// message naming the struct and the field; the unchanged copy compiles.
+#[test]
+fn a_struct_laid_out_otherwise_than_rust_fails_the_compile_naming_it() {
+    if !cuda::nvrtc_available() {
+        eprintln!("SKIPPED: no NVRTC library here (source ../shared/tools/nvrtc-env.sh)");
+        return;
+    }
+    let lru = hisparse_policy::policy::by_name("lru", 0).unwrap();
+    let good = cuda::swap_in_source(lru.as_ref()).unwrap();
+    let decl = "struct SwapReq {\n    unsigned int seat;\n    unsigned int seq_len;\n";
+    assert!(good.code.contains(decl), "the generated declaration: {}", &good.code[..1500.min(good.code.len())]);
+    cuda::compile(&good).unwrap_or_else(|e| panic!("the generated source compiles: {e}"));
+    for (what, changed, needle) in [
+        ("a field's type", "struct SwapReq {\n    unsigned int seat;\n    unsigned long long seq_len;\n", "SwapReq"),
+        ("two fields' order", "struct SwapReq {\n    unsigned int seq_len;\n    unsigned int seat;\n", "SwapReq.seat"),
+    ] {
+        let bad = cuda::KernelSource {
+            name: format!("swap_in_{}", what.len()),
+            code: good.code.replacen(decl, changed, 1),
+            kernels: good.kernels,
+        };
+        let e = cuda::compile(&bad).err().unwrap_or_else(|| panic!("{what}: compiled")).to_string();
+        assert!(e.contains("static assertion failed") && e.contains(needle), "{what}: {e}");
+    }
+}

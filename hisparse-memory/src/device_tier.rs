@@ -13,6 +13,13 @@ use crate::page_pool::PagePool;
 use crate::request::{Mode, RequestId};
 use crate::row::{IndexKeyLayout, KvRowLayout};
 
+crate::c_fn! {
+    /// The first row of hot-buffer seat `seat` in a hot-buffer pool of buffers of `slots` regular
+    /// slots (and the reserved newest slot after them): every hot-buffer row address, in Rust and
+    /// in the kernels (`HOT_SEAT_BASE_C`, in the swap-in's generated prelude).
+    pub HOT_SEAT_BASE_C: fn hot_seat_base(seat, slots) = seat * (slots + 1);
+}
+
 /// Capacities of a device tier.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeviceTierConfig {
@@ -226,10 +233,11 @@ impl<M: DeviceMemory> DeviceTier<M> {
                 format!("a hot buffer has {} slots", self.cfg.buffer_slots + 1),
             ));
         }
-        Ok(seat as usize * (self.cfg.buffer_slots + 1) + slot)
+        // Seats and slots are bounded by the pool, whose rows fit an i32 (KvCache::new).
+        Ok(hot_seat_base(u64::from(seat), self.cfg.buffer_slots as u64) as usize + slot)
     }
 
-    /// The hot-buffer seat of hisparse `req` (its rows are `seat * (buffer_slots + 1)..`).
+    /// The hot-buffer seat of hisparse `req` (its rows start at [`hot_seat_base`]).
     pub fn seat(&self, req: RequestId) -> Result<usize> {
         Ok(self.hot_row(req, 0)? / (self.cfg.buffer_slots + 1))
     }

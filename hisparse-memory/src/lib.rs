@@ -18,6 +18,7 @@
 //! ```
 
 pub mod admission;
+pub mod c_layout;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod device_memory;

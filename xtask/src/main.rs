@@ -95,10 +95,15 @@ impl TestTotals {
     }
 }
 
-/// Runs `cargo test ARGS`, echoing its output and adding its summaries to `totals`.
-fn run_tests(title: &str, args: &[&str], totals: &mut TestTotals) -> bool {
+/// Runs `cargo test ARGS` with `env` set, echoing its output and adding its summaries to `totals`.
+fn run_tests(title: &str, args: &[&str], env: &[(String, String)], totals: &mut TestTotals) -> bool {
     println!("\n=== xtask ci: {title}");
-    let child = cargo().arg("test").args(args).stdout(Stdio::piped()).spawn();
+    let child = cargo()
+        .arg("test")
+        .args(args)
+        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .stdout(Stdio::piped())
+        .spawn();
     let mut child = match child {
         Ok(c) => c,
         Err(e) => {
@@ -137,7 +142,7 @@ fn each_crate(totals: &mut TestTotals) -> bool {
         if c == "hisparse-engine" {
             args.extend(["--", "--skip", "follow_the_published"]);
         }
-        ok &= run_tests(&format!("{c} tests on their own (default features)"), &args, totals);
+        ok &= run_tests(&format!("{c} tests on their own (default features)"), &args, &[], totals);
     }
     for c in CUDA_FREE {
         let out = cargo().args(["tree", "-p", c, "-e", "normal", "--prefix", "none"]).output();
@@ -208,8 +213,13 @@ fn ci(offline: bool) -> bool {
         return false;
     }
     let mut totals = TestTotals::default();
-    let tests_ok =
-        run_tests("tests (cargo test --workspace --all-features)", &["--workspace", "--all-features"], &mut totals);
+    // NVRTC in the tests' environment too: the kernel compile tests and the layout checks run.
+    let tests_ok = run_tests(
+        "tests (cargo test --workspace --all-features)",
+        &["--workspace", "--all-features"],
+        &nvrtc,
+        &mut totals,
+    );
     steps_ok = tests_ok
         && each_crate(&mut totals)
         && step(

@@ -363,7 +363,7 @@ pub fn run(a: &GpuBenchArgs) -> Result<Vec<Figure>> {
                         sel_len: sel.len() as u32,
                         page_offset: r as u32 * per,
                         score_offset: 0,
-                        pad: 0,
+                        prefetch_budget: 0,
                         request: r as u64,
                     });
                     sels.extend(sel);

@@ -250,7 +250,7 @@ where
                 sel_len: s.len as u32,
                 page_offset: pages.len() as u32,
                 score_offset: q.score_offset as u32,
-                pad: 0,
+                prefetch_budget: 0,
                 request: id.0,
             });
             pages.extend_from_slice(host.pages(*id)?);

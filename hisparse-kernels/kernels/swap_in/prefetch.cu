@@ -47,7 +47,7 @@ extern "C" __global__ void prefetch_in(const SwapReq* __restrict__ reqs, const u
     __shared__ unsigned warp_sums[33];
     const SwapReq r = reqs[blockIdx.x];
     const unsigned B = p.buffer_slots, K = r.sel_len, T = blockDim.x, tid = threadIdx.x;
-    const unsigned budget = r.pad;
+    const unsigned budget = r.prefetch_budget;
     if (r.seq_len <= B || budget == 0 || K == 0) {
         if (tid == 0)
             for (unsigned c = 0; c < COUNTS; ++c) counts[COUNTS * blockIdx.x + c] = 0;
@@ -59,7 +59,7 @@ extern "C" __global__ void prefetch_in(const SwapReq* __restrict__ reqs, const u
     unsigned* rank = tok + Kp;
     unsigned* fills = rank + Kp;
     unsigned* vslot = fills + K;
-    unsigned long long* prio = reinterpret_cast<unsigned long long*>(smem + ((4u * (2u * Kp + 2u * K) + 15u) & ~15u));
+    unsigned long long* prio = reinterpret_cast<unsigned long long*>(smem + prefetch_smem_after_keys(Kp, K));
     unsigned char* flags = reinterpret_cast<unsigned char*>(prio + B);
     unsigned char* elig = flags + B;
 

@@ -3,32 +3,8 @@
 // and the rebuilding of records. Spliced after the policy's program by cuda/swap_in.rs.
 
 
-#define COUNTS 5
-
-struct SwapReq {
-    unsigned seat;          // hot-buffer seat of the request
-    unsigned seq_len;       // tokens, the newest (seq_len - 1) included
-    unsigned step;          // the request's decode step (from 1)
-    unsigned sel_offset;    // first selected position in `selections`
-    unsigned sel_len;       // selected positions (ascending)
-    unsigned page_offset;   // first host page of the request in `host_pages`
-    unsigned score_offset;  // first score of the request in `scores` (position order)
-    unsigned pad;
-    unsigned long long request;
-};
-
-struct SwapParams {
-    unsigned layer;
-    unsigned layers;
-    unsigned buffer_slots;        // regular slots B; the reserved newest slot is B
-    unsigned row_bytes;           // a multiple of 16
-    unsigned page_tokens;
-    unsigned host_pages_per_layer;
-    unsigned host_pages_len;      // entries of host_pages
-    unsigned word_tokens;         // positions of each state's token words (0: none kept)
-    unsigned long long host_base; // mapped host-tier address (layer-major pages)
-    unsigned long long seed;
-};
+// COUNTS, SwapReq, SwapParams (and Span, hot_seat_base, the shared-memory formulas): the generated
+// prelude (src/cuda/facts.rs), at the head of the module.
 
 // The per-(seat, layer) state the hooks read besides records: prefetched flags per slot, the
 // tokens' history words, this step's scores.

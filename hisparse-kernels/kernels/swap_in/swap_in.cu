@@ -44,7 +44,7 @@ __device__ void swap_decide(const SwapReq* __restrict__ reqs, const unsigned* __
     SlotRecord* rec = records + state * B;
     const unsigned* sel_g = selections + r.sel_offset;
     int* loc = locations + r.sel_offset;
-    const long long base = (long long)r.seat * (B + 1);
+    const long long base = (long long)hot_seat_base(r.seat, B);
     StepCtx ctx;
     ctx.step = r.step;
     ctx.layer = p.layer;
@@ -83,9 +83,9 @@ __device__ void swap_decide(const SwapReq* __restrict__ reqs, const unsigned* __
     }
 
     // Shared layout: sel[K] u32 | prio[B] u64 | rec[B] SlotRecord | vslot[K] u32 | st[B] i32 |
-    // flags[B] u8 | selflag[K] u8 | pf[B] u8 (GpuSwapIn::shared_bytes).
+    // flags[B] u8 | selflag[K] u8 | pf[B] u8: swap_smem_bytes(B, K) in all (both generated from Rust).
     unsigned* sel = reinterpret_cast<unsigned*>(smem);
-    unsigned long long* prio = reinterpret_cast<unsigned long long*>(smem + ((4u * K + 15u) & ~15u));
+    unsigned long long* prio = reinterpret_cast<unsigned long long*>(smem + swap_smem_after_sel(K));
     SlotRecord* rec_s = reinterpret_cast<SlotRecord*>(prio + B);
     unsigned* vslot = reinterpret_cast<unsigned*>(rec_s + B);
     int* st_s = reinterpret_cast<int*>(vslot + K);
@@ -282,7 +282,7 @@ __device__ void copy_request_misses(const SwapReq& r, unsigned misses, const uns
                                     unsigned char* __restrict__ hot_rows, unsigned* __restrict__ fault,
                                     const SwapParams& p, unsigned first, unsigned stride) {
     const unsigned lane = threadIdx.x & 31;
-    const long long base = (long long)r.seat * (p.buffer_slots + 1);
+    const long long base = (long long)hot_seat_base(r.seat, p.buffer_slots);
     const unsigned char* host = reinterpret_cast<const unsigned char*>(p.host_base);
     for (unsigned m = first; m < misses; m += stride) {
         const unsigned tok = __ldcg(miss_tokens + r.sel_offset + m);

@@ -20,7 +20,7 @@
 // staging row plus one instead of its host row: the attention then reads every row from device
 // memory.
 
-#define LOCATE_CHUNK 256
+// LOCATE_CHUNK: the generated prelude.
 
 extern "C" __global__ void locate_in_hot(const SwapReq* __restrict__ reqs, const unsigned* __restrict__ selections,
                                          const int* __restrict__ slot_tokens, const unsigned* __restrict__ host_pages,
@@ -37,7 +37,7 @@ extern "C" __global__ void locate_in_hot(const SwapReq* __restrict__ reqs, const
     if (j0 >= r.sel_len) return;  // uniform over the block
     const unsigned n = min((unsigned)LOCATE_CHUNK, r.sel_len - j0);
     const unsigned B = p.buffer_slots, tid = threadIdx.x, T = blockDim.x;
-    const long long base = (long long)r.seat * (B + 1);
+    const long long base = (long long)hot_seat_base(r.seat, B);
     const unsigned o = r.sel_offset + j0;
     for (unsigned i = tid; i < n; i += T) {
         const unsigned t = selections[o + i];
@@ -108,7 +108,7 @@ extern "C" __global__ void copy_staged_misses(const SwapReq* __restrict__ reqs, 
     const SwapReq r = reqs[blockIdx.x];
     const unsigned misses = __ldcg(counts + COUNTS * blockIdx.x + 1);
     const unsigned lane = threadIdx.x & 31, warps = blockDim.x >> 5;
-    const long long base = (long long)r.seat * (p.buffer_slots + 1);
+    const long long base = (long long)hot_seat_base(r.seat, p.buffer_slots);
     const unsigned* sel = sel_copy + r.sel_offset;
     for (unsigned m = blockIdx.y * warps + (threadIdx.x >> 5); m < misses; m += gridDim.y * warps) {
         const unsigned tok = __ldcg(miss_tokens + r.sel_offset + m), s = __ldcg(miss_slots + r.sel_offset + m);
@@ -136,23 +136,19 @@ extern "C" __global__ void copy_staged_misses(const SwapReq* __restrict__ reqs, 
 // written as above, and for the host's gather also each listed miss's host-tier row
 // (`host_rows[sel_offset + q]`, ~0u past the tier) and the request count (`header[0]`), into
 // mapped host memory.
-#define GATHER_THREADS 128
+// GATHER_THREADS: the generated prelude.
 
-struct MissSpan {
-    unsigned long long offset;
-    unsigned long long len;
-};
 
 extern "C" __global__ void __launch_bounds__(GATHER_THREADS) gather_misses(
     const SwapReq* __restrict__ reqs, const unsigned long long* __restrict__ fills, unsigned char* __restrict__ staging,
-    int* __restrict__ list, MissSpan* __restrict__ spans, unsigned* __restrict__ host_rows,
+    int* __restrict__ list, Span* __restrict__ spans, unsigned* __restrict__ host_rows,
     unsigned* __restrict__ header, unsigned* __restrict__ fault, SwapParams p) {
     __shared__ unsigned warp_misses[GATHER_THREADS / 32];
     const SwapReq r = reqs[blockIdx.x];
     const unsigned j0 = blockIdx.y * LOCATE_CHUNK, tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
     if (header && blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) header[0] = gridDim.x;
     if (j0 >= r.sel_len) {
-        if (blockIdx.y == 0 && tid == 0) spans[blockIdx.x] = MissSpan{r.sel_offset, 0ull};
+        if (blockIdx.y == 0 && tid == 0) spans[blockIdx.x] = Span{r.sel_offset, 0ull};
         return;  // uniform over the block
     }
     const unsigned long long* f = fills + r.sel_offset;
@@ -200,7 +196,7 @@ extern "C" __global__ void __launch_bounds__(GATHER_THREADS) gather_misses(
         q0 += total;
         __syncthreads();  // warp_misses is rewritten next round
     }
-    if (j0 + n == r.sel_len && tid == 0) spans[blockIdx.x] = MissSpan{r.sel_offset, q0};
+    if (j0 + n == r.sel_len && tid == 0) spans[blockIdx.x] = Span{r.sel_offset, q0};
 }
 
 // The device side of miss_fill = "copy-engine", after the host's gather and the copy engine's
@@ -215,7 +211,7 @@ extern "C" __global__ void __launch_bounds__(GATHER_THREADS) gather_misses(
 // Grid (requests, chunks of LOCATE_CHUNK misses), any multiple of 32 threads: a warp a row. A
 // span or list entry outside the step's `sel_end` selection entries, or a fill word past the
 // tier, raises the fault flag and is skipped.
-extern "C" __global__ void scatter_landed_misses(const MissSpan* __restrict__ spans, const int* __restrict__ list,
+extern "C" __global__ void scatter_landed_misses(const Span* __restrict__ spans, const int* __restrict__ list,
                                                  unsigned long long* __restrict__ fills,
                                                  const unsigned char* __restrict__ landed,
                                                  unsigned char* __restrict__ staging, unsigned* __restrict__ fault,
@@ -228,7 +224,7 @@ extern "C" __global__ void scatter_landed_misses(const MissSpan* __restrict__ sp
         base = b;
     }
     __syncthreads();
-    const MissSpan sp = spans[blockIdx.x];
+    const Span sp = spans[blockIdx.x];
     if (sp.offset + sp.len > sel_end) {
         if (tid == 0 && blockIdx.y == 0) atomicOr(fault, 1u);
         return;  // uniform over the block

@@ -8,36 +8,48 @@ use cudarc::driver::{CudaFunction, CudaSlice, CudaView, DeviceRepr, LaunchConfig
 use hisparse_memory::KvRowFormat;
 use hisparse_memory::cuda::{CudaMemory, MappedHostTier};
 
-use super::backend::{ATTN_SMEM, HEAD_BLOCK, TILE, room, upload_cached};
+use super::backend::{room, upload_cached};
 use super::decode_launch::GpuSpan;
 use super::device::CudaDevice;
 use super::driver_error;
+use super::facts::{ATTN_SMEM, ATTN_THREADS, HEAD_BLOCK, TILE, WG_SMEM, WG_SMEM_FP8, WG_TILE};
 use super::printed_launch::PrintedLaunch;
 use crate::error::{KernelError, Result, check_len};
 use crate::swap_in::AttentionQuery;
 
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
-pub(crate) struct AttnParams {
-    pub(crate) heads: u32,
-    pub(crate) row_bytes: u32,
-    pub(crate) fp8: u32,
-    pub(crate) splits: u32,
-    pub(crate) pool_rows: u64,
-    pub(crate) scale_log2: f32,
-    pub(crate) write_back: u32,
-    pub(crate) host_base: u64,
-    pub(crate) host_rows: u64,
-    /// Warpgroup-MMA kernels: leave out (mask) rows whose fill word is set (`hits-first`).
-    pub(crate) skip_filled: u32,
-    /// With `part_stride`: the first partial of this launch per (request, head).
-    pub(crate) part_base: u32,
-    /// 0: partials as `splits` says; else always partials, this many per (request, head).
-    pub(crate) part_stride: u32,
-    pub(crate) pad: u32,
+hisparse_memory::c_struct! {
+    #[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
+    pub(crate) struct AttnParams {
+        /// Query heads of a request.
+        pub(crate) heads: u32,
+        /// 1152 (bf16) or 656 (fp8).
+        pub(crate) row_bytes: u32,
+        /// 1: FlashMLA fp8 rows.
+        pub(crate) fp8: u32,
+        /// Blocks per (request, head group).
+        pub(crate) splits: u32,
+        /// Rows of the pool.
+        pub(crate) pool_rows: u64,
+        /// softmax_scale * log2(e).
+        pub(crate) scale_log2: f32,
+        /// Fills only: 1 writes each filled row to its location.
+        pub(crate) write_back: u32,
+        /// The mapped host tier (fills only).
+        pub(crate) host_base: u64,
+        /// Rows of the host tier (fills only).
+        pub(crate) host_rows: u64,
+        /// Warpgroup-MMA kernels: leave out (mask) rows whose fill word is set (`hits-first`).
+        pub(crate) skip_filled: u32,
+        /// With `part_stride`: the first partial of this launch per (request, head).
+        pub(crate) part_base: u32,
+        /// 0: partials as `splits` says; else always partials, this many per (request, head).
+        pub(crate) part_stride: u32,
+        /// Zero (keeps the size a multiple of 8).
+        pub(crate) pad: u32,
+    }
 }
 
-// SAFETY: #[repr(C)] struct of plain numbers, laid out as the kernel's struct of the same name.
+// SAFETY: #[repr(C)] struct of plain numbers, whose C declaration is generated from it (the compile checks the layout).
 unsafe impl DeviceRepr for AttnParams {}
 
 /// Where the attention reads the selected rows.
@@ -97,9 +109,6 @@ pub(crate) struct AttentionKernels {
 /// splits of one tile measured 17.6 us against 19.7 with 16 of two: BENCHMARKS, issue 16), and
 /// its splits hold equal numbers of tiles, so that none is empty (17 splits of 32 tiles left
 /// one empty and measured 26.6 us against 22.1 with 16, at 8 requests of 64 heads).
-/// Rows per tile of the warpgroup-MMA attention (`WG_TILE` in its source).
-const WG_TILE: usize = 64;
-
 fn split_count(wgmma: bool, sms: usize, fixed: usize, blocks: usize, max_len: usize) -> usize {
     let want = if fixed > 0 { fixed } else { (sms as f64 / blocks.max(1) as f64).round() as usize };
     if !wgmma {
@@ -109,13 +118,6 @@ fn split_count(wgmma: bool, sms: usize, fixed: usize, blocks: usize, max_len: us
     let per = tiles.div_ceil(want.clamp(1, tiles));
     tiles.div_ceil(per)
 }
-
-/// Dynamic shared memory of the warpgroup-MMA attention (`WG_SMEM` in its source): queries, two
-/// tiles of 64 bf16 rows, P, the per-head statistics and two tiles' flags of rows left out.
-const WGMMA_SMEM: usize = 3 * 9 * 8192 + 8192 + 3 * 64 * 4 + 128;
-/// The fp8 form's (`WG_SMEM_FP8`): queries, one tile, the raw fp8 tile, P, the statistics and
-/// the flags.
-const WGMMA_SMEM_FP8: usize = 2 * 9 * 8192 + 64 * 656 + 8192 + 3 * 64 * 4 + 128;
 
 impl AttentionKernels {
     /// The kernels of `dev` (its module is loaded once), shared memory opted in.
@@ -130,7 +132,7 @@ impl AttentionKernels {
             .map_err(driver_error("attention shared memory opt-in"))?;
         let attention_wgmma = dev.function("attention", "sparse_mla_decode_wgmma")?;
         let attention_wgmma_fp8 = dev.function("attention", "sparse_mla_decode_wgmma_fp8")?;
-        for (f, smem) in [(&attention_wgmma, WGMMA_SMEM), (&attention_wgmma_fp8, WGMMA_SMEM_FP8)] {
+        for (f, smem) in [(&attention_wgmma, WG_SMEM), (&attention_wgmma_fp8, WG_SMEM_FP8)] {
             f.set_attribute(CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
                 .map_err(driver_error("wgmma attention shared memory opt-in"))?;
         }
@@ -154,8 +156,8 @@ impl AttentionKernels {
     /// The kernel for rows of `format` and its dynamic shared memory.
     pub(crate) fn kernel(&self, format: KvRowFormat) -> (&CudaFunction, usize) {
         match (self.wgmma, format) {
-            (true, KvRowFormat::Bf16) => (&self.attention_wgmma, WGMMA_SMEM),
-            (true, KvRowFormat::Fp8) => (&self.attention_wgmma_fp8, WGMMA_SMEM_FP8),
+            (true, KvRowFormat::Bf16) => (&self.attention_wgmma, WG_SMEM),
+            (true, KvRowFormat::Fp8) => (&self.attention_wgmma_fp8, WG_SMEM_FP8),
             (false, _) => (&self.attention, ATTN_SMEM),
         }
     }
@@ -220,7 +222,7 @@ impl AttentionKernels {
         let (kernel, smem) = self.kernel(layout.format());
         let cfg = LaunchConfig {
             grid_dim: (splits as u32, groups as u32, n as u32),
-            block_dim: (256, 1, 1),
+            block_dim: (ATTN_THREADS as u32, 1, 1),
             shared_mem_bytes: smem as u32,
         };
         if splits > 1 {

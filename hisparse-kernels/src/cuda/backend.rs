@@ -24,17 +24,7 @@ use super::step_launch::LocateReq;
 use crate::backend::{AttentionBatch, Backend, IndexerBatch, KernelStage, Span, StageSeconds};
 use crate::error::{KernelError, Result};
 
-/// Heads of one attention block; rows per tile (the kernel's `HB`, `TILE`).
-pub(crate) const HEAD_BLOCK: usize = 64;
-pub(crate) const TILE: usize = 32;
-/// Shared memory of the attention kernel: Q and K tiles (stride 584 bf16), P, partial S, two
-/// tiles of locations and of fill words, raw rows.
-pub(crate) const ATTN_SMEM: usize =
-    64 * 584 * 2 + 32 * 584 * 2 + 64 * 40 * 2 + 2 * 64 * 40 * 4 + 2 * 32 * 4 + 2 * 32 * 8 + 32 * 1152;
-
-/// Dynamic shared memory of top-k (kernels/topk.cu): eight copies of a 2048-bin histogram, then
-/// 8192 candidates' keys and positions and a bitmap of 262144 positions.
-pub(crate) const TOPK_SMEM: usize = (8 * 2048 + 2 * 8192 + 8192) * 4;
+pub(crate) use super::facts::{HEAD_BLOCK, TOPK_SMEM};
 
 /// Buffers reused across calls (small per-call arrays, split partials, the fault flag).
 pub(crate) struct Scratch {

@@ -164,23 +164,25 @@ impl IndexerKernels {
     }
 }
 
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub(crate) struct GpuIndexerReq {
-    pub(crate) first_page: u32,
-    pub(crate) seq_len: u32,
-    pub(crate) score_offset: u32,
-    pub(crate) pad: u32,
+hisparse_memory::c_struct! {
+    #[derive(Clone, Copy, Debug, Default, PartialEq)]
+    pub(crate) struct GpuIndexerReq as IndexerReq {
+        pub(crate) first_page: u32,
+        pub(crate) seq_len: u32,
+        pub(crate) score_offset: u32,
+        pub(crate) pad: u32,
+    }
 }
 
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub(crate) struct GpuSpan {
-    pub(crate) offset: u64,
-    pub(crate) len: u64,
+hisparse_memory::c_struct! {
+    #[derive(Clone, Copy, Debug, Default, PartialEq)]
+    pub(crate) struct GpuSpan as Span {
+        pub(crate) offset: u64,
+        pub(crate) len: u64,
+    }
 }
 
-// SAFETY: #[repr(C)] structs of plain numbers, laid out as the kernels' structs of the same name.
+// SAFETY: #[repr(C)] structs of plain numbers, whose C declarations are generated from them (the compile checks the layouts).
 unsafe impl DeviceRepr for GpuIndexerReq {}
 // SAFETY: as above.
 unsafe impl ValidAsZeroBits for GpuIndexerReq {}
@@ -317,8 +319,11 @@ impl CudaBackend {
             return self.top_k_split.launch(&self.dev, scores, &sc.spans, &host, k, chunks, out);
         }
         let s = self.dev.stream();
-        let cfg =
-            LaunchConfig { grid_dim: (n as u32, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: TOPK_SMEM as u32 };
+        let cfg = LaunchConfig {
+            grid_dim: (n as u32, 1, 1),
+            block_dim: (super::facts::TOPK_THREADS as u32, 1, 1),
+            shared_mem_bytes: TOPK_SMEM as u32,
+        };
         let k32 = k as u32;
         let mut b = PrintedLaunch::new(&self.dev.print, s, &self.top_k);
         b.arg(scores).arg(&sc.spans).arg(&k32).arg_mut(out);

@@ -10,6 +10,7 @@ pub(crate) mod backend;
 pub(crate) mod backup;
 pub(crate) mod decode_launch;
 pub(crate) mod device;
+pub mod facts;
 mod gemm_launch;
 mod launch_graph;
 mod nccl;
@@ -17,7 +18,7 @@ mod nvrtc;
 pub(crate) mod printed_launch;
 pub(crate) mod sources;
 pub(crate) mod step_launch;
-mod topk_launch;
+pub(crate) mod topk_launch;
 
 pub use backend::CudaBackend;
 pub use backup::{BackupRows, CudaRowBackup, GpuBackup};

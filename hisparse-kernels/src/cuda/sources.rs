@@ -13,7 +13,9 @@ pub struct KernelSource {
     pub kernels: &'static [&'static str],
 }
 
-/// All kernel sources: the fixed ones, then the swap-in's (`crate::swap_in::cuda::sources`).
+use super::facts::{Module, prelude};
+
+/// All kernel sources (each starting with its generated prelude: `facts.rs`): the fixed ones, then the swap-in's (`crate::swap_in::cuda::sources`).
 pub fn all_sources() -> Vec<KernelSource> {
     let mut v = vec![KernelSource {
         name: "fp8_convert".into(),
@@ -28,6 +30,7 @@ pub fn all_sources() -> Vec<KernelSource> {
     v.push(KernelSource {
         name: "indexer".into(),
         code: [
+            &prelude(Module::Indexer),
             include_str!("../../kernels/indexer.cu"),
             include_str!("../../kernels/wgmma_common.cu"),
             include_str!("../../kernels/indexer_wgmma.cu"),
@@ -46,12 +49,18 @@ pub fn all_sources() -> Vec<KernelSource> {
     });
     v.push(KernelSource {
         name: "topk".into(),
-        code: [include_str!("../../kernels/topk.cu"), include_str!("../../kernels/topk_split.cu")].concat(),
+        code: [
+            &prelude(Module::TopK),
+            include_str!("../../kernels/topk.cu"),
+            include_str!("../../kernels/topk_split.cu"),
+        ]
+        .concat(),
         kernels: &["top_k_select", "topk_hist", "topk_filter", "topk_resolve", "topk_place"],
     });
     v.push(KernelSource {
         name: "attention".into(),
         code: [
+            &prelude(Module::Attention),
             include_str!("../../kernels/attention.cu"),
             include_str!("../../kernels/wgmma_common.cu"),
             include_str!("../../kernels/attention_wgmma.cu"),
@@ -66,7 +75,7 @@ pub fn all_sources() -> Vec<KernelSource> {
     });
     v.push(KernelSource {
         name: "rows".into(),
-        code: include_str!("../../kernels/rows.cu").to_owned(),
+        code: prelude(Module::Rows) + include_str!("../../kernels/rows.cu"),
         kernels: &["write_rows", "locate_rows", "fill_unit_bf16", "fill_new_rows"],
     });
     // The swap-in's: a policy-hook harness and a swap-in module per GPU-capable policy, a

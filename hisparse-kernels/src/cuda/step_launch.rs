@@ -13,35 +13,37 @@ use crate::backend::Span;
 use crate::error::{KernelError, Result, check_len};
 use crate::new_rows::NewRows;
 
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub(crate) struct LocateReq {
-    pub(crate) sel_offset: u64,
-    pub(crate) sel_len: u64,
-    pub(crate) first_page: u64,
-    pub(crate) pages: u64,
+hisparse_memory::c_struct! {
+    #[derive(Clone, Copy, Debug, Default, PartialEq)]
+    pub(crate) struct LocateReq {
+        pub(crate) sel_offset: u64,
+        pub(crate) sel_len: u64,
+        pub(crate) first_page: u64,
+        pub(crate) pages: u64,
+    }
 }
 
-/// The arguments of `fill_new_rows` (the kernel's `NewRowsArgs`).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
-struct NewRowsArgs {
-    n: u32,
-    fp8: u32,
-    d_latent: u32,
-    d_rope: u32,
-    row_bytes: u32,
-    key_dim: u32,
-    key_c: f32,
-    key_b: f32,
-    step: f32,
-    half_width: f32,
+hisparse_memory::c_struct! {
+    /// The arguments of `fill_new_rows` (the kernel's `NewRowsArgs`).
+    #[derive(Clone, Copy, Debug, Default, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+    pub(crate) struct NewRowsArgs {
+        n: u32,
+        fp8: u32,
+        d_latent: u32,
+        d_rope: u32,
+        row_bytes: u32,
+        key_dim: u32,
+        key_c: f32,
+        key_b: f32,
+        step: f32,
+        half_width: f32,
+    }
 }
 
-// SAFETY: a #[repr(C)] struct of plain numbers, laid out as the kernel's `NewRowsArgs`.
+// SAFETY: a #[repr(C)] struct of plain numbers, whose C declaration is generated from it (`NewRowsArgs`).
 unsafe impl DeviceRepr for NewRowsArgs {}
 
-// SAFETY: a #[repr(C)] struct of plain numbers, laid out as the kernel's `LocateReq`.
+// SAFETY: a #[repr(C)] struct of plain numbers, whose C declaration is generated from it (`LocateReq`).
 unsafe impl DeviceRepr for LocateReq {}
 // SAFETY: as above.
 unsafe impl ValidAsZeroBits for LocateReq {}

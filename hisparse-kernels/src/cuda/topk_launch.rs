@@ -16,8 +16,7 @@ use super::driver_error;
 use super::printed_launch::{PrintedLaunch, addr};
 use crate::error::{KernelError, Result};
 
-/// Histogram bins of a pass (`BINS` in kernels/topk.cu).
-const BINS: usize = 2048;
+use super::facts::{SPLIT_THREADS, TOPK_BINS as BINS};
 /// Positions of one round of the placing kernel (`SPLIT_THREADS * V`): chunks are multiples.
 const ROUND: usize = 2048;
 /// Most chunks per request (the resolving kernel's per-chunk shared arrays).
@@ -33,16 +32,17 @@ const MIN_SPLIT_ROUNDS: usize = 32;
 /// one block at 32k against 30 split.
 const MIN_SPLIT_CHUNKS: usize = 8;
 
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
-struct SplitArgs {
-    k: u32,
-    chunk: u32,
-    blocks: u32,
-    pad: u32,
+hisparse_memory::c_struct! {
+    #[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
+    pub(crate) struct SplitArgs {
+        k: u32,
+        chunk: u32,
+        blocks: u32,
+        pad: u32,
+    }
 }
 
-// SAFETY: #[repr(C)] struct of plain numbers, laid out as the kernel's struct of the same name.
+// SAFETY: #[repr(C)] struct of plain numbers, whose C declaration is generated from it (the compile checks the layout).
 unsafe impl DeviceRepr for SplitArgs {}
 
 /// Reused buffers: the merged histograms (and candidate counts), the candidates, per chunk and
@@ -167,7 +167,7 @@ impl TopKSplit {
         s.memset_zeros(&mut h).map_err(driver_error("top-k histogram"))?;
         dev.print.fold(&[0x5e7, addr(hist, s), 4 * hist_len as u64]);
         let grid = (n as u32, chunks as u32, 1);
-        let cfg = |grid_dim| LaunchConfig { grid_dim, block_dim: (512, 1, 1), shared_mem_bytes: 0 };
+        let cfg = |grid_dim| LaunchConfig { grid_dim, block_dim: (SPLIT_THREADS as u32, 1, 1), shared_mem_bytes: 0 };
         let mut b = PrintedLaunch::new(&dev.print, s, &self.hist);
         b.arg(scores).arg(spans).params(&args).arg_mut(hist);
         // SAFETY: every span lies within `scores` (checked by the caller) and the histograms

@@ -59,7 +59,8 @@ fn copy_rows(
 ) -> hisparse_policy::Result<usize> {
     let rb = layout.row_bytes;
     buf.resize(rb, 0);
-    let base = req.seat as usize * (buffer_slots + 1);
+    // Seats and slots fit the pool, whose rows fit an i32 (KvCache::new).
+    let base = hisparse_memory::device_tier::hot_seat_base(u64::from(req.seat), buffer_slots as u64) as usize;
     for &(token, slot) in rows {
         let page = pages
             .get(token as usize / layout.page_tokens)

@@ -90,30 +90,31 @@ impl<'a, M: DeviceMemory> crate::AttentionBatch<'a, M> {
     }
 }
 
-/// One request of a step, for every layer of it (`#[repr(C)]`: the CUDA swap-in kernel reads
-/// it as is).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct DeviceSwapReq {
-    /// Hot-buffer seat.
-    pub seat: u32,
-    /// Tokens in the sequence (the newest, `seq_len - 1`, included).
-    pub seq_len: u32,
-    /// The request's decode step (from 1).
-    pub step: u32,
-    /// First selected position in the selection buffer (also where its locations go).
-    pub sel_offset: u32,
-    /// Selected positions (strictly ascending).
-    pub sel_len: u32,
-    /// First of its host pages in the step's host-page list.
-    pub page_offset: u32,
-    /// First of its scores (by position) in the step's score buffer, for policies that read
-    /// scores.
-    pub score_offset: u32,
-    /// Padding (zero).
-    pub pad: u32,
-    /// Request id.
-    pub request: u64,
+hisparse_memory::c_struct! {
+    /// One request of a step, for every layer of it (`#[repr(C)]`: the CUDA swap-in kernel reads
+    /// it as is).
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct DeviceSwapReq as SwapReq {
+        /// Hot-buffer seat.
+        pub seat: u32,
+        /// Tokens in the sequence (the newest, `seq_len - 1`, included).
+        pub seq_len: u32,
+        /// The request's decode step (from 1).
+        pub step: u32,
+        /// First selected position in the selection buffer (also where its locations go).
+        pub sel_offset: u32,
+        /// Selected positions (strictly ascending).
+        pub sel_len: u32,
+        /// First of its host pages in the step's host-page list.
+        pub page_offset: u32,
+        /// First of its scores (by position) in the step's score buffer, for policies that read
+        /// scores.
+        pub score_offset: u32,
+        /// Prefetch launches only: most rows the nomination brings into this buffer (0: none).
+        pub prefetch_budget: u32,
+        /// Request id.
+        pub request: u64,
+    }
 }
 
 /// Words a swap-in launch counts per request: hits, misses, evictions, useful prefetches (hits
@@ -211,20 +212,4 @@ pub trait DeviceSwapIn<M: DeviceMemory>: Send {
     /// After the last layer: applies the prefetches due at the step's end into `hot` (every
     /// layer's hot-buffer pool), waits for the step's launches and returns what they counted.
     fn end_step(&mut self, hot: &mut [M::Buffer<u8>]) -> Result<DeviceSwapCounts>;
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_request_is_laid_out_as_the_kernels_swap_req() {
-        // kernels/swap_in.cu: eight u32 fields, then the u64 request id; 40 bytes.
-        assert_eq!(size_of::<DeviceSwapReq>(), 40);
-        assert_eq!(std::mem::offset_of!(DeviceSwapReq, seat), 0);
-        assert_eq!(std::mem::offset_of!(DeviceSwapReq, sel_len), 16);
-        assert_eq!(std::mem::offset_of!(DeviceSwapReq, page_offset), 20);
-        assert_eq!(std::mem::offset_of!(DeviceSwapReq, score_offset), 24);
-        assert_eq!(std::mem::offset_of!(DeviceSwapReq, request), 32);
-    }
 }

@@ -1,5 +1,5 @@
 //! The CUDA C contract of a policy. [`EvictionPolicy::cuda`]
-//! returns C++ (a `.cuh` of the policy's own) defining, for the types of [`PRELUDE`], any of:
+//! returns C++ (a `.cuh` of the policy's own) defining, for the types of [`prelude`], any of:
 //!
 //! ```text
 //! #define POLICY_PRIORITY  __device__ unsigned long long policy_priority(const SlotRecord&, const PolicyEnv&);
@@ -17,17 +17,16 @@
 
 use super::EvictionPolicy;
 
-/// Types every policy's CUDA hooks are compiled with (the layouts of the `#[repr(C)]` Rust types).
-pub const PRELUDE: &str = r#"
-struct SlotRecord { unsigned a; unsigned b; };
-struct PolicyScalars { unsigned a; unsigned b; };
-struct StepCtx { unsigned step; unsigned layer; unsigned long long request; unsigned buffer_slots; unsigned long long seed; };
-struct VictimKey { bool any; bool occupied; unsigned long long priority; unsigned slot; };
-struct PolicyEnv {
-    StepCtx ctx; PolicyScalars scalars; VictimKey victim;
-    unsigned slot; unsigned token; unsigned next_use; float score; unsigned prefetched; unsigned token_word;
-};
-"#;
+/// Types every policy's CUDA hooks are compiled with: generated from the `#[repr(C)]` Rust
+/// types, with checks that C lays them out as Rust does.
+pub fn prelude() -> String {
+    use super::{PolicyEnv, PolicyScalars, SlotRecord, StepCtx, VictimKey};
+    use hisparse_memory::c_layout::part;
+    hisparse_memory::c_layout::prelude(
+        &[],
+        &[part::<SlotRecord>(), part::<PolicyScalars>(), part::<StepCtx>(), part::<VictimKey>(), part::<PolicyEnv>()],
+    )
+}
 
 /// The hooks a policy did not define.
 pub const DEFAULTS: &str = r#"
@@ -49,5 +48,5 @@ __device__ void policy_finish(PolicyScalars&, const PolicyEnv&) {}
 /// `None` for a policy without a GPU form.
 pub fn program(policy: &dyn EvictionPolicy) -> Option<String> {
     let hooks = policy.cuda()?;
-    Some(format!("{PRELUDE}\n{hooks}\n{DEFAULTS}"))
+    Some(format!("{}\n{hooks}\n{DEFAULTS}", prelude()))
 }

@@ -52,83 +52,88 @@ pub use score::{ScoreAware, ScoreMix, score_key};
 
 use std::borrow::Cow;
 
-/// The fixed record a policy keeps per regular slot; what the two words mean is the policy's.
-/// Same layout (`struct SlotRecord { unsigned a, b; }`) on the GPU.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct SlotRecord {
-    /// First word.
-    pub a: u32,
-    /// Second word.
-    pub b: u32,
+hisparse_memory::c_struct! {
+    /// The fixed record a policy keeps per regular slot; what the two words mean is the policy's.
+    /// Its C declaration is generated from this one (`c_layout`).
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+    pub struct SlotRecord {
+        /// First word.
+        pub a: u32,
+        /// Second word.
+        pub b: u32,
+    }
 }
 
-/// Two words of state per (request, layer) (e.g. CLOCK's hand).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct PolicyScalars {
-    /// First word.
-    pub a: u32,
-    /// Second word.
-    pub b: u32,
+hisparse_memory::c_struct! {
+    /// Two words of state per (request, layer) (e.g. CLOCK's hand).
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+    pub struct PolicyScalars {
+        /// First word.
+        pub a: u32,
+        /// Second word.
+        pub b: u32,
+    }
 }
 
-/// What every hook knows about the step (same layout as the CUDA `StepCtx`).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct StepCtx {
-    /// The request's decode step, counted from 1; never 0 in a hook.
-    pub step: u32,
-    /// Layer.
-    pub layer: u32,
-    /// Request id.
-    pub request: u64,
-    /// Regular slots of the buffer.
-    pub buffer_slots: u32,
-    /// The policy's seed (for randomised policies).
-    pub seed: u64,
+hisparse_memory::c_struct! {
+    /// What every hook knows about the step (the CUDA `StepCtx` is generated from it).
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct StepCtx {
+        /// The request's decode step, counted from 1; never 0 in a hook.
+        pub step: u32,
+        /// Layer.
+        pub layer: u32,
+        /// Request id.
+        pub request: u64,
+        /// Regular slots of the buffer.
+        pub buffer_slots: u32,
+        /// The policy's seed (for randomised policies).
+        pub seed: u64,
+    }
 }
 
-/// The key of the largest victim of a step, given to `on_keep` and `finish_step` (same layout
-/// as the CUDA `VictimKey`).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct VictimKey {
-    /// Whether there were any victims at all.
-    pub any: bool,
-    /// Whether the largest victim slot was occupied (else every victim was an empty slot).
-    pub occupied: bool,
-    /// Its priority (meaningful when occupied).
-    pub priority: u64,
-    /// Its slot.
-    pub slot: u32,
+hisparse_memory::c_struct! {
+    /// The key of the largest victim of a step, given to `on_keep` and `finish_step` (same layout
+    /// as the CUDA `VictimKey`, generated from it).
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct VictimKey {
+        /// Whether there were any victims at all.
+        pub any: bool,
+        /// Whether the largest victim slot was occupied (else every victim was an empty slot).
+        pub occupied: bool,
+        /// Its priority (meaningful when occupied).
+        pub priority: u64,
+        /// Its slot.
+        pub slot: u32,
+    }
 }
 
-/// Everything a hook sees (same layout as the CUDA `PolicyEnv`). Step-wide fields are the same
-/// for every hook of a step; slot fields describe the hook's own slot (for `finish_step`, zero).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct PolicyEnv {
-    /// The step.
-    pub ctx: StepCtx,
-    /// The (request, layer)'s scalars as they were before the step's hooks.
-    pub scalars: PolicyScalars,
-    /// The step's largest victim (`any == false` in `priority` and when there were no misses).
-    pub victim: VictimKey,
-    /// The slot.
-    pub slot: u32,
-    /// Its token (for `on_insert`, the token that fills it; for `on_evict`, the one leaving).
-    pub token: u32,
-    /// The step at which the token is next selected (`u32::MAX`: never or unknown); given only
-    /// to policies that need the future (simulator).
-    pub next_use: u32,
-    /// The token's indexer score this step (NaN where unknown); given only to policies that
-    /// need scores.
-    pub score: f32,
-    /// 1 when a prefetch filled the slot and no selection has used it since, else 0.
-    pub prefetched: u32,
-    /// The token's history word (0 until a policy sets one; policies that use them only).
-    pub token_word: u32,
+hisparse_memory::c_struct! {
+    /// Everything a hook sees (the CUDA `PolicyEnv` is generated from it). Step-wide fields are the same
+    /// for every hook of a step; slot fields describe the hook's own slot (for `finish_step`, zero).
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    pub struct PolicyEnv {
+        /// The step.
+        pub ctx: StepCtx,
+        /// The (request, layer)'s scalars as they were before the step's hooks.
+        pub scalars: PolicyScalars,
+        /// The step's largest victim (`any == false` in `priority` and when there were no misses).
+        pub victim: VictimKey,
+        /// The slot.
+        pub slot: u32,
+        /// Its token (for `on_insert`, the token that fills it; for `on_evict`, the one leaving).
+        pub token: u32,
+        /// The step at which the token is next selected (`u32::MAX`: never or unknown); given only
+        /// to policies that need the future (simulator).
+        pub next_use: u32,
+        /// The token's indexer score this step (NaN where unknown); given only to policies that
+        /// need scores.
+        pub score: f32,
+        /// 1 when a prefetch filled the slot and no selection has used it since, else 0.
+        pub prefetched: u32,
+        /// The token's history word (0 until a policy sets one; policies that use them only).
+        pub token_word: u32,
+    }
 }
 
 impl Default for PolicyEnv {

@@ -1,5 +1,5 @@
 //! The CUDA C contract of a prefetcher. [`Prefetcher::cuda`] returns
-//! C++ (a `.cuh` of the prefetcher's own) defining, for the types of [`PRELUDE`],
+//! C++ (a `.cuh` of the prefetcher's own) defining, for the types and helpers of [`PRELUDE`],
 //!
 //! ```text
 //! __device__ unsigned prefetch_nominate(const PrefetchSource& s, const unsigned* index_source,
@@ -13,13 +13,12 @@
 
 use super::Prefetcher;
 
-/// Types every prefetcher's CUDA form is compiled with (`PrefetchSource` mirrors
-/// [`LayerSelection`](super::LayerSelection) without its arrays; `Nomination` mirrors
-/// [`Nomination`](super::Nomination), `when` 0 = this step, 1 = next step; `candidates` 0 =
-/// the selection, 1 = the near-cut candidates).
+/// Helpers every prefetcher's CUDA form is compiled with. The types it reads and writes —
+/// `PrefetchSource` ([`LayerSelection`](super::LayerSelection) without its arrays) and
+/// `Nomination` ([`Nomination`](super::Nomination): `when` 0 = this step, 1 = next step;
+/// `candidates` 0 = the selection, 1 = the near-cut candidates) — are declared before it by the
+/// kernels' generated prelude (from their Rust definitions in `hisparse-kernels`).
 pub const PRELUDE: &str = r#"
-struct PrefetchSource { unsigned layer; unsigned layers; unsigned step; unsigned seq_len; unsigned top_k; unsigned n_selected; unsigned n_near; };
-struct Nomination { unsigned target; unsigned when; unsigned candidates; unsigned budget; };
 __device__ unsigned prefetch_source_of(const unsigned* index_source, unsigned layers, unsigned layer) {
     return (index_source != nullptr && layer < layers) ? index_source[layer] : layer;
 }

@@ -34,11 +34,8 @@ use crate::cuda::driver_error;
 use crate::cuda::printed_launch::{PrintedLaunch, addr};
 use crate::error::{KernelError, Result};
 
-/// Misses per block of `scatter_landed_misses`, and positions per block of `gather_misses`
-/// (`LOCATE_CHUNK` in kernels/swap_locate.cu).
-const CHUNK: usize = 256;
-/// Threads of `gather_misses` (`GATHER_THREADS`).
-const GATHER_THREADS: u32 = 128;
+/// Misses per block of `scatter_landed_misses`, and positions per block of `gather_misses`.
+use crate::cuda::facts::{GATHER_THREADS, LOCATE_CHUNK as CHUNK};
 /// Bytes of the mapped lists' header (the request count, padded to a span's alignment).
 const HEADER_BYTES: usize = 16;
 /// Rows a host gather copies on the driver's callback thread itself, and the fewest a pool

@@ -43,8 +43,7 @@ use crate::cuda::driver_error;
 use crate::cuda::printed_launch::{LaunchPrint, PrintedLaunch};
 use crate::error::{KernelError, Result};
 
-/// Selected positions per block of `locate_in_hot` (`LOCATE_CHUNK` in kernels/swap_locate.cu).
-const LOCATE_CHUNK: usize = 256;
+use crate::cuda::facts::LOCATE_CHUNK;
 
 impl GpuSwapIn {
     /// Writes, for every selected token of `batch` in `layer`, where it is now, changing no

@@ -21,10 +21,7 @@ use crate::cuda::driver_error;
 use crate::cuda::printed_launch::PrintedLaunch;
 use crate::error::{KernelError, Result};
 
-/// Selected positions per block of `gather_misses` (`LOCATE_CHUNK` in kernels/swap_locate.cu).
-const CHUNK: usize = 256;
-/// Its threads (`GATHER_THREADS`).
-const THREADS: u32 = 128;
+use crate::cuda::facts::{GATHER_THREADS as THREADS, LOCATE_CHUNK as CHUNK};
 
 /// The misses' list and spans of the layer being attended, and the event that marks them (and
 /// its staging rows) landed.

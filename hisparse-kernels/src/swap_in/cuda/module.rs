@@ -9,6 +9,7 @@ use hisparse_policy::EvictionPolicy;
 
 use super::state::GpuSwapIn;
 use crate::cuda::device::CudaDevice;
+use crate::cuda::facts::{Module, prelude};
 use crate::cuda::sources::{KernelSource, module_name};
 use crate::error::{KernelError, Result};
 
@@ -19,8 +20,9 @@ fn cuda(context: &str) -> impl FnOnce(cudarc::driver::DriverError) -> KernelErro
 /// The source of the swap-in module with `policy`'s hooks (the step kernel, the miss copies, the
 /// prefetch kernel), or `None` for a CPU-only policy.
 pub fn swap_in_source(policy: &dyn EvictionPolicy) -> Option<KernelSource> {
-    let template = include_str!("../../../kernels/swap_in/swap_in.cu")
-        .replace("//@COMMON@", include_str!("../../../kernels/swap_in/swap_common.cu"))
+    let template = prelude(Module::SwapIn)
+        + &include_str!("../../../kernels/swap_in/swap_in.cu")
+            .replace("//@COMMON@", include_str!("../../../kernels/swap_in/swap_common.cu"))
         + include_str!("../../../kernels/swap_in/swap_fused.cu")
         + include_str!("../../../kernels/swap_in/swap_locate.cu")
         + include_str!("../../../kernels/swap_in/prefetch.cu");
@@ -75,7 +77,8 @@ pub fn policy_harness(policy: &dyn EvictionPolicy) -> Option<KernelSource> {
 /// prefetcher.
 pub fn prefetcher_harness(prefetcher: &dyn hisparse_policy::prefetch::Prefetcher) -> Option<KernelSource> {
     let program = hisparse_policy::prefetch::cuda::program(prefetcher)?;
-    let code = include_str!("../../../kernels/swap_in/prefetch_harness.cu").replace("//@PREFETCHER@", &program);
+    let code = prelude(Module::PrefetchHarness)
+        + &include_str!("../../../kernels/swap_in/prefetch_harness.cu").replace("//@PREFETCHER@", &program);
     Some(KernelSource { name: module_name("prefetch", &code), code, kernels: &["prefetch_nominations"] })
 }
 

@@ -153,7 +153,7 @@ impl GpuPrefetch {
         let first = self.targets.iter().position(|t| !t.is_empty());
         for r in &mut pf {
             // Every built-in nominates the same budget for all its targets.
-            r.pad = match first {
+            r.prefetch_budget = match first {
                 Some(l) => nominations(&self.cfg, l, r.sel_len as usize)?.first().map_or(0, |&(_, b)| b) as u32,
                 None => 0,
             };

@@ -23,33 +23,34 @@ use crate::swap_in::{DeviceSwapReq, SWAP_COUNTS};
 /// as the kernel's `SwapReq`.
 pub type SwapReq = DeviceSwapReq;
 
-/// Where the host tier is, for the miss copies.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
-pub struct SwapParams {
-    /// The layer of this launch.
-    pub layer: u32,
-    /// Layers of the state arrays.
-    pub layers: u32,
-    /// Regular slots per buffer.
-    pub buffer_slots: u32,
-    /// Bytes of a KV row (a multiple of 16).
-    pub row_bytes: u32,
-    /// Positions per host page.
-    pub page_tokens: u32,
-    /// Pages per layer region of the host tier.
-    pub host_pages_per_layer: u32,
-    /// Entries of the host-page list (`host_pages`) the kernels may read.
-    pub host_pages_len: u32,
-    /// Positions of each state's token words (0: the policy keeps none).
-    pub word_tokens: u32,
-    /// The host tier's mapped device address.
-    pub host_base: u64,
-    /// The policy's seed.
-    pub seed: u64,
+hisparse_memory::c_struct! {
+    /// Where the host tier is, for the miss copies.
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+    pub struct SwapParams {
+        /// The layer of this launch.
+        pub layer: u32,
+        /// Layers of the state arrays.
+        pub layers: u32,
+        /// Regular slots per buffer.
+        pub buffer_slots: u32,
+        /// Bytes of a KV row (a multiple of 16).
+        pub row_bytes: u32,
+        /// Positions per host page.
+        pub page_tokens: u32,
+        /// Pages per layer region of the host tier.
+        pub host_pages_per_layer: u32,
+        /// Entries of the host-page list (`host_pages`) the kernels may read.
+        pub host_pages_len: u32,
+        /// Positions of each state's token words (0: the policy keeps none).
+        pub word_tokens: u32,
+        /// The host tier's mapped device address.
+        pub host_base: u64,
+        /// The policy's seed.
+        pub seed: u64,
+    }
 }
 
-// SAFETY: #[repr(C)] structs of plain integers, laid out as the kernel's `SwapReq`/`SwapParams`.
+// SAFETY: #[repr(C)] structs of plain integers, whose C declarations are generated from them (`SwapReq`, `SwapParams`).
 unsafe impl DeviceRepr for DeviceSwapReq {}
 // SAFETY: as above.
 unsafe impl ValidAsZeroBits for DeviceSwapReq {}
@@ -230,16 +231,15 @@ impl GpuSwapIn {
     }
 
     /// Dynamic shared memory of the decision kernel for `b` slots and `k` selected tokens
-    /// (kernels/swap_in.cu: the selection, priorities, staged records and slot table, victims,
-    /// flags).
+    /// (`crate::cuda::facts::swap_smem_bytes`, shared with the kernel).
     pub(crate) fn shared_bytes(b: usize, k: usize) -> usize {
-        ((4 * k + 15) & !15) + 8 * b + 8 * b + 4 * k + 4 * b + b + k + b
+        crate::cuda::facts::swap_smem_bytes(b as u64, k as u64) as usize
     }
 
-    /// Dynamic shared memory of the prefetch kernel for `k` candidates (kernels/prefetch.cu).
+    /// Dynamic shared memory of the prefetch kernel for `k` candidates
+    /// (`crate::cuda::facts::prefetch_smem_bytes`, shared with the kernel).
     pub(crate) fn prefetch_shared_bytes(b: usize, k: usize) -> usize {
-        let kp = k.next_power_of_two();
-        ((4 * (2 * kp + 2 * k) + 15) & !15) + 8 * b + b + k
+        crate::cuda::facts::prefetch_smem_bytes(b as u64, k.next_power_of_two() as u64, k as u64) as usize
     }
 
     /// The policy.
