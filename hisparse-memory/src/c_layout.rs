@@ -24,16 +24,18 @@
 //! assert!(Req::c_checks().contains("HS_OFFSETOF(Req, id) == 8"));
 //! ```
 
-/// A Rust type a kernel declares as the C type [`CType::C`].
+/// A Rust type a kernel declares as the C type [`CType::c_type`].
 pub trait CType {
     /// The C spelling of the type.
-    const C: &'static str;
+    fn c_type() -> String;
 }
 
 macro_rules! c_types {
     ($($t:ty => $c:literal),* $(,)?) => {$(
         impl CType for $t {
-            const C: &'static str = $c;
+            fn c_type() -> String {
+                $c.to_owned()
+            }
         }
     )*};
 }
@@ -49,13 +51,86 @@ c_types! {
     bool => "bool",
 }
 
+/// A device address of `T`s that a kernel reads and writes (`T*` in C): a kernel argument
+/// struct's pointer field. Made from a buffer by the backend (a typed handle), or null.
+#[repr(transparent)]
+pub struct DevPtr<T>(u64, std::marker::PhantomData<fn() -> T>);
+
+/// A device address of `T`s that a kernel only reads (`const T*` in C).
+#[repr(transparent)]
+pub struct ConstPtr<T>(u64, std::marker::PhantomData<fn() -> T>);
+
+macro_rules! pointer {
+    ($p:ident, $c:literal) => {
+        impl<T> $p<T> {
+            /// The null address (an argument the kernel does not read).
+            pub const fn null() -> Self {
+                Self(0, std::marker::PhantomData)
+            }
+
+            /// The address `addr`.
+            ///
+            /// # Safety
+            /// `addr` must be null or the device address of a buffer of `T`s that lives while
+            /// any kernel given it runs, holding every element that kernel indexes.
+            pub const unsafe fn from_raw(addr: u64) -> Self {
+                Self(addr, std::marker::PhantomData)
+            }
+
+            /// The address.
+            pub const fn addr(&self) -> u64 {
+                self.0
+            }
+        }
+
+        impl<T> Clone for $p<T> {
+            fn clone(&self) -> Self {
+                *self
+            }
+        }
+
+        impl<T> Copy for $p<T> {}
+
+        impl<T> Default for $p<T> {
+            fn default() -> Self {
+                Self::null()
+            }
+        }
+
+        impl<T> std::fmt::Debug for $p<T> {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, "{}({:#x})", stringify!($p), self.0)
+            }
+        }
+
+        impl<T: CType> CType for $p<T> {
+            fn c_type() -> String {
+                format!($c, T::c_type())
+            }
+        }
+    };
+}
+
+pointer!(DevPtr, "{}*");
+pointer!(ConstPtr, "const {}*");
+
+// SAFETY: each is a u64 and a zero-sized marker: every bit pattern is a valid value, there is no
+// padding, and all zeros is the null address.
+unsafe impl<T: 'static> bytemuck::Zeroable for DevPtr<T> {}
+// SAFETY: as above.
+unsafe impl<T: 'static> bytemuck::Pod for DevPtr<T> {}
+// SAFETY: as above.
+unsafe impl<T: 'static> bytemuck::Zeroable for ConstPtr<T> {}
+// SAFETY: as above.
+unsafe impl<T: 'static> bytemuck::Pod for ConstPtr<T> {}
+
 /// One field of a [`CStruct`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CField {
     /// Its name (the same in C).
     pub name: &'static str,
     /// Its C type.
-    pub c_type: &'static str,
+    pub c_type: String,
     /// Its byte offset in Rust's layout.
     pub offset: usize,
 }
@@ -119,7 +194,7 @@ macro_rules! c_struct {
                 ::std::vec![$(
                     $crate::c_layout::CField {
                         name: ::core::stringify!($f),
-                        c_type: <$t as $crate::c_layout::CType>::C,
+                        c_type: <$t as $crate::c_layout::CType>::c_type(),
                         offset: ::core::mem::offset_of!($name, $f),
                     },
                 )*]
@@ -127,7 +202,9 @@ macro_rules! c_struct {
         }
 
         impl $crate::c_layout::CType for $name {
-            const C: &'static str = <$name as $crate::c_layout::CStruct>::C_NAME;
+            fn c_type() -> ::std::string::String {
+                <$name as $crate::c_layout::CStruct>::C_NAME.to_owned()
+            }
         }
     };
     (@name $name:ident) => { ::core::stringify!($name) };
@@ -247,5 +324,14 @@ mod tests {
         assert!(p.find("struct Inner").unwrap() < p.find("struct OuterC").unwrap());
         assert!(p.contains("#define TILE 32\n"));
         let _ = (Outer::default().x, Outer::default().inner.a, Outer::default().inner.b);
+        crate::c_struct! {
+            #[derive(Clone, Copy, Debug, Default)]
+            struct Args { reqs: ConstPtr<Inner>, out: DevPtr<f32>, n: u32 }
+        }
+        let d = Args::c_decl();
+        assert!(d.contains("const Inner* reqs;\n    float* out;\n    unsigned int n;"), "{d}");
+        assert_eq!(Args::default().reqs.addr(), 0);
+        // SAFETY: a null address, never given to a kernel here.
+        assert_eq!(unsafe { DevPtr::<f32>::from_raw(0x10) }.addr(), 0x10);
     }
 }

@@ -4,7 +4,7 @@
 // protected, fills in ascending position taking them in ascending slot order, on_evict and
 // on_insert for the refilled slots (no other hook), and the slots marked prefetched. One block
 // per request. A request is a SwapReq whose sel_offset/sel_len name its candidates (in order of
-// preference) and whose `pad` is its budget; prot[2 i], prot[2 i + 1] are the offset and length
+// preference) and whose `prefetch_budget` is its budget; prot[2 i], prot[2 i + 1] are the offset and length
 // of its protected positions (ascending) in `protect`. The fills (ascending) go to
 // miss_tokens/miss_slots from sel_offset, and counts to {0, fills, evictions, 0, wasted}, so that
 // copy_misses copies their rows. A candidate at or beyond seq_len is skipped and raises the
@@ -35,14 +35,25 @@ __device__ void bitonic_sort_pairs(unsigned* key, unsigned* val, unsigned n) {
     }
 }
 
-extern "C" __global__ void prefetch_in(const SwapReq* __restrict__ reqs, const unsigned* __restrict__ candidates,
-                                       const unsigned* __restrict__ protect, const unsigned* __restrict__ prot,
-                                       int* __restrict__ slot_tokens, SlotRecord* __restrict__ records,
-                                       PolicyScalars* __restrict__ scalars, unsigned* __restrict__ ready,
-                                       unsigned char* __restrict__ prefetched_g, unsigned* __restrict__ words_g,
-                                       const float* __restrict__ scores, unsigned* __restrict__ counts,
-                                       unsigned* __restrict__ miss_tokens, unsigned* __restrict__ miss_slots,
-                                       int* __restrict__ evicted, unsigned* __restrict__ fault, SwapParams p) {
+// Its arguments: one PrefetchArgs (the generated prelude), passed by value.
+extern "C" __global__ void prefetch_in(const PrefetchArgs a) {
+    const SwapReq* __restrict__ reqs = a.reqs;
+    const unsigned* __restrict__ candidates = a.candidates;
+    const unsigned* __restrict__ protect = a.protect;
+    const unsigned* __restrict__ prot = a.prot;
+    int* __restrict__ slot_tokens = a.slot_tokens;
+    SlotRecord* __restrict__ records = a.records;
+    PolicyScalars* __restrict__ scalars = a.scalars;
+    unsigned* __restrict__ ready = a.ready;
+    unsigned char* __restrict__ prefetched_g = a.prefetched;
+    unsigned* __restrict__ words_g = a.words;
+    const float* __restrict__ scores = a.scores;
+    unsigned* __restrict__ counts = a.counts;
+    unsigned* __restrict__ miss_tokens = a.miss_tokens;
+    unsigned* __restrict__ miss_slots = a.miss_slots;
+    int* __restrict__ evicted = a.evicted;
+    unsigned* __restrict__ fault = a.fault;
+    const SwapParams p = a.p;
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ unsigned warp_sums[33];
     const SwapReq r = reqs[blockIdx.x];

@@ -7,15 +7,27 @@
 // last block of a request to leave clears its three sync words (arrivals, decided flag,
 // departures) for the next launch, which the stream orders after this one.
 
-extern "C" __global__ void swap_in_fused(const SwapReq* __restrict__ reqs, const unsigned* __restrict__ selections,
-                                         int* __restrict__ slot_tokens, SlotRecord* __restrict__ records,
-                                         PolicyScalars* __restrict__ scalars, unsigned* __restrict__ ready,
-                                         unsigned char* __restrict__ prefetched_g, unsigned* __restrict__ words_g,
-                                         const float* __restrict__ scores, int* __restrict__ locations,
-                                         unsigned* __restrict__ counts, unsigned* __restrict__ miss_tokens,
-                                         unsigned* __restrict__ miss_slots, int* __restrict__ evicted,
-                                         const unsigned* __restrict__ host_pages, unsigned char* __restrict__ hot_rows,
-                                         unsigned* __restrict__ sync, unsigned* __restrict__ fault, SwapParams p) {
+// Its arguments: one FusedSwapArgs (the generated prelude), passed by value.
+extern "C" __global__ void swap_in_fused(const FusedSwapArgs a) {
+    const SwapReq* __restrict__ reqs = a.reqs;
+    const unsigned* __restrict__ selections = a.selections;
+    int* __restrict__ slot_tokens = a.slot_tokens;
+    SlotRecord* __restrict__ records = a.records;
+    PolicyScalars* __restrict__ scalars = a.scalars;
+    unsigned* __restrict__ ready = a.ready;
+    unsigned char* __restrict__ prefetched_g = a.prefetched;
+    unsigned* __restrict__ words_g = a.words;
+    const float* __restrict__ scores = a.scores;
+    int* __restrict__ locations = a.locations;
+    unsigned* __restrict__ counts = a.counts;
+    unsigned* __restrict__ miss_tokens = a.miss_tokens;
+    unsigned* __restrict__ miss_slots = a.miss_slots;
+    int* __restrict__ evicted = a.evicted;
+    const unsigned* __restrict__ host_pages = a.host_pages;
+    unsigned char* __restrict__ hot_rows = a.hot_rows;
+    unsigned* __restrict__ sync = a.sync;
+    unsigned* __restrict__ fault = a.fault;
+    const SwapParams p = a.p;
     __shared__ unsigned s_role;
     unsigned* arrived = sync + 3ull * blockIdx.x;
     unsigned* decided = arrived + 1;

@@ -261,17 +261,10 @@ __device__ void swap_decide(const SwapReq* __restrict__ reqs, const unsigned* __
     }
 }
 
-extern "C" __global__ void swap_in(const SwapReq* __restrict__ reqs, const unsigned* __restrict__ selections,
-                                   int* __restrict__ slot_tokens, SlotRecord* __restrict__ records,
-                                   PolicyScalars* __restrict__ scalars, unsigned* __restrict__ ready,
-                                   unsigned char* __restrict__ prefetched_g, unsigned* __restrict__ words_g,
-                                   const float* __restrict__ scores, int* __restrict__ locations,
-                                   unsigned* __restrict__ counts, unsigned* __restrict__ miss_tokens,
-                                   unsigned* __restrict__ miss_slots, int* __restrict__ evicted,
-                                   const unsigned* __restrict__ host_pages, unsigned long long* __restrict__ fills,
-                                   unsigned* __restrict__ fault, SwapParams p) {
-    swap_decide(reqs, selections, slot_tokens, records, scalars, ready, prefetched_g, words_g, scores, locations,
-                counts, miss_tokens, miss_slots, evicted, host_pages, fills, fault, p);
+// Its arguments: one SwapArgs (the generated prelude), passed by value.
+extern "C" __global__ void swap_in(const SwapArgs a) {
+    swap_decide(a.reqs, a.selections, a.slot_tokens, a.records, a.scalars, a.ready, a.prefetched, a.words, a.scores,
+                a.locations, a.counts, a.miss_tokens, a.miss_slots, a.evicted, a.host_pages, a.fills, a.fault, a.p);
 }
 
 // Copies misses first, first + stride, ... of request r (one warp each; `first` and `stride`

@@ -16,7 +16,7 @@ use super::attention_launch::AttnParams;
 use super::decode_launch::{GpuIndexerReq, GpuSpan};
 use super::step_launch::{LocateReq, NewRowsArgs};
 use super::topk_launch::SplitArgs;
-use crate::swap_in::cuda::{GpuNomination, GpuPrefetchSource, SwapParams};
+use crate::swap_in::cuda::{FusedSwapArgs, GpuNomination, GpuPrefetchSource, PrefetchArgs, SwapArgs, SwapParams};
 use crate::swap_in::{DeviceSwapReq, SWAP_COUNTS};
 
 /// Attention: query heads of one block (C `HB`).
@@ -113,7 +113,8 @@ pub enum Module {
     TopK,
     /// `rows.cu`.
     Rows,
-    /// `swap_in/*.cu` (before the policy's program).
+    /// `swap_in/*.cu` (after the policy's program: its argument structs point to the policy's
+    /// records).
     SwapIn,
     /// `swap_in/prefetch_harness.cu` (before the prefetcher's program).
     PrefetchHarness,
@@ -168,7 +169,17 @@ pub fn prelude(module: Module) -> String {
                 define("GATHER_THREADS", GATHER_THREADS),
             ];
             defines.extend(formulas);
-            make(&defines, &[part::<DeviceSwapReq>(), part::<SwapParams>(), part::<GpuSpan>()])
+            make(
+                &defines,
+                &[
+                    part::<DeviceSwapReq>(),
+                    part::<SwapParams>(),
+                    part::<GpuSpan>(),
+                    part::<SwapArgs>(),
+                    part::<FusedSwapArgs>(),
+                    part::<PrefetchArgs>(),
+                ],
+            )
         }
         Module::PrefetchHarness => make(&[], &[part::<GpuPrefetchSource>(), part::<GpuNomination>()]),
     }

@@ -6,8 +6,10 @@
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, LaunchConfig};
+use hisparse_memory::c_layout::{ConstPtr, DevPtr};
 use hisparse_memory::cuda::MappedHostTier;
 
+use super::args::{FusedSwapArgs, PrefetchArgs, SwapArgs, cdev, dev};
 use super::state::{GpuSwapIn, SwapBatch, SwapOutputs, SwapParams};
 use crate::cuda::printed_launch::PrintedLaunch;
 
@@ -192,39 +194,60 @@ impl GpuSwapIn {
             block_dim: (self.block, 1, 1),
             shared_mem_bytes: Self::shared_bytes(self.slots, self.max_sel) as u32,
         };
-        let null = 0u64;
         let GpuSwapIn { print, funcs, slot_tokens, records, scalars, ready, prefetched, words, fault, sync, .. } =
             &mut *self;
+        let counts_at = counts.slice(at..at + SWAP_COUNTS * n);
+        let s = stream.as_ref();
+        let words = words.as_ref().map_or(DevPtr::null(), |w| dev(w, s));
+        let scores = scores.map_or(ConstPtr::null(), |sc| cdev(sc, s));
         let mut b = PrintedLaunch::new(print, stream, if fused { &funcs.fused } else { &funcs.decide });
-        b.arg(batch.device())
-            .arg(selections)
-            .arg_mut(slot_tokens)
-            .arg_mut(records)
-            .arg_mut(scalars)
-            .arg_mut(ready)
-            .arg_mut(prefetched);
-        match words.as_mut() {
-            Some(w) => b.arg_mut(w),
-            None => b.arg(&null),
-        };
-        match scores {
-            Some(sc) => b.arg(sc),
-            None => b.arg(&null),
-        };
-        let mut counts_at = counts.slice_mut(at..at + SWAP_COUNTS * n);
-        b.arg_mut(&mut *locations)
-            .arg_mut(&mut counts_at)
-            .arg_mut(&mut *miss_tokens)
-            .arg_mut(&mut *miss_slots)
-            .arg_mut(&mut *evicted);
+        let (fused_args, args);
         if fused {
-            b.arg(host_pages).arg_mut(&mut *hot_rows).arg_mut(sync);
-        } else if fill {
-            b.arg(host_pages).arg_mut(&mut *fills);
+            fused_args = FusedSwapArgs {
+                reqs: cdev(batch.device(), s),
+                selections: cdev(selections, s),
+                slot_tokens: dev(slot_tokens, s),
+                records: dev(records, s),
+                scalars: dev(scalars, s),
+                ready: dev(ready, s),
+                prefetched: dev(prefetched, s),
+                words,
+                scores,
+                locations: dev(locations, s),
+                counts: dev(&counts_at, s),
+                miss_tokens: dev(miss_tokens, s),
+                miss_slots: dev(miss_slots, s),
+                evicted: dev(evicted, s),
+                host_pages: cdev(host_pages, s),
+                hot_rows: dev(hot_rows, s),
+                sync: dev(sync, s),
+                fault: dev(fault, s),
+                p: params,
+            };
+            b.params(&fused_args);
         } else {
-            b.arg(host_pages).arg(&null);
+            args = SwapArgs {
+                reqs: cdev(batch.device(), s),
+                selections: cdev(selections, s),
+                slot_tokens: dev(slot_tokens, s),
+                records: dev(records, s),
+                scalars: dev(scalars, s),
+                ready: dev(ready, s),
+                prefetched: dev(prefetched, s),
+                words,
+                scores,
+                locations: dev(locations, s),
+                counts: dev(&counts_at, s),
+                miss_tokens: dev(miss_tokens, s),
+                miss_slots: dev(miss_slots, s),
+                evicted: dev(evicted, s),
+                host_pages: cdev(host_pages, s),
+                fills: if fill { dev(fills, s) } else { DevPtr::null() },
+                fault: dev(fault, s),
+                p: params,
+            };
+            b.params(&args);
         }
-        b.arg_mut(fault).params(&params);
         // SAFETY: the batch was validated against this swap-in when made (seats within the state
         // arrays, selection ranges within `sel_end`), and every buffer was checked above to hold
         // what the kernel indexes (the sync words: three per request); selections out of range
@@ -237,7 +260,7 @@ impl GpuSwapIn {
         if fused || fill {
             return Ok(());
         }
-        let lists = (&counts_at.as_view(), &*miss_tokens, &*miss_slots);
+        let lists = (&counts_at, &*miss_tokens, &*miss_slots);
         match staged {
             Some(st) => self.launch_staged_copies(stream, batch, st, hot_rows, lists, &params),
             None => self.launch_copies(stream, batch, host_pages, hot_rows, lists, &params),
@@ -327,32 +350,29 @@ impl GpuSwapIn {
             block_dim: (self.block, 1, 1),
             shared_mem_bytes: Self::prefetch_shared_bytes(self.slots, self.max_sel) as u32,
         };
-        let null = 0u64;
         let GpuSwapIn { print, funcs, slot_tokens, records, scalars, ready, prefetched, words, fault, .. } = &mut *self;
+        let s = stream.as_ref();
+        let args = PrefetchArgs {
+            reqs: cdev(batch.device(), s),
+            candidates: cdev(candidates, s),
+            protect: cdev(protect, s),
+            prot: cdev(&prot.dev, s),
+            slot_tokens: dev(slot_tokens, s),
+            records: dev(records, s),
+            scalars: dev(scalars, s),
+            ready: dev(ready, s),
+            prefetched: dev(prefetched, s),
+            words: words.as_ref().map_or(DevPtr::null(), |w| dev(w, s)),
+            scores: scores.map_or(ConstPtr::null(), |sc| cdev(sc, s)),
+            counts: dev(&out.counts, s),
+            miss_tokens: dev(&out.miss_tokens, s),
+            miss_slots: dev(&out.miss_slots, s),
+            evicted: dev(&out.evicted, s),
+            fault: dev(fault, s),
+            p: params,
+        };
         let mut b = PrintedLaunch::new(print, stream, &funcs.prefetch);
-        b.arg(batch.device())
-            .arg(candidates)
-            .arg(protect)
-            .arg(&prot.dev)
-            .arg_mut(slot_tokens)
-            .arg_mut(records)
-            .arg_mut(scalars)
-            .arg_mut(ready)
-            .arg_mut(prefetched);
-        match words.as_mut() {
-            Some(w) => b.arg_mut(w),
-            None => b.arg(&null),
-        };
-        match scores {
-            Some(sc) => b.arg(sc),
-            None => b.arg(&null),
-        };
-        b.arg_mut(&mut out.counts)
-            .arg_mut(&mut out.miss_tokens)
-            .arg_mut(&mut out.miss_slots)
-            .arg_mut(&mut out.evicted)
-            .arg_mut(fault)
-            .params(&params);
+        b.params(&args);
         // SAFETY: as for the swap-in: the batch was validated (seats, candidate ranges within
         // `sel_end`, at most max_sel candidates: the shared memory is sized for that), the
         // protect spans (checked when set) lie within `protect`, and the outputs hold `sel_end`

@@ -9,6 +9,7 @@
 //! prefetch on the transfer stream (`prefetch.rs`). `policy.rs` holds the kernel-argument
 //! forms of the policy crate's records.
 
+mod args;
 mod backend;
 mod copy_engine;
 mod deferred;
@@ -22,6 +23,7 @@ mod prefetch;
 mod staging;
 mod state;
 
+pub(crate) use args::{FusedSwapArgs, PrefetchArgs, SwapArgs};
 pub use backend::CudaSwapIn;
 pub use copy_engine::CopyEngineStaging;
 pub use launch::ProtectSpans;

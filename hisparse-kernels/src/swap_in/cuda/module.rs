@@ -20,13 +20,15 @@ fn cuda(context: &str) -> impl FnOnce(cudarc::driver::DriverError) -> KernelErro
 /// The source of the swap-in module with `policy`'s hooks (the step kernel, the miss copies, the
 /// prefetch kernel), or `None` for a CPU-only policy.
 pub fn swap_in_source(policy: &dyn EvictionPolicy) -> Option<KernelSource> {
-    let template = prelude(Module::SwapIn)
-        + &include_str!("../../../kernels/swap_in/swap_in.cu")
-            .replace("//@COMMON@", include_str!("../../../kernels/swap_in/swap_common.cu"))
+    let template = include_str!("../../../kernels/swap_in/swap_in.cu")
+        .replace("//@COMMON@", include_str!("../../../kernels/swap_in/swap_common.cu"))
         + include_str!("../../../kernels/swap_in/swap_fused.cu")
         + include_str!("../../../kernels/swap_in/swap_locate.cu")
         + include_str!("../../../kernels/swap_in/prefetch.cu");
-    let code = splice_policy(&template, policy)?;
+    // The policy's program (its records' types and hooks), then the generated prelude, whose
+    // argument structs hold pointers to those records.
+    let program = hisparse_policy::policy::cuda::program(policy)?;
+    let code = template.replace("//@POLICY@", &(program + "\n" + &prelude(Module::SwapIn)));
     Some(KernelSource {
         name: module_name("swap_in", &code),
         code,

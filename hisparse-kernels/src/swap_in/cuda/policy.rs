@@ -18,6 +18,11 @@ macro_rules! device_repr {
         unsafe impl DeviceRepr for $name {}
         // SAFETY: all-zero bytes are a valid value of every field.
         unsafe impl ValidAsZeroBits for $name {}
+        impl hisparse_memory::c_layout::CType for $name {
+            fn c_type() -> String {
+                <$inner as hisparse_memory::c_layout::CType>::c_type()
+            }
+        }
     )*};
 }
 
