@@ -54,9 +54,9 @@ impl Backend for NullBackend {
 
 fn engine(mode: Mode) -> Engine<NullBackend> {
     let mut cfg = EngineConfig::new(KvGeometry::preset("cpu-small").unwrap(), mode, 3 << 30);
-    cfg.hisparse.max_request_tokens = 4096;
-    cfg.hisparse.host_tier_bytes = 3 << 30;
-    cfg.typical_tokens = 3024;
+    cfg.cache.hisparse.max_request_tokens = 4096;
+    cfg.cache.hisparse.host_tier_bytes = 3 << 30;
+    cfg.cache.typical_tokens = 3024;
     let mut e = Engine::new(NullBackend::default(), cfg).unwrap();
     for i in 0..256 {
         e.submit(RequestSpec { id: RequestId(i), prompt_tokens: 1024, output_tokens: 2000 }).unwrap();

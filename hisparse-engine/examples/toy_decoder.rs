@@ -149,7 +149,7 @@ fn main() -> Result<(), Box<dyn Error>> {
             }
         }
         let m = step.end()?;
-        totals = (totals.0 + m.hits, totals.1 + m.misses, totals.2 + m.prefetched);
+        totals = (totals.0 + m.swap.hits, totals.1 + m.swap.misses, totals.2 + m.swap.prefetched);
     }
     for s in &seqs {
         cache.free(s.id)?;

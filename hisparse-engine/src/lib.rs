@@ -32,7 +32,7 @@ pub use stop::StopFlag;
 pub use workload::{LocalityParams, Workload};
 
 // What an embedder holds to run the hierarchy from its own model, from this crate alone.
-pub use hisparse_kernels::{Backend, CpuBackend, DeviceSwapCounts, dense_attention};
+pub use hisparse_kernels::{Backend, CpuBackend, SwapCounts, dense_attention};
 pub use hisparse_memory::{Admission, KvGeometry, KvRowFormat, Mode, RequestId};
 pub use hisparse_policy::{
     BuiltinPolicy, BuiltinPrefetcher, EvictionPolicy, HiSparseConfig, MissFill, MissFillMode, OnlinePolicy,

@@ -1,6 +1,7 @@
 //! Metrics of every decode step and of a whole run: throughput, time per stage, hits and misses,
 //! bytes moved per tier, bytes in use, and the request counts.
 
+use hisparse_policy::SwapCounts;
 use serde::{Deserialize, Serialize};
 
 /// Seconds spent per stage of a decode step (summed over layers). Kernel stages time the
@@ -94,26 +95,9 @@ pub struct StepMetrics {
     pub tokens: usize,
     /// Time per stage.
     pub stages: StageTimes,
-    /// Selected tokens found in the hot buffer (the newest included).
-    pub hits: u64,
-    /// Selected tokens copied in from the host tier.
-    pub misses: u64,
-    /// Largest misses of one (request, layer) this step: what a batch waits for.
-    pub max_misses: u64,
-    /// Bytes copied host → device by swap-in (prefetch included).
-    pub bytes_h2d: u64,
-    /// Of those, bytes prefetched before their layer's selection was known.
-    pub bytes_h2d_prefetch: u64,
-    /// Rows prefetched.
-    pub prefetched: u64,
-    /// Prefetched rows a selection used.
-    pub prefetch_useful: u64,
-    /// Prefetched rows evicted before any selection used them.
-    pub prefetch_wasted: u64,
-    /// Of the misses, rows the host gathered for the copy engine (`miss_fill = "copy-engine"`).
-    pub copy_engine_rows: u64,
-    /// Of the misses, rows past the copy engine's landing rows (read by the scatter kernel).
-    pub copy_engine_overflow: u64,
+    /// What the swap-in counted (fields at the top level of the JSON).
+    #[serde(flatten)]
+    pub swap: SwapCounts,
     /// Bytes copied device → host by backup.
     pub bytes_d2h: u64,
     /// Launch graphs captured this step.
@@ -147,16 +131,7 @@ impl StepMetrics {
     /// engine step's metrics.
     pub(crate) fn absorb(&mut self, o: &StepMetrics) {
         self.stages.add(&o.stages);
-        self.hits += o.hits;
-        self.misses += o.misses;
-        self.max_misses = self.max_misses.max(o.max_misses);
-        self.bytes_h2d += o.bytes_h2d;
-        self.bytes_h2d_prefetch += o.bytes_h2d_prefetch;
-        self.prefetched += o.prefetched;
-        self.prefetch_useful += o.prefetch_useful;
-        self.prefetch_wasted += o.prefetch_wasted;
-        self.copy_engine_rows += o.copy_engine_rows;
-        self.copy_engine_overflow += o.copy_engine_overflow;
+        self.swap += o.swap;
         self.bytes_d2h += o.bytes_d2h;
         self.graph_captures += o.graph_captures;
         self.graph_replays += o.graph_replays;
@@ -176,26 +151,11 @@ pub struct RunSummary {
     pub tokens_per_s: f64,
     /// Time per stage.
     pub stages: StageTimes,
-    /// Hits.
-    pub hits: u64,
-    /// Misses.
-    pub misses: u64,
+    /// What the swap-in counted (fields at the top level of the JSON).
+    #[serde(flatten)]
+    pub swap: SwapCounts,
     /// `misses / (hits + misses)`.
     pub miss_ratio: f64,
-    /// Bytes host → device.
-    pub bytes_h2d: u64,
-    /// Of those, prefetched.
-    pub bytes_h2d_prefetch: u64,
-    /// Rows prefetched.
-    pub prefetched: u64,
-    /// Prefetched rows a selection used.
-    pub prefetch_useful: u64,
-    /// Prefetched rows evicted unused.
-    pub prefetch_wasted: u64,
-    /// Rows the host gathered for the copy engine (`copy-engine`).
-    pub copy_engine_rows: u64,
-    /// Rows past the copy engine's landing rows.
-    pub copy_engine_overflow: u64,
     /// Bytes device → host.
     pub bytes_d2h: u64,
     /// Most requests decoded in one step.
@@ -218,17 +178,8 @@ impl RunSummary {
         self.tokens += s.tokens as u64;
         self.tokens_per_s = if self.seconds > 0.0 { self.tokens as f64 / self.seconds } else { 0.0 };
         self.stages.add(&s.stages);
-        self.hits += s.hits;
-        self.misses += s.misses;
-        let sel = self.hits + self.misses;
-        self.miss_ratio = if sel > 0 { self.misses as f64 / sel as f64 } else { 0.0 };
-        self.bytes_h2d += s.bytes_h2d;
-        self.bytes_h2d_prefetch += s.bytes_h2d_prefetch;
-        self.prefetched += s.prefetched;
-        self.prefetch_useful += s.prefetch_useful;
-        self.prefetch_wasted += s.prefetch_wasted;
-        self.copy_engine_rows += s.copy_engine_rows;
-        self.copy_engine_overflow += s.copy_engine_overflow;
+        self.swap += s.swap;
+        self.miss_ratio = self.swap.miss_ratio();
         self.bytes_d2h += s.bytes_d2h;
         self.max_running = self.max_running.max(s.running);
         self.peak_device_bytes = self.peak_device_bytes.max(s.device_bytes_in_use);

@@ -9,8 +9,8 @@ use hisparse_memory::{KvGeometry, Mode, RequestId};
 
 fn cfg(mode: Mode, device_bytes: u64) -> EngineConfig {
     let mut c = EngineConfig::new(KvGeometry::preset("cpu-small").unwrap(), mode, device_bytes);
-    c.hisparse.max_request_tokens = 4096;
-    c.typical_tokens = 1100;
+    c.cache.hisparse.max_request_tokens = 4096;
+    c.cache.typical_tokens = 1100;
     c
 }
 
@@ -66,9 +66,9 @@ fn metrics_add_up() {
     assert!(s.stages.indexer > 0.0 && s.stages.attention > 0.0 && s.stages.admission > 0.0);
     assert!(s.bytes_prompt_host == (1500 * 656 * 4) as u64, "{}", s.bytes_prompt_host);
     // The cold request misses all it selects at first (but the newest); later steps hit.
-    assert!(s.misses >= 255 * 4, "{}", s.misses);
-    assert!(reps[3].metrics.hits > reps[3].metrics.misses);
-    assert_eq!(s.bytes_h2d, s.misses * 656);
+    assert!(s.swap.misses >= 255 * 4, "{}", s.swap.misses);
+    assert!(reps[3].metrics.swap.hits > reps[3].metrics.swap.misses);
+    assert_eq!(s.swap.bytes_h2d, s.swap.misses * 656);
     assert_eq!(s.bytes_d2h, 2 * 4 * 656);
     assert!(s.device_bytes_in_use > 0 && s.host_bytes_in_use > 0);
 }
@@ -98,15 +98,15 @@ fn the_waiting_queue_is_bounded_and_a_refused_request_holds_nothing() {
 fn bad_configs_and_requests_are_named() {
     let field = |e: EngineError| e.to_string();
     let mut c = cfg(Mode::HiSparse, 8 << 20);
-    c.hisparse.device_buffer_size = 100; // below top_k 256
+    c.cache.hisparse.device_buffer_size = 100; // below top_k 256
     assert!(field(Engine::new(CpuBackend::new(), c).err().unwrap()).contains("device_buffer_size = 100"));
     let mut c = cfg(Mode::HiSparse, 8 << 20);
-    c.hisparse.eviction_policy = "belady".parse().unwrap();
+    c.cache.hisparse.eviction_policy = "belady".parse().unwrap();
     assert!(field(Engine::new(CpuBackend::new(), c).err().unwrap()).contains("eviction_policy = belady"));
     let c = cfg(Mode::Resident, 0);
     assert!(field(Engine::new(CpuBackend::new(), c).err().unwrap()).contains("device_kv_bytes = 0"));
     let mut c = cfg(Mode::HiSparse, 8 << 20);
-    c.hisparse.swap_in_block_size = 2048;
+    c.cache.hisparse.swap_in_block_size = 2048;
     assert!(field(Engine::new(CpuBackend::new(), c).err().unwrap()).contains("swap_in_block_size = 2048"));
     let mut e = Engine::new(CpuBackend::new(), cfg(Mode::Resident, 8 << 20)).unwrap();
     assert!(e.submit(req(1, 10, 0)).unwrap_err().to_string().contains("output_tokens"));

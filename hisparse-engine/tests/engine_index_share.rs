@@ -18,7 +18,7 @@ use hisparse_policy::trace::TraceReader;
 
 /// cpu-small with layers 0 and 2 full, 1 and 3 shared.
 fn shared(mut c: hisparse_engine::EngineConfig) -> hisparse_engine::EngineConfig {
-    c.geometry = c.geometry.with_indexers(IndexerLayout::Every { first_full: 1, freq: 2 });
+    c.cache.geometry = c.cache.geometry.with_indexers(IndexerLayout::Every { first_full: 1, freq: 2 });
     c
 }
 
@@ -38,7 +38,7 @@ impl std::io::Write for Sink {
 #[test]
 fn shared_layers_attend_over_their_full_layers_selection() {
     let cfg = shared(config(Mode::HiSparse, "lru"));
-    assert_eq!(cfg.geometry.full_layers(), vec![0, 2]);
+    assert_eq!(cfg.cache.geometry.full_layers(), vec![0, 2]);
     let mut e = Engine::new(CpuBackend::new(), cfg).unwrap();
     let sink = Sink::default();
     e.record_trace(Box::new(sink.clone())).unwrap();

@@ -65,7 +65,7 @@ fn misses_left_to_the_attention_on_the_cpu_are_still_copied_and_lossless() {
         ("auto", "score"),
     ] {
         let mut cfg = config(Mode::HiSparse, policy);
-        cfg.hisparse.miss_fill = fill.parse::<hisparse_policy::MissFillMode>().unwrap().into();
+        cfg.cache.hisparse.miss_fill = fill.parse::<hisparse_policy::MissFillMode>().unwrap().into();
         assert_eq!(run(cfg, &[], None), resident, "{fill} / {policy}");
     }
 }
@@ -74,8 +74,11 @@ fn misses_left_to_the_attention_on_the_cpu_are_still_copied_and_lossless() {
 /// hisparse still equals resident; the selection, and so the outputs, differ from exact queries.
 #[test]
 fn fp8_index_queries_stay_lossless() {
-    let fp8 =
-        |mode, policy| EngineConfig { index_queries: hisparse_kernels::IndexerQueries::Fp8, ..config(mode, policy) };
+    let fp8 = |mode, policy| {
+        let mut c = config(mode, policy);
+        c.cache.index_queries = hisparse_kernels::IndexerQueries::Fp8;
+        c
+    };
     let resident = run(fp8(Mode::Resident, "lru"), &[], None);
     for policy in ["lru", "score"] {
         assert_eq!(run(fp8(Mode::HiSparse, policy), &[], None), resident, "{policy}");

@@ -14,13 +14,13 @@ use hisparse_policy::prefetch::PREFETCHER_NAMES;
 
 /// cpu-small with layers 0 and 2 full, 1 and 3 shared (GLM-5.2's IndexShare, scaled down).
 fn shared(mut c: EngineConfig) -> EngineConfig {
-    c.geometry = c.geometry.with_indexers(IndexerLayout::Every { first_full: 1, freq: 2 });
+    c.cache.geometry = c.cache.geometry.with_indexers(IndexerLayout::Every { first_full: 1, freq: 2 });
     c
 }
 
 fn with_prefetcher(mut c: EngineConfig, prefetcher: &str, budget: usize) -> EngineConfig {
-    c.hisparse.prefetcher = prefetcher.parse().unwrap();
-    c.hisparse.prefetch_budget = budget;
+    c.cache.hisparse.prefetcher = prefetcher.parse().unwrap();
+    c.cache.hisparse.prefetch_budget = budget;
     c
 }
 

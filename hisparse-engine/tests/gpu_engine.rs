@@ -49,8 +49,11 @@ fn on_cuda_hisparse_equals_resident_bit_for_bit() {
     let distinct: std::collections::HashSet<u64> = resident.values().copied().collect();
     assert!(distinct.len() > resident.len() / 2, "outputs are not trivial");
     // The indexer on fp8 queries (e4m3 MMA): both modes select alike.
-    let fp8 =
-        |mode, policy| EngineConfig { index_queries: hisparse_kernels::IndexerQueries::Fp8, ..eager(mode, policy) };
+    let fp8 = |mode, policy| {
+        let mut c = eager(mode, policy);
+        c.cache.index_queries = hisparse_kernels::IndexerQueries::Fp8;
+        c
+    };
     let resident = run_on(gpu(), fp8(Mode::Resident, "lru"), &[], None);
     for policy in ["lru", "score"] {
         assert_eq!(run_on(gpu(), fp8(Mode::HiSparse, policy), &[], None), resident, "fp8 index queries, {policy}");
@@ -74,7 +77,7 @@ where
         let rep = e.step().unwrap();
         out.extend(rep.dump);
         if s == 12 {
-            assert!(rep.metrics.hits + rep.metrics.misses > 0);
+            assert!(rep.metrics.swap.hits + rep.metrics.swap.misses > 0);
         }
     }
     out
@@ -138,7 +141,7 @@ fn on_cuda_launch_graphs_replay_what_eager_launches_compute() {
     }
     // IndexShare layers (empty query buffers on the shared layers) keep one graph too.
     let mut c = config(Mode::HiSparse, "lru");
-    c.geometry = c.geometry.with_indexers(hisparse_memory::IndexerLayout::Every { first_full: 1, freq: 2 });
+    c.cache.geometry = c.cache.geometry.with_indexers(hisparse_memory::IndexerLayout::Every { first_full: 1, freq: 2 });
     let (_, counts) = run_counted(gpu(), c, &[], None);
     let (replays, captures): (u64, u64) =
         (counts.iter().map(|c| c.replays).sum(), counts.iter().map(|c| c.captures).sum());
@@ -178,7 +181,7 @@ fn on_cuda_the_per_layer_api_is_lossless_for_every_gpu_policy() {
 #[ignore = "needs a CUDA GPU"]
 fn on_cuda_next_step_prefetch_is_refused_by_name() {
     let mut cfg = config(Mode::HiSparse, "lru");
-    cfg.hisparse.prefetcher = "next-step".parse().unwrap();
+    cfg.cache.hisparse.prefetcher = "next-step".parse().unwrap();
     let e = Engine::new(gpu(), cfg).err().expect("refused");
     assert!(e.to_string().contains("prefetcher") && e.to_string().contains("next-step"), "{e}");
 }
@@ -193,7 +196,8 @@ fn on_cuda_next_step_prefetch_is_refused_by_name() {
 #[ignore = "needs a CUDA GPU"]
 fn on_cuda_prefetch_on_the_transfer_stream_is_exact() {
     let shared = |mut c: EngineConfig| {
-        c.geometry = c.geometry.with_indexers(hisparse_memory::IndexerLayout::Every { first_full: 1, freq: 2 });
+        c.cache.geometry =
+            c.cache.geometry.with_indexers(hisparse_memory::IndexerLayout::Every { first_full: 1, freq: 2 });
         c
     };
     let strip = |c: &[common::StepCounts]| {
@@ -206,10 +210,10 @@ fn on_cuda_prefetch_on_the_transfer_stream_is_exact() {
             for policy in ["lru", "s3fifo", "score"] {
                 let make = |serial: bool, graphs: bool, delay: Option<Duration>| {
                     let mut c = geo(config(Mode::HiSparse, policy));
-                    c.hisparse.prefetcher = prefetcher.parse().unwrap();
-                    c.serial_prefetch = serial;
+                    c.cache.hisparse.prefetcher = prefetcher.parse().unwrap();
+                    c.cache.serial_prefetch = serial;
                     c.launch_graphs = graphs;
-                    c.transfer_delay = delay;
+                    c.cache.transfer_delay = delay;
                     c
                 };
                 let what = format!("{prefetcher} / {policy} (shared index: {share})");
@@ -243,7 +247,7 @@ fn on_cuda_prefetch_on_the_transfer_stream_is_exact() {
 #[ignore = "needs a CUDA GPU"]
 fn on_cuda_misses_filled_by_the_attention_are_lossless() {
     let fill = |mut c: EngineConfig| {
-        c.hisparse.miss_fill = hisparse_policy::MissFill::Attention;
+        c.cache.hisparse.miss_fill = hisparse_policy::MissFill::Attention;
         c
     };
     let resident = run_on(gpu(), eager(Mode::Resident, "lru"), &[], None);
@@ -253,7 +257,7 @@ fn on_cuda_misses_filled_by_the_attention_are_lossless() {
         let hs = run_on(gpu(), fill(eager(Mode::HiSparse, policy.name())), &[], None);
         assert_eq!(hs, resident, "{}: outputs differ from the resident baseline", policy.name());
         let mut copy = eager(Mode::HiSparse, policy.name());
-        copy.hisparse.miss_fill = hisparse_policy::MissFill::SwapIn;
+        copy.cache.hisparse.miss_fill = hisparse_policy::MissFill::SwapIn;
         assert_eq!(run_on(gpu(), copy, &[], None), resident, "{}: the copying swap-in differs", policy.name());
     }
     // `auto` at batches of at most 3 under a policy that reads scores (where `auto` lets the
@@ -262,7 +266,7 @@ fn on_cuda_misses_filled_by_the_attention_are_lossless() {
     for graphs in [false, true] {
         let mut c = eager(Mode::HiSparse, "score");
         c.launch_graphs = graphs;
-        c.hisparse.miss_fill = hisparse_policy::MissFill::Auto { max_batch: 3 };
+        c.cache.hisparse.miss_fill = hisparse_policy::MissFill::Auto { max_batch: 3 };
         assert_eq!(run_on(gpu(), c, &[], None), resident, "auto (graphs: {graphs})");
     }
     matches_the_copying_swap_in("attention", fill);
@@ -279,7 +283,7 @@ fn matches_the_copying_swap_in(what: &str, make: impl Fn(EngineConfig) -> Engine
     let strip = |c: &[common::StepCounts]| c.iter().map(|c| (c.hits, c.misses, c.prefetched)).collect::<Vec<_>>();
     for (prefetcher, c) in common::prefetcher_configs() {
         let mut copy = c.clone();
-        copy.hisparse.miss_fill = hisparse_policy::MissFill::SwapIn;
+        copy.cache.hisparse.miss_fill = hisparse_policy::MissFill::SwapIn;
         let (copied, cc) = run_counted(gpu(), copy, &[], None);
         let (made, mc) = run_counted(gpu(), make(c), &[], None);
         assert!(mc.iter().map(|c| c.replays).sum::<u64>() >= 10, "{what} / {prefetcher}: graphs replayed");
@@ -308,14 +312,14 @@ fn on_cuda_a_deferred_swap_in_is_lossless() {
     for graphs in [false, true] {
         let mut c = eager(Mode::HiSparse, "lru");
         c.launch_graphs = graphs;
-        c.hisparse.miss_fill = hisparse_policy::MissFill::CopyEngine { share: 1e-6, host_threads: 2 };
+        c.cache.hisparse.miss_fill = hisparse_policy::MissFill::CopyEngine { share: 1e-6, host_threads: 2 };
         assert_eq!(run_on(gpu(), c, &[], None), resident, "copy-engine, 64 landing rows (graphs: {graphs})");
     }
 }
 
 fn deferred_swap_in_is_lossless(fill: &str) {
     let defer = |mut c: EngineConfig| {
-        c.hisparse.miss_fill = fill.parse::<hisparse_policy::MissFillMode>().unwrap().into();
+        c.cache.hisparse.miss_fill = fill.parse::<hisparse_policy::MissFillMode>().unwrap().into();
         c
     };
     let resident = run_on(gpu(), eager(Mode::Resident, "lru"), &[], None);
@@ -330,7 +334,7 @@ fn deferred_swap_in_is_lossless(fill: &str) {
             refused += 1;
             // `auto` takes it: the attention fills its misses in small batches instead.
             let mut auto = eager(Mode::HiSparse, policy.name());
-            auto.hisparse.miss_fill = hisparse_policy::MissFill::from(hisparse_policy::MissFillMode::Auto);
+            auto.cache.hisparse.miss_fill = hisparse_policy::MissFill::from(hisparse_policy::MissFillMode::Auto);
             assert_eq!(run_on(gpu(), auto, &[], None), resident, "{}: auto", policy.name());
             continue;
         }
@@ -339,7 +343,7 @@ fn deferred_swap_in_is_lossless(fill: &str) {
     }
     assert!(refused > 0 && refused < policies.len(), "{refused} of {} policies refused", policies.len());
     let mut slow = defer(eager(Mode::HiSparse, "s3fifo"));
-    slow.transfer_delay = Some(Duration::from_micros(300));
+    slow.cache.transfer_delay = Some(Duration::from_micros(300));
     assert_eq!(run_on(gpu(), slow, &[], None), resident, "{fill}: deferred stream slowed");
     // The mma.sync attention (the default is warpgroup MMA) reads the misses alike.
     let mma = || gpu().with_wgmma_attention(false);
@@ -350,7 +354,7 @@ fn deferred_swap_in_is_lossless(fill: &str) {
     for graphs in [false, true] {
         let mut c = eager(Mode::HiSparse, "lru");
         c.launch_graphs = graphs;
-        c.hisparse.miss_fill = hisparse_policy::MissFill::Auto { max_batch: 3 };
+        c.cache.hisparse.miss_fill = hisparse_policy::MissFill::Auto { max_batch: 3 };
         assert_eq!(run_on(gpu(), c, &["score", "lru"], None), resident, "auto (graphs: {graphs})");
     }
     matches_the_copying_swap_in(fill, defer);

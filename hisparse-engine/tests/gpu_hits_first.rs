@@ -24,7 +24,7 @@ fn gpu() -> CudaBackend {
 }
 
 fn hits_first(mut c: EngineConfig) -> EngineConfig {
-    c.hisparse.miss_fill = hisparse_policy::MissFill::HitsFirst;
+    c.cache.hisparse.miss_fill = hisparse_policy::MissFill::HitsFirst;
     c
 }
 
@@ -44,7 +44,7 @@ fn dumps(cfg: EngineConfig) -> (Vec<LayerDump>, u64) {
             e.capture_next_step();
         }
         let rep = e.step().unwrap();
-        misses += rep.metrics.misses;
+        misses += rep.metrics.swap.misses;
         out.extend(rep.dump);
     }
     (out, misses)
@@ -104,14 +104,14 @@ fn on_cuda_hits_first_is_reproducible_slowed_and_replayed() {
     let base = run_on(gpu(), hits_first(eager(Mode::HiSparse, "s3fifo")), &[], None);
     assert_eq!(run_on(gpu(), hits_first(eager(Mode::HiSparse, "s3fifo")), &[], None), base, "run again");
     let mut slow = hits_first(eager(Mode::HiSparse, "s3fifo"));
-    slow.transfer_delay = Some(Duration::from_micros(300));
+    slow.cache.transfer_delay = Some(Duration::from_micros(300));
     assert_eq!(run_on(gpu(), slow, &[], None), base, "the transfer stream slowed by 300 us");
     // Launch graphs (fork and join through events) against eager launches, with each prefetcher
     // (IndexShare layers for shared-index); the counts against the copying swap-in's.
     let strip = |c: &[common::StepCounts]| c.iter().map(|c| (c.hits, c.misses, c.prefetched)).collect::<Vec<_>>();
     for (prefetcher, c) in common::prefetcher_configs() {
         let mut copy = c.clone();
-        copy.hisparse.miss_fill = hisparse_policy::MissFill::SwapIn;
+        copy.cache.hisparse.miss_fill = hisparse_policy::MissFill::SwapIn;
         let (_, cc) = run_counted(gpu(), copy, &[], None);
         let (replayed, hc) = run_counted(gpu(), hits_first(c.clone()), &[], None);
         let (launched, _) = run_counted(gpu(), hits_first(EngineConfig { launch_graphs: false, ..c }), &[], None);

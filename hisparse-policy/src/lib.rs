@@ -13,6 +13,7 @@
 
 pub mod choice;
 pub mod config;
+pub mod counts;
 pub mod error;
 pub mod policy;
 pub mod prefetch;
@@ -23,6 +24,7 @@ pub mod trace;
 
 pub use choice::{OnlinePolicy, PolicyChoice, PrefetcherChoice};
 pub use config::{HiSparseConfig, MissFill, MissFillMode};
+pub use counts::SwapCounts;
 pub use error::{PolicyError, Result};
 pub use policy::BuiltinPolicy;
 pub use policy::{EvictionPolicy, PolicyConfig, PolicyEnv, PolicyScalars, SlotRecord, StampRule, StepCtx, VictimKey};

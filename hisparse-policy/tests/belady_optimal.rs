@@ -89,10 +89,10 @@ fn belady_matches_exhaustive_search() {
             ..SimConfig::default()
         };
         let report = simulate(&header, &records, &cfg, &|_| {}).unwrap();
-        let belady = report.results[0].misses as u32;
+        let belady = report.results[0].swap.misses as u32;
         let optimum = best(&steps, &sels, 0, 0, slots, &mut HashMap::new());
         assert_eq!(belady, optimum, "slots {slots}, trace {records:?}");
-        checked += usize::from(report.results[1].misses as u32 > optimum);
+        checked += usize::from(report.results[1].swap.misses as u32 > optimum);
     }
     assert!(checked > 10, "LRU should lose to the optimum on some traces ({checked})");
 }

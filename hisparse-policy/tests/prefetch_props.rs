@@ -128,12 +128,18 @@ fn shared_index_prefetch_leaves_shared_layers_no_critical_misses() {
                 buffer_sizes: vec![slots],
                 ..SimConfig::default()
             };
-            let full = simulate(&header, &only(&[0, 2]), &c, &|_| {}).unwrap().results[0].misses;
-            let layer1 = simulate(&header, &only(&[1]), &c, &|_| {}).unwrap().results[0].misses;
-            assert_eq!(none.misses, full + layer1, "{policy} {slots}");
-            assert_eq!(shared.misses, full, "{policy} {slots}: shared layers must not miss");
-            assert_eq!(shared.prefetched, layer1, "{policy} {slots}: prefetched rows are the shared layer's misses");
-            assert_eq!(shared.prefetch_useful, shared.prefetched, "{policy} {slots}: exact prefetch wastes nothing");
+            let full = simulate(&header, &only(&[0, 2]), &c, &|_| {}).unwrap().results[0].swap.misses;
+            let layer1 = simulate(&header, &only(&[1]), &c, &|_| {}).unwrap().results[0].swap.misses;
+            assert_eq!(none.swap.misses, full + layer1, "{policy} {slots}");
+            assert_eq!(shared.swap.misses, full, "{policy} {slots}: shared layers must not miss");
+            assert_eq!(
+                shared.swap.prefetched, layer1,
+                "{policy} {slots}: prefetched rows are the shared layer's misses"
+            );
+            assert_eq!(
+                shared.swap.prefetch_useful, shared.swap.prefetched,
+                "{policy} {slots}: exact prefetch wastes nothing"
+            );
             assert!(layer1 > 0, "the trace must make the shared layer miss");
         }
     }

@@ -112,7 +112,7 @@ proptest! {
         let online = POLICY_NAMES.iter().filter(|n| !policy::by_name(n, 0).unwrap().needs_scores());
         let cfg = SimConfig { policies: online.map(|s| s.parse().unwrap()).collect(), buffer_sizes: vec![slots], policy_config: PolicyConfig::seeded(3), ..SimConfig::default() };
         let report = simulate(&header, &records, &cfg, &|_| {}).unwrap();
-        let misses = |name: &str| report.results.iter().find(|r| r.policy == name).unwrap().misses;
+        let misses = |name: &str| report.results.iter().find(|r| r.policy == name).unwrap().swap.misses;
         let compulsory = misses("compulsory");
         for name in ["lru", "fifo", "random", "clock"] {
             prop_assert!(misses("belady") <= misses(name), "belady {} > {} {}", misses("belady"), name, misses(name));

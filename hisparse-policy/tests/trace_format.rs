@@ -501,7 +501,7 @@ proptest! {
                     }
                     if let Ok(rep) = simulate(&h, &read, &cfg, &|_| {}) {
                         for x in &rep.results {
-                            prop_assert!(x.misses <= x.selected && (0.0..=1.0).contains(&x.miss_ratio), "{x:?}");
+                            prop_assert!(x.swap.misses <= x.selected && (0.0..=1.0).contains(&x.miss_ratio), "{x:?}");
                         }
                     }
                 }

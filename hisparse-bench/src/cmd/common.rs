@@ -561,21 +561,21 @@ impl EngineArgs {
         // still made where its device cannot hold such a request (it rejects them whole).
         self.check_request_fits(&g, &hs, Mode::HiSparse, flag, typical_tokens, typical_tokens)?;
         hs.max_request_tokens = hs.max_request_tokens.max(typical_tokens);
-        Ok(EngineConfig {
-            geometry: g,
-            mode,
+        let cache = hisparse_engine::CacheConfig {
             hisparse: hs,
-            workload_seed: self.seed,
             typical_tokens,
+            serial_prefetch: self.serial_prefetch,
+            index_queries: hisparse_kernels::IndexerQueries::from_name(&self.index_queries)
+                .ok_or_else(|| BenchError::flag("index-queries", &self.index_queries, "exact or fp8"))?,
+            ..hisparse_engine::CacheConfig::new(g, mode, 0)
+        };
+        Ok(EngineConfig {
+            cache,
+            workload_seed: self.seed,
             capture_digests: false,
-            backup_delay: None,
             launch_graphs: !self.no_graphs,
             model: self.model()?,
             max_queued: guard::at_least_one("max-queued", self.max_queued)?,
-            serial_prefetch: self.serial_prefetch,
-            transfer_delay: None,
-            index_queries: hisparse_kernels::IndexerQueries::from_name(&self.index_queries)
-                .ok_or_else(|| BenchError::flag("index-queries", &self.index_queries, "exact or fp8"))?,
             stop: crate::interrupt::engine_stop(),
         })
     }
@@ -635,10 +635,10 @@ impl EngineArgs {
         plan: &hisparse_engine::ranks::RankPlan,
     ) -> Result<Box<dyn DecodeEngine>> {
         let mut cfg = self.engine_config(mode, typical_tokens, flag)?;
-        cfg.hisparse.host_tier_bytes = plan.host_bytes_per_rank;
+        cfg.cache.hisparse.host_tier_bytes = plan.host_bytes_per_rank;
         // A rank's slice holds the requests it is given, not the longest one the whole
         // machine's tier could.
-        cfg.hisparse.max_request_tokens = longest_tokens;
+        cfg.cache.hisparse.max_request_tokens = longest_tokens;
         self.build(cfg, rank)
     }
 

@@ -118,7 +118,7 @@ pub fn run(a: &DumpStepArgs) -> Result<(PathBuf, usize)> {
             "no request was decoding at that step (did the tiers reject them? see `hisparse run`)",
         ));
     }
-    let g = e.config().geometry.clone();
+    let g = e.config().cache.geometry.clone();
     let layout = g.kv_row()?;
     let mut tensors: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
     for d in &rep.dump {

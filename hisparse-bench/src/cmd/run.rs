@@ -226,15 +226,15 @@ pub fn run(a: &RunArgs) -> Result<(Vec<ModeRun>, PathBuf)> {
                 s.tokens.to_string(),
                 s.running.to_string(),
                 s.queued.to_string(),
-                s.hits.to_string(),
-                s.misses.to_string(),
-                s.max_misses.to_string(),
-                s.bytes_h2d.to_string(),
+                s.swap.hits.to_string(),
+                s.swap.misses.to_string(),
+                s.swap.max_misses.to_string(),
+                s.swap.bytes_h2d.to_string(),
                 s.bytes_d2h.to_string(),
-                s.prefetched.to_string(),
-                s.prefetch_useful.to_string(),
-                s.prefetch_wasted.to_string(),
-                s.bytes_h2d_prefetch.to_string(),
+                s.swap.prefetched.to_string(),
+                s.swap.prefetch_useful.to_string(),
+                s.swap.prefetch_wasted.to_string(),
+                s.swap.bytes_h2d_prefetch.to_string(),
                 format!("{:.6}", st.indexer),
                 format!("{:.6}", st.top_k),
                 format!("{:.6}", st.swap_in),
@@ -350,17 +350,17 @@ pub fn render(runs: &[ModeRun], out: &std::path::Path) -> String {
             x.peak_host_bytes as f64 / 1e6
         );
     }
-    for r in runs.iter().filter(|r| r.summary.prefetched > 0) {
+    for r in runs.iter().filter(|r| r.summary.swap.prefetched > 0) {
         let x = &r.summary;
         s += &format!(
             "{}: prefetched {} rows ({:.1} MB of {:.1} MB host → device), {} used by a selection ({:.1}%), {} evicted unused\n",
             r.mode,
-            x.prefetched,
-            x.bytes_h2d_prefetch as f64 / 1e6,
-            x.bytes_h2d as f64 / 1e6,
-            x.prefetch_useful,
-            100.0 * x.prefetch_useful as f64 / x.prefetched as f64,
-            x.prefetch_wasted
+            x.swap.prefetched,
+            x.swap.bytes_h2d_prefetch as f64 / 1e6,
+            x.swap.bytes_h2d as f64 / 1e6,
+            x.swap.prefetch_useful,
+            100.0 * x.swap.prefetch_useful as f64 / x.swap.prefetched as f64,
+            x.swap.prefetch_wasted
         );
     }
     for r in runs.iter().filter(|r| r.gpus > 1 || r.exchange_mb_per_step > 0.0) {

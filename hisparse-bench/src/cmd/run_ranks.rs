@@ -223,7 +223,7 @@ mod tests {
                     s.spawn(move || {
                         let mut cfg =
                             EngineConfig::new(KvGeometry::preset("cpu-small").unwrap(), Mode::HiSparse, 64 << 20);
-                        cfg.hisparse.max_request_tokens = 4096;
+                        cfg.cache.hisparse.max_request_tokens = 4096;
                         cfg.model = Some(tiny());
                         let mut e = Engine::new(CpuBackend::new(), cfg).unwrap();
                         let ex = RankExchange::new(&tiny(), Box::new(g), e.cache().backend().memory()).unwrap();

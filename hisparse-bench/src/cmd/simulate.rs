@@ -182,13 +182,13 @@ pub fn run(a: &SimulateArgs) -> Result<(SimReport, PathBuf)> {
             r.prefetcher.clone(),
             r.buffer_slots.to_string(),
             r.selected.to_string(),
-            r.misses.to_string(),
+            r.swap.misses.to_string(),
             format!("{:.6}", r.miss_ratio),
-            r.prefetched.to_string(),
-            r.prefetch_useful.to_string(),
-            r.prefetch_wasted.to_string(),
+            r.swap.prefetched.to_string(),
+            r.swap.prefetch_useful.to_string(),
+            r.swap.prefetch_wasted.to_string(),
             r.wasted_bytes.to_string(),
-            r.bytes_fetched.to_string(),
+            r.swap.bytes_h2d.to_string(),
             format!("{:.3}", d.mean),
             format!("{}", d.p50),
             format!("{}", d.p99),
@@ -278,20 +278,20 @@ fn prefetch_chart(report: &SimReport, name: &str) -> Result<String> {
         let rs: Vec<_> = report.results.iter().filter(|r| r.policy == policy && r.prefetcher == *p).collect();
         top.push(Series {
             label: (*p).to_string(),
-            points: rs.iter().map(|r| (r.buffer_slots as f64, pct(r.misses, r))).collect(),
+            points: rs.iter().map(|r| (r.buffer_slots as f64, pct(r.swap.misses, r))).collect(),
             color: Some(i),
             ..Series::default()
         });
         bottom.push(Series {
             label: format!("{p}: all rows"),
-            points: rs.iter().map(|r| (r.buffer_slots as f64, pct(r.misses + r.prefetched, r))).collect(),
+            points: rs.iter().map(|r| (r.buffer_slots as f64, pct(r.swap.misses + r.swap.prefetched, r))).collect(),
             color: Some(i),
             ..Series::default()
         });
         if *p != "none" {
             bottom.push(Series {
                 label: format!("{p}: wasted"),
-                points: rs.iter().map(|r| (r.buffer_slots as f64, pct(r.prefetch_wasted, r))).collect(),
+                points: rs.iter().map(|r| (r.buffer_slots as f64, pct(r.swap.prefetch_wasted, r))).collect(),
                 color: Some(i),
                 dashed: true,
                 ..Series::default()
@@ -343,16 +343,16 @@ pub fn render(r: &SimReport, out: &std::path::Path) -> String {
             .iter()
             .find(|b| b.policy == "belady" && b.prefetcher == "none" && b.buffer_slots == x.buffer_slots);
         let vs = bel
-            .filter(|b| b.misses > 0)
-            .map_or("-".to_string(), |b| format!("{:.2}x", x.misses as f64 / b.misses as f64));
+            .filter(|b| b.swap.misses > 0)
+            .map_or("-".to_string(), |b| format!("{:.2}x", x.swap.misses as f64 / b.swap.misses as f64));
         let slots = if x.buffer_slots == 0 { "inf".to_string() } else { x.buffer_slots.to_string() };
-        let pf = if x.prefetched == 0 {
+        let pf = if x.swap.prefetched == 0 {
             "-".to_string()
         } else {
             format!(
                 "{:.1}/{:.1}",
-                100.0 * x.prefetched as f64 / x.selected.max(1) as f64,
-                100.0 * x.prefetch_useful as f64 / x.prefetched as f64
+                100.0 * x.swap.prefetched as f64 / x.selected.max(1) as f64,
+                100.0 * x.swap.prefetch_useful as f64 / x.swap.prefetched as f64
             )
         };
         s += &format!(
@@ -364,7 +364,7 @@ pub fn render(r: &SimReport, out: &std::path::Path) -> String {
             x.misses_per_request_step.mean,
             x.misses_per_batch_step.p99,
             x.misses_per_batch_step.max,
-            x.bytes_fetched as f64 / 1e6,
+            x.swap.bytes_h2d as f64 / 1e6,
             pf,
             vs
         );

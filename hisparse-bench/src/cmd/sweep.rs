@@ -153,14 +153,7 @@ pub(super) struct Window {
     secs: f64,
     steps: usize,
     running: usize,
-    misses: u64,
-    hits: u64,
-    bytes_h2d: u64,
-    bytes_prefetch: u64,
-    prefetched: u64,
-    useful: u64,
-    wasted: u64,
-    copy_rows: u64,
+    counts: hisparse_policy::SwapCounts,
     swap: f64,
     kernels: f64,
     stages: StageTimes,
@@ -172,14 +165,7 @@ impl Window {
         self.secs += m.seconds;
         self.steps += 1;
         self.running += m.running;
-        self.misses += m.misses;
-        self.hits += m.hits;
-        self.bytes_h2d += m.bytes_h2d;
-        self.bytes_prefetch += m.bytes_h2d_prefetch;
-        self.prefetched += m.prefetched;
-        self.useful += m.prefetch_useful;
-        self.wasted += m.prefetch_wasted;
-        self.copy_rows += m.copy_engine_rows;
+        self.counts += m.swap;
         let st = &m.stages;
         self.swap += st.swap_in + st.backup;
         self.kernels += st.indexer + st.top_k + st.swap_in + st.attention + st.graph + st.model + st.exchange;
@@ -203,14 +189,7 @@ pub(super) fn point(context: usize, concurrency: usize, mode: Mode, windows: &[W
         all.secs += w.secs;
         all.steps += w.steps;
         all.running += w.running;
-        all.misses += w.misses;
-        all.hits += w.hits;
-        all.bytes_h2d += w.bytes_h2d;
-        all.bytes_prefetch += w.bytes_prefetch;
-        all.prefetched += w.prefetched;
-        all.useful += w.useful;
-        all.wasted += w.wasted;
-        all.copy_rows += w.copy_rows;
+        all.counts += w.counts;
         all.swap += w.swap;
         all.kernels += w.kernels;
         all.stages.add(&w.stages);
@@ -219,7 +198,7 @@ pub(super) fn point(context: usize, concurrency: usize, mode: Mode, windows: &[W
     let mut sorted = rates.clone();
     sorted.sort_by(f64::total_cmp);
     let n = all.steps.max(1) as f64;
-    let sel = all.hits + all.misses;
+    let c = all.counts;
     Point {
         context,
         concurrency,
@@ -230,20 +209,20 @@ pub(super) fn point(context: usize, concurrency: usize, mode: Mode, windows: &[W
         tokens_per_s_max: sorted.last().copied().unwrap_or(0.0),
         window_tokens_per_s: rates,
         step_ms: 1e3 * all.secs / n,
-        misses_per_step: all.misses as f64 / n,
-        miss_ratio: if sel > 0 { all.misses as f64 / sel as f64 } else { 0.0 },
+        misses_per_step: c.misses as f64 / n,
+        miss_ratio: c.miss_ratio(),
         swap_in_share: if all.secs > 0.0 { all.swap / all.secs } else { 0.0 },
         // The engine's host-to-device bytes include the prefetches'.
-        h2d_mb_per_step: all.bytes_h2d.saturating_sub(all.bytes_prefetch) as f64 / n / 1e6,
-        prefetch_mb_per_step: all.bytes_prefetch as f64 / n / 1e6,
-        h2d_gb_per_s: if all.secs > 0.0 { all.bytes_h2d as f64 / all.secs / 1e9 } else { 0.0 },
-        prefetched_per_step: all.prefetched as f64 / n,
-        prefetch_useful_share: share(all.useful, all.prefetched),
-        prefetch_wasted_share: share(all.wasted, all.prefetched),
+        h2d_mb_per_step: c.bytes_h2d.saturating_sub(c.bytes_h2d_prefetch) as f64 / n / 1e6,
+        prefetch_mb_per_step: c.bytes_h2d_prefetch as f64 / n / 1e6,
+        h2d_gb_per_s: if all.secs > 0.0 { c.bytes_h2d as f64 / all.secs / 1e9 } else { 0.0 },
+        prefetched_per_step: c.prefetched as f64 / n,
+        prefetch_useful_share: share(c.prefetch_useful, c.prefetched),
+        prefetch_wasted_share: share(c.prefetch_wasted, c.prefetched),
         kernel_ms: 1e3 * all.kernels / n,
         stages_ms: super::sweep_output::scale_stages(&all.stages, 1e3 / n),
         exchange_mb_per_step: 0.0,
-        copy_engine_share_of_misses: share(all.copy_rows, all.misses),
+        copy_engine_share_of_misses: share(c.copy_engine_rows, c.misses),
     }
 }
 
@@ -362,7 +341,7 @@ pub fn run(a: &SweepArgs) -> Result<(SweepReport, PathBuf)> {
                     let r = e.step()?;
                     bar.inc(n as u64);
                     let m = &r.metrics;
-                    per_step.push(m.misses as f64 / (m.running * g.layers).max(1) as f64);
+                    per_step.push(m.swap.misses as f64 / (m.running * g.layers).max(1) as f64);
                     if s >= a.warmup {
                         windows[(s - a.warmup) / a.window].add(m);
                     }

@@ -42,7 +42,7 @@ impl RankRun {
         for (&n, level) in levels.iter().zip(&self.steps) {
             let mut windows = vec![Window::default(); a.windows];
             for (s, m) in level.iter().enumerate() {
-                per_step.push(m.misses as f64 / (m.running * layers).max(1) as f64);
+                per_step.push(m.swap.misses as f64 / (m.running * layers).max(1) as f64);
                 if s >= a.warmup {
                     windows[(s - a.warmup) / a.window].add(m);
                 }
@@ -62,13 +62,13 @@ pub(super) fn across_ranks(ranks: &[StepMetrics]) -> StepMetrics {
     let mut m = slowest.cloned().unwrap_or_default();
     m.tokens = ranks.iter().map(|r| r.tokens).sum();
     m.running = ranks.iter().map(|r| r.running).sum();
-    m.misses = ranks.iter().map(|r| r.misses).sum();
-    m.hits = ranks.iter().map(|r| r.hits).sum();
-    m.bytes_h2d = ranks.iter().map(|r| r.bytes_h2d).sum();
-    m.bytes_h2d_prefetch = ranks.iter().map(|r| r.bytes_h2d_prefetch).sum();
-    m.prefetched = ranks.iter().map(|r| r.prefetched).sum();
-    m.prefetch_useful = ranks.iter().map(|r| r.prefetch_useful).sum();
-    m.prefetch_wasted = ranks.iter().map(|r| r.prefetch_wasted).sum();
+    m.swap.misses = ranks.iter().map(|r| r.swap.misses).sum();
+    m.swap.hits = ranks.iter().map(|r| r.swap.hits).sum();
+    m.swap.bytes_h2d = ranks.iter().map(|r| r.swap.bytes_h2d).sum();
+    m.swap.bytes_h2d_prefetch = ranks.iter().map(|r| r.swap.bytes_h2d_prefetch).sum();
+    m.swap.prefetched = ranks.iter().map(|r| r.swap.prefetched).sum();
+    m.swap.prefetch_useful = ranks.iter().map(|r| r.swap.prefetch_useful).sum();
+    m.swap.prefetch_wasted = ranks.iter().map(|r| r.swap.prefetch_wasted).sum();
     m
 }
 

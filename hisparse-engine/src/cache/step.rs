@@ -389,19 +389,10 @@ where
         if let (Some(swap), Some(backup)) = (c.swap.as_mut(), c.backup.as_mut()) {
             let counts = swap.end_step(c.device.hot_pools_mut())?;
             backup.join()?;
-            m.hits += counts.hits;
-            m.misses += counts.misses;
-            m.max_misses = m.max_misses.max(counts.max_misses);
-            m.bytes_h2d += counts.bytes_h2d;
-            m.bytes_h2d_prefetch += counts.bytes_prefetch;
-            m.prefetched += counts.prefetched;
-            m.prefetch_useful += counts.prefetch_used;
-            m.prefetch_wasted += counts.prefetch_wasted;
-            m.copy_engine_rows += counts.copy_engine_rows;
-            m.copy_engine_overflow += counts.copy_engine_overflow;
+            m.swap += counts;
             m.bytes_d2h += (self.ids.len() * layers * c.kv_row.row_bytes()) as u64;
         } else {
-            m.hits += (self.sel_spans.iter().map(|s| s.len).sum::<usize>() * layers) as u64;
+            m.swap.hits += (self.sel_spans.iter().map(|s| s.len).sum::<usize>() * layers) as u64;
         }
         if let Some(s) = c.backend.finish_step()? {
             m.stages.indexer = s.indexer;

@@ -15,12 +15,11 @@ mod step;
 
 use std::io::Write;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use arc_swap::ArcSwap;
 use hisparse_kernels::Backend;
 use hisparse_memory::{KvGeometry, Mode, RequestId, Resources};
-use hisparse_policy::HiSparseConfig;
 use hisparse_policy::trace::{TraceHeader, TraceWriter};
 
 use crate::cache::{CacheConfig, KvCache};
@@ -32,40 +31,26 @@ use crate::workload::Workload;
 pub use dynamic::DecodeEngine;
 pub use step::{LayerDump, StepReport};
 
-/// Everything an engine is built from.
+/// Everything an engine is built from: its KV hierarchy's config, and what the engine adds on
+/// top (the synthetic workload, the emulated model, the queue, launch graphs).
 #[derive(Clone, Debug, PartialEq)]
 pub struct EngineConfig {
-    /// Model geometry.
-    pub geometry: KvGeometry,
-    /// Serving mode.
-    pub mode: Mode,
-    /// The hierarchy's configuration (buffer size, budgets, policy, page size, host file).
-    pub hisparse: HiSparseConfig,
+    /// The KV hierarchy: geometry, mode, the hierarchy's config, the sizing length, its test
+    /// hooks and the indexer's query precision.
+    pub cache: CacheConfig,
     /// Seed of the synthetic workload.
     pub workload_seed: u64,
-    /// Request length the device split (hot buffers against index keys) is sized for
-    /// (0: `hisparse.max_request_tokens`).
-    pub typical_tokens: usize,
     /// Record a digest of every request's attention output per layer (for lossless checks).
     pub capture_digests: bool,
-    /// Test hook: delay every backup copy by this much (on the backup's stream or thread).
-    pub backup_delay: Option<Duration>,
     /// Replay each step's launches of layers 1..L as one captured graph where the backend can
     /// (CUDA), instead of launching them one by one.
     pub launch_graphs: bool,
     /// Emulate the model's non-attention layers with GEMMs on random weights (held on the
-    /// device beside, not inside, `hisparse.device_kv_bytes`).
+    /// device beside, not inside, `cache.hisparse.device_kv_bytes`).
     pub model: Option<crate::model::ModelShape>,
     /// Most requests waiting for admission at once; `submit` refuses more
     /// ([`EngineError::QueueFull`]).
     pub max_queued: usize,
-    /// Prefetch on the backend's main stream instead of a transfer stream (see
-    /// [`CacheConfig::serial_prefetch`]).
-    pub serial_prefetch: bool,
-    /// Test hook: delay every transfer of prefetched rows by this much (CUDA).
-    pub transfer_delay: Option<Duration>,
-    /// The indexer's query precision (see [`hisparse_kernels::IndexerQueries`]).
-    pub index_queries: hisparse_kernels::IndexerQueries,
     /// A caller's request to stop, observed before each step, between admissions and inside a
     /// prompt's prefill.
     pub stop: crate::StopFlag,
@@ -78,21 +63,13 @@ impl EngineConfig {
     /// A config for `geometry` in `mode` with `device_kv_bytes` of device memory for the KV
     /// cache; defaults elsewhere (LRU, buffer of twice top-k, host = 8 x device).
     pub fn new(geometry: KvGeometry, mode: Mode, device_kv_bytes: u64) -> Self {
-        let hisparse = HiSparseConfig { device_kv_bytes, ..HiSparseConfig::for_geometry(&geometry) };
         Self {
-            geometry,
-            mode,
-            hisparse,
+            cache: CacheConfig::new(geometry, mode, device_kv_bytes),
             workload_seed: 1,
-            typical_tokens: 0,
             capture_digests: false,
-            backup_delay: None,
             launch_graphs: true,
             model: None,
             max_queued: DEFAULT_MAX_QUEUED,
-            serial_prefetch: false,
-            transfer_delay: None,
-            index_queries: hisparse_kernels::IndexerQueries::Exact,
             stop: crate::StopFlag::never(),
         }
     }
@@ -117,25 +94,15 @@ where
     /// Builds an engine: validates the config, plans the tiers from the byte budgets, and
     /// allocates them.
     pub fn new(backend: B, cfg: EngineConfig) -> Result<Self> {
-        let g = &cfg.geometry;
+        let (g, h) = (&cfg.cache.geometry, &cfg.cache.hisparse);
         let runtime = Runtime::new(RuntimeConfig {
-            eviction_policy: cfg.hisparse.eviction_policy,
-            policy_seed: cfg.hisparse.policy_seed,
-            policy_config: cfg.hisparse.policy_config.clone(),
+            eviction_policy: h.eviction_policy,
+            policy_seed: h.policy_seed,
+            policy_config: h.policy_config.clone(),
             max_running: 0,
         })?;
-        let prefetcher = cfg.hisparse.prefetcher.make(&cfg.hisparse.prefetch());
-        let cache_cfg = CacheConfig {
-            geometry: g.clone(),
-            mode: cfg.mode,
-            hisparse: cfg.hisparse.clone(),
-            typical_tokens: cfg.typical_tokens,
-            backup_delay: cfg.backup_delay,
-            serial_prefetch: cfg.serial_prefetch,
-            transfer_delay: cfg.transfer_delay,
-            index_queries: cfg.index_queries,
-        };
-        let cache = KvCache::new(backend, cache_cfg, runtime.policy.clone(), prefetcher)?;
+        let prefetcher = h.prefetcher.make(&h.prefetch());
+        let cache = KvCache::new(backend, cfg.cache.clone(), runtime.policy.clone(), prefetcher)?;
         let model = match &cfg.model {
             Some(shape) if shape.layers != g.layers => {
                 return Err(EngineError::Config {
@@ -182,7 +149,7 @@ where
 
     /// Records every selection of every later step into a trace written to `out`.
     pub fn record_trace(&mut self, out: Box<dyn Write + Send>) -> Result<()> {
-        let g = &self.cfg.geometry;
+        let g = &self.cfg.cache.geometry;
         let header = TraceHeader {
             top_k: g.top_k as u32,
             layers: g.layers as u32,

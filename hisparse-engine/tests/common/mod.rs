@@ -29,9 +29,9 @@ pub fn requests() -> Vec<RequestSpec> {
 
 pub fn config(mode: Mode, policy: &str) -> EngineConfig {
     let mut c = EngineConfig::new(KvGeometry::preset("cpu-small").unwrap(), mode, 64 << 20);
-    c.hisparse.eviction_policy = policy.parse().unwrap();
-    c.hisparse.max_request_tokens = 4096;
-    c.typical_tokens = 2048;
+    c.cache.hisparse.eviction_policy = policy.parse().unwrap();
+    c.cache.hisparse.max_request_tokens = 4096;
+    c.cache.typical_tokens = 2048;
     c.capture_digests = true;
     c
 }
@@ -43,9 +43,10 @@ pub fn prefetcher_configs() -> Vec<(&'static str, EngineConfig)> {
         .into_iter()
         .map(|(prefetcher, share)| {
             let mut c = config(Mode::HiSparse, "clock");
-            c.hisparse.prefetcher = prefetcher.parse().unwrap();
+            c.cache.hisparse.prefetcher = prefetcher.parse().unwrap();
             if share {
-                c.geometry = c.geometry.with_indexers(hisparse_memory::IndexerLayout::Every { first_full: 1, freq: 2 });
+                c.cache.geometry =
+                    c.cache.geometry.with_indexers(hisparse_memory::IndexerLayout::Every { first_full: 1, freq: 2 });
             }
             (prefetcher, c)
         })
@@ -86,7 +87,7 @@ where
     B::Memory: Clone,
 {
     let mut counts = Vec::new();
-    cfg.backup_delay = delay;
+    cfg.cache.backup_delay = delay;
     let mut e = Engine::new(backend, cfg).unwrap();
     let reqs = requests();
     let mut digests = Digests::new();
@@ -110,14 +111,14 @@ where
         let rep = e.step().unwrap();
         let m = &rep.metrics;
         counts.push(StepCounts {
-            hits: m.hits,
-            misses: m.misses,
+            hits: m.swap.hits,
+            misses: m.swap.misses,
             captures: m.graph_captures,
             replays: m.graph_replays,
             ahead: m.inputs_ahead,
-            prefetched: m.prefetched,
-            prefetch_useful: m.prefetch_useful,
-            prefetch_wasted: m.prefetch_wasted,
+            prefetched: m.swap.prefetched,
+            prefetch_useful: m.swap.prefetch_useful,
+            prefetch_wasted: m.swap.prefetch_wasted,
         });
         for (id, tok, layer, d) in rep.digests {
             assert!(digests.insert((id.0, tok, layer), d).is_none(), "digest recorded twice");

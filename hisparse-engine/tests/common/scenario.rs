@@ -197,7 +197,7 @@ where
             }
             let m = s.end().unwrap();
             assert_eq!(m.tokens, n);
-            misses += m.misses;
+            misses += m.swap.misses;
         }
         // Finished and aborted requests leave; the cache holds exactly the rest.
         running.iter_mut().for_each(|x| x.1 += 1);

@@ -13,7 +13,7 @@ use hisparse_policy::prefetch::{PrefetchCounts, PrefetchQueue, PrefetchStep, Whe
 use hisparse_policy::{OnlinePolicy, PolicyError, StepCtx, SwapInPlan, SwapInState, SwapInputs};
 
 use crate::error::{KernelError, Result};
-use crate::swap_in::{DeviceSwapCounts, DeviceSwapIn, DeviceSwapInConfig, DeviceSwapReq};
+use crate::swap_in::{DeviceSwapIn, DeviceSwapInConfig, DeviceSwapReq, SwapCounts};
 
 /// One hot buffer's state in every layer, and its request's queued prefetches.
 struct Seat {
@@ -34,7 +34,7 @@ pub struct CpuSwapIn {
     last_scores: Vec<f32>,
     plan: SwapInPlan,
     row: Vec<u8>,
-    counts: DeviceSwapCounts,
+    counts: SwapCounts,
     next_layer: usize,
 }
 
@@ -95,7 +95,7 @@ impl CpuSwapIn {
             last_scores: Vec::new(),
             plan: SwapInPlan::default(),
             row: Vec::new(),
-            counts: DeviceSwapCounts::default(),
+            counts: SwapCounts::default(),
             next_layer: 0,
         })
     }
@@ -111,7 +111,7 @@ impl CpuSwapIn {
 
     fn add_prefetch(&mut self, c: PrefetchCounts) {
         self.counts.prefetched += c.rows;
-        self.counts.bytes_prefetch += c.bytes;
+        self.counts.bytes_h2d_prefetch += c.bytes;
         self.counts.bytes_h2d += c.bytes;
         self.counts.prefetch_wasted += c.wasted;
     }
@@ -175,7 +175,7 @@ impl DeviceSwapIn<EmulatedDevice> for CpuSwapIn {
         self.pages.clear();
         self.pages.extend_from_slice(host_pages);
         self.page_end = ends;
-        self.counts = DeviceSwapCounts::default();
+        self.counts = SwapCounts::default();
         self.next_layer = 0;
         Ok(())
     }
@@ -247,7 +247,7 @@ impl DeviceSwapIn<EmulatedDevice> for CpuSwapIn {
             c.misses += plan.misses.len() as u64;
             c.max_misses = c.max_misses.max(plan.misses.len() as u64);
             c.bytes_h2d += bytes as u64;
-            c.prefetch_used += plan.prefetch_used as u64;
+            c.prefetch_useful += plan.prefetch_used as u64;
             c.prefetch_wasted += plan.prefetch_wasted as u64;
             self.add_prefetch(got);
         }
@@ -264,7 +264,7 @@ impl DeviceSwapIn<EmulatedDevice> for CpuSwapIn {
         let _ = layers;
     }
 
-    fn end_step(&mut self, hot: &mut [Vec<u8>]) -> Result<DeviceSwapCounts> {
+    fn end_step(&mut self, hot: &mut [Vec<u8>]) -> Result<SwapCounts> {
         if self.cfg.prefetcher.name() != "none" {
             let (b, layout) = (self.cfg.buffer_slots, self.host.layout());
             let policy = Arc::clone(self.cfg.policy.get());

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use half::bf16;
 use hisparse_memory::{DeviceMemory, KvGeometry, KvRowLayout};
-use hisparse_policy::{MissFill, OnlinePolicy, Prefetcher};
+use hisparse_policy::{MissFill, OnlinePolicy, Prefetcher, SwapCounts};
 
 use crate::backend::Span;
 use crate::error::{KernelError, Result};
@@ -121,31 +121,6 @@ hisparse_memory::c_struct! {
 /// on prefetched slots), wasted prefetches (prefetched slots evicted unused).
 pub const SWAP_COUNTS: usize = 5;
 
-/// Hits and misses a device swap-in counted over a step.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct DeviceSwapCounts {
-    /// Selected tokens found in the hot buffer.
-    pub hits: u64,
-    /// Selected tokens copied from the host tier.
-    pub misses: u64,
-    /// The most misses of one (request, layer).
-    pub max_misses: u64,
-    /// Bytes copied host → device (prefetch included).
-    pub bytes_h2d: u64,
-    /// Rows prefetched before their layer's selection was known.
-    pub prefetched: u64,
-    /// Of the misses, rows the host gathered and the copy engine copied (`copy-engine`).
-    pub copy_engine_rows: u64,
-    /// Of the misses, rows past the landing rows, read from the host tier by the scatter kernel.
-    pub copy_engine_overflow: u64,
-    /// Of `bytes_h2d`, the prefetched rows' bytes.
-    pub bytes_prefetch: u64,
-    /// Hits on slots a prefetch filled (useful prefetches).
-    pub prefetch_used: u64,
-    /// Prefetched slots evicted before any selection used them (wasted prefetches).
-    pub prefetch_wasted: u64,
-}
-
 /// A device swap-in over memory `M`. Calls of one step: [`DeviceSwapIn::begin_step`], then
 /// [`DeviceSwapIn::launch`] per layer in order, then [`DeviceSwapIn::end_step`].
 pub trait DeviceSwapIn<M: DeviceMemory>: Send {
@@ -211,5 +186,5 @@ pub trait DeviceSwapIn<M: DeviceMemory>: Send {
 
     /// After the last layer: applies the prefetches due at the step's end into `hot` (every
     /// layer's hot-buffer pool), waits for the step's launches and returns what they counted.
-    fn end_step(&mut self, hot: &mut [M::Buffer<u8>]) -> Result<DeviceSwapCounts>;
+    fn end_step(&mut self, hot: &mut [M::Buffer<u8>]) -> Result<SwapCounts>;
 }

@@ -26,5 +26,6 @@ mod hot_locate;
 mod interface;
 
 pub use cpu::CpuSwapIn;
+pub use hisparse_policy::SwapCounts;
 pub use hot_locate::{HotLocation, locate_in_hot};
-pub use interface::{AttentionQuery, DeviceSwapCounts, DeviceSwapIn, DeviceSwapInConfig, DeviceSwapReq, SWAP_COUNTS};
+pub use interface::{AttentionQuery, DeviceSwapIn, DeviceSwapInConfig, DeviceSwapReq, SWAP_COUNTS};

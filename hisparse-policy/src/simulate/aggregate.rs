@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use super::{Distribution, SimResult, Stream};
+use crate::counts::SwapCounts;
 use crate::trace::TraceRecord;
 
 /// One combination's replays: misses per record of each stream, and prefetch counts
@@ -57,13 +58,19 @@ pub(super) fn results(
                 prefetcher: line.prefetcher,
                 buffer_slots: line.buffer_slots,
                 selected,
-                misses,
+                swap: SwapCounts {
+                    hits: selected.saturating_sub(misses),
+                    misses,
+                    max_misses: batch.iter().fold(0.0f64, |a, &b| a.max(b)) as u64,
+                    bytes_h2d: misses.saturating_add(prefetched).saturating_mul(row_bytes as u64),
+                    bytes_h2d_prefetch: prefetched.saturating_mul(row_bytes as u64),
+                    prefetched,
+                    prefetch_useful: useful,
+                    prefetch_wasted: wasted,
+                    ..SwapCounts::default()
+                },
                 miss_ratio: if selected > 0 { misses as f64 / selected as f64 } else { 0.0 },
-                prefetched,
-                prefetch_useful: useful,
-                prefetch_wasted: wasted,
                 wasted_bytes: wasted.saturating_mul(row_bytes as u64),
-                bytes_fetched: misses.saturating_add(prefetched).saturating_mul(row_bytes as u64),
                 misses_per_request_step: Distribution::of(&mut per_request),
                 misses_per_batch_step: Distribution::of(&mut batch),
                 series: sums.iter().map(|&(s, n)| if n > 0 { s / f64::from(n) } else { 0.0 }).collect(),

@@ -22,6 +22,7 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use crate::choice::{PolicyChoice, PrefetcherChoice};
+use crate::counts::SwapCounts;
 use crate::error::{PolicyError, Result};
 use crate::policy::PolicyConfig;
 use crate::prefetch::PrefetcherConfig;
@@ -88,20 +89,15 @@ pub struct SimResult {
     pub buffer_slots: usize,
     /// Selected tokens over the whole trace (the newest included).
     pub selected: u64,
-    /// Critical-path misses over the whole trace (rows fetched after their selection was known).
-    pub misses: u64,
+    /// What the replay counted: critical-path misses (rows fetched after their selection was
+    /// known), hits, prefetches and what became of them, bytes fetched (misses and prefetches
+    /// times the row size); its fields at the top level of the JSON.
+    #[serde(flatten)]
+    pub swap: SwapCounts,
     /// `misses / selected`.
     pub miss_ratio: f64,
-    /// Rows prefetched before their layer's selection was known.
-    pub prefetched: u64,
-    /// Prefetched rows that a selection used.
-    pub prefetch_useful: u64,
-    /// Prefetched rows evicted before any selection used them.
-    pub prefetch_wasted: u64,
     /// `prefetch_wasted` times the row size.
     pub wasted_bytes: u64,
-    /// Rows fetched (misses and prefetches) times the row size.
-    pub bytes_fetched: u64,
     /// Misses of one (request, layer) in one step.
     pub misses_per_request_step: Distribution,
     /// Misses of a whole batch's layer in one step, as the batch waits for it: the largest over

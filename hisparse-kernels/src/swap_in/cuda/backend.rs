@@ -18,7 +18,7 @@ use crate::cuda::attention_launch::{AttentionKernels, AttnRows, AttnScratch};
 use crate::cuda::device::CudaDevice;
 use crate::cuda::driver_error;
 use crate::error::{KernelError, Result};
-use crate::swap_in::{AttentionQuery, DeviceSwapCounts, DeviceSwapIn, DeviceSwapInConfig, DeviceSwapReq, SWAP_COUNTS};
+use crate::swap_in::{AttentionQuery, DeviceSwapIn, DeviceSwapInConfig, DeviceSwapReq, SWAP_COUNTS, SwapCounts};
 
 /// The CUDA device swap-in.
 pub struct CudaSwapIn {
@@ -74,7 +74,7 @@ impl CudaSwapIn {
         if fill.hits_first() && !attention.wgmma {
             return Err(KernelError::invalid(
                 "miss_fill",
-                "hits-first",
+                hisparse_policy::MissFillMode::HitsFirst,
                 "needs the warpgroup-MMA attention (not --attention-kernel mma-sync)",
             ));
         }
@@ -302,10 +302,10 @@ impl DeviceSwapIn<CudaMemory> for CudaSwapIn {
         self.launched = self.launched.max(layers.min(self.layers));
     }
 
-    fn end_step(&mut self, _hot: &mut [CudaSlice<u8>]) -> Result<DeviceSwapCounts> {
+    fn end_step(&mut self, _hot: &mut [CudaSlice<u8>]) -> Result<SwapCounts> {
         self.settle()?;
         let n3 = SWAP_COUNTS * self.batch.as_ref().map_or(0, |b| b.requests().len()) * self.launched;
-        let mut c = DeviceSwapCounts::default();
+        let mut c = SwapCounts::default();
         if n3 == 0 {
             return Ok(c);
         }
@@ -332,7 +332,7 @@ impl DeviceSwapIn<CudaMemory> for CudaSwapIn {
             c.hits += u64::from(x[0]);
             c.misses += u64::from(x[1]);
             c.max_misses = c.max_misses.max(u64::from(x[1]));
-            c.prefetch_used += u64::from(x[3]);
+            c.prefetch_useful += u64::from(x[3]);
             c.prefetch_wasted += u64::from(x[4]);
         }
         let rb = self.host.layout().row_bytes as u64;

@@ -57,7 +57,7 @@ impl AttentionKernels {
         if !self.wgmma {
             return Err(KernelError::invalid(
                 "miss_fill",
-                "hits-first",
+                hisparse_policy::MissFillMode::HitsFirst,
                 "needs the warpgroup-MMA attention (not --attention-kernel mma-sync)",
             ));
         }

@@ -29,7 +29,7 @@ use super::state::{GpuSwapIn, SwapBatch, SwapOutputs, SwapReq};
 use crate::cuda::device::CudaDevice;
 use crate::cuda::printed_launch::{LaunchPrint, addr};
 use crate::error::{KernelError, Result};
-use crate::swap_in::{DeviceSwapCounts, DeviceSwapInConfig, SWAP_COUNTS};
+use crate::swap_in::{DeviceSwapInConfig, SWAP_COUNTS, SwapCounts};
 
 fn cuda(context: &str) -> impl FnOnce(cudarc::driver::DriverError) -> KernelError + '_ {
     move |e| KernelError::Cuda { context: context.to_owned(), message: e.to_string() }
@@ -310,7 +310,7 @@ impl GpuPrefetch {
     }
 
     /// Adds the step's prefetch counts (read after the main stream synchronised) to `c`.
-    pub fn add_counts(&self, c: &mut DeviceSwapCounts, row_bytes: u64) -> Result<()> {
+    pub fn add_counts(&self, c: &mut SwapCounts, row_bytes: u64) -> Result<()> {
         let need = SWAP_COUNTS * self.n * self.targets.len();
         if need == 0 {
             return Ok(());
@@ -322,8 +322,8 @@ impl GpuPrefetch {
             c.prefetched += u64::from(x[1]);
             c.prefetch_wasted += u64::from(x[4]);
         }
-        c.bytes_prefetch = c.prefetched * row_bytes;
-        c.bytes_h2d += c.bytes_prefetch;
+        c.bytes_h2d_prefetch = c.prefetched * row_bytes;
+        c.bytes_h2d += c.bytes_h2d_prefetch;
         Ok(())
     }
 }
