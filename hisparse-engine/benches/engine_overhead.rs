@@ -4,6 +4,7 @@
 //! kernel calls, swap-in, backup, appends and the emulated model's workload).
 #![allow(missing_docs, clippy::unwrap_used, clippy::print_stdout)]
 
+use hisparse_kernels::{Kernels, ModelKernels, StepControl};
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
@@ -17,25 +18,28 @@ use hisparse_memory::{EmulatedDevice, HostTier, KvGeometry, Mode, RequestId};
 #[derive(Default)]
 struct NullBackend(EmulatedDevice);
 
-impl Backend for NullBackend {
+impl Kernels for NullBackend {
     type Memory = EmulatedDevice;
-    type SwapIn = CpuSwapIn;
-    type Backup = CpuRowBackup;
+
     fn name(&self) -> &'static str {
         "null"
     }
+
     fn memory(&self) -> &EmulatedDevice {
         &self.0
     }
+
     fn indexer_scores(&self, _: &IndexerBatch<'_, EmulatedDevice>, _: &mut Vec<f32>) -> Result<()> {
         Ok(())
     }
+
     fn top_k(&self, _: &Vec<f32>, spans: &[Span], k: usize, out: &mut Vec<i32>) -> Result<()> {
         for (i, _) in spans.iter().enumerate() {
             out[i * k..(i + 1) * k].iter_mut().enumerate().for_each(|(j, x)| *x = j as i32);
         }
         Ok(())
     }
+
     fn sparse_attention(
         &self,
         _: &AttentionBatch<'_, EmulatedDevice>,
@@ -44,9 +48,20 @@ impl Backend for NullBackend {
     ) -> Result<()> {
         Ok(())
     }
+}
+
+impl StepControl for NullBackend {}
+
+impl ModelKernels for NullBackend {}
+
+impl Backend for NullBackend {
+    type SwapIn = CpuSwapIn;
+    type Backup = CpuRowBackup;
+
     fn device_swap_in(&self, cfg: &DeviceSwapInConfig, host: &mut HostTier) -> Result<CpuSwapIn> {
         CpuSwapIn::new(cfg, host)
     }
+
     fn row_backup(&self, cfg: &RowBackupConfig, host: &mut HostTier) -> Result<CpuRowBackup> {
         CpuRowBackup::new(host, cfg)
     }

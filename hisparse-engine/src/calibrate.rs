@@ -4,7 +4,8 @@
 //! consecutive-step overlap per layer, adjacent-layer overlap.
 
 use half::bf16;
-use hisparse_kernels::{Backend, CpuBackend, IndexerBatch, IndexerRequest, Span};
+use hisparse_kernels::Kernels;
+use hisparse_kernels::{CpuBackend, IndexerBatch, IndexerRequest, Span};
 use hisparse_memory::KvGeometry;
 use hisparse_policy::trace::{TraceHeader, TraceRecord};
 use hisparse_policy::{BuiltinPolicy, PolicyError, SimConfig, simulate_with};

@@ -8,6 +8,7 @@ mod common;
 use common::{config, run_on};
 use hisparse_engine::{Engine, ModelShape, RequestSpec};
 use hisparse_kernels::CpuBackend;
+use hisparse_kernels::Kernels;
 use hisparse_memory::{Mode, RequestId};
 
 fn tiny() -> ModelShape {
@@ -69,7 +70,7 @@ fn a_model_with_other_layers_is_refused() {
 #[test]
 fn two_ranks_exchange_around_the_ffn_and_leave_attention_alone() {
     use hisparse_engine::RankExchange;
-    use hisparse_kernels::{Backend, CpuRank};
+    use hisparse_kernels::CpuRank;
     let reqs = common::requests();
     let share = |rank: usize| -> Vec<RequestSpec> { if rank == 0 { reqs.clone() } else { reqs[..2].to_vec() } };
     let run = |rank: usize, group: Option<CpuRank>| {

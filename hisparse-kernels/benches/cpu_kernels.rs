@@ -3,8 +3,9 @@
 #![allow(missing_docs, clippy::unwrap_used)]
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use hisparse_kernels::Kernels;
 use hisparse_kernels::random;
-use hisparse_kernels::{AttentionBatch, Backend, CpuBackend, IndexerBatch, IndexerRequest, Span};
+use hisparse_kernels::{AttentionBatch, CpuBackend, IndexerBatch, IndexerRequest, Span};
 use hisparse_memory::{IndexKeyLayout, KvRowFormat, KvRowLayout};
 
 fn indexer(c: &mut Criterion) {

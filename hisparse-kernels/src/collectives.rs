@@ -37,7 +37,7 @@ pub trait Collectives<M: DeviceMemory> {
     fn max(&mut self, value: u32) -> Result<u32>;
 }
 
-/// One rank's ticket to a group, for [`crate::Backend::join_group`].
+/// One rank's ticket to a group, for [`crate::ModelKernels::join_group`].
 pub enum RankMember {
     /// A rank of a CPU group ([`CpuRank::group`]).
     Cpu(CpuRank),

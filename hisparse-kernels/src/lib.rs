@@ -9,7 +9,8 @@
 //! computes on the buffers and spans it is given.
 //!
 //! ```
-//! use hisparse_kernels::{Backend, CpuBackend, Span};
+//! use hisparse_kernels::prelude::*; // the backend traits
+//! use hisparse_kernels::{CpuBackend, Span};
 //! let cpu = CpuBackend::new();
 //! let scores = vec![0.5f32, 2.0, -1.0, 2.0, 7.0];
 //! let mut top = vec![0i32; 3];
@@ -19,6 +20,10 @@
 //! ```
 
 pub mod backend;
+/// The backend traits, to call their methods on a concrete backend: `use hisparse_kernels::prelude::*`.
+pub mod prelude {
+    pub use crate::backend::{Backend, Kernels, ModelKernels, StepControl};
+}
 pub mod collectives;
 pub mod cpu;
 #[cfg(feature = "cuda")]
@@ -36,7 +41,10 @@ pub mod row_backup;
 pub mod swap_in;
 pub mod unit_stream;
 
-pub use backend::{AttentionBatch, Backend, Buf, IndexerBatch, IndexerRequest, KernelStage, Span, StageSeconds};
+pub use backend::{
+    AttentionBatch, Backend, Buf, IndexerBatch, IndexerRequest, KernelStage, Kernels, ModelKernels, Span, StageSeconds,
+    StepControl,
+};
 pub use collectives::{Collectives, CpuRank, RankMember};
 pub use cpu::{CpuBackend, CpuRowBackup};
 

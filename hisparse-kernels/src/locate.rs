@@ -1,12 +1,12 @@
 //! Rows by position through page tables, on the host: the CPU form of
-//! [`crate::Backend::locate_rows`] (the resident mode's selected rows), with every index checked.
+//! [`crate::Kernels::locate_rows`] (the resident mode's selected rows), with every index checked.
 
 use hisparse_memory::DeviceMemory;
 
 use crate::backend::Span;
 use crate::error::{KernelError, Result};
 
-/// See [`crate::Backend::locate_rows`].
+/// See [`crate::Kernels::locate_rows`].
 pub fn locate_on_host<M: DeviceMemory>(
     mem: &M,
     selections: &M::Buffer<i32>,

@@ -1,6 +1,6 @@
 //! New rows of an emulated model: what its projections would write for the newest token of
 //! each request — a KV row and an index key — generated from the unit stream
-//! ([`crate::unit_stream`]) where the kernels run ([`crate::Backend::fill_new_rows`]), in the
+//! ([`crate::unit_stream`]) where the kernels run ([`crate::ModelKernels::fill_new_rows`]), in the
 //! geometry's row formats. [`fill_new_rows_host`] is the reference every backend matches bit for
 //! bit (the CUDA kernel `fill_new_rows` included): request `i`'s KV row holds the stream seeded
 //! `kv_seeds[i]` (`d_qk` values, encoded by `KvRowLayout::encode`); its index key the values

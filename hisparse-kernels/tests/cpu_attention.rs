@@ -3,8 +3,9 @@
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
 use half::bf16;
+use hisparse_kernels::Kernels;
 use hisparse_kernels::random::{self, decode_kv_rows, encode_kv_rows};
-use hisparse_kernels::{AttentionBatch, Backend, CpuBackend, Span, dense_attention, merge_partial};
+use hisparse_kernels::{AttentionBatch, CpuBackend, Span, dense_attention, merge_partial};
 use hisparse_memory::{KvRowFormat, KvRowLayout};
 use rand::seq::SliceRandom;
 

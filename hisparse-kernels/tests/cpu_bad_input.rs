@@ -2,8 +2,9 @@
 //! and nothing is written.
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
+use hisparse_kernels::Kernels;
 use hisparse_kernels::random;
-use hisparse_kernels::{AttentionBatch, Backend, CpuBackend, IndexerBatch, IndexerRequest, KernelError, Span};
+use hisparse_kernels::{AttentionBatch, CpuBackend, IndexerBatch, IndexerRequest, KernelError, Span};
 use hisparse_memory::{IndexKeyLayout, KvRowFormat, KvRowLayout, MemoryError};
 
 fn fp8() -> KvRowLayout {

@@ -2,8 +2,9 @@
 //! (ties to the lower position), up to 2048 of 128k.
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
+use hisparse_kernels::Kernels;
 use hisparse_kernels::random;
-use hisparse_kernels::{Backend, CpuBackend, IndexerBatch, IndexerRequest, Span};
+use hisparse_kernels::{CpuBackend, IndexerBatch, IndexerRequest, Span};
 use hisparse_memory::IndexKeyLayout;
 use rand::Rng;
 use rand::seq::SliceRandom;

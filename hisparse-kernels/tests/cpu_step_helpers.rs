@@ -5,7 +5,8 @@
 
 use half::bf16;
 use hisparse_kernels::unit_stream;
-use hisparse_kernels::{Backend, CpuBackend, IndexerBatch, IndexerRequest, KernelError, Span, random};
+use hisparse_kernels::{CpuBackend, IndexerBatch, IndexerRequest, KernelError, Span, random};
+use hisparse_kernels::{Kernels, ModelKernels};
 use hisparse_memory::IndexKeyLayout;
 use rand::Rng;
 

@@ -5,7 +5,8 @@
 
 use half::bf16;
 use hisparse_kernels::cuda::CudaBackend;
-use hisparse_kernels::{Backend, GemmShape, gemm, random};
+use hisparse_kernels::{GemmShape, gemm, random};
+use hisparse_kernels::{Kernels, ModelKernels, StepControl};
 use hisparse_memory::DeviceMemory;
 
 fn close(gpu: &[bf16], cpu: &[bf16], what: &str) {

@@ -8,6 +8,7 @@ use hisparse_kernels::cuda::{CudaBackend, FixedHeadIndexer};
 use hisparse_kernels::index_queries::{pow2, quantize_head};
 use hisparse_kernels::random;
 use hisparse_kernels::{Backend, Buf, CpuBackend, IndexerBatch, IndexerQueries, IndexerRequest, Span};
+use hisparse_kernels::{Kernels, StepControl};
 use hisparse_memory::fp8::decode_e4m3;
 use hisparse_memory::{DeviceMemory, IndexKeyLayout};
 use rand::seq::SliceRandom;

@@ -9,7 +9,8 @@
 use half::bf16;
 use hisparse_kernels::cuda::CudaBackend;
 use hisparse_kernels::random;
-use hisparse_kernels::{AttentionBatch, Backend, CpuBackend, Span};
+use hisparse_kernels::{AttentionBatch, CpuBackend, Span};
+use hisparse_kernels::{Kernels, ModelKernels, StepControl};
 use hisparse_memory::{DeviceMemory, IndexKeyLayout, KvRowFormat, KvRowLayout};
 use rand::Rng;
 use rand::seq::SliceRandom;

@@ -5,12 +5,13 @@
 //! heads over batch sizes. Inputs are random, in distinct memory per request (no cache reuse).
 //! Medians of CUDA-event timings after warm-up.
 
+use hisparse_kernels::{Kernels, StepControl};
 use std::path::PathBuf;
 
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, sys as blas};
 use half::bf16;
 use hisparse_kernels::cuda::{CudaBackend, FixedHeadIndexer};
-use hisparse_kernels::{AttentionBatch, Backend, IndexerBatch, IndexerQueries, IndexerRequest, Span};
+use hisparse_kernels::{AttentionBatch, IndexerBatch, IndexerQueries, IndexerRequest, Span};
 use hisparse_memory::{DeviceMemory, IndexKeyLayout, KvRowFormat, KvRowLayout};
 use rand::seq::SliceRandom;
 use rand::{RngCore, SeedableRng};

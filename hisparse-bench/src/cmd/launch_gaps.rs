@@ -3,12 +3,13 @@
 //! rows) launched layer by layer from the host, against the same sequence captured once into a
 //! CUDA graph and replayed. The difference is what launching costs on top of the kernels.
 
+use hisparse_kernels::{Kernels, StepControl};
 use std::sync::Arc;
 
 use cudarc::driver::CudaStream;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use hisparse_kernels::cuda::CudaBackend;
-use hisparse_kernels::{AttentionBatch, Backend, IndexerBatch, IndexerRequest, Span};
+use hisparse_kernels::{AttentionBatch, IndexerBatch, IndexerRequest, Span};
 use hisparse_memory::{DeviceMemory, IndexKeyLayout, KvRowFormat, KvRowLayout};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;

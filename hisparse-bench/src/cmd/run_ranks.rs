@@ -148,7 +148,7 @@ mod tests {
     use super::*;
     use hisparse_engine::model::ModelShape;
     use hisparse_engine::{Engine, EngineConfig, RankExchange};
-    use hisparse_kernels::{Backend, CpuBackend, CpuRank};
+    use hisparse_kernels::{CpuBackend, CpuRank, Kernels};
     use hisparse_memory::{KvGeometry, RequestId};
 
     #[test]

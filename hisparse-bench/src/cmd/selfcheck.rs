@@ -2,11 +2,12 @@
 //! shape, checks each against its oracle (f64 indexer, sort-based top-k, dense f64 attention, bf16
 //! against fp8 rows), and times each against the host memcpy ceiling measured in the same run.
 
+use hisparse_kernels::Kernels;
 use std::path::PathBuf;
 
 use half::bf16;
 use hisparse_kernels::random::{self, decode_kv_rows, encode_kv_rows};
-use hisparse_kernels::{AttentionBatch, Backend, CpuBackend, IndexerBatch, IndexerRequest, Span, dense_attention};
+use hisparse_kernels::{AttentionBatch, CpuBackend, IndexerBatch, IndexerRequest, Span, dense_attention};
 use hisparse_memory::{KvGeometry, KvRowFormat};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;

@@ -5,7 +5,7 @@
 //! the backend's swap-in (hisparse: prefetches due, policy decisions, missed rows host → device)
 //! or rows by position (resident) → sparse attention into the caller's output → the new rows'
 //! backup to the host tier queued (hisparse). Host timers around the calls; a backend that times
-//! its own stages ([`hisparse_kernels::Backend::mark_stage`]) replaces them at the step's end.
+//! its own stages ([`hisparse_kernels::StepControl::mark_stage`]) replaces them at the step's end.
 
 use std::time::Instant;
 

@@ -5,7 +5,7 @@
 //! queries, new KV rows and new index keys, uploads them into per-layer buffers that stay where
 //! they are from step to step (so that a captured launch sequence reads them there); per layer
 //! the emulated model's projections then write the new rows, keys and attention queries in the
-//! backend's memory ([`Backend::fill_new_rows`], [`Backend::fill_unit_bf16_seeded`]), as a real
+//! backend's memory ([`ModelKernels::fill_new_rows`], [`ModelKernels::fill_unit_bf16_seeded`]), as a real
 //! model's would. A request's prompt is made on the host, one layer at a time, at admission.
 //!
 //! Invariant: `generation` changes whenever any buffer of this source is reallocated.

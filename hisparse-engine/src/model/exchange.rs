@@ -131,7 +131,7 @@ impl<M: DeviceMemory> RankExchange<M> {
 mod tests {
     #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
-    use hisparse_kernels::{Backend, CpuBackend, CpuRank};
+    use hisparse_kernels::{CpuBackend, CpuRank, Kernels};
 
     use super::*;
     use crate::model::ModelEmulation;

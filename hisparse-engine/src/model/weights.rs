@@ -1,6 +1,6 @@
 //! `ModelEmulation`: the emulated model's weights on the device (random, one buffer per planned
 //! GEMM of every layer, all experts held) and the launch of a layer's GEMMs for a batch, through
-//! [`Backend::gemm_bf16`] on reused activation buffers — with a [`RankExchange`], the ranks'
+//! [`ModelKernels::gemm_bf16`] on reused activation buffers — with a [`RankExchange`], the ranks'
 //! collectives around each layer's FFN and after the LM head.
 
 use half::bf16;

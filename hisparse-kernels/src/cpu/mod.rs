@@ -15,7 +15,7 @@ pub use topk::top_k_positions;
 
 use hisparse_memory::{EmulatedDevice, HostTier};
 
-use crate::backend::{AttentionBatch, Backend, IndexerBatch, Span};
+use crate::backend::{AttentionBatch, Backend, IndexerBatch, Kernels, ModelKernels, Span, StepControl};
 use crate::error::{KernelError, Result};
 use crate::row_backup::RowBackupConfig;
 use crate::swap_in::{CpuSwapIn, DeviceSwapInConfig};
@@ -33,10 +33,8 @@ impl CpuBackend {
     }
 }
 
-impl Backend for CpuBackend {
+impl Kernels for CpuBackend {
     type Memory = EmulatedDevice;
-    type SwapIn = CpuSwapIn;
-    type Backup = CpuRowBackup;
 
     fn name(&self) -> &'static str {
         "cpu"
@@ -44,19 +42,6 @@ impl Backend for CpuBackend {
 
     fn memory(&self) -> &EmulatedDevice {
         &self.memory
-    }
-
-    fn join_group(
-        &self,
-        member: crate::collectives::RankMember,
-    ) -> Result<Box<dyn crate::collectives::Collectives<EmulatedDevice>>> {
-        match member {
-            crate::collectives::RankMember::Cpu(r) => Ok(Box::new(r)),
-            #[cfg(feature = "cuda")]
-            crate::collectives::RankMember::Nccl { ranks, .. } => {
-                Err(KernelError::invalid("gpus", ranks, "an NCCL rank on the CPU backend: use --backend cuda"))
-            }
-        }
     }
 
     fn indexer_scores(&self, batch: &IndexerBatch<'_, EmulatedDevice>, scores: &mut Vec<f32>) -> Result<()> {
@@ -75,6 +60,28 @@ impl Backend for CpuBackend {
     ) -> Result<()> {
         attention::sparse_attention(batch, out, lse)
     }
+}
+
+impl StepControl for CpuBackend {}
+
+impl ModelKernels for CpuBackend {
+    fn join_group(
+        &self,
+        member: crate::collectives::RankMember,
+    ) -> Result<Box<dyn crate::collectives::Collectives<EmulatedDevice>>> {
+        match member {
+            crate::collectives::RankMember::Cpu(r) => Ok(Box::new(r)),
+            #[cfg(feature = "cuda")]
+            crate::collectives::RankMember::Nccl { ranks, .. } => {
+                Err(KernelError::invalid("gpus", ranks, "an NCCL rank on the CPU backend: use --backend cuda"))
+            }
+        }
+    }
+}
+
+impl Backend for CpuBackend {
+    type SwapIn = CpuSwapIn;
+    type Backup = CpuRowBackup;
 
     fn device_swap_in(&self, cfg: &DeviceSwapInConfig, host: &mut HostTier) -> Result<CpuSwapIn> {
         CpuSwapIn::new(cfg, host)

@@ -6,7 +6,7 @@
 //! Shapes are checked on the host before anything is launched (typed errors naming the field).
 //! What only the device holds (page ids, row locations) is checked by the kernels as they read
 //! it: an out-of-range entry is never dereferenced, it is read as a zero row and raises a fault
-//! flag that [`Backend::finish_step`] turns into an error.
+//! flag that [`StepControl::finish_step`] turns into an error.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -21,7 +21,9 @@ use super::device::CudaDevice;
 use super::driver_error;
 use super::launch_graph::LaunchGraph;
 use super::step_launch::LocateReq;
-use crate::backend::{AttentionBatch, Backend, IndexerBatch, KernelStage, Span, StageSeconds};
+use crate::backend::{
+    AttentionBatch, Backend, IndexerBatch, KernelStage, Kernels, ModelKernels, Span, StageSeconds, StepControl,
+};
 use crate::error::{KernelError, Result};
 
 pub(crate) use super::facts::{HEAD_BLOCK, TOPK_SMEM};
@@ -234,10 +236,8 @@ impl CudaBackend {
     }
 }
 
-impl Backend for CudaBackend {
+impl Kernels for CudaBackend {
     type Memory = CudaMemory;
-    type SwapIn = crate::swap_in::cuda::CudaSwapIn;
-    type Backup = super::backup::CudaRowBackup;
 
     fn name(&self) -> &'static str {
         "cuda"
@@ -282,10 +282,6 @@ impl Backend for CudaBackend {
         self.launch_locate_rows(selections, spans, page_table, first_pages, page_tokens, out)
     }
 
-    fn fill_unit_bf16(&self, seeds: &[u64], len: usize, out: &mut CudaSlice<bf16>) -> Result<()> {
-        self.launch_fill_unit(seeds, len, out)
-    }
-
     fn scatter_rows(
         &self,
         pool: &mut CudaSlice<u8>,
@@ -295,67 +291,9 @@ impl Backend for CudaBackend {
     ) -> Result<()> {
         self.launch_scatter_rows(pool, row_bytes, rows, data)
     }
+}
 
-    fn fill_new_rows(
-        &self,
-        fill: &crate::NewRows<'_, CudaMemory>,
-        rows: &mut CudaSlice<u8>,
-        keys: Option<&mut CudaSlice<u8>>,
-    ) -> Result<()> {
-        self.launch_fill_new_rows(fill, rows, keys)
-    }
-
-    fn fill_unit_bf16_seeded(&self, seeds: &CudaSlice<u64>, len: usize, out: &mut CudaSlice<bf16>) -> Result<()> {
-        self.launch_fill_unit_seeded(seeds, len, out)
-    }
-
-    fn gemm_bf16(
-        &self,
-        shape: &crate::GemmShape,
-        a: &CudaSlice<bf16>,
-        b: &CudaSlice<bf16>,
-        c: &mut CudaSlice<bf16>,
-    ) -> Result<()> {
-        self.launch_gemm(shape, a, b, c)
-    }
-
-    fn join_group(
-        &self,
-        member: crate::collectives::RankMember,
-    ) -> Result<Box<dyn crate::collectives::Collectives<CudaMemory>>> {
-        match member {
-            crate::collectives::RankMember::Nccl { id, rank, ranks } => {
-                Ok(Box::new(super::NcclRank::join(&self.dev, rank, ranks, &id)?))
-            }
-            m @ crate::collectives::RankMember::Cpu(_) => {
-                Err(KernelError::invalid("gpus", m.ranks(), "a CPU rank on the CUDA backend: ranks of GPUs use NCCL"))
-            }
-        }
-    }
-
-    fn launch_print(&self) -> u64 {
-        self.dev.take_print()
-    }
-
-    fn begin_capture(&self) -> Result<bool> {
-        self.dev.begin_capture()?;
-        Ok(true)
-    }
-
-    fn end_capture(&self, key: u64) -> Result<()> {
-        let mut g = lock(&self.graph)?;
-        *g = None;
-        *g = self.dev.end_capture()?.map(|graph| (key, graph));
-        Ok(())
-    }
-
-    fn replay(&self, key: u64) -> Result<bool> {
-        match &*lock(&self.graph)? {
-            Some((k, g)) if *k == key => g.launch().map(|()| true),
-            _ => Ok(false),
-        }
-    }
-
+impl StepControl for CudaBackend {
     fn mark_stage(&self, stage: KernelStage, begin: bool) -> Result<()> {
         if self.dev.capturing() {
             // Inside a capture the events would be recorded into the graph: the replay is
@@ -410,6 +348,77 @@ impl Backend for CudaBackend {
         }
         Ok(Some(secs))
     }
+
+    fn launch_print(&self) -> u64 {
+        self.dev.take_print()
+    }
+
+    fn begin_capture(&self) -> Result<bool> {
+        self.dev.begin_capture()?;
+        Ok(true)
+    }
+
+    fn end_capture(&self, key: u64) -> Result<()> {
+        let mut g = lock(&self.graph)?;
+        *g = None;
+        *g = self.dev.end_capture()?.map(|graph| (key, graph));
+        Ok(())
+    }
+
+    fn replay(&self, key: u64) -> Result<bool> {
+        match &*lock(&self.graph)? {
+            Some((k, g)) if *k == key => g.launch().map(|()| true),
+            _ => Ok(false),
+        }
+    }
+}
+
+impl ModelKernels for CudaBackend {
+    fn fill_new_rows(
+        &self,
+        fill: &crate::NewRows<'_, CudaMemory>,
+        rows: &mut CudaSlice<u8>,
+        keys: Option<&mut CudaSlice<u8>>,
+    ) -> Result<()> {
+        self.launch_fill_new_rows(fill, rows, keys)
+    }
+
+    fn fill_unit_bf16(&self, seeds: &[u64], len: usize, out: &mut CudaSlice<bf16>) -> Result<()> {
+        self.launch_fill_unit(seeds, len, out)
+    }
+
+    fn fill_unit_bf16_seeded(&self, seeds: &CudaSlice<u64>, len: usize, out: &mut CudaSlice<bf16>) -> Result<()> {
+        self.launch_fill_unit_seeded(seeds, len, out)
+    }
+
+    fn gemm_bf16(
+        &self,
+        shape: &crate::GemmShape,
+        a: &CudaSlice<bf16>,
+        b: &CudaSlice<bf16>,
+        c: &mut CudaSlice<bf16>,
+    ) -> Result<()> {
+        self.launch_gemm(shape, a, b, c)
+    }
+
+    fn join_group(
+        &self,
+        member: crate::collectives::RankMember,
+    ) -> Result<Box<dyn crate::collectives::Collectives<CudaMemory>>> {
+        match member {
+            crate::collectives::RankMember::Nccl { id, rank, ranks } => {
+                Ok(Box::new(super::NcclRank::join(&self.dev, rank, ranks, &id)?))
+            }
+            m @ crate::collectives::RankMember::Cpu(_) => {
+                Err(KernelError::invalid("gpus", m.ranks(), "a CPU rank on the CUDA backend: ranks of GPUs use NCCL"))
+            }
+        }
+    }
+}
+
+impl Backend for CudaBackend {
+    type SwapIn = crate::swap_in::cuda::CudaSwapIn;
+    type Backup = super::backup::CudaRowBackup;
 
     fn device_swap_in(
         &self,

@@ -160,7 +160,7 @@ pub trait DeviceSwapIn<M: DeviceMemory>: Send {
         false
     }
 
-    /// Sparse attention of `layer` (as [`crate::Backend::sparse_attention`]) over `hot[layer]`,
+    /// Sparse attention of `layer` (as [`crate::Kernels::sparse_attention`]) over `hot[layer]`,
     /// bringing in on the way the misses that the layer's last [`DeviceSwapIn::launch`] left
     /// (and writing them into `hot[layer]`), for a swap-in that
     /// [`DeviceSwapIn::fills_in_attention`]; the outputs are bit-identical to copying first.
