@@ -564,3 +564,67 @@ fn the_copy_engine_flags_reach_the_config_and_bad_values_are_named_by_flag() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn a_sweep_with_the_bound_labels_it_everywhere_and_reports_the_headline() {
+    let dir = tmp("sweep-bound");
+    let out = dir.join("out");
+    let args = ["sweep", "--backend", "cpu", "--concurrency", "1,3", "--context", "600", "--warmup", "1"];
+    let o = hisparse(&[&args[..], &["--window", "2", "--bound", "--out", out.to_str().unwrap()]].concat());
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let table = String::from_utf8_lossy(&o.stdout);
+    assert!(table.contains("swap-in-free bound (timing only") && table.contains("outputs are wrong"), "{table}");
+    assert!(
+        table.contains("capacity") && table.contains("efficiency") && table.contains("peak against peak"),
+        "{table}"
+    );
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("sweep.json")).unwrap()).unwrap();
+    assert!(json["bound"].as_str().unwrap().contains("outputs are wrong"), "{}", json["bound"]);
+    let points = json["points"].as_array().unwrap();
+    assert_eq!(points.len(), 6);
+    let bound: Vec<_> = points.iter().filter(|p| p["mode"] == "bound").collect();
+    assert_eq!(bound.len(), 2);
+    for b in &bound {
+        assert!(b["tokens_per_s"].as_f64().unwrap() > 0.0 && b["misses_per_step"].as_f64().unwrap() > 0.0, "{b}");
+    }
+    let h = &json["headline"][0];
+    assert_eq!(h["context"], 600);
+    let (cap, eff) = (h["capacity"].as_f64().unwrap(), h["efficiency"].as_f64().unwrap());
+    assert!(cap > 0.0 && eff > 0.0, "{h}");
+    let hs3 = points.iter().find(|p| p["mode"] == "hisparse" && p["concurrency"] == h["at_concurrency"]).unwrap();
+    let b3 = bound.iter().find(|p| p["concurrency"] == h["at_concurrency"]).unwrap();
+    let want = hs3["tokens_per_s"].as_f64().unwrap() / b3["tokens_per_s"].as_f64().unwrap();
+    assert!((eff - want).abs() < 1e-9, "{eff} vs {want}");
+    let csv = std::fs::read_to_string(out.join("sweep.csv")).unwrap();
+    assert_eq!(csv.lines().filter(|l| l.split(',').nth(2) == Some("bound")).count(), 2, "{csv}");
+    let svg = std::fs::read_to_string(out.join("throughput.svg")).unwrap();
+    assert!(svg.contains("bound (no swap-in copies; timing only)"), "the plot names the bound");
+    // One engine only.
+    let o = hisparse(&[&args[..], &["--bound", "--gpus", "2", "--out", dir.join("x").to_str().unwrap()]].concat());
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("--gpus") && err.contains("--bound") && err.lines().count() == 1, "{err}");
+    // A run without copies says so in its table and its JSON, for the hisparse mode only.
+    let run_out = dir.join("run");
+    let o = hisparse(&[
+        "run",
+        "--backend",
+        "cpu",
+        "--concurrency",
+        "2",
+        "--context",
+        "600",
+        "--output",
+        "4",
+        "--miss-fill",
+        "no-copies",
+        "--out",
+        run_out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("hisparse: timing only"), "the run's table");
+    let runs: serde_json::Value = serde_json::from_slice(&std::fs::read(run_out.join("run.json")).unwrap()).unwrap();
+    let noted: Vec<bool> = runs.as_array().unwrap().iter().map(|r| r["timing_only"].is_string()).collect();
+    assert_eq!(noted, [false, true], "resident, hisparse");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -167,3 +167,65 @@ fn a_policy_chosen_by_the_caller_is_used() {
     let belady = hisparse_policy::policy::make("belady", &PolicyConfig::default()).unwrap();
     assert!(hisparse_policy::OnlinePolicy::new(belady).is_err(), "an offline policy needs the future");
 }
+
+#[test]
+fn the_host_tier_holds_the_prompt_and_each_new_row() {
+    let g = geometry(false);
+    let mut c = cache(Mode::HiSparse, &g, "lru", "none", Some(Duration::from_millis(1)));
+    let r = Req { id: 1, arrive: 0, prompt: 300, output: 4, abort_after: None };
+    let (rows, keys) = prompt_rows(&c, &g, &r);
+    let p = Prompt {
+        tokens: 300,
+        kv_rows: rows.iter().map(|b| Rows::Host(b)).collect(),
+        index_keys: keys.iter().map(|b| Rows::Host(b)).collect(),
+    };
+    assert_eq!(c.admit(RequestId(1), &p, 310).unwrap(), Admission::Admitted);
+    let (kv_row, key) = c.layouts();
+    let rb = kv_row.row_bytes();
+    let mut got = vec![0u8; rb];
+    for (l, layer_rows) in rows.iter().enumerate() {
+        for pos in [0, 1, 150, 299] {
+            c.read_host_row(RequestId(1), l, pos, &mut got).unwrap();
+            assert_eq!(got, layer_rows[pos * rb..(pos + 1) * rb], "layer {l}, position {pos}");
+        }
+    }
+    // One step with a distinct new row per layer (the backup slowed): each lands at position 300.
+    let iq = vec![bf16::ONE; g.index_heads * g.index_dim];
+    let iw = vec![1f32; g.index_heads];
+    let aq = vec![bf16::ONE; g.q_heads * g.d_qk()];
+    let k = vec![1u8; key.row_bytes()];
+    let (mut o, mut e) = (vec![0f32; g.q_heads * g.d_v()], vec![0f32; g.q_heads]);
+    let new: Vec<Vec<u8>> = (0..g.layers)
+        .map(|l| {
+            let mut row = vec![0u8; rb];
+            kv_row
+                .encode(&common::scenario::unit(common::scenario::seed(1, l, 300, 0) ^ 7, g.d_qk()), &mut row)
+                .unwrap();
+            row
+        })
+        .collect();
+    let mut s = c.begin_step(&[RequestId(1)]).unwrap();
+    for (l, row) in new.iter().enumerate() {
+        let inputs = LayerInputs {
+            index_queries: Some(&iq),
+            index_weights: Some(&iw),
+            new_index_keys: Some(&k),
+            attention_queries: &aq,
+            new_kv_rows: row,
+        };
+        s.layer(l, &inputs, &mut o, &mut e).unwrap();
+    }
+    s.end().unwrap();
+    for (l, row) in new.iter().enumerate() {
+        c.read_host_row(RequestId(1), l, 300, &mut got).unwrap();
+        assert_eq!(&got, row, "layer {l}: the step's new row");
+    }
+    // Past the request's positions, an unknown request, a resident cache: refused.
+    let err = c.read_host_row(RequestId(1), 0, 301, &mut got).unwrap_err();
+    assert!(matches!(&err, EngineError::Input { field, .. } if field == "position"), "{err}");
+    assert!(matches!(c.read_host_row(RequestId(2), 0, 0, &mut got).unwrap_err(), EngineError::Request { id: 2, .. }));
+    let mut resident = cache(Mode::Resident, &g, "lru", "none", None);
+    assert_eq!(resident.admit(RequestId(1), &p, 310).unwrap(), Admission::Admitted);
+    let err = resident.read_host_row(RequestId(1), 0, 0, &mut got).unwrap_err();
+    assert!(matches!(err, EngineError::Config { field: "mode", .. }), "{err}");
+}

@@ -87,3 +87,40 @@ fn fp8_index_queries_stay_lossless() {
     assert_eq!(exact.len(), resident.len());
     assert_ne!(exact, resident, "fp8 queries select differently somewhere");
 }
+
+/// Two long requests decoded together: per step, hits, misses and host-to-device bytes.
+fn long_counts(cfg: EngineConfig) -> Vec<(u64, u64, u64)> {
+    let mut e = hisparse_engine::Engine::new(CpuBackend::new(), cfg).unwrap();
+    for (i, prompt_tokens) in [1500, 1900].into_iter().enumerate() {
+        let id = hisparse_memory::RequestId(i as u64);
+        e.submit(hisparse_engine::RequestSpec { id, prompt_tokens, output_tokens: 150 }).unwrap();
+    }
+    let mut out = Vec::new();
+    while !e.is_idle() {
+        let m = e.step().unwrap().metrics;
+        out.push((m.swap.hits, m.swap.misses, m.swap.bytes_h2d));
+    }
+    out
+}
+
+/// `miss_fill = "no-copies"` (the sweep's timing bound): the swap-in decides as always (the same
+/// hits and misses every step) but copies rows only into slots never written (the CPU attention
+/// refuses all-zero rows): once the buffers are full, nothing crosses; and the outputs are not
+/// the resident ones.
+#[test]
+fn the_no_copies_bound_decides_alike_copies_only_cold_slots_and_is_wrong() {
+    let mut bound_cfg = config(Mode::HiSparse, "lru");
+    bound_cfg.cache.hisparse.miss_fill = hisparse_policy::MissFill::NoCopies;
+    let (hs, bound) = (long_counts(config(Mode::HiSparse, "lru")), long_counts(bound_cfg.clone()));
+    assert_eq!(hs.len(), 150);
+    let decisions = |c: &[(u64, u64, u64)]| c.iter().map(|c| (c.0, c.1)).collect::<Vec<_>>();
+    assert_eq!(decisions(&bound), decisions(&hs), "the bound decides as hisparse does");
+    let late = |c: &[(u64, u64, u64)]| c[20..].iter().map(|c| c.2).sum::<u64>();
+    assert!(late(&hs) > 0 && hs[20..].iter().map(|c| c.1).sum::<u64>() > 0, "misses after the buffers filled");
+    assert_eq!(late(&bound), 0, "bytes copied into warm slots");
+    let resident = run(config(Mode::Resident, "lru"), &[], None);
+    let outputs = run(bound_cfg, &[], None);
+    assert_eq!(outputs.len(), resident.len());
+    let same = outputs.iter().filter(|(k, d)| resident.get(k) == Some(d)).count();
+    assert!(same < outputs.len(), "every output equals the resident one");
+}

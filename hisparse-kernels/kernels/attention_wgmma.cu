@@ -1,4 +1,4 @@
-// Sparse MLA decode attention on Hopper's warpgroup MMA (issue 16), compiled after attention.cu
+// Sparse MLA decode attention on Hopper's warpgroup MMA, compiled after attention.cu
 // and wgmma_common.cu (their Span, AttnParams and helpers). A block of two warpgroups takes one
 // request, 64 of its heads and one split of its selected rows, in tiles of 64 rows:
 //   - bf16 rows: a tile's rows are gathered by location with cp.async straight into shared

@@ -1,4 +1,4 @@
-// The lightning indexer on Hopper's warpgroup MMA (issue 16), compiled after indexer.cu (its
+// The lightning indexer on Hopper's warpgroup MMA, compiled after indexer.cu (its
 // IndexerReq, parameters and query quantisation) and wgmma_common.cu (the descriptor, fences).
 // One warpgroup (a block of 128 threads) scores 64 positions at a time for all N heads (32 or 64,
 // fixed at compile time): D[64 positions][N heads] = K~ Q^T on wgmma.m64nNk16 (f16 in, fp32
@@ -23,7 +23,7 @@
 #define WGI_TILE (64 * 132)
 // Four staging tiles a block (four blocks an SM for 64 heads, five for 32): more tiles in fewer
 // blocks measured slower (64 heads: 5 tiles in 3 blocks 63% of the HBM copy, 7 in 3 62%, 11 in
-// 2 53%, against 69% — issue 16's BENCHMARKS); what bounds the kernel is the instructions a
+// 2 53%, against 69% — BENCHMARKS.md); what bounds the kernel is the instructions a
 // chunk takes, not the copies in flight.
 #define WGI_STAGES 4
 #define WGI_SMEM(n) ((n) * 256 + (n) * 4 + WGI_STAGES * WGI_TILE)

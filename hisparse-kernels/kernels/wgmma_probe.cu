@@ -1,5 +1,5 @@
 // Hopper's warpgroup MMA on operands in shared memory, the building blocks of the wgmma sparse
-// MLA decode (issue 16), each held to a plain product by tests/gpu_wgmma.rs: one warpgroup
+// MLA decode, each held to a plain product by tests/gpu_wgmma.rs: one warpgroup
 // computes D[64][64] = A[64][K] . B (bf16 in, fp32 accumulate) with wgmma.mma_async.m64n64k16,
 // K / 16 instructions in one group, in two forms:
 //   - wgmma_probe_ss: A and B both K-major in shared memory (S = Q K^T: heads x rows over dims);

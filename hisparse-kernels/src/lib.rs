@@ -20,6 +20,7 @@
 //! ```
 
 pub mod backend;
+pub mod batch;
 /// The backend traits, to call their methods on a concrete backend: `use hisparse_kernels::prelude::*`.
 pub mod prelude {
     pub use crate::backend::{Backend, Kernels, ModelKernels, StepControl};
@@ -41,10 +42,8 @@ pub mod row_backup;
 pub mod swap_in;
 pub mod unit_stream;
 
-pub use backend::{
-    AttentionBatch, Backend, Buf, IndexerBatch, IndexerRequest, KernelStage, Kernels, ModelKernels, Span, StageSeconds,
-    StepControl,
-};
+pub use backend::{Backend, Buf, Kernels, ModelKernels, StepControl};
+pub use batch::{AttentionBatch, IndexerBatch, IndexerRequest, KernelStage, Span, StageSeconds};
 pub use collectives::{Collectives, CpuRank, RankMember};
 pub use cpu::{CpuBackend, CpuRowBackup};
 

@@ -3,7 +3,7 @@
 
 use hisparse_memory::DeviceMemory;
 
-use crate::backend::Span;
+use crate::batch::Span;
 use crate::error::{KernelError, Result};
 
 /// See [`crate::Kernels::locate_rows`].

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use hisparse_kernels::cuda::{CudaDevice, GpuBackup, GpuSwapIn, SwapOutputs, SwapReq};
-use hisparse_memory::cuda::MappedHostTier;
+use hisparse_memory::host_tier::MappedHostTier;
 use hisparse_memory::{HostTier, HostTierConfig, RequestId};
 use hisparse_policy::policy::by_name;
 

@@ -40,7 +40,7 @@ pub fn drive(
     e: &mut dyn DecodeEngine,
     specs: &[RequestSpec],
     times: Option<&[f64]>,
-    vote: Option<&super::run_ranks::RankVote>,
+    vote: Option<&super::rank_vote::RankVote>,
     mut on_step: impl FnMut(StepReport) -> Result<()>,
 ) -> Result<Vec<u64>> {
     let start = Instant::now();

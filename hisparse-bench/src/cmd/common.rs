@@ -39,7 +39,7 @@ pub enum EmulateKind {
 pub enum AttentionKernel {
     /// Hopper's warpgroup MMA (the default: 2.2-3.0x mma.sync at batch 64 on the H200).
     Wgmma,
-    /// mma.sync (the kernel before issue 16).
+    /// mma.sync tiles (m16n8k16), without warpgroups.
     MmaSync,
 }
 
@@ -48,7 +48,7 @@ pub enum AttentionKernel {
 pub enum IndexerKernel {
     /// Hopper's warpgroup MMA (the default: 1.5x mma.sync at 64 heads, 128k, batch 64 on the H200).
     Wgmma,
-    /// mma.sync (the kernels before).
+    /// mma.sync tiles, without warpgroups.
     MmaSync,
 }
 
@@ -126,9 +126,10 @@ pub struct EngineArgs {
     /// hits running while the misses are gathered, then over the misses and an LSE merge: equal
     /// within the attention's bf16 tolerance, not bit for bit), copy-engine (as deferred-gather,
     /// but host threads gather the misses into pinned memory and the copy engine copies them), or
-    /// auto (deferred in batches of at most --miss-fill-max-batch requests, the swap-in above).
-    /// CUDA; the CPU backend copies either way. Outputs are bit-identical in every form but
-    /// hits-first.
+    /// auto (deferred in batches of at most --miss-fill-max-batch requests, the swap-in above);
+    /// no-copies is a timing bound (the swap-in decides but copies no row: outputs are wrong).
+    /// CUDA; the CPU backend copies in every form but no-copies. Outputs are bit-identical in
+    /// every form but hits-first and no-copies.
     #[arg(long, value_enum)]
     pub miss_fill: Option<MissFillMode>,
     /// With --miss-fill auto: the largest batch whose misses the attention fills (default 8).
@@ -621,6 +622,14 @@ impl EngineArgs {
     /// a one-line error where it cannot be used.
     pub fn engine(&self, mode: Mode, typical_tokens: usize, flag: &'static str) -> Result<Box<dyn DecodeEngine>> {
         self.build(self.engine_config(mode, typical_tokens, flag)?, 0)
+    }
+
+    /// A hisparse engine whose swap-in copies no row (`MissFill::NoCopies`): the timing bound
+    /// of `hisparse sweep --bound`, whose outputs are wrong.
+    pub fn bound_engine(&self, typical_tokens: usize, flag: &'static str) -> Result<Box<dyn DecodeEngine>> {
+        let mut cfg = self.engine_config(Mode::HiSparse, typical_tokens, flag)?;
+        cfg.cache.hisparse.miss_fill = MissFill::NoCopies;
+        self.build(cfg, 0)
     }
 
     /// The engine of rank `rank` of `ranks` (one per GPU, `hisparse sweep --gpus`, `run

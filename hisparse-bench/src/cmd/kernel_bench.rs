@@ -255,7 +255,7 @@ fn indexer_and_top_k(
                 if heads == 64 {
                     let spans: Vec<Span> = (0..b).map(|i| Span::new(i * ctx, ctx)).collect();
                     let mut top = mem.alloc_zeroed::<i32>(b * 2048).map_err(|e| BenchError::Gpu(e.to_string()))?;
-                    // The one-block form (issue 6) beside the chosen one (several blocks per
+                    // The one-block form beside the chosen one (several blocks per
                     // request for long requests at small batches), and a split filling one wave
                     // of blocks whatever the batch (what the choice rule weighs).
                     let mut time_with = |blocks: usize| {
@@ -373,7 +373,7 @@ fn attention(
                     locations: &ld,
                     selections: &spans,
                 };
-                // The mma.sync form (the figures before issue 16) and the default, beside.
+                // The mma.sync form and the default, beside.
                 let forms = [(&mma, ""), (gpu, " (wgmma)")];
                 for (backend, form) in forms.into_iter().chain(fixed.iter().map(|(b, f)| (b, f.as_str()))) {
                     let ms = time_ms(s, a.reps, || backend.sparse_attention(&batch, &mut out, &mut lse).map_err(kerr))?;

@@ -4,33 +4,12 @@
 //! (on the critical path and prefetched); misses per step over time with the concurrency levels
 //! marked; and the misses of a replayed trace at several buffer sizes.
 
-use hisparse_engine::StageTimes;
-use hisparse_memory::Mode;
-
-use super::sweep::SweepReport;
+use super::sweep_data::{Point, SweepMode, SweepReport};
 use crate::error::Result;
 use crate::files::OutputDir;
 use crate::guard::human_bytes;
 use crate::report::Csv;
 use crate::report::plot::{Chart, Marker, Series, line_chart, misses_over_time, stacked_charts};
-
-/// `s` with every stage multiplied by `f`.
-pub fn scale_stages(s: &StageTimes, f: f64) -> StageTimes {
-    StageTimes {
-        workload: s.workload * f,
-        append: s.append * f,
-        indexer: s.indexer * f,
-        top_k: s.top_k * f,
-        swap_in: s.swap_in * f,
-        attention: s.attention * f,
-        graph: s.graph * f,
-        model: s.model * f,
-        exchange: s.exchange * f,
-        backup: s.backup * f,
-        bookkeeping: s.bookkeeping * f,
-        admission: s.admission * f,
-    }
-}
 
 fn contexts(r: &SweepReport) -> Vec<usize> {
     let mut c: Vec<usize> = r.points.iter().map(|p| p.context).collect();
@@ -115,23 +94,27 @@ pub fn write(r: &SweepReport, out: &OutputDir) -> Result<()> {
 fn throughput_svg(r: &SweepReport) -> Result<String> {
     let (mut tput, mut running) = (Vec::new(), Vec::new());
     for (ci, &c) in contexts(r).iter().enumerate() {
-        for mode in [Mode::Resident, Mode::HiSparse] {
+        for (mi, mode) in [SweepMode::Resident, SweepMode::HiSparse, SweepMode::Bound].into_iter().enumerate() {
             let pts: Vec<_> = r.points.iter().filter(|p| p.context == c && p.mode == mode).collect();
             if pts.is_empty() {
-                continue; // a sweep of one mode
+                continue; // a sweep of one mode, or without the bound
             }
-            let color = Some(2 * ci + usize::from(mode == Mode::HiSparse));
+            let color = Some(3 * ci + mi);
+            let label = match mode {
+                SweepMode::Bound => format!("bound (no swap-in copies; timing only), context {c}"),
+                m => format!("{m}, context {c}"),
+            };
             tput.push(Series {
-                label: format!("{mode}, context {c}"),
+                label: label.clone(),
                 points: pts.iter().map(|p| (p.concurrency as f64, p.tokens_per_s)).collect(),
                 spread: pts.iter().map(|p| (p.tokens_per_s_min, p.tokens_per_s_max)).collect(),
-                dashed: mode == Mode::Resident,
+                dashed: mode != SweepMode::HiSparse,
                 color,
             });
             running.push(Series {
-                label: format!("{mode}, context {c}"),
+                label,
                 points: pts.iter().map(|p| (p.concurrency as f64, p.running)).collect(),
-                dashed: mode == Mode::Resident,
+                dashed: mode != SweepMode::HiSparse,
                 color,
                 ..Series::default()
             });
@@ -167,8 +150,8 @@ fn throughput_svg(r: &SweepReport) -> Result<String> {
 fn transfers_svg(r: &SweepReport) -> Result<String> {
     let mut series = Vec::new();
     for (ci, &c) in contexts(r).iter().enumerate() {
-        let pts: Vec<_> = r.points.iter().filter(|p| p.context == c && p.mode == Mode::HiSparse).collect();
-        let line = |label: String, f: fn(&super::sweep::Point) -> f64, dashed: bool| Series {
+        let pts: Vec<_> = r.points.iter().filter(|p| p.context == c && p.mode == SweepMode::HiSparse).collect();
+        let line = |label: String, f: fn(&Point) -> f64, dashed: bool| Series {
             label,
             points: pts.iter().map(|p| (p.concurrency as f64, f(p))).collect(),
             dashed,
@@ -191,12 +174,21 @@ fn transfers_svg(r: &SweepReport) -> Result<String> {
     line_chart(&chart, &series)
 }
 
+/// What every output of a run without the swap-in's copies says of it.
+pub const NO_COPIES: &str = "timing only: the swap-in decides but copies no row, so the outputs are wrong";
+
 /// The hierarchy's policies in a line: eviction, prefetcher, who fills the misses.
 pub fn hierarchy(hs: &hisparse_policy::HiSparseConfig, backend: &str) -> String {
     use hisparse_policy::MissFill;
     // Under a policy that reads scores `auto` lets the attention fill instead of deferring.
     let reads_scores = hs.online_policy().is_ok_and(|p| p.needs_scores());
     let fill = match (backend == "cuda", hs.miss_fill) {
+        (_, MissFill::NoCopies) => {
+            return format!(
+                "{} eviction, prefetcher {}, misses NOT copied ({NO_COPIES})",
+                hs.eviction_policy, hs.prefetcher
+            );
+        }
         (false, _) | (true, MissFill::SwapIn) => "swap-in".to_owned(),
         (true, MissFill::HitsFirst) => "deferred swap-in, the attention over the hits while the misses are \
              gathered into device staging rows, then over the misses and an LSE merge"
@@ -272,18 +264,16 @@ pub fn render(r: &SweepReport, out: &std::path::Path) -> String {
     let mut keys: Vec<(usize, usize)> = r.points.iter().map(|p| (p.context, p.concurrency)).collect();
     keys.sort_unstable();
     keys.dedup();
-    let cell = |p: &super::sweep::Point| {
-        format!("{:.1} [{:.1}-{:.1}]", p.tokens_per_s, p.tokens_per_s_min, p.tokens_per_s_max)
-    };
+    let cell = |p: &Point| format!("{:.1} [{:.1}-{:.1}]", p.tokens_per_s, p.tokens_per_s_min, p.tokens_per_s_max);
     for (c, n) in keys {
-        let get = |m: Mode| r.points.iter().find(|p| p.context == c && p.concurrency == n && p.mode == m);
-        let (res, hs) = (get(Mode::Resident), get(Mode::HiSparse));
+        let get = |m: SweepMode| r.points.iter().find(|p| p.context == c && p.concurrency == n && p.mode == m);
+        let (res, hs) = (get(SweepMode::Resident), get(SweepMode::HiSparse));
         let ratio = match (res, hs) {
             (Some(res), Some(hs)) if res.tokens_per_s > 0.0 => format!("{:.2}x", hs.tokens_per_s / res.tokens_per_s),
             _ => "-".into(),
         };
         // A sweep of one mode leaves the other's columns as "-".
-        let running = |p: Option<&super::sweep::Point>| p.map_or_else(|| "-".into(), |p| format!("{:.1}", p.running));
+        let running = |p: Option<&Point>| p.map_or_else(|| "-".into(), |p| format!("{:.1}", p.running));
         s += &format!(
             "{:>8} {:>11} {:>9} {:>9} {:>26} {:>26} {:>7} {:>10}\n",
             c,
@@ -297,6 +287,8 @@ pub fn render(r: &SweepReport, out: &std::path::Path) -> String {
         );
     }
     s += "\n(resident / hisparse: requests decoding at once; the rest waited for capacity)\n";
+    s += &super::sweep_headline::render_bound(r);
+    s += &super::sweep_headline::render_headline(r);
     if has_hisparse(r) {
         s += &transfers(r);
     }
@@ -317,7 +309,7 @@ pub fn render(r: &SweepReport, out: &std::path::Path) -> String {
 
 /// Whether the sweep measured the hisparse mode (`--mode` may leave it out).
 fn has_hisparse(r: &SweepReport) -> bool {
-    r.points.iter().any(|p| p.mode == Mode::HiSparse)
+    r.points.iter().any(|p| p.mode == SweepMode::HiSparse)
 }
 
 /// The hisparse points' step times and transfers: step and swap-in stage times (the swap-in
@@ -329,7 +321,7 @@ fn transfers(r: &SweepReport) -> String {
         "\nhisparse transfers per step:\n{:>8} {:>11} {:>8} {:>11} {:>12} {:>13} {:>8} {:>14}\n",
         "context", "concurrency", "step ms", "swap-in ms", "misses MB", "prefetch MB", "GB/s", "prefetch used"
     );
-    for p in r.points.iter().filter(|p| p.mode == Mode::HiSparse) {
+    for p in r.points.iter().filter(|p| p.mode == SweepMode::HiSparse) {
         let used =
             if p.prefetched_per_step > 0.0 { format!("{:.1}%", 100.0 * p.prefetch_useful_share) } else { "-".into() };
         s += &format!(
@@ -344,7 +336,7 @@ fn transfers(r: &SweepReport) -> String {
             used
         );
     }
-    if r.points.iter().any(|p| p.mode == Mode::HiSparse && p.stages_ms.graph > 0.0) {
+    if r.points.iter().any(|p| p.mode == SweepMode::HiSparse && p.stages_ms.graph > 0.0) {
         s += "(swap-in ms: layer 0 only, the other layers replayed as one graph; --no-graphs times every layer)\n";
     }
     s

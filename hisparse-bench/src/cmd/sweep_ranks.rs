@@ -15,7 +15,7 @@ use hisparse_memory::{Mode, RequestId};
 use indicatif::ProgressBar;
 
 use super::common::EngineArgs;
-use super::sweep::{Point, SweepArgs, Window, point};
+use super::sweep_data::{Point, SweepArgs, SweepMode, Window, point};
 use crate::error::{BenchError, Result};
 
 /// What the ranks measured at one (context, mode): per level, per step, the deployment's step.
@@ -34,7 +34,7 @@ impl RankRun {
         &self,
         a: &SweepArgs,
         context: usize,
-        mode: Mode,
+        mode: SweepMode,
         levels: &[usize],
         layers: usize,
     ) -> (Vec<Point>, Vec<f64>) {

@@ -24,7 +24,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hisparse_kernels::{Backend, DeviceSwapIn, DeviceSwapInConfig, RowBackupConfig};
+use hisparse_kernels::{Backend, DeviceSwapIn, DeviceSwapInConfig, RowBackup, RowBackupConfig};
 use hisparse_memory::{
     Admission, AdmissionControl, CapacityPlan, DeviceTier, HostTier, HostTierConfig, IndexKeyLayout, KvGeometry,
     KvRowLayout, Mode, RequestId, Resources,
@@ -283,6 +283,30 @@ where
     /// Positions with KV of request `id` (the next token is at this position).
     pub fn seq_len(&self, id: RequestId) -> Result<usize> {
         Ok(self.request(id)?.seq_len)
+    }
+
+    /// Reads the host tier's copy of request `id`'s row at (`layer`, `position`) into `out`
+    /// (one row's bytes), after waiting for every backup in flight: between steps, the row the
+    /// device wrote. Refused in resident mode (no host tier) and for a position the request
+    /// does not hold.
+    pub fn read_host_row(&mut self, id: RequestId, layer: usize, position: usize, out: &mut [u8]) -> Result<()> {
+        let seq_len = self.request(id)?.seq_len;
+        if position >= seq_len {
+            return Err(EngineError::Input {
+                field: "position".into(),
+                value: position.to_string(),
+                reason: format!("request {} holds {seq_len} positions", id.0),
+            });
+        }
+        let (Some(host), Some(backup)) = (self.host.as_ref(), self.backup.as_mut()) else {
+            return Err(EngineError::Config {
+                field: "mode",
+                value: self.cfg.mode.to_string(),
+                reason: "resident mode keeps no host tier".into(),
+            });
+        };
+        backup.wait_all()?;
+        Ok(host.read_row(id, layer, position, out)?)
     }
 
     pub(crate) fn request(&self, id: RequestId) -> Result<&CachedRequest> {

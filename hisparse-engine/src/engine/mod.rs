@@ -9,6 +9,7 @@
 mod dynamic;
 mod inputs;
 mod observe;
+mod report;
 mod runner;
 mod scheduler;
 mod step;
@@ -29,7 +30,7 @@ use crate::runtime::{Runtime, RuntimeConfig, RuntimeHandle};
 use crate::workload::Workload;
 
 pub use dynamic::DecodeEngine;
-pub use step::{LayerDump, StepReport};
+pub use report::{LayerDump, StepReport};
 
 /// Everything an engine is built from: its KV hierarchy's config, and what the engine adds on
 /// top (the synthetic workload, the emulated model, the queue, launch graphs).
@@ -240,6 +241,12 @@ where
     /// The memory hierarchy the engine runs on.
     pub fn cache(&self) -> &KvCache<B> {
         &self.cache
+    }
+
+    /// Reads the host tier's copy of request `id`'s row at (`layer`, `position`): see
+    /// [`KvCache::read_host_row`].
+    pub fn read_host_row(&mut self, id: RequestId, layer: usize, position: usize, out: &mut [u8]) -> Result<()> {
+        self.cache.read_host_row(id, layer, position, out)
     }
 
     /// Runs the emulated model's collectives with the other ranks of a data-parallel

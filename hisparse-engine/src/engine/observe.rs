@@ -8,7 +8,7 @@ use hisparse_kernels::Backend;
 use hisparse_memory::{DeviceMemory, Mode, RequestId};
 use hisparse_policy::trace::{TraceRecord, TraceWriter};
 
-use super::step::{LayerDump, StepReport};
+use super::report::{LayerDump, StepReport};
 use crate::cache::{KvCache, LayerView};
 use crate::error::{EngineError, Result};
 

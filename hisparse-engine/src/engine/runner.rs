@@ -15,8 +15,8 @@ use hisparse_policy::trace::TraceWriter;
 
 use super::inputs::SyntheticInputs;
 use super::observe::{dump_layer, push_digests, write_trace};
+use super::report::StepReport;
 use super::scheduler::Scheduler;
-use super::step::StepReport;
 use crate::cache::{Captured, DecodeStep, KvCache};
 use crate::error::{EngineError, Result};
 use crate::model::ModelEmulation;

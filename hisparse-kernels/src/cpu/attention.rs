@@ -8,7 +8,7 @@ use hisparse_memory::{EmulatedDevice, MemoryError};
 use rayon::prelude::*;
 
 use super::dot;
-use crate::backend::AttentionBatch;
+use crate::batch::AttentionBatch;
 use crate::error::{KernelError, Result, check_len};
 
 pub(super) fn sparse_attention(

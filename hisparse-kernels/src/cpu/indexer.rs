@@ -10,7 +10,7 @@ use hisparse_memory::{EmulatedDevice, MemoryError};
 use rayon::prelude::*;
 
 use super::{disjoint_spans_mut, dot};
-use crate::backend::{IndexerBatch, IndexerRequest, Span};
+use crate::batch::{IndexerBatch, IndexerRequest, Span};
 use crate::error::{KernelError, Result, check_len};
 use crate::index_queries::{IndexerQueries, pow2, quantize_head};
 

@@ -15,7 +15,8 @@ pub use topk::top_k_positions;
 
 use hisparse_memory::{EmulatedDevice, HostTier};
 
-use crate::backend::{AttentionBatch, Backend, IndexerBatch, Kernels, ModelKernels, Span, StepControl};
+use crate::backend::{Backend, Kernels, ModelKernels, StepControl};
+use crate::batch::{AttentionBatch, IndexerBatch, Span};
 use crate::error::{KernelError, Result};
 use crate::row_backup::RowBackupConfig;
 use crate::swap_in::{CpuSwapIn, DeviceSwapInConfig};

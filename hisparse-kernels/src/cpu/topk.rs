@@ -4,7 +4,7 @@
 
 use rayon::prelude::*;
 
-use crate::backend::Span;
+use crate::batch::Span;
 use crate::error::{KernelError, Result};
 
 /// Maps an f32 to a u32 whose unsigned order is the float's total order.

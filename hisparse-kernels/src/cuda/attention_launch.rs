@@ -3,54 +3,21 @@
 //! that also brings in the misses its swap-in left, `miss_fill = "attention"`): the kernels, their
 //! reused scratch, the argument struct, and the host-side checks that run before any launch.
 
+use super::facts::AttnParams;
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute_enum};
-use cudarc::driver::{CudaFunction, CudaSlice, CudaView, DeviceRepr, LaunchConfig};
+use cudarc::driver::{CudaFunction, CudaSlice, CudaView, LaunchConfig};
 use hisparse_memory::KvRowFormat;
-use hisparse_memory::cuda::{CudaMemory, MappedHostTier};
+use hisparse_memory::cuda::CudaMemory;
+use hisparse_memory::host_tier::MappedHostTier;
 
-use super::backend::{room, upload_cached};
-use super::decode_launch::GpuSpan;
+use super::buffers::{room, upload_cached};
 use super::device::CudaDevice;
 use super::driver_error;
+use super::facts::GpuSpan;
 use super::facts::{ATTN_SMEM, ATTN_THREADS, HEAD_BLOCK, TILE, WG_SMEM, WG_SMEM_FP8, WG_TILE};
 use super::printed_launch::PrintedLaunch;
 use crate::error::{KernelError, Result, check_len};
 use crate::swap_in::AttentionQuery;
-
-hisparse_memory::c_struct! {
-    #[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
-    pub(crate) struct AttnParams {
-        /// Query heads of a request.
-        pub(crate) heads: u32,
-        /// 1152 (bf16) or 656 (fp8).
-        pub(crate) row_bytes: u32,
-        /// 1: FlashMLA fp8 rows.
-        pub(crate) fp8: u32,
-        /// Blocks per (request, head group).
-        pub(crate) splits: u32,
-        /// Rows of the pool.
-        pub(crate) pool_rows: u64,
-        /// softmax_scale * log2(e).
-        pub(crate) scale_log2: f32,
-        /// Fills only: 1 writes each filled row to its location.
-        pub(crate) write_back: u32,
-        /// The mapped host tier (fills only).
-        pub(crate) host_base: u64,
-        /// Rows of the host tier (fills only).
-        pub(crate) host_rows: u64,
-        /// Warpgroup-MMA kernels: leave out (mask) rows whose fill word is set (`hits-first`).
-        pub(crate) skip_filled: u32,
-        /// With `part_stride`: the first partial of this launch per (request, head).
-        pub(crate) part_base: u32,
-        /// 0: partials as `splits` says; else always partials, this many per (request, head).
-        pub(crate) part_stride: u32,
-        /// Zero (keeps the size a multiple of 8).
-        pub(crate) pad: u32,
-    }
-}
-
-// SAFETY: #[repr(C)] struct of plain numbers, whose C declaration is generated from it (the compile checks the layout).
-unsafe impl DeviceRepr for AttnParams {}
 
 /// Where the attention reads the selected rows.
 pub(crate) enum AttnRows<'a> {
@@ -106,7 +73,7 @@ pub(crate) struct AttentionKernels {
 /// `sms` SMs (`fixed`: the count asked for, else about one block per SM). The mma.sync kernel
 /// keeps at least two of its 32-row tiles per split, so that the fetch of one overlaps the
 /// other; the warpgroup-MMA one takes 64-row tiles, down to one per split (at one request, 32
-/// splits of one tile measured 17.6 us against 19.7 with 16 of two: BENCHMARKS, issue 16), and
+/// splits of one tile measured 17.6 us against 19.7 with 16 of two: BENCHMARKS.md), and
 /// its splits hold equal numbers of tiles, so that none is empty (17 splits of 32 tiles left
 /// one empty and measured 26.6 us against 22.1 with 16, at 8 requests of 64 heads).
 fn split_count(wgmma: bool, sms: usize, fixed: usize, blocks: usize, max_len: usize) -> usize {

@@ -8,40 +8,28 @@
 //! it: an out-of-range entry is never dereferenced, it is read as a zero row and raises a fault
 //! flag that [`StepControl::finish_step`] turns into an error.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use cudarc::driver::sys::{CUdevice_attribute, CUevent_flags, CUfunction_attribute_enum};
-use cudarc::driver::{CudaEvent, CudaFunction, CudaSlice, DeviceRepr, ValidAsZeroBits};
+use cudarc::driver::{CudaEvent, CudaFunction, CudaSlice};
 use half::bf16;
 use hisparse_memory::cuda::CudaMemory;
 
 use super::attention_launch::{AttentionKernels, AttnRows, AttnScratch};
-use super::decode_launch::{FixedHeadIndexer, GpuIndexerReq, GpuSpan};
+use super::decode_launch::FixedHeadIndexer;
 use super::device::CudaDevice;
 use super::driver_error;
 use super::launch_graph::LaunchGraph;
-use super::step_launch::LocateReq;
-use crate::backend::{
-    AttentionBatch, Backend, IndexerBatch, KernelStage, Kernels, ModelKernels, Span, StageSeconds, StepControl,
-};
+use crate::backend::{Backend, Kernels, ModelKernels, StepControl};
+use crate::batch::{AttentionBatch, IndexerBatch, KernelStage, Span, StageSeconds};
 use crate::error::{KernelError, Result};
 
-pub(crate) use super::facts::{HEAD_BLOCK, TOPK_SMEM};
-
-/// Buffers reused across calls (small per-call arrays, split partials, the fault flag).
-pub(crate) struct Scratch {
-    pub(crate) fault: CudaSlice<u32>,
-    pub(crate) reqs: CudaSlice<GpuIndexerReq>,
-    pub(crate) spans: CudaSlice<GpuSpan>,
-    pub(crate) attn: AttnScratch,
-    pub(crate) rows_data: CudaSlice<u8>,
-    pub(crate) locate: CudaSlice<LocateReq>,
-    pub(crate) seeds: CudaSlice<u64>,
-    /// What the per-call arrays above hold (they are the same for every layer of a step).
-    pub(crate) reqs_c: Vec<GpuIndexerReq>,
-    pub(crate) spans_c: Vec<GpuSpan>,
-    pub(crate) locate_c: Vec<LocateReq>,
-}
+pub(crate) use super::buffers::lock;
+use super::decode_launch::DecodeLaunch;
+pub(crate) use super::facts::TOPK_SMEM;
+use super::gemm_launch::GemmLaunch;
+pub(crate) use super::scratch::Scratch;
+use super::step_launch::StepLaunch;
 
 /// Event pairs recorded per stage since the last `finish_step`.
 #[derive(Default)]
@@ -72,41 +60,6 @@ pub struct CudaBackend {
     pub(crate) blas: std::sync::OnceLock<super::gemm_launch::Blas>,
     /// The launch sequence last captured, and its key.
     pub(crate) graph: Mutex<Option<(u64, LaunchGraph)>>,
-}
-
-pub(crate) fn lock<T>(m: &Mutex<T>) -> Result<MutexGuard<'_, T>> {
-    m.lock().map_err(|_| KernelError::Cuda { context: "backend state".into(), message: "poisoned lock".into() })
-}
-
-/// `buf` with room for `len` elements (reallocated, uninitialised contents, when too small).
-/// Copies `host` into `buf` unless `cache` says `buf` already holds it.
-pub(crate) fn upload_cached<T: DeviceRepr + ValidAsZeroBits + Clone + PartialEq>(
-    dev: &CudaDevice,
-    buf: &mut CudaSlice<T>,
-    cache: &mut Vec<T>,
-    host: &[T],
-) -> Result<()> {
-    if cache.as_slice() == host {
-        return Ok(());
-    }
-    if buf.len() < host.len() {
-        *buf = dev.stream().alloc_zeros(host.len().next_power_of_two()).map_err(driver_error("scratch alloc"))?;
-    }
-    dev.stream().memcpy_htod(host, &mut buf.slice_mut(..host.len())).map_err(driver_error("upload"))?;
-    cache.clear();
-    cache.extend_from_slice(host);
-    Ok(())
-}
-
-pub(crate) fn room<T: DeviceRepr + ValidAsZeroBits>(
-    dev: &CudaDevice,
-    buf: &mut CudaSlice<T>,
-    len: usize,
-) -> Result<()> {
-    if buf.len() < len {
-        *buf = dev.stream().alloc_zeros(len.next_power_of_two()).map_err(driver_error("scratch alloc"))?;
-    }
-    Ok(())
 }
 
 impl CudaBackend {
@@ -236,6 +189,38 @@ impl CudaBackend {
     }
 }
 
+impl CudaBackend {
+    /// The indexer and top-k launches' view of the backend.
+    fn decode(&self) -> DecodeLaunch<'_> {
+        DecodeLaunch {
+            dev: &self.dev,
+            scratch: &self.scratch,
+            sms: self.sms,
+            indexer: &self.indexer,
+            top_k: &self.top_k,
+            top_k_split: &self.top_k_split,
+        }
+    }
+
+    /// The row and unit-stream launches' view of the backend.
+    fn steps(&self) -> StepLaunch<'_> {
+        StepLaunch {
+            dev: &self.dev,
+            scratch: &self.scratch,
+            sms: self.sms,
+            write_rows: &self.write_rows,
+            locate_rows: &self.locate_rows,
+            fill_unit: &self.fill_unit,
+            fill_new_rows: &self.fill_new_rows,
+        }
+    }
+
+    /// The GEMM launches' view of the backend.
+    fn gemm(&self) -> GemmLaunch<'_> {
+        GemmLaunch { dev: &self.dev, blas: &self.blas }
+    }
+}
+
 impl Kernels for CudaBackend {
     type Memory = CudaMemory;
 
@@ -248,11 +233,11 @@ impl Kernels for CudaBackend {
     }
 
     fn indexer_scores(&self, batch: &IndexerBatch<'_, CudaMemory>, scores: &mut CudaSlice<f32>) -> Result<()> {
-        self.launch_indexer(batch, scores)
+        self.decode().launch_indexer(batch, scores)
     }
 
     fn top_k(&self, scores: &CudaSlice<f32>, spans: &[Span], k: usize, out: &mut CudaSlice<i32>) -> Result<()> {
-        self.launch_top_k(scores, spans, k, out)
+        self.decode().launch_top_k(scores, spans, k, out)
     }
 
     fn sparse_attention(
@@ -267,7 +252,7 @@ impl Kernels for CudaBackend {
     }
 
     fn write_rows(&self, pool: &mut CudaSlice<u8>, row_bytes: usize, rows: &[u32], data: &[u8]) -> Result<()> {
-        self.launch_write_rows(pool, row_bytes, rows, data)
+        self.steps().launch_write_rows(pool, row_bytes, rows, data)
     }
 
     fn locate_rows(
@@ -279,7 +264,7 @@ impl Kernels for CudaBackend {
         page_tokens: usize,
         out: &mut CudaSlice<i32>,
     ) -> Result<()> {
-        self.launch_locate_rows(selections, spans, page_table, first_pages, page_tokens, out)
+        self.steps().launch_locate_rows(selections, spans, page_table, first_pages, page_tokens, out)
     }
 
     fn scatter_rows(
@@ -289,7 +274,7 @@ impl Kernels for CudaBackend {
         rows: &CudaSlice<u32>,
         data: &CudaSlice<u8>,
     ) -> Result<()> {
-        self.launch_scatter_rows(pool, row_bytes, rows, data)
+        self.steps().launch_scatter_rows(pool, row_bytes, rows, data)
     }
 }
 
@@ -380,15 +365,15 @@ impl ModelKernels for CudaBackend {
         rows: &mut CudaSlice<u8>,
         keys: Option<&mut CudaSlice<u8>>,
     ) -> Result<()> {
-        self.launch_fill_new_rows(fill, rows, keys)
+        self.steps().launch_fill_new_rows(fill, rows, keys)
     }
 
     fn fill_unit_bf16(&self, seeds: &[u64], len: usize, out: &mut CudaSlice<bf16>) -> Result<()> {
-        self.launch_fill_unit(seeds, len, out)
+        self.steps().launch_fill_unit(seeds, len, out)
     }
 
     fn fill_unit_bf16_seeded(&self, seeds: &CudaSlice<u64>, len: usize, out: &mut CudaSlice<bf16>) -> Result<()> {
-        self.launch_fill_unit_seeded(seeds, len, out)
+        self.steps().launch_fill_unit_seeded(seeds, len, out)
     }
 
     fn gemm_bf16(
@@ -398,7 +383,7 @@ impl ModelKernels for CudaBackend {
         b: &CudaSlice<bf16>,
         c: &mut CudaSlice<bf16>,
     ) -> Result<()> {
-        self.launch_gemm(shape, a, b, c)
+        self.gemm().launch_gemm(shape, a, b, c)
     }
 
     fn join_group(

@@ -10,21 +10,19 @@
 //! the step's end (inside a captured launch sequence too), so the next step's reuse of a slot
 //! is ordered after every copy of this one without the host waiting.
 
+use super::driver_error;
 use std::sync::Arc;
 
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaEvent, CudaFunction, CudaSlice, CudaStream, LaunchConfig};
 use hisparse_memory::HostTier;
-use hisparse_memory::cuda::{CudaMemory, MappedHostTier};
+use hisparse_memory::cuda::CudaMemory;
+use hisparse_memory::host_tier::MappedHostTier;
 
 use super::device::CudaDevice;
 use super::printed_launch::{LaunchPrint, PrintedLaunch};
 use crate::error::{KernelError, Result};
 use crate::row_backup::{RowBackup, RowBackupConfig};
-
-fn cuda(context: &str) -> impl FnOnce(cudarc::driver::DriverError) -> KernelError + '_ {
-    move |e| KernelError::Cuda { context: context.to_owned(), message: e.to_string() }
-}
 
 /// Launches the test hook `delay_ns` (one thread spinning `ns` nanoseconds) on `stream`.
 pub(crate) fn launch_delay(
@@ -37,7 +35,7 @@ pub(crate) fn launch_delay(
     b.arg(ns);
     // SAFETY: a one-thread kernel that only reads the clock.
     unsafe { b.launch(LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1, 1, 1), shared_mem_bytes: 0 }) }
-        .map_err(cuda("delay"))
+        .map_err(driver_error("delay"))
 }
 
 /// A step's backup rows on the device, checked on the host when they were set
@@ -57,8 +55,8 @@ impl BackupRows {
     /// No rows yet.
     pub fn new(stream: &Arc<CudaStream>) -> Result<Self> {
         Ok(Self {
-            dev: stream.alloc_zeros(1).map_err(cuda("backup rows"))?,
-            host: stream.alloc_zeros(1).map_err(cuda("backup rows"))?,
+            dev: stream.alloc_zeros(1).map_err(driver_error("backup rows"))?,
+            host: stream.alloc_zeros(1).map_err(driver_error("backup rows"))?,
             n: 0,
             dev_end: 0,
             layout: hisparse_memory::HostTierLayout { layers: 0, pages_per_layer: 0, row_bytes: 0, page_tokens: 0 },
@@ -82,7 +80,7 @@ impl GpuBackup {
     pub fn new(dev: &CudaDevice) -> Result<Self> {
         Ok(Self {
             print: Arc::clone(&dev.print),
-            side: dev.context().new_stream().map_err(cuda("backup stream"))?,
+            side: dev.context().new_stream().map_err(driver_error("backup stream"))?,
             scatter: dev.function("backup", "scatter_rows")?,
             delay: dev.function("backup", "delay_ns")?,
             inject_delay_ns: 0,
@@ -121,12 +119,12 @@ impl GpuBackup {
         }
         let n = dev_rows.len();
         if rows.dev.len() < n {
-            rows.dev = main.alloc_zeros(n.next_power_of_two()).map_err(cuda("backup rows"))?;
-            rows.host = main.alloc_zeros(n.next_power_of_two()).map_err(cuda("backup rows"))?;
+            rows.dev = main.alloc_zeros(n.next_power_of_two()).map_err(driver_error("backup rows"))?;
+            rows.host = main.alloc_zeros(n.next_power_of_two()).map_err(driver_error("backup rows"))?;
         }
         if n > 0 {
-            main.memcpy_htod(dev_rows, &mut rows.dev.slice_mut(..n)).map_err(cuda("backup rows"))?;
-            main.memcpy_htod(host_rows, &mut rows.host.slice_mut(..n)).map_err(cuda("backup rows"))?;
+            main.memcpy_htod(dev_rows, &mut rows.dev.slice_mut(..n)).map_err(driver_error("backup rows"))?;
+            main.memcpy_htod(host_rows, &mut rows.host.slice_mut(..n)).map_err(driver_error("backup rows"))?;
         }
         rows.n = n;
         rows.dev_end = dev_rows.iter().map(|&r| u64::from(r) + 1).max().unwrap_or(0);
@@ -160,7 +158,7 @@ impl GpuBackup {
         if rows.dev_end > pool_rows {
             return Err(KernelError::invalid("dev_rows", rows.dev_end - 1, format!("the pool holds {pool_rows} rows")));
         }
-        self.side.join(main).map_err(cuda("backup waits for the main stream"))?;
+        self.side.join(main).map_err(driver_error("backup waits for the main stream"))?;
         if self.inject_delay_ns > 0 {
             launch_delay(&self.print, &self.side, &self.delay, &self.inject_delay_ns)?;
         }
@@ -177,9 +175,9 @@ impl GpuBackup {
             // the tier; the tier stays mapped and registered while `host` lives (this call).
             // Ordering the host rows' other readers and writers is the caller's (the event).
             unsafe { b.launch(LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }) }
-                .map_err(cuda("scatter rows"))?;
+                .map_err(driver_error("scatter rows"))?;
         }
-        self.side.record_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING)).map_err(cuda("backup event"))
+        self.side.record_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING)).map_err(driver_error("backup event"))
     }
 
     /// [`GpuBackup::set_rows`] then [`GpuBackup::backup_layer`] of layer 0, in buffers of its
@@ -201,7 +199,7 @@ impl GpuBackup {
 
     /// Waits on the host for everything queued on the side stream.
     pub fn synchronize(&self) -> Result<()> {
-        self.side.synchronize().map_err(cuda("backup synchronize"))
+        self.side.synchronize().map_err(driver_error("backup synchronize"))
     }
 }
 
@@ -252,7 +250,7 @@ impl RowBackup<CudaMemory> for CudaRowBackup {
 
     fn join(&mut self) -> Result<()> {
         if let Some(e) = self.last.take() {
-            self.main.wait(&e).map_err(cuda("join the backup stream"))?;
+            self.main.wait(&e).map_err(driver_error("join the backup stream"))?;
         }
         Ok(())
     }

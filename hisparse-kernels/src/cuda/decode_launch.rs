@@ -2,17 +2,23 @@
 //! takes) and top-k, their kernel-argument structs, and the host-side checks that run before anything is launched (the attention's are
 //! in `attention_launch.rs`).
 
+use super::facts::{GpuIndexerReq, GpuSpan};
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 use cudarc::driver::sys::CUfunction_attribute_enum;
-use cudarc::driver::{CudaFunction, CudaSlice, DeviceRepr, LaunchConfig, ValidAsZeroBits};
+use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig};
 use hisparse_memory::cuda::CudaMemory;
 
-use super::backend::{CudaBackend, Scratch, TOPK_SMEM, lock, upload_cached};
+use std::sync::{Arc, Mutex};
+
+use super::buffers::{lock, upload_cached};
+use super::facts::TOPK_SMEM;
 use super::printed_launch::PrintedLaunch;
+use super::scratch::Scratch;
+use super::topk_launch::TopKSplit;
 use super::{CudaDevice, driver_error};
 use crate::IndexerQueries;
-use crate::backend::{IndexerBatch, Span};
+use crate::batch::{IndexerBatch, Span};
 use crate::error::{KernelError, Result, check_len};
 
 /// Most indexer heads (shared memory of the query fragments).
@@ -27,12 +33,12 @@ fn indexer_smem(heads: usize, frag_bytes: usize) -> usize {
 /// Which mma.sync kernel scores fp8 queries of 32 or 64 heads: the one for any multiple of 8
 /// heads, or the one compiled for that count (head tiles unrolled, five blocks per SM). The
 /// scores are the same either way. Consulted only where the warpgroup-MMA indexer does not run
-/// ([`CudaBackend::with_wgmma_indexer`] off, or pages not a multiple of 64 positions).
+/// ([`super::CudaBackend::with_wgmma_indexer`] off, or pages not a multiple of 64 positions).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum FixedHeadIndexer {
     /// The fixed-head kernel for 32 heads, the any-count one for 64: the faster of each pair on
     /// the H200 (32 heads, 128k, batch 64: 73% of the HBM copy against 69%; 64 heads: 43%
-    /// against 44%; BENCHMARKS.md, issue 16).
+    /// against 44%; BENCHMARKS.md).
     #[default]
     Auto,
     /// The fixed-head kernels for 32 and 64 heads.
@@ -164,34 +170,17 @@ impl IndexerKernels {
     }
 }
 
-hisparse_memory::c_struct! {
-    #[derive(Clone, Copy, Debug, Default, PartialEq)]
-    pub(crate) struct GpuIndexerReq as IndexerReq {
-        pub(crate) first_page: u32,
-        pub(crate) seq_len: u32,
-        pub(crate) score_offset: u32,
-        pub(crate) pad: u32,
-    }
+/// What the indexer and top-k launches use of the backend.
+pub(crate) struct DecodeLaunch<'a> {
+    pub(crate) dev: &'a Arc<CudaDevice>,
+    pub(crate) scratch: &'a Mutex<Scratch>,
+    pub(crate) sms: usize,
+    pub(crate) indexer: &'a IndexerKernels,
+    pub(crate) top_k: &'a CudaFunction,
+    pub(crate) top_k_split: &'a TopKSplit,
 }
 
-hisparse_memory::c_struct! {
-    #[derive(Clone, Copy, Debug, Default, PartialEq)]
-    pub(crate) struct GpuSpan as Span {
-        pub(crate) offset: u64,
-        pub(crate) len: u64,
-    }
-}
-
-// SAFETY: #[repr(C)] structs of plain numbers, whose C declarations are generated from them (the compile checks the layouts).
-unsafe impl DeviceRepr for GpuIndexerReq {}
-// SAFETY: as above.
-unsafe impl ValidAsZeroBits for GpuIndexerReq {}
-// SAFETY: as above.
-unsafe impl DeviceRepr for GpuSpan {}
-// SAFETY: as above.
-unsafe impl ValidAsZeroBits for GpuSpan {}
-
-impl CudaBackend {
+impl DecodeLaunch<'_> {
     pub(crate) fn launch_indexer(
         &self,
         batch: &IndexerBatch<'_, CudaMemory>,
@@ -244,9 +233,9 @@ impl CudaBackend {
         if n == 0 || max_len == 0 {
             return Ok(());
         }
-        let mut sc = lock(&self.scratch)?;
+        let mut sc = lock(self.scratch)?;
         let Scratch { reqs: rd, reqs_c, .. } = &mut *sc;
-        upload_cached(&self.dev, rd, reqs_c, &reqs)?;
+        upload_cached(self.dev, rd, reqs_c, &reqs)?;
         let s = self.dev.stream();
         // About four blocks per SM in all; each warp then walks many 32-position chunks.
         let chunks = max_len.div_ceil(32);
@@ -311,12 +300,12 @@ impl CudaBackend {
         }
         let n = spans.len();
         let host: Vec<GpuSpan> = spans.iter().map(|s| GpuSpan { offset: s.offset as u64, len: s.len as u64 }).collect();
-        let mut sc = lock(&self.scratch)?;
+        let mut sc = lock(self.scratch)?;
         let Scratch { spans: sd, spans_c, .. } = &mut *sc;
-        upload_cached(&self.dev, sd, spans_c, &host)?;
+        upload_cached(self.dev, sd, spans_c, &host)?;
         let longest = spans.iter().map(|s| s.len).max().unwrap_or(0);
         if let Some(chunks) = self.top_k_split.choice.choose(n, longest) {
-            return self.top_k_split.launch(&self.dev, scores, &sc.spans, &host, k, chunks, out);
+            return self.top_k_split.launch(self.dev, scores, &sc.spans, &host, k, chunks, out);
         }
         let s = self.dev.stream();
         let cfg = LaunchConfig {
@@ -325,7 +314,7 @@ impl CudaBackend {
             shared_mem_bytes: TOPK_SMEM as u32,
         };
         let k32 = k as u32;
-        let mut b = PrintedLaunch::new(&self.dev.print, s, &self.top_k);
+        let mut b = PrintedLaunch::new(&self.dev.print, s, self.top_k);
         b.arg(scores).arg(&sc.spans).arg(&k32).arg_mut(out);
         // SAFETY: every span lies within `scores` and `out` holds at least n * k positions
         // (checked).

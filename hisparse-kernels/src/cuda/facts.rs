@@ -1,23 +1,128 @@
-//! What the CUDA kernels and their Rust launches share, written once, here: the constants (tile
-//! and block sizes, shared-memory sizes, the swap-in's counters) emitted as `#define`s, the
-//! argument structs (each a `hisparse_memory::c_struct!` beside the launch that fills it), the
-//! hot-buffer address (`hisparse_memory::device_tier::hot_seat_base`), and the generated
-//! prelude each kernel module's source starts with ([`prelude`]). The `.cu` files declare none
+//! What the decode kernels (attention, indexer, top-k, rows) and their Rust launches share,
+//! written once, here: the constants (tile and block sizes, shared-memory sizes) emitted as
+//! `#define`s, the argument structs (`hisparse_memory::c_struct!`s), and the generated prelude
+//! each of those kernel modules' source starts with ([`prelude`]). The swap-in's are in
+//! `crate::swap_in::cuda::facts`. The `.cu` files declare none
 //! of these; the prelude's `static_assert`s fail the NVRTC compile, naming the struct and field,
 //! if C ever lays an argument struct out otherwise than Rust.
 //!
-//! Invariant: every struct passed to a kernel by value or in a device buffer is a `c_struct!`
-//! listed in its module's prelude below; every constant both sides use is a `const` here.
+//! Invariant: every struct passed to a decode kernel by value or in a device buffer is a
+//! `c_struct!` here, listed in its module's prelude; every constant both sides use is a `const`
+//! here.
 
-use hisparse_memory::c_layout::{ALIGN16_C, define, part};
-use hisparse_memory::device_tier::HOT_SEAT_BASE_C;
+use hisparse_memory::c_layout::{define, part};
 
-use super::attention_launch::AttnParams;
-use super::decode_launch::{GpuIndexerReq, GpuSpan};
-use super::step_launch::{LocateReq, NewRowsArgs};
-use super::topk_launch::SplitArgs;
-use crate::swap_in::cuda::{FusedSwapArgs, GpuNomination, GpuPrefetchSource, PrefetchArgs, SwapArgs, SwapParams};
-use crate::swap_in::{DeviceSwapReq, SWAP_COUNTS};
+use cudarc::driver::{DeviceRepr, ValidAsZeroBits};
+
+hisparse_memory::c_struct! {
+    #[derive(Clone, Copy, Debug, Default, PartialEq)]
+    pub(crate) struct GpuIndexerReq as IndexerReq {
+        pub(crate) first_page: u32,
+        pub(crate) seq_len: u32,
+        pub(crate) score_offset: u32,
+        pub(crate) pad: u32,
+    }
+}
+
+hisparse_memory::c_struct! {
+    #[derive(Clone, Copy, Debug, Default, PartialEq)]
+    pub(crate) struct GpuSpan as Span {
+        pub(crate) offset: u64,
+        pub(crate) len: u64,
+    }
+}
+
+// SAFETY: #[repr(C)] structs of plain numbers, whose C declarations are generated from them (the compile checks the layouts).
+unsafe impl DeviceRepr for GpuIndexerReq {}
+// SAFETY: as above.
+unsafe impl ValidAsZeroBits for GpuIndexerReq {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for GpuSpan {}
+// SAFETY: as above.
+unsafe impl ValidAsZeroBits for GpuSpan {}
+
+hisparse_memory::c_struct! {
+    #[derive(Clone, Copy, Debug, Default, PartialEq)]
+    pub(crate) struct LocateReq {
+        pub(crate) sel_offset: u64,
+        pub(crate) sel_len: u64,
+        pub(crate) first_page: u64,
+        pub(crate) pages: u64,
+    }
+}
+
+hisparse_memory::c_struct! {
+    /// The arguments of `fill_new_rows` (the kernel's `NewRowsArgs`).
+    #[derive(Clone, Copy, Debug, Default, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+    pub(crate) struct NewRowsArgs {
+        pub(crate) n: u32,
+        pub(crate) fp8: u32,
+        pub(crate) d_latent: u32,
+        pub(crate) d_rope: u32,
+        pub(crate) row_bytes: u32,
+        pub(crate) key_dim: u32,
+        pub(crate) key_c: f32,
+        pub(crate) key_b: f32,
+        pub(crate) step: f32,
+        pub(crate) half_width: f32,
+    }
+}
+
+// SAFETY: a #[repr(C)] struct of plain numbers, whose C declaration is generated from it (`NewRowsArgs`).
+unsafe impl DeviceRepr for NewRowsArgs {}
+
+// SAFETY: a #[repr(C)] struct of plain numbers, whose C declaration is generated from it (`LocateReq`).
+unsafe impl DeviceRepr for LocateReq {}
+// SAFETY: as above.
+unsafe impl ValidAsZeroBits for LocateReq {}
+
+hisparse_memory::c_struct! {
+    #[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
+    pub(crate) struct SplitArgs {
+        pub(crate) k: u32,
+        pub(crate) chunk: u32,
+        pub(crate) blocks: u32,
+        pub(crate) pad: u32,
+    }
+}
+
+// SAFETY: #[repr(C)] struct of plain numbers, whose C declaration is generated from it (the compile checks the layout).
+unsafe impl DeviceRepr for SplitArgs {}
+
+hisparse_memory::c_struct! {
+    #[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
+    pub(crate) struct AttnParams {
+        /// Query heads of a request.
+        pub(crate) heads: u32,
+        /// 1152 (bf16) or 656 (fp8).
+        pub(crate) row_bytes: u32,
+        /// 1: FlashMLA fp8 rows.
+        pub(crate) fp8: u32,
+        /// Blocks per (request, head group).
+        pub(crate) splits: u32,
+        /// Rows of the pool.
+        pub(crate) pool_rows: u64,
+        /// softmax_scale * log2(e).
+        pub(crate) scale_log2: f32,
+        /// Fills only: 1 writes each filled row to its location.
+        pub(crate) write_back: u32,
+        /// The mapped host tier (fills only).
+        pub(crate) host_base: u64,
+        /// Rows of the host tier (fills only).
+        pub(crate) host_rows: u64,
+        /// Warpgroup-MMA kernels: leave out (mask) rows whose fill word is set (`hits-first`).
+        pub(crate) skip_filled: u32,
+        /// With `part_stride`: the first partial of this launch per (request, head).
+        pub(crate) part_base: u32,
+        /// 0: partials as `splits` says; else always partials, this many per (request, head).
+        pub(crate) part_stride: u32,
+        /// Zero (keeps the size a multiple of 8).
+        pub(crate) pad: u32,
+    }
+}
+
+// SAFETY: #[repr(C)] struct of plain numbers, whose C declaration is generated from it (the compile checks the layout).
+unsafe impl DeviceRepr for AttnParams {}
 
 /// Attention: query heads of one block (C `HB`).
 pub(crate) const HEAD_BLOCK: usize = 64;
@@ -70,38 +175,6 @@ pub(crate) const TOPK_SMEM: usize = (TOPK_COPIES * TOPK_BINS + 2 * TOPK_CAP + TO
 /// Top-k (several blocks per request): threads per block.
 pub(crate) const SPLIT_THREADS: usize = 512;
 
-/// Swap-in: selected positions per block of `locate_in_hot` and `gather_misses`.
-pub(crate) const LOCATE_CHUNK: usize = 256;
-/// Swap-in: threads per block of `gather_misses`.
-pub(crate) const GATHER_THREADS: u32 = 128;
-
-hisparse_memory::c_fn! {
-    /// Swap-in: where the decision kernel's shared arrays after the selection start, for `k`
-    /// selected positions (the selection's u32s, rounded up to 16 bytes).
-    pub(crate) SWAP_SMEM_AFTER_SEL_C: fn swap_smem_after_sel(k) = align16(4 * k);
-}
-
-hisparse_memory::c_fn! {
-    /// Swap-in: dynamic shared memory of the decision kernel for `b` slots and `k` selected
-    /// positions: the selection, then priorities (u64) and staged records (two u32) per slot,
-    /// victim slots per position, the slot table per slot, flags per slot and per position, and
-    /// prefetched flags per slot.
-    pub(crate) SWAP_SMEM_BYTES_C: fn swap_smem_bytes(b, k) = align16(4 * k) + 8 * b + 8 * b + 4 * k + 4 * b + b + k + b;
-}
-
-hisparse_memory::c_fn! {
-    /// Prefetch: where the prefetch kernel's arrays after its sort keys start, for `kp` (the
-    /// candidates rounded up to a power of two) and `k` candidates.
-    pub(crate) PREFETCH_SMEM_AFTER_KEYS_C: fn prefetch_smem_after_keys(kp, k) = align16(4 * (2 * kp + 2 * k));
-}
-
-hisparse_memory::c_fn! {
-    /// Prefetch: dynamic shared memory of the prefetch kernel for `b` slots and `k` candidates
-    /// (`kp`: `k` rounded up to a power of two): the sort keys, priorities per slot, flags per
-    /// slot and per candidate.
-    pub(crate) PREFETCH_SMEM_BYTES_C: fn prefetch_smem_bytes(b, kp, k) = align16(4 * (2 * kp + 2 * k)) + 8 * b + b + k;
-}
-
 /// The kernel modules whose sources start with a generated prelude.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Module {
@@ -113,11 +186,6 @@ pub enum Module {
     TopK,
     /// `rows.cu`.
     Rows,
-    /// `swap_in/*.cu` (after the policy's program: its argument structs point to the policy's
-    /// records).
-    SwapIn,
-    /// `swap_in/prefetch_harness.cu` (before the prefetcher's program).
-    PrefetchHarness,
 }
 
 /// The generated head of `module`'s source: its constants, structs and formulas.
@@ -154,34 +222,6 @@ pub fn prelude(module: Module) -> String {
             &[part::<GpuSpan>(), part::<SplitArgs>()],
         ),
         Module::Rows => make(&[], &[part::<LocateReq>(), part::<NewRowsArgs>()]),
-        Module::SwapIn => {
-            let formulas = [
-                ALIGN16_C.to_owned(),
-                HOT_SEAT_BASE_C.to_owned(),
-                SWAP_SMEM_AFTER_SEL_C.to_owned(),
-                SWAP_SMEM_BYTES_C.to_owned(),
-                PREFETCH_SMEM_AFTER_KEYS_C.to_owned(),
-                PREFETCH_SMEM_BYTES_C.to_owned(),
-            ];
-            let mut defines = vec![
-                define("COUNTS", SWAP_COUNTS),
-                define("LOCATE_CHUNK", LOCATE_CHUNK),
-                define("GATHER_THREADS", GATHER_THREADS),
-            ];
-            defines.extend(formulas);
-            make(
-                &defines,
-                &[
-                    part::<DeviceSwapReq>(),
-                    part::<SwapParams>(),
-                    part::<GpuSpan>(),
-                    part::<SwapArgs>(),
-                    part::<FusedSwapArgs>(),
-                    part::<PrefetchArgs>(),
-                ],
-            )
-        }
-        Module::PrefetchHarness => make(&[], &[part::<GpuPrefetchSource>(), part::<GpuNomination>()]),
     }
 }
 
@@ -199,19 +239,6 @@ mod tests {
         assert_eq!(WG_SMEM, 3 * 9 * 8192 + 8192 + 3 * 64 * 4 + 128);
         assert_eq!(WG_SMEM_FP8, 2 * 9 * 8192 + 64 * 656 + 8192 + 3 * 64 * 4 + 128);
         assert_eq!(TOPK_SMEM, (8 * 2048 + 2 * 8192 + 8192) * 4);
-        for (b, k) in [(512usize, 256usize), (4096, 2048), (8192, 2049), (1, 1)] {
-            let (b64, k64) = (b as u64, k as u64);
-            assert_eq!(
-                swap_smem_bytes(b64, k64) as usize,
-                ((4 * k + 15) & !15) + 8 * b + 8 * b + 4 * k + 4 * b + b + k + b
-            );
-            let kp = k.next_power_of_two();
-            assert_eq!(
-                prefetch_smem_bytes(b64, kp as u64, k64) as usize,
-                ((4 * (2 * kp + 2 * k) + 15) & !15) + 8 * b + b + k
-            );
-        }
-        assert!(prelude(Module::SwapIn).contains("unsigned long long hot_seat_base(unsigned long long seat"));
         assert!(prelude(Module::Attention).contains("static_assert(sizeof(AttnParams)"));
     }
 }

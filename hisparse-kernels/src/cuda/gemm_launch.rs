@@ -6,7 +6,6 @@ use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, StridedBatchedConfig, sys as bl
 use cudarc::driver::{CudaSlice, DevicePtrMut};
 use half::bf16;
 
-use super::backend::CudaBackend;
 use super::driver_error;
 use super::printed_launch::addr;
 use crate::error::{KernelError, Result};
@@ -25,7 +24,14 @@ fn blas_error(context: &'static str) -> impl FnOnce(cudarc::cublas::result::Cubl
     move |e| KernelError::Cuda { context: context.into(), message: e.to_string() }
 }
 
-impl CudaBackend {
+/// What the GEMM launches use of the backend: its device and its cuBLAS handle, made on first
+/// use.
+pub(crate) struct GemmLaunch<'a> {
+    pub(crate) dev: &'a std::sync::Arc<super::device::CudaDevice>,
+    pub(crate) blas: &'a std::sync::OnceLock<Blas>,
+}
+
+impl GemmLaunch<'_> {
     /// The backend's cuBLAS handle, made on first use; `CudaUnavailable` without libcublas.
     fn blas(&self) -> Result<&Blas> {
         if let Some(b) = self.blas.get() {

@@ -8,6 +8,7 @@
 pub(crate) mod attention_launch;
 pub(crate) mod backend;
 pub(crate) mod backup;
+pub(crate) mod buffers;
 pub(crate) mod decode_launch;
 pub(crate) mod device;
 pub mod facts;
@@ -16,6 +17,7 @@ mod launch_graph;
 mod nccl;
 mod nvrtc;
 pub(crate) mod printed_launch;
+mod scratch;
 pub(crate) mod sources;
 pub(crate) mod step_launch;
 pub(crate) mod topk_launch;

@@ -2,53 +2,36 @@
 //! device buffers), rows by position through page tables, the unit stream generated on the
 //! device, and an emulated model's new rows encoded there.
 
-use cudarc::driver::{CudaSlice, CudaView, DeviceRepr, LaunchConfig, ValidAsZeroBits};
+use super::facts::{LocateReq, NewRowsArgs};
+use cudarc::driver::{CudaSlice, CudaView, LaunchConfig};
 use half::bf16;
 use hisparse_memory::cuda::CudaMemory;
 
-use super::backend::{CudaBackend, Scratch, lock, room, upload_cached};
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::CudaFunction;
+
+use super::buffers::{lock, room, upload_cached};
+use super::device::CudaDevice;
 use super::driver_error;
 use super::printed_launch::PrintedLaunch;
-use crate::backend::Span;
+use super::scratch::Scratch;
+use crate::batch::Span;
 use crate::error::{KernelError, Result, check_len};
 use crate::new_rows::NewRows;
 
-hisparse_memory::c_struct! {
-    #[derive(Clone, Copy, Debug, Default, PartialEq)]
-    pub(crate) struct LocateReq {
-        pub(crate) sel_offset: u64,
-        pub(crate) sel_len: u64,
-        pub(crate) first_page: u64,
-        pub(crate) pages: u64,
-    }
+/// What the row and unit-stream launches use of the backend.
+pub(crate) struct StepLaunch<'a> {
+    pub(crate) dev: &'a Arc<CudaDevice>,
+    pub(crate) scratch: &'a Mutex<Scratch>,
+    pub(crate) sms: usize,
+    pub(crate) write_rows: &'a CudaFunction,
+    pub(crate) locate_rows: &'a CudaFunction,
+    pub(crate) fill_unit: &'a CudaFunction,
+    pub(crate) fill_new_rows: &'a CudaFunction,
 }
 
-hisparse_memory::c_struct! {
-    /// The arguments of `fill_new_rows` (the kernel's `NewRowsArgs`).
-    #[derive(Clone, Copy, Debug, Default, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
-    pub(crate) struct NewRowsArgs {
-        n: u32,
-        fp8: u32,
-        d_latent: u32,
-        d_rope: u32,
-        row_bytes: u32,
-        key_dim: u32,
-        key_c: f32,
-        key_b: f32,
-        step: f32,
-        half_width: f32,
-    }
-}
-
-// SAFETY: a #[repr(C)] struct of plain numbers, whose C declaration is generated from it (`NewRowsArgs`).
-unsafe impl DeviceRepr for NewRowsArgs {}
-
-// SAFETY: a #[repr(C)] struct of plain numbers, whose C declaration is generated from it (`LocateReq`).
-unsafe impl DeviceRepr for LocateReq {}
-// SAFETY: as above.
-unsafe impl ValidAsZeroBits for LocateReq {}
-
-impl CudaBackend {
+impl StepLaunch<'_> {
     pub(crate) fn launch_write_rows(
         &self,
         pool: &mut CudaSlice<u8>,
@@ -58,7 +41,7 @@ impl CudaBackend {
     ) -> Result<()> {
         check_row_bytes(row_bytes)?;
         // All rows or none: the indices are checked here, before the launch.
-        crate::backend::check_rows_fit(rows, row_bytes, data.len(), pool.len())?;
+        crate::batch::check_rows_fit(rows, row_bytes, data.len(), pool.len())?;
         if rows.is_empty() {
             return Ok(());
         }
@@ -66,8 +49,8 @@ impl CudaBackend {
         let mut packed = Vec::with_capacity(4 * rows.len() + data.len());
         rows.iter().for_each(|r| packed.extend_from_slice(&r.to_le_bytes()));
         packed.extend_from_slice(data);
-        let mut sc = lock(&self.scratch)?;
-        room(&self.dev, &mut sc.rows_data, packed.len())?;
+        let mut sc = lock(self.scratch)?;
+        room(self.dev, &mut sc.rows_data, packed.len())?;
         let s = self.dev.stream();
         s.memcpy_htod(&packed, &mut sc.rows_data.slice_mut(..packed.len())).map_err(driver_error("row data"))?;
         let n = rows.len();
@@ -94,7 +77,7 @@ impl CudaBackend {
         // SAFETY: `data` holds n rows of whole words (row_bytes is a multiple of 4).
         let words = unsafe { data.transmute::<u32>(data.len() / 4) }
             .ok_or_else(|| KernelError::invalid("data", data.len(), "cannot be viewed as words"))?;
-        let mut sc = lock(&self.scratch)?;
+        let mut sc = lock(self.scratch)?;
         self.write_indexed(pool, row_bytes, &rows.as_view(), &words, &mut sc.fault)
     }
 
@@ -116,7 +99,7 @@ impl CudaBackend {
         let mut pool_words = unsafe { pool.transmute_mut::<u32>(pool_len / 4) }
             .ok_or_else(|| KernelError::invalid("pool", pool_len, "cannot be viewed as words"))?;
         let cfg = LaunchConfig { grid_dim: (n.div_ceil(8) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-        let mut b = PrintedLaunch::new(&self.dev.print, s, &self.write_rows);
+        let mut b = PrintedLaunch::new(&self.dev.print, s, self.write_rows);
         b.arg(idx).arg(src).arg(&n32).arg(&words).arg(&pool_rows).arg_mut(&mut pool_words).arg_mut(fault);
         // SAFETY: n row indices and n rows of `words` words (checked by the callers); pool rows
         // are checked in the kernel.
@@ -164,11 +147,11 @@ impl CudaBackend {
             step: crate::unit_stream::STEP,
             half_width: crate::unit_stream::HALF_WIDTH,
         };
-        let mut sc = lock(&self.scratch)?;
+        let mut sc = lock(self.scratch)?;
         let s = self.dev.stream();
         let cfg = LaunchConfig { grid_dim: (n as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
         let key_seeds = fill.key_seeds.unwrap_or(fill.kv_seeds);
-        let mut b = PrintedLaunch::new(&self.dev.print, s, &self.fill_new_rows);
+        let mut b = PrintedLaunch::new(&self.dev.print, s, self.fill_new_rows);
         b.params(&a).arg(fill.kv_seeds).arg(key_seeds).arg_mut(rows);
         match keys {
             Some(k) => b.arg_mut(k),
@@ -217,14 +200,14 @@ impl CudaBackend {
             return Ok(());
         }
         let n = spans.len();
-        let mut sc = lock(&self.scratch)?;
+        let mut sc = lock(self.scratch)?;
         let Scratch { locate: ld, locate_c, .. } = &mut *sc;
-        upload_cached(&self.dev, ld, locate_c, &host)?;
+        upload_cached(self.dev, ld, locate_c, &host)?;
         let s = self.dev.stream();
         let pt = page_tokens as u32;
         let Scratch { fault, locate, .. } = &mut *sc;
         let cfg = LaunchConfig { grid_dim: (n as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-        let mut b = PrintedLaunch::new(&self.dev.print, s, &self.locate_rows);
+        let mut b = PrintedLaunch::new(&self.dev.print, s, self.locate_rows);
         b.arg(selections).arg(&*locate).arg(page_table).arg(&pt).arg_mut(out).arg_mut(fault);
         // SAFETY: spans lie within selections and out; page indices are checked in the kernel
         // against each request's share of the table (which lies within it).
@@ -238,8 +221,8 @@ impl CudaBackend {
             return Ok(());
         }
         let n = seeds.len();
-        let mut sc = lock(&self.scratch)?;
-        room(&self.dev, &mut sc.seeds, n)?;
+        let mut sc = lock(self.scratch)?;
+        room(self.dev, &mut sc.seeds, n)?;
         let s = self.dev.stream();
         s.memcpy_htod(seeds, &mut sc.seeds.slice_mut(..n)).map_err(driver_error("stream seeds"))?;
         self.fill_with(&sc.seeds, n, len, out)
@@ -267,7 +250,7 @@ impl CudaBackend {
         let (segs, l32) =
             (n as u32, u32::try_from(len).map_err(|_| KernelError::invalid("len", len, "must fit 32 bits"))?);
         let (step, half) = (crate::unit_stream::STEP, crate::unit_stream::HALF_WIDTH);
-        let mut b = PrintedLaunch::new(&self.dev.print, s, &self.fill_unit);
+        let mut b = PrintedLaunch::new(&self.dev.print, s, self.fill_unit);
         b.arg(seeds).arg(&segs).arg(&l32).arg(&step).arg(&half).arg_mut(out);
         // SAFETY: `out` holds n * len values (checked by the callers); the kernel writes no
         // others and reads n seeds.

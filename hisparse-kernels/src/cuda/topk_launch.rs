@@ -5,14 +5,15 @@
 //! ties to the lower positions). [`TopKSplitChoice::choose`] picks the chunk count; the launches
 //! and their scratch live here.
 
+use super::facts::SplitArgs;
 use std::sync::Mutex;
 
-use cudarc::driver::{CudaFunction, CudaSlice, DeviceRepr, LaunchConfig};
+use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig};
 
-use super::backend::lock;
-use super::decode_launch::GpuSpan;
+use super::buffers::lock;
 use super::device::CudaDevice;
 use super::driver_error;
+use super::facts::GpuSpan;
 use super::printed_launch::{PrintedLaunch, addr};
 use crate::error::{KernelError, Result};
 
@@ -23,7 +24,7 @@ const ROUND: usize = 2048;
 const MAX_CHUNKS: usize = 1024;
 /// Automatic choice: split only requests of at least this many rounds (64k positions) ...
 const MIN_SPLIT_ROUNDS: usize = 32;
-/// ... into at least this many chunks. Measured on the H200 (BENCHMARKS, issue 16): 2048 of
+/// ... into at least this many chunks. Measured on the H200 (BENCHMARKS.md): 2048 of
 /// 128k in 33 us with 64 chunks against 112 us in one block, 50 against 112 us with 17 chunks at
 /// 8 requests, but 130 against 114 us with 3 chunks at 64 requests and 29 against 27 us at 32k:
 /// four launches and the candidates' pass cost more than a few chunks or a short span gain.
@@ -31,19 +32,6 @@ const MIN_SPLIT_ROUNDS: usize = 32;
 /// 33 against 62 us at one request, 48 against 79 at 8, one block (81 us) at 64, and 25 us in
 /// one block at 32k against 30 split.
 const MIN_SPLIT_CHUNKS: usize = 8;
-
-hisparse_memory::c_struct! {
-    #[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
-    pub(crate) struct SplitArgs {
-        k: u32,
-        chunk: u32,
-        blocks: u32,
-        pad: u32,
-    }
-}
-
-// SAFETY: #[repr(C)] struct of plain numbers, whose C declaration is generated from it (the compile checks the layout).
-unsafe impl DeviceRepr for SplitArgs {}
 
 /// Reused buffers: the merged histograms (and candidate counts), the candidates, per chunk and
 /// per request words.
@@ -156,12 +144,12 @@ impl TopKSplit {
         let mut sc = lock(&self.scratch)?;
         let SplitScratch { hist, cand_pos, cand_key, chunk_words, req_words } = &mut *sc;
         let hist_len = n * (BINS + 1);
-        super::backend::room(dev, hist, hist_len)?;
+        super::buffers::room(dev, hist, hist_len)?;
         // Candidates sit at their request's own score offsets.
-        super::backend::room(dev, cand_pos, scores.len())?;
-        super::backend::room(dev, cand_key, scores.len())?;
-        super::backend::room(dev, chunk_words, n * chunks * 3)?;
-        super::backend::room(dev, req_words, n * 3)?;
+        super::buffers::room(dev, cand_pos, scores.len())?;
+        super::buffers::room(dev, cand_key, scores.len())?;
+        super::buffers::room(dev, chunk_words, n * chunks * 3)?;
+        super::buffers::room(dev, req_words, n * 3)?;
         let s = dev.stream();
         let mut h = hist.slice_mut(..hist_len);
         s.memset_zeros(&mut h).map_err(driver_error("top-k histogram"))?;

@@ -2,7 +2,8 @@
 //! (`hisparse_policy::SwapInState::step`) per (seat, layer), reading the step's selections from
 //! the selection buffer and writing hot-buffer rows and row locations into the backend's
 //! buffers, as the CUDA swap-in does on the GPU; missed rows are read from the host tier by row
-//! index. It also runs the prefetcher on the host (`hisparse_policy::prefetch::PrefetchQueue`,
+//! index (with `MissFill::NoCopies`, the timing bound, only into a slot whose row was never
+//! written: the CPU attention refuses an all-zero row, the CUDA one reads it). It also runs the prefetcher on the host (`hisparse_policy::prefetch::PrefetchQueue`,
 //! in the simulator's order): nominations after each layer's selection, applied before their
 //! layer's swap-in or at the step's end.
 
@@ -36,15 +37,18 @@ pub struct CpuSwapIn {
     row: Vec<u8>,
     counts: SwapCounts,
     next_layer: usize,
+    /// Rows are copied (false: `MissFill::NoCopies`).
+    copies: bool,
 }
 
 fn bad(field: &'static str, value: impl std::fmt::Display, reason: impl Into<String>) -> PolicyError {
     PolicyError::Invalid { field, value: value.to_string(), reason: reason.into() }
 }
 
-/// Copies host rows `(token, slot)` of `req` at `layer` into its seat of `hot`; returns the
-/// bytes copied. Every index is checked before its row is read or written (a policy-level
-/// error: the prefetch queue calls it).
+/// Copies host rows `(token, slot)` of `req` at `layer` into its seat of `hot` (without
+/// `copies`, only into rows never written: all zero); returns the bytes copied. Every index is
+/// checked before its row is read or written (a policy-level error: the prefetch queue calls
+/// it).
 #[allow(clippy::too_many_arguments)] // the request's facts, each a plain value
 fn copy_rows(
     host: &HostRowReader,
@@ -56,9 +60,11 @@ fn copy_rows(
     rows: &[(u32, u32)],
     hot: &mut [u8],
     buf: &mut Vec<u8>,
+    copies: bool,
 ) -> hisparse_policy::Result<usize> {
     let rb = layout.row_bytes;
     buf.resize(rb, 0);
+    let mut copied = 0;
     // Seats and slots fit the pool, whose rows fit an i32 (KvCache::new).
     let base = hisparse_memory::device_tier::hot_seat_base(u64::from(req.seat), buffer_slots as u64) as usize;
     for &(token, slot) in rows {
@@ -67,12 +73,16 @@ fn copy_rows(
             .ok_or_else(|| bad("host_pages", token, format!("request {} holds no host page there", req.request)))?;
         let at = (base + slot as usize) * rb;
         let dst = hot.get_mut(at..at + rb).ok_or_else(|| bad("hot", at, "a hot-buffer row outside the pool"))?;
+        if !copies && dst.iter().any(|&b| b != 0) {
+            continue;
+        }
         // SAFETY: every backup of this layer was fenced before the layer's swap-in (the
         // cache's order), so nothing writes the row while it is read.
         unsafe { host.read(layout.row(layer, *page, token as usize), buf)? };
         dst.copy_from_slice(buf);
+        copied += 1;
     }
-    Ok(rows.len() * rb)
+    Ok(copied * rb)
 }
 
 impl CpuSwapIn {
@@ -97,6 +107,7 @@ impl CpuSwapIn {
             row: Vec::new(),
             counts: SwapCounts::default(),
             next_layer: 0,
+            copies: cfg.miss_fill.copies(),
         })
     }
 
@@ -213,7 +224,8 @@ impl DeviceSwapIn<EmulatedDevice> for CpuSwapIn {
             let own = own_scores(scores, &r)?;
             let step = self.step_of(&r);
             let pages = &self.pages[r.page_offset as usize..self.page_end[i]];
-            let Self { host, seats, row, plan, .. } = self;
+            let Self { host, seats, row, plan, copies, .. } = self;
+            let copies = *copies;
             // `begin_step` checked that the seat has a state.
             let Some(seat) = seats.get_mut(r.seat as usize).and_then(Option::as_mut) else { continue };
             // Rows nominated for this layer earlier in the step come in first.
@@ -224,7 +236,7 @@ impl DeviceSwapIn<EmulatedDevice> for CpuSwapIn {
                 step,
                 own,
                 &mut seat.swap,
-                &mut |_, fills| copy_rows(host, layout, pages, &r, b, layer, fills, hot, row),
+                &mut |_, fills| copy_rows(host, layout, pages, &r, b, layer, fills, hot, row, copies),
             )?;
             let ctx = StepCtx {
                 step: r.step,
@@ -235,7 +247,7 @@ impl DeviceSwapIn<EmulatedDevice> for CpuSwapIn {
             };
             let inputs = SwapInputs { next_use: None, scores: own };
             seat.swap[layer].step(policy.as_ref(), &sel, r.seq_len as usize, &ctx, inputs, plan)?;
-            let bytes = copy_rows(host, layout, pages, &r, b, layer, &plan.misses, hot, row)?;
+            let bytes = copy_rows(host, layout, pages, &r, b, layer, &plan.misses, hot, row, copies)?;
             let base = r.seat as i32 * (b as i32 + 1);
             for (o, &slot) in locations[a..a + n].iter_mut().zip(&plan.locations) {
                 *o = base + slot as i32;
@@ -274,12 +286,13 @@ impl DeviceSwapIn<EmulatedDevice> for CpuSwapIn {
                 let own = if scores.is_empty() { None } else { own_scores(Some(&scores), &r)? };
                 let step = self.step_of(&r);
                 let pages = &self.pages[r.page_offset as usize..self.page_end[i]];
-                let Self { host, seats, row, .. } = self;
+                let Self { host, seats, row, copies, .. } = self;
+                let copies = *copies;
                 let Some(seat) = seats.get_mut(r.seat as usize).and_then(Option::as_mut) else { continue };
                 let mut copy = |target: usize, fills: &[(u32, u32)]| {
                     let pool =
                         hot.get_mut(target).ok_or_else(|| bad("hot", target, "no hot-buffer pool for that layer"))?;
-                    copy_rows(host, layout, pages, &r, b, target, fills, pool, row)
+                    copy_rows(host, layout, pages, &r, b, target, fills, pool, row, copies)
                 };
                 let got =
                     seat.prefetch.apply(None, When::NextStep, policy.as_ref(), step, own, &mut seat.swap, &mut copy)?;

@@ -11,7 +11,7 @@ use half::bf16;
 use hisparse_memory::{DeviceMemory, KvGeometry, KvRowLayout};
 use hisparse_policy::{MissFill, OnlinePolicy, Prefetcher, SwapCounts};
 
-use crate::backend::Span;
+use crate::batch::Span;
 use crate::error::{KernelError, Result};
 
 /// How a device swap-in is sized.

@@ -10,6 +10,8 @@
 //! one layer's rows — what one swap-in launch reads — within `1/layers` of the mapping.
 
 mod file;
+#[cfg(feature = "cuda")]
+mod mapped;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -21,6 +23,8 @@ use crate::page_pool::PagePool;
 use crate::request::RequestId;
 
 pub use file::HostTierFile;
+#[cfg(feature = "cuda")]
+pub use mapped::MappedHostTier;
 
 /// Sizes of a host tier.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -79,7 +83,7 @@ pub struct HostRowLocation(pub u64);
 pub struct HostTier {
     // Declared before `map`: unregistered before the mapping can go away.
     #[cfg(feature = "cuda")]
-    registration: Option<crate::cuda::MappedHostTier>,
+    registration: Option<MappedHostTier>,
     map: Arc<MmapRaw>,
     // Declared after `map`: the file is removed (unless kept) after it is unmapped.
     file: Option<file::TierFile>,
@@ -335,7 +339,7 @@ impl HostTier {
     /// the handle kernels read it through (it keeps the mapping and its registration alive).
     /// A file-backed tier cannot be registered (the driver pins anonymous memory only).
     #[cfg(feature = "cuda")]
-    pub fn register_cuda(&mut self, ctx: &Arc<cudarc::driver::CudaContext>) -> Result<crate::cuda::MappedHostTier> {
+    pub fn register_cuda(&mut self, ctx: &Arc<cudarc::driver::CudaContext>) -> Result<MappedHostTier> {
         if let Some(r) = &self.registration {
             return Ok(r.clone());
         }
@@ -347,14 +351,14 @@ impl HostTier {
                  file mappings); use the anonymous host tier on the GPU",
             ));
         }
-        let r = crate::cuda::MappedHostTier::register(ctx, Arc::clone(&self.map), self.layout())?;
+        let r = MappedHostTier::register(ctx, Arc::clone(&self.map), self.layout())?;
         self.registration = Some(r.clone());
         Ok(r)
     }
 
     /// The registration, if registered.
     #[cfg(feature = "cuda")]
-    pub fn cuda_mapping(&self) -> Option<&crate::cuda::MappedHostTier> {
+    pub fn cuda_mapping(&self) -> Option<&MappedHostTier> {
         self.registration.as_ref()
     }
 

@@ -1,6 +1,6 @@
 //! Who brings a layer's missed rows into its hot buffer ([`MissFill`]): one enum, its
 //! parameters inside its variants, chosen once at the config or command-line edge. The CPU
-//! backend copies the misses whatever the choice; the CUDA swap-in follows it.
+//! backend copies the misses whatever the choice but `no-copies`; the CUDA swap-in follows it.
 
 use serde::{Deserialize, Serialize};
 
@@ -28,6 +28,9 @@ pub enum MissFillMode {
     /// As deferred-gather, the misses gathered by host threads into pinned rows and copied by
     /// the copy engine.
     CopyEngine,
+    /// Timing only: the misses are never copied (the step without the swap-in's copies; its
+    /// outputs are wrong).
+    NoCopies,
 }
 
 /// Who brings a layer's missed rows into its hot buffer (CUDA; results are bit-identical in
@@ -68,6 +71,10 @@ pub enum MissFill {
         /// The largest batch whose swap-in is deferred.
         max_batch: usize,
     },
+    /// Nobody: the swap-in decides as always but copies no row, neither miss nor prefetch, so
+    /// attention reads whatever the slots held. A timing bound (the step with the swap-in's
+    /// copies taken out), on both backends; its outputs are wrong.
+    NoCopies,
 }
 
 impl MissFill {
@@ -86,6 +93,7 @@ impl MissFill {
             MissFillMode::DeferredGather => Self::DeferredGather,
             MissFillMode::HitsFirst => Self::HitsFirst,
             MissFillMode::CopyEngine => Self::CopyEngine { share, host_threads },
+            MissFillMode::NoCopies => Self::NoCopies,
         }
     }
 
@@ -99,13 +107,14 @@ impl MissFill {
             Self::DeferredGather => MissFillMode::DeferredGather,
             Self::HitsFirst => MissFillMode::HitsFirst,
             Self::CopyEngine { .. } => MissFillMode::CopyEngine,
+            Self::NoCopies => MissFillMode::NoCopies,
         }
     }
 
     /// The largest batch whose misses the attention takes (0: none, `usize::MAX`: every batch).
     pub fn fill_max_batch(&self) -> usize {
         match self {
-            Self::SwapIn => 0,
+            Self::SwapIn | Self::NoCopies => 0,
             Self::Auto { max_batch } => *max_batch,
             _ => usize::MAX,
         }
@@ -114,7 +123,12 @@ impl MissFill {
     /// Whether, where the attention takes the misses, it only reads them and the swap-in runs
     /// after it.
     pub fn deferred(&self) -> bool {
-        !matches!(self, Self::SwapIn | Self::Attention)
+        !matches!(self, Self::SwapIn | Self::Attention | Self::NoCopies)
+    }
+
+    /// Whether rows are copied into the hot buffers at all (all but [`MissFill::NoCopies`]).
+    pub fn copies(&self) -> bool {
+        !matches!(self, Self::NoCopies)
     }
 
     /// Whether the misses are gathered into staging rows by the locate (`deferred-gather`).

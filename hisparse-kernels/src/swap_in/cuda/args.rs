@@ -5,11 +5,10 @@
 //! Buffers become pointers through [`dev`] and [`cdev`] (typed handles of a live buffer); only
 //! an `unsafe` launch gives them to a kernel.
 
-use cudarc::driver::{CudaStream, DevicePtr, DeviceRepr};
+use cudarc::driver::{CudaStream, DevicePtr, DeviceRepr, ValidAsZeroBits};
 use hisparse_memory::c_layout::{ConstPtr, DevPtr};
 
 use super::policy::{GpuPolicyScalars, GpuSlotRecord};
-use super::state::SwapParams;
 use crate::cuda::printed_launch::addr;
 use crate::swap_in::DeviceSwapReq;
 
@@ -165,3 +164,37 @@ unsafe impl DeviceRepr for SwapArgs {}
 unsafe impl DeviceRepr for FusedSwapArgs {}
 // SAFETY: as above.
 unsafe impl DeviceRepr for PrefetchArgs {}
+
+hisparse_memory::c_struct! {
+    /// Where the host tier is, for the miss copies.
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+    pub struct SwapParams {
+        /// The layer of this launch.
+        pub layer: u32,
+        /// Layers of the state arrays.
+        pub layers: u32,
+        /// Regular slots per buffer.
+        pub buffer_slots: u32,
+        /// Bytes of a KV row (a multiple of 16).
+        pub row_bytes: u32,
+        /// Positions per host page.
+        pub page_tokens: u32,
+        /// Pages per layer region of the host tier.
+        pub host_pages_per_layer: u32,
+        /// Entries of the host-page list (`host_pages`) the kernels may read.
+        pub host_pages_len: u32,
+        /// Positions of each state's token words (0: the policy keeps none).
+        pub word_tokens: u32,
+        /// The host tier's mapped device address.
+        pub host_base: u64,
+        /// The policy's seed.
+        pub seed: u64,
+    }
+}
+
+// SAFETY: #[repr(C)] structs of plain integers, whose C declarations are generated from them (`SwapReq`, `SwapParams`).
+unsafe impl DeviceRepr for DeviceSwapReq {}
+// SAFETY: as above.
+unsafe impl ValidAsZeroBits for DeviceSwapReq {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for SwapParams {}

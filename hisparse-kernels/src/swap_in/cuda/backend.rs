@@ -8,7 +8,8 @@ use std::sync::Arc;
 
 use cudarc::driver::CudaSlice;
 use hisparse_memory::HostTier;
-use hisparse_memory::cuda::{CudaMemory, MappedHostTier};
+use hisparse_memory::cuda::CudaMemory;
+use hisparse_memory::host_tier::MappedHostTier;
 use hisparse_policy::{MissFill, OnlinePolicy};
 
 use super::deferred::{DeferredFill, DeferredSwapIn};
@@ -93,6 +94,7 @@ impl CudaSwapIn {
         };
         let reads_scores = cfg.policy.needs_scores();
         gpu.set_fill_max(if deferred.is_some() && !reads_scores { 0 } else { fill.fill_max_batch() });
+        gpu.set_copies(fill.copies());
         let s = dev.stream();
         Ok(Self {
             dev: Arc::clone(dev),

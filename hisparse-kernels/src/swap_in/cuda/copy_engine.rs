@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use cudarc::driver::sys;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, CudaViewMut, LaunchConfig};
-use hisparse_memory::cuda::MappedHostTier;
+use hisparse_memory::host_tier::MappedHostTier;
 use rayon::prelude::*;
 
 use super::pinned_host::{PinnedHost, check};
@@ -35,7 +35,7 @@ use crate::cuda::printed_launch::{PrintedLaunch, addr};
 use crate::error::{KernelError, Result};
 
 /// Misses per block of `scatter_landed_misses`, and positions per block of `gather_misses`.
-use crate::cuda::facts::{GATHER_THREADS, LOCATE_CHUNK as CHUNK};
+use super::facts::{GATHER_THREADS, LOCATE_CHUNK as CHUNK};
 /// Bytes of the mapped lists' header (the request count, padded to a span's alignment).
 const HEADER_BYTES: usize = 16;
 /// Rows a host gather copies on the driver's callback thread itself, and the fewest a pool

@@ -31,7 +31,7 @@ use std::sync::Arc;
 
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaEvent, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, LaunchConfig};
-use hisparse_memory::cuda::MappedHostTier;
+use hisparse_memory::host_tier::MappedHostTier;
 
 use super::copy_engine::CopyEngineStaging;
 use super::hits_first::MissList;
@@ -43,7 +43,7 @@ use crate::cuda::driver_error;
 use crate::cuda::printed_launch::{LaunchPrint, PrintedLaunch};
 use crate::error::{KernelError, Result};
 
-use crate::cuda::facts::LOCATE_CHUNK;
+use super::facts::LOCATE_CHUNK;
 
 impl GpuSwapIn {
     /// Writes, for every selected token of `batch` in `layer`, where it is now, changing no

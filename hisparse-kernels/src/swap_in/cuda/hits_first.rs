@@ -13,15 +13,15 @@ use std::sync::Arc;
 
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, CudaViewMut, LaunchConfig};
-use hisparse_memory::cuda::MappedHostTier;
+use hisparse_memory::host_tier::MappedHostTier;
 
 use super::state::{GpuSwapIn, SwapBatch};
-use crate::cuda::decode_launch::GpuSpan;
 use crate::cuda::driver_error;
+use crate::cuda::facts::GpuSpan;
 use crate::cuda::printed_launch::PrintedLaunch;
 use crate::error::{KernelError, Result};
 
-use crate::cuda::facts::{GATHER_THREADS as THREADS, LOCATE_CHUNK as CHUNK};
+use super::facts::{GATHER_THREADS as THREADS, LOCATE_CHUNK as CHUNK};
 
 /// The misses' list and spans of the layer being attended, and the event that marks them (and
 /// its staging rows) landed.

@@ -14,13 +14,16 @@
 //! rows are misses, so a run is reproducible (eager, replayed, with the transfer stream slowed).
 
 use cudarc::driver::{CudaEvent, CudaSlice, CudaView, LaunchConfig};
-use hisparse_memory::cuda::{CudaMemory, MappedHostTier};
+use hisparse_memory::cuda::CudaMemory;
+use hisparse_memory::host_tier::MappedHostTier;
 
-use crate::cuda::attention_launch::{AttentionKernels, AttnParams, AttnScratch, base_params, check_query};
-use crate::cuda::backend::{HEAD_BLOCK, room};
-use crate::cuda::decode_launch::GpuSpan;
+use crate::cuda::attention_launch::{AttentionKernels, AttnScratch, base_params, check_query};
+use crate::cuda::buffers::room;
 use crate::cuda::device::CudaDevice;
 use crate::cuda::driver_error;
+use crate::cuda::facts::AttnParams;
+use crate::cuda::facts::GpuSpan;
+use crate::cuda::facts::HEAD_BLOCK;
 use crate::cuda::printed_launch::PrintedLaunch;
 use crate::error::{KernelError, Result};
 use crate::swap_in::AttentionQuery;

@@ -3,11 +3,12 @@
 //! rows' copies). Every size the host holds is checked here, with checked arithmetic, before any
 //! launch; what only the device holds is checked by the kernels (fault flag).
 
+use crate::cuda::driver_error;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, LaunchConfig};
 use hisparse_memory::c_layout::{ConstPtr, DevPtr};
-use hisparse_memory::cuda::MappedHostTier;
+use hisparse_memory::host_tier::MappedHostTier;
 
 use super::args::{FusedSwapArgs, PrefetchArgs, SwapArgs, cdev, dev};
 use super::state::{GpuSwapIn, SwapBatch, SwapOutputs, SwapParams};
@@ -25,15 +26,11 @@ pub struct ProtectSpans {
 impl ProtectSpans {
     /// No spans yet.
     pub fn new(stream: &Arc<CudaStream>) -> Result<Self> {
-        Ok(Self { dev: stream.alloc_zeros(2).map_err(cuda("protect spans"))?, n: 0, end: 0 })
+        Ok(Self { dev: stream.alloc_zeros(2).map_err(driver_error("protect spans"))?, n: 0, end: 0 })
     }
 }
 use crate::error::{KernelError, Result};
 use crate::swap_in::SWAP_COUNTS;
-
-fn cuda(context: &str) -> impl FnOnce(cudarc::driver::DriverError) -> KernelError + '_ {
-    move |e| KernelError::Cuda { context: context.to_owned(), message: e.to_string() }
-}
 
 fn u32_of(field: &'static str, v: usize) -> Result<u32> {
     u32::try_from(v).map_err(|_| KernelError::invalid(field, v, "does not fit the kernel's 32-bit field"))
@@ -183,8 +180,8 @@ impl GpuSwapIn {
             return Err(KernelError::invalid("counts", at, format!("no room for {n} requests' counts there")));
         }
         // Misses copied from staging rows need the lists of the two-launch form.
-        let fill = self.fills(n) && staged.is_none();
-        let fused = n <= self.fused_max && !fill && staged.is_none();
+        let fill = self.copies && self.fills(n) && staged.is_none();
+        let fused = self.copies && n <= self.fused_max && !fill && staged.is_none();
         if fused && 3 * n > self.sync.len() {
             return Err(KernelError::invalid("reqs", n, format!("more requests than the {} seats", self.seats)));
         }
@@ -255,9 +252,9 @@ impl GpuSwapIn {
         // through the registered tier, at page ids it checks (fault otherwise); host page ids
         // are read within `host_pages_len` (checked against the list above) and `fills`
         // holds `sel_end` entries (checked).
-        unsafe { b.launch(cfg) }.map_err(cuda("swap-in launch"))?;
+        unsafe { b.launch(cfg) }.map_err(driver_error("swap-in launch"))?;
         drop(b);
-        if fused || fill {
+        if fused || fill || !self.copies {
             return Ok(());
         }
         let lists = (&counts_at, &*miss_tokens, &*miss_slots);
@@ -306,10 +303,13 @@ impl GpuSwapIn {
         }
         let flat: Vec<u32> = spans.iter().flat_map(|&(o, l)| [o, l]).collect();
         if prot.dev.len() < flat.len() {
-            prot.dev = self.stream.alloc_zeros(flat.len().next_power_of_two()).map_err(cuda("protect spans"))?;
+            prot.dev =
+                self.stream.alloc_zeros(flat.len().next_power_of_two()).map_err(driver_error("protect spans"))?;
         }
         if !flat.is_empty() {
-            self.stream.memcpy_htod(&flat, &mut prot.dev.slice_mut(..flat.len())).map_err(cuda("protect spans"))?;
+            self.stream
+                .memcpy_htod(&flat, &mut prot.dev.slice_mut(..flat.len()))
+                .map_err(driver_error("protect spans"))?;
         }
         prot.n = spans.len();
         prot.end = end;
@@ -377,7 +377,10 @@ impl GpuSwapIn {
         // `sel_end`, at most max_sel candidates: the shared memory is sized for that), the
         // protect spans (checked when set) lie within `protect`, and the outputs hold `sel_end`
         // entries; candidates out of range are skipped by the kernel (fault).
-        unsafe { b.launch(cfg) }.map_err(cuda("prefetch launch"))?;
+        unsafe { b.launch(cfg) }.map_err(driver_error("prefetch launch"))?;
+        if !self.copies {
+            return Ok(());
+        }
         let lists = (&out.counts.as_view(), &out.miss_tokens, &out.miss_slots);
         self.launch_copies(stream, batch, host_pages, hot_rows, lists, &params)
     }
@@ -413,7 +416,7 @@ impl GpuSwapIn {
         // SAFETY: the decision kernel just wrote the lists for these requests; host rows are
         // reached only through the registered tier (alive while the caller's handle is), at page
         // ids the kernel checks against `host_pages_len` and the layout (fault otherwise).
-        unsafe { b.launch(cfg) }.map_err(cuda("copy launch"))?;
+        unsafe { b.launch(cfg) }.map_err(driver_error("copy launch"))?;
         Ok(())
     }
 }

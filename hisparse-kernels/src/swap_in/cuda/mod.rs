@@ -9,10 +9,11 @@
 //! prefetch on the transfer stream (`prefetch.rs`). `policy.rs` holds the kernel-argument
 //! forms of the policy crate's records.
 
-mod args;
+pub(crate) mod args;
 mod backend;
 mod copy_engine;
 mod deferred;
+pub(crate) mod facts;
 mod hits_first;
 mod hits_first_attention;
 mod launch;
@@ -23,7 +24,6 @@ mod prefetch;
 mod staging;
 mod state;
 
-pub(crate) use args::{FusedSwapArgs, PrefetchArgs, SwapArgs};
 pub use backend::CudaSwapIn;
 pub use copy_engine::CopyEngineStaging;
 pub use launch::ProtectSpans;

@@ -3,19 +3,16 @@
 //! gather and the copy-engine scatter, `prefetch.cu`), and its loaded
 //! functions with their shared memory opted in.
 
+use crate::cuda::driver_error;
 use cudarc::driver::CudaFunction;
 use cudarc::driver::sys::CUfunction_attribute_enum;
 use hisparse_policy::EvictionPolicy;
 
-use super::state::GpuSwapIn;
+use super::facts::{harness_prelude, prelude};
+use super::facts::{prefetch_smem_bytes, swap_smem_bytes};
 use crate::cuda::device::CudaDevice;
-use crate::cuda::facts::{Module, prelude};
 use crate::cuda::sources::{KernelSource, module_name};
 use crate::error::{KernelError, Result};
-
-fn cuda(context: &str) -> impl FnOnce(cudarc::driver::DriverError) -> KernelError + '_ {
-    move |e| KernelError::Cuda { context: context.to_owned(), message: e.to_string() }
-}
 
 /// The source of the swap-in module with `policy`'s hooks (the step kernel, the miss copies, the
 /// prefetch kernel), or `None` for a CPU-only policy.
@@ -28,7 +25,7 @@ pub fn swap_in_source(policy: &dyn EvictionPolicy) -> Option<KernelSource> {
     // The policy's program (its records' types and hooks), then the generated prelude, whose
     // argument structs hold pointers to those records.
     let program = hisparse_policy::policy::cuda::program(policy)?;
-    let code = template.replace("//@POLICY@", &(program + "\n" + &prelude(Module::SwapIn)));
+    let code = template.replace("//@POLICY@", &(program + "\n" + &prelude()));
     Some(KernelSource {
         name: module_name("swap_in", &code),
         code,
@@ -79,13 +76,13 @@ pub fn policy_harness(policy: &dyn EvictionPolicy) -> Option<KernelSource> {
 /// prefetcher.
 pub fn prefetcher_harness(prefetcher: &dyn hisparse_policy::prefetch::Prefetcher) -> Option<KernelSource> {
     let program = hisparse_policy::prefetch::cuda::program(prefetcher)?;
-    let code = prelude(Module::PrefetchHarness)
+    let code = harness_prelude()
         + &include_str!("../../../kernels/swap_in/prefetch_harness.cu").replace("//@PREFETCHER@", &program);
     Some(KernelSource { name: module_name("prefetch", &code), code, kernels: &["prefetch_nominations"] })
 }
 
 /// Batches of at most this many requests run the swap-in as one launch by default
-/// ([`GpuSwapIn::set_fused_max`]).
+/// (`GpuSwapIn::set_fused_max`).
 pub const FUSED_MAX_REQUESTS: usize = 8;
 
 /// The most dynamic shared memory a swap-in block may opt into on sm_90: the 227 KiB a block
@@ -123,11 +120,12 @@ impl SwapFunctions {
         };
         let opt_in = |func: &CudaFunction, bytes: usize| {
             func.set_attribute(CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes as i32)
-                .map_err(cuda("shared memory opt-in"))
+                .map_err(driver_error("shared memory opt-in"))
         };
-        opt_in(&f.prefetch, GpuSwapIn::prefetch_shared_bytes(slots, max_sel))?;
-        opt_in(&f.decide, GpuSwapIn::shared_bytes(slots, max_sel))?;
-        opt_in(&f.fused, GpuSwapIn::shared_bytes(slots, max_sel))?;
+        let (b, k) = (slots as u64, max_sel as u64);
+        opt_in(&f.prefetch, prefetch_smem_bytes(b, k.next_power_of_two(), k) as usize)?;
+        opt_in(&f.decide, swap_smem_bytes(b, k) as usize)?;
+        opt_in(&f.fused, swap_smem_bytes(b, k) as usize)?;
         Ok(f)
     }
 }

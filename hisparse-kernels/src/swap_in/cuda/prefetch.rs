@@ -17,11 +17,12 @@
 //! (at its target, or by [`GpuPrefetch::settle`]); the candidate copy is rewritten only after
 //! every prefetch that read it was waited for (each nomination's targets precede the next one).
 
+use crate::cuda::driver_error;
 use std::sync::Arc;
 
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaEvent, CudaFunction, CudaSlice, CudaStream};
-use hisparse_memory::cuda::MappedHostTier;
+use hisparse_memory::host_tier::MappedHostTier;
 use hisparse_policy::prefetch::{Candidates, LayerSelection, When};
 
 use super::launch::ProtectSpans;
@@ -30,10 +31,6 @@ use crate::cuda::device::CudaDevice;
 use crate::cuda::printed_launch::{LaunchPrint, addr};
 use crate::error::{KernelError, Result};
 use crate::swap_in::{DeviceSwapInConfig, SWAP_COUNTS, SwapCounts};
-
-fn cuda(context: &str) -> impl FnOnce(cudarc::driver::DriverError) -> KernelError + '_ {
-    move |e| KernelError::Cuda { context: context.to_owned(), message: e.to_string() }
-}
 
 /// The prefetch state of a CUDA swap-in: see the module documentation.
 pub(crate) struct GpuPrefetch {
@@ -122,7 +119,8 @@ impl GpuPrefetch {
             }
         }
         let main = Arc::clone(dev.stream());
-        let transfer = if serial { None } else { Some(dev.context().new_stream().map_err(cuda("transfer stream"))?) };
+        let transfer =
+            if serial { None } else { Some(dev.context().new_stream().map_err(driver_error("transfer stream"))?) };
         let delay = match delay_ns {
             0 => None,
             ns => Some((dev.function("backup", "delay_ns")?, ns)),
@@ -131,9 +129,9 @@ impl GpuPrefetch {
             cfg: cfg.clone(),
             print: Arc::clone(&dev.print),
             prot: ProtectSpans::new(&main)?,
-            cand: main.alloc_zeros(1).map_err(cuda("prefetch candidates"))?,
+            cand: main.alloc_zeros(1).map_err(driver_error("prefetch candidates"))?,
             out: SwapOutputs::new(&main, 1, 1)?,
-            counts: main.alloc_zeros(SWAP_COUNTS * g.layers).map_err(cuda("prefetch counts"))?,
+            counts: main.alloc_zeros(SWAP_COUNTS * g.layers).map_err(driver_error("prefetch counts"))?,
             pending: (0..g.layers).map(|_| None).collect(),
             main,
             transfer,
@@ -167,16 +165,16 @@ impl GpuPrefetch {
         let (n, sel_end) = (reqs.len(), self.batch.as_ref().map_or(0, SwapBatch::selection_end));
         let s = &self.main;
         if self.cand.len() < sel_end {
-            self.cand = s.alloc_zeros(sel_end.next_power_of_two()).map_err(cuda("prefetch candidates"))?;
+            self.cand = s.alloc_zeros(sel_end.next_power_of_two()).map_err(driver_error("prefetch candidates"))?;
         }
         if self.out.miss_tokens.len() < sel_end || self.out.counts.len() < SWAP_COUNTS * n {
             self.out = SwapOutputs::new(s, n.next_power_of_two(), sel_end.next_power_of_two())?;
         }
         let need = SWAP_COUNTS * n * self.targets.len();
         if self.counts.len() < need {
-            self.counts = s.alloc_zeros(need).map_err(cuda("prefetch counts"))?;
+            self.counts = s.alloc_zeros(need).map_err(driver_error("prefetch counts"))?;
         }
-        s.memset_zeros(&mut self.counts).map_err(cuda("prefetch counts"))?;
+        s.memset_zeros(&mut self.counts).map_err(driver_error("prefetch counts"))?;
         self.n = n;
         Ok(())
     }
@@ -194,7 +192,7 @@ impl GpuPrefetch {
         hot: &mut [CudaSlice<u8>],
     ) -> Result<()> {
         if let Some(e) = self.pending.get_mut(layer).and_then(Option::take) {
-            self.main.wait(&e).map_err(cuda("wait for a prefetch"))?;
+            self.main.wait(&e).map_err(driver_error("wait for a prefetch"))?;
         }
         if self.at_target.get(layer) == Some(&true) && self.nominated_into(layer) {
             let main = Arc::clone(&self.main);
@@ -234,11 +232,11 @@ impl GpuPrefetch {
         let sels = unsafe { selections.transmute::<u32>(sel_end) }
             .ok_or_else(|| KernelError::invalid("selections", selections.len(), "cannot be viewed as u32"))?;
         let m = &self.main;
-        m.memcpy_dtod(&sels, &mut self.cand.slice_mut(..sel_end)).map_err(cuda("prefetch candidates"))?;
+        m.memcpy_dtod(&sels, &mut self.cand.slice_mut(..sel_end)).map_err(driver_error("prefetch candidates"))?;
         self.print.copy(addr(&sels, m), addr(&self.cand, m), 4 * sel_end as u64);
         let stream = match self.transfer.clone() {
             Some(t) => {
-                t.join(m).map_err(cuda("the transfer stream waits for the selection"))?;
+                t.join(m).map_err(driver_error("the transfer stream waits for the selection"))?;
                 if let Some((f, ns)) = &self.delay {
                     crate::cuda::backup::launch_delay(&self.print, &t, f, ns)?;
                 }
@@ -254,7 +252,7 @@ impl GpuPrefetch {
             if self.transfer.is_some() {
                 let e = stream
                     .record_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))
-                    .map_err(cuda("prefetch event"))?;
+                    .map_err(driver_error("prefetch event"))?;
                 self.pending[t] = Some(e);
             }
         }
@@ -296,7 +294,7 @@ impl GpuPrefetch {
         let at = target * n5;
         stream
             .memcpy_dtod(&self.out.counts.slice(..n5), &mut self.counts.slice_mut(at..at + n5))
-            .map_err(cuda("prefetch counts"))?;
+            .map_err(driver_error("prefetch counts"))?;
         self.print.copy(addr(&self.out.counts, stream), addr(&self.counts, stream) + 4 * at as u64, 4 * n5 as u64);
         Ok(())
     }
@@ -304,7 +302,7 @@ impl GpuPrefetch {
     /// Orders every prefetch queued so far before the main stream's later work.
     pub fn settle(&mut self) -> Result<()> {
         for e in self.pending.iter_mut().filter_map(Option::take) {
-            self.main.wait(&e).map_err(cuda("wait for a prefetch"))?;
+            self.main.wait(&e).map_err(driver_error("wait for a prefetch"))?;
         }
         Ok(())
     }
@@ -316,8 +314,8 @@ impl GpuPrefetch {
             return Ok(());
         }
         let mut host = vec![0u32; need];
-        self.main.memcpy_dtoh(&self.counts.slice(..need), &mut host).map_err(cuda("prefetch counts"))?;
-        self.main.synchronize().map_err(cuda("synchronize"))?;
+        self.main.memcpy_dtoh(&self.counts.slice(..need), &mut host).map_err(driver_error("prefetch counts"))?;
+        self.main.synchronize().map_err(driver_error("synchronize"))?;
         for x in host.chunks_exact(SWAP_COUNTS) {
             c.prefetched += u64::from(x[1]);
             c.prefetch_wasted += u64::from(x[4]);

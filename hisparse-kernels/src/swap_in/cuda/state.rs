@@ -8,9 +8,10 @@
 //! kernels, which read an out-of-range entry as nothing and raise the fault flag
 //! ([`GpuSwapIn::take_fault`]).
 
+use crate::cuda::driver_error;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
+use cudarc::driver::{CudaSlice, CudaStream};
 use hisparse_policy::{EvictionPolicy, PolicyScalars, SlotRecord};
 
 use super::module::{FUSED_MAX_REQUESTS, MAX_SHARED_BYTES, SwapFunctions};
@@ -22,40 +23,7 @@ use crate::swap_in::{DeviceSwapReq, SWAP_COUNTS};
 /// One request of a swap-in launch: the backend-neutral [`DeviceSwapReq`], which is laid out
 /// as the kernel's `SwapReq`.
 pub type SwapReq = DeviceSwapReq;
-
-hisparse_memory::c_struct! {
-    /// Where the host tier is, for the miss copies.
-    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
-    pub struct SwapParams {
-        /// The layer of this launch.
-        pub layer: u32,
-        /// Layers of the state arrays.
-        pub layers: u32,
-        /// Regular slots per buffer.
-        pub buffer_slots: u32,
-        /// Bytes of a KV row (a multiple of 16).
-        pub row_bytes: u32,
-        /// Positions per host page.
-        pub page_tokens: u32,
-        /// Pages per layer region of the host tier.
-        pub host_pages_per_layer: u32,
-        /// Entries of the host-page list (`host_pages`) the kernels may read.
-        pub host_pages_len: u32,
-        /// Positions of each state's token words (0: the policy keeps none).
-        pub word_tokens: u32,
-        /// The host tier's mapped device address.
-        pub host_base: u64,
-        /// The policy's seed.
-        pub seed: u64,
-    }
-}
-
-// SAFETY: #[repr(C)] structs of plain integers, whose C declarations are generated from them (`SwapReq`, `SwapParams`).
-unsafe impl DeviceRepr for DeviceSwapReq {}
-// SAFETY: as above.
-unsafe impl ValidAsZeroBits for DeviceSwapReq {}
-// SAFETY: as above.
-unsafe impl DeviceRepr for SwapParams {}
+pub use super::args::SwapParams;
 
 /// What a launch wrote (device buffers, sized for the batch's selections).
 pub struct SwapOutputs {
@@ -93,10 +61,6 @@ impl SwapOutputs {
     }
 }
 
-fn cuda(context: &str) -> impl FnOnce(cudarc::driver::DriverError) -> KernelError + '_ {
-    move |e| KernelError::Cuda { context: context.to_owned(), message: e.to_string() }
-}
-
 /// The GPU swap-in of one policy, with the state of `seats` hot buffers of `layers` layers.
 pub struct GpuSwapIn {
     /// The print its launches leave (the device's: a replayed graph holds them).
@@ -109,6 +73,8 @@ pub struct GpuSwapIn {
     /// Launches of batches of at most this many requests decide only and leave the missed rows
     /// to the attention (`SwapOutputs::fills`); 0: never.
     pub(crate) fill_max: usize,
+    /// Rows are copied (false: decisions only, a timing bound; `MissFill::NoCopies`).
+    pub(crate) copies: bool,
     /// Three words per seat for the one-launch swap-in's roles (zero between launches).
     pub(crate) sync: CudaSlice<u32>,
     pub(crate) seats: usize,
@@ -196,32 +162,33 @@ impl GpuSwapIn {
         let funcs = SwapFunctions::load(dev, policy.as_ref(), buffer_slots, max_sel)?;
         let s = dev.stream().clone();
         let n = seats * layers;
-        let slot_tokens = s.clone_htod(&vec![-1i32; n * buffer_slots]).map_err(cuda("slot tables"))?;
+        let slot_tokens = s.clone_htod(&vec![-1i32; n * buffer_slots]).map_err(driver_error("slot tables"))?;
         let word_tokens = if policy.uses_token_words() { max_tokens } else { 0 };
         let words = match word_tokens {
             0 => None,
             w => Some(
                 s.alloc_zeros(n.checked_mul(w).ok_or_else(|| KernelError::invalid("max_tokens", w, "overflows"))?)
-                    .map_err(cuda("token words"))?,
+                    .map_err(driver_error("token words"))?,
             ),
         };
         Ok(Self {
             print: Arc::clone(&dev.print),
-            records: s.alloc_zeros(n * buffer_slots).map_err(cuda("records"))?,
-            scalars: s.alloc_zeros(n).map_err(cuda("scalars"))?,
-            ready: s.alloc_zeros(n).map_err(cuda("ready flags"))?,
-            prefetched: s.alloc_zeros(n * buffer_slots).map_err(cuda("prefetched flags"))?,
+            records: s.alloc_zeros(n * buffer_slots).map_err(driver_error("records"))?,
+            scalars: s.alloc_zeros(n).map_err(driver_error("scalars"))?,
+            ready: s.alloc_zeros(n).map_err(driver_error("ready flags"))?,
+            prefetched: s.alloc_zeros(n * buffer_slots).map_err(driver_error("prefetched flags"))?,
             words,
             word_tokens,
             max_tokens,
-            fault: s.alloc_zeros(1).map_err(cuda("fault flag"))?,
-            sync: s.alloc_zeros(3 * seats).map_err(cuda("swap-in sync words"))?,
+            fault: s.alloc_zeros(1).map_err(driver_error("fault flag"))?,
+            sync: s.alloc_zeros(3 * seats).map_err(driver_error("swap-in sync words"))?,
             slot_tokens,
             stream: s,
             policy,
             funcs,
             fused_max: FUSED_MAX_REQUESTS,
             fill_max: 0,
+            copies: true,
             seats,
             layers,
             slots: buffer_slots,
@@ -231,15 +198,15 @@ impl GpuSwapIn {
     }
 
     /// Dynamic shared memory of the decision kernel for `b` slots and `k` selected tokens
-    /// (`crate::cuda::facts::swap_smem_bytes`, shared with the kernel).
+    /// (`super::facts::swap_smem_bytes`, shared with the kernel).
     pub(crate) fn shared_bytes(b: usize, k: usize) -> usize {
-        crate::cuda::facts::swap_smem_bytes(b as u64, k as u64) as usize
+        super::facts::swap_smem_bytes(b as u64, k as u64) as usize
     }
 
     /// Dynamic shared memory of the prefetch kernel for `k` candidates
-    /// (`crate::cuda::facts::prefetch_smem_bytes`, shared with the kernel).
+    /// (`super::facts::prefetch_smem_bytes`, shared with the kernel).
     pub(crate) fn prefetch_shared_bytes(b: usize, k: usize) -> usize {
-        crate::cuda::facts::prefetch_smem_bytes(b as u64, k.next_power_of_two() as u64, k as u64) as usize
+        super::facts::prefetch_smem_bytes(b as u64, k.next_power_of_two() as u64, k as u64) as usize
     }
 
     /// The policy.
@@ -263,6 +230,13 @@ impl GpuSwapIn {
     /// ones copy them).
     pub fn set_fill_max(&mut self, n: usize) {
         self.fill_max = n;
+    }
+
+    /// Whether launches copy rows at all (true, the default) or only decide, leaving the hot
+    /// buffers as they were: a timing bound for the step without the swap-in's copies
+    /// (`MissFill::NoCopies`; attention then reads wrong rows).
+    pub fn set_copies(&mut self, on: bool) {
+        self.copies = on;
     }
 
     /// Whether a launch of `n` requests leaves its misses to the attention.
@@ -289,18 +263,18 @@ impl GpuSwapIn {
         let b = self.slots;
         self.stream
             .memcpy_htod(&all, &mut self.slot_tokens.slice_mut(r.start * b..r.end * b))
-            .map_err(cuda("reset slot tables"))?;
+            .map_err(driver_error("reset slot tables"))?;
         self.stream
             .memcpy_htod(&vec![0u32; self.layers], &mut self.ready.slice_mut(r.clone()))
-            .map_err(cuda("reset ready flags"))?;
+            .map_err(driver_error("reset ready flags"))?;
         self.stream
             .memset_zeros(&mut self.prefetched.slice_mut(r.start * b..r.end * b))
-            .map_err(cuda("reset prefetched flags"))?;
+            .map_err(driver_error("reset prefetched flags"))?;
         let w = self.word_tokens;
         if let Some(words) = self.words.as_mut() {
             self.stream
                 .memset_zeros(&mut words.slice_mut(r.start * w..r.end * w))
-                .map_err(cuda("reset token words"))?;
+                .map_err(driver_error("reset token words"))?;
         }
         Ok(())
     }
@@ -319,11 +293,11 @@ impl GpuSwapIn {
                             .checked_mul(w)
                             .ok_or_else(|| KernelError::invalid("max_tokens", w, "overflows"))?,
                     )
-                    .map_err(cuda("token words"))?,
+                    .map_err(driver_error("token words"))?,
             ),
         };
         self.policy = policy;
-        self.stream.memset_zeros(&mut self.ready).map_err(cuda("reset ready flags"))
+        self.stream.memset_zeros(&mut self.ready).map_err(driver_error("reset ready flags"))
     }
 
     /// The prefetched flags of `(seat, layer)`'s slots (for tests).
@@ -331,8 +305,10 @@ impl GpuSwapIn {
         let st = self.state_range(seat)?.start + layer;
         let b = self.slots;
         let mut f = vec![0u8; b];
-        self.stream.memcpy_dtoh(&self.prefetched.slice(st * b..(st + 1) * b), &mut f).map_err(cuda("read flags"))?;
-        self.stream.synchronize().map_err(cuda("synchronize"))?;
+        self.stream
+            .memcpy_dtoh(&self.prefetched.slice(st * b..(st + 1) * b), &mut f)
+            .map_err(driver_error("read flags"))?;
+        self.stream.synchronize().map_err(driver_error("synchronize"))?;
         Ok(f)
     }
 
@@ -363,7 +339,7 @@ impl GpuSwapIn {
         let sel_end = self.validate(reqs)?;
         let mut padded = reqs.to_vec();
         padded.resize(reqs.len().max(1), SwapReq::default());
-        let dev = self.stream.clone_htod(&padded).map_err(cuda("swap-in requests"))?;
+        let dev = self.stream.clone_htod(&padded).map_err(driver_error("swap-in requests"))?;
         Ok(SwapBatch { reqs: reqs.to_vec(), dev, sel_end })
     }
 
@@ -376,12 +352,12 @@ impl GpuSwapIn {
             if !reqs.is_empty() {
                 self.stream
                     .memcpy_htod(reqs, &mut batch.dev.slice_mut(..reqs.len()))
-                    .map_err(cuda("swap-in requests"))?;
+                    .map_err(driver_error("swap-in requests"))?;
             }
         } else {
             let mut padded = reqs.to_vec();
             padded.resize(reqs.len().next_power_of_two(), SwapReq::default());
-            batch.dev = self.stream.clone_htod(&padded).map_err(cuda("swap-in requests"))?;
+            batch.dev = self.stream.clone_htod(&padded).map_err(driver_error("swap-in requests"))?;
         }
         batch.reqs.clear();
         batch.reqs.extend_from_slice(reqs);
@@ -393,10 +369,10 @@ impl GpuSwapIn {
     /// flag, waiting for the stream, and clears it).
     pub fn take_fault(&mut self) -> Result<bool> {
         let mut f = [0u32];
-        self.stream.memcpy_dtoh(&self.fault, &mut f).map_err(cuda("fault flag"))?;
-        self.stream.synchronize().map_err(cuda("synchronize"))?;
+        self.stream.memcpy_dtoh(&self.fault, &mut f).map_err(driver_error("fault flag"))?;
+        self.stream.synchronize().map_err(driver_error("synchronize"))?;
         if f[0] != 0 {
-            self.stream.memset_zeros(&mut self.fault).map_err(cuda("fault flag"))?;
+            self.stream.memset_zeros(&mut self.fault).map_err(driver_error("fault flag"))?;
         }
         Ok(f[0] != 0)
     }
@@ -409,12 +385,14 @@ impl GpuSwapIn {
         let mut t = vec![0i32; b];
         self.stream
             .memcpy_dtoh(&self.slot_tokens.slice(st * b..(st + 1) * b), &mut t)
-            .map_err(cuda("read slot table"))?;
+            .map_err(driver_error("read slot table"))?;
         let mut rec = vec![GpuSlotRecord::default(); b];
-        self.stream.memcpy_dtoh(&self.records.slice(st * b..(st + 1) * b), &mut rec).map_err(cuda("read records"))?;
+        self.stream
+            .memcpy_dtoh(&self.records.slice(st * b..(st + 1) * b), &mut rec)
+            .map_err(driver_error("read records"))?;
         let mut sc = vec![GpuPolicyScalars::default(); 1];
-        self.stream.memcpy_dtoh(&self.scalars.slice(st..st + 1), &mut sc).map_err(cuda("read scalars"))?;
-        self.stream.synchronize().map_err(cuda("synchronize"))?;
+        self.stream.memcpy_dtoh(&self.scalars.slice(st..st + 1), &mut sc).map_err(driver_error("read scalars"))?;
+        self.stream.synchronize().map_err(driver_error("synchronize"))?;
         Ok((t, rec.into_iter().map(|x| x.0).collect(), sc[0].0))
     }
 }

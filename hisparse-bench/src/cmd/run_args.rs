@@ -1,0 +1,118 @@
+//! What `hisparse run` is asked and what it reports of one mode: its arguments ([`RunArgs`], the
+//! modes to run: [`ModeArg`]), one mode's result ([`ModeRun`]), and two helpers both the
+//! one-engine run (`run.rs`) and the run over ranks (`run_ranks.rs`) use.
+
+use std::path::PathBuf;
+
+use hisparse_engine::{LatencySummary, RunSummary, StepMetrics};
+use hisparse_memory::Mode;
+use serde::Serialize;
+
+use super::common::EngineArgs;
+
+/// Which modes to run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ModeArg {
+    /// Both, resident first.
+    Both,
+    /// The baseline: whole KV on the device.
+    Resident,
+    /// Full KV on the host, a hot buffer on the device.
+    Hisparse,
+}
+
+impl ModeArg {
+    /// The modes to run.
+    pub fn modes(self) -> Vec<Mode> {
+        match self {
+            Self::Both => vec![Mode::Resident, Mode::HiSparse],
+            Self::Resident => vec![Mode::Resident],
+            Self::Hisparse => vec![Mode::HiSparse],
+        }
+    }
+}
+
+/// Options of `hisparse run`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunArgs {
+    /// Engine options.
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    /// Modes to run.
+    #[arg(long, value_enum, default_value_t = ModeArg::Both)]
+    pub mode: ModeArg,
+    /// Requests: submitted at once, or arriving one by one with --arrival-rate.
+    #[arg(long, default_value_t = 8)]
+    pub concurrency: usize,
+    /// Requests arrive by a Poisson process of this many per second (seeded by --seed) instead
+    /// of all at once; time to first decode counts from each one's arrival.
+    #[arg(long)]
+    pub arrival_rate: Option<f64>,
+    /// Prompt tokens per request; a comma-separated list is cycled through (request i gets
+    /// entry i modulo the list's length).
+    #[arg(long, value_delimiter = ',', default_value = "4096")]
+    pub context: Vec<usize>,
+    /// Tokens to generate per request; a comma-separated list is cycled through like
+    /// --context.
+    #[arg(long, value_delimiter = ',', default_value = "32")]
+    pub output: Vec<usize>,
+    /// Record the hisparse run's selections as a trace (for `hisparse simulate`); an existing
+    /// file is refused unless --overwrite is given.
+    #[arg(long)]
+    pub record_trace: Option<PathBuf>,
+    /// Replace an existing --record-trace file.
+    #[arg(long)]
+    pub overwrite: bool,
+    /// Output folder (default: results/run), written whole: an earlier output of this program there is
+    /// replaced, a folder holding other files is refused.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// GPUs (ranks), one engine each with its share of the requests (round robin) and of the
+    /// host memory; with an emulated model the ranks exchange tokens around every FFN (NCCL on
+    /// CUDA) and step together until the last one is done. On the CPU backend, that many CPU
+    /// engines. Without it: one engine, no collectives.
+    #[arg(long)]
+    pub gpus: Option<usize>,
+}
+
+/// One mode's result.
+#[derive(Debug, Clone, Serialize)]
+pub struct ModeRun {
+    /// The mode.
+    pub mode: Mode,
+    /// The summary.
+    pub summary: RunSummary,
+    /// Every step.
+    pub steps: Vec<StepMetrics>,
+    /// Requests rejected whole, with the reason.
+    pub rejected: Vec<(u64, String)>,
+    /// Requests refused by the full waiting queue (--max-queued).
+    pub refused: Vec<u64>,
+    /// Time to first decode and per-token latency.
+    pub latency: LatencySummary,
+    /// Ranks (engines) it ran on; a step is then the slowest rank's, its tokens their sum.
+    pub gpus: usize,
+    /// Collective bytes per rank and step (`--gpus` with an emulated model, else 0).
+    pub exchange_mb_per_step: f64,
+    /// Set when the run copied no rows (`--miss-fill no-copies`): timing only, outputs wrong.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timing_only: Option<&'static str>,
+}
+
+/// The shortest and the longest request of `a` (prompt + output tokens).
+pub fn request_lengths(a: &RunArgs) -> (usize, usize) {
+    let min = |v: &[usize]| v.iter().copied().min().unwrap_or(1);
+    let max = |v: &[usize]| v.iter().copied().max().unwrap_or(1);
+    (min(&a.context) + min(&a.output), max(&a.context) + max(&a.output))
+}
+
+/// The requests `e` rejected whole, with the reason.
+pub fn rejected_of(e: &dyn hisparse_engine::DecodeEngine) -> Vec<(u64, String)> {
+    e.outcomes()
+        .iter()
+        .filter_map(|(id, o)| match o {
+            hisparse_engine::Outcome::Rejected { reason } => Some((id.0, reason.clone())),
+            _ => None,
+        })
+        .collect()
+}

@@ -1,0 +1,21 @@
+//! [`Scratch`]: the buffers the backend's launches reuse across calls.
+
+use cudarc::driver::CudaSlice;
+
+use super::attention_launch::AttnScratch;
+use super::facts::{GpuIndexerReq, GpuSpan, LocateReq};
+
+/// Buffers reused across calls (small per-call arrays, split partials, the fault flag).
+pub(crate) struct Scratch {
+    pub(crate) fault: CudaSlice<u32>,
+    pub(crate) reqs: CudaSlice<GpuIndexerReq>,
+    pub(crate) spans: CudaSlice<GpuSpan>,
+    pub(crate) attn: AttnScratch,
+    pub(crate) rows_data: CudaSlice<u8>,
+    pub(crate) locate: CudaSlice<LocateReq>,
+    pub(crate) seeds: CudaSlice<u64>,
+    /// What the per-call arrays above hold (they are the same for every layer of a step).
+    pub(crate) reqs_c: Vec<GpuIndexerReq>,
+    pub(crate) spans_c: Vec<GpuSpan>,
+    pub(crate) locate_c: Vec<LocateReq>,
+}
