@@ -5,8 +5,11 @@
 //! [`CpuBackend`], the LSE merge of partial attention, the dense f64 oracle, and — behind the
 //! `cuda` feature — the CUDA kernels, compiled at run time by NVRTC for `sm_90a`.
 //!
-//! Invariant: this crate knows nothing about requests' lifetimes, scheduling or eviction; it
-//! computes on the buffers and spans it is given.
+//! Invariant: outside [`swap_in`] (and [`KernelError::Policy`], which carries its errors) this
+//! crate knows nothing about requests' lifetimes, scheduling or eviction; it computes on the
+//! buffers and spans it is given. The swap-in runs an eviction policy's hooks and a prefetcher's
+//! nominations (their CPU forms, or their CUDA sources spliced into its kernels) and nothing
+//! else of the policy crate (checked by a tidy test of `xtask`).
 //!
 //! ```
 //! use hisparse_kernels::prelude::*; // the backend traits

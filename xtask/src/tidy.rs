@@ -1,5 +1,6 @@
 //! Tidy checks that run with `cargo test`: every Rust file opens with a `//!` header saying what
-//! it owns, GPU tests say why they are ignored, and no debugging leftovers are committed.
+//! it owns, GPU tests say why they are ignored, no debugging leftovers are committed, and in
+//! `hisparse-kernels` only the swap-in (and the error enum) names `hisparse_policy`.
 
 #[cfg(test)]
 mod tests {
@@ -43,6 +44,20 @@ mod tests {
             .filter(|p| !std::fs::read_to_string(p).unwrap_or_default().trim_start().starts_with("//!"))
             .collect();
         assert!(missing.is_empty(), "files without a //! header: {missing:?}");
+    }
+
+    #[test]
+    fn only_the_swap_in_names_the_policy_crate_in_the_kernels() {
+        let src = super::super::workspace_root().join("hisparse-kernels").join("src");
+        let mut all = Vec::new();
+        rust_files(&src, &mut all);
+        assert!(all.len() > 10, "found only {} kernel files", all.len());
+        let outside: Vec<_> = all
+            .iter()
+            .filter(|p| !p.starts_with(src.join("swap_in")) && *p != &src.join("error.rs"))
+            .filter(|p| std::fs::read_to_string(p).unwrap_or_default().contains(&["hisparse", "_policy"].concat()))
+            .collect();
+        assert!(outside.is_empty(), "kernel files outside swap_in/ naming the policy crate: {outside:?}");
     }
 
     #[test]
