@@ -328,7 +328,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, 4) indexer_scores_fp8(I
 
 // The fp8 form for 32 and 64 heads: the head tiles unrolled, query fragments in 128 B a head, so
 // that five blocks fit an SM (42 KB of shared memory a block at 64 heads, at most 102 registers a
-// thread). Not yet measured on the H200: CudaBackend::with_indexer_fixed_heads opts in.
+// thread). Off by default: CudaBackend::with_indexer_fixed_heads opts in.
 extern "C" __global__ void __launch_bounds__(WARPS * 32, 5) indexer_scores_fp8_h32(INDEXER_PARAMS) {
     indexer_body<true, 4>(INDEXER_ARGS);
 }

@@ -105,8 +105,8 @@ impl TopKSplit {
             resolve: dev.function("topk", "topk_resolve")?,
             place: dev.function("topk", "topk_place")?,
             scratch: Mutex::new(scratch),
-            // One block per request until the split form has run on the H200 (its GPU test and
-            // `kernel-bench` set the choice explicitly).
+            // One block per request by default (`CudaBackend::with_top_k_blocks` chooses the
+            // split form; its GPU test and `kernel-bench` set the choice explicitly).
             choice: TopKSplitChoice { sms, blocks: 0.into() },
         })
     }
