@@ -328,7 +328,8 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, 4) indexer_scores_fp8(I
 
 // The fp8 form for 32 and 64 heads: the head tiles unrolled, query fragments in 128 B a head, so
 // that five blocks fit an SM (42 KB of shared memory a block at 64 heads, at most 102 registers a
-// thread). Off by default: CudaBackend::with_indexer_fixed_heads opts in.
+// thread). Used for 32 heads by default (FixedHeadIndexer::Auto); CudaBackend::with_indexer_fixed_heads
+// chooses.
 extern "C" __global__ void __launch_bounds__(WARPS * 32, 5) indexer_scores_fp8_h32(INDEXER_PARAMS) {
     indexer_body<true, 4>(INDEXER_ARGS);
 }
