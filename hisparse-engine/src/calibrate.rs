@@ -108,6 +108,7 @@ pub fn selections(geometry: &KvGeometry, workload: &Workload, spec: &Calibration
                     requests: &req,
                     pin_newest: false,
                     queries_as: hisparse_kernels::IndexerQueries::Exact,
+                    score: hisparse_kernels::IndexScore::Lightning,
                 };
                 cpu.indexer_scores(&batch, &mut scores)?;
                 let newest_score = scores[seq_len - 1];

@@ -32,8 +32,10 @@ pub use stop::StopFlag;
 pub use workload::{LocalityParams, Workload};
 
 // What an embedder holds to run the hierarchy from its own model, from this crate alone.
-pub use hisparse_kernels::{Backend, CpuBackend, SwapCounts, dense_attention};
-pub use hisparse_memory::{Admission, KvGeometry, KvRowFormat, Mode, RequestId};
+pub use hisparse_kernels::{Backend, CpuBackend, HeadCombine, IndexScore, OracleScore, SwapCounts, dense_attention};
+pub use hisparse_memory::{
+    Admission, EmulatedDevice, IndexKeyLayout, KvGeometry, KvRowFormat, KvRowLayout, MemoryError, Mode, RequestId,
+};
 pub use hisparse_policy::{
     BuiltinPolicy, BuiltinPrefetcher, EvictionPolicy, HiSparseConfig, MissFill, MissFillMode, OnlinePolicy,
     PolicyChoice, PolicyConfig, Prefetcher, PrefetcherChoice, PrefetcherConfig,

@@ -38,6 +38,7 @@ fn indexer(c: &mut Criterion) {
                     requests: &requests,
                     pin_newest: false,
                     queries_as: hisparse_kernels::IndexerQueries::Exact,
+                    score: hisparse_kernels::IndexScore::Lightning,
                 };
                 cpu.indexer_scores(&b, &mut scores).unwrap();
             })

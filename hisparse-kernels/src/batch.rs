@@ -78,6 +78,51 @@ pub struct IndexerBatch<'a, M: DeviceMemory> {
     pub pin_newest: bool,
     /// The queries' precision: exact, or quantised per head to e4m3 (see [`IndexerQueries`](crate::IndexerQueries)).
     pub queries_as: crate::IndexerQueries,
+    /// How a position's score is formed from the heads' products.
+    pub score: IndexScore,
+}
+
+/// How the indexer forms a position's score from the heads' products `x_h(t) = q_h . k_t`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum IndexScore {
+    /// DSA's lightning indexer: `s_t = sum_h w_h * relu(x_h(t))`.
+    #[default]
+    Lightning,
+    /// The selection of a model without an indexer, by its own attention: per head the softmax
+    /// of `w_h * x_h(t)` over the request's positions (`w_h`: the softmax scale), combined over
+    /// heads; the keys are the model's keys stored as index keys. CPU backend only.
+    Oracle(OracleScore),
+}
+
+/// The oracle's settings ([`IndexScore::Oracle`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct OracleScore {
+    /// How the heads' attention weights are combined.
+    pub combine: HeadCombine,
+    /// The first `sink` positions are always selected (scored `+inf`).
+    pub sink: usize,
+    /// The last `window` positions are always selected (scored `+inf`).
+    pub window: usize,
+}
+
+/// How the oracle combines the heads' attention weights of a position.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum HeadCombine {
+    /// The sum over heads (the attention mass the position carries).
+    #[default]
+    Sum,
+    /// The largest weight any head gives it.
+    Max,
+}
+
+impl HeadCombine {
+    /// The name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Sum => "sum",
+            Self::Max => "max",
+        }
+    }
 }
 
 /// Sparse MLA decode attention of one query token per request over a list of KV rows.

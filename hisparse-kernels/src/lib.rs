@@ -46,7 +46,9 @@ pub mod swap_in;
 pub mod unit_stream;
 
 pub use backend::{Backend, Buf, Kernels, ModelKernels, StepControl};
-pub use batch::{AttentionBatch, IndexerBatch, IndexerRequest, KernelStage, Span, StageSeconds};
+pub use batch::{
+    AttentionBatch, HeadCombine, IndexScore, IndexerBatch, IndexerRequest, KernelStage, OracleScore, Span, StageSeconds,
+};
 pub use collectives::{Collectives, CpuRank, RankMember};
 pub use cpu::{CpuBackend, CpuRowBackup};
 

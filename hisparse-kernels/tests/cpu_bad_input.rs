@@ -128,6 +128,7 @@ fn indexer_rejects_bad_arguments_by_name() {
             requests,
             pin_newest: false,
             queries_as: hisparse_kernels::IndexerQueries::Exact,
+            score: hisparse_kernels::IndexScore::Lightning,
         };
         let mut s = vec![-3f32; n_scores];
         let r = cpu.indexer_scores(&batch, &mut s);

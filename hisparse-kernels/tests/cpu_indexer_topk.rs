@@ -43,6 +43,7 @@ fn indexer_matches_the_f64_oracle_for_requests_of_different_lengths() {
         requests: &requests,
         pin_newest: false,
         queries_as: hisparse_kernels::IndexerQueries::Exact,
+        score: hisparse_kernels::IndexScore::Lightning,
     };
     CpuBackend::new().indexer_scores(&batch, &mut scores).unwrap();
     let mut decoded = vec![0f32; dim];
@@ -153,6 +154,7 @@ fn fp8_queries_score_their_quantised_values() {
             requests: &requests,
             pin_newest: false,
             queries_as,
+            score: hisparse_kernels::IndexScore::Lightning,
         };
         let mut s = vec![f32::NAN; 1255];
         CpuBackend::new().indexer_scores(&batch, &mut s).unwrap();

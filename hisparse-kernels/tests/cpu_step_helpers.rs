@@ -104,6 +104,7 @@ fn the_indexer_pins_each_requests_newest_position_when_asked() {
             requests: &requests,
             pin_newest: pin,
             queries_as: hisparse_kernels::IndexerQueries::Exact,
+            score: hisparse_kernels::IndexScore::Lightning,
         };
         CpuBackend::new().indexer_scores(&batch, &mut scores).unwrap();
         scores

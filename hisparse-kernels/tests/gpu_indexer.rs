@@ -180,6 +180,7 @@ impl IndexerCase {
             requests: &self.requests,
             pin_newest: self.heads == 32,
             queries_as: self.queries_as,
+            score: hisparse_kernels::IndexScore::Lightning,
         }
     }
 

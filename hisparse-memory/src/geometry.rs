@@ -1,18 +1,21 @@
 //! `KvGeometry`: the shape of one model's sparse-attention KV (layers, heads, dims, top-k, row
 //! format, which layers run the indexer), with the named presets `deepseek-v3.2`, `glm-5.1`,
-//! `glm-5.2` and `cpu-small`.
+//! `glm-5.2`, `cpu-small` (MLA) and `smollm2-135m` (grouped-query attention).
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::{MemoryError, Result};
-use crate::row::{IndexKeyLayout, KvRowFormat, KvRowLayout};
+use crate::row::{IndexKeyLayout, KvRowFormat, KvRowLayout, RowHeads};
 
-/// The shape of a sparse-attention (DSA) model's KV cache, as one GPU sees it with data-parallel
+/// The shape of a sparse-attention model's KV cache, as one GPU sees it with data-parallel
 /// attention (all query heads of the model on every GPU).
 ///
 /// MLA decode runs in MQA form: one KV row per token per layer holds `d_latent` latent values
 /// (which are also the values) and `d_rope` rotary values, so `d_qk = d_latent + d_rope` and
-/// `d_v = d_latent`.
+/// `d_v = d_latent`. A grouped-query model (`row_heads: gqa`) stores per token and layer the keys
+/// and values of its KV heads (`d_latent = 2 * kv_heads * head_dim`, `d_rope = 0`), and
+/// `d_qk = d_v = head_dim`; its "indexer" is then the oracle over its own keys (index keys are a
+/// token's keys, `index_dim = kv_heads * head_dim`, one index head per query head).
 ///
 /// ```
 /// use hisparse_memory::KvGeometry;
@@ -47,6 +50,9 @@ pub struct KvGeometry {
     /// selection and store no index keys).
     #[serde(default)]
     pub indexers: IndexerLayout,
+    /// How attention reads a row: MLA (the default) or grouped-query heads.
+    #[serde(default)]
+    pub row_heads: RowHeads,
 }
 
 /// Which layers run the lightning indexer (`full`) and which (`shared`) attend over the
@@ -88,7 +94,7 @@ impl IndexerLayout {
 
 impl KvGeometry {
     /// Names accepted by [`KvGeometry::preset`].
-    pub const PRESETS: [&'static str; 4] = ["deepseek-v3.2", "glm-5.1", "glm-5.2", "cpu-small"];
+    pub const PRESETS: [&'static str; 5] = ["deepseek-v3.2", "glm-5.1", "glm-5.2", "cpu-small", "smollm2-135m"];
 
     /// A named preset:
     ///
@@ -98,12 +104,16 @@ impl KvGeometry {
     /// | `glm-5.1` | 78 | 64 | 32 x 128 | 2048 | fp8 (656 B) |
     /// | `glm-5.2` | 78 | 64 | 32 x 128 on 21 layers | 2048 | fp8 (656 B) |
     /// | `cpu-small` | 4 | 16 | 8 x 128 | 256 | fp8 (656 B) |
+    /// | `smollm2-135m` | 30 | 9 (3 KV heads of 64) | oracle, 9 x 192 | 256 | bf16 GQA (768 B) |
     ///
     /// Every layer runs its indexer except in `glm-5.2` (IndexShare: layers 0, 1, 2 and then
     /// every fourth, i.e. 6, 10, ..., 74, are full; the other 57 reuse the nearest preceding full
     /// layer's selection). `cpu-small` keeps the real row formats and dims but few layers, heads
     /// and a small top-k, so that the whole engine runs in seconds on a laptop.
     pub fn preset(name: &str) -> Result<Self> {
+        if name == "smollm2-135m" {
+            return Self::gqa(name, 30, 9, 3, 64, 256, KvRowFormat::Bf16);
+        }
         let (layers, q_heads, index_heads, top_k) = match name {
             "deepseek-v3.2" => (61, 128, 64, 2048),
             "glm-5.1" | "glm-5.2" => (78, 64, 32, 2048),
@@ -127,7 +137,45 @@ impl KvGeometry {
             } else {
                 IndexerLayout::AllFull
             },
+            row_heads: RowHeads::Mla,
         })
+    }
+
+    /// A grouped-query geometry: `q_heads` query heads over `kv_heads` KV heads of `head_dim`,
+    /// every layer selecting on its own with the oracle (index keys: the token's keys).
+    pub fn gqa(
+        name: &str,
+        layers: usize,
+        q_heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        top_k: usize,
+        kv_format: KvRowFormat,
+    ) -> Result<Self> {
+        let row = KvRowLayout::gqa(kv_format, kv_heads, head_dim)?;
+        let g = Self {
+            name: name.to_owned(),
+            layers,
+            q_heads,
+            d_latent: row.d_latent(),
+            d_rope: 0,
+            index_heads: q_heads,
+            index_dim: row.d_latent() / 2,
+            top_k,
+            kv_format,
+            indexers: IndexerLayout::AllFull,
+            row_heads: row.heads(),
+        };
+        g.validate()?;
+        Ok(g)
+    }
+
+    /// The KV heads of a grouped-query geometry (`None` for MLA).
+    pub fn kv_heads(&self) -> Option<usize> {
+        match self.row_heads {
+            RowHeads::Mla => None,
+            RowHeads::Gqa { kv_heads, .. } => Some(kv_heads),
+        }
     }
 
     /// The same geometry with another indexer layout.
@@ -168,19 +216,30 @@ impl KvGeometry {
         self
     }
 
-    /// Query/key dims: `d_latent + d_rope` (576 for every preset).
+    /// Dims of one query head: `d_latent + d_rope` for MLA (576 for the MLA presets), the head
+    /// dim for GQA.
     pub fn d_qk(&self) -> usize {
-        self.d_latent + self.d_rope
+        match self.row_heads {
+            RowHeads::Mla => self.d_latent + self.d_rope,
+            RowHeads::Gqa { head_dim, .. } => head_dim,
+        }
     }
 
-    /// Value dims: `d_latent` (512 for every preset).
+    /// Dims of one head's output: `d_latent` for MLA (512 for the MLA presets), the head dim for
+    /// GQA.
     pub fn d_v(&self) -> usize {
-        self.d_latent
+        match self.row_heads {
+            RowHeads::Mla => self.d_latent,
+            RowHeads::Gqa { head_dim, .. } => head_dim,
+        }
     }
 
     /// The KV row layout of this geometry.
     pub fn kv_row(&self) -> Result<KvRowLayout> {
-        KvRowLayout::new(self.kv_format, self.d_latent, self.d_rope)
+        match self.row_heads {
+            RowHeads::Mla => KvRowLayout::new(self.kv_format, self.d_latent, self.d_rope),
+            RowHeads::Gqa { kv_heads, head_dim } => KvRowLayout::gqa(self.kv_format, kv_heads, head_dim),
+        }
     }
 
     /// The index-key layout of this geometry.
@@ -251,7 +310,24 @@ impl KvGeometry {
                 }
             }
         }
-        self.kv_row()?;
+        let row = self.kv_row()?;
+        row.check_query_heads(self.q_heads)?;
+        if let RowHeads::Gqa { kv_heads, head_dim } = self.row_heads {
+            if (self.d_latent, self.d_rope) != (row.d_latent(), 0) {
+                return Err(MemoryError::invalid(
+                    "d_latent",
+                    format!("{}+{}", self.d_latent, self.d_rope),
+                    format!("a GQA row of {kv_heads} KV heads of {head_dim} holds {}+0 values", row.d_latent()),
+                ));
+            }
+            if self.index_dim != kv_heads * head_dim {
+                return Err(MemoryError::invalid(
+                    "index_dim",
+                    self.index_dim,
+                    format!("GQA index keys are the token's {kv_heads} keys of {head_dim}"),
+                ));
+            }
+        }
         self.index_key()?;
         Ok(())
     }
@@ -277,7 +353,7 @@ mod tests {
         assert_eq!((v32.layers, v32.q_heads, v32.index_heads, v32.index_dim, v32.top_k), (61, 128, 64, 128, 2048));
         let glm = KvGeometry::preset("glm-5.1").unwrap();
         assert_eq!((glm.layers, glm.q_heads, glm.index_heads, glm.index_dim, glm.top_k), (78, 64, 32, 128, 2048));
-        for name in KvGeometry::PRESETS {
+        for name in KvGeometry::PRESETS.iter().filter(|n| !n.starts_with("smollm2")) {
             let g = KvGeometry::preset(name).unwrap();
             g.validate().unwrap();
             assert_eq!((g.d_qk(), g.d_v()), (576, 512));
@@ -316,6 +392,33 @@ mod tests {
         let json = serde_json::to_string(&g).unwrap();
         assert!(json.contains(r#""kind":"every""#), "{json}");
         assert_eq!(serde_json::from_str::<KvGeometry>(&json).unwrap(), g);
+    }
+
+    #[test]
+    fn smollm2_is_grouped_query_with_oracle_index_keys() {
+        let g = KvGeometry::preset("smollm2-135m").unwrap();
+        g.validate().unwrap();
+        assert_eq!((g.layers, g.q_heads, g.kv_heads(), g.d_qk(), g.d_v()), (30, 9, Some(3), 64, 64));
+        assert_eq!((g.kv_row().unwrap().row_bytes(), g.index_dim, g.index_heads), (768, 192, 9));
+        assert_eq!(g.default_softmax_scale(), 0.125);
+        // The 8-bit form: 384 values in three fp8 blocks of 128 with their scales.
+        let f8 = g.clone().with_kv_format(KvRowFormat::Fp8);
+        assert_eq!(f8.kv_row().unwrap().row_bytes(), 384 + 12);
+        // Query heads that do not share KV heads evenly, and rows that disagree, are named.
+        let mut bad = g.clone();
+        bad.q_heads = 8;
+        assert!(matches!(bad.validate(), Err(MemoryError::InvalidField { field: "q_heads", .. })));
+        let mut bad = g.clone();
+        bad.d_rope = 64;
+        assert!(matches!(bad.validate(), Err(MemoryError::InvalidField { field: "d_latent", .. })));
+        let json = serde_json::to_string(&g).unwrap();
+        assert!(json.contains(r#""kind":"gqa""#), "{json}");
+        assert_eq!(serde_json::from_str::<KvGeometry>(&json).unwrap(), g);
+        // MLA geometries written before the field existed still read.
+        let mla = serde_json::to_string(&KvGeometry::preset("glm-5.1").unwrap()).unwrap();
+        let old = mla.replace(r#","row_heads":{"kind":"mla"}"#, "");
+        assert_ne!(old, mla);
+        assert_eq!(serde_json::from_str::<KvGeometry>(&old).unwrap().row_heads, RowHeads::Mla);
     }
 
     #[test]

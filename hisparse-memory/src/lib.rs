@@ -42,7 +42,7 @@ pub use host_tier::{
 };
 pub use page_pool::PagePool;
 pub use request::{Mode, RequestId};
-pub use row::{IndexKeyLayout, KvRowFormat, KvRowLayout};
+pub use row::{IndexKeyLayout, KvRowFormat, KvRowLayout, RowHeads};
 pub use slot_table::SlotTable;
 
 /// The README's examples, compiled and run as doc-tests.

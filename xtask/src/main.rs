@@ -126,7 +126,8 @@ fn run_tests(title: &str, args: &[&str], env: &[(String, String)], totals: &mut 
 }
 
 /// The library crates, each built and tested on its own with default features.
-const LIBRARIES: [&str; 4] = ["hisparse-memory", "hisparse-policy", "hisparse-kernels", "hisparse-engine"];
+const LIBRARIES: [&str; 5] =
+    ["hisparse-memory", "hisparse-policy", "hisparse-kernels", "hisparse-engine", "hisparse-model"];
 
 /// Crates that must not pull `cudarc` with their default features.
 const CUDA_FREE: [&str; 2] = ["hisparse-memory", "hisparse-policy"];
@@ -141,6 +142,10 @@ fn each_crate(totals: &mut TestTotals) -> bool {
         let mut args = vec!["-p", c];
         if c == "hisparse-engine" {
             args.extend(["--", "--skip", "follow_the_published"]);
+        }
+        // The real model's tests ran in the workspace run already (minutes on two cores).
+        if c == "hisparse-model" {
+            args.extend(["--", "--skip", "candle_transformers", "--skip", "on_real_text"]);
         }
         ok &= run_tests(&format!("{c} tests on their own (default features)"), &args, &[], totals);
     }

@@ -225,6 +225,7 @@ fn indexer_and_top_k(
                         requests: &reqs,
                         pin_newest: false,
                         queries_as,
+                        score: hisparse_kernels::IndexScore::Lightning,
                     };
                     let ms = time_ms(s, a.reps, || gpu.indexer_scores(&batch, &mut scores).map_err(kerr));
                     gpu.set_indexer_fixed_heads(FixedHeadIndexer::Auto);
@@ -307,6 +308,7 @@ fn indexer_and_top_k(
             requests: &reqs,
             pin_newest: false,
             queries_as: IndexerQueries::Exact,
+            score: hisparse_kernels::IndexScore::Lightning,
         };
         let ms = time_ms(s, a.reps, || gpu.indexer_scores(&batch, &mut scores).map_err(kerr))?;
         let bw = (64 * ctx) as f64 * (132.0 + 4.0 + 4.0 / p as f64) / (ms * 1e-3);

@@ -81,6 +81,7 @@ pub fn measure(
                 requests: &reqs,
                 pin_newest: true,
                 queries_as: hisparse_kernels::IndexerQueries::Exact,
+                score: hisparse_kernels::IndexScore::Lightning,
             };
             gpu.indexer_scores(&ib, &mut scores).map_err(e)?;
             gpu.top_k(&scores, &spans, k, &mut top).map_err(e)?;

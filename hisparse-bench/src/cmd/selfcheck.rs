@@ -148,6 +148,7 @@ pub fn run(args: &SelfcheckArgs) -> Result<SelfcheckReport> {
         requests: &requests,
         pin_newest: false,
         queries_as: hisparse_kernels::IndexerQueries::Exact,
+        score: hisparse_kernels::IndexScore::Lightning,
     };
     let mut scores = vec![0f32; b * l];
     let t = median_secs(1, args.runs, || cpu.indexer_scores(&batch, &mut scores));

@@ -168,7 +168,15 @@ where
 
         // 2–3. Indexer and top-k on a full layer; a shared layer (IndexShare) keeps its full
         // layer's selection (the last one made: layers run in order).
-        if let (Some(slot), Some(q), Some(w)) = (full, inputs.index_queries, inputs.index_weights) {
+        // The oracle (a model without an indexer) is skipped where every request holds all its
+        // positions and nothing reads the scores: it could only select everything.
+        let c = &*self.cache;
+        let scores_unread = matches!(c.cfg.index_score, hisparse_kernels::IndexScore::Oracle(_))
+            && self.topk_spans.is_empty()
+            && !c.policy.needs_scores()
+            && !c.prefetcher.needs_near();
+        if let (Some(slot), Some(q), Some(w), false) = (full, inputs.index_queries, inputs.index_weights, scores_unread)
+        {
             self.stage(KernelStage::Indexer, |s| {
                 let c = &mut *s.cache;
                 let batch = IndexerBatch {
@@ -182,6 +190,7 @@ where
                     requests: &s.reqs,
                     pin_newest: true,
                     queries_as: c.cfg.index_queries,
+                    score: c.cfg.index_score,
                 };
                 Ok(c.backend.indexer_scores(&batch, &mut c.scratch.scores)?)
             })?;

@@ -60,6 +60,9 @@ pub struct CacheConfig {
     pub transfer_delay: Option<Duration>,
     /// The indexer's query precision (exact by default; `Fp8` is DeepSeek-V3.2's recipe).
     pub index_queries: hisparse_kernels::IndexerQueries,
+    /// How the indexer scores positions: the lightning indexer for MLA geometries, the oracle
+    /// (sum of the heads' attention weights, no always-kept positions) for GQA ones.
+    pub index_score: hisparse_kernels::IndexScore,
 }
 
 impl CacheConfig {
@@ -67,7 +70,12 @@ impl CacheConfig {
     /// cache; defaults elsewhere (buffer of twice top-k, host = 8 x device).
     pub fn new(geometry: KvGeometry, mode: Mode, device_kv_bytes: u64) -> Self {
         let hisparse = HiSparseConfig { device_kv_bytes, ..HiSparseConfig::for_geometry(&geometry) };
+        let index_score = match geometry.kv_heads() {
+            None => hisparse_kernels::IndexScore::Lightning,
+            Some(_) => hisparse_kernels::IndexScore::Oracle(hisparse_kernels::OracleScore::default()),
+        };
         Self {
+            index_score,
             geometry,
             mode,
             hisparse,
@@ -150,6 +158,15 @@ where
                 field: "device_kv_bytes",
                 value: "0".into(),
                 reason: "the cache needs a device budget for the KV rows and index keys".into(),
+            });
+        }
+        if let hisparse_kernels::IndexScore::Oracle(o) = cfg.index_score
+            && o.sink.saturating_add(o.window).saturating_add(1) > g.top_k
+        {
+            return Err(EngineError::Config {
+                field: "index_score",
+                value: format!("sink {} + window {}", o.sink, o.window),
+                reason: format!("always-kept positions and the newest token must fit in top_k {}", g.top_k),
             });
         }
         let (kv_row, key) = (g.kv_row()?, g.index_key()?);

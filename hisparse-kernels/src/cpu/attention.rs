@@ -1,7 +1,9 @@
-//! CPU sparse MLA decode attention: for each request and head, a softmax over `scale * q . k_i` of
-//! the selected rows, then the weighted sum of their first `d_v` values. Rows are decoded to f32
-//! once per request; every sum runs in selection order, so the result depends only on the
-//! selected rows' bytes and their order — not on where the rows live.
+//! CPU sparse decode attention: for each request and head, a softmax over `scale * q . k_i` of
+//! the selected rows, then the weighted sum of their values — for MLA rows the key is the whole
+//! row and the value its first `d_v` values; for GQA rows each query head reads its group's key
+//! and value ([`KvRowLayout::head_offsets`](hisparse_memory::KvRowLayout::head_offsets)). Rows are
+//! decoded to f32 once per request; every sum runs in selection order, so the result depends only
+//! on the selected rows' bytes and their order — not on where the rows live.
 
 use half::bf16;
 use hisparse_memory::{EmulatedDevice, MemoryError};
@@ -18,15 +20,17 @@ pub(super) fn sparse_attention(
 ) -> Result<()> {
     let heads = batch.heads;
     let layout = batch.layout;
-    let (d_qk, d_v, row_bytes) = (layout.d_qk(), layout.d_latent(), layout.row_bytes());
+    // A decoded row holds `row_dims` values; a query head `d_q`, an output head `d_v`.
+    let (row_dims, d_q, d_v, row_bytes) = (layout.d_qk(), layout.query_dim(), layout.value_dim(), layout.row_bytes());
     let n = batch.selections.len();
     if heads == 0 {
         return Err(KernelError::invalid("heads", heads, "must be at least 1"));
     }
+    layout.check_query_heads(heads)?;
     if !batch.softmax_scale.is_finite() {
         return Err(KernelError::invalid("softmax_scale", batch.softmax_scale, "must be finite"));
     }
-    check_len("queries", n * heads * d_qk, batch.queries.len())?;
+    check_len("queries", n * heads * d_q, batch.queries.len())?;
     check_len("out", n * heads * d_v, out.len())?;
     check_len("lse", n * heads, lse.len())?;
     if !batch.rows.len().is_multiple_of(row_bytes) {
@@ -80,34 +84,48 @@ pub(super) fn sparse_attention(
         .enumerate()
         .try_for_each(|(i, ((out, lse), sel))| {
             let locs = &batch.locations[sel.offset..sel.end()];
-            let mut kv = vec![0f32; locs.len() * d_qk];
-            for (dst, &loc) in kv.chunks_mut(d_qk).zip(locs) {
+            let mut kv = vec![0f32; locs.len() * row_dims];
+            for (dst, &loc) in kv.chunks_mut(row_dims).zip(locs) {
                 // Locations were checked to be rows of the pool above.
                 let at = loc as usize * row_bytes;
                 layout.decode(&batch.rows[at..at + row_bytes], dst)?;
             }
-            let q = &queries[i * heads * d_qk..(i + 1) * heads * d_qk];
+            let q = &queries[i * heads * d_q..(i + 1) * heads * d_q];
             out.par_chunks_mut(d_v).zip(lse.par_iter_mut()).enumerate().for_each(|(h, (o, l))| {
-                *l = attend_one_head(&q[h * d_qk..(h + 1) * d_qk], &kv, d_qk, d_v, batch.softmax_scale, o);
+                let (k_at, v_at) = layout.head_offsets(heads, h);
+                let rows = RowView { kv: &kv, stride: row_dims, k_at, v_at };
+                *l = attend_one_head(&q[h * d_q..(h + 1) * d_q], rows, batch.softmax_scale, o);
             });
             Ok::<(), KernelError>(())
         })
 }
 
-/// One head over decoded rows `kv` (`[n, d_qk]`): writes the output to `o` (`d_v`) and returns the
-/// log-sum-exp (`-inf` and a zero output for no rows).
-pub(crate) fn attend_one_head(q: &[f32], kv: &[f32], d_qk: usize, d_v: usize, scale: f32, o: &mut [f32]) -> f32 {
+/// Decoded rows (`[n, stride]`) as one head reads them: its key from value `k_at` (as long as the
+/// query), its value from `v_at` (as long as the output).
+#[derive(Clone, Copy)]
+pub(crate) struct RowView<'a> {
+    pub kv: &'a [f32],
+    pub stride: usize,
+    pub k_at: usize,
+    pub v_at: usize,
+}
+
+/// One head over decoded rows: writes the output to `o` (`d_v`) and returns the log-sum-exp
+/// (`-inf` and a zero output for no rows).
+pub(crate) fn attend_one_head(q: &[f32], rows: RowView<'_>, scale: f32, o: &mut [f32]) -> f32 {
     o.fill(0.0);
-    if kv.is_empty() {
+    if rows.kv.is_empty() {
         return f32::NEG_INFINITY;
     }
-    let logits: Vec<f32> = kv.chunks(d_qk).map(|k| scale * dot(q, k)).collect();
+    let (d_q, d_v) = (q.len(), o.len());
+    let logits: Vec<f32> =
+        rows.kv.chunks(rows.stride).map(|r| scale * dot(q, &r[rows.k_at..rows.k_at + d_q])).collect();
     let m = logits.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
     let mut sum = 0f32;
-    for (k, &l) in kv.chunks(d_qk).zip(&logits) {
+    for (r, &l) in rows.kv.chunks(rows.stride).zip(&logits) {
         let p = (l - m).exp();
         sum += p;
-        for (acc, v) in o.iter_mut().zip(&k[..d_v]) {
+        for (acc, v) in o.iter_mut().zip(&r[rows.v_at..rows.v_at + d_v]) {
             *acc += p * v;
         }
     }

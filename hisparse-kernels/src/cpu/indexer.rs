@@ -10,7 +10,7 @@ use hisparse_memory::{EmulatedDevice, MemoryError};
 use rayon::prelude::*;
 
 use super::{disjoint_spans_mut, dot};
-use crate::batch::{IndexerBatch, IndexerRequest, Span};
+use crate::batch::{IndexScore, IndexerBatch, IndexerRequest, Span};
 use crate::error::{KernelError, Result, check_len};
 use crate::index_queries::{IndexerQueries, pow2, quantize_head};
 
@@ -100,11 +100,27 @@ fn queries_and_weights(batch: &IndexerBatch<'_, EmulatedDevice>) -> (Vec<f32>, V
     }
 }
 
+/// The key of position `t` of request `r` as f32 (its e4m3 values times its scale).
+pub(super) fn key_values(batch: &IndexerBatch<'_, EmulatedDevice>, r: &IndexerRequest, t: usize, key: &mut [f32]) {
+    let (dim, key_bytes) = (batch.key_layout.dim(), batch.key_layout.row_bytes());
+    let row = key_row(batch, r, t) * key_bytes;
+    let bytes = &batch.keys[row..row + key_bytes];
+    let scale = f32::from_le_bytes([bytes[dim], bytes[dim + 1], bytes[dim + 2], bytes[dim + 3]]);
+    for (k, &c) in key.iter_mut().zip(&bytes[..dim]) {
+        *k = E4M3_TABLE[usize::from(c)] * scale;
+    }
+}
+
 pub(super) fn indexer_scores(batch: &IndexerBatch<'_, EmulatedDevice>, scores: &mut [f32]) -> Result<()> {
     validate(batch)?;
     let (heads, dim, key_bytes) = (batch.heads, batch.key_layout.dim(), batch.key_layout.row_bytes());
     let spans: Vec<Span> = batch.requests.iter().map(|r| Span::new(r.score_offset, r.seq_len)).collect();
     let outs = disjoint_spans_mut("scores", scores, &spans)?;
+    if let IndexScore::Oracle(oracle) = batch.score {
+        let (queries, weights) = queries_and_weights(batch);
+        super::oracle_index::oracle_scores(batch, oracle, &queries, &weights, outs);
+        return Ok(());
+    }
 
     // Split every request's output into blocks of positions; score the blocks in parallel.
     let mut tasks = Vec::new();

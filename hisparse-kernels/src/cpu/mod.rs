@@ -5,6 +5,7 @@
 mod attention;
 mod backup;
 mod indexer;
+mod oracle_index;
 mod topk;
 
 pub use backup::CpuRowBackup;

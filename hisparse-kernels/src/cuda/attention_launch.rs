@@ -287,6 +287,13 @@ pub(crate) fn check_query(
     if heads == 0 {
         return Err(KernelError::invalid("heads", heads, "must be at least 1"));
     }
+    if let hisparse_memory::RowHeads::Gqa { kv_heads, head_dim } = layout.heads() {
+        return Err(KernelError::invalid(
+            "layout",
+            format!("gqa ({kv_heads} KV heads of {head_dim})"),
+            "the CUDA backend has no attention kernels for grouped-query rows; use the CPU backend",
+        ));
+    }
     if layout.d_latent() != 512 || layout.d_rope() != 64 {
         return Err(KernelError::invalid(
             "layout",

@@ -188,6 +188,13 @@ impl DecodeLaunch<'_> {
     ) -> Result<()> {
         let (heads, dim, kb, p) =
             (batch.heads, batch.key_layout.dim(), batch.key_layout.row_bytes(), batch.page_tokens);
+        if batch.score != crate::IndexScore::Lightning {
+            return Err(KernelError::invalid(
+                "score",
+                format!("{:?}", batch.score),
+                "the CUDA indexer computes the lightning score only; the oracle runs on the CPU backend",
+            ));
+        }
         if heads == 0 || !heads.is_multiple_of(8) {
             return Err(KernelError::invalid("heads", heads, "the CUDA indexer needs a multiple of 8"));
         }

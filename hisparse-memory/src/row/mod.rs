@@ -8,6 +8,12 @@
 //! | bf16 KV row (576 dims) | 1152 | `[0, 2*d_qk)`: `d_latent` latent then `d_rope` rope values, bf16 |
 //! | fp8 KV row (FlashMLA) | 656 | `[0, 512)`: latent e4m3; `[512, 528)`: 4 fp32 scales, one per 128 latent values; `[528, 656)`: 64 rope values, bf16 |
 //! | index key (dim 128) | 132 | `[0, 128)`: e4m3; `[128, 132)`: one fp32 scale |
+//! | GQA row (`h` KV heads of dim `d`), bf16 | `4hd` | the `2hd` values `K_0 .. K_{h-1}, V_0 .. V_{h-1}`, bf16 |
+//! | GQA row, fp8 | `2hd + 4 * 2hd / 128` | the same values as fp8 latent blocks of 128 with their scales, no rope |
+//!
+//! A GQA row is stored as a latent-only row of `2hd` values (`d_latent = 2hd`, `d_rope = 0`); its
+//! [`RowHeads`] say how attention reads it: query head `q` of `H` reads the key `K_g` and the
+//! value `V_g` of its group `g = q / (H / h)`.
 //!
 //! Our encoders write power-of-two scales (UE8M0-style, as FlashMLA does): the smallest power of
 //! two `s` with `amax / s <= 448`, so that decoding (`e4m3 * s`) is exact in f32. Decoders accept any
@@ -82,6 +88,25 @@ pub struct KvRowLayout {
     format: KvRowFormat,
     d_latent: usize,
     d_rope: usize,
+    heads: RowHeads,
+}
+
+/// How attention reads a KV row: one MLA row shared by every query head (keys are the whole row,
+/// values its latent part), or the keys and values of every KV head of a grouped-query model.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", tag = "kind", deny_unknown_fields)]
+pub enum RowHeads {
+    /// Multi-head latent attention in MQA form (DeepSeek, GLM).
+    #[default]
+    Mla,
+    /// Grouped-query (or multi-head, when `kv_heads` equals the query heads) attention: the row
+    /// holds `K_0 .. K_{kv_heads-1}` then `V_0 .. V_{kv_heads-1}`, each `head_dim` values.
+    Gqa {
+        /// KV heads.
+        kv_heads: usize,
+        /// Dims of one head's key (and value).
+        head_dim: usize,
+    },
 }
 
 impl KvRowLayout {
@@ -98,7 +123,84 @@ impl KvRowLayout {
                 format!("fp8 rows hold the latent in blocks of {FP8_BLOCK} values"),
             ));
         }
-        Ok(Self { format, d_latent, d_rope })
+        Ok(Self { format, d_latent, d_rope, heads: RowHeads::Mla })
+    }
+
+    /// A grouped-query row: the keys and values of `kv_heads` heads of `head_dim` values, as a
+    /// latent-only row of `2 * kv_heads * head_dim` values (fp8 needs that to be a multiple of 128).
+    ///
+    /// ```
+    /// use hisparse_memory::{KvRowFormat, KvRowLayout};
+    /// let gqa = KvRowLayout::gqa(KvRowFormat::Bf16, 3, 64)?; // SmolLM2: 3 KV heads of 64 dims
+    /// assert_eq!((gqa.row_bytes(), gqa.query_dim(), gqa.value_dim()), (768, 64, 64));
+    /// assert_eq!(gqa.head_offsets(9, 4), (64, 3 * 64 + 64)); // query head 4 reads group 1
+    /// # Ok::<(), hisparse_memory::MemoryError>(())
+    /// ```
+    pub fn gqa(format: KvRowFormat, kv_heads: usize, head_dim: usize) -> Result<Self> {
+        if kv_heads == 0 {
+            return Err(MemoryError::invalid("kv_heads", kv_heads, "must be at least 1"));
+        }
+        if head_dim == 0 {
+            return Err(MemoryError::invalid("head_dim", head_dim, "must be at least 1"));
+        }
+        let d = kv_heads
+            .checked_mul(head_dim)
+            .and_then(|x| x.checked_mul(2))
+            .ok_or_else(|| MemoryError::invalid("head_dim", head_dim, format!("{kv_heads} KV heads overflow")))?;
+        let mla = Self::new(format, d, 0)?;
+        Ok(Self { heads: RowHeads::Gqa { kv_heads, head_dim }, ..mla })
+    }
+
+    /// How attention reads the row.
+    pub fn heads(&self) -> RowHeads {
+        self.heads
+    }
+
+    /// Dims of one query head (and of one key): `d_qk` for MLA, `head_dim` for GQA.
+    pub fn query_dim(&self) -> usize {
+        match self.heads {
+            RowHeads::Mla => self.d_qk(),
+            RowHeads::Gqa { head_dim, .. } => head_dim,
+        }
+    }
+
+    /// Dims of one head's output (and of one value): `d_latent` for MLA, `head_dim` for GQA.
+    pub fn value_dim(&self) -> usize {
+        match self.heads {
+            RowHeads::Mla => self.d_latent,
+            RowHeads::Gqa { head_dim, .. } => head_dim,
+        }
+    }
+
+    /// Where query head `head` of `q_heads` finds its key and its value in a decoded row (value
+    /// offsets): `(0, 0)` for MLA; its group's `K_g` and `V_g` for GQA. `q_heads` must be a
+    /// multiple of the KV heads (see [`KvRowLayout::check_query_heads`]).
+    pub fn head_offsets(&self, q_heads: usize, head: usize) -> (usize, usize) {
+        match self.heads {
+            RowHeads::Mla => (0, 0),
+            RowHeads::Gqa { kv_heads, head_dim } => {
+                let g = head / (q_heads / kv_heads).max(1);
+                (g * head_dim, (kv_heads + g) * head_dim)
+            }
+        }
+    }
+
+    /// Checks that `q_heads` query heads can read this row: any number for MLA, a non-zero
+    /// multiple of the KV heads for GQA.
+    pub fn check_query_heads(&self, q_heads: usize) -> Result<()> {
+        if q_heads == 0 {
+            return Err(MemoryError::invalid("q_heads", q_heads, "must be at least 1"));
+        }
+        if let RowHeads::Gqa { kv_heads, .. } = self.heads
+            && !q_heads.is_multiple_of(kv_heads)
+        {
+            return Err(MemoryError::invalid(
+                "q_heads",
+                q_heads,
+                format!("must be a multiple of the {kv_heads} KV heads"),
+            ));
+        }
+        Ok(())
     }
 
     /// The row format.

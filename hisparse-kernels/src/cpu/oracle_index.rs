@@ -1,0 +1,69 @@
+//! The oracle selection of a model without an indexer ([`IndexScore::Oracle`](crate::IndexScore)):
+//! per head the softmax over a request's positions of `w_h * q_h . k_t` (the model's own
+//! attention weights, its keys stored as index keys), combined over heads by sum or max; the
+//! first `sink` and last `window` positions scored `+inf`. Every sum runs in a fixed order, so
+//! the scores are the same bits on every run.
+
+use rayon::prelude::*;
+
+use super::dot;
+use super::indexer::key_values;
+use crate::batch::{HeadCombine, IndexerBatch, OracleScore};
+use hisparse_memory::EmulatedDevice;
+
+/// Positions whose logits one rayon task computes.
+const BLOCK: usize = 256;
+
+/// Scores every request of a validated batch into its own output slice.
+pub(super) fn oracle_scores(
+    batch: &IndexerBatch<'_, EmulatedDevice>,
+    oracle: OracleScore,
+    queries: &[f32],
+    weights: &[f32],
+    outs: Vec<&mut [f32]>,
+) {
+    let (heads, dim) = (batch.heads, batch.key_layout.dim());
+    outs.into_par_iter().enumerate().for_each(|(i, out)| {
+        let r = &batch.requests[i];
+        let q = &queries[i * heads * dim..(i + 1) * heads * dim];
+        let w = &weights[i * heads..(i + 1) * heads];
+        let n = r.seq_len;
+        // logits[t * heads + h] = w_h * q_h . k_t, in blocks of positions.
+        let mut logits = vec![0f32; n * heads];
+        logits.par_chunks_mut(BLOCK * heads).enumerate().for_each(|(b, chunk)| {
+            let mut key = vec![0f32; dim];
+            for (j, lt) in chunk.chunks_mut(heads).enumerate() {
+                key_values(batch, r, b * BLOCK + j, &mut key);
+                for (h, l) in lt.iter_mut().enumerate() {
+                    *l = w[h] * dot(&q[h * dim..(h + 1) * dim], &key);
+                }
+            }
+        });
+        // Per head: the largest logit, then the sum of exponentials, in position order.
+        let mut max = vec![f32::NEG_INFINITY; heads];
+        for lt in logits.chunks(heads) {
+            for (m, &l) in max.iter_mut().zip(lt) {
+                *m = m.max(l);
+            }
+        }
+        let mut sum = vec![0f32; heads];
+        for lt in logits.chunks(heads) {
+            for ((s, &l), &m) in sum.iter_mut().zip(lt).zip(&max) {
+                *s += (l - m).exp();
+            }
+        }
+        let inv: Vec<f32> = sum.iter().map(|s| 1.0 / s).collect();
+        out.par_iter_mut().zip(logits.par_chunks(heads)).enumerate().for_each(|(t, (o, lt))| {
+            let kept = t < oracle.sink || t + oracle.window >= n || (batch.pin_newest && t + 1 == n);
+            *o = if kept {
+                f32::INFINITY
+            } else {
+                let p = lt.iter().zip(&max).zip(&inv).map(|((&l, &m), &iv)| (l - m).exp() * iv);
+                match oracle.combine {
+                    HeadCombine::Sum => p.sum(),
+                    HeadCombine::Max => p.fold(0f32, f32::max),
+                }
+            };
+        });
+    });
+}

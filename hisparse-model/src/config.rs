@@ -1,0 +1,123 @@
+//! `LlamaConfig`: a llama-architecture model's shape, read from a GGUF file's metadata and
+//! checked before any tensor is read; the cache geometry it needs.
+
+use candle_core::quantized::gguf_file::{Content, Value};
+use hisparse_engine::{KvGeometry, KvRowFormat};
+
+use crate::error::{ModelError, Result};
+
+/// The shape of a llama-architecture model (SmolLM2, Llama 2/3, Mistral without sliding window).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LlamaConfig {
+    /// The `general.name` (or `llama`).
+    pub name: String,
+    /// Transformer blocks.
+    pub layers: usize,
+    /// Hidden size.
+    pub hidden: usize,
+    /// Query heads.
+    pub heads: usize,
+    /// KV heads (grouped-query attention when fewer than `heads`).
+    pub kv_heads: usize,
+    /// Dims per head (`hidden / heads`).
+    pub head_dim: usize,
+    /// Hidden size of the gated MLP.
+    pub ffn: usize,
+    /// RoPE base.
+    pub rope_base: f32,
+    /// RMSNorm epsilon.
+    pub rms_eps: f32,
+    /// Vocabulary size.
+    pub vocab: usize,
+    /// Positions the model was trained for.
+    pub context: usize,
+}
+
+/// Upper bounds on what a GGUF file may declare, so that no size from a file overflows or
+/// asks for absurd memory before the tensors are checked against the file itself.
+const MAX_DIM: usize = 1 << 16;
+const MAX_LAYERS: usize = 1024;
+const MAX_VOCAB: usize = 1 << 21;
+const MAX_CONTEXT: usize = 1 << 22;
+
+fn get<'a>(c: &'a Content, key: &str) -> Result<&'a Value> {
+    c.metadata.get(key).ok_or_else(|| ModelError::invalid(key, "missing", "a llama GGUF file holds it"))
+}
+
+fn usize_of(c: &Content, key: &str, max: usize) -> Result<usize> {
+    let v = get(c, key)?;
+    let n = v.to_u64().or_else(|_| v.to_u32().map(u64::from))?;
+    match usize::try_from(n) {
+        Ok(n) if (1..=max).contains(&n) => Ok(n),
+        _ => Err(ModelError::invalid(key, n, format!("must be between 1 and {max}"))),
+    }
+}
+
+impl LlamaConfig {
+    /// Reads and checks the metadata of a GGUF file of architecture `llama`.
+    pub fn from_gguf(c: &Content) -> Result<Self> {
+        let arch = get(c, "general.architecture")?.to_string()?.clone();
+        if arch != "llama" {
+            return Err(ModelError::invalid(
+                "general.architecture",
+                arch,
+                "only llama-architecture models are supported",
+            ));
+        }
+        let name = c.metadata.get("general.name").and_then(|v| v.to_string().ok()).cloned().unwrap_or(arch);
+        let layers = usize_of(c, "llama.block_count", MAX_LAYERS)?;
+        let hidden = usize_of(c, "llama.embedding_length", MAX_DIM)?;
+        let heads = usize_of(c, "llama.attention.head_count", MAX_DIM)?;
+        let kv_heads = usize_of(c, "llama.attention.head_count_kv", MAX_DIM)?;
+        let ffn = usize_of(c, "llama.feed_forward_length", 4 * MAX_DIM)?;
+        let context = usize_of(c, "llama.context_length", MAX_CONTEXT)?;
+        let rope_base = c.metadata.get("llama.rope.freq_base").map(|v| v.to_f32()).transpose()?.unwrap_or(10_000.0);
+        let rms_eps = get(c, "llama.attention.layer_norm_rms_epsilon")?.to_f32()?;
+        let vocab = match c.metadata.get("llama.vocab_size") {
+            Some(_) => usize_of(c, "llama.vocab_size", MAX_VOCAB)?,
+            None => get(c, "tokenizer.ggml.tokens")?.to_vec()?.len(),
+        };
+        if !hidden.is_multiple_of(heads) {
+            return Err(ModelError::invalid(
+                "llama.attention.head_count",
+                heads,
+                format!("must divide hidden {hidden}"),
+            ));
+        }
+        if !heads.is_multiple_of(kv_heads) {
+            return Err(ModelError::invalid(
+                "llama.attention.head_count_kv",
+                kv_heads,
+                format!("must divide {heads} heads"),
+            ));
+        }
+        let head_dim = hidden / heads;
+        if !head_dim.is_multiple_of(2) {
+            return Err(ModelError::invalid("llama.embedding_length", hidden, "heads need an even dim for RoPE"));
+        }
+        if let Some(v) = c.metadata.get("llama.rope.dimension_count") {
+            let d = v.to_u32()?;
+            if usize::try_from(d).ok() != Some(head_dim) {
+                return Err(ModelError::invalid(
+                    "llama.rope.dimension_count",
+                    d,
+                    format!("partial RoPE is not supported (head dim {head_dim})"),
+                ));
+            }
+        }
+        for (key, x) in [("llama.rope.freq_base", rope_base), ("llama.attention.layer_norm_rms_epsilon", rms_eps)] {
+            if !(x.is_finite() && x > 0.0) {
+                return Err(ModelError::invalid(key, x, "must be finite and positive"));
+            }
+        }
+        Ok(Self { name, layers, hidden, heads, kv_heads, head_dim, ffn, rope_base, rms_eps, vocab, context })
+    }
+
+    /// The cache geometry of this model: its GQA rows in `kv_format`, `top_k` selected per layer
+    /// by the oracle.
+    pub fn geometry(&self, top_k: usize, kv_format: KvRowFormat) -> Result<KvGeometry> {
+        let name = if self.name.to_lowercase().contains("smollm2") { "smollm2-135m" } else { "llama-gguf" };
+        KvGeometry::gqa(name, self.layers, self.heads, self.kv_heads, self.head_dim, top_k, kv_format)
+            .map_err(|e| ModelError::Engine(e.into()))
+    }
+}

@@ -1,0 +1,151 @@
+//! The loader, tokenizer and decode paths on a tiny GGUF file the test writes itself (random
+//! weights, a byte-level vocabulary with three merges): the tokenizer's merges and round trip,
+//! prefill against decode, hisparse against sparse resident bit for bit for every online policy
+//! with buffers that miss and evict, top-k at least the context against dense, and bad input.
+#![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
+
+use std::path::PathBuf;
+
+use hisparse_engine::{BuiltinPolicy, CpuBackend, KvCache, KvRowFormat, PolicyChoice, PolicyConfig, RequestId};
+use hisparse_model::tiny::write_tiny_gguf;
+use hisparse_model::{AttentionKind, Llama, ModelError, StepToken, cache_config};
+
+fn tiny(tag: &str, seed: u64) -> (PathBuf, Llama) {
+    let dir = std::env::temp_dir().join(format!("hisparse-tiny-{}-{tag}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("tiny.gguf");
+    write_tiny_gguf(&path, seed).unwrap();
+    let m = Llama::load(&path).unwrap();
+    (dir, m)
+}
+
+/// Tokens of a repeating text longer than every buffer below.
+fn text_tokens(m: &Llama, n: usize) -> Vec<u32> {
+    let text = "the theory of the thing: 1234 then the other 56 thoughts; ".repeat(n / 20 + 1);
+    let ids = m.tokenizer.encode(&text).unwrap();
+    assert!(ids.len() >= n, "{}", ids.len());
+    ids[..n].to_vec()
+}
+
+fn cache(m: &Llama, kind: AttentionKind, top_k: usize, buffer: usize, policy: BuiltinPolicy) -> KvCache<CpuBackend> {
+    let mut cfg = cache_config(m.config(), kind, top_k, buffer, 400, KvRowFormat::Bf16, 16 << 20).unwrap();
+    cfg.hisparse.eviction_policy = PolicyChoice::from(policy);
+    KvCache::with_named_policies(CpuBackend::new(), cfg).unwrap()
+}
+
+#[test]
+fn the_tokenizer_merges_splits_digits_and_round_trips() {
+    let (dir, m) = tiny("tok", 1);
+    let t = &m.tokenizer;
+    let text = "the theory 123 <|im_start|>x\n";
+    let ids = t.encode(text).unwrap();
+    assert_eq!(t.decode(&ids).unwrap(), text);
+    // " the" is one token (the merges Ġ t, h e, Ġt he); "the" at the start is two (t, he).
+    let the = t.encode(" the").unwrap();
+    assert_eq!(the.len(), 1, "{the:?}");
+    assert_eq!(t.encode("the").unwrap().len(), 2);
+    // Digits one by one; a control token is one id.
+    assert_eq!(t.encode("123").unwrap().len(), 3);
+    assert_eq!(t.encode("<|im_start|>").unwrap(), vec![1]);
+    assert!(ids.contains(&1) && ids.contains(&the[0]));
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn prefill_and_decode_agree() {
+    let (dir, m) = tiny("agree", 2);
+    let ids = text_tokens(&m, 60);
+    let mut c = cache(&m, AttentionKind::Dense, 0, 0, BuiltinPolicy::Lru);
+    let (kv, key) = c.layouts();
+    let whole = m.prefill(&ids, kv, key).unwrap();
+    let head = m.prefill(&ids[..59], kv, key).unwrap();
+    m.admit(&mut c, RequestId(0), &head, 64).unwrap();
+    let d = m.decode_step(&mut c, &[StepToken { id: RequestId(0), token: ids[59] }]).unwrap();
+    let scale = whole.logits.iter().fold(0f32, |a, b| a.max(b.abs()));
+    let worst = whole.logits.iter().zip(&d.logits).fold(0f32, |a, (x, y)| a.max((x - y).abs()));
+    // The decode step reads bf16 queries; the prefill f32 ones.
+    assert!(worst <= 0.02 * scale, "worst {worst} of {scale}");
+    assert!(whole.logits.iter().zip(&d.logits).any(|(x, y)| x != y) || worst == 0.0);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn hisparse_equals_sparse_resident_for_every_online_policy() {
+    let (dir, m) = tiny("lossless", 3);
+    let ids = text_tokens(&m, 300);
+    let (prompt, next) = ids.split_at(120);
+    let probe = cache(&m, AttentionKind::SparseResident, 16, 24, BuiltinPolicy::Lru);
+    let (kv, key) = probe.layouts();
+    let prompts = [m.prefill(prompt, kv, key).unwrap(), m.prefill(&prompt[..100], kv, key).unwrap()];
+    let nexts: [&[u32]; 2] = [next, &ids[100..280]];
+    let mut resident = cache(&m, AttentionKind::SparseResident, 16, 24, BuiltinPolicy::Lru);
+    let want = m.teacher_forced(&mut resident, &prompts, &nexts, true, None).unwrap();
+    let mut checked = 0;
+    for policy in BuiltinPolicy::ALL {
+        if PolicyChoice::from(policy).make_online(&PolicyConfig::default()).is_err() {
+            continue; // belady needs the future
+        }
+        let mut hs = cache(&m, AttentionKind::HiSparse, 16, 24, policy);
+        let got = m.teacher_forced(&mut hs, &prompts, &nexts, true, None).unwrap();
+        assert!(got.logits == want.logits, "{policy:?}: logits differ from sparse resident");
+        assert!(got.counts.misses > 1000 && got.counts.hits > 1000, "{policy:?}: {:?}", got.counts);
+        hs.check().unwrap();
+        checked += 1;
+    }
+    assert!(checked >= 9, "{checked} policies");
+    // The check can fail: dense attention gives other logits.
+    let mut dense = cache(&m, AttentionKind::Dense, 0, 0, BuiltinPolicy::Lru);
+    let d = m.teacher_forced(&mut dense, &prompts, &nexts, true, None).unwrap();
+    assert!(d.logits != want.logits);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn top_k_covering_the_context_is_dense() {
+    let (dir, m) = tiny("dense", 4);
+    let ids = text_tokens(&m, 200);
+    let mut dense = cache(&m, AttentionKind::Dense, 0, 0, BuiltinPolicy::Lru);
+    let (kv, key) = dense.layouts();
+    let prompts = [m.prefill(&ids[..150], kv, key).unwrap()];
+    let next: [&[u32]; 1] = [&ids[150..]];
+    let d = m.teacher_forced(&mut dense, &prompts, &next, true, None).unwrap();
+    for kind in [AttentionKind::SparseResident, AttentionKind::HiSparse] {
+        let mut c = cache(&m, kind, 256, 300, BuiltinPolicy::Lru);
+        let s = m.teacher_forced(&mut c, &prompts, &next, true, None).unwrap();
+        // Every position selected, in position order: the same rows in the same order.
+        assert!(s.logits == d.logits, "{kind:?}");
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn bad_input_is_named() {
+    let (dir, m) = tiny("bad", 5);
+    let mut c = cache(&m, AttentionKind::Dense, 0, 0, BuiltinPolicy::Lru);
+    let (kv, key) = c.layouts();
+    let e = m.prefill(&[5, 999_999], kv, key).err().unwrap();
+    assert!(matches!(&e, ModelError::Invalid { field, .. } if field == "token"), "{e}");
+    let p = m.prefill(&[5, 6, 7], kv, key).unwrap();
+    m.admit(&mut c, RequestId(0), &p, 8).unwrap();
+    let e = m.decode_step(&mut c, &[StepToken { id: RequestId(7), token: 5 }]).err().unwrap();
+    assert!(e.to_string().contains('7'), "{e}");
+    // A file that is not GGUF, a truncated one, and another architecture are refused.
+    let junk = dir.join("junk.gguf");
+    std::fs::write(&junk, b"not a gguf file at all").unwrap();
+    assert!(Llama::load(&junk).is_err());
+    let full = std::fs::read(dir.join("tiny.gguf")).unwrap();
+    let cut = dir.join("cut.gguf");
+    std::fs::write(&cut, &full[..full.len() / 2]).unwrap();
+    assert!(Llama::load(&cut).is_err());
+    let other = dir.join("other.gguf");
+    let mut bytes = full.clone();
+    let at = bytes.windows(5).position(|w| w == b"llama").unwrap();
+    bytes[at..at + 5].copy_from_slice(b"qwen2");
+    std::fs::write(&other, &bytes).unwrap();
+    let e = Llama::load(&other).err().unwrap();
+    assert!(e.to_string().contains("general.architecture"), "{e}");
+    // The writer refuses to replace a file.
+    assert!(write_tiny_gguf(&other, 1).is_err());
+    std::fs::remove_dir_all(dir).unwrap();
+}
