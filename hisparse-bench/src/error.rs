@@ -55,6 +55,10 @@ pub enum BenchError {
     /// Standard output could not be written (its reader went away, or it is full).
     #[error("standard output: {0}")]
     Stdout(std::io::Error),
+    /// The real model failed to load or run.
+    #[cfg(feature = "model")]
+    #[error(transparent)]
+    Model(#[from] hisparse_model::ModelError),
     /// A GPU benchmark could not run or measure (CUDA, cuBLAS, a kernel's error).
     #[error("GPU benchmark: {0}")]
     Gpu(String),

