@@ -113,3 +113,83 @@ fn eval_writes_its_outputs_and_finds_hisparse_identical() {
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--contexts"));
     std::fs::remove_dir_all(d).unwrap();
 }
+
+#[test]
+fn eval_records_the_real_selections_for_the_simulator() {
+    let (d, g) = tiny("trace");
+    let text = concat!(env!("CARGO_MANIFEST_DIR"), "/../hisparse-model/tests/data/apache-2.0.txt");
+    let trace = d.join("real.hstrace");
+    let eval_out = d.join("eval");
+    let o = hisparse(&[
+        "eval",
+        "--gguf",
+        &g,
+        "--text",
+        text,
+        "--contexts",
+        "100",
+        "--top-k",
+        "8",
+        "--buffer-factor",
+        "2",
+        "--decode",
+        "40",
+        "--record-trace",
+        trace.to_str().unwrap(),
+        "--out",
+        eval_out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(eval_out.join("eval.json")).unwrap()).unwrap();
+    let hs = json.as_array().unwrap().iter().find(|r| r["attention"] == "hisparse").unwrap().clone();
+    let sim_out = d.join("sim");
+    let s = hisparse(&[
+        "simulate",
+        "--trace",
+        trace.to_str().unwrap(),
+        "--policies",
+        "lru",
+        "--buffers",
+        "16",
+        "--out",
+        sim_out.to_str().unwrap(),
+    ]);
+    assert!(s.status.success(), "{}", String::from_utf8_lossy(&s.stderr));
+    let sim: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(sim_out.join("simulate.json")).unwrap()).unwrap();
+    let lru = sim["results"].as_array().unwrap().iter().find(|r| r["policy"] == "lru").unwrap().clone();
+    assert_eq!((lru["hits"].clone(), lru["misses"].clone()), (hs["hits"].clone(), hs["misses"].clone()));
+    assert!(hs["misses"].as_u64().unwrap() > 50, "{hs}");
+    // The file is not replaced without --overwrite; two contexts cannot share one trace.
+    let again = hisparse(&[
+        "eval",
+        "--gguf",
+        &g,
+        "--text",
+        text,
+        "--contexts",
+        "100",
+        "--top-k",
+        "8",
+        "--decode",
+        "4",
+        "--record-trace",
+        trace.to_str().unwrap(),
+    ]);
+    assert_eq!(again.status.code(), Some(2), "{}", String::from_utf8_lossy(&again.stderr));
+    let two = hisparse(&[
+        "eval",
+        "--gguf",
+        &g,
+        "--text",
+        text,
+        "--contexts",
+        "60,100",
+        "--top-k",
+        "8",
+        "--record-trace",
+        d.join("x").to_str().unwrap(),
+    ]);
+    assert!(String::from_utf8_lossy(&two.stderr).contains("--record-trace"));
+    std::fs::remove_dir_all(d).unwrap();
+}

@@ -108,9 +108,18 @@ fn oracle_scores_are_the_heads_softmax_weights() {
         first += p;
         off += n;
     }
-    let q = random::normal_bf16(&mut rng, lens.len() * heads * dim, 1.0);
+    let mut q = random::normal_bf16(&mut rng, lens.len() * heads * dim, 1.0);
     let w: Vec<f32> = (0..lens.len() * heads).map(|h| 0.1 + 0.01 * h as f32).collect();
     for (combine, sink, window) in [(HeadCombine::Sum, 0, 0), (HeadCombine::Max, 0, 0), (HeadCombine::Sum, 4, 8)] {
+        if sink > 0 {
+            // Queries that fill only a part of the key (as a GQA head's fills its group's):
+            // the product over their non-zero span is the whole product.
+            for (j, x) in q.iter_mut().enumerate() {
+                if j % dim < dim / 3 || j % dim >= 2 * dim / 3 + (j / dim) % 3 {
+                    *x = half::bf16::ZERO;
+                }
+            }
+        }
         let score = IndexScore::Oracle(OracleScore { combine, sink, window });
         let batch = IndexerBatch {
             heads,

@@ -21,6 +21,7 @@ mod model;
 mod prefill;
 pub mod tiny;
 mod tokenizer;
+mod trace;
 mod weights;
 
 pub use config::LlamaConfig;
@@ -30,4 +31,5 @@ pub use forced::{ForcedOut, argmax, nll};
 pub use model::{AttentionKind, Llama, cache_config};
 pub use prefill::PrefillOut;
 pub use tokenizer::TextTokenizer;
+pub use trace::SelectionRecorder;
 pub use weights::{BlockWeights, LlamaWeights};

@@ -149,3 +149,30 @@ fn bad_input_is_named() {
     assert!(write_tiny_gguf(&other, 1).is_err());
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[test]
+fn a_recorded_trace_replays_to_the_engines_hits_and_misses() {
+    use hisparse_model::SelectionRecorder;
+    use hisparse_policy::simulate::{SimConfig, simulate};
+    let (dir, m) = tiny("trace", 6);
+    let ids = text_tokens(&m, 320);
+    let mut c = cache(&m, AttentionKind::HiSparse, 16, 24, BuiltinPolicy::Lru);
+    let (kv, key) = c.layouts();
+    let prompts = [m.prefill(&ids[..100], kv, key).unwrap(), m.prefill(&ids[50..200], kv, key).unwrap()];
+    let next: [&[u32]; 2] = [&ids[100..220], &ids[200..320]];
+    let mut rec = SelectionRecorder::default();
+    let mut obs = |l: usize, v: &hisparse_engine::LayerView<'_, hisparse_engine::EmulatedDevice>| rec.observe(l, v);
+    let run = m.teacher_forced(&mut c, &prompts, &next, false, Some(&mut obs)).unwrap();
+    let header = SelectionRecorder::header(&c.config().geometry, kv.row_bytes());
+    assert_eq!(rec.records.len(), 2 * 2 * 120);
+    let cfg = SimConfig {
+        policies: vec![PolicyChoice::from(BuiltinPolicy::Lru)],
+        buffer_sizes: vec![24],
+        ..SimConfig::default()
+    };
+    let report = simulate(&header, &rec.records, &cfg, &|_| {}).unwrap();
+    let lru = report.results.iter().find(|r| r.policy == "lru").unwrap();
+    assert_eq!((lru.swap.hits, lru.swap.misses), (run.counts.hits, run.counts.misses), "{:?}", run.counts);
+    assert!(run.counts.misses > 100);
+    std::fs::remove_dir_all(dir).unwrap();
+}

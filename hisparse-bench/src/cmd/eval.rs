@@ -9,13 +9,15 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use clap::Args;
-use hisparse_model::{AttentionKind, ForcedOut, Llama, PrefillOut};
+use hisparse_engine::{EmulatedDevice, LayerView};
+use hisparse_model::{AttentionKind, ForcedOut, LayerObserver, Llama, PrefillOut, SelectionRecorder};
+use hisparse_policy::trace::TraceWriter;
 use serde::Serialize;
 
 use super::model_args::ModelArgs;
 use crate::error::{BenchError, Result};
 use crate::files::input::{Input, memory_limit};
-use crate::files::output::OutputDir;
+use crate::files::output::{AtomicFile, OutputDir};
 use crate::report::plot::{Chart, Series, line_chart};
 use crate::{interrupt, progress};
 
@@ -43,6 +45,13 @@ pub struct EvalArgs {
     /// Folder for eval.json, eval.csv and eval.svg.
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Write the hisparse run's real selections (every decode step, layer and window) as a
+    /// selection trace for `hisparse simulate` (needs one context and one top-k).
+    #[arg(long)]
+    pub record_trace: Option<PathBuf>,
+    /// Replace an existing --record-trace file.
+    #[arg(long)]
+    pub overwrite: bool,
     #[command(flatten)]
     pub model: ModelArgs,
 }
@@ -96,6 +105,15 @@ fn check(args: &EvalArgs, context_max: usize) -> Result<()> {
     if let Some(&k) = args.top_k.iter().find(|&&k| k < 2) {
         return Err(BenchError::flag("top-k", k, "must be at least 2"));
     }
+    if let Some(p) = &args.record_trace
+        && (args.contexts.len() != 1 || args.top_k.len() != 1)
+    {
+        return Err(BenchError::flag(
+            "record-trace",
+            p.display(),
+            "records one run: give one --contexts and one --top-k",
+        ));
+    }
     Ok(())
 }
 
@@ -137,6 +155,10 @@ pub fn run(args: &EvalArgs) -> Result<(Vec<EvalRow>, Option<PathBuf>)> {
     let m = args.model.load()?;
     check(args, m.config().context)?;
     let out = args.out.as_ref().map(|d| OutputDir::prepare("out", d)).transpose()?;
+    let mut trace =
+        args.record_trace.as_ref().map(|p| AtomicFile::create("record-trace", p, args.overwrite)).transpose()?;
+    let mut recorder = SelectionRecorder::default();
+    let mut trace_header = None;
     let tokens = read_tokens(args, &m)?;
     let runs_per_context = 1 + 2 * args.top_k.len();
     let bar = progress::bar((args.contexts.len() * (1 + runs_per_context)) as u64, "prefill and decode");
@@ -164,11 +186,17 @@ pub fn run(args: &EvalArgs) -> Result<(Vec<EvalRow>, Option<PathBuf>)> {
         }
         bar.inc(1);
         let next: Vec<&[u32]> = starts.iter().map(|&s| &tokens[s + c..s + need]).collect();
-        let forced = |kind: AttentionKind, k: usize, keep: bool| -> Result<ForcedOut> {
+        let mut forced = |kind: AttentionKind, k: usize, keep: bool| -> Result<ForcedOut> {
             interrupt::check(|| "decoding".into())?;
             let buffer = (k as f64 * args.buffer_factor).ceil() as usize;
             let mut cache = args.model.cache(m.config(), kind, k, buffer, need, args.windows)?;
-            let r = m.teacher_forced(&mut cache, &prompts, &next, keep, None)?;
+            let record = kind == AttentionKind::HiSparse && trace.is_some();
+            if record {
+                trace_header = Some(SelectionRecorder::header(&cache.config().geometry, kv.row_bytes()));
+            }
+            let mut obs = |l: usize, v: &LayerView<'_, EmulatedDevice>| recorder.observe(l, v);
+            let observer: Option<&mut LayerObserver<'_>> = if record { Some(&mut obs) } else { None };
+            let r = m.teacher_forced(&mut cache, &prompts, &next, keep, observer)?;
             bar.inc(1);
             Ok(r)
         };
@@ -184,6 +212,16 @@ pub fn run(args: &EvalArgs) -> Result<(Vec<EvalRow>, Option<PathBuf>)> {
         }
     }
     bar.finish_and_clear();
+    if let (Some(file), Some(header)) = (trace.as_mut(), trace_header) {
+        let mut w = TraceWriter::new(file.writer(), header)?;
+        for r in &recorder.records {
+            w.write(r)?;
+        }
+        w.finish()?;
+    }
+    if let Some(file) = trace {
+        file.commit()?;
+    }
     let placed = match out {
         Some(dir) => {
             dir.write_json("eval.json", &rows)?;

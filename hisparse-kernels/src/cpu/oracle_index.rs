@@ -1,8 +1,10 @@
 //! The oracle selection of a model without an indexer ([`IndexScore::Oracle`](crate::IndexScore)):
 //! per head the softmax over a request's positions of `w_h * q_h . k_t` (the model's own
 //! attention weights, its keys stored as index keys), combined over heads by sum or max; the
-//! first `sink` and last `window` positions scored `+inf`. Every sum runs in a fixed order, so
-//! the scores are the same bits on every run.
+//! first `sink` and last `window` positions scored `+inf`. A head's product runs over its
+//! query's non-zero span only (a GQA head's query fills its group's part of the key), so a
+//! head costs its own dims, not the whole key's. Every sum runs in a fixed order, so the scores
+//! are the same bits on every run.
 
 use rayon::prelude::*;
 
@@ -27,6 +29,14 @@ pub(super) fn oracle_scores(
         let r = &batch.requests[i];
         let q = &queries[i * heads * dim..(i + 1) * heads * dim];
         let w = &weights[i * heads..(i + 1) * heads];
+        // Each head's non-zero span of its query (empty for an all-zero query).
+        let spans: Vec<(usize, usize)> = q
+            .chunks(dim)
+            .map(|qh| match (qh.iter().position(|x| *x != 0.0), qh.iter().rposition(|x| *x != 0.0)) {
+                (Some(a), Some(b)) => (a, b + 1),
+                _ => (0, 0),
+            })
+            .collect();
         let n = r.seq_len;
         // logits[t * heads + h] = w_h * q_h . k_t, in blocks of positions.
         let mut logits = vec![0f32; n * heads];
@@ -35,7 +45,8 @@ pub(super) fn oracle_scores(
             for (j, lt) in chunk.chunks_mut(heads).enumerate() {
                 key_values(batch, r, b * BLOCK + j, &mut key);
                 for (h, l) in lt.iter_mut().enumerate() {
-                    *l = w[h] * dot(&q[h * dim..(h + 1) * dim], &key);
+                    let (a, b) = spans[h];
+                    *l = w[h] * dot(&q[h * dim + a..h * dim + b], &key[a..b]);
                 }
             }
         });
