@@ -193,3 +193,23 @@ fn eval_records_the_real_selections_for_the_simulator() {
     assert!(String::from_utf8_lossy(&two.stderr).contains("--record-trace"));
     std::fs::remove_dir_all(d).unwrap();
 }
+
+#[test]
+fn the_oracle_can_combine_by_max_and_keep_sinks_and_a_window() {
+    let (d, g) = tiny("oracle");
+    let text = concat!(env!("CARGO_MANIFEST_DIR"), "/../hisparse-model/tests/data/apache-2.0.txt");
+    let base = ["eval", "--gguf", &g, "--text", text, "--contexts", "120", "--top-k", "16", "--decode", "16"];
+    let run = |extra: &[&str]| -> String {
+        let o = hisparse(&[&base[..], extra].concat());
+        assert!(o.status.success(), "{extra:?}: {}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout).lines().find(|l| l.contains("hisparse")).unwrap().to_string()
+    };
+    let (sum, max, kept) = (run(&[]), run(&["--combine", "max"]), run(&["--sink", "4", "--window", "8"]));
+    // Each selects otherwise (other hits and misses), and each stays bit-identical to resident.
+    assert!(sum != max && sum != kept, "{sum}\n{max}\n{kept}");
+    assert!([&sum, &max, &kept].iter().all(|l| l.contains("yes")));
+    let bad = hisparse(&[&base[..], &["--sink", "10", "--window", "6"]].concat());
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--window"));
+    std::fs::remove_dir_all(d).unwrap();
+}

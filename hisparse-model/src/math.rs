@@ -4,6 +4,7 @@
 
 use candle_core::quantized::QMatMul;
 use candle_core::{Device, Module, Tensor};
+use rayon::prelude::*;
 
 use crate::error::Result;
 
@@ -66,11 +67,27 @@ pub fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
 }
 
-/// `x @ w^T` for `rows` rows of `x` through a quantized weight (`[out, in]`).
+/// `x @ w^T` for `rows` rows of `x` through a quantized weight (`[out, in]`). candle's CPU
+/// kernel for quantized weights runs on one thread, so blocks of rows go to rayon's threads;
+/// each row's result does not depend on the others (candle quantizes and multiplies row by
+/// row), so the bits are the same however the rows are split.
 pub fn matmul(w: &QMatMul, x: &[f32], rows: usize) -> Result<Vec<f32>> {
     let cols = x.len() / rows.max(1);
-    let t = Tensor::from_slice(x, (rows, cols), &Device::Cpu)?;
-    Ok(w.forward(&t)?.flatten_all()?.to_vec1::<f32>()?)
+    let one = |x: &[f32]| -> Result<Vec<f32>> {
+        let t = Tensor::from_slice(x, (x.len() / cols.max(1), cols), &Device::Cpu)?;
+        Ok(w.forward(&t)?.flatten_all()?.to_vec1::<f32>()?)
+    };
+    let threads = rayon::current_num_threads();
+    if rows < 2 || threads < 2 {
+        return one(x);
+    }
+    let per = rows.div_ceil(threads.min(rows));
+    let parts: Vec<Result<Vec<f32>>> = x.par_chunks(per * cols).map(one).collect();
+    let mut out = Vec::new();
+    for p in parts {
+        out.extend(p?);
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

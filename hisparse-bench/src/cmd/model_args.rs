@@ -5,7 +5,9 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use hisparse_engine::{BuiltinPolicy, CpuBackend, KvCache, KvRowFormat, PolicyChoice};
+use hisparse_engine::{
+    BuiltinPolicy, CpuBackend, HeadCombine, IndexScore, KvCache, KvRowFormat, OracleScore, PolicyChoice,
+};
 use hisparse_model::{AttentionKind, Llama, LlamaConfig, cache_config, fetch};
 
 use crate::console;
@@ -25,6 +27,24 @@ pub struct ModelArgs {
     /// Eviction policy of the hot buffers (hisparse).
     #[arg(long, value_enum, default_value_t = BuiltinPolicy::Lru)]
     pub policy: BuiltinPolicy,
+    /// How the oracle combines the query heads' attention weights of a position.
+    #[arg(long, value_enum, default_value_t = CombineArg::Sum)]
+    pub combine: CombineArg,
+    /// Always select the first N positions (attention sinks).
+    #[arg(long, default_value_t = 0)]
+    pub sink: usize,
+    /// Always select the last N positions (a local window).
+    #[arg(long, default_value_t = 0)]
+    pub window: usize,
+}
+
+/// [`HeadCombine`] on the command line.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CombineArg {
+    /// The sum of the heads' weights (the attention mass of the position).
+    Sum,
+    /// The largest weight any head gives it.
+    Max,
 }
 
 impl ModelArgs {
@@ -57,6 +77,18 @@ impl ModelArgs {
         let device = per_token.saturating_mul(tokens).saturating_mul(5) / 4 + (8 << 20);
         let mut cfg = cache_config(config, kind, top_k, buffer, max_tokens, self.kv_format, device)?;
         cfg.typical_tokens = max_tokens;
+        let combine = match self.combine {
+            CombineArg::Sum => HeadCombine::Sum,
+            CombineArg::Max => HeadCombine::Max,
+        };
+        cfg.index_score = IndexScore::Oracle(OracleScore { combine, sink: self.sink, window: self.window });
+        if kind != AttentionKind::Dense && self.sink + self.window >= top_k {
+            return Err(BenchError::flag(
+                "window",
+                self.window,
+                format!("sink + window must leave room in top-k {top_k}"),
+            ));
+        }
         cfg.hisparse.eviction_policy = PolicyChoice::from(self.policy);
         Ok(KvCache::with_named_policies(CpuBackend::new(), cfg)?)
     }
