@@ -90,6 +90,21 @@ pub fn matmul(w: &QMatMul, x: &[f32], rows: usize) -> Result<Vec<f32>> {
     Ok(out)
 }
 
+/// `x @ w^T` for `rows` rows through the weight dequantized to f32 and candle's multi-threaded
+/// GEMM: for prompts, where the quantized kernel's row-by-row products would take minutes. The
+/// activations stay f32 (the quantized kernel rounds them to 8 bits), so the result differs from
+/// [`matmul`]'s in the last digits.
+pub fn matmul_f32(w: &QMatMul, x: &[f32], rows: usize) -> Result<Vec<f32>> {
+    let cols = x.len() / rows.max(1);
+    let wt = match w {
+        QMatMul::QTensor(q) => q.dequantize(&Device::Cpu)?,
+        QMatMul::Tensor(t) => t.clone(),
+        QMatMul::TensorF16(t) => t.to_dtype(candle_core::DType::F32)?,
+    };
+    let xt = Tensor::from_slice(x, (rows, cols), &Device::Cpu)?;
+    Ok(xt.matmul(&wt.t()?)?.flatten_all()?.to_vec1::<f32>()?)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

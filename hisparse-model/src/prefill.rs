@@ -7,11 +7,17 @@ use candle_core::{D, Device, Tensor};
 use hisparse_engine::{Admission, Backend, IndexKeyLayout, KvCache, KvRowLayout, Prompt, RequestId, Rows};
 
 use crate::error::{ModelError, Result};
-use crate::math::{matmul, rms_norm, silu};
+use crate::math::{matmul, matmul_f32, rms_norm, silu};
+
+/// A matmul of `rows` rows through a weight.
+type MatMul = fn(&candle_core::quantized::QMatMul, &[f32], usize) -> Result<Vec<f32>>;
 use crate::model::Llama;
 
 /// Query positions whose attention one matmul computes (bounds the score matrix).
 const CHUNK: usize = 512;
+
+/// Prompts of at least this many tokens multiply by the dequantized weights.
+const PROMPT_GEMM_ROWS: usize = 64;
 
 /// A prompt's rows for a cache, and the logits of its last position.
 pub struct PrefillOut {
@@ -43,11 +49,14 @@ impl Llama {
                 format!("this model's rows hold {} values", 2 * kvd),
             ));
         }
+        // Long prompts through f32 GEMMs of the dequantized weights; short ones (and decoding)
+        // through the quantized kernel.
+        let mm = if n >= PROMPT_GEMM_ROWS { matmul_f32 } else { matmul };
         let mut x = self.embed(tokens)?;
         let (mut all_rows, mut all_keys) = (Vec::with_capacity(c.layers), Vec::with_capacity(c.layers));
         for b in &self.weights.blocks {
             let h = rms_norm(&x, &b.attn_norm, c.rms_eps);
-            let (mut q, mut k, v) = (matmul(&b.wq, &h, n)?, matmul(&b.wk, &h, n)?, matmul(&b.wv, &h, n)?);
+            let (mut q, mut k, v) = (mm(&b.wq, &h, n)?, mm(&b.wk, &h, n)?, mm(&b.wv, &h, n)?);
             for t in 0..n {
                 self.rope.apply(&mut q[t * heads * hd..][..heads * hd], t);
                 self.rope.apply(&mut k[t * kvd..][..kvd], t);
@@ -68,9 +77,9 @@ impl Llama {
                 vs[t * kvd..][..kvd].copy_from_slice(&vals[kvd..]);
             }
             let attn = causal_attention(&q, &ks, &vs, n, heads, kvh, hd)?;
-            let o = matmul(&b.wo, &attn, n)?;
+            let o = mm(&b.wo, &attn, n)?;
             x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
-            self.mlp(b, &mut x, n)?;
+            self.mlp_with(b, &mut x, n, mm)?;
             all_rows.push(rows);
             all_keys.push(keys);
         }
@@ -112,10 +121,14 @@ impl Llama {
 
     /// `x += down(silu(gate(h)) * up(h))` with `h = rms_norm(x)`, for `n` rows.
     pub(crate) fn mlp(&self, b: &crate::weights::BlockWeights, x: &mut [f32], n: usize) -> Result<()> {
+        self.mlp_with(b, x, n, matmul)
+    }
+
+    fn mlp_with(&self, b: &crate::weights::BlockWeights, x: &mut [f32], n: usize, mm: MatMul) -> Result<()> {
         let h = rms_norm(x, &b.ffn_norm, self.config().rms_eps);
-        let (g, u) = (matmul(&b.gate, &h, n)?, matmul(&b.up, &h, n)?);
+        let (g, u) = (mm(&b.gate, &h, n)?, mm(&b.up, &h, n)?);
         let a: Vec<f32> = g.iter().zip(&u).map(|(g, u)| silu(*g) * u).collect();
-        let d = matmul(&b.down, &a, n)?;
+        let d = mm(&b.down, &a, n)?;
         x.iter_mut().zip(&d).for_each(|(a, b)| *a += b);
         Ok(())
     }

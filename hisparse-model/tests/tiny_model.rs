@@ -55,18 +55,20 @@ fn the_tokenizer_merges_splits_digits_and_round_trips() {
 #[test]
 fn prefill_and_decode_agree() {
     let (dir, m) = tiny("agree", 2);
-    let ids = text_tokens(&m, 60);
-    let mut c = cache(&m, AttentionKind::Dense, 0, 0, BuiltinPolicy::Lru);
-    let (kv, key) = c.layouts();
-    let whole = m.prefill(&ids, kv, key).unwrap();
-    let head = m.prefill(&ids[..59], kv, key).unwrap();
-    m.admit(&mut c, RequestId(0), &head, 64).unwrap();
-    let d = m.decode_step(&mut c, &[StepToken { id: RequestId(0), token: ids[59] }]).unwrap();
-    let scale = whole.logits.iter().fold(0f32, |a, b| a.max(b.abs()));
-    let worst = whole.logits.iter().zip(&d.logits).fold(0f32, |a, (x, y)| a.max((x - y).abs()));
-    // The decode step reads bf16 queries; the prefill f32 ones.
-    assert!(worst <= 0.02 * scale, "worst {worst} of {scale}");
-    assert!(whole.logits.iter().zip(&d.logits).any(|(x, y)| x != y) || worst == 0.0);
+    // 60 tokens go through the quantized kernel, 100 through f32 GEMMs of the dequantized
+    // weights; the decode step always through the quantized kernel, with bf16 queries.
+    for n in [60usize, 100] {
+        let ids = text_tokens(&m, n);
+        let mut c = cache(&m, AttentionKind::Dense, 0, 0, BuiltinPolicy::Lru);
+        let (kv, key) = c.layouts();
+        let whole = m.prefill(&ids, kv, key).unwrap();
+        let head = m.prefill(&ids[..n - 1], kv, key).unwrap();
+        m.admit(&mut c, RequestId(0), &head, n + 4).unwrap();
+        let d = m.decode_step(&mut c, &[StepToken { id: RequestId(0), token: ids[n - 1] }]).unwrap();
+        let scale = whole.logits.iter().fold(0f32, |a, b| a.max(b.abs()));
+        let worst = whole.logits.iter().zip(&d.logits).fold(0f32, |a, (x, y)| a.max((x - y).abs()));
+        assert!(worst <= 0.03 * scale, "{n}: worst {worst} of {scale}");
+    }
     std::fs::remove_dir_all(dir).unwrap();
 }
 
