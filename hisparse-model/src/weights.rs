@@ -69,6 +69,7 @@ fn available_bytes() -> Option<u64> {
 struct Reader<'a> {
     content: &'a Content,
     r: &'a mut BufReader<File>,
+    file_len: u64,
 }
 
 impl Reader<'_> {
@@ -78,6 +79,20 @@ impl Reader<'_> {
         };
         if info.shape.dims() != shape {
             return Err(ModelError::invalid(name, format!("{:?}", info.shape.dims()), format!("expected {shape:?}")));
+        }
+        // The tensor's bytes must lie inside the file before a buffer is made for them.
+        let (block, size) = (info.ggml_dtype.block_size() as u64, info.ggml_dtype.type_size() as u64);
+        let end = (info.shape.elem_count() as u64)
+            .checked_div(block)
+            .and_then(|b| b.checked_mul(size))
+            .and_then(|b| b.checked_add(info.offset))
+            .and_then(|b| b.checked_add(self.content.tensor_data_offset));
+        if end.is_none_or(|e| e > self.file_len) {
+            return Err(ModelError::invalid(
+                name,
+                format!("{:?}", info.shape.dims()),
+                format!("its data lies past the end of the file ({} B)", self.file_len),
+            ));
         }
         Ok(self.content.tensor(self.r, name, &Device::Cpu)?)
     }
@@ -111,7 +126,8 @@ impl LlamaWeights {
                 format!("the machine has {have} B available"),
             ));
         }
-        let mut rd = Reader { content: &content, r: &mut r };
+        let file_len = r.get_ref().metadata().map_err(|source| ModelError::Io { path: path.to_owned(), source })?.len();
+        let mut rd = Reader { content: &content, r: &mut r, file_len };
         let embed_q = rd.tensor("token_embd.weight", &[c.vocab, c.hidden])?;
         let embed = embed_q.dequantize(&Device::Cpu)?.flatten_all()?.to_vec1::<f32>()?;
         let (qd, kvd) = (c.heads * c.head_dim, c.kv_heads * c.head_dim);
