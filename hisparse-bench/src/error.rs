@@ -58,7 +58,7 @@ pub enum BenchError {
     /// The real model failed to load or run.
     #[cfg(feature = "model")]
     #[error(transparent)]
-    Model(#[from] hisparse_model::ModelError),
+    Model(hisparse_model::ModelError),
     /// A GPU benchmark could not run or measure (CUDA, cuBLAS, a kernel's error).
     #[error("GPU benchmark: {0}")]
     Gpu(String),
@@ -70,6 +70,19 @@ impl From<hisparse_engine::EngineError> for BenchError {
             // The engine saw our Ctrl-C (inside a step: a prefill, between admissions).
             hisparse_engine::EngineError::Stopped => Self::Interrupted("the engine ran a step".into()),
             e => Self::Engine(e),
+        }
+    }
+}
+
+#[cfg(feature = "model")]
+impl From<hisparse_model::ModelError> for BenchError {
+    fn from(e: hisparse_model::ModelError) -> Self {
+        match e {
+            // Our Ctrl-C, seen by the model between layers of a prefill or before a step.
+            hisparse_model::ModelError::Engine(hisparse_engine::EngineError::Stopped) => {
+                Self::Interrupted("the model ran".into())
+            }
+            e => Self::Model(e),
         }
     }
 }

@@ -10,13 +10,7 @@ use crate::error::{BenchError, Result};
 /// cache, the machine's other work).
 pub const MEMORY_SHARE: f64 = 0.9;
 
-/// Bytes of memory the kernel says are available (`MemAvailable`), if it says.
-pub fn available_memory() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    kib.checked_mul(1024)
-}
+pub use hisparse_memory::available_memory;
 
 /// `v`, refused unless it is at least 1.
 pub fn at_least_one(flag: &'static str, v: usize) -> Result<usize> {

@@ -107,6 +107,10 @@ fn eval_writes_its_outputs_and_finds_hisparse_identical() {
     assert!(rows.iter().all(|r| r["perplexity"].as_f64().unwrap() > 1.0));
     assert!(std::fs::read_to_string(out.join("eval.svg")).unwrap().contains("<svg"));
     assert_eq!(std::fs::read_to_string(out.join("eval.csv")).unwrap().lines().count(), 1 + rows.len());
+    // More windows than the machine's memory holds are refused by name before any prefill.
+    let huge = hisparse(&["eval", "--gguf", &g, "--text", text, "--contexts", "40", "--windows", "100000000000"]);
+    assert_eq!(huge.status.code(), Some(2), "{}", String::from_utf8_lossy(&huge.stderr));
+    assert!(String::from_utf8_lossy(&huge.stderr).contains("--windows"));
     // A context beyond the text is refused by name before any decoding.
     let bad = hisparse(&["eval", "--gguf", &g, "--text", text, "--contexts", "100000"]);
     assert_eq!(bad.status.code(), Some(2), "{}", String::from_utf8_lossy(&bad.stderr));

@@ -35,6 +35,7 @@ pub use workload::{LocalityParams, Workload};
 pub use hisparse_kernels::{Backend, CpuBackend, HeadCombine, IndexScore, OracleScore, SwapCounts, dense_attention};
 pub use hisparse_memory::{
     Admission, EmulatedDevice, IndexKeyLayout, KvGeometry, KvRowFormat, KvRowLayout, MemoryError, Mode, RequestId,
+    available_memory,
 };
 pub use hisparse_policy::{
     BuiltinPolicy, BuiltinPrefetcher, EvictionPolicy, HiSparseConfig, MissFill, MissFillMode, OnlinePolicy,

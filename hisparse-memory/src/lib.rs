@@ -31,6 +31,7 @@ pub mod page_pool;
 pub mod request;
 pub mod row;
 pub mod slot_table;
+mod system;
 
 pub use admission::{Admission, AdmissionControl, CapacityPlan, Resources};
 pub use device_memory::{DeviceMemory, Element, EmulatedDevice};
@@ -44,6 +45,7 @@ pub use page_pool::PagePool;
 pub use request::{Mode, RequestId};
 pub use row::{IndexKeyLayout, KvRowFormat, KvRowLayout, RowHeads};
 pub use slot_table::SlotTable;
+pub use system::available_memory;
 
 /// The README's examples, compiled and run as doc-tests.
 #[cfg(doctest)]

@@ -31,10 +31,7 @@ fn main() {
     println!("prefill of {context} tokens: {:.1} s", t.elapsed().as_secs_f64());
     for batch in batches {
         for kind in [AttentionKind::Dense, AttentionKind::SparseResident, AttentionKind::HiSparse] {
-            let per_token = (g.kv_bytes_per_token().unwrap() + g.index_bytes_per_token().unwrap()) as u64;
-            let device = per_token * (batch * (need + 64)) as u64 * 5 / 4 + (8 << 20);
-            let mut cfg = cache_config(c, kind, top_k, 2 * top_k, need, KvRowFormat::Bf16, device).unwrap();
-            cfg.typical_tokens = need;
+            let mut cfg = cache_config(c, kind, top_k, 2 * top_k, need, KvRowFormat::Bf16, batch).unwrap();
             cfg.hisparse.eviction_policy = PolicyChoice::from(BuiltinPolicy::Lru);
             let mut cache = KvCache::with_named_policies(CpuBackend::new(), cfg).unwrap();
             let rids: Vec<RequestId> = (0..batch as u64).map(RequestId).collect();

@@ -47,6 +47,7 @@ impl Llama {
         batch: &[StepToken],
         mut observe: Option<&mut LayerObserver<'_>>,
     ) -> Result<DecodeOut> {
+        self.check_stop()?;
         let c = self.config();
         let n = batch.len();
         let (hd, heads, kvh) = (c.head_dim, c.heads, c.kv_heads);

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use hisparse_engine::{CacheConfig, KvRowFormat, Mode};
+use hisparse_engine::{CacheConfig, KvRowFormat, Mode, StopFlag};
 
 use crate::config::LlamaConfig;
 use crate::error::{ModelError, Result};
@@ -18,6 +18,7 @@ pub struct Llama {
     /// The tokenizer of the same file.
     pub tokenizer: TextTokenizer,
     pub(crate) rope: Rope,
+    stop: StopFlag,
 }
 
 impl Llama {
@@ -37,7 +38,18 @@ impl Llama {
             ));
         }
         let rope = Rope::new(c.head_dim, c.rope_base, c.context);
-        Ok(Self { weights, tokenizer, rope })
+        Ok(Self { weights, tokenizer, rope, stop: StopFlag::never() })
+    }
+
+    /// Observes `stop`: a prefill stops between layers and a decode step before it begins, with
+    /// `EngineError::Stopped`, leaving the cache as it was.
+    pub fn set_stop(&mut self, stop: StopFlag) {
+        self.stop = stop;
+    }
+
+    /// Fails once a stop was asked for.
+    pub(crate) fn check_stop(&self) -> Result<()> {
+        Ok(self.stop.check()?)
     }
 
     /// The model's shape.
@@ -81,9 +93,11 @@ impl AttentionKind {
     }
 }
 
-/// A cache config for `config`'s model in `kind`: requests of at most `max_tokens`, `top_k`
-/// selected per layer (ignored for dense), hot buffers of `buffer` slots (hisparse), rows in
-/// `kv_format`, `device_bytes` of (emulated) device memory.
+/// A cache config for `config`'s model in `kind`: `requests` requests of at most `max_tokens`,
+/// `top_k` selected per layer (ignored for dense), hot buffers of `buffer` slots (hisparse),
+/// rows in `kv_format`. The (emulated) device holds every request's rows and keys with a
+/// quarter to spare, the host tier eight times that; refused when the rows would not fit in the
+/// memory the machine has (twice: the caller holds its prompts' rows too).
 pub fn cache_config(
     config: &LlamaConfig,
     kind: AttentionKind,
@@ -91,7 +105,7 @@ pub fn cache_config(
     buffer: usize,
     max_tokens: usize,
     kv_format: KvRowFormat,
-    device_bytes: u64,
+    requests: usize,
 ) -> Result<CacheConfig> {
     if max_tokens > config.context {
         return Err(ModelError::invalid(
@@ -106,7 +120,26 @@ pub fn cache_config(
         AttentionKind::HiSparse => (Mode::HiSparse, top_k),
     };
     let g = config.geometry(k, kv_format)?;
-    let mut cfg = CacheConfig::new(g, mode, device_bytes);
+    let memory = |e: hisparse_engine::MemoryError| ModelError::Engine(e.into());
+    let per_token = g.kv_bytes_per_token().map_err(memory)? + g.index_bytes_per_token().map_err(memory)?;
+    let device = (per_token as u64)
+        .checked_mul(requests as u64)
+        .and_then(|b| b.checked_mul(max_tokens as u64 + 64))
+        .and_then(|b| b.checked_add(b / 4 + (8 << 20)))
+        .ok_or_else(|| ModelError::invalid("requests", requests, "their rows overflow a 64-bit size"))?;
+    if let Some(have) = hisparse_engine::available_memory()
+        && device.saturating_mul(2) > have
+    {
+        return Err(ModelError::invalid(
+            "requests",
+            requests,
+            format!(
+                "{requests} requests of {max_tokens} tokens need {device} B of rows, twice; the machine has {have} B"
+            ),
+        ));
+    }
+    let mut cfg = CacheConfig::new(g, mode, device);
+    cfg.typical_tokens = max_tokens;
     cfg.hisparse.max_request_tokens = max_tokens;
     if kind == AttentionKind::HiSparse {
         cfg.hisparse.device_buffer_size = buffer;

@@ -55,6 +55,7 @@ impl Llama {
         let mut x = self.embed(tokens)?;
         let (mut all_rows, mut all_keys) = (Vec::with_capacity(c.layers), Vec::with_capacity(c.layers));
         for b in &self.weights.blocks {
+            self.check_stop()?;
             let h = rms_norm(&x, &b.attn_norm, c.rms_eps);
             let (mut q, mut k, v) = (mm(&b.wq, &h, n)?, mm(&b.wk, &h, n)?, mm(&b.wv, &h, n)?);
             for t in 0..n {

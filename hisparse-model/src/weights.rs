@@ -59,13 +59,6 @@ pub(crate) fn open(path: &Path) -> Result<(Content, BufReader<File>)> {
     Ok((content, r))
 }
 
-/// Bytes the machine can still give (`MemAvailable`), where the system says.
-fn available_bytes() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    line.split_whitespace().nth(1)?.parse::<u64>().ok()?.checked_mul(1024)
-}
-
 struct Reader<'a> {
     content: &'a Content,
     r: &'a mut BufReader<File>,
@@ -117,7 +110,7 @@ impl LlamaWeights {
         let config = LlamaConfig::from_gguf(&content)?;
         let c = &config;
         let embed_bytes = (c.vocab as u64).checked_mul(c.hidden as u64).and_then(|x| x.checked_mul(4));
-        if let (Some(need), Some(have)) = (embed_bytes, available_bytes())
+        if let (Some(need), Some(have)) = (embed_bytes, hisparse_engine::available_memory())
             && need > have
         {
             return Err(ModelError::invalid(

@@ -17,7 +17,7 @@ fn model() -> (std::path::PathBuf, Llama) {
 }
 
 fn cache(m: &Llama, kind: AttentionKind, top_k: usize, buffer: usize, policy: BuiltinPolicy) -> KvCache<CpuBackend> {
-    let mut cfg = cache_config(m.config(), kind, top_k, buffer, 1024, KvRowFormat::Bf16, 64 << 20).unwrap();
+    let mut cfg = cache_config(m.config(), kind, top_k, buffer, 1024, KvRowFormat::Bf16, 2).unwrap();
     cfg.hisparse.eviction_policy = PolicyChoice::from(policy);
     KvCache::with_named_policies(CpuBackend::new(), cfg).unwrap()
 }

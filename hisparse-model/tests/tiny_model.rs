@@ -29,7 +29,7 @@ fn text_tokens(m: &Llama, n: usize) -> Vec<u32> {
 }
 
 fn cache(m: &Llama, kind: AttentionKind, top_k: usize, buffer: usize, policy: BuiltinPolicy) -> KvCache<CpuBackend> {
-    let mut cfg = cache_config(m.config(), kind, top_k, buffer, 400, KvRowFormat::Bf16, 16 << 20).unwrap();
+    let mut cfg = cache_config(m.config(), kind, top_k, buffer, 400, KvRowFormat::Bf16, 2).unwrap();
     cfg.hisparse.eviction_policy = PolicyChoice::from(policy);
     KvCache::with_named_policies(CpuBackend::new(), cfg).unwrap()
 }
@@ -148,6 +148,15 @@ fn bad_input_is_named() {
     std::fs::write(&other, &bytes).unwrap();
     let e = Llama::load(&other).err().unwrap();
     assert!(e.to_string().contains("general.architecture"), "{e}");
+    // A raised stop flag ends a prefill and a step with `Stopped`, the cache as it was.
+    let mut stopped = Llama::load(&dir.join("tiny.gguf")).unwrap();
+    let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    stopped.set_stop(hisparse_engine::StopFlag::new(flag));
+    let e = stopped.prefill(&[5, 6, 7], kv, key).err().unwrap();
+    assert!(matches!(e, ModelError::Engine(hisparse_engine::EngineError::Stopped)), "{e}");
+    let e = stopped.decode_step(&mut c, &[StepToken { id: RequestId(0), token: 5 }]).err().unwrap();
+    assert!(matches!(e, ModelError::Engine(hisparse_engine::EngineError::Stopped)), "{e}");
+    assert_eq!(c.seq_len(RequestId(0)).unwrap(), 3);
     // The writer refuses to replace a file.
     assert!(write_tiny_gguf(&other, 1).is_err());
     std::fs::remove_dir_all(dir).unwrap();

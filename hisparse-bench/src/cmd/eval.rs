@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 use hisparse_engine::{EmulatedDevice, LayerView};
-use hisparse_model::{AttentionKind, ForcedOut, LayerObserver, Llama, PrefillOut, SelectionRecorder};
+use hisparse_model::{AttentionKind, ForcedOut, LayerObserver, Llama, ModelError, PrefillOut, SelectionRecorder};
 use hisparse_policy::trace::TraceWriter;
 use serde::Serialize;
 
@@ -172,11 +172,18 @@ pub fn run(args: &EvalArgs) -> Result<(Vec<EvalRow>, Option<PathBuf>)> {
                 format!("holds {} tokens; context {c} needs {need}", tokens.len()),
             ));
         }
+        // The windows' rows must fit the machine (the flag the user gave is --windows).
+        let probe =
+            args.model.cache(m.config(), AttentionKind::Dense, 0, 0, need, args.windows).map_err(|e| match e {
+                BenchError::Model(ModelError::Invalid { field, reason, .. }) if field == "requests" => {
+                    BenchError::flag("windows", args.windows, reason)
+                }
+                e => e,
+            })?;
         // Windows spread evenly over the text (they may overlap when it is short).
         let span = tokens.len() - need;
         let starts: Vec<usize> =
             (0..args.windows).map(|w| span * w / args.windows.max(2).saturating_sub(1).max(1)).collect();
-        let probe = args.model.cache(m.config(), AttentionKind::Dense, 0, 0, need, args.windows)?;
         let (kv, key) = probe.layouts();
         drop(probe);
         let mut prompts: Vec<PrefillOut> = Vec::new();

@@ -10,8 +10,8 @@ use hisparse_engine::{
 };
 use hisparse_model::{AttentionKind, Llama, LlamaConfig, cache_config, fetch};
 
-use crate::console;
 use crate::error::{BenchError, Result};
+use crate::{console, interrupt};
 
 /// The model and how its KV is kept.
 #[derive(Args, Debug, Clone)]
@@ -57,11 +57,13 @@ impl ModelArgs {
         if !path.is_file() {
             return Err(BenchError::flag("gguf", path.display(), "is not a file"));
         }
-        Ok(Llama::load(&path)?)
+        let mut m = Llama::load(&path)?;
+        m.set_stop(interrupt::engine_stop());
+        Ok(m)
     }
 
-    /// A CPU cache for `requests` requests of at most `max_tokens` in `kind`: device (emulated)
-    /// memory for all their rows and keys, the host tier eight times that.
+    /// A CPU cache for `requests` requests of at most `max_tokens` in `kind` (sized by
+    /// [`cache_config`]), with this command's policy and oracle.
     pub fn cache(
         &self,
         config: &LlamaConfig,
@@ -71,12 +73,7 @@ impl ModelArgs {
         max_tokens: usize,
         requests: usize,
     ) -> Result<KvCache<CpuBackend>> {
-        let g = config.geometry(top_k.max(1), self.kv_format)?;
-        let per_token = (g.kv_bytes_per_token()? + g.index_bytes_per_token()?) as u64;
-        let tokens = (requests as u64).saturating_mul(max_tokens as u64 + 64);
-        let device = per_token.saturating_mul(tokens).saturating_mul(5) / 4 + (8 << 20);
-        let mut cfg = cache_config(config, kind, top_k, buffer, max_tokens, self.kv_format, device)?;
-        cfg.typical_tokens = max_tokens;
+        let mut cfg = cache_config(config, kind, top_k, buffer, max_tokens, self.kv_format, requests)?;
         let combine = match self.combine {
             CombineArg::Sum => HeadCombine::Sum,
             CombineArg::Max => HeadCombine::Max,
