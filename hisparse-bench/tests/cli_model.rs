@@ -217,3 +217,69 @@ fn the_oracle_can_combine_by_max_and_keep_sinks_and_a_window() {
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--window"));
     std::fs::remove_dir_all(d).unwrap();
 }
+
+#[test]
+fn run_serves_a_model_within_a_device_budget_and_records_scores() {
+    let (d, g) = tiny("run");
+    let text = concat!(env!("CARGO_MANIFEST_DIR"), "/../hisparse-model/tests/data/apache-2.0.txt");
+    let (out, trace) = (d.join("run"), d.join("run.hstrace"));
+    let o = hisparse(&[
+        "run",
+        "--gguf",
+        &g,
+        "--text",
+        text,
+        "--context",
+        "100",
+        "--output",
+        "6",
+        "--concurrency",
+        "6",
+        "--top-k",
+        "8",
+        "--device-memory",
+        "100KiB",
+        "--record-trace",
+        trace.to_str().unwrap(),
+        "--score-margin",
+        "4",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let (stdout, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(o.status.success(), "{err}");
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("run.json")).unwrap()).unwrap();
+    let runs = json.as_array().unwrap();
+    let most = |mode: &str| {
+        let r = runs.iter().find(|r| r["mode"] == mode).unwrap();
+        assert_eq!(r["summary"]["tokens"], 36, "{mode}: {r}");
+        r["summary"]["max_running"].as_u64().unwrap()
+    };
+    // The budget holds fewer whole requests than hot buffers and keys: resident queues more.
+    let (resident, hs) = (most("resident"), most("hisparse"));
+    assert!(resident >= 1 && hs > resident, "{resident} vs {hs}\n{stdout}");
+    // The trace carries scores: next-step prefetch replays from it.
+    let s = hisparse(&[
+        "simulate",
+        "--trace",
+        trace.to_str().unwrap(),
+        "--policies",
+        "lru",
+        "--buffers",
+        "16",
+        "--prefetchers",
+        "next-step",
+        "--out",
+        d.join("sim").to_str().unwrap(),
+    ]);
+    assert!(s.status.success(), "{}", String::from_utf8_lossy(&s.stderr));
+    // Flags a model cannot use are named.
+    for (flag, extra) in [("--arrival-rate", "2"), ("--gpus", "2"), ("--context", "50,60")] {
+        let o = hisparse(&["run", "--gguf", &g, "--text", text, flag, extra, "--out", d.join("x").to_str().unwrap()]);
+        assert_eq!(o.status.code(), Some(2), "{flag}");
+        assert!(String::from_utf8_lossy(&o.stderr).contains(flag), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    let o = hisparse(&["run", "--gguf", &g, "--out", d.join("x").to_str().unwrap()]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--text"), "{}", String::from_utf8_lossy(&o.stderr));
+    std::fs::remove_dir_all(d).unwrap();
+}

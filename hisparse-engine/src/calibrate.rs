@@ -143,9 +143,9 @@ type ScoresNear = (Option<Vec<f32>>, Option<Vec<(u32, f32)>>);
 /// The selected tokens' scores (ascending positions, as `selected`) and the `margin` best
 /// unselected positions with their scores, best first (ties by position).
 fn near_cut(scores: &[f32], selected: &[u32], margin: usize) -> ScoresNear {
-    let own = selected.iter().map(|&t| scores[t as usize]).collect();
-    let near = hisparse_policy::prefetch::near_cut(scores, selected, margin);
-    (Some(own), Some(near.into_iter().map(|t| (t, scores[t as usize])).collect()))
+    let mut r = TraceRecord { selected: selected.to_vec(), ..TraceRecord::default() };
+    r.set_scores(scores, margin);
+    (r.scores, r.near)
 }
 
 /// The trace header of [`selections`] under `spec`.

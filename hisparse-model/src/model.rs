@@ -107,6 +107,49 @@ pub fn cache_config(
     kv_format: KvRowFormat,
     requests: usize,
 ) -> Result<CacheConfig> {
+    let mut cfg = base_config(config, kind, top_k, buffer, max_tokens, kv_format)?;
+    let device = rows_bytes(&cfg, max_tokens, requests)?;
+    check_memory(
+        device.saturating_mul(2),
+        requests,
+        &format!("{requests} requests of {max_tokens} tokens need {device} B of rows, twice"),
+    )?;
+    cfg.hisparse.device_kv_bytes = device;
+    Ok(cfg)
+}
+
+/// [`cache_config`] with a device budget: `device_bytes` for the rows, keys and hot buffers, the
+/// host tier sized to hold all `requests` whole (what hisparse keeps there); refused when the
+/// device tier and (hisparse) the host tier would not fit the machine's memory. Requests beyond
+/// what the budget holds wait for room.
+#[allow(clippy::too_many_arguments)] // The shape of a cache: each argument is one of its sizes.
+pub fn cache_config_within(
+    config: &LlamaConfig,
+    kind: AttentionKind,
+    top_k: usize,
+    buffer: usize,
+    max_tokens: usize,
+    kv_format: KvRowFormat,
+    requests: usize,
+    device_bytes: u64,
+) -> Result<CacheConfig> {
+    let mut cfg = base_config(config, kind, top_k, buffer, max_tokens, kv_format)?;
+    let host = rows_bytes(&cfg, max_tokens, requests)?;
+    let need = if kind == AttentionKind::HiSparse { device_bytes.saturating_add(host) } else { device_bytes };
+    check_memory(need, requests, &format!("a device tier of {device_bytes} B and a host tier of {host} B"))?;
+    cfg.hisparse.device_kv_bytes = device_bytes;
+    cfg.hisparse.host_tier_bytes = host;
+    Ok(cfg)
+}
+
+fn base_config(
+    config: &LlamaConfig,
+    kind: AttentionKind,
+    top_k: usize,
+    buffer: usize,
+    max_tokens: usize,
+    kv_format: KvRowFormat,
+) -> Result<CacheConfig> {
     if max_tokens > config.context {
         return Err(ModelError::invalid(
             "max_tokens",
@@ -120,29 +163,33 @@ pub fn cache_config(
         AttentionKind::HiSparse => (Mode::HiSparse, top_k),
     };
     let g = config.geometry(k, kv_format)?;
-    let memory = |e: hisparse_engine::MemoryError| ModelError::Engine(e.into());
-    let per_token = g.kv_bytes_per_token().map_err(memory)? + g.index_bytes_per_token().map_err(memory)?;
-    let device = (per_token as u64)
-        .checked_mul(requests as u64)
-        .and_then(|b| b.checked_mul(max_tokens as u64 + 64))
-        .and_then(|b| b.checked_add(b / 4 + (8 << 20)))
-        .ok_or_else(|| ModelError::invalid("requests", requests, "their rows overflow a 64-bit size"))?;
-    if let Some(have) = hisparse_engine::available_memory()
-        && device.saturating_mul(2) > have
-    {
-        return Err(ModelError::invalid(
-            "requests",
-            requests,
-            format!(
-                "{requests} requests of {max_tokens} tokens need {device} B of rows, twice; the machine has {have} B"
-            ),
-        ));
-    }
-    let mut cfg = CacheConfig::new(g, mode, device);
+    let mut cfg = CacheConfig::new(g, mode, 0);
     cfg.typical_tokens = max_tokens;
     cfg.hisparse.max_request_tokens = max_tokens;
     if kind == AttentionKind::HiSparse {
         cfg.hisparse.device_buffer_size = buffer;
     }
     Ok(cfg)
+}
+
+/// Bytes of `requests` requests' rows and keys of `max_tokens`, with a quarter to spare.
+fn rows_bytes(cfg: &CacheConfig, max_tokens: usize, requests: usize) -> Result<u64> {
+    let g = &cfg.geometry;
+    let memory = |e: hisparse_engine::MemoryError| ModelError::Engine(e.into());
+    let per_token = g.kv_bytes_per_token().map_err(memory)? + g.index_bytes_per_token().map_err(memory)?;
+    (per_token as u64)
+        .checked_mul(requests as u64)
+        .and_then(|b| b.checked_mul(max_tokens as u64 + 64))
+        .and_then(|b| b.checked_add(b / 4 + (8 << 20)))
+        .ok_or_else(|| ModelError::invalid("requests", requests, "their rows overflow a 64-bit size"))
+}
+
+/// Refuses (naming `requests`) when `bytes` pass the machine's available memory.
+fn check_memory(bytes: u64, requests: usize, what: &str) -> Result<()> {
+    if let Some(have) = hisparse_engine::available_memory()
+        && bytes > have
+    {
+        return Err(ModelError::invalid("requests", requests, format!("{what}; the machine has {have} B")));
+    }
+    Ok(())
 }

@@ -4,29 +4,12 @@
 //! with buffers that miss and evict, top-k at least the context against dense, and bad input.
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
-use std::path::PathBuf;
+mod common;
 
+use common::{text_tokens, tiny};
 use hisparse_engine::{BuiltinPolicy, CpuBackend, KvCache, KvRowFormat, PolicyChoice, PolicyConfig, RequestId};
 use hisparse_model::tiny::write_tiny_gguf;
 use hisparse_model::{AttentionKind, Llama, ModelError, StepToken, cache_config};
-
-fn tiny(tag: &str, seed: u64) -> (PathBuf, Llama) {
-    let dir = std::env::temp_dir().join(format!("hisparse-tiny-{}-{tag}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("tiny.gguf");
-    write_tiny_gguf(&path, seed).unwrap();
-    let m = Llama::load(&path).unwrap();
-    (dir, m)
-}
-
-/// Tokens of a repeating text longer than every buffer below.
-fn text_tokens(m: &Llama, n: usize) -> Vec<u32> {
-    let text = "the theory of the thing: 1234 then the other 56 thoughts; ".repeat(n / 20 + 1);
-    let ids = m.tokenizer.encode(&text).unwrap();
-    assert!(ids.len() >= n, "{}", ids.len());
-    ids[..n].to_vec()
-}
 
 fn cache(m: &Llama, kind: AttentionKind, top_k: usize, buffer: usize, policy: BuiltinPolicy) -> KvCache<CpuBackend> {
     let mut cfg = cache_config(m.config(), kind, top_k, buffer, 400, KvRowFormat::Bf16, 2).unwrap();

@@ -10,13 +10,12 @@ use std::path::PathBuf;
 
 use clap::Args;
 use hisparse_engine::{EmulatedDevice, LayerView};
-use hisparse_model::{AttentionKind, ForcedOut, LayerObserver, Llama, ModelError, PrefillOut, SelectionRecorder};
+use hisparse_model::{AttentionKind, ForcedOut, LayerObserver, ModelError, PrefillOut, SelectionRecorder};
 use hisparse_policy::trace::TraceWriter;
 use serde::Serialize;
 
 use super::model_args::ModelArgs;
 use crate::error::{BenchError, Result};
-use crate::files::input::{Input, memory_limit};
 use crate::files::output::{AtomicFile, OutputDir};
 use crate::report::plot::{Chart, Series, line_chart};
 use crate::{interrupt, progress};
@@ -49,6 +48,10 @@ pub struct EvalArgs {
     /// selection trace for `hisparse simulate` (needs one context and one top-k).
     #[arg(long)]
     pub record_trace: Option<PathBuf>,
+    /// With --record-trace: also keep the oracle's scores of the selected positions and of the
+    /// N best unselected ones (a version-2 trace, what `next-step` prefetch replays from).
+    #[arg(long, default_value_t = 0)]
+    pub score_margin: usize,
     /// Replace an existing --record-trace file.
     #[arg(long)]
     pub overwrite: bool,
@@ -117,15 +120,6 @@ fn check(args: &EvalArgs, context_max: usize) -> Result<()> {
     Ok(())
 }
 
-fn read_tokens(args: &EvalArgs, m: &Llama) -> Result<Vec<u32>> {
-    let mut text = String::new();
-    for p in &args.text {
-        text += &Input::open("text", p)?.read_text("the text", memory_limit(16))?;
-        text.push('\n');
-    }
-    Ok(m.tokenizer.encode(&text)?)
-}
-
 fn row(context: usize, kind: AttentionKind, top_k: usize, run: &ForcedOut, dense: Option<&ForcedOut>) -> EvalRow {
     let nll: Vec<f64> = run.nll.iter().flatten().copied().collect();
     let steps: usize = run.argmax.iter().map(Vec::len).sum();
@@ -157,21 +151,14 @@ pub fn run(args: &EvalArgs) -> Result<(Vec<EvalRow>, Option<PathBuf>)> {
     let out = args.out.as_ref().map(|d| OutputDir::prepare("out", d)).transpose()?;
     let mut trace =
         args.record_trace.as_ref().map(|p| AtomicFile::create("record-trace", p, args.overwrite)).transpose()?;
-    let mut recorder = SelectionRecorder::default();
+    let mut recorder = SelectionRecorder::with_scores(args.score_margin);
     let mut trace_header = None;
-    let tokens = read_tokens(args, &m)?;
+    let tokens = super::model_args::read_tokens(&args.text, &m)?;
     let runs_per_context = 1 + 2 * args.top_k.len();
     let bar = progress::bar((args.contexts.len() * (1 + runs_per_context)) as u64, "prefill and decode");
     let mut rows = Vec::new();
     for &c in &args.contexts {
         let need = c + args.decode;
-        if tokens.len() < need {
-            return Err(BenchError::flag(
-                "text",
-                tokens.len(),
-                format!("holds {} tokens; context {c} needs {need}", tokens.len()),
-            ));
-        }
         // The windows' rows must fit the machine (the flag the user gave is --windows).
         let probe =
             args.model.cache(m.config(), AttentionKind::Dense, 0, 0, need, args.windows).map_err(|e| match e {
@@ -180,10 +167,8 @@ pub fn run(args: &EvalArgs) -> Result<(Vec<EvalRow>, Option<PathBuf>)> {
                 }
                 e => e,
             })?;
-        // Windows spread evenly over the text (they may overlap when it is short).
-        let span = tokens.len() - need;
-        let starts: Vec<usize> =
-            (0..args.windows).map(|w| span * w / args.windows.max(2).saturating_sub(1).max(1)).collect();
+        let starts = super::model_args::window_starts(tokens.len(), need, args.windows)?;
+
         let (kv, key) = probe.layouts();
         drop(probe);
         let mut prompts: Vec<PrefillOut> = Vec::new();
@@ -199,7 +184,7 @@ pub fn run(args: &EvalArgs) -> Result<(Vec<EvalRow>, Option<PathBuf>)> {
             let mut cache = args.model.cache(m.config(), kind, k, buffer, need, args.windows)?;
             let record = kind == AttentionKind::HiSparse && trace.is_some();
             if record {
-                trace_header = Some(SelectionRecorder::header(&cache.config().geometry, kv.row_bytes()));
+                trace_header = Some(recorder.trace_header(&cache.config().geometry, kv.row_bytes()));
             }
             let mut obs = |l: usize, v: &LayerView<'_, EmulatedDevice>| recorder.observe(l, v);
             let observer: Option<&mut LayerObserver<'_>> = if record { Some(&mut obs) } else { None };

@@ -21,6 +21,8 @@ pub mod rank_vote;
 pub mod replot;
 pub mod run;
 pub mod run_args;
+#[cfg(feature = "model")]
+pub mod run_model;
 pub mod run_ranks;
 pub mod selfcheck;
 pub mod simulate;

@@ -6,11 +6,12 @@ use std::path::PathBuf;
 
 use clap::Args;
 use hisparse_engine::{
-    BuiltinPolicy, CpuBackend, HeadCombine, IndexScore, KvCache, KvRowFormat, OracleScore, PolicyChoice,
+    BuiltinPolicy, CacheConfig, CpuBackend, HeadCombine, IndexScore, KvCache, KvRowFormat, OracleScore, PolicyChoice,
 };
 use hisparse_model::{AttentionKind, Llama, LlamaConfig, cache_config, fetch};
 
 use crate::error::{BenchError, Result};
+use crate::files::input::{Input, memory_limit};
 use crate::{console, interrupt};
 
 /// The model and how its KV is kept.
@@ -74,11 +75,18 @@ impl ModelArgs {
         requests: usize,
     ) -> Result<KvCache<CpuBackend>> {
         let mut cfg = cache_config(config, kind, top_k, buffer, max_tokens, self.kv_format, requests)?;
+        cfg.hisparse.eviction_policy = PolicyChoice::from(self.policy);
+        self.cache_from(cfg, kind)
+    }
+
+    /// A CPU cache of `cfg` (a cache of `kind`) with this command's oracle.
+    pub fn cache_from(&self, mut cfg: CacheConfig, kind: AttentionKind) -> Result<KvCache<CpuBackend>> {
         let combine = match self.combine {
             CombineArg::Sum => HeadCombine::Sum,
             CombineArg::Max => HeadCombine::Max,
         };
         cfg.index_score = IndexScore::Oracle(OracleScore { combine, sink: self.sink, window: self.window });
+        let top_k = cfg.geometry.top_k;
         if kind != AttentionKind::Dense && self.sink + self.window >= top_k {
             return Err(BenchError::flag(
                 "window",
@@ -86,7 +94,26 @@ impl ModelArgs {
                 format!("sink + window must leave room in top-k {top_k}"),
             ));
         }
-        cfg.hisparse.eviction_policy = PolicyChoice::from(self.policy);
         Ok(KvCache::with_named_policies(CpuBackend::new(), cfg)?)
     }
+}
+
+/// The tokens of the text files `paths` (read as UTF-8, joined by newlines).
+pub fn read_tokens(paths: &[PathBuf], m: &Llama) -> Result<Vec<u32>> {
+    let mut text = String::new();
+    for p in paths {
+        text += &Input::open("text", p)?.read_text("the text", memory_limit(16))?;
+        text.push('\n');
+    }
+    Ok(m.tokenizer.encode(&text)?)
+}
+
+/// `n` starts of windows of `len` tokens spread evenly over `tokens` tokens (overlapping when
+/// the text is short); refused, naming `--text`, when it holds fewer than `len`.
+pub fn window_starts(tokens: usize, len: usize, n: usize) -> Result<Vec<usize>> {
+    if tokens < len {
+        return Err(BenchError::flag("text", tokens, format!("holds {tokens} tokens; a window needs {len}")));
+    }
+    let span = tokens - len;
+    Ok((0..n).map(|w| span * w / n.max(2).saturating_sub(1).max(1)).collect())
 }

