@@ -283,3 +283,50 @@ fn run_serves_a_model_within_a_device_budget_and_records_scores() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("--text"), "{}", String::from_utf8_lossy(&o.stderr));
     std::fs::remove_dir_all(d).unwrap();
 }
+
+#[test]
+fn sweep_measures_a_model_at_each_level_within_a_device_budget() {
+    let (d, g) = tiny("sweep");
+    let text = concat!(env!("CARGO_MANIFEST_DIR"), "/../hisparse-model/tests/data/apache-2.0.txt");
+    let out = d.join("sweep");
+    let o = hisparse(&[
+        "sweep",
+        "--gguf",
+        &g,
+        "--text",
+        text,
+        "--context",
+        "100",
+        "--concurrency",
+        "1,6",
+        "--top-k",
+        "8",
+        "--warmup",
+        "1",
+        "--window",
+        "2",
+        "--windows",
+        "3",
+        "--device-memory",
+        "100KiB",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let (stdout, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(o.status.success(), "{err}");
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("sweep.json")).unwrap()).unwrap();
+    let points = json["points"].as_array().unwrap();
+    assert_eq!(points.len(), 2 * 2, "{stdout}");
+    let running = |mode: &str, n: u64| {
+        let p = points.iter().find(|p| p["mode"] == mode && p["concurrency"] == n).unwrap();
+        assert!(p["tokens_per_s"].as_f64().unwrap() > 0.0, "{p}");
+        p["running"].as_f64().unwrap()
+    };
+    assert_eq!((running("resident", 1), running("hisparse", 1)), (1.0, 1.0));
+    // Within the budget six whole requests do not fit; their hot buffers and keys do.
+    let (r, h) = (running("resident", 6), running("hisparse", 6));
+    assert!(r < 6.0 && h > r, "{r} vs {h}");
+    assert!(json["preset"] == "tiny", "{}", json["preset"]);
+    assert!(!json["misses_by_buffer"].as_array().unwrap().is_empty());
+    std::fs::remove_dir_all(d).unwrap();
+}

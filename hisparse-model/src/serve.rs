@@ -49,7 +49,8 @@ pub enum ServeOutcome {
 /// What one step did.
 #[derive(Clone, Debug, Default)]
 pub struct ServedStep {
-    /// Its metrics (`seconds`: the whole step, the model's own work included).
+    /// Its metrics: `seconds` the decode (admission apart, in `stages.admission`), the model's
+    /// own work (projections, MLP, logits) in `stages.model`.
     pub metrics: StepMetrics,
     /// The latency of every token it decoded (a request's first: since it was submitted).
     pub latencies: Vec<TokenLatency>,
@@ -167,9 +168,13 @@ impl<'a, B: Backend<Memory = EmulatedDevice>> ModelServer<'a, B> {
     pub fn step(&mut self) -> Result<ServedStep> {
         let t = Instant::now();
         let admitted = self.admit()?;
+        let admission = t.elapsed().as_secs_f64();
+        let t = Instant::now();
         let mut out = ServedStep::default();
         if self.running.is_empty() {
-            out.metrics = self.counts(StepMetrics { admitted, ..StepMetrics::default() });
+            let mut m = StepMetrics { admitted, ..StepMetrics::default() };
+            m.stages.admission = admission;
+            out.metrics = self.counts(m);
             return Ok(out);
         }
         let batch: Vec<StepToken> =

@@ -30,6 +30,8 @@ pub mod sizing;
 pub mod sweep;
 pub mod sweep_data;
 pub mod sweep_headline;
+#[cfg(feature = "model")]
+pub mod sweep_model;
 pub mod sweep_output;
 pub mod sweep_ranks;
 pub mod trace;

@@ -69,14 +69,15 @@ pub struct ModelInput {
     pub model: Llama,
     /// The prefilled prompts.
     pub prompts: Vec<PrefillOut>,
+    tokens: Vec<u32>,
     args: ModelArgs,
     top_k: usize,
+    count: usize,
 }
 
 impl ModelInput {
-    /// Loads the model and prefills `source.prompts` windows of `context` tokens of the text;
-    /// `flag` names the context's flag in errors.
-    pub fn prepare(source: &ModelSource, engine: &EngineArgs, context: usize, flag: &'static str) -> Result<Self> {
+    /// Loads the model (checking the flags a model run reads); no prompts yet.
+    pub fn load(source: &ModelSource, engine: &EngineArgs) -> Result<Self> {
         if source.text.is_empty() {
             return Err(BenchError::flag("text", "", "a model's prompts are windows of a text: give --text FILE"));
         }
@@ -106,26 +107,45 @@ impl ModelInput {
             window: 0,
         };
         let model = args.load()?;
-        if context == 0 || context >= model.config().context {
+        let tokens = read_tokens(&source.text, &model)?;
+        Ok(Self { model, prompts: Vec::new(), tokens, args, top_k: source.top_k, count: source.prompts })
+    }
+
+    /// Prefills the prompts: windows of `context` tokens spread over the text (`flag` names
+    /// the context in errors), replacing the earlier ones.
+    pub fn prefill(&mut self, context: usize, flag: &'static str) -> Result<()> {
+        let positions = self.model.config().context;
+        if context == 0 || context >= positions {
             return Err(BenchError::flag(
                 flag,
                 context,
-                format!("a prompt must leave room for output in the model's {} positions", model.config().context),
+                format!("a prompt must leave room for output in the model's {positions} positions"),
             ));
         }
-        let tokens = read_tokens(&source.text, &model)?;
-        let probe = args.cache(model.config(), AttentionKind::Dense, 0, 0, context, 1)?;
+        let starts = window_starts(self.tokens.len(), context, self.count)?;
+        let probe = self.args.cache(self.model.config(), AttentionKind::Dense, 0, 0, context, 1)?;
         let (kv, key) = probe.layouts();
         drop(probe);
-        let bar = progress::bar(source.prompts as u64, &format!("prefilling prompts of {context} tokens"));
-        let mut prompts = Vec::new();
-        for s in window_starts(tokens.len(), context, source.prompts)? {
+        self.prompts.clear();
+        let bar = progress::bar(self.count as u64, &format!("prefilling prompts of {context} tokens"));
+        for s in starts {
             interrupt::check(|| "prefilling the prompts".into())?;
-            prompts.push(model.prefill(&tokens[s..s + context], kv, key)?);
+            self.prompts.push(self.model.prefill(&self.tokens[s..s + context], kv, key)?);
             bar.inc(1);
         }
         bar.finish_and_clear();
-        Ok(Self { model, prompts, args, top_k: source.top_k })
+        Ok(())
+    }
+
+    /// Positions each layer selects.
+    pub fn top_k(&self) -> usize {
+        self.top_k
+    }
+
+    /// The model's name in reports: its file's name without the extension.
+    pub fn name(&self) -> String {
+        let file = self.args.gguf.clone().unwrap_or_else(|| PathBuf::from(hisparse_model::fetch::SMOLLM2_FILE));
+        file.file_stem().map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned())
     }
 
     /// A cache of `mode` for `requests` requests of at most `max_tokens`: within
@@ -199,7 +219,8 @@ pub fn run(a: &RunArgs) -> Result<(Vec<ModeRun>, PathBuf)> {
         }
         None => None,
     };
-    let input = ModelInput::prepare(&a.source, &a.engine, context, "context")?;
+    let mut input = ModelInput::load(&a.source, &a.engine)?;
+    input.prefill(context, "context")?;
     let longest = a.output.iter().copied().max().unwrap_or(1);
     let max_tokens = guard::sum(("context", context), ("output", longest))?;
     if max_tokens > input.model.config().context {

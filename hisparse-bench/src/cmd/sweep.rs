@@ -73,6 +73,10 @@ fn check(a: &SweepArgs) -> Result<(Vec<usize>, usize)> {
 /// Runs the sweep; returns the report and the output folder.
 pub fn run(a: &SweepArgs) -> Result<(SweepReport, PathBuf)> {
     let (levels, steps) = check(a)?;
+    #[cfg(feature = "model")]
+    if a.source.given() {
+        return super::sweep_model::run(a, &levels, steps);
+    }
     let g = a.engine.geometry()?;
     let hs = a.engine.hisparse(&g)?;
     let model = a.engine.model()?;
@@ -215,11 +219,20 @@ fn replay(trace: &SharedBuf, k: usize) -> Result<Vec<(usize, Vec<f64>)>> {
     let mut r = TraceReader::new(bytes.as_slice())?;
     let header = r.header().clone();
     let records = r.by_ref().collect::<std::result::Result<Vec<_>, _>>()?;
+    replay_records(&header, &records, k)
+}
+
+/// [`replay`] of records at hand.
+pub(super) fn replay_records(
+    header: &hisparse_policy::trace::TraceHeader,
+    records: &[hisparse_policy::trace::TraceRecord],
+    k: usize,
+) -> Result<Vec<(usize, Vec<f64>)>> {
     let cfg = SimConfig {
         policies: vec![hisparse_policy::BuiltinPolicy::Lru.into()],
         buffer_sizes: vec![k, 2 * k, 4 * k],
         ..SimConfig::default()
     };
-    let rep = simulate(&header, &records, &cfg, &|_| {})?;
+    let rep = simulate(header, records, &cfg, &|_| {})?;
     Ok(rep.results.iter().filter(|x| x.policy == "lru").map(|x| (x.buffer_slots, x.series.clone())).collect())
 }

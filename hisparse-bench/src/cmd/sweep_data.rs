@@ -52,6 +52,10 @@ pub struct SweepArgs {
     /// wrong), and hisparse's efficiency against it. One engine only (not with --gpus).
     #[arg(long)]
     pub bound: bool,
+    /// A real model as the input (`--model`, `--gguf`, with `--text`).
+    #[cfg(feature = "model")]
+    #[command(flatten)]
+    pub source: super::run_model::ModelSource,
 }
 
 /// What a sweep's series measures: a serving mode, or the swap-in-free bound.

@@ -1,0 +1,142 @@
+//! `hisparse sweep --model` / `--gguf`: the sweep's steady-state throughput over concurrency x
+//! context with a real model's requests (`run_model.rs`) instead of the emulated workload. Per
+//! context and mode one server holds the most requests of the sweep, each decoding longer than
+//! the sweep lasts; each level lets that many run (more wait within a `--device-memory`
+//! budget: the point's `running` shows what fit), measured over the same windows as the
+//! emulated sweep.
+
+use std::path::PathBuf;
+
+use hisparse_engine::RequestId;
+use hisparse_model::{ModelServer, SelectionRecorder, ServeRequest};
+use hisparse_policy::trace::{TraceHeader, TraceRecord};
+
+use super::run_model::ModelInput;
+use super::sweep_data::{SweepArgs, SweepMode, SweepReport, Window, point};
+use crate::error::{BenchError, Result};
+use crate::files::OutputDir;
+use crate::{guard, interrupt, progress};
+
+/// Runs the sweep at `levels` (sorted), `steps` steps per level.
+pub fn run(a: &SweepArgs, levels: &[usize], steps: usize) -> Result<(SweepReport, PathBuf)> {
+    if let Some(n) = a.gpus {
+        return Err(BenchError::flag("gpus", n, "a model is served by one CPU engine"));
+    }
+    if a.bound {
+        return Err(BenchError::flag("bound", true, "the swap-in-free bound is measured on the emulated workload"));
+    }
+    let life = (levels.len() + 1).checked_mul(steps).and_then(|s| s.checked_add(1)).ok_or_else(|| {
+        let (flag, v) = guard::largest(&[("window", a.window, 4), ("windows", a.windows, 3), ("warmup", a.warmup, 3)]);
+        BenchError::flag(flag, v, "the sweep's steps overflow")
+    })?;
+    let mut input = ModelInput::load(&a.source, &a.engine)?;
+    let positions = input.model.config().context;
+    for &c in &a.context {
+        if guard::sum(("context", c), ("window", life))? > positions {
+            return Err(BenchError::flag(
+                "context",
+                c,
+                format!("with the sweep's {life} decode steps it passes the model's {positions} positions"),
+            ));
+        }
+    }
+    let out = OutputDir::prepare("out", a.out.as_deref().unwrap_or(std::path::Path::new("results/sweep")))?;
+    let max_n = levels.last().copied().unwrap_or(1);
+    let modes: Vec<SweepMode> = a.mode.modes().into_iter().map(SweepMode::from).collect();
+    let total = levels.iter().sum::<usize>().saturating_mul(a.context.len() * modes.len()).saturating_mul(steps);
+    let bar = progress::bar(total as u64, "request-steps");
+    let (mut points, mut measured_misses, mut tier_bytes) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut hierarchy, mut buffer, mut device_kv, mut host_tier) = (String::new(), 0, 0, 0);
+    let mut trace: Option<(TraceHeader, Vec<TraceRecord>)> = None;
+    for &context in &a.context {
+        bar.set_message(format!("context {context}: prefilling"));
+        input.prefill(context, "context")?;
+        for &mode in &modes {
+            let cache = input.cache(&a.engine, mode.mode(), context + life, max_n)?;
+            let hs = &cache.config().hisparse;
+            if !tier_bytes.iter().any(|&(m, _)| m == mode.mode()) {
+                tier_bytes.push((mode.mode(), cache.device_tier_bytes() as u64));
+            }
+            if mode == SweepMode::HiSparse {
+                (hierarchy, buffer) = (super::sweep_output::hierarchy(hs, "cpu"), hs.device_buffer_size);
+                (device_kv, host_tier) = (hs.device_kv_bytes, hs.host_bytes());
+            }
+            let (layers, row_bytes) = (cache.config().geometry.layers, cache.layouts().0.row_bytes());
+            let geometry = cache.config().geometry.clone();
+            let mut server = ModelServer::new(&input.model, &input.prompts, cache);
+            for i in 0..max_n {
+                let r = ServeRequest { id: RequestId(i as u64), prompt: i % input.prompts.len(), output: life };
+                server.submit(r)?;
+            }
+            let mut per_step = Vec::new();
+            for &n in levels {
+                bar.set_message(format!("context {context}, {n} requests, {mode}"));
+                server.set_max_running(n);
+                let mut windows = vec![Window::default(); a.windows];
+                for s in 0..steps {
+                    interrupt::check(|| format!("measuring context {context}, {n} requests, {mode}"))?;
+                    let m = server.step()?.metrics;
+                    bar.inc(n as u64);
+                    per_step.push(m.swap.misses as f64 / (m.running * layers).max(1) as f64);
+                    if s >= a.warmup {
+                        windows[(s - a.warmup) / a.window].add(&m);
+                    }
+                }
+                points.push(point(context, n, mode, &windows));
+            }
+            if mode == SweepMode::HiSparse {
+                measured_misses.push((format!("context {context}"), per_step));
+                if trace.is_none() {
+                    // The buffer-size comparison replays selections recorded after the
+                    // measurements (recording slows a step down).
+                    bar.set_message(format!("context {context}: selection trace for the buffer-size plot"));
+                    let rec = SelectionRecorder::default();
+                    let header = rec.trace_header(&geometry, row_bytes);
+                    server.record(rec);
+                    for _ in 0..steps {
+                        interrupt::check(|| format!("recording the selection trace of context {context}"))?;
+                        server.step()?;
+                    }
+                    trace = server.take_recorder().map(|r| (header, r.records));
+                }
+            }
+        }
+    }
+    bar.finish_and_clear();
+    let misses_by_buffer = match &trace {
+        Some((header, records)) => super::sweep::replay_records(header, records, input.top_k())?,
+        None => Vec::new(),
+    };
+    let c = input.model.config();
+    let mut report = SweepReport {
+        preset: input.name(),
+        backend: "cpu".into(),
+        emulation: format!(
+            "none: a real model ({} layers, {} query heads over {} KV heads of {}), oracle top-{} over its own \
+             attention weights, {} prompts of the text",
+            c.layers,
+            c.heads,
+            c.kv_heads,
+            c.head_dim,
+            input.top_k(),
+            input.prompts.len()
+        ),
+        device_buffer_size: buffer,
+        gpus: 1,
+        hierarchy,
+        device_kv_bytes: device_kv,
+        device_tier_bytes: tier_bytes,
+        host_tier_bytes: host_tier,
+        window: a.window,
+        windows: a.windows,
+        points,
+        level_starts: levels.iter().enumerate().map(|(i, &n)| (n, i * steps)).collect(),
+        misses_over_time: measured_misses,
+        misses_by_buffer,
+        bound: None,
+        headline: Vec::new(),
+    };
+    report.headline = super::sweep_headline::headlines(&report);
+    super::sweep_output::write(&report, &out)?;
+    Ok((report, out.commit()?))
+}
