@@ -27,6 +27,9 @@ pub enum EngineError {
         /// Why.
         reason: String,
     },
+    /// candle failed reading or making a tensor (feature `candle`).
+    #[error("tensor: {0}")]
+    Tensor(String),
     /// An input handed to the cache with the wrong shape or at the wrong time.
     #[error("invalid {field} = {value}: {reason}")]
     Input {

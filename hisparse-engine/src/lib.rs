@@ -4,7 +4,8 @@
 //! ([`KvCache`], [`DecodeStep`]), and our own engine on top of it ([`Engine`]: requests and
 //! their lifecycle, continuous batching, admission in the resident and hisparse modes, latency,
 //! the synthetic workload ([`workload`]) and its calibration ([`calibrate`]), the emulated
-//! model, metrics).
+//! model, metrics). With the `candle` feature, a layer's inputs and outputs may be candle
+//! tensors (`DecodeStep::layer_tensors`).
 
 pub mod cache;
 pub mod calibrate;
@@ -17,6 +18,8 @@ pub mod ranks;
 pub mod request;
 pub mod runtime;
 pub mod stop;
+#[cfg(feature = "candle")]
+pub mod tensors;
 pub mod workload;
 
 pub use cache::{CacheConfig, Captured, DecodeStep, KvCache, LayerInputs, LayerView, Prompt, Rows};
@@ -29,6 +32,8 @@ pub use ranks::{Collective, CollectiveKind, RankPlan, collectives};
 pub use request::{Outcome, RequestSpec};
 pub use runtime::{RuntimeConfig, RuntimeHandle};
 pub use stop::StopFlag;
+#[cfg(feature = "candle")]
+pub use tensors::{TensorInputs, TensorOutputs};
 pub use workload::{LocalityParams, Workload};
 
 // What an embedder holds to run the hierarchy from its own model, from this crate alone.

@@ -42,7 +42,7 @@ pub enum RankMember {
     /// A rank of a CPU group ([`CpuRank::group`]).
     Cpu(CpuRank),
     /// Rank `rank` of `ranks` of the NCCL group `id` (the backend's GPU).
-    #[cfg(feature = "cuda")]
+    #[cfg(feature = "nccl")]
     Nccl {
         /// The group.
         id: crate::cuda::NcclId,
@@ -58,7 +58,7 @@ impl RankMember {
     pub fn ranks(&self) -> usize {
         match self {
             Self::Cpu(r) => r.shared.ranks,
-            #[cfg(feature = "cuda")]
+            #[cfg(feature = "nccl")]
             Self::Nccl { ranks, .. } => *ranks,
         }
     }

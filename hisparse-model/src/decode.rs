@@ -104,7 +104,11 @@ impl Llama {
                 attention_queries: &attention_queries,
                 new_kv_rows: &rows,
             };
-            step.layer(l, &inputs, &mut out, &mut lse)?;
+            if self.tensor_layers {
+                self.layer_through_tensors(&mut step, l, &inputs, (&mut out, &mut lse))?;
+            } else {
+                step.layer(l, &inputs, &mut out, &mut lse)?;
+            }
             if let Some(obs) = observe.as_deref_mut() {
                 let view = step.view()?;
                 obs(l, &view)?;
@@ -116,5 +120,41 @@ impl Llama {
         let metrics = step.end()?;
         let logits = matmul(&self.weights.output, &rms_norm(&x, &self.weights.norm, c.rms_eps), n)?;
         Ok(DecodeOut { logits, metrics })
+    }
+}
+
+impl Llama {
+    /// Layer `l` of `step` through `DecodeStep::layer_tensors`: `inputs` as candle CPU tensors,
+    /// the outputs copied back into `out` and `lse`.
+    fn layer_through_tensors<B: Backend<Memory = EmulatedDevice>>(
+        &self,
+        step: &mut hisparse_engine::DecodeStep<'_, B>,
+        l: usize,
+        inputs: &LayerInputs<'_, EmulatedDevice>,
+        (out, lse): (&mut [f32], &mut [f32]),
+    ) -> Result<()> {
+        use candle_core::{Device, Tensor};
+        let n = step.batch().len();
+        let cpu = &Device::Cpu;
+        let t = |v: &[bf16], d: usize| Tensor::from_slice(v, (n, v.len() / n.max(1) / d, d), cpu);
+        let c = self.config();
+        let iq = inputs.index_queries.map(|v| t(v, c.kv_heads * c.head_dim)).transpose()?;
+        let iw = inputs.index_weights.map(|v| Tensor::from_slice(v, (n, v.len() / n.max(1)), cpu)).transpose()?;
+        let ik = inputs.new_index_keys.map(|v| Tensor::from_slice(v, (n, v.len() / n.max(1)), cpu)).transpose()?;
+        let q = t(inputs.attention_queries, c.head_dim)?;
+        let rows = Tensor::from_slice(inputs.new_kv_rows, (n, inputs.new_kv_rows.len() / n.max(1)), cpu)?;
+        let got = step.layer_tensors(
+            l,
+            &hisparse_engine::TensorInputs {
+                index_queries: iq.as_ref(),
+                index_weights: iw.as_ref(),
+                new_index_keys: ik.as_ref(),
+                attention_queries: &q,
+                new_kv_rows: &rows,
+            },
+        )?;
+        out.copy_from_slice(&got.out.flatten_all()?.to_vec1::<f32>()?);
+        lse.copy_from_slice(&got.lse.flatten_all()?.to_vec1::<f32>()?);
+        Ok(())
     }
 }

@@ -35,3 +35,8 @@ pub use serve::{ModelServer, ServeOutcome, ServeRequest, ServedStep};
 pub use tokenizer::TextTokenizer;
 pub use trace::SelectionRecorder;
 pub use weights::{BlockWeights, LlamaWeights};
+
+/// The README's examples, compiled and run as doc-tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

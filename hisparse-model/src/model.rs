@@ -19,6 +19,7 @@ pub struct Llama {
     pub tokenizer: TextTokenizer,
     pub(crate) rope: Rope,
     stop: StopFlag,
+    pub(crate) tensor_layers: bool,
 }
 
 impl Llama {
@@ -38,13 +39,20 @@ impl Llama {
             ));
         }
         let rope = Rope::new(c.head_dim, c.rope_base, c.context);
-        Ok(Self { weights, tokenizer, rope, stop: StopFlag::never() })
+        Ok(Self { weights, tokenizer, rope, stop: StopFlag::never(), tensor_layers: false })
     }
 
     /// Observes `stop`: a prefill stops between layers and a decode step before it begins, with
     /// `EngineError::Stopped`, leaving the cache as it was.
     pub fn set_stop(&mut self, stop: StopFlag) {
         self.stop = stop;
+    }
+
+    /// Hands every decode layer's attention to `DecodeStep::layer_tensors` as candle tensors
+    /// (`true`) instead of `DecodeStep::layer` with slices (the default): the same results bit
+    /// for bit, the way a model written with candle calls the cache.
+    pub fn use_tensor_layers(&mut self, on: bool) {
+        self.tensor_layers = on;
     }
 
     /// Fails once a stop was asked for.

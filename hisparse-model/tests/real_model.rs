@@ -95,3 +95,21 @@ fn hisparse_equals_sparse_resident_on_real_text_for_every_online_policy() {
     }
     assert!(checked.len() >= 9, "{checked:?}");
 }
+
+#[test]
+fn real_layers_through_candle_tensors_equal_the_slice_path() {
+    let (_, mut m) = model();
+    let ids = m.tokenizer.encode(TEXT).unwrap();
+    let mut run = |tensors: bool| {
+        m.use_tensor_layers(tensors);
+        let mut c = cache(&m, AttentionKind::HiSparse, 32, 48, BuiltinPolicy::Lru);
+        let (kv, key) = c.layouts();
+        let p = [m.prefill(&ids[..120], kv, key).unwrap()];
+        let next: [&[u32]; 1] = [&ids[120..128]];
+        let r = m.teacher_forced(&mut c, &p, &next, true, None).unwrap();
+        assert!(r.counts.misses > 0);
+        r.logits
+    };
+    let (slices, tensors) = (run(false), run(true));
+    assert_eq!(slices, tensors);
+}

@@ -171,3 +171,22 @@ fn a_recorded_trace_replays_to_the_engines_hits_and_misses() {
     assert!(run.counts.misses > 100);
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[test]
+fn layers_through_candle_tensors_equal_the_slice_path() {
+    let (dir, mut m) = tiny("tensors", 8);
+    let ids = text_tokens(&m, 220);
+    let mut run = |tensors: bool| {
+        m.use_tensor_layers(tensors);
+        let mut c = cache(&m, AttentionKind::HiSparse, 16, 24, BuiltinPolicy::Lru);
+        let (kv, key) = c.layouts();
+        let p = [m.prefill(&ids[..100], kv, key).unwrap(), m.prefill(&ids[20..120], kv, key).unwrap()];
+        let next: [&[u32]; 2] = [&ids[100..160], &ids[120..180]];
+        let r = m.teacher_forced(&mut c, &p, &next, true, None).unwrap();
+        assert!(r.counts.misses > 0);
+        r.logits
+    };
+    let (slices, tensors) = (run(false), run(true));
+    assert_eq!(slices, tensors);
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -30,7 +30,9 @@ pub use policy::BuiltinPolicy;
 pub use policy::{EvictionPolicy, PolicyConfig, PolicyEnv, PolicyScalars, SlotRecord, StampRule, StepCtx, VictimKey};
 pub use prefetch::BuiltinPrefetcher;
 pub use prefetch::{Prefetcher, PrefetcherConfig};
-pub use simulate::{SimConfig, SimReport, SimResult, memory_estimate, replays, simulate, simulate_with};
+pub use simulate::{
+    SimConfig, SimReport, SimResult, memory_estimate, replays, simulate, simulate_policies, simulate_with,
+};
 pub use swap_in::{PrefetchPlan, SwapInPlan, SwapInState, SwapInputs, copy_missing_rows, copy_rows};
 
 /// The README's examples, compiled and run as doc-tests.

@@ -3,8 +3,10 @@
 //! * `cargo xtask ci` — what CI runs, in order: `cargo fmt --check`; clippy on all targets and
 //!   features with `-D warnings`; the tests (all features); each library crate built and tested
 //!   on its own with default features, and `hisparse-memory` and `hisparse-policy` checked to
-//!   pull no `cudarc`; `cargo doc --no-deps` with warnings denied; and the CUDA kernel compile
-//!   check for sm_90a. NVRTC 13.0 and the CUDA headers are set up first when missing (through
+//!   pull no `cudarc`; `cargo doc --no-deps` with warnings denied; the CUDA backend checked
+//!   beside candle's cudarc features (`compat/beside-candle`); every library crate packaged and
+//!   built from its package; the Python package built into a virtual environment and its
+//!   pytest suite; and the CUDA kernel compile check for sm_90a. NVRTC 13.0 and the CUDA headers are set up first when missing (through
 //!   `.ci/nvrtc-env.sh`, cached under `~/.cache/hisparse`); `--offline` skips that, and the
 //!   check then prints one loud SKIPPED line where no NVRTC is found. The test runner's summary
 //!   is printed last.
@@ -14,6 +16,8 @@
 // A command-line tool: printing is its job.
 #![allow(clippy::print_stdout)]
 
+mod publish;
+mod python;
 mod tidy;
 
 use std::io::{BufRead, BufReader};
@@ -235,6 +239,9 @@ fn ci(offline: bool) -> bool {
             "cargo doc --no-deps (warnings denied)",
             cargo().args(["doc", "--workspace", "--no-deps", "--all-features"]).env("RUSTDOCFLAGS", "-D warnings"),
         )
+        && publish::beside_candle()
+        && publish::package()
+        && python::tests()
         && kernel_check(&nvrtc);
     println!("\n=== xtask ci: took {:.0} s", t.elapsed().as_secs_f64());
     println!("\n=== xtask ci: {}", if steps_ok { "all steps passed" } else { "FAILED" });

@@ -114,8 +114,7 @@ pub fn run(a: &KernelBenchArgs) -> Result<Vec<Figure>> {
     let hbm = 2.0 * n as f64 / (ms * 1e-3);
     push("HBM device-to-device copy, 2 GiB (read + write)".into(), hbm / 1e9, "GB/s", "ceiling".into());
     drop((src, dst));
-    // SAFETY: only tries to load libcublas.
-    if !unsafe { blas::is_culib_present() } {
+    if !hisparse_kernels::cuda::blas_available() {
         return Err(BenchError::Gpu("libcublas not found (set LD_LIBRARY_PATH to the CUDA lib64)".into()));
     }
     let blas_h = CudaBlas::new(s.clone()).map_err(|e| BenchError::Gpu(format!("cuBLAS: {e}")))?;

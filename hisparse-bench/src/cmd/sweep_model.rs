@@ -57,7 +57,8 @@ pub fn run(a: &SweepArgs, levels: &[usize], steps: usize) -> Result<(SweepReport
             if !tier_bytes.iter().any(|&(m, _)| m == mode.mode()) {
                 tier_bytes.push((mode.mode(), cache.device_tier_bytes() as u64));
             }
-            if mode == SweepMode::HiSparse {
+            // The report's hierarchy is hisparse's; a resident-only sweep shows its own budget.
+            if mode == SweepMode::HiSparse || hierarchy.is_empty() {
                 (hierarchy, buffer) = (super::sweep_output::hierarchy(hs, "cpu"), hs.device_buffer_size);
                 (device_kv, host_tier) = (hs.device_kv_bytes, hs.host_bytes());
             }
@@ -112,8 +113,8 @@ pub fn run(a: &SweepArgs, levels: &[usize], steps: usize) -> Result<(SweepReport
         preset: input.name(),
         backend: "cpu".into(),
         emulation: format!(
-            "none: a real model ({} layers, {} query heads over {} KV heads of {}), oracle top-{} over its own \
-             attention weights, {} prompts of the text",
+            "a real model, nothing emulated ({} layers, {} query heads over {} KV heads of {}), oracle top-{} \
+             over its own attention weights, {} prompts of the text",
             c.layers,
             c.heads,
             c.kv_heads,

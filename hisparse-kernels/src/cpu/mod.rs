@@ -73,7 +73,7 @@ impl ModelKernels for CpuBackend {
     ) -> Result<Box<dyn crate::collectives::Collectives<EmulatedDevice>>> {
         match member {
             crate::collectives::RankMember::Cpu(r) => Ok(Box::new(r)),
-            #[cfg(feature = "cuda")]
+            #[cfg(feature = "nccl")]
             crate::collectives::RankMember::Nccl { ranks, .. } => {
                 Err(KernelError::invalid("gpus", ranks, "an NCCL rank on the CPU backend: use --backend cuda"))
             }

@@ -391,12 +391,15 @@ impl ModelKernels for CudaBackend {
         member: crate::collectives::RankMember,
     ) -> Result<Box<dyn crate::collectives::Collectives<CudaMemory>>> {
         match member {
+            #[cfg(feature = "nccl")]
             crate::collectives::RankMember::Nccl { id, rank, ranks } => {
                 Ok(Box::new(super::NcclRank::join(&self.dev, rank, ranks, &id)?))
             }
-            m @ crate::collectives::RankMember::Cpu(_) => {
-                Err(KernelError::invalid("gpus", m.ranks(), "a CPU rank on the CUDA backend: ranks of GPUs use NCCL"))
-            }
+            m @ crate::collectives::RankMember::Cpu(_) => Err(KernelError::invalid(
+                "gpus",
+                m.ranks(),
+                "a CPU rank on the CUDA backend: ranks of GPUs use NCCL (feature `nccl`)",
+            )),
         }
     }
 }

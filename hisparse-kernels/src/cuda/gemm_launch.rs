@@ -37,8 +37,7 @@ impl GemmLaunch<'_> {
         if let Some(b) = self.blas.get() {
             return Ok(b);
         }
-        // SAFETY: only tries to load the library.
-        if !unsafe { blas::is_culib_present() } {
+        if !super::blas_available() {
             return Err(KernelError::CudaUnavailable {
                 reason: "libcublas not found (add the CUDA lib64 folder to LD_LIBRARY_PATH)".into(),
             });

@@ -14,6 +14,8 @@ pub(crate) mod device;
 pub mod facts;
 mod gemm_launch;
 mod launch_graph;
+mod libs;
+#[cfg(feature = "nccl")]
 mod nccl;
 mod nvrtc;
 pub(crate) mod printed_launch;
@@ -27,8 +29,12 @@ pub use backup::{BackupRows, CudaRowBackup, GpuBackup};
 pub use decode_launch::FixedHeadIndexer;
 pub use device::CudaDevice;
 pub use launch_graph::LaunchGraph;
-pub use nccl::{NcclId, NcclRank, nccl_available};
-pub use nvrtc::{ARCH, CompiledKernel, compile, cuda_include_dir, nvrtc_available, nvrtc_version};
+#[cfg(feature = "nccl")]
+pub use libs::nccl_available;
+pub use libs::{blas_available, driver_available, library_present, nvrtc_available};
+#[cfg(feature = "nccl")]
+pub use nccl::{NcclId, NcclRank};
+pub use nvrtc::{ARCH, CompiledKernel, compile, cuda_include_dir, nvrtc_version};
 pub use printed_launch::LaunchPrint;
 pub use sources::{KernelSource, all_sources, source};
 
@@ -39,12 +45,6 @@ pub use crate::swap_in::cuda::{
 };
 
 use crate::error::KernelError;
-
-/// Whether a CUDA driver library (`libcuda`) can be loaded here.
-pub fn driver_available() -> bool {
-    // SAFETY: only tries to dlopen the driver library; no CUDA call is made.
-    unsafe { cudarc::driver::sys::is_culib_present() }
-}
 
 /// Free and total bytes of GPU `ordinal`'s memory.
 pub fn memory_info(ordinal: usize) -> Result<(u64, u64), KernelError> {

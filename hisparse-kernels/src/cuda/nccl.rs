@@ -15,6 +15,7 @@ use half::bf16;
 use hisparse_memory::cuda::CudaMemory;
 
 use super::device::CudaDevice;
+use super::libs::nccl_available;
 use crate::collectives::Collectives;
 use crate::error::{KernelError, Result, check_len};
 
@@ -25,12 +26,6 @@ fn times_ranks(len: usize, ranks: usize) -> Result<usize> {
 
 fn nccl_error(context: &'static str) -> impl FnOnce(cudarc::nccl::result::NcclError) -> KernelError {
     move |e| KernelError::Cuda { context: context.to_owned(), message: format!("{e:?}") }
-}
-
-/// Whether the NCCL library (`libnccl`) can be loaded here.
-pub fn nccl_available() -> bool {
-    // SAFETY: only tries to dlopen the library; no NCCL call is made.
-    unsafe { cudarc::nccl::sys::is_culib_present() }
 }
 
 fn require_nccl() -> Result<()> {

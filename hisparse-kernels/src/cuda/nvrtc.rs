@@ -5,17 +5,12 @@ use std::path::PathBuf;
 
 use cudarc::nvrtc::{CompileError, CompileOptions, Ptx};
 
+use super::libs::nvrtc_available;
 use super::sources::KernelSource;
 use crate::error::{KernelError, Result};
 
 /// The architecture every kernel is compiled for (Hopper with its `a` features: wgmma, TMA).
 pub const ARCH: &str = "sm_90a";
-
-/// Whether the NVRTC library can be loaded here.
-pub fn nvrtc_available() -> bool {
-    // SAFETY: only tries to dlopen the NVRTC library; no NVRTC call is made.
-    unsafe { cudarc::nvrtc::sys::is_culib_present() }
-}
 
 /// The NVRTC version `(major, minor)`, or `CudaUnavailable`.
 pub fn nvrtc_version() -> Result<(i32, i32)> {

@@ -17,6 +17,7 @@ mod replay;
 mod stamped;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use rayon::prelude::*;
 use serde::Serialize;
@@ -24,7 +25,7 @@ use serde::Serialize;
 use crate::choice::{PolicyChoice, PrefetcherChoice};
 use crate::counts::SwapCounts;
 use crate::error::{PolicyError, Result};
-use crate::policy::PolicyConfig;
+use crate::policy::{EvictionPolicy, PolicyConfig};
 use crate::prefetch::PrefetcherConfig;
 use crate::trace::{TraceHeader, TraceRecord};
 
@@ -237,14 +238,27 @@ pub fn simulate_with(
     progress: &(dyn Fn(u64) + Sync),
     cancel: &(dyn Fn() -> bool + Sync),
 ) -> Result<SimReport> {
-    if cfg.policies.is_empty() || cfg.buffer_sizes.is_empty() {
+    let policies: Vec<_> = cfg.policies.iter().map(|p| p.make(&cfg.policy_config)).collect::<Result<_>>()?;
+    simulate_policies(header, records, cfg, &policies, progress, cancel)
+}
+
+/// [`simulate_with`] of policies made by the caller (`cfg.policies` is not read): a policy of
+/// the caller's own, one defined in another language through its hooks, or a built-in.
+pub fn simulate_policies(
+    header: &TraceHeader,
+    records: &[TraceRecord],
+    cfg: &SimConfig,
+    policies: &[Arc<dyn EvictionPolicy>],
+    progress: &(dyn Fn(u64) + Sync),
+    cancel: &(dyn Fn() -> bool + Sync),
+) -> Result<SimReport> {
+    if policies.is_empty() || cfg.buffer_sizes.is_empty() {
         return Err(PolicyError::Invalid {
             field: "policies",
-            value: cfg.policies.len().to_string(),
+            value: policies.len().to_string(),
             reason: "need at least one policy and one buffer size".into(),
         });
     }
-    let policies: Vec<_> = cfg.policies.iter().map(|p| p.make(&cfg.policy_config)).collect::<Result<_>>()?;
     let chosen = if cfg.prefetchers.is_empty() { vec![PrefetcherChoice::default()] } else { cfg.prefetchers.clone() };
     let prefetchers: Vec<_> = chosen.iter().map(|p| p.make(&cfg.prefetcher_config)).collect();
     for &b in &cfg.buffer_sizes {

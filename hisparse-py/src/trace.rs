@@ -1,0 +1,250 @@
+//! `hisparse.Trace`: a selection trace in memory — read from our files (binary `.hstrace` or
+//! JSON lines), built from a NumPy array or SGLang's `indexer_topk`, written atomically (a
+//! temporary file beside the destination, placed without replacing unless asked), and shown
+//! back as NumPy arrays.
+
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use hisparse_policy::trace::{TraceHeader, TraceRecord, TraceWriter, read_trace};
+use numpy::{PyArray1, PyArray2, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArrayMethods};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyString};
+
+use crate::arrays::{Positions, records, sglang_positions};
+use crate::error::{exists, io, kind, policy, value};
+
+/// A selection trace: which positions each (step, request, layer) selected.
+#[pyclass(module = "hisparse", name = "Trace", frozen)]
+pub struct Trace {
+    pub(crate) header: TraceHeader,
+    pub(crate) records: Vec<TraceRecord>,
+}
+
+/// `x` as a contiguous int64 array, refused naming `arg` unless it holds integers.
+fn int_array<'py>(arg: &str, x: &Bound<'py, PyAny>) -> PyResult<PyReadonlyArrayDyn<'py, i64>> {
+    let py = x.py();
+    let np = py.import("numpy")?;
+    let arr = np.call_method1("asarray", (x,))?;
+    let dtype_kind: String = arr.getattr("dtype")?.getattr("kind")?.extract()?;
+    if dtype_kind != "i" && dtype_kind != "u" {
+        let dtype = arr.getattr("dtype")?.str()?.to_string();
+        return Err(kind(arg, format!("an array of {dtype}; positions are integers")));
+    }
+    let arr = np.call_method1("ascontiguousarray", (arr, "int64"))?;
+    arr.extract().map_err(|_| kind(arg, "not convertible to an int64 array"))
+}
+
+impl Trace {
+    fn from_positions(
+        selected: &PyReadonlyArrayDyn<'_, i64>,
+        seq_lens: Option<&PyReadonlyArrayDyn<'_, i64>>,
+        top_k: Option<u32>,
+        row_bytes: u32,
+        first_request: u64,
+    ) -> PyResult<Self> {
+        let shape: [usize; 4] = match *selected.shape() {
+            [s, l, k] => [1, s, l, k],
+            [r, s, l, k] => [r, s, l, k],
+            ref other => {
+                return Err(value(
+                    "selected",
+                    format!("shape {other:?}; expected (steps, layers, k) or (requests, steps, layers, k)"),
+                ));
+            }
+        };
+        let data = selected.as_slice().map_err(|_| value("selected", "not contiguous"))?;
+        let lens = match seq_lens {
+            Some(a) => {
+                let want: &[usize] = if selected.ndim() == 3 { &[shape[1]] } else { &shape[..2] };
+                if a.shape() != want {
+                    return Err(value("seq_lens", format!("shape {:?}; expected {want:?}", a.shape())));
+                }
+                Some(a.as_slice().map_err(|_| value("seq_lens", "not contiguous"))?)
+            }
+            None => None,
+        };
+        let (header, records) = records(&Positions { data, shape, seq_lens: lens, top_k, row_bytes, first_request })?;
+        Ok(Self { header, records })
+    }
+
+    /// Writes the trace to `tmp`, a new file.
+    fn write_to(&self, tmp: &Path) -> PyResult<()> {
+        let f = std::fs::OpenOptions::new().write(true).create_new(true).open(tmp).map_err(|e| io(tmp, e))?;
+        let mut w = TraceWriter::new(std::io::BufWriter::new(f), self.header.clone()).map_err(|e| policy("path", e))?;
+        for r in &self.records {
+            w.write(r).map_err(|e| policy("path", e))?;
+        }
+        let mut f = w.finish().map_err(|e| policy("path", e))?;
+        f.flush().map_err(|e| io(tmp, e))?;
+        f.get_ref().sync_all().map_err(|e| io(tmp, e))
+    }
+}
+
+#[pymethods]
+impl Trace {
+    /// Reads a trace file (binary `.hstrace` or JSON lines); a corrupt file raises ValueError
+    /// naming where, a file over `max_bytes` is refused before it is read.
+    #[staticmethod]
+    #[pyo3(signature = (path, max_bytes = 1 << 34))]
+    fn read(py: Python<'_>, path: PathBuf, max_bytes: u64) -> PyResult<Self> {
+        let (header, records) = py
+            .detach(|| read_trace(&path, max_bytes))
+            .map_err(|e| value("path", format!("{}: {e}", path.display())))?;
+        Ok(Self { header, records })
+    }
+
+    /// Writes the trace as a binary `.hstrace` file: into a temporary file beside `path`, then
+    /// placed; an existing file is replaced only with `overwrite=True` (FileExistsError
+    /// otherwise), and a failed write leaves nothing behind.
+    #[pyo3(signature = (path, overwrite = false))]
+    fn write(&self, py: Python<'_>, path: PathBuf, overwrite: bool) -> PyResult<()> {
+        py.detach(|| {
+            if !overwrite && path.symlink_metadata().is_ok() {
+                return Err(exists(&path));
+            }
+            let name = path.file_name().ok_or_else(|| value("path", format!("{}: not a file name", path.display())))?;
+            let mut tmp_name = std::ffi::OsString::from(".");
+            tmp_name.push(name);
+            tmp_name.push(format!(".{}.tmp", std::process::id()));
+            let tmp = path.with_file_name(tmp_name);
+            let placed = self.write_to(&tmp).and_then(|()| {
+                if overwrite {
+                    std::fs::rename(&tmp, &path).map_err(|e| io(&path, e))
+                } else {
+                    // A hard link never replaces: a file made at `path` meanwhile is refused.
+                    match std::fs::hard_link(&tmp, &path) {
+                        Ok(()) => Ok(()),
+                        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Err(exists(&path)),
+                        Err(e) => Err(io(&path, e)),
+                    }
+                }
+            });
+            let _ = std::fs::remove_file(&tmp);
+            placed
+        })
+    }
+
+    /// A trace from positions: an integer array `(steps, layers, k)` for one request or
+    /// `(requests, steps, layers, k)`, -1 padding unused entries (any order within a row).
+    /// `seq_lens` (`(steps,)` or `(requests, steps)`) gives each step's sequence length; by
+    /// default one past the largest position selected so far. `top_k` defaults to `k`.
+    #[staticmethod]
+    #[pyo3(signature = (selected, *, seq_lens = None, top_k = None, row_bytes = 656, first_request = 0))]
+    fn from_array(
+        selected: &Bound<'_, PyAny>,
+        seq_lens: Option<&Bound<'_, PyAny>>,
+        top_k: Option<u32>,
+        row_bytes: u32,
+        first_request: u64,
+    ) -> PyResult<Self> {
+        let sel = int_array("selected", selected)?;
+        let lens = seq_lens.map(|s| int_array("seq_lens", s)).transpose()?;
+        Self::from_positions(&sel, lens.as_ref(), top_k, row_bytes, first_request)
+    }
+
+    /// A trace from SGLang's `meta_info["indexer_topk"]` of one request (run with
+    /// `--enable-return-indexer-topk`): base64 of int32 `(tokens, layers, top_k)`. Token `t`
+    /// is decode step `t`, its sequence `prompt_tokens + t + 1` tokens long.
+    #[staticmethod]
+    #[pyo3(signature = (indexer_topk, *, layers, top_k, prompt_tokens, request = 0, row_bytes = 656))]
+    fn from_sglang(
+        py: Python<'_>,
+        indexer_topk: &Bound<'_, PyAny>,
+        layers: usize,
+        top_k: usize,
+        prompt_tokens: u32,
+        request: u64,
+        row_bytes: u32,
+    ) -> PyResult<Self> {
+        let b64: Vec<u8> = if indexer_topk.is_instance_of::<PyString>() {
+            indexer_topk.extract::<String>()?.into_bytes()
+        } else if let Ok(b) = indexer_topk.cast::<PyBytes>() {
+            b.as_bytes().to_vec()
+        } else {
+            return Err(kind("indexer_topk", "expected the base64 text (str or bytes)"));
+        };
+        let data = sglang_positions(&b64, layers, top_k)?;
+        let tokens = data.len() / (layers * top_k);
+        let lens: Vec<i64> = (0..tokens).map(|t| i64::from(prompt_tokens) + t as i64 + 1).collect();
+        let (header, records) = records(&Positions {
+            data: &data,
+            shape: [1, tokens, layers, top_k],
+            seq_lens: Some(&lens),
+            top_k: Some(u32::try_from(top_k).map_err(|_| value("top_k", format!("{top_k}: too large")))?),
+            row_bytes,
+            first_request: request,
+        })?;
+        let _ = py;
+        Ok(Self { header, records })
+    }
+
+    /// Positions a step selects per (request, layer).
+    #[getter]
+    fn top_k(&self) -> u32 {
+        self.header.top_k
+    }
+
+    /// Layers of the model.
+    #[getter]
+    fn layers(&self) -> u32 {
+        self.header.layers
+    }
+
+    /// Bytes of a KV row.
+    #[getter]
+    fn row_bytes(&self) -> u32 {
+        self.header.row_bytes
+    }
+
+    /// Whether the records carry scores (version 2, what `score` and `next-step` need).
+    #[getter]
+    fn has_scores(&self) -> bool {
+        self.header.has_scores
+    }
+
+    /// The request ids, ascending.
+    #[getter]
+    fn requests(&self) -> Vec<u64> {
+        self.records.iter().map(|r| r.request).collect::<BTreeSet<_>>().into_iter().collect()
+    }
+
+    /// Records: one per (step, request, layer).
+    fn __len__(&self) -> usize {
+        self.records.len()
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Trace({} records, {} requests, {} layers, top_k {}, scores {})",
+            self.records.len(),
+            self.requests().len(),
+            self.header.layers,
+            self.header.top_k,
+            self.header.has_scores
+        )
+    }
+
+    /// The records as NumPy arrays: `step`, `request`, `layer`, `seq_len` (one per record) and
+    /// `selected` (`(records, top_k)` int32, -1 padded).
+    fn to_arrays<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        let col = |f: &dyn Fn(&TraceRecord) -> i64| self.records.iter().map(f).collect::<Vec<i64>>();
+        d.set_item("step", PyArray1::from_vec(py, col(&|r| i64::from(r.step))))?;
+        d.set_item("request", PyArray1::from_vec(py, self.records.iter().map(|r| r.request).collect::<Vec<u64>>()))?;
+        d.set_item("layer", PyArray1::from_vec(py, col(&|r| i64::from(r.layer))))?;
+        d.set_item("seq_len", PyArray1::from_vec(py, col(&|r| i64::from(r.seq_len))))?;
+        let k = self.header.top_k as usize;
+        let mut sel = vec![-1i32; self.records.len() * k];
+        for (row, r) in sel.chunks_exact_mut(k).zip(&self.records) {
+            for (o, &p) in row.iter_mut().zip(&r.selected) {
+                *o = p as i32;
+            }
+        }
+        let arr = PyArray1::from_vec(py, sel).reshape([self.records.len(), k])?;
+        let arr: Bound<'py, PyArray2<i32>> = arr;
+        d.set_item("selected", arr)?;
+        Ok(d)
+    }
+}

@@ -1,0 +1,129 @@
+"""The simulator from Python: built-ins by name and as classes, Belady in every row, a policy
+written in Python replaying exactly like the built-in it copies, errors named."""
+
+import math
+
+import pytest
+
+import hisparse
+
+
+class PyLRU(hisparse.PythonPolicy):
+    """LRU in Python: a slot's first word is the step it was last selected at."""
+
+    name = "py-lru"
+
+    def priority(self, record, env):
+        return record[0]
+
+    def on_insert(self, record, env):
+        return (env.step, 0)
+
+    def on_hit(self, record, env):
+        return (env.step, 0)
+
+
+class PyFIFO(hisparse.PythonPolicy):
+    name = "py-fifo"
+
+    def priority(self, record, env):
+        return record[0]
+
+    def on_insert(self, record, env):
+        return (env.step, 0)
+
+
+def test_rows_hold_every_combination_with_belady(trace):
+    k = trace.top_k
+    rows = hisparse.simulate(trace, ["lru", "fifo", "clock"], [k, 2 * k], ["none", "adjacent-layer"])
+    assert len(rows) == 4 * 2 * 2  # belady added
+    for r in rows:
+        assert r["hits"] + r["misses"] == r["selected"] > 0
+        assert math.isclose(r["miss_ratio"], r["misses"] / r["selected"])
+        assert r["misses"] >= r["belady_misses"] or r["prefetcher"] != "none"
+        assert r["bytes"] >= r["misses"] * trace.row_bytes
+    lru = {(r["buffer"], r["prefetcher"]): r for r in rows if r["policy"] == "lru"}
+    assert lru[(2 * k, "none")]["misses"] <= lru[(k, "none")]["misses"]
+    assert lru[(k, "none")]["misses"] > 0
+
+
+def test_python_policies_replay_exactly_like_the_builtins(trace):
+    k = trace.top_k
+    for builtin, mine in (("lru", PyLRU()), ("fifo", PyFIFO())):
+        rows = hisparse.simulate(trace, [builtin, mine], [k, 2 * k], ["none", "adjacent-layer"], belady=False)
+        by = {(r["policy"], r["buffer"], r["prefetcher"]): r for r in rows}
+        for b in (k, 2 * k):
+            for f in ("none", "adjacent-layer"):
+                ours, theirs = by[(mine.name, b, f)], by[(builtin, b, f)]
+                assert (ours["hits"], ours["misses"], ours["bytes"]) == (theirs["hits"], theirs["misses"], theirs["bytes"])
+
+
+def test_classes_in_libcachesims_shape(trace):
+    k = trace.top_k
+    lru = hisparse.LRU(2 * k)
+    row = lru.process(trace)
+    assert row["policy"] == "lru" and row["buffer"] == 2 * k
+    assert lru.process_trace(trace) == row["miss_ratio"]
+    assert hisparse.Belady(2 * k).process_trace(trace) <= row["miss_ratio"]
+    assert PyLRU().process(trace, 2 * k)["misses"] == row["misses"]
+    buffers, ratios = hisparse.miss_ratio_curve(trace, "belady")
+    assert buffers == sorted(buffers) and all(a >= b for a, b in zip(ratios, ratios[1:]))
+    with pytest.raises(ValueError, match="buffer_size"):
+        hisparse.LRU(0)
+
+
+def test_rows_make_a_dataframe(trace):
+    pd = pytest.importorskip("pandas")
+    df = pd.DataFrame(hisparse.simulate(trace, ["lru", "s3fifo"]))
+    assert set(df["policy"]) == {"lru", "s3fifo", "belady"}
+    assert (df["vs_belady"] >= 1.0).all()
+
+
+class Raises(hisparse.PythonPolicy):
+    name = "raises"
+
+    def priority(self, record, env):
+        raise KeyError("boom")
+
+    def on_insert(self, record, env):
+        return None
+
+
+class BadReturn(PyLRU):
+    name = "bad-return"
+
+    def on_insert(self, record, env):
+        return "not a record"
+
+
+def test_a_python_policys_failure_is_raised_with_the_hook_named(trace):
+    with pytest.raises(RuntimeError, match=r"raises\.priority") as e:
+        hisparse.simulate(trace, [Raises()], [trace.top_k])
+    assert isinstance(e.value.__cause__, KeyError)
+    with pytest.raises(RuntimeError, match=r"bad-return\.on_insert"):
+        hisparse.simulate(trace, [BadReturn()], [trace.top_k])
+
+
+@pytest.mark.parametrize(
+    "kwargs, exc, name",
+    [
+        ({"buffers": [1]}, ValueError, "buffers"),
+        ({"buffers": []}, ValueError, "buffers"),
+        ({"buffers": [-4]}, ValueError, "buffers"),
+        ({"policies": ["nope"]}, ValueError, "policies"),
+        ({"policies": []}, ValueError, "policies"),
+        ({"policies": [object()]}, TypeError, "policies"),
+        ({"prefetchers": ["nope"]}, ValueError, "prefetchers"),
+        ({"prefetchers": ["next-step"]}, ValueError, "prefetchers"),
+        ({"policies": ["score"]}, ValueError, "policies"),
+    ],
+)
+def test_bad_arguments_name_themselves(trace, kwargs, exc, name):
+    with pytest.raises(exc) as e:
+        hisparse.simulate(trace, **kwargs)
+    assert str(e.value).startswith(name), str(e.value)
+
+
+def test_names():
+    assert "lru" in hisparse.builtin_policies() and "belady" in hisparse.builtin_policies()
+    assert "next-step" in hisparse.builtin_prefetchers()

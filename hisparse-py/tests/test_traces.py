@@ -1,0 +1,110 @@
+"""Traces from arrays, SGLang's indexer_topk and files; bad input raises an exception naming
+the argument, never a crash."""
+
+import base64
+
+import numpy as np
+import pytest
+
+import hisparse
+
+
+def test_from_array_keeps_every_position_and_pads(positions):
+    t = hisparse.Trace.from_array(positions)
+    requests, steps, layers, k = positions.shape
+    assert len(t) == requests * steps * layers
+    assert (t.top_k, t.layers, t.requests) == (k, layers, [0, 1])
+    a = t.to_arrays()
+    assert a["selected"].shape == (len(t), k)
+    # Record order: step, then request, then layer; each row the sorted positions, -1 padded.
+    i = 0
+    for s in range(steps):
+        for r in range(requests):
+            for l in range(layers):
+                want = np.sort(positions[r, s, l][positions[r, s, l] >= 0])
+                got = a["selected"][i]
+                assert list(got[: len(want)]) == list(want) and (got[len(want) :] == -1).all()
+                assert (a["step"][i], a["request"][i], a["layer"][i]) == (s, r, l)
+                # By default the sequence reaches one past the newest position selected so far.
+                assert a["seq_len"][i] == positions[r, : s + 1][positions[r, : s + 1] >= 0].max() + 1
+                i += 1
+
+
+def test_one_request_may_drop_the_first_axis(positions):
+    one = hisparse.Trace.from_array(positions[0])
+    assert one.requests == [0] and len(one) == positions.shape[1] * positions.shape[2]
+    shifted = hisparse.Trace.from_array(positions[1], first_request=7)
+    assert shifted.requests == [7]
+
+
+def test_write_read_round_trip_and_no_silent_replace(tmp_path, trace):
+    p = tmp_path / "t.hstrace"
+    trace.write(p)
+    back = hisparse.Trace.read(p)
+    for key, col in trace.to_arrays().items():
+        assert (back.to_arrays()[key] == col).all(), key
+    with pytest.raises(FileExistsError):
+        trace.write(p)
+    other = hisparse.Trace.from_array(np.array([[[0, 1]]]))
+    other.write(str(p), overwrite=True)
+    assert len(hisparse.Trace.read(p)) == 1
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["t.hstrace"]  # no temporary left
+
+
+def test_from_sglang_reads_base64_int32(positions):
+    one = positions[0].astype(np.int32)  # (tokens, layers, top_k)
+    text = base64.b64encode(one.tobytes()).decode()
+    prompt = int(one.max()) + 1
+    t = hisparse.Trace.from_sglang(text, layers=one.shape[1], top_k=one.shape[2], prompt_tokens=prompt)
+    want = hisparse.Trace.from_array(
+        one, seq_lens=prompt + np.arange(one.shape[0]) + 1, top_k=one.shape[2]
+    )
+    for key, col in want.to_arrays().items():
+        assert (t.to_arrays()[key] == col).all(), key
+    same = hisparse.Trace.from_sglang(text.encode(), layers=one.shape[1], top_k=one.shape[2], prompt_tokens=prompt)
+    assert len(same) == len(t)
+
+
+@pytest.mark.parametrize(
+    "make, exc, name",
+    [
+        (lambda: hisparse.Trace.from_array(np.zeros((2, 2, 2), dtype=np.float32)), TypeError, "selected"),
+        (lambda: hisparse.Trace.from_array(np.zeros((2, 2), dtype=np.int64)), ValueError, "selected"),
+        (lambda: hisparse.Trace.from_array(np.array([[[0, -5]]])), ValueError, "selected[0, 0, 1]"),
+        (lambda: hisparse.Trace.from_array(np.array([[[3, 3]]])), ValueError, "selected[0, 0]"),
+        (lambda: hisparse.Trace.from_array(np.array([[[2**40, 1]]])), ValueError, "selected"),
+        (lambda: hisparse.Trace.from_array(np.array([[[0, 1, 2]]]), top_k=2), ValueError, "top_k"),
+        (lambda: hisparse.Trace.from_array(np.array([[[0, 5]]]), seq_lens=[5]), ValueError, "seq_lens[0, 0]"),
+        (lambda: hisparse.Trace.from_array(np.array([[[0, 5]]]), seq_lens=[6, 7]), ValueError, "seq_lens"),
+        (lambda: hisparse.Trace.from_array("not an array"), TypeError, "selected"),
+        (lambda: hisparse.Trace.from_sglang("%%%", layers=1, top_k=2, prompt_tokens=3), ValueError, "indexer_topk"),
+        (lambda: hisparse.Trace.from_sglang("AAAA", layers=1, top_k=2, prompt_tokens=3), ValueError, "indexer_topk"),
+        (lambda: hisparse.Trace.from_sglang(3, layers=1, top_k=2, prompt_tokens=3), TypeError, "indexer_topk"),
+        (lambda: hisparse.Trace.from_sglang("", layers=0, top_k=2, prompt_tokens=3), ValueError, "layers"),
+    ],
+)
+def test_bad_input_names_the_argument(make, exc, name):
+    with pytest.raises(exc) as e:
+        make()
+    assert str(e.value).startswith(name), str(e.value)
+
+
+def test_bad_files_raise_naming_the_path(tmp_path, trace):
+    with pytest.raises(ValueError, match="path"):
+        hisparse.Trace.read(tmp_path / "missing.hstrace")
+    good = tmp_path / "good.hstrace"
+    trace.write(good)
+    data = bytearray(good.read_bytes())
+    for cut in (7, len(data) // 2):
+        bad = tmp_path / f"cut{cut}.hstrace"
+        bad.write_bytes(bytes(data[:cut]))
+        with pytest.raises(ValueError, match="path"):
+            hisparse.Trace.read(bad)
+    flipped = bytearray(data)
+    flipped[len(flipped) // 2] ^= 0xFF
+    bad = tmp_path / "flipped.hstrace"
+    bad.write_bytes(bytes(flipped))
+    with pytest.raises(ValueError, match="path"):
+        hisparse.Trace.read(bad)
+    with pytest.raises(ValueError, match="path"):
+        hisparse.Trace.read(good, max_bytes=10)
