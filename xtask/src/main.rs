@@ -236,6 +236,19 @@ fn ci(offline: bool) -> bool {
             cargo().args(["run", "--quiet", "-p", "hisparse-engine", "--example", "toy_decoder"]),
         )
         && step(
+            "the candle example (a model's layers through candle tensors, checked against the slice path)",
+            cargo().args([
+                "run",
+                "--quiet",
+                "-p",
+                "hisparse-engine",
+                "--features",
+                "candle",
+                "--example",
+                "candle_attention",
+            ]),
+        )
+        && step(
             "cargo doc --no-deps (warnings denied)",
             cargo().args(["doc", "--workspace", "--no-deps", "--all-features"]).env("RUSTDOCFLAGS", "-D warnings"),
         )
