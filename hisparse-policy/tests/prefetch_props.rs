@@ -144,3 +144,89 @@ fn shared_index_prefetch_leaves_shared_layers_no_critical_misses() {
         }
     }
 }
+
+/// Three layers as [`shared_trace`], each full layer selecting 15 of a hot set of 40 positions
+/// that drifts by two a step (and the newest): rows come back, as in a real model.
+fn drifting_shared_trace() -> (TraceHeader, Vec<TraceRecord>) {
+    let header = TraceHeader { top_k: 16, layers: 3, index_source: vec![0, 0, 2], ..TraceHeader::default() };
+    let mut x = 12345u64;
+    let mut rand = move |n: u32| {
+        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((x >> 33) % u64::from(n)) as u32
+    };
+    let mut hot: Vec<Vec<u32>> = (0..2).map(|_| (0..40).map(|_| rand(500)).collect()).collect();
+    let mut records = Vec::new();
+    for step in 1..=120u32 {
+        let seq_len = 500 + step;
+        for h in &mut hot {
+            for _ in 0..2 {
+                let i = rand(40) as usize;
+                h[i] = rand(seq_len - 1);
+            }
+        }
+        for layer in 0..3u32 {
+            let h = &hot[usize::from(layer == 2)];
+            let mut sel: Vec<u32> = Vec::new();
+            while sel.len() < 15 {
+                let t = h[rand(40) as usize];
+                if !sel.contains(&t) {
+                    sel.push(t);
+                }
+            }
+            if layer == 1 {
+                sel = records
+                    .iter()
+                    .rev()
+                    .find(|r: &&TraceRecord| r.layer == 0)
+                    .map_or(sel, |r| r.selected.iter().copied().filter(|&t| t != seq_len - 1).collect());
+            }
+            sel.push(seq_len - 1);
+            sel.sort_unstable();
+            sel.dedup();
+            records.push(TraceRecord { step, request: 9, layer, seq_len, selected: sel, ..TraceRecord::default() });
+        }
+    }
+    (header, records)
+}
+
+#[test]
+fn exact_prefetch_moves_about_what_it_replaces_under_every_online_policy() {
+    // A shared layer's rows all arrive by prefetch: a policy that ages on evictions (CLOCK,
+    // S3-FIFO) must age on the prefetch's evictions too, or it keeps evicting the same slots and
+    // moves far more rows than the misses it replaces.
+    let (header, records) = drifting_shared_trace();
+    let policies = ["lru", "fifo", "clock", "s3fifo", "mq", "random"];
+    let cfg = SimConfig {
+        policies: policies.iter().map(|p| PolicyChoice::parse(p).unwrap()).collect(),
+        prefetchers: vec![BuiltinPrefetcher::None.into(), BuiltinPrefetcher::SharedIndex.into()],
+        buffer_sizes: vec![24, 32],
+        ..SimConfig::default()
+    };
+    let report = simulate(&header, &records, &cfg, &|_| {}).unwrap();
+    let only: Vec<TraceRecord> = records.iter().filter(|r| r.layer == 1).cloned().collect();
+    for policy in policies {
+        for slots in [24, 32] {
+            let line = |p: &str| {
+                report
+                    .results
+                    .iter()
+                    .find(|r| r.policy == policy && r.prefetcher == p && r.buffer_slots == slots)
+                    .unwrap()
+            };
+            let (none, shared) = (line("none"), line("shared-index"));
+            let c = SimConfig {
+                policies: vec![PolicyChoice::parse(policy).unwrap()],
+                buffer_sizes: vec![slots],
+                ..SimConfig::default()
+            };
+            let layer1 = simulate(&header, &only, &c, &|_| {}).unwrap().results[0].swap.misses;
+            assert!(layer1 > 0 && none.swap.misses > shared.swap.misses, "{policy} {slots}");
+            let ratio = shared.swap.prefetched as f64 / layer1 as f64;
+            assert!(
+                (0.8..=1.2).contains(&ratio),
+                "{policy} {slots}: prefetched {} for {layer1} misses",
+                shared.swap.prefetched
+            );
+        }
+    }
+}

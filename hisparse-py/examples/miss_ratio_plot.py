@@ -25,10 +25,10 @@ class SinkLRU(hisparse.PythonPolicy):
         return record[0] + (1 << 40 if env.token < 4 else 0)
 
     def on_insert(self, record, env):
-        return (env.step, 0)
+        return (2 * env.step, 0)
 
     def on_hit(self, record, env):
-        return (env.step, 0)
+        return (2 * env.step + 1, 0)
 
 
 def synthetic(steps=200, layers=4, k=64, prompt=2048, seed=0):

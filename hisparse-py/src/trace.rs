@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use hisparse_policy::trace::{TraceHeader, TraceRecord, TraceWriter, read_trace};
+use hisparse_policy::trace::{TraceHeader, TraceRecord, TraceWriter, read_trace_from_with};
 use numpy::{PyArray1, PyArray2, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyString};
@@ -85,12 +85,18 @@ impl Trace {
 #[pymethods]
 impl Trace {
     /// Reads a trace file (binary `.hstrace` or JSON lines); a corrupt file raises ValueError
-    /// naming where, a file over `max_bytes` is refused before it is read.
+    /// naming where, a file over `max_bytes` is refused before it is read. `scores=False`
+    /// leaves the records' scores out (checked, not decoded: most of a version-2 trace's bytes),
+    /// for replays whose policies and prefetchers read none.
     #[staticmethod]
-    #[pyo3(signature = (path, max_bytes = 1 << 34))]
-    fn read(py: Python<'_>, path: PathBuf, max_bytes: u64) -> PyResult<Self> {
+    #[pyo3(signature = (path, max_bytes = 1 << 34, scores = true))]
+    fn read(py: Python<'_>, path: PathBuf, max_bytes: u64, scores: bool) -> PyResult<Self> {
         let (header, records) = py
-            .detach(|| read_trace(&path, max_bytes))
+            .detach(|| {
+                let f = std::fs::File::open(&path).map_err(|e| e.to_string())?;
+                let size = f.metadata().ok().filter(std::fs::Metadata::is_file).map(|m| m.len());
+                read_trace_from_with(f, size, max_bytes, scores).map_err(|e| e.to_string())
+            })
             .map_err(|e| value("path", format!("{}: {e}", path.display())))?;
         Ok(Self { header, records })
     }

@@ -30,3 +30,20 @@ def positions():
 @pytest.fixture
 def trace(positions):
     return hisparse.Trace.from_array(positions)
+
+
+def churning(steps=100, layers=2, k=32, prompt=1024, seed=0):
+    """One request whose rows each select k - 1 of a pool of 3k positions that changes by a few
+    a step (and the newest): many rows leave and come back, so a buffer between k and 2k evicts
+    every step and equal priorities happen."""
+    rng = np.random.default_rng(seed)
+    out = np.full((steps, layers, k), -1, dtype=np.int64)
+    pool = rng.choice(prompt, size=3 * k, replace=False)
+    for s in range(steps):
+        pool[rng.integers(len(pool), size=6)] = rng.integers(prompt + s, size=6)
+        uniq = np.unique(pool)
+        for l in range(layers):
+            pick = rng.choice(uniq, size=min(k - 1, len(uniq)), replace=False)
+            out[s, l, : len(pick)] = pick
+            out[s, l, k - 1] = prompt + s
+    return out

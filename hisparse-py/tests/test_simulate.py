@@ -9,7 +9,8 @@ import hisparse
 
 
 class PyLRU(hisparse.PythonPolicy):
-    """LRU in Python: a slot's first word is the step it was last selected at."""
+    """LRU in Python, as the built-in: a slot's first word stamps its last use (a hit ranks
+    above a fill of the same step)."""
 
     name = "py-lru"
 
@@ -17,10 +18,10 @@ class PyLRU(hisparse.PythonPolicy):
         return record[0]
 
     def on_insert(self, record, env):
-        return (env.step, 0)
+        return (2 * env.step, 0)
 
     def on_hit(self, record, env):
-        return (env.step, 0)
+        return (2 * env.step + 1, 0)
 
 
 class PyFIFO(hisparse.PythonPolicy):
@@ -48,6 +49,15 @@ def test_rows_hold_every_combination_with_belady(trace):
 
 
 def test_python_policies_replay_exactly_like_the_builtins(trace):
+    # And a trace that evicts every step, where stamps of one step tie and their order matters
+    # (an LRU that stamps fills and hits alike misses more on it).
+    from conftest import churning
+
+    for t in (trace, hisparse.Trace.from_array(churning())):
+        _replay_like_builtins(t)
+
+
+def _replay_like_builtins(trace):
     k = trace.top_k
     for builtin, mine in (("lru", PyLRU()), ("fifo", PyFIFO())):
         rows = hisparse.simulate(trace, [builtin, mine], [k, 2 * k], ["none", "adjacent-layer"], belady=False)

@@ -108,3 +108,14 @@ def test_bad_files_raise_naming_the_path(tmp_path, trace):
         hisparse.Trace.read(bad)
     with pytest.raises(ValueError, match="path"):
         hisparse.Trace.read(good, max_bytes=10)
+
+
+def test_a_trace_read_without_scores_keeps_the_selections(tmp_path):
+    import numpy as np
+
+    t = hisparse.Trace.from_array(np.array([[[0, 1]], [[1, 2]]]))
+    p = tmp_path / "t.hstrace"
+    t.write(p)
+    back = hisparse.Trace.read(p, scores=False)
+    assert not back.has_scores and len(back) == 2
+    assert (back.to_arrays()["selected"] == t.to_arrays()["selected"]).all()

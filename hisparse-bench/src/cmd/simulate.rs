@@ -58,7 +58,28 @@ pub struct SimulateArgs {
 
 /// Runs the simulation and writes its outputs; returns the report and the output folder.
 pub fn run(a: &SimulateArgs) -> Result<(SimReport, PathBuf)> {
-    let (header, records) = super::trace::read_trace_arg("trace", &a.trace)?;
+    let mut policy_config = match &a.policy_config {
+        None => PolicyConfig::default(),
+        Some(p) => {
+            let text = crate::files::input::read_config("policy-config", p)?;
+            let c: PolicyConfig = serde_json::from_str(&text)
+                .map_err(|e| BenchError::flag("policy-config", p.display(), e.to_string()))?;
+            c.validate().map_err(|e| BenchError::flag("policy-config", p.display(), e.to_string()))?;
+            c
+        }
+    };
+    if let Some(seed) = a.seed {
+        policy_config.seed = seed;
+    }
+    let policies: Vec<PolicyChoice> = a.policies.iter().map(|&p| p.into()).collect();
+    let prefetchers: Vec<PrefetcherChoice> = a.prefetchers.iter().map(|&p| p.into()).collect();
+    // Scores are decoded only when a policy or prefetcher reads them (they are most of a
+    // version-2 trace's bytes).
+    let mut keep_scores = prefetchers.iter().any(|p| p.make(&PrefetcherConfig::default()).needs_near());
+    for p in &policies {
+        keep_scores |= p.make(&policy_config)?.needs_scores();
+    }
+    let (header, records) = super::trace::read_trace_arg_with("trace", &a.trace, keep_scores)?;
     if records.is_empty() {
         return Err(BenchError::flag("trace", a.trace.display(), "holds no records"));
     }
@@ -87,21 +108,6 @@ pub fn run(a: &SimulateArgs) -> Result<(SimReport, PathBuf)> {
     }
     guard::within("row-bytes", a.row_bytes, 0, 1 << 20)?;
     guard::within("prefetch-budget", a.prefetch_budget, 0, max)?;
-    let mut policy_config = match &a.policy_config {
-        None => PolicyConfig::default(),
-        Some(p) => {
-            let text = crate::files::input::read_config("policy-config", p)?;
-            let c: PolicyConfig = serde_json::from_str(&text)
-                .map_err(|e| BenchError::flag("policy-config", p.display(), e.to_string()))?;
-            c.validate().map_err(|e| BenchError::flag("policy-config", p.display(), e.to_string()))?;
-            c
-        }
-    };
-    if let Some(seed) = a.seed {
-        policy_config.seed = seed;
-    }
-    let policies: Vec<PolicyChoice> = a.policies.iter().map(|&p| p.into()).collect();
-    let prefetchers: Vec<PrefetcherChoice> = a.prefetchers.iter().map(|&p| p.into()).collect();
     for p in &policies {
         if p.make(&policy_config)?.needs_scores() && header.score_margin == 0 {
             return Err(BenchError::flag(

@@ -82,10 +82,19 @@ pub struct SynthArgs {
 /// Reads the trace given as `--flag` (or the argument `flag`): header first, then the rest,
 /// within the memory this machine has for it and its decoded records.
 pub fn read_trace_arg(flag: &'static str, path: &std::path::Path) -> Result<(TraceHeader, Vec<TraceRecord>)> {
+    read_trace_arg_with(flag, path, true)
+}
+
+/// [`read_trace_arg`], decoding the records' scores only with `keep_scores`.
+pub fn read_trace_arg_with(
+    flag: &'static str,
+    path: &std::path::Path,
+    keep_scores: bool,
+) -> Result<(TraceHeader, Vec<TraceRecord>)> {
     let input = crate::files::Input::open(flag, path)?;
     let size = input.len();
     let limit = crate::files::input::memory_limit(1 + hisparse_policy::trace::DECODED_PER_TRACE_BYTE);
-    match hisparse_policy::trace::read_trace_from(input, size, limit) {
+    match hisparse_policy::trace::read_trace_from_with(input, size, limit, keep_scores) {
         Ok(t) => Ok(t),
         Err(_) if interrupt::requested() => Err(BenchError::Interrupted(format!("reading {}", path.display()))),
         Err(PolicyError::TooLarge { bytes, limit }) => Err(BenchError::flag(

@@ -2,7 +2,8 @@
 // nominated tokens enter a (request, layer)'s buffer before its selection is known, as misses
 // would — victims the smallest (occupied, priority, slot) keys among the slots whose token is not
 // protected, fills in ascending position taking them in ascending slot order, on_evict and
-// on_insert for the refilled slots (no other hook), and the slots marked prefetched. One block
+// on_insert for the refilled slots and on_keep for the evictable slots passed over (all with the
+// largest victim), then finish_step, and the slots marked prefetched. One block
 // per request. A request is a SwapReq whose sel_offset/sel_len name its candidates (in order of
 // preference) and whose `prefetch_budget` is its budget; prot[2 i], prot[2 i + 1] are the offset and length
 // of its protected positions (ascending) in `protect`. The fills (ascending) go to
@@ -170,7 +171,8 @@ extern "C" __global__ void prefetch_in(const PrefetchArgs a) {
     for (unsigned s = tid; s < B; s += T)
         if (flags[s] == FLAG_OCCUPIED) prio[s] = policy_priority(rec[s], hook_env(env0, hs, s, (unsigned)st[s]));
     __syncthreads();
-    choose_victims(flags, prio, vslot, B, n, warp_sums);
+    PolicyEnv envv = env0;
+    envv.victim = choose_victims(flags, prio, vslot, B, n, warp_sums);
     // 7. Fill i (ascending position) takes victim i (ascending slot).
     unsigned wasted = 0, evictions = 0;
     for (unsigned i = tid; i < n; i += T) {
@@ -178,13 +180,13 @@ extern "C" __global__ void prefetch_in(const PrefetchArgs a) {
         const int old = st[s];
         evicted[r.sel_offset + i] = old;
         if (old >= 0) {
-            const unsigned w = policy_on_evict(rec[s], hook_env(env0, hs, s, (unsigned)old));
+            const unsigned w = policy_on_evict(rec[s], hook_env(envv, hs, s, (unsigned)old));
             if (words && (unsigned)old < p.word_tokens) words[old] = w;
             wasted += pf[s];
             ++evictions;
         }
         st[s] = (int)t;
-        PolicyEnv e = hook_env(env0, hs, s, t);
+        PolicyEnv e = hook_env(envv, hs, s, t);
         e.prefetched = 1u;
         SlotRecord x = rec[s];
         policy_on_insert(x, e);
@@ -193,10 +195,25 @@ extern "C" __global__ void prefetch_in(const PrefetchArgs a) {
         miss_tokens[r.sel_offset + i] = t;
         miss_slots[r.sel_offset + i] = s;
     }
+    // 8. The evictable slots passed over age as kept slots do (each its own slot: no race with 7).
+    if (n > 0) {
+        for (unsigned s = tid; s < B; s += T) {
+            if (flags[s] == FLAG_OCCUPIED) {
+                SlotRecord x = rec[s];
+                policy_on_keep(x, hook_env(envv, hs, s, (unsigned)st[s]));
+                rec[s] = x;
+            }
+        }
+    }
     unsigned wasted_total, evictions_total;
     block_scan(wasted, warp_sums, &wasted_total);
     block_scan(evictions, warp_sums, &evictions_total);
     if (tid == 0) {
+        if (n > 0) {
+            PolicyScalars x = scalars[state];
+            policy_finish(x, envv);
+            scalars[state] = x;
+        }
         counts[COUNTS * blockIdx.x] = 0;
         counts[COUNTS * blockIdx.x + 1] = n;
         counts[COUNTS * blockIdx.x + 2] = evictions_total;

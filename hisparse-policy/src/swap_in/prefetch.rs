@@ -4,12 +4,16 @@
 //! layer's selection this step, where it is known) — and are marked prefetched until a selection
 //! uses them (a useful prefetch) or they are evicted unused (a wasted one).
 //!
-//! A prefetch runs `on_evict` and `on_insert` for the slots it refills, and no other hook: it
-//! does not count as a step of the policy (scalars, kept slots and hits are untouched).
+//! A prefetch that evicts ages the policy as evictions by misses do: `on_evict` and `on_insert`
+//! for the slots it refills and `on_keep` for the evictable slots it passed over, all with its
+//! largest victim, then `finish_step` (CLOCK's hand moves past the victim). Hits are untouched.
+//! Without this, a policy whose aging rides on evictions (CLOCK, S3-FIFO) stopped aging in
+//! layers whose rows all arrive by prefetch (shared-index layers) and evicted the same slots
+//! again and again.
 
 use super::{SwapInState, SwapInputs, invalid};
 use crate::error::Result;
-use crate::policy::{EvictionPolicy, PolicyEnv, StepCtx};
+use crate::policy::{EvictionPolicy, PolicyEnv, StepCtx, VictimKey};
 
 /// What one prefetch did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -94,8 +98,12 @@ impl SwapInState {
         if m < self.keys.len() {
             self.keys.select_nth_unstable(m - 1);
         }
+        let &(occupied, priority, slot) = self.keys[..m].iter().max().unwrap_or(&(false, 0, 0));
+        let base = PolicyEnv { victim: VictimKey { any: true, occupied, priority, slot }, ..base };
         let mut victims: Vec<(bool, u32)> = self.keys[..m].iter().map(|&(occ, _, s)| (occ, s)).collect();
         victims.sort_unstable_by_key(|v| v.1);
+        // The evictable slots passed over: aged as kept slots are after a step's evictions.
+        let kept: Vec<u32> = self.keys[m..].iter().filter(|k| k.0).map(|k| k.2).collect();
         for (t, (occ, s)) in wanted.into_iter().zip(victims) {
             if occ {
                 let gone = self.table.token_at(s).unwrap_or(u32::MAX);
@@ -113,6 +121,13 @@ impl SwapInState {
             self.prefetched[s as usize] = true;
             plan.fills.push((t, s));
         }
+        for s in kept {
+            if let Some(tok) = self.table.token_at(s) {
+                let env = self.env(&base, s, tok, &inputs);
+                policy.on_keep(&mut self.records[s as usize], &env);
+            }
+        }
+        policy.finish_step(&mut self.scalars, &base);
         Ok(())
     }
 }

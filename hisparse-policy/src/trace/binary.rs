@@ -322,7 +322,7 @@ impl<R: Read> TraceReader<R> {
                 }
                 self.buf.resize(len as usize, 0);
                 read_exact(&mut self.input, &mut self.buf, start + 5, "record")?;
-                let rec = record_at(&self.header, &self.buf, start)?;
+                let rec = record_at(&self.header, &self.buf, start, true)?;
                 self.records += 1;
                 self.offset = start + 5 + u64::from(len);
                 Ok(Some(rec))
@@ -338,16 +338,27 @@ impl<R: Read> TraceReader<R> {
     }
 }
 
-/// One record (`rec`: its `len` bytes, checksum last) starting at `start`: checked and decoded.
-pub(super) fn record_at(header: &TraceHeader, rec: &[u8], start: u64) -> Result<TraceRecord> {
+/// One record (`rec`: its `len` bytes, checksum last) starting at `start`: checked and decoded;
+/// without `keep_scores` its scores and near-cut candidates are delimited (and checksummed with
+/// the rest) but not decoded (the record then fits [`without_scores`]`(header)`).
+pub(super) fn record_at(header: &TraceHeader, rec: &[u8], start: u64, keep_scores: bool) -> Result<TraceRecord> {
     let body = &rec[..rec.len() - 4];
     if crc(body) != u32_at(rec, rec.len() - 4) {
         return Err(err("corrupt record", start, "record checksum mismatch"));
     }
-    let r = decode(header, body, start)?;
+    let r = decode(header, body, start, keep_scores)?;
     // Delta coding makes the positions strictly ascending and `decode` bounds their count.
-    r.check_decoded(header, start)?;
+    if keep_scores {
+        r.check_decoded(header, start)?;
+    } else {
+        r.check_decoded(&without_scores(header), start)?;
+    }
     Ok(r)
+}
+
+/// `header` as a trace read without its scores shows it: no scores, no near-cut candidates.
+pub fn without_scores(header: &TraceHeader) -> TraceHeader {
+    TraceHeader { has_scores: false, score_margin: 0, ..header.clone() }
 }
 
 /// The positions of a record body from byte 24: `count` delta-coded varints; returns them and
@@ -379,7 +390,7 @@ fn positions(b: &[u8], count: usize, at: impl Fn(usize) -> u64) -> Result<(Vec<u
     Ok((selected, i))
 }
 
-fn decode(header: &TraceHeader, b: &[u8], start: u64) -> Result<TraceRecord> {
+fn decode(header: &TraceHeader, b: &[u8], start: u64, keep_scores: bool) -> Result<TraceRecord> {
     let at = |i: usize| start + 5 + i as u64;
     let count = u32_at(b, 20) as usize;
     if count > header.top_k as usize {
@@ -391,7 +402,7 @@ fn decode(header: &TraceHeader, b: &[u8], start: u64) -> Result<TraceRecord> {
         let end = i + 4 * count;
         let s = b.get(i..end).ok_or_else(|| err("corrupt record", at(i), "scores run past the record"))?;
         i = end;
-        Some(s.chunks_exact(4).map(f32_at).collect())
+        keep_scores.then(|| s.chunks_exact(4).map(f32_at).collect())
     } else {
         None
     };
@@ -411,7 +422,7 @@ fn decode(header: &TraceHeader, b: &[u8], start: u64) -> Result<TraceRecord> {
         let end = i + 8 * n as usize;
         let s = b.get(i..end).ok_or_else(|| err("corrupt record", at(i), "near-cut candidates run past the record"))?;
         i = end;
-        Some(s.chunks_exact(8).map(|c| (u32_at(c, 0), f32_at(&c[4..]))).collect())
+        keep_scores.then(|| s.chunks_exact(8).map(|c| (u32_at(c, 0), f32_at(&c[4..]))).collect())
     } else {
         None
     };

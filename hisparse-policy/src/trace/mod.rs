@@ -269,6 +269,19 @@ pub fn read_trace(path: &Path, max_bytes: u64) -> Result<(TraceHeader, Vec<Trace
 /// `size` (when the input's length is known) above `max_bytes` is refused before anything
 /// else is read, and an input that turns out longer than `max_bytes` is refused on the way.
 pub fn read_trace_from(input: impl Read, size: Option<u64>, max_bytes: u64) -> Result<(TraceHeader, Vec<TraceRecord>)> {
+    read_trace_from_with(input, size, max_bytes, true)
+}
+
+/// [`read_trace_from`], keeping the records' scores and near-cut candidates only with
+/// `keep_scores`: a replay whose policies and prefetchers read none skips decoding them (their
+/// bytes are still delimited and checksummed; what they say — near-cut candidates unselected,
+/// in order — is not checked), and the header returned says the trace has none.
+pub fn read_trace_from_with(
+    input: impl Read,
+    size: Option<u64>,
+    max_bytes: u64,
+    keep_scores: bool,
+) -> Result<(TraceHeader, Vec<TraceRecord>)> {
     let mut input = std::io::BufReader::new(input);
     let unreadable = |e: std::io::Error| PolicyError::Trace { what: "unreadable", offset: 0, message: e.to_string() };
     let first = input.fill_buf().map_err(unreadable)?.first().copied();
@@ -284,7 +297,15 @@ pub fn read_trace_from(input: impl Read, size: Option<u64>, max_bytes: u64) -> R
         if bounded.limit() == 0 && bounded.into_inner().fill_buf().is_ok_and(|b| !b.is_empty()) {
             return Err(too_large(size));
         }
-        return read;
+        return match read {
+            Ok((h, mut records)) if !keep_scores => {
+                for r in &mut records {
+                    (r.scores, r.near) = (None, None);
+                }
+                Ok((binary::without_scores(&h), records))
+            }
+            other => other,
+        };
     }
     // Binary: the header checked as it is read, then the rest (sized up front), decoded on
     // every core.
@@ -303,7 +324,7 @@ pub fn read_trace_from(input: impl Read, size: Option<u64>, max_bytes: u64) -> R
     if bytes.len() as u64 > max_bytes {
         return Err(too_large(size));
     }
-    parallel::read_all(&bytes)
+    parallel::read_all(&bytes, keep_scores)
 }
 
 /// A reader that keeps a copy of what it reads.

@@ -5,12 +5,14 @@
 
 use rayon::prelude::*;
 
-use super::binary::{MAX_PAYLOAD, TAG_RECORD, TraceReader, record_at};
+use super::binary::{MAX_PAYLOAD, TAG_RECORD, TraceReader, record_at, without_scores};
 use super::{TraceHeader, TraceRecord};
 use crate::error::Result;
 
-/// The header and every record of the binary trace `bytes`.
-pub fn read_all(bytes: &[u8]) -> Result<(TraceHeader, Vec<TraceRecord>)> {
+/// The header and every record of the binary trace `bytes`; without `keep_scores` the records'
+/// scores and near-cut candidates are delimited and checksummed but not decoded, and the header
+/// says the trace has none ([`without_scores`]).
+pub fn read_all(bytes: &[u8], keep_scores: bool) -> Result<(TraceHeader, Vec<TraceRecord>)> {
     let reader = TraceReader::new(bytes)?;
     let header = reader.header().clone();
     let mut off = usize::try_from(reader.offset()).unwrap_or(usize::MAX);
@@ -26,15 +28,18 @@ pub fn read_all(bytes: &[u8]) -> Result<(TraceHeader, Vec<TraceRecord>)> {
         spans.push((off, end));
         off = end;
     }
-    let decoded: Vec<Result<TraceRecord>> =
-        spans.par_iter().map(|&(start, end)| record_at(&header, &bytes[start + 5..end], start as u64)).collect();
+    let decoded: Vec<Result<TraceRecord>> = spans
+        .par_iter()
+        .map(|&(start, end)| record_at(&header, &bytes[start + 5..end], start as u64, keep_scores))
+        .collect();
     // The first error in file order, as the reader would meet it.
     let records = decoded.into_iter().collect::<Result<Vec<_>>>()?;
     // The rest: the end marker, or the error the reader reports there.
     let tail = bytes.get(off..).unwrap_or_default();
     let mut rest = TraceReader::resume(tail, header.clone(), off as u64, records.len() as u64);
     match rest.next() {
-        None => Ok((header, records)),
+        None if keep_scores => Ok((header, records)),
+        None => Ok((without_scores(&header), records)),
         Some(Err(e)) => Err(e),
         // Unreachable: the pass above stops only before something that is not a whole record.
         Some(Ok(_)) => Err(crate::error::PolicyError::Trace {
