@@ -328,11 +328,8 @@ fn first_error(bytes: &[u8]) -> Option<PolicyError> {
         (Err(a), Err(b)) => assert_eq!(format!("{a:?}"), format!("{b:?}")),
         (Ok((h, recs)), Ok((h2, recs2))) => {
             assert_eq!(h2, hisparse_policy::trace::binary::without_scores(h));
-            let stripped: Vec<_> = recs
-                .iter()
-                .cloned()
-                .map(|r| hisparse_policy::trace::TraceRecord { scores: None, near: None, ..r })
-                .collect();
+            let stripped: Vec<_> =
+                recs.iter().cloned().map(|r| TraceRecord { scores: None, near: None, ..r }).collect();
             assert_eq!(recs2, stripped);
         }
         (a, b) => panic!("with scores {:?}, without {:?}", a.as_ref().map(|x| x.1.len()), b.map(|x| x.1.len())),

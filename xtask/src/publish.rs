@@ -20,6 +20,24 @@ pub fn beside_candle() -> bool {
     )
 }
 
+/// `cargo check` of `compat/beside-candle-cuda`: candle-core's own `cuda` feature (its kernels
+/// built by `nvcc`) beside hisparse-engine's `candle-cuda`. Skipped, loudly, without `nvcc`.
+pub fn beside_candle_cuda(nvcc: Option<&[(String, String)]>) -> bool {
+    let Some(vars) = nvcc else {
+        println!("!!!!! compat/beside-candle-cuda NOT CHECKED: no nvcc (run without --offline to set it up) !!!!!");
+        return true;
+    };
+    let root = workspace_root();
+    step(
+        "candle-core's cuda beside hisparse-engine's candle-cuda (cargo check of compat/beside-candle-cuda)",
+        cargo()
+            .args(["check", "--quiet", "--manifest-path"])
+            .arg(root.join("compat/beside-candle-cuda/Cargo.toml"))
+            .envs(vars.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .env("CARGO_TARGET_DIR", root.join("target")),
+    )
+}
+
 /// `cargo package` of every library crate (together, so each finds the others it depends on),
 /// each then built from its package with default features: the files it needs are in it and its
 /// metadata is complete.

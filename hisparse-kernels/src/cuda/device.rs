@@ -55,6 +55,22 @@ impl CudaDevice {
         Ok(Self { stream, ..base })
     }
 
+    /// The device of `stream`'s context, launching on `stream` itself: how another engine's
+    /// stream (candle's, say) shares its buffers with our kernels in stream order. Event
+    /// tracking stays as that context has it.
+    pub fn on_stream(stream: Arc<CudaStream>) -> Result<Self> {
+        if !driver_available() {
+            return Err(KernelError::CudaUnavailable { reason: "no CUDA driver (libcuda.so) on this machine".into() });
+        }
+        Ok(Self {
+            ctx: stream.context().clone(),
+            stream,
+            modules: Mutex::new(HashMap::new()),
+            print: Arc::default(),
+            capturing: AtomicBool::new(false),
+        })
+    }
+
     /// The context.
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.ctx
