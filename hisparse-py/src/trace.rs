@@ -221,6 +221,13 @@ impl Trace {
         self.records.len()
     }
 
+    /// The records in file order, as `(step, request, layer, seq_len, selected)` tuples
+    /// (`selected`: the positions, ascending) — a trace is its own reader.
+    fn __iter__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyIterator>> {
+        let rows = self.records.iter().map(|r| (r.step, r.request, r.layer, r.seq_len, r.selected.clone()));
+        pyo3::types::PyList::new(py, rows)?.into_any().try_iter()
+    }
+
     fn __repr__(&self) -> String {
         format!(
             "Trace({} records, {} requests, {} layers, top_k {}, scores {})",

@@ -119,3 +119,13 @@ def test_a_trace_read_without_scores_keeps_the_selections(tmp_path):
     back = hisparse.Trace.read(p, scores=False)
     assert not back.has_scores and len(back) == 2
     assert (back.to_arrays()["selected"] == t.to_arrays()["selected"]).all()
+
+
+def test_a_trace_iterates_its_records(positions):
+    t = hisparse.Trace.from_array(positions)
+    rows = list(t)
+    assert len(rows) == len(t)
+    a = t.to_arrays()
+    for i, (step, request, layer, seq_len, selected) in enumerate(rows):
+        assert (step, request, layer, seq_len) == (a["step"][i], a["request"][i], a["layer"][i], a["seq_len"][i])
+        assert selected == [int(x) for x in a["selected"][i] if x >= 0]

@@ -77,4 +77,27 @@ mod tests {
             }
         }
     }
+
+    #[test]
+    fn every_crate_declares_the_workspace_rust_version() {
+        let root = super::super::workspace_root();
+        let ws = std::fs::read_to_string(root.join("Cargo.toml")).unwrap_or_default();
+        let msrv = ws
+            .lines()
+            .find_map(|l| l.strip_prefix("rust-version = \""))
+            .and_then(|v| v.strip_suffix('"'))
+            .unwrap_or_else(|| panic!("the workspace declares no rust-version"))
+            .to_owned();
+        for e in std::fs::read_dir(&root).into_iter().flatten().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let manifest = e.path().join("Cargo.toml");
+            if !name.starts_with("hisparse-") || !manifest.exists() {
+                continue;
+            }
+            let text = std::fs::read_to_string(&manifest).unwrap_or_default();
+            let ok =
+                text.contains("rust-version.workspace = true") || text.contains(&format!("rust-version = \"{msrv}\""));
+            assert!(ok, "{name} does not declare rust-version {msrv}");
+        }
+    }
 }

@@ -1,5 +1,5 @@
 from os import PathLike
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -49,6 +49,7 @@ class Trace:
     @property
     def requests(self) -> List[int]: ...
     def __len__(self) -> int: ...
+    def __iter__(self) -> Iterator[Tuple[int, int, int, int, List[int]]]: ...
     def to_arrays(self) -> Dict[str, np.ndarray]: ...
 
 def simulate(
