@@ -313,7 +313,7 @@ pub fn read_trace_from_with(
     TraceReader::new(Tee { input: &mut input, copy: &mut bytes })?;
     if let Some(n) = size {
         bytes.reserve(usize::try_from(n).unwrap_or(0).saturating_sub(bytes.len()));
-        advise_huge_pages(bytes.as_ptr(), bytes.capacity());
+        advise_huge_pages(&bytes);
     }
     let room = max_bytes.saturating_sub(bytes.len() as u64);
     let mut rest = input.take(room.saturating_add(1));
@@ -331,20 +331,21 @@ pub fn read_trace_from_with(
 /// Asks Linux to back `buf`'s spare capacity with huge pages (where transparent huge pages are
 /// on `madvise`): a trace of tens of MB is then read into a few hundred faults, not thousands.
 #[cfg(target_os = "linux")]
-fn advise_huge_pages(ptr: *const u8, capacity: usize) {
+#[allow(clippy::ptr_arg)] // the spare capacity is what is advised: a slice would not show it
+fn advise_huge_pages(buf: &Vec<u8>) {
     const PAGE: usize = 4096;
-    let base = ptr as usize;
-    let (start, end) = (base.div_ceil(PAGE) * PAGE, (base + capacity) / PAGE * PAGE);
+    let base = buf.as_ptr() as usize;
+    let (start, end) = (base.div_ceil(PAGE) * PAGE, (base + buf.capacity()) / PAGE * PAGE);
     if end > start {
-        // SAFETY: [start, end) is page-aligned and inside the allocation of `capacity` bytes at
-        // `ptr`; the advice changes how the kernel backs those pages, never their contents or
-        // who owns them.
+        // SAFETY: [start, end) is page-aligned and inside `buf`'s allocation (its capacity); the
+        // advice changes how the kernel backs those pages, never their contents or who owns them.
         unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) };
     }
 }
 
 #[cfg(not(target_os = "linux"))]
-fn advise_huge_pages(_ptr: *const u8, _capacity: usize) {}
+#[allow(clippy::ptr_arg)] // as the Linux form
+fn advise_huge_pages(_buf: &Vec<u8>) {}
 
 /// A reader that keeps a copy of what it reads.
 struct Tee<'a, R> {
