@@ -273,6 +273,33 @@ fn run_serves_a_model_within_a_device_budget_and_records_scores() {
         d.join("sim").to_str().unwrap(),
     ]);
     assert!(s.status.success(), "{}", String::from_utf8_lossy(&s.stderr));
+    // A budget below one whole request: resident rejects every request, hisparse serves them all
+    // (the two modes are compared on the requests both finished).
+    let small = d.join("small");
+    let o = hisparse(&[
+        "run",
+        "--gguf",
+        &g,
+        "--text",
+        text,
+        "--context",
+        "100",
+        "--output",
+        "4",
+        "--concurrency",
+        "2",
+        "--top-k",
+        "8",
+        "--device-memory",
+        "24KiB",
+        "--out",
+        small.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(small.join("run.json")).unwrap()).unwrap();
+    let by = |mode: &str| json.as_array().unwrap().iter().find(|r| r["mode"] == mode).unwrap().clone();
+    assert_eq!(by("resident")["rejected"].as_array().unwrap().len(), 2, "{}", by("resident"));
+    assert_eq!(by("hisparse")["summary"]["tokens"], 8, "{}", by("hisparse"));
     // Flags a model cannot use are named.
     for (flag, extra) in [("--arrival-rate", "2"), ("--gpus", "2"), ("--context", "50,60")] {
         let o = hisparse(&["run", "--gguf", &g, "--text", text, flag, extra, "--out", d.join("x").to_str().unwrap()]);
