@@ -301,7 +301,9 @@ fn run_serves_a_model_within_a_device_budget_and_records_scores() {
     assert_eq!(by("resident")["rejected"].as_array().unwrap().len(), 2, "{}", by("resident"));
     assert_eq!(by("hisparse")["summary"]["tokens"], 8, "{}", by("hisparse"));
     // Flags a model cannot use are named.
-    for (flag, extra) in [("--arrival-rate", "2"), ("--gpus", "2"), ("--context", "50,60")] {
+    for (flag, extra) in
+        [("--arrival-rate", "2"), ("--gpus", "2"), ("--context", "50,60"), ("--prompts", "100000000000")]
+    {
         let o = hisparse(&["run", "--gguf", &g, "--text", text, flag, extra, "--out", d.join("x").to_str().unwrap()]);
         assert_eq!(o.status.code(), Some(2), "{flag}");
         assert!(String::from_utf8_lossy(&o.stderr).contains(flag), "{}", String::from_utf8_lossy(&o.stderr));

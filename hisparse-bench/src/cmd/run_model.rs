@@ -88,9 +88,7 @@ impl ModelInput {
                 "a real model runs on the CPU backend (GQA rows have no CUDA kernels yet)",
             ));
         }
-        if source.prompts == 0 {
-            return Err(BenchError::flag("prompts", 0, "must be at least 1"));
-        }
+        guard::within("prompts", source.prompts, 1, hisparse_engine::DEFAULT_MAX_QUEUED)?;
         if source.top_k < 2 {
             return Err(BenchError::flag("top-k", source.top_k, "must be at least 2"));
         }
@@ -122,6 +120,14 @@ impl ModelInput {
                 format!("a prompt must leave room for output in the model's {positions} positions"),
             ));
         }
+        // The prompts' rows are held whole: refused before any is made if the machine lacks them.
+        cache_config(self.model.config(), AttentionKind::Dense, 0, 0, context, self.args.kv_format, self.count)
+            .map_err(|e| match e {
+                hisparse_model::ModelError::Invalid { field, reason, .. } if field == "requests" => {
+                    BenchError::flag("prompts", self.count, reason)
+                }
+                e => e.into(),
+            })?;
         let starts = window_starts(self.tokens.len(), context, self.count)?;
         let probe = self.args.cache(self.model.config(), AttentionKind::Dense, 0, 0, context, 1)?;
         let (kv, key) = probe.layouts();
