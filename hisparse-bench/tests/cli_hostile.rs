@@ -236,16 +236,17 @@ fn a_closed_or_full_stdout_ends_quietly_after_the_files_are_written() {
         .unwrap();
     assert!(made.status.success());
     for args in ["trace info t.hstrace", "simulate --trace t.hstrace --out s", "--help"] {
-        // A reader that went away before anything was written.
-        let mut c = Command::new(program())
+        // A reader that went away before anything was written: the pipe's read end is closed
+        // before the program starts (closing it after the spawn raced a fast `--help`).
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = Command::new(program())
             .args(split(args))
             .current_dir(&d)
-            .stdout(Stdio::piped())
+            .stdout(writer)
             .stderr(Stdio::piped())
-            .spawn()
+            .output()
             .unwrap();
-        drop(c.stdout.take());
-        let out = c.wait_with_output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(141), "{args}: {err}");
         assert!(err.trim().is_empty(), "{args}: quietly, got {err}");
