@@ -59,6 +59,8 @@ pub struct PyPolicy {
     needs: [bool; 2],
     /// The first failure of any hook.
     pub error: Mutex<Option<PyErr>>,
+    /// Set when the replay is being stopped (Ctrl-C): hooks then return at once.
+    pub stop: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for PyPolicy {
@@ -93,11 +95,18 @@ impl PyPolicy {
             }
         };
         let needs = [flag("needs_scores")?, flag("needs_future")?];
-        Ok(Self { obj: obj.clone().unbind(), name, hooks, needs, error: Mutex::new(None) })
+        Ok(Self {
+            obj: obj.clone().unbind(),
+            name,
+            hooks,
+            needs,
+            error: Mutex::new(None),
+            stop: std::sync::atomic::AtomicBool::new(false),
+        })
     }
 
     fn failed(&self) -> bool {
-        self.error.lock().map_or(true, |e| e.is_some())
+        self.stop.load(std::sync::atomic::Ordering::Relaxed) || self.error.lock().map_or(true, |e| e.is_some())
     }
 
     fn fail(&self, e: PyErr) {

@@ -1,8 +1,8 @@
 //! `hisparse.simulate`: the trace-driven simulator from Python — built-in policies by name and
 //! Python policy objects replayed side by side, under each prefetcher and buffer size, with
 //! Belady's offline bound in every row; rows as dicts (a `pandas.DataFrame` takes the list).
-//! The interpreter's lock is released while the replays run (a Python policy's hooks take it
-//! back call by call).
+//! The replays run on another thread with the interpreter's lock released (a Python policy's
+//! hooks take it back call by call); Ctrl-C stops them between streams with KeyboardInterrupt.
 
 use std::sync::Arc;
 
@@ -107,7 +107,35 @@ pub fn simulate<'py>(
         })
         .collect();
     let cfg = SimConfig { prefetchers, buffer_sizes, policy_config, warmup_steps, ..SimConfig::default() };
-    let report = py.detach(|| simulate_policies(&trace.header, &trace.records, &cfg, &made, &|_| {}, &|| false));
+    // The replays run on another thread while this one watches for Ctrl-C (Python runs its
+    // signal handlers only on the main thread): a KeyboardInterrupt stops them between streams.
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let mut interrupted = None;
+    let report = std::thread::scope(|s| {
+        let job = s.spawn(|| {
+            let cancel = || stop.load(std::sync::atomic::Ordering::Relaxed);
+            simulate_policies(&trace.header, &trace.records, &cfg, &made, &|_| {}, &cancel)
+        });
+        while !job.is_finished() {
+            py.detach(|| std::thread::sleep(std::time::Duration::from_millis(20)));
+            if interrupted.is_none()
+                && let Err(e) = py.check_signals()
+            {
+                interrupted = Some(e);
+                stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                for c in &chosen {
+                    if let Chosen::Python(p) = c {
+                        p.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
+            }
+        }
+        py.detach(|| job.join())
+    });
+    if let Some(e) = interrupted {
+        return Err(e);
+    }
+    let report = report.map_err(|_| pyo3::exceptions::PyRuntimeError::new_err("the simulation thread panicked"))?;
     for c in &chosen {
         if let Chosen::Python(p) = c
             && let Some(e) = p.error.lock().ok().and_then(|mut e| e.take())

@@ -85,12 +85,17 @@ impl Trace {
 #[pymethods]
 impl Trace {
     /// Reads a trace file (binary `.hstrace` or JSON lines); a corrupt file raises ValueError
-    /// naming where, a file over `max_bytes` is refused before it is read. `scores=False`
+    /// naming where, a file over `max_bytes` (default: what this machine's available memory can
+    /// decode) is refused before it is read. `scores=False`
     /// leaves the records' scores out (checked, not decoded: most of a version-2 trace's bytes),
     /// for replays whose policies and prefetchers read none.
     #[staticmethod]
-    #[pyo3(signature = (path, max_bytes = 1 << 34, scores = true))]
-    fn read(py: Python<'_>, path: PathBuf, max_bytes: u64, scores: bool) -> PyResult<Self> {
+    #[pyo3(signature = (path, max_bytes = None, scores = true))]
+    fn read(py: Python<'_>, path: PathBuf, max_bytes: Option<u64>, scores: bool) -> PyResult<Self> {
+        // A trace is read whole and decoded to about DECODED_PER_TRACE_BYTE times its size.
+        let per_byte = 1 + hisparse_policy::trace::DECODED_PER_TRACE_BYTE;
+        let max_bytes =
+            max_bytes.unwrap_or_else(|| hisparse_memory::available_memory().map_or(1 << 34, |a| a / per_byte));
         let (header, records) = py
             .detach(|| {
                 let f = std::fs::File::open(&path).map_err(|e| e.to_string())?;
@@ -249,7 +254,18 @@ impl Trace {
         d.set_item("layer", PyArray1::from_vec(py, col(&|r| i64::from(r.layer))))?;
         d.set_item("seq_len", PyArray1::from_vec(py, col(&|r| i64::from(r.seq_len))))?;
         let k = self.header.top_k as usize;
-        let mut sel = vec![-1i32; self.records.len() * k];
+        // records x top_k (a header may say top_k is a million): checked, and refused as
+        // MemoryError rather than aborting the interpreter.
+        let room = hisparse_memory::available_memory().map_or(u64::MAX, |a| a / 2) / 4;
+        let n = self.records.len().checked_mul(k).filter(|&n| n as u64 <= room && n <= isize::MAX as usize / 4);
+        let mut sel: Vec<i32> = Vec::new();
+        if n.is_none_or(|n| sel.try_reserve_exact(n).is_err()) {
+            return Err(pyo3::exceptions::PyMemoryError::new_err(format!(
+                "to_arrays: {} records x top_k {k} positions do not fit this machine's memory",
+                self.records.len()
+            )));
+        }
+        sel.resize(n.unwrap_or(0), -1);
         for (row, r) in sel.chunks_exact_mut(k).zip(&self.records) {
             for (o, &p) in row.iter_mut().zip(&r.selected) {
                 *o = p as i32;

@@ -137,3 +137,25 @@ def test_bad_arguments_name_themselves(trace, kwargs, exc, name):
 def test_names():
     assert "lru" in hisparse.builtin_policies() and "belady" in hisparse.builtin_policies()
     assert "next-step" in hisparse.builtin_prefetchers()
+
+
+class Slow(PyLRU):
+    name = "slow"
+
+    def priority(self, record, env):
+        import time
+
+        time.sleep(0.001)
+        return record[0]
+
+
+def test_ctrl_c_stops_a_long_replay(trace):
+    import _thread
+    import threading
+    import time
+
+    t0 = time.monotonic()
+    threading.Timer(0.3, _thread.interrupt_main).start()
+    with pytest.raises(KeyboardInterrupt):
+        hisparse.simulate(hisparse.Trace.from_array(__import__("conftest").churning(steps=400)), [Slow()], [40])
+    assert time.monotonic() - t0 < 10

@@ -129,3 +129,13 @@ def test_a_trace_iterates_its_records(positions):
     for i, (step, request, layer, seq_len, selected) in enumerate(rows):
         assert (step, request, layer, seq_len) == (a["step"][i], a["request"][i], a["layer"][i], a["seq_len"][i])
         assert selected == [int(x) for x in a["selected"][i] if x >= 0]
+
+
+def test_arrays_that_would_not_fit_raise_memory_error():
+    import numpy as np
+
+    # A top_k of 2**20 over 20000 records: 80 GB of padded positions, refused before allocating.
+    t = hisparse.Trace.from_array(np.zeros((20000, 1, 1), dtype=np.int64), top_k=1 << 20)
+    with pytest.raises(MemoryError, match="to_arrays"):
+        t.to_arrays()
+    assert len(list(t)) == 20000  # iterating holds only what the records hold
