@@ -618,6 +618,8 @@ fn a_sweep_with_the_bound_labels_it_everywhere_and_reports_the_headline() {
         "4",
         "--miss-fill",
         "no-copies",
+        "--miss-fill-max-batch",
+        "1",
         "--out",
         run_out.to_str().unwrap(),
     ]);

@@ -110,7 +110,7 @@ fn long_counts(cfg: EngineConfig) -> Vec<(u64, u64, u64)> {
 #[test]
 fn the_no_copies_bound_decides_alike_copies_only_cold_slots_and_is_wrong() {
     let mut bound_cfg = config(Mode::HiSparse, "lru");
-    bound_cfg.cache.hisparse.miss_fill = hisparse_policy::MissFill::NoCopies;
+    bound_cfg.cache.hisparse.miss_fill = hisparse_policy::MissFill::NoCopies { max_batch: 8 };
     let (hs, bound) = (long_counts(config(Mode::HiSparse, "lru")), long_counts(bound_cfg.clone()));
     assert_eq!(hs.len(), 150);
     let decisions = |c: &[(u64, u64, u64)]| c.iter().map(|c| (c.0, c.1)).collect::<Vec<_>>();

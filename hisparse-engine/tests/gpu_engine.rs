@@ -394,3 +394,34 @@ fn on_cuda_the_split_top_k_inside_launch_graphs_selects_like_one_block() {
         assert_eq!(split, one, "{mode:?}: the split top-k in graphs selects differently");
     }
 }
+
+/// The sweep's timing bound (`miss_fill = "no-copies"`) of `auto` at batches of at most 3: its
+/// decisions run where `auto` runs them (deferred after a locate at small batches, on the main
+/// stream above), so every step's hits and misses equal `auto`'s, eager and replayed from launch
+/// graphs; it copies no row and its attention never reads the host tier, so its outputs are
+/// not the resident ones. The bound of `swap-in` (never deferred) decides alike too.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn on_cuda_the_bound_decides_as_the_form_it_bounds() {
+    use hisparse_policy::MissFill;
+    let strip = |c: &[common::StepCounts]| c.iter().map(|c| (c.hits, c.misses)).collect::<Vec<_>>();
+    let resident = run_on(gpu(), eager(Mode::Resident, "lru"), &[], None);
+    for (graphs, form) in
+        [(false, MissFill::Auto { max_batch: 3 }), (true, MissFill::Auto { max_batch: 3 }), (true, MissFill::SwapIn)]
+    {
+        let with = |fill| {
+            let mut c = eager(Mode::HiSparse, "lru");
+            c.launch_graphs = graphs;
+            c.cache.hisparse.miss_fill = fill;
+            c
+        };
+        let (real, rc) = run_counted(gpu(), with(form), &[], None);
+        let (bound, bc) = run_counted(gpu(), with(form.bound()), &[], None);
+        assert_eq!(real, resident, "{form:?} (graphs: {graphs}) is lossless");
+        assert!(rc.iter().map(|c| c.misses).sum::<u64>() > 0, "{form:?}: the run must miss");
+        assert_eq!(strip(&bc), strip(&rc), "{form:?} (graphs: {graphs}): the bound decides otherwise");
+        assert_eq!(bound.len(), resident.len());
+        let same = bound.iter().filter(|(k, d)| resident.get(k) == Some(d)).count();
+        assert!(same < bound.len(), "{form:?} (graphs: {graphs}): the bound's outputs are all right");
+    }
+}

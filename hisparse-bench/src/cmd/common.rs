@@ -127,12 +127,14 @@ pub struct EngineArgs {
     /// within the attention's bf16 tolerance, not bit for bit), copy-engine (as deferred-gather,
     /// but host threads gather the misses into pinned memory and the copy engine copies them), or
     /// auto (deferred in batches of at most --miss-fill-max-batch requests, the swap-in above);
-    /// no-copies is a timing bound (the swap-in decides but copies no row: outputs are wrong).
+    /// no-copies is a timing bound (the swap-in decides but copies no row: outputs are wrong),
+    /// its decisions placed as auto's: deferred in batches of at most --miss-fill-max-batch.
     /// CUDA; the CPU backend copies in every form but no-copies. Outputs are bit-identical in
     /// every form but hits-first and no-copies.
     #[arg(long, value_enum)]
     pub miss_fill: Option<MissFillMode>,
-    /// With --miss-fill auto: the largest batch whose misses the attention fills (default 8).
+    /// With --miss-fill auto: the largest batch whose misses the attention fills (default 8);
+    /// with no-copies, the largest batch whose decisions are deferred.
     #[arg(long)]
     pub miss_fill_max_batch: Option<usize>,
     /// With --miss-fill copy-engine: the share of a step's selection entries the copy engine
@@ -257,7 +259,7 @@ impl EngineArgs {
     fn miss_fill_over(&self, base: MissFill) -> Result<MissFill> {
         let mode = self.miss_fill.unwrap_or(base.mode());
         let max_batch = match base {
-            MissFill::Auto { max_batch } => max_batch,
+            MissFill::Auto { max_batch } | MissFill::NoCopies { max_batch } => max_batch,
             _ => MissFill::DEFAULT_MAX_BATCH,
         };
         let (share, threads) = base.copy_engine().unwrap_or((MissFill::DEFAULT_SHARE, 0));
@@ -266,7 +268,8 @@ impl EngineArgs {
             ("copy-engine-share", self.copy_engine_share.map(|v| format!("{v:?}")), MissFillMode::CopyEngine),
             ("host-gather-threads", self.host_gather_threads.map(|v| v.to_string()), MissFillMode::CopyEngine),
         ] {
-            if let Some(v) = given.filter(|_| mode != of) {
+            let also = of == MissFillMode::Auto && mode == MissFillMode::NoCopies;
+            if let Some(v) = given.filter(|_| mode != of && !also) {
                 return Err(BenchError::flag(flag, v, format!("applies to --miss-fill {of}, not {mode}")));
             }
         }
@@ -628,7 +631,7 @@ impl EngineArgs {
     /// of `hisparse sweep --bound`, whose outputs are wrong.
     pub fn bound_engine(&self, typical_tokens: usize, flag: &'static str) -> Result<Box<dyn DecodeEngine>> {
         let mut cfg = self.engine_config(Mode::HiSparse, typical_tokens, flag)?;
-        cfg.cache.hisparse.miss_fill = MissFill::NoCopies;
+        cfg.cache.hisparse.miss_fill = cfg.cache.hisparse.miss_fill.bound();
         self.build(cfg, 0)
     }
 

@@ -109,7 +109,7 @@ pub fn run(a: &RunArgs) -> Result<(Vec<ModeRun>, PathBuf)> {
         runs.push(run);
     }
     let g = a.engine.geometry()?;
-    if a.engine.hisparse(&g)?.miss_fill == hisparse_policy::MissFill::NoCopies {
+    if !a.engine.hisparse(&g)?.miss_fill.copies() {
         for r in runs.iter_mut().filter(|r| r.mode == Mode::HiSparse) {
             r.timing_only = Some(super::sweep_output::NO_COPIES);
         }

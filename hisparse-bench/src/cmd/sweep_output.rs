@@ -183,7 +183,7 @@ pub fn hierarchy(hs: &hisparse_policy::HiSparseConfig, backend: &str) -> String 
     // Under a policy that reads scores `auto` lets the attention fill instead of deferring.
     let reads_scores = hs.online_policy().is_ok_and(|p| p.needs_scores());
     let fill = match (backend == "cuda", hs.miss_fill) {
-        (_, MissFill::NoCopies) => {
+        (_, MissFill::NoCopies { .. }) => {
             return format!(
                 "{} eviction, prefetcher {}, misses NOT copied ({NO_COPIES})",
                 hs.eviction_policy, hs.prefetcher

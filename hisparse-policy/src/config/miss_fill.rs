@@ -29,7 +29,7 @@ pub enum MissFillMode {
     /// the copy engine.
     CopyEngine,
     /// Timing only: the misses are never copied (the step without the swap-in's copies; its
-    /// outputs are wrong).
+    /// outputs are wrong), the decisions placed as `auto` places them.
     NoCopies,
 }
 
@@ -73,8 +73,15 @@ pub enum MissFill {
     },
     /// Nobody: the swap-in decides as always but copies no row, neither miss nor prefetch, so
     /// attention reads whatever the slots held. A timing bound (the step with the swap-in's
-    /// copies taken out), on both backends; its outputs are wrong.
-    NoCopies,
+    /// copies taken out), on both backends; its outputs are wrong. Its decisions run where
+    /// [`MissFill::Auto`] with the same `max_batch` runs them (CUDA): for batches of at most
+    /// `max_batch` requests after a locate, on the deferred swap-in's stream, the attention
+    /// reading hot rows only (a miss's placeholder slot, never the host tier); on the main
+    /// stream above. So it bounds `auto`'s step at every batch.
+    NoCopies {
+        /// The largest batch whose decisions are deferred (0: never, the bound of `swap-in`).
+        max_batch: usize,
+    },
 }
 
 impl MissFill {
@@ -93,7 +100,7 @@ impl MissFill {
             MissFillMode::DeferredGather => Self::DeferredGather,
             MissFillMode::HitsFirst => Self::HitsFirst,
             MissFillMode::CopyEngine => Self::CopyEngine { share, host_threads },
-            MissFillMode::NoCopies => Self::NoCopies,
+            MissFillMode::NoCopies => Self::NoCopies { max_batch },
         }
     }
 
@@ -107,15 +114,15 @@ impl MissFill {
             Self::DeferredGather => MissFillMode::DeferredGather,
             Self::HitsFirst => MissFillMode::HitsFirst,
             Self::CopyEngine { .. } => MissFillMode::CopyEngine,
-            Self::NoCopies => MissFillMode::NoCopies,
+            Self::NoCopies { .. } => MissFillMode::NoCopies,
         }
     }
 
     /// The largest batch whose misses the attention takes (0: none, `usize::MAX`: every batch).
     pub fn fill_max_batch(&self) -> usize {
         match self {
-            Self::SwapIn | Self::NoCopies => 0,
-            Self::Auto { max_batch } => *max_batch,
+            Self::SwapIn => 0,
+            Self::Auto { max_batch } | Self::NoCopies { max_batch } => *max_batch,
             _ => usize::MAX,
         }
     }
@@ -123,12 +130,21 @@ impl MissFill {
     /// Whether, where the attention takes the misses, it only reads them and the swap-in runs
     /// after it.
     pub fn deferred(&self) -> bool {
-        !matches!(self, Self::SwapIn | Self::Attention | Self::NoCopies)
+        !matches!(self, Self::SwapIn | Self::Attention | Self::NoCopies { .. })
     }
 
     /// Whether rows are copied into the hot buffers at all (all but [`MissFill::NoCopies`]).
     pub fn copies(&self) -> bool {
-        !matches!(self, Self::NoCopies)
+        !matches!(self, Self::NoCopies { .. })
+    }
+
+    /// The timing bound of this form: [`MissFill::NoCopies`] with its decisions placed where
+    /// this form places them (deferred at the batches `auto` defers, else on the main stream).
+    pub fn bound(&self) -> Self {
+        match *self {
+            Self::Auto { max_batch } | Self::NoCopies { max_batch } => Self::NoCopies { max_batch },
+            _ => Self::NoCopies { max_batch: 0 },
+        }
     }
 
     /// Whether the misses are gathered into staging rows by the locate (`deferred-gather`).

@@ -47,7 +47,7 @@ impl From<HiSparseConfig> for RawConfig {
     fn from(c: HiSparseConfig) -> Self {
         let (max_batch, (share, host_threads)) = (
             match c.miss_fill {
-                MissFill::Auto { max_batch } => max_batch,
+                MissFill::Auto { max_batch } | MissFill::NoCopies { max_batch } => max_batch,
                 _ => MissFill::DEFAULT_MAX_BATCH,
             },
             c.miss_fill.copy_engine().unwrap_or((MissFill::DEFAULT_SHARE, 0)),

@@ -167,10 +167,31 @@ fn names_are_resolved_once_when_json_is_read_and_written_back_the_same() {
     assert_eq!(c.miss_fill, MissFill::CopyEngine { share: 0.25, host_threads: 6 });
     let auto = HiSparseConfig::from_json(r#"{"miss_fill": "auto", "miss_fill_max_batch": 3}"#).unwrap();
     assert_eq!(auto.miss_fill, MissFill::Auto { max_batch: 3 });
+    let bound = HiSparseConfig::from_json(r#"{"miss_fill": "no-copies", "miss_fill_max_batch": 5}"#).unwrap();
+    assert_eq!(bound.miss_fill, MissFill::NoCopies { max_batch: 5 });
     // Written back: the same flat keys, read again to the same config.
-    for c in [c, auto] {
+    for c in [c, auto, bound] {
         let text = serde_json::to_string(&c).unwrap();
         assert!(text.contains("\"miss_fill\""), "{text}");
         assert_eq!(HiSparseConfig::from_json(&text).unwrap(), c);
+    }
+}
+
+/// The bound of a form places its decisions where that form does: deferred at the batches
+/// `auto` defers, on the main stream for every other form; it never copies.
+#[test]
+fn the_bound_of_a_form_defers_where_it_defers_and_never_copies() {
+    let share = MissFill::DEFAULT_SHARE;
+    for (form, max_batch) in [
+        (MissFill::Auto { max_batch: 6 }, 6),
+        (MissFill::NoCopies { max_batch: 3 }, 3),
+        (MissFill::SwapIn, 0),
+        (MissFill::Deferred, 0),
+        (MissFill::CopyEngine { share, host_threads: 2 }, 0),
+    ] {
+        let b = form.bound();
+        assert_eq!(b, MissFill::NoCopies { max_batch }, "{form:?}");
+        assert!(!b.copies() && !b.deferred() && form.copies() == (form != b), "{form:?}");
+        assert_eq!(b.fill_max_batch(), max_batch);
     }
 }

@@ -86,6 +86,8 @@ impl CudaSwapIn {
             }
             MissFill::HitsFirst => Some(DeferredFill::HitsFirst(rb)),
             MissFill::DeferredGather => Some(DeferredFill::Gather(rb)),
+            // The bound defers its (copyless) decisions where `auto` would defer them.
+            MissFill::NoCopies { max_batch } => (max_batch > 0).then_some(DeferredFill::HostReads),
             f => f.deferred().then_some(DeferredFill::HostReads),
         };
         let deferred = match form {
@@ -93,7 +95,9 @@ impl CudaSwapIn {
             None => None,
         };
         let reads_scores = cfg.policy.needs_scores();
-        gpu.set_fill_max(if deferred.is_some() && !reads_scores { 0 } else { fill.fill_max_batch() });
+        // Without copies nobody fills: the attention reads the hot rows the decisions left.
+        let attention_fills = fill.copies() && (deferred.is_none() || reads_scores);
+        gpu.set_fill_max(if attention_fills { fill.fill_max_batch() } else { 0 });
         gpu.set_copies(fill.copies());
         let s = dev.stream();
         Ok(Self {
@@ -145,7 +149,7 @@ impl DeviceSwapIn<CudaMemory> for CudaSwapIn {
 
     fn set_policy(&mut self, policy: OnlinePolicy) -> Result<()> {
         self.reads_scores = policy.needs_scores();
-        let attention_fills = self.deferred.is_none() || self.reads_scores;
+        let attention_fills = self.gpu.copies && (self.deferred.is_none() || self.reads_scores);
         self.gpu.set_fill_max(if attention_fills { self.fill_max } else { 0 });
         self.gpu.reset_policy(Arc::clone(policy.get()), &self.dev)
     }
@@ -249,7 +253,9 @@ impl DeviceSwapIn<CudaMemory> for CudaSwapIn {
 
     fn fills_in_attention(&self) -> bool {
         let n = self.batch.as_ref().map_or(0, |b| b.requests().len());
-        self.gpu.fills(n) || self.defers(n)
+        // The bound (no copies) never reads the host tier: its attention reads the locations
+        // alone, a miss's being its request's placeholder slot.
+        self.gpu.copies && (self.gpu.fills(n) || self.defers(n))
     }
 
     fn attend(

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Issue 41: the GPU tests of the packed build on the H200, in three lanes in parallel under one
+# deadline (each executable gets what is left of it): the swap-in's tests alone (its
+# production-size case is long), the graph-replay and hits-first tests, then the engine's and
+# every other GPU test. Usage: bash run-tests.sh [SECONDS] (default 560).
+cd "$(dirname "$0")/../../.."
+export HISPARSE_CUDA_INCLUDE=/usr/local/cuda/include RUST_BACKTRACE=1
+R=$OUT/r; mkdir -p $R; B=.gpu/bin
+deadline=$(( $(date +%s) + ${1:-560} ))
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv > $R/gpu.txt 2>&1
+one() { local t=$1; local n=$(basename $t); local s=$(date +%s); local left=$(( deadline - s ))
+  [ $left -gt 5 ] || { echo "$n not run (deadline)"; return; }
+  timeout $left $t --include-ignored --test-threads=1 > $R/$n.log 2>&1; local rc=$?
+  echo "$n rc=$rc $(( $(date +%s) - s ))s $(grep -E '^test result' $R/$n.log | tail -1)"; }
+lane() { for t in "$@"; do one $t; done; }
+swap=$(ls $B/test-gpu_swap_in-*)
+replay="$(ls $B/test-gpu_long_replay-* $B/test-gpu_hits_first-*)"
+rest="$(ls $B/test-gpu_engine-*) $(ls $B/test-* | grep -v -e gpu_swap_in -e gpu_engine -e gpu_hits_first -e gpu_long_replay)"
+lane $swap > $R/lane-swap.txt & lane $replay > $R/lane-replay.txt & lane $rest > $R/lane-rest.txt & wait
+cat $R/lane-*.txt
+echo "executables: $(cat $R/lane-*.txt | wc -l), passed: $(cat $R/lane-*.txt | grep -c 'rc=0 ')"
+grep -h "^test .* \.\.\. " $R/test-*.log | sort | uniq -c | awk '{print $NF}' | sort | uniq -c
