@@ -37,7 +37,43 @@ fn records_v2() -> Vec<TraceRecord> {
         .collect()
 }
 
+/// `records_v2()` as version 2 wrote them (one checksum per record), as earlier builds did.
 fn binary_v2() -> Vec<u8> {
+    let h = header_v2();
+    let raw_header = raw::RawHeader {
+        version: 2,
+        flags: 3,
+        top_k: h.top_k,
+        layers: h.layers,
+        row_bytes: h.row_bytes,
+        margin: h.score_margin,
+        layer_table: Some(h.index_source.clone()),
+    };
+    let recs: Vec<raw::RawRecord> = records_v2()
+        .into_iter()
+        .map(|r| raw::RawRecord {
+            step: r.step,
+            request: r.request,
+            layer: r.layer,
+            seq_len: r.seq_len,
+            count: r.selected.len() as u32,
+            deltas: r
+                .selected
+                .iter()
+                .enumerate()
+                .map(|(i, &p)| if i == 0 { p } else { p - r.selected[i - 1] - 1 })
+                .collect(),
+            scores: r.scores.unwrap(),
+            near: r.near.map(|n| (n.len() as u32, n)),
+            trailing: vec![],
+        })
+        .collect();
+    raw::encode(&raw_header, &recs, recs.len() as u64)
+}
+
+/// `records_v2()` as the writer writes them: version 3 (selection and score parts checksummed
+/// apart).
+fn binary_v3() -> Vec<u8> {
     let mut w = TraceWriter::new(Vec::new(), header_v2()).unwrap();
     for r in records_v2() {
         w.write(&r).unwrap();
@@ -83,16 +119,22 @@ fn binary_round_trip_with_and_without_scores() {
         assert_eq!(back, records(scores));
         assert_eq!(r.offset(), bytes.len() as u64);
     }
-    // Version 1 stays version 1 (byte 8), and version 2 carries the layer structure and the
-    // near-cut candidates.
-    assert_eq!(binary(true)[8], 1);
-    let bytes = binary_v2();
-    assert_eq!(bytes[8], 2);
-    let mut r = TraceReader::new(bytes.as_slice()).unwrap();
-    assert_eq!(*r.header(), header_v2());
-    let back: Vec<TraceRecord> = r.by_ref().collect::<Result<_, _>>().unwrap();
-    assert_eq!(back, records_v2());
-    assert_eq!(r.offset(), bytes.len() as u64);
+    // Version 1 without scores stays version 1 (byte 8); with scores, or near-cut candidates
+    // and the layer structure, the writer writes version 3; version 2 (earlier builds) reads as
+    // it always did, to the same records.
+    assert_eq!(binary(false)[8], 1);
+    assert_eq!(binary(true)[8], 3);
+    assert_eq!(binary_v3()[8], 3);
+    for bytes in [binary_v2(), binary_v3()] {
+        let mut r = TraceReader::new(bytes.as_slice()).unwrap();
+        assert_eq!(*r.header(), header_v2());
+        let back: Vec<TraceRecord> = r.by_ref().collect::<Result<_, _>>().unwrap();
+        assert_eq!(back, records_v2());
+        assert_eq!(r.offset(), bytes.len() as u64);
+    }
+    // A layer structure alone is version 2.
+    let h = TraceHeader { index_source: vec![0, 0, 2], ..header(false) };
+    assert_eq!(TraceWriter::new(Vec::new(), h).unwrap().finish().unwrap()[8], 2);
     // Compact: under 2 bytes per selected position without scores.
     let positions: usize = records(false).iter().map(|r| r.selected.len()).sum();
     assert!(binary(false).len() < 32 + 13 + 20 * 33 + 2 * positions, "{} bytes", binary(false).len());
@@ -163,7 +205,7 @@ const CORPUS: &[(&str, &str, u64)] = &[
     ("empty.hstrace", "truncated", 0),
     ("short-header.hstrace", "truncated", 20),
     ("bad-magic.hstrace", "not a trace", 0),
-    ("version-3.hstrace", "unsupported version", 8),
+    ("version-4.hstrace", "unsupported version", 8),
     ("header-checksum.hstrace", "corrupt header", 28),
     ("unknown-flag.hstrace", "unsupported flags", 10),
     ("truncated-record.hstrace", "truncated", 0),
@@ -180,6 +222,9 @@ const CORPUS: &[(&str, &str, u64)] = &[
     ("v2-margin-without-flag.hstrace", "corrupt header", 24),
     ("v2-near-selected.hstrace", "corrupt record", 0),
     ("v2-near-count.hstrace", "corrupt record", 0),
+    ("v3-selection-checksum.hstrace", "corrupt record", 0),
+    ("v3-score-checksum.hstrace", "corrupt record", 0),
+    ("v3-selection-length.hstrace", "corrupt record", 0),
 ];
 
 fn corpus_dir() -> PathBuf {
@@ -201,8 +246,8 @@ fn build_corpus() -> Vec<(&'static str, Vec<u8>, u64)> {
     b[..8].copy_from_slice(b"NOTATRCE");
     push("bad-magic.hstrace", b, 0);
     let mut b = good.clone();
-    b[8] = 3;
-    push("version-3.hstrace", b, 8);
+    b[8] = 4;
+    push("version-4.hstrace", b, 8);
     let mut b = good.clone();
     b[16] ^= 1;
     push("header-checksum.hstrace", b, 28);
@@ -297,6 +342,21 @@ fn build_corpus() -> Vec<(&'static str, Vec<u8>, u64)> {
     // The count is refused where it stands: after the tag, length, 24 bytes of fields, one varint
     // and one score.
     push("v2-near-count.hstrace", rec(&[(1, 1.0), (2, 0.5), (3, 0.25), (4, 0.1)]), 52 + 5 + 24 + 1 + 4);
+    // Version 3: the second record's selection part, its score part, its selection length.
+    let v3 = binary_v3();
+    let first_len = u32::from_le_bytes(v3[53..57].try_into().unwrap()) as usize;
+    let second = 52 + 5 + first_len;
+    let sel_len = u32::from_le_bytes(v3[second + 5..second + 9].try_into().unwrap()) as usize;
+    let mut b = v3.clone();
+    b[second + 9 + 20] ^= 1; // its count
+    push("v3-selection-checksum.hstrace", b, (second + 9 + sel_len) as u64);
+    let mut b = v3.clone();
+    let len = u32::from_le_bytes(v3[second + 1..second + 5].try_into().unwrap()) as usize;
+    b[second + 13 + sel_len] ^= 0x40; // its first score
+    push("v3-score-checksum.hstrace", b, (second + 5 + len - 4) as u64);
+    let mut b = v3.clone();
+    b[second + 5..second + 9].copy_from_slice(&(len as u32).to_le_bytes());
+    push("v3-selection-length.hstrace", b, (second + 5) as u64);
     out
 }
 
@@ -321,7 +381,11 @@ fn first_error(bytes: &[u8]) -> Option<PolicyError> {
     // was in what the scores say (a near-cut candidate also selected, or out of order), which a
     // replay that reads no scores cannot meet.
     // What the near-cut candidates say (checked only where they are decoded).
-    let meaning = |e: &PolicyError| format!("{e:?}").contains("near-cut") && !format!("{e:?}").contains("run past");
+    // Version 3 does not checksum the scores it does not decode.
+    let meaning = |e: &PolicyError| {
+        let m = format!("{e:?}");
+        (m.contains("near-cut") && !m.contains("run past")) || m.contains("score checksum")
+    };
     match (&parallel, parallel::read_all(bytes, false)) {
         // Past a fault in what the scores say, the reader without them meets the next one, or none.
         (Err(a), _) if meaning(a) => {}
@@ -333,6 +397,23 @@ fn first_error(bytes: &[u8]) -> Option<PolicyError> {
             assert_eq!(recs2, stripped);
         }
         (a, b) => panic!("with scores {:?}, without {:?}", a.as_ref().map(|x| x.1.len()), b.map(|x| x.1.len())),
+    }
+    // From a file that seeks, a version-3 trace's score parts are skipped: the same records as
+    // the reader without scores, and the same first error but for faults in the skipped parts
+    // (what it does not read, it cannot meet; their lengths are still checked).
+    let skipped = |e: &PolicyError| {
+        let m = format!("{e:?}");
+        m.contains("score") || m.contains("near-cut") || m.contains("unexplained")
+    };
+    let size = bytes.len() as u64;
+    let skim = hisparse_policy::trace::read_trace_file_with(std::io::Cursor::new(bytes), size, u64::MAX, false);
+    let whole = hisparse_policy::trace::read_trace_from_with(bytes, Some(size), u64::MAX, false);
+    match (whole, skim) {
+        (Ok(a), Ok(b)) => assert_eq!(a, b),
+        (Err(a), Err(b)) if !skipped(&a) && !skipped(&b) => assert_eq!(format!("{a:?}"), format!("{b:?}")),
+        (Err(a), _) if skipped(&a) => {}
+        (_, Err(b)) if skipped(&b) => {}
+        (a, b) => panic!("whole {:?}, skimmed {:?}", a.map(|x| x.1.len()), b.map(|x| x.1.len())),
     }
     serial
 }
@@ -468,8 +549,9 @@ proptest! {
         wrong_end in prop_oneof![8 => Just(false), 1 => Just(true)],
         v2 in any::<bool>(),
         good_table in prop_oneof![6 => Just(true), 1 => Just(false)],
+        split in any::<bool>(),
     ) {
-        let header = if v2 {
+        let mut header = if v2 {
             let table = if good_table { vec![0, 0, 2] } else { vec![0, 2, 2] };
             raw::RawHeader { version: 2, flags: 3, top_k, layers: 3, row_bytes: 656, margin: 3, layer_table: Some(table) }
         } else {
@@ -478,6 +560,11 @@ proptest! {
             }
             raw::RawHeader { version: 1, flags: 1, top_k, layers: 3, row_bytes: 656, margin: 0, layer_table: None }
         };
+        // Version 3: the same records, their selection and score parts checksummed apart.
+        if split {
+            header.version = 3;
+            header.layer_table.get_or_insert_with(Vec::new);
+        }
         let records: Vec<raw::RawRecord> = recs.iter().map(|(r, _)| r.clone()).collect();
         let end = records.len() as u64 + u64::from(wrong_end);
         let bytes = raw::encode(&header, &records, end);
@@ -601,4 +688,74 @@ fn a_trace_is_refused_by_its_header_before_its_size_and_by_its_size_before_its_r
     let e = read_trace_from(text.as_slice(), None, text.len() as u64 / 2).unwrap_err();
     assert!(matches!(e, PolicyError::TooLarge { .. }), "{e}");
     assert_eq!(read_trace_from(text.as_slice(), None, text.len() as u64).unwrap().1, records(true));
+}
+
+/// A reader that counts the bytes read through it.
+struct Counted<R> {
+    inner: R,
+    read: u64,
+}
+
+impl<R: std::io::Read> std::io::Read for Counted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.read += n as u64;
+        Ok(n)
+    }
+}
+
+impl<R: std::io::Seek> std::io::Seek for Counted<R> {
+    fn seek(&mut self, pos: std::io::SeekFrom) -> std::io::Result<u64> {
+        self.inner.seek(pos)
+    }
+}
+
+/// From a file that seeks, a scored version-3 trace read without scores gives the records the
+/// whole-file reader gives, reading well under half of the file (the selection parts, a read
+/// buffer's worth each); with scores it reads all of it.
+#[test]
+fn a_scored_trace_read_without_scores_skips_its_score_parts() {
+    let header = TraceHeader {
+        top_k: 2048,
+        layers: 2,
+        row_bytes: 656,
+        has_scores: true,
+        score_margin: 6144,
+        ..TraceHeader::default()
+    };
+    let mut w = TraceWriter::new(Vec::new(), header.clone()).unwrap();
+    let mut rng = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    for i in 0..24u32 {
+        let seq_len = 65_536;
+        let mut all: Vec<f32> = (0..seq_len).map(|_| (next() % 1_000_000) as f32 * 1e-3).collect();
+        all[0] = -1.0;
+        let mut order: Vec<u32> = (0..seq_len).collect();
+        order.sort_by(|&a, &b| all[b as usize].total_cmp(&all[a as usize]).then(a.cmp(&b)));
+        let mut selected = order[..2048].to_vec();
+        selected.sort_unstable();
+        let mut r =
+            TraceRecord { step: i / 2 + 1, request: 1, layer: i % 2, seq_len, selected, scores: None, near: None };
+        r.set_scores(&all, 6144);
+        w.write(&r).unwrap();
+    }
+    let bytes = w.finish().unwrap();
+    assert_eq!(bytes[8], 3);
+    let size = bytes.len() as u64;
+    let whole = hisparse_policy::trace::read_trace_from_with(bytes.as_slice(), Some(size), u64::MAX, false).unwrap();
+    assert!(whole.1.iter().all(|r| r.selected.len() == 2048 && r.scores.is_none()));
+    let mut counted = Counted { inner: std::io::Cursor::new(bytes.as_slice()), read: 0 };
+    let skimmed = hisparse_policy::trace::read_trace_file_with(&mut counted, size, u64::MAX, false).unwrap();
+    assert_eq!(skimmed, whole);
+    assert!(counted.read * 100 < size * 45, "read {} of {size} bytes", counted.read);
+    let mut counted = Counted { inner: std::io::Cursor::new(bytes.as_slice()), read: 0 };
+    let (h, recs) = hisparse_policy::trace::read_trace_file_with(&mut counted, size, u64::MAX, true).unwrap();
+    assert_eq!((h, recs.len()), (header, 24));
+    assert!(recs.iter().all(|r| r.scores.as_ref().is_some_and(|s| s.len() == 2048)));
+    assert_eq!(counted.read, size);
 }

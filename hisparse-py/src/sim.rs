@@ -111,13 +111,28 @@ pub fn simulate<'py>(
     // signal handlers only on the main thread): a KeyboardInterrupt stops them between streams.
     let stop = std::sync::atomic::AtomicBool::new(false);
     let mut interrupted = None;
+    // Set when the replays end; its condition wakes the watching thread at once (a replay is
+    // often shorter than one watch).
+    let done = (std::sync::Mutex::new(false), std::sync::Condvar::new());
     let report = std::thread::scope(|s| {
         let job = s.spawn(|| {
             let cancel = || stop.load(std::sync::atomic::Ordering::Relaxed);
-            simulate_policies(&trace.header, &trace.records, &cfg, &made, &|_| {}, &cancel)
+            let r = simulate_policies(&trace.header, &trace.records, &cfg, &made, &|_| {}, &cancel);
+            if let Ok(mut d) = done.0.lock() {
+                *d = true;
+            }
+            done.1.notify_all();
+            r
         });
-        while !job.is_finished() {
-            py.detach(|| std::thread::sleep(std::time::Duration::from_millis(20)));
+        let tick = std::time::Duration::from_millis(20);
+        // A replay thread that panicked ends the watch too (finished, or its lock poisoned); the
+        // join reports it.
+        let finished = || {
+            let d = done.0.lock().map_err(|_| ())?;
+            let (d, _) = done.1.wait_timeout_while(d, tick, |d| !*d).map_err(|_| ())?;
+            Ok::<bool, ()>(*d)
+        };
+        while !job.is_finished() && py.detach(finished) == Ok(false) {
             if interrupted.is_none()
                 && let Err(e) = py.check_signals()
             {

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use hisparse_policy::trace::{TraceHeader, TraceRecord, TraceWriter, read_trace_from_with};
+use hisparse_policy::trace::{TraceHeader, TraceRecord, TraceWriter, read_trace_file_with, read_trace_from_with};
 use numpy::{PyArray1, PyArray2, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyString};
@@ -87,7 +87,8 @@ impl Trace {
     /// Reads a trace file (binary `.hstrace` or JSON lines); a corrupt file raises ValueError
     /// naming where, a file over `max_bytes` (default: what this machine's available memory can
     /// decode) is refused before it is read. `scores=False`
-    /// leaves the records' scores out (checked, not decoded: most of a version-2 trace's bytes),
+    /// leaves the records' scores out (most of a scored trace's bytes; a version-3 file's are
+    /// skipped unread, an older one's checked but not decoded),
     /// for replays whose policies and prefetchers read none.
     #[staticmethod]
     #[pyo3(signature = (path, max_bytes = None, scores = true))]
@@ -100,7 +101,11 @@ impl Trace {
             .detach(|| {
                 let f = std::fs::File::open(&path).map_err(|e| e.to_string())?;
                 let size = f.metadata().ok().filter(std::fs::Metadata::is_file).map(|m| m.len());
-                read_trace_from_with(f, size, max_bytes, scores).map_err(|e| e.to_string())
+                match size {
+                    Some(n) => read_trace_file_with(f, n, max_bytes, scores),
+                    None => read_trace_from_with(f, size, max_bytes, scores),
+                }
+                .map_err(|e| e.to_string())
             })
             .map_err(|e| value("path", format!("{}: {e}", path.display())))?;
         Ok(Self { header, records })

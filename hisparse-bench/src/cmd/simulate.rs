@@ -73,8 +73,8 @@ pub fn run(a: &SimulateArgs) -> Result<(SimReport, PathBuf)> {
     }
     let policies: Vec<PolicyChoice> = a.policies.iter().map(|&p| p.into()).collect();
     let prefetchers: Vec<PrefetcherChoice> = a.prefetchers.iter().map(|&p| p.into()).collect();
-    // Scores are decoded only when a policy or prefetcher reads them (they are most of a
-    // version-2 trace's bytes).
+    // Scores are read only when a policy or prefetcher reads them (they are most of a scored
+    // trace's bytes; a version-3 file's are skipped unread).
     let mut keep_scores = prefetchers.iter().any(|p| p.make(&PrefetcherConfig::default()).needs_near());
     for p in &policies {
         keep_scores |= p.make(&policy_config)?.needs_scores();

@@ -94,7 +94,12 @@ pub fn read_trace_arg_with(
     let input = crate::files::Input::open(flag, path)?;
     let size = input.len();
     let limit = crate::files::input::memory_limit(1 + hisparse_policy::trace::DECODED_PER_TRACE_BYTE);
-    match hisparse_policy::trace::read_trace_from_with(input, size, limit, keep_scores) {
+    let read = match size {
+        // A regular file: a scored trace's score parts are skipped where nothing reads them.
+        Some(n) => hisparse_policy::trace::read_trace_file_with(input, n, limit, keep_scores),
+        None => hisparse_policy::trace::read_trace_from_with(input, size, limit, keep_scores),
+    };
+    match read {
         Ok(t) => Ok(t),
         Err(_) if interrupt::requested() => Err(BenchError::Interrupted(format!("reading {}", path.display()))),
         Err(PolicyError::TooLarge { bytes, limit }) => Err(BenchError::flag(

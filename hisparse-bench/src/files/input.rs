@@ -188,3 +188,13 @@ mod tests {
         std::fs::remove_dir_all(&d).unwrap();
     }
 }
+
+/// A regular file seeks (a skipped part of a trace is never read); a stream cannot.
+impl std::io::Seek for Input {
+    fn seek(&mut self, pos: std::io::SeekFrom) -> std::io::Result<u64> {
+        if self.len.is_none() {
+            return Err(std::io::Error::new(std::io::ErrorKind::Unsupported, "a stream cannot seek"));
+        }
+        self.file.seek(pos)
+    }
+}

@@ -1,7 +1,8 @@
-//! The binary trace format, versions 1 and 2: compact (positions delta-coded as LEB128 varints)
-//! and checksummed (CRC-32 per record), read as a stream. The writer writes version 2 when the
-//! header needs it (a layer structure or near-cut candidates) and version 1 otherwise, so a
-//! version-1 trace reads and writes back byte for byte.
+//! The binary trace format, versions 1 to 3: compact (positions delta-coded as LEB128 varints)
+//! and checksummed (CRC-32 per record), read as a stream. The writer writes version 3 when the
+//! records carry scores or near-cut candidates, version 2 when the header needs only a layer
+//! structure, and version 1 otherwise, so a version-1 trace without scores reads and writes back
+//! byte for byte.
 //!
 //! All integers are little-endian.
 //!
@@ -10,24 +11,28 @@
 //! | bytes | field |
 //! | --- | --- |
 //! | 0..8 | magic `HSPTRACE` |
-//! | 8..10 | version, u16 = 1 or 2 |
-//! | 10..12 | flags, u16: bit 0 = records carry scores; bit 1 (version 2) = records carry near-cut candidates; other bits 0 |
+//! | 8..10 | version, u16 = 1, 2 or 3 |
+//! | 10..12 | flags, u16: bit 0 = records carry scores; bit 1 (versions 2 and 3) = records carry near-cut candidates; other bits 0 |
 //! | 12..16 | top_k, u32 |
 //! | 16..20 | layers, u32 |
 //! | 20..24 | row_bytes, u32 (0: unknown) |
-//! | 24..28 | version 1: 0; version 2: score_margin, u32 (non-zero exactly when flag bit 1 is set) |
+//! | 24..28 | version 1: 0; versions 2 and 3: score_margin, u32 (non-zero exactly when flag bit 1 is set) |
 //! | 28..32 | CRC-32 of bytes 0..28 |
 //!
-//! **Layer table** (version 2 only): `n` u32 (0: every layer full, else `layers`), then `n`
+//! **Layer table** (versions 2 and 3): `n` u32 (0: every layer full, else `layers`), then `n`
 //! u32 — each layer's selection source — then the CRC-32 of those `4 + 4n` bytes.
 //!
 //! **Records**, each starting with a tag byte:
 //!
-//! * `0x01`, a selection: `len` u32 (bytes that follow, CRC included), then `step` u32,
-//!   `request` u64, `layer` u32, `seq_len` u32, `count` u32; then `count` varints: the first
-//!   position, then for each next position its distance to the previous minus one; then, if
-//!   flag bit 0 is set, `count` f32 scores; then, if flag bit 1 is set, `near` u32 and `near`
-//!   pairs of (position u32, score f32); then the CRC-32 of everything after `len`.
+//! * `0x01`, a selection: `len` u32 (bytes that follow, checksums included), then the
+//!   selection part: `step` u32, `request` u64, `layer` u32, `seq_len` u32, `count` u32, and
+//!   `count` varints (the first position, then for each next position its distance to the
+//!   previous minus one); then the score part: if flag bit 0 is set, `count` f32 scores; if flag
+//!   bit 1 is set, `near` u32 and `near` pairs of (position u32, score f32).
+//!   Versions 1 and 2: the two parts, then the CRC-32 of both.
+//!   Version 3: `sel_len` u32 (the selection part's bytes), the selection part, its CRC-32, then
+//!   the score part and its own CRC-32 — so a reader that needs no scores reads and checks the
+//!   selection part and skips the rest (most of the bytes), checking only its length.
 //! * `0xFF`, the end: `records` u64 (how many selections came before), then the CRC-32 of
 //!   those 8 bytes. Nothing may follow.
 //!
@@ -42,8 +47,8 @@ use crate::error::{PolicyError, Result};
 
 /// The file magic.
 pub const MAGIC: &[u8; 8] = b"HSPTRACE";
-/// The newest version this code writes and reads (it reads version 1 too).
-pub const VERSION: u16 = 2;
+/// The newest version this code writes and reads (it reads versions 1 and 2 too).
+pub const VERSION: u16 = 3;
 const FLAG_SCORES: u16 = 1;
 const FLAG_NEAR: u16 = 2;
 pub(super) const TAG_RECORD: u8 = 0x01;
@@ -85,8 +90,13 @@ impl<W: Write> TraceWriter<W> {
     /// Appends one record (checked first; nothing is written for a bad one).
     pub fn write(&mut self, rec: &TraceRecord) -> Result<()> {
         rec.check(&self.header, self.offset)?;
+        let split = version_of(&self.header) == 3;
         let b = &mut self.buf;
         b.clear();
+        if split {
+            // `sel_len`, set once the selection part is written.
+            b.extend_from_slice(&[0; 4]);
+        }
         b.extend_from_slice(&rec.step.to_le_bytes());
         b.extend_from_slice(&rec.request.to_le_bytes());
         b.extend_from_slice(&rec.layer.to_le_bytes());
@@ -97,6 +107,15 @@ impl<W: Write> TraceWriter<W> {
         for &p in &rec.selected {
             put_varint(b, prev.map_or(p, |q| p - q - 1));
             prev = Some(p);
+        }
+        let mut part = 0;
+        if split {
+            // At most 24 + 5 * top_k bytes, below MAX_PAYLOAD (a u32).
+            let sel_len = (b.len() - 4) as u32;
+            b[..4].copy_from_slice(&sel_len.to_le_bytes());
+            let c = crc(&b[4..]);
+            b.extend_from_slice(&c.to_le_bytes());
+            part = b.len();
         }
         for s in rec.scores.iter().flatten() {
             b.extend_from_slice(&s.to_le_bytes());
@@ -109,7 +128,7 @@ impl<W: Write> TraceWriter<W> {
                 b.extend_from_slice(&s.to_le_bytes());
             }
         }
-        let c = crc(b);
+        let c = crc(&b[part..]);
         b.extend_from_slice(&c.to_le_bytes());
         let len = u32::try_from(b.len()).ok().filter(|&l| l <= MAX_PAYLOAD).ok_or_else(|| PolicyError::Invalid {
             field: "selected",
@@ -140,12 +159,25 @@ impl<W: Write> TraceWriter<W> {
     }
 }
 
-/// The header (and, for version 2, the layer table) as written.
+/// The version a trace of `header` is written in: 3 when its records carry scores or near-cut
+/// candidates, 2 when it has a layer structure, else 1.
+pub fn version_of(header: &TraceHeader) -> u16 {
+    if header.has_scores || header.score_margin > 0 {
+        3
+    } else if header.is_v2() {
+        2
+    } else {
+        1
+    }
+}
+
+/// The header (and, from version 2, the layer table) as written.
 fn header_bytes(header: &TraceHeader) -> Vec<u8> {
-    let v2 = header.is_v2();
+    let version = version_of(header);
+    let v2 = version > 1;
     let mut h = Vec::with_capacity(40);
     h.extend_from_slice(MAGIC);
-    h.extend_from_slice(&(if v2 { 2u16 } else { 1 }).to_le_bytes());
+    h.extend_from_slice(&version.to_le_bytes());
     let flags = u16::from(header.has_scores) * FLAG_SCORES + u16::from(header.score_margin > 0) * FLAG_NEAR;
     h.extend_from_slice(&flags.to_le_bytes());
     for v in [header.top_k, header.layers, header.row_bytes, header.score_margin] {
@@ -174,18 +206,20 @@ fn write_err(e: std::io::Error) -> PolicyError {
 pub struct TraceReader<R: Read> {
     input: R,
     header: TraceHeader,
+    /// The file's version.
+    version: u16,
     offset: u64,
     records: u64,
     done: bool,
     buf: Vec<u8>,
 }
 
-fn err(what: &'static str, offset: u64, message: impl Into<String>) -> PolicyError {
+pub(super) fn err(what: &'static str, offset: u64, message: impl Into<String>) -> PolicyError {
     PolicyError::Trace { what, offset, message: message.into() }
 }
 
 /// Reads exactly `buf.len()` bytes at `offset`, or reports truncation.
-fn read_exact(input: &mut impl Read, buf: &mut [u8], offset: u64, what: &str) -> Result<()> {
+pub(super) fn read_exact(input: &mut impl Read, buf: &mut [u8], offset: u64, what: &str) -> Result<()> {
     let mut got = 0;
     while got < buf.len() {
         match input.read(&mut buf[got..]) {
@@ -256,7 +290,7 @@ impl<R: Read> TraceReader<R> {
         };
         header.check(12)?;
         let mut offset = 32;
-        if version == 2 {
+        if version >= 2 {
             let mut n = [0u8; 4];
             read_exact(&mut input, &mut n, 32, "layer table")?;
             let n = u32::from_le_bytes(n);
@@ -274,7 +308,17 @@ impl<R: Read> TraceReader<R> {
             header.check(36)?;
             offset += 8 + 4 * u64::from(n);
         }
-        Ok(Self { input, header, offset, records: 0, done: false, buf: Vec::new() })
+        Ok(Self { input, header, version, offset, records: 0, done: false, buf: Vec::new() })
+    }
+
+    /// The file's version (1 to [`VERSION`]).
+    pub fn version(&self) -> u16 {
+        self.version
+    }
+
+    /// The input, positioned at [`TraceReader::offset`].
+    pub(super) fn into_input(self) -> R {
+        self.input
     }
 
     /// The file header.
@@ -322,7 +366,7 @@ impl<R: Read> TraceReader<R> {
                 }
                 self.buf.resize(len as usize, 0);
                 read_exact(&mut self.input, &mut self.buf, start + 5, "record")?;
-                let rec = record_at(&self.header, &self.buf, start, true)?;
+                let rec = record_at(&self.header, self.version, &self.buf, start, true)?;
                 self.records += 1;
                 self.offset = start + 5 + u64::from(len);
                 Ok(Some(rec))
@@ -333,21 +377,45 @@ impl<R: Read> TraceReader<R> {
 
     /// A reader that continues `bytes` at `offset`, after `records` records (the parallel
     /// reader's tail).
-    pub(super) fn resume(input: R, header: TraceHeader, offset: u64, records: u64) -> Self {
-        Self { input, header, offset, records, done: false, buf: Vec::new() }
+    pub(super) fn resume(input: R, header: TraceHeader, version: u16, offset: u64, records: u64) -> Self {
+        Self { input, header, version, offset, records, done: false, buf: Vec::new() }
     }
 }
 
-/// One record (`rec`: its `len` bytes, checksum last) starting at `start`: checked and decoded;
-/// without `keep_scores` its scores and near-cut candidates are delimited (and checksummed with
-/// the rest) but not decoded (the record then fits [`without_scores`]`(header)`).
-pub(super) fn record_at(header: &TraceHeader, rec: &[u8], start: u64, keep_scores: bool) -> Result<TraceRecord> {
-    let body = &rec[..rec.len() - 4];
-    if crc(body) != u32_at(rec, rec.len() - 4) {
-        return Err(err("corrupt record", start, "record checksum mismatch"));
-    }
-    let r = decode(header, body, start, keep_scores)?;
-    // Delta coding makes the positions strictly ascending and `decode` bounds their count.
+/// One record (`rec`: its `len` bytes, checksums included) of a trace of `version` starting at
+/// `start`: checked and decoded; without `keep_scores` its scores and near-cut candidates are
+/// delimited but not decoded (the record then fits [`without_scores`]`(header)`), and in
+/// version 3 their checksum is not computed either.
+pub(super) fn record_at(
+    header: &TraceHeader,
+    version: u16,
+    rec: &[u8],
+    start: u64,
+    keep_scores: bool,
+) -> Result<TraceRecord> {
+    let at = |i: usize| start + 5 + i as u64;
+    let (mut r, part, part_at) = if version == 3 {
+        check_split(u32_at(rec, 0), rec.len() as u32, start)?;
+        let sel = split_selection(rec, start)?;
+        let part = &rec[8 + sel.len()..rec.len() - 4];
+        if keep_scores && crc(part) != u32_at(rec, rec.len() - 4) {
+            return Err(err("corrupt record", at(rec.len() - 4), "score checksum mismatch"));
+        }
+        let (r, end) = decode_selection(header, sel, |i| at(4 + i))?;
+        if end != sel.len() {
+            return Err(err("corrupt record", at(4 + end), "bytes after the positions in the selection part"));
+        }
+        (r, part, 8 + sel.len())
+    } else {
+        let body = &rec[..rec.len() - 4];
+        if crc(body) != u32_at(rec, rec.len() - 4) {
+            return Err(err("corrupt record", start, "record checksum mismatch"));
+        }
+        let (r, end) = decode_selection(header, body, at)?;
+        (r, &body[end..], end)
+    };
+    (r.scores, r.near) = decode_scores(header, part, r.selected.len(), keep_scores, |i| at(part_at + i))?;
+    // Delta coding makes the positions strictly ascending and `decode_selection` bounds their count.
     if keep_scores {
         r.check_decoded(header, start)?;
     } else {
@@ -356,13 +424,69 @@ pub(super) fn record_at(header: &TraceHeader, rec: &[u8], start: u64, keep_score
     Ok(r)
 }
 
+/// Checks that a version-3 record of `len` bytes (after its length) starting at `start` holds
+/// `sel_len`, a selection part of `sel_len` bytes (its fields at least), its checksum, and the
+/// score part's checksum.
+pub(super) fn check_split(sel_len: u32, len: u32, start: u64) -> Result<()> {
+    if sel_len < 24 || u64::from(sel_len) + 12 > u64::from(len) {
+        return Err(err(
+            "corrupt record",
+            start + 5,
+            format!("a selection part of {sel_len} bytes in a record of {len}"),
+        ));
+    }
+    Ok(())
+}
+
+/// The selection part of a version-3 record (`rec`: `sel_len`, the part, its checksum, and
+/// possibly more), its length checked by [`check_split`] before, its checksum here.
+fn split_selection(rec: &[u8], start: u64) -> Result<&[u8]> {
+    let sel_len = u32_at(rec, 0) as usize;
+    let sel = &rec[4..4 + sel_len];
+    if crc(sel) != u32_at(rec, 4 + sel_len) {
+        return Err(err("corrupt record", start + 9 + sel_len as u64, "selection checksum mismatch"));
+    }
+    Ok(sel)
+}
+
+/// A version-3 record read without its score part (`head`: `sel_len`, the selection part and its
+/// checksum; `score_bytes`: the length of the score part skipped, its checksum included):
+/// checked and decoded as [`record_at`] without `keep_scores` does, the score part checked only
+/// for a length the header allows.
+pub(super) fn selection_at(header: &TraceHeader, head: &[u8], score_bytes: u64, start: u64) -> Result<TraceRecord> {
+    // The caller read `head` after check_split: it holds sel_len, the part and its checksum.
+    let sel = split_selection(head, start)?;
+    let at = |i: usize| start + 9 + i as u64;
+    let (r, end) = decode_selection(header, sel, at)?;
+    if end != sel.len() {
+        return Err(err("corrupt record", at(end), "bytes after the positions in the selection part"));
+    }
+    let count = r.selected.len() as u64;
+    let fixed = 4 + if header.has_scores { 4 * count } else { 0 } + if header.score_margin > 0 { 4 } else { 0 };
+    let near = score_bytes.checked_sub(fixed);
+    let fits = match near {
+        Some(n) if header.score_margin > 0 => n % 8 == 0 && n / 8 <= u64::from(header.score_margin),
+        Some(n) => n == 0,
+        None => false,
+    };
+    if !fits {
+        return Err(err(
+            "corrupt record",
+            at(sel.len() + 4),
+            format!("a score part of {score_bytes} bytes for {count} positions"),
+        ));
+    }
+    r.check_decoded(&without_scores(header), start)?;
+    Ok(r)
+}
+
 /// `header` as a trace read without its scores shows it: no scores, no near-cut candidates.
 pub fn without_scores(header: &TraceHeader) -> TraceHeader {
     TraceHeader { has_scores: false, score_margin: 0, ..header.clone() }
 }
 
-/// The positions of a record body from byte 24: `count` delta-coded varints; returns them and
-/// the index after the last.
+/// The positions of a selection part from byte 24: `count` delta-coded varints; returns them
+/// and the index after the last.
 fn positions(b: &[u8], count: usize, at: impl Fn(usize) -> u64) -> Result<(Vec<u32>, usize)> {
     let mut selected = Vec::with_capacity(count);
     let mut i = 24;
@@ -390,13 +514,42 @@ fn positions(b: &[u8], count: usize, at: impl Fn(usize) -> u64) -> Result<(Vec<u
     Ok((selected, i))
 }
 
-fn decode(header: &TraceHeader, b: &[u8], start: u64, keep_scores: bool) -> Result<TraceRecord> {
-    let at = |i: usize| start + 5 + i as u64;
+/// The fields and positions at the start of `b` (`at`: a byte's offset in the file); returns
+/// the record without scores and the index after its positions.
+fn decode_selection(header: &TraceHeader, b: &[u8], at: impl Fn(usize) -> u64) -> Result<(TraceRecord, usize)> {
+    if b.len() < 24 {
+        return Err(err("corrupt record", at(0), format!("{} bytes, too short for a record's fields", b.len())));
+    }
     let count = u32_at(b, 20) as usize;
     if count > header.top_k as usize {
         return Err(err("corrupt record", at(20), format!("{count} positions, top_k is {}", header.top_k)));
     }
-    let (selected, mut i) = positions(b, count, at)?;
+    let (selected, end) = positions(b, count, &at)?;
+    let r = TraceRecord {
+        step: u32_at(b, 0),
+        request: u64::from_le_bytes(b[4..12].try_into().unwrap_or_default()),
+        layer: u32_at(b, 12),
+        seq_len: u32_at(b, 16),
+        selected,
+        scores: None,
+        near: None,
+    };
+    Ok((r, end))
+}
+
+/// Near-cut candidates as decoded: (position, score) pairs.
+type Near = Vec<(u32, f32)>;
+
+/// The score part `b` of a record of `count` positions (scores, then near-cut candidates, as
+/// the header says), which it must fill exactly; decoded only with `keep_scores`.
+fn decode_scores(
+    header: &TraceHeader,
+    b: &[u8],
+    count: usize,
+    keep_scores: bool,
+    at: impl Fn(usize) -> u64,
+) -> Result<(Option<Vec<f32>>, Option<Near>)> {
+    let mut i = 0;
     let f32_at = |c: &[u8]| f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
     let scores = if header.has_scores {
         let end = i + 4 * count;
@@ -433,15 +586,7 @@ fn decode(header: &TraceHeader, b: &[u8], start: u64, keep_scores: bool) -> Resu
             format!("{} unexplained bytes at the end of the record", b.len() - i),
         ));
     }
-    Ok(TraceRecord {
-        step: u32_at(b, 0),
-        request: u64::from_le_bytes(b[4..12].try_into().unwrap_or_default()),
-        layer: u32_at(b, 12),
-        seq_len: u32_at(b, 16),
-        selected,
-        scores,
-        near,
-    })
+    Ok((scores, near))
 }
 
 impl<R: Read> Iterator for TraceReader<R> {

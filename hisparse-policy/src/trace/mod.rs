@@ -32,10 +32,11 @@ pub mod import;
 pub mod jsonl;
 pub mod parallel;
 pub mod raw;
+mod skim;
 
 pub use binary::{TraceReader, TraceWriter};
 
-use std::io::{BufRead, Read};
+use std::io::{BufRead, Read, Seek};
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -144,7 +145,7 @@ impl TraceHeader {
         self.index_source.get(layer as usize).copied().unwrap_or(layer)
     }
 
-    /// Whether the header needs version 2 (layer structure or near-cut candidates).
+    /// Whether the header needs version 2 or later (layer structure or near-cut candidates).
     pub fn is_v2(&self) -> bool {
         self.score_margin > 0 || !self.index_source.is_empty()
     }
@@ -326,6 +327,36 @@ pub fn read_trace_from_with(
         return Err(too_large(size));
     }
     parallel::read_all(&bytes, keep_scores)
+}
+
+/// [`read_trace_from_with`] from an input that can seek (a regular file) of `size` bytes: a
+/// version-3 binary trace read without `keep_scores` has each record's score part skipped by a
+/// seek — never read, its checksum not computed, only its length checked against the header —
+/// so a replay that reads no scores reads a fraction of the file; every other input is read as
+/// [`read_trace_from_with`] reads it.
+pub fn read_trace_file_with<R: Read + Seek>(
+    input: R,
+    size: u64,
+    max_bytes: u64,
+    keep_scores: bool,
+) -> Result<(TraceHeader, Vec<TraceRecord>)> {
+    let mut input = std::io::BufReader::new(input);
+    let unreadable = |e: std::io::Error| PolicyError::Trace { what: "unreadable", offset: 0, message: e.to_string() };
+    let first = input.fill_buf().map_err(unreadable)?.first().copied();
+    if keep_scores || first == Some(b'{') {
+        return read_trace_from_with(input, Some(size), max_bytes, keep_scores);
+    }
+    let reader = TraceReader::new(input)?;
+    if size > max_bytes {
+        return Err(PolicyError::TooLarge { bytes: Some(size), limit: max_bytes });
+    }
+    let h = reader.header();
+    if reader.version() == 3 && (h.has_scores || h.score_margin > 0) {
+        return skim::read_selections(reader, size);
+    }
+    let mut input = reader.into_input();
+    input.rewind().map_err(unreadable)?;
+    read_trace_from_with(input, Some(size), max_bytes, keep_scores)
 }
 
 /// Asks Linux to back `buf`'s spare capacity with huge pages (where transparent huge pages are

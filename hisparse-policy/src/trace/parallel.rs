@@ -14,7 +14,7 @@ use crate::error::Result;
 /// says the trace has none ([`without_scores`]).
 pub fn read_all(bytes: &[u8], keep_scores: bool) -> Result<(TraceHeader, Vec<TraceRecord>)> {
     let reader = TraceReader::new(bytes)?;
-    let header = reader.header().clone();
+    let (header, version) = (reader.header().clone(), reader.version());
     let mut off = usize::try_from(reader.offset()).unwrap_or(usize::MAX);
     let mut spans: Vec<(usize, usize)> = Vec::new();
     while bytes.get(off) == Some(&TAG_RECORD) {
@@ -30,13 +30,13 @@ pub fn read_all(bytes: &[u8], keep_scores: bool) -> Result<(TraceHeader, Vec<Tra
     }
     let decoded: Vec<Result<TraceRecord>> = spans
         .par_iter()
-        .map(|&(start, end)| record_at(&header, &bytes[start + 5..end], start as u64, keep_scores))
+        .map(|&(start, end)| record_at(&header, version, &bytes[start + 5..end], start as u64, keep_scores))
         .collect();
     // The first error in file order, as the reader would meet it.
     let records = decoded.into_iter().collect::<Result<Vec<_>>>()?;
     // The rest: the end marker, or the error the reader reports there.
     let tail = bytes.get(off..).unwrap_or_default();
-    let mut rest = TraceReader::resume(tail, header.clone(), off as u64, records.len() as u64);
+    let mut rest = TraceReader::resume(tail, header.clone(), version, off as u64, records.len() as u64);
     match rest.next() {
         None if keep_scores => Ok((header, records)),
         None => Ok((without_scores(&header), records)),

@@ -8,7 +8,7 @@ use super::binary::MAGIC;
 /// A header as raw fields.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RawHeader {
-    /// Format version (readers read 1 and 2).
+    /// Format version (readers read 1 to 3; version 3 records are written split in two parts).
     pub version: u16,
     /// Flags (bit 0: records carry scores; bit 1: near-cut candidates).
     pub flags: u16,
@@ -18,9 +18,9 @@ pub struct RawHeader {
     pub layers: u32,
     /// Declared row bytes.
     pub row_bytes: u32,
-    /// Bytes 24..28 (version 2: the score margin).
+    /// Bytes 24..28 (versions 2 and 3: the score margin).
     pub margin: u32,
-    /// Version 2's layer table as written (`None`: no table, as version 1 has none).
+    /// The layer table of versions 2 and 3 as written (`None`: no table, as version 1 has none).
     pub layer_table: Option<Vec<u32>>,
 }
 
@@ -44,7 +44,7 @@ pub struct RawRecord {
     /// Near-cut candidates written after the scores (`None`: no count at all), with the
     /// declared count.
     pub near: Option<(u32, Vec<(u32, f32)>)>,
-    /// Bytes appended before the checksum.
+    /// Bytes appended before the (last) checksum.
     pub trailing: Vec<u8>,
 }
 
@@ -76,8 +76,12 @@ pub fn encode(header: &RawHeader, records: &[RawRecord], end_count: u64) -> Vec<
         b.extend_from_slice(&t);
         b.extend_from_slice(&c.to_le_bytes());
     }
+    let split = header.version == 3;
     for r in records {
         let mut p = Vec::new();
+        if split {
+            p.extend_from_slice(&[0; 4]);
+        }
         p.extend_from_slice(&r.step.to_le_bytes());
         p.extend_from_slice(&r.request.to_le_bytes());
         p.extend_from_slice(&r.layer.to_le_bytes());
@@ -85,6 +89,14 @@ pub fn encode(header: &RawHeader, records: &[RawRecord], end_count: u64) -> Vec<
         p.extend_from_slice(&r.count.to_le_bytes());
         for &d in &r.deltas {
             put_varint(&mut p, d);
+        }
+        let mut part = 0;
+        if split {
+            let sel_len = (p.len() - 4) as u32;
+            p[..4].copy_from_slice(&sel_len.to_le_bytes());
+            let c = crc32fast::hash(&p[4..]);
+            p.extend_from_slice(&c.to_le_bytes());
+            part = p.len();
         }
         for s in &r.scores {
             p.extend_from_slice(&s.to_le_bytes());
@@ -97,7 +109,7 @@ pub fn encode(header: &RawHeader, records: &[RawRecord], end_count: u64) -> Vec<
             }
         }
         p.extend_from_slice(&r.trailing);
-        let c = crc32fast::hash(&p);
+        let c = crc32fast::hash(&p[part..]);
         p.extend_from_slice(&c.to_le_bytes());
         b.push(0x01);
         b.extend_from_slice(&(p.len() as u32).to_le_bytes());
