@@ -153,6 +153,16 @@ impl Read for Input {
     }
 }
 
+/// A regular file seeks (a skipped part of a trace is never read); a stream cannot.
+impl std::io::Seek for Input {
+    fn seek(&mut self, pos: std::io::SeekFrom) -> std::io::Result<u64> {
+        if self.len.is_none() {
+            return Err(std::io::Error::new(std::io::ErrorKind::Unsupported, "a stream cannot seek"));
+        }
+        self.file.seek(pos)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -186,15 +196,5 @@ mod tests {
         assert_eq!(i.read_text("the trace", 1 << 20).unwrap(), "from a writer that came late");
         writer.join().unwrap();
         std::fs::remove_dir_all(&d).unwrap();
-    }
-}
-
-/// A regular file seeks (a skipped part of a trace is never read); a stream cannot.
-impl std::io::Seek for Input {
-    fn seek(&mut self, pos: std::io::SeekFrom) -> std::io::Result<u64> {
-        if self.len.is_none() {
-            return Err(std::io::Error::new(std::io::ErrorKind::Unsupported, "a stream cannot seek"));
-        }
-        self.file.seek(pos)
     }
 }
