@@ -283,9 +283,7 @@ pub fn read_trace_from_with(
     max_bytes: u64,
     keep_scores: bool,
 ) -> Result<(TraceHeader, Vec<TraceRecord>)> {
-    let mut input = std::io::BufReader::new(input);
-    let unreadable = |e: std::io::Error| PolicyError::Trace { what: "unreadable", offset: 0, message: e.to_string() };
-    let first = input.fill_buf().map_err(unreadable)?.first().copied();
+    let (mut input, first) = buffered(input)?;
     let too_large = |bytes: Option<u64>| PolicyError::TooLarge { bytes, limit: max_bytes };
     if size.is_some_and(|n| n > max_bytes) && first != Some(b'{') {
         // The header first: a file that is no trace is refused as such, not for its size.
@@ -329,6 +327,18 @@ pub fn read_trace_from_with(
     parallel::read_all(&bytes, keep_scores)
 }
 
+/// An input error before any record, at byte `offset`.
+fn unreadable(offset: u64) -> impl Fn(std::io::Error) -> PolicyError {
+    move |e| PolicyError::Trace { what: "unreadable", offset, message: e.to_string() }
+}
+
+/// `input` buffered, and its first byte (`{` starts JSON lines; `None`: empty).
+fn buffered<R: Read>(input: R) -> Result<(std::io::BufReader<R>, Option<u8>)> {
+    let mut input = std::io::BufReader::new(input);
+    let first = input.fill_buf().map_err(unreadable(0))?.first().copied();
+    Ok((input, first))
+}
+
 /// [`read_trace_from_with`] from an input that can seek (a regular file) of `size` bytes: a
 /// version-3 binary trace read without `keep_scores` has each record's score part skipped by a
 /// seek — never read, its checksum not computed, only its length checked against the header —
@@ -340,9 +350,7 @@ pub fn read_trace_file_with<R: Read + Seek>(
     max_bytes: u64,
     keep_scores: bool,
 ) -> Result<(TraceHeader, Vec<TraceRecord>)> {
-    let mut input = std::io::BufReader::new(input);
-    let unreadable = |e: std::io::Error| PolicyError::Trace { what: "unreadable", offset: 0, message: e.to_string() };
-    let first = input.fill_buf().map_err(unreadable)?.first().copied();
+    let (input, first) = buffered(input)?;
     if keep_scores || first == Some(b'{') {
         return read_trace_from_with(input, Some(size), max_bytes, keep_scores);
     }
@@ -355,7 +363,7 @@ pub fn read_trace_file_with<R: Read + Seek>(
         return skim::read_selections(reader, size);
     }
     let mut input = reader.into_input();
-    input.rewind().map_err(unreadable)?;
+    input.rewind().map_err(unreadable(0))?;
     read_trace_from_with(input, Some(size), max_bytes, keep_scores)
 }
 
