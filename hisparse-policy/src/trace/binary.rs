@@ -396,16 +396,12 @@ pub(super) fn record_at(
     let at = |i: usize| start + 5 + i as u64;
     let (mut r, part, part_at) = if version == 3 {
         check_split(u32_at(rec, 0), rec.len() as u32, start)?;
-        let sel = split_selection(rec, start)?;
-        let part = &rec[8 + sel.len()..rec.len() - 4];
+        let sel_len = u32_at(rec, 0) as usize;
+        let part = &rec[8 + sel_len..rec.len() - 4];
         if keep_scores && crc(part) != u32_at(rec, rec.len() - 4) {
             return Err(err("corrupt record", at(rec.len() - 4), "score checksum mismatch"));
         }
-        let (r, end) = decode_selection(header, sel, |i| at(4 + i))?;
-        if end != sel.len() {
-            return Err(err("corrupt record", at(4 + end), "bytes after the positions in the selection part"));
-        }
-        (r, part, 8 + sel.len())
+        (split_selection(header, rec, start)?, part, 8 + sel_len)
     } else {
         let body = &rec[..rec.len() - 4];
         if crc(body) != u32_at(rec, rec.len() - 4) {
@@ -438,15 +434,21 @@ pub(super) fn check_split(sel_len: u32, len: u32, start: u64) -> Result<()> {
     Ok(())
 }
 
-/// The selection part of a version-3 record (`rec`: `sel_len`, the part, its checksum, and
-/// possibly more), its length checked by [`check_split`] before, its checksum here.
-fn split_selection(rec: &[u8], start: u64) -> Result<&[u8]> {
+/// The record without scores in the selection part of a version-3 record (`rec`: `sel_len`,
+/// the part, its checksum, and possibly more) starting at `start`: its length checked by
+/// [`check_split`] before, its checksum and contents here (nothing may follow the positions).
+fn split_selection(header: &TraceHeader, rec: &[u8], start: u64) -> Result<TraceRecord> {
     let sel_len = u32_at(rec, 0) as usize;
     let sel = &rec[4..4 + sel_len];
+    let at = |i: usize| start + 9 + i as u64;
     if crc(sel) != u32_at(rec, 4 + sel_len) {
-        return Err(err("corrupt record", start + 9 + sel_len as u64, "selection checksum mismatch"));
+        return Err(err("corrupt record", at(sel_len), "selection checksum mismatch"));
     }
-    Ok(sel)
+    let (r, end) = decode_selection(header, sel, at)?;
+    if end != sel_len {
+        return Err(err("corrupt record", at(end), "bytes after the positions in the selection part"));
+    }
+    Ok(r)
 }
 
 /// A version-3 record read without its score part (`head`: `sel_len`, the selection part and its
@@ -455,12 +457,7 @@ fn split_selection(rec: &[u8], start: u64) -> Result<&[u8]> {
 /// for a length the header allows.
 pub(super) fn selection_at(header: &TraceHeader, head: &[u8], score_bytes: u64, start: u64) -> Result<TraceRecord> {
     // The caller read `head` after check_split: it holds sel_len, the part and its checksum.
-    let sel = split_selection(head, start)?;
-    let at = |i: usize| start + 9 + i as u64;
-    let (r, end) = decode_selection(header, sel, at)?;
-    if end != sel.len() {
-        return Err(err("corrupt record", at(end), "bytes after the positions in the selection part"));
-    }
+    let r = split_selection(header, head, start)?;
     let count = r.selected.len() as u64;
     let fixed = 4 + if header.has_scores { 4 * count } else { 0 } + if header.score_margin > 0 { 4 } else { 0 };
     let near = score_bytes.checked_sub(fixed);
@@ -472,7 +469,7 @@ pub(super) fn selection_at(header: &TraceHeader, head: &[u8], score_bytes: u64, 
     if !fits {
         return Err(err(
             "corrupt record",
-            at(sel.len() + 4),
+            start + 5 + head.len() as u64,
             format!("a score part of {score_bytes} bytes for {count} positions"),
         ));
     }
