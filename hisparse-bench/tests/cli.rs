@@ -556,6 +556,8 @@ fn the_copy_engine_flags_reach_the_config_and_bad_values_are_named_by_flag() {
     for (bad, flag) in [
         (["--copy-engine-share", "1.5"], "--copy-engine-share"),
         (["--host-gather-threads", "1000"], "--host-gather-threads"),
+        // A parameter of other forms than the one chosen.
+        (["--miss-fill-max-batch", "3"], "auto or no-copies, not copy-engine"),
     ] {
         let o = hisparse(&[&base[..], &bad[..], &["--out", dir.join("bad").to_str().unwrap()]].concat());
         let err = String::from_utf8_lossy(&o.stderr);

@@ -263,13 +263,14 @@ impl EngineArgs {
             _ => MissFill::DEFAULT_MAX_BATCH,
         };
         let (share, threads) = base.copy_engine().unwrap_or((MissFill::DEFAULT_SHARE, 0));
+        let (batched, engine) = (&[MissFillMode::Auto, MissFillMode::NoCopies][..], &[MissFillMode::CopyEngine][..]);
         for (flag, given, of) in [
-            ("miss-fill-max-batch", self.miss_fill_max_batch.map(|v| v.to_string()), MissFillMode::Auto),
-            ("copy-engine-share", self.copy_engine_share.map(|v| format!("{v:?}")), MissFillMode::CopyEngine),
-            ("host-gather-threads", self.host_gather_threads.map(|v| v.to_string()), MissFillMode::CopyEngine),
+            ("miss-fill-max-batch", self.miss_fill_max_batch.map(|v| v.to_string()), batched),
+            ("copy-engine-share", self.copy_engine_share.map(|v| format!("{v:?}")), engine),
+            ("host-gather-threads", self.host_gather_threads.map(|v| v.to_string()), engine),
         ] {
-            let also = of == MissFillMode::Auto && mode == MissFillMode::NoCopies;
-            if let Some(v) = given.filter(|_| mode != of && !also) {
+            if let Some(v) = given.filter(|_| !of.contains(&mode)) {
+                let of = of.iter().map(ToString::to_string).collect::<Vec<_>>().join(" or ");
                 return Err(BenchError::flag(flag, v, format!("applies to --miss-fill {of}, not {mode}")));
             }
         }

@@ -61,7 +61,7 @@ pub struct HiSparseConfig {
     /// of top-k).
     pub prefetch_budget: usize,
     /// Ours: who brings a layer's missed rows into its hot buffer (JSON: `miss_fill` with
-    /// `miss_fill_max_batch` for `auto`, `copy_engine_share` and `host_gather_threads` for
+    /// `miss_fill_max_batch` for `auto` and `no-copies`, `copy_engine_share` and `host_gather_threads` for
     /// `copy-engine`). CUDA only: the CPU backend copies either way.
     pub miss_fill: MissFill,
     /// Ours: positions per page of the host tier and the device pools.
