@@ -130,7 +130,7 @@ fn two_writers_of_one_folder_never_mix() {
 fn ctrl_c_once_or_twice_during_a_long_prefill_leaves_nothing_behind() {
     let d = tmp("sigint");
     let args = "run --backend cpu --mode hisparse --concurrency 4 --context 150000 --output 200 \
-                --device-memory 512MiB --host-tier-file tier.bin --out o";
+                --device-memory 512MiB --host-to-device-ratio 1 --host-tier-file tier.bin --out o";
     for twice in [false, true] {
         let c = spawn(&d, args);
         // Into the prefill of the first request (the tier file is made by then).
@@ -160,7 +160,8 @@ fn a_second_ctrl_c_stops_at_once_and_removes_the_unfinished_files() {
     let c = Command::new(program())
         .args(split(
             "run --backend cpu --mode hisparse --concurrency 4 --context 150000 --output 200 \
-             --device-memory 512MiB --host-tier-file tier.bin --record-trace r.hstrace --out o",
+             --device-memory 512MiB --host-to-device-ratio 1 --host-tier-file tier.bin \
+             --record-trace r.hstrace --out o",
         ))
         .env("HISPARSE_TEST_DEAF_TO_FIRST_SIGNAL", "1")
         .current_dir(&d)
