@@ -100,6 +100,39 @@ proptest! {
     }
 
     #[test]
+    fn the_compulsory_misses_are_each_tokens_first_selection(
+        start in 0usize..600,
+        steps in prop::collection::vec((prop::collection::vec(any::<u32>(), 0..48), any::<bool>()), 1..30),
+    ) {
+        // Positions spread over many 64-token words, the newest sometimes selected.
+        let records: Vec<TraceRecord> = steps
+            .iter()
+            .enumerate()
+            .map(|(i, (raw, newest))| {
+                let seq_len = (start + 1 + i) as u32;
+                let mut sel: Vec<u32> = raw.iter().map(|x| x % seq_len).collect();
+                if *newest {
+                    sel.push(seq_len - 1);
+                }
+                sel.sort_unstable();
+                sel.dedup();
+                sel.truncate(48);
+                TraceRecord { step: i as u32, request: 0, layer: 0, seq_len, selected: sel, ..TraceRecord::default() }
+            })
+            .collect();
+        let mut seen = std::collections::HashSet::new();
+        let naive: u64 = records
+            .iter()
+            .map(|r| r.selected.iter().filter(|&&t| t != r.seq_len - 1 && seen.insert(t)).count() as u64)
+            .sum();
+        let header = TraceHeader { top_k: 48, layers: 1, row_bytes: 656, ..TraceHeader::default() };
+        let cfg = SimConfig { policies: vec!["lru".parse().unwrap()], buffer_sizes: vec![48], ..SimConfig::default() };
+        let report = simulate(&header, &records, &cfg, &|_| {}).unwrap();
+        let compulsory = report.results.iter().find(|r| r.policy == "compulsory").unwrap();
+        prop_assert_eq!(compulsory.swap.misses, naive);
+    }
+
+    #[test]
     fn belady_is_a_lower_bound_for_every_online_policy((slots, start, steps) in stream()) {
         let slots = slots.max(6);
         let records: Vec<TraceRecord> = steps

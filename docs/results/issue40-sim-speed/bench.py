@@ -5,8 +5,8 @@ version-1 trace and on one that carries near-cut scores (version 2).
 
 Runs in the current folder: makes the two traces with `hisparse trace synth` (once), converts
 each (request, layer) stream to an oracleGeneral file for libCacheSim (once; not timed), then
-times, pinned to one core (taskset -c 1, one rayon thread), 5 interleaved rounds after one
-warm-up round:
+times, pinned to one core (this driver pins itself to core 1 and its children inherit it; one
+rayon thread), 5 interleaved rounds after one warm-up round:
   - cli:      `hisparse simulate --trace T --policies lru --buffers 4096` as a whole process;
   - cli-old:  the same with OLD_HISPARSE_BIN (if given);
   - python:   hisparse.Trace.read(T, scores=False) + hisparse.simulate(..., ["lru"], [4096]) in
@@ -29,7 +29,7 @@ TRACES = {
     "v2": ["--requests", "2", "--layers", "2", "--steps", "80", "--prompt", "65536", "--rho", "0.85",
            "--score-margin", "6144", "--scores"],
 }
-PIN = ["taskset", "-c", "1"]
+CORE = 1
 ENV = dict(os.environ, RAYON_NUM_THREADS="1")
 
 
@@ -92,18 +92,21 @@ def timed(cmd):
     import time
 
     t0 = time.perf_counter()
-    subprocess.run(PIN + cmd + ["--out", out + "/o"], check=True, capture_output=True, env=ENV)
+    subprocess.run(cmd + ["--out", out + "/o"], check=True, capture_output=True, env=ENV)
     return time.perf_counter() - t0, None
 
 
 def inner(code, args):
-    r = subprocess.run(PIN + [sys.executable, "-c", code, *args], check=True, capture_output=True, env=ENV, text=True)
+    r = subprocess.run([sys.executable, "-c", code, *args], check=True, capture_output=True, env=ENV, text=True)
     secs, mr, n = r.stdout.split()
     return float(secs), (float(mr), float(n))
 
 
 def main():
     hs = sys.argv[1]
+    # Pinned here, not by a `taskset` started before each command: its start-up would be timed
+    # as the CLI's.
+    os.sched_setaffinity(0, {CORE})
     old = sys.argv[2] if len(sys.argv) > 2 else None
     make_traces(hs)
     results = {}

@@ -254,11 +254,12 @@ impl OutputDir {
         Ok(Self { flag, dest: dir.to_owned(), temp, names: RefCell::new(Vec::new()), made, placed: false, _reg: reg })
     }
 
-    /// Writes `name` into the folder; returns the path it will have once placed.
+    /// Writes `name` into the folder (it reaches the disk before the folder is placed, in
+    /// [`commit`](Self::commit)); returns the path it will have once placed.
     pub fn write(&self, name: &str, bytes: &[u8]) -> Result<PathBuf> {
         let p = self.temp.join(name);
         let mut f = File::create(&p).map_err(io(&self.dest.join(name)))?;
-        f.write_all(bytes).and_then(|()| f.sync_all()).map_err(io(&self.dest.join(name)))?;
+        f.write_all(bytes).map_err(io(&self.dest.join(name)))?;
         let mut names = self.names.borrow_mut();
         if !names.iter().any(|n| n == name) {
             names.push(name.to_owned());
@@ -283,6 +284,11 @@ impl OutputDir {
         }
         let m = self.temp.join(MANIFEST);
         std::fs::write(&m, manifest).map_err(io(&self.dest.join(MANIFEST)))?;
+        // Every file, the manifest too, reaches the disk before the folder is placed: synced
+        // here, after the last write, rather than one by one as they are written.
+        for n in self.names.borrow().iter().map(String::as_str).chain([MANIFEST]) {
+            File::open(self.temp.join(n)).and_then(|f| f.sync_all()).map_err(io(&self.dest.join(n)))?;
+        }
         sync_dir(&self.temp);
         // A few rounds: another writer may place or remove the destination between our steps.
         for _ in 0..8 {

@@ -149,9 +149,10 @@ impl StampedBuffer {
         while self.buckets.front().is_some_and(|bk| bk.pos == bk.slots.len()) {
             self.buckets.pop_front();
         }
-        // Bucket victims rank below the empty slots by key, not by slot number.
+        // Bucket victims rank below the empty slots by key, not by slot number; the victims are
+        // distinct slots.
         if from_empty < self.victims.len() {
-            self.victims.sort_unstable();
+            sort_distinct(&mut self.victims, &mut self.bits);
         }
     }
 

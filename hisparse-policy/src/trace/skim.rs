@@ -4,13 +4,17 @@
 //! on every core. The records and errors are those of the whole-file reader without scores but
 //! for the skipped parts' checksums, which nothing here computes.
 
-use std::io::{BufReader, Read, Seek};
+use std::io::{BufReader, Read, Seek, SeekFrom};
 
 use rayon::prelude::*;
 
 use super::binary::{MAX_PAYLOAD, TAG_RECORD, TraceReader, check_split, err, read_exact, selection_at, without_scores};
 use super::{TraceHeader, TraceRecord};
 use crate::error::Result;
+
+/// Bytes of a record's head and selection part besides one per position: its tag, lengths,
+/// fields, checksum, and the few positions that take two bytes.
+const SELECTION_SLACK: usize = 256;
 
 /// A record's selection part as read: where the record starts, its head (`sel_len`, the part,
 /// its checksum) in the shared buffer, and the score part's length skipped.
@@ -28,7 +32,13 @@ pub(super) fn read_selections<R: Read + Seek>(
     size: u64,
 ) -> Result<(TraceHeader, Vec<TraceRecord>)> {
     let (header, version, mut off) = (reader.header().clone(), reader.version(), reader.offset());
-    let mut input = reader.into_input();
+    // A read buffer about one record's head and selection part long (a dense selection takes
+    // a byte or so per position): each record then costs a seek and one read, of little more
+    // than what it uses; a longer part is read past the buffer.
+    let capacity = (header.top_k as usize + SELECTION_SLACK).clamp(1 << 10, 64 << 10);
+    let mut inner = reader.into_input().into_inner();
+    inner.seek(SeekFrom::Start(off)).map_err(|e| err("unreadable", off, e.to_string()))?;
+    let mut input = BufReader::with_capacity(capacity, inner);
     let mut heads: Vec<Head> = Vec::new();
     let mut buf: Vec<u8> = Vec::new();
     // The records' framing, up to the first fault; the records before it are decoded first,
