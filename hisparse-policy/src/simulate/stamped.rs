@@ -63,8 +63,9 @@ impl StampedBuffer {
         Self {
             rule,
             slot_token: vec![NONE; b],
-            stamp: vec![0; b],
-            hit_epoch: vec![0; b],
+            // One more entry each: where a miss's mark goes in the branch-free hit loop.
+            stamp: vec![0; b + 1],
+            hit_epoch: vec![0; b + 1],
             token_slot: vec![NO_SLOT; max_len],
             newest: None,
             next_empty: 0,
@@ -97,7 +98,7 @@ impl StampedBuffer {
             let stamp = bk.stamp;
             bk.slots.drain(..bk.pos);
             bk.pos = 0;
-            bk.slots.retain(|&s| slot_token[s as usize] != NONE && stamps[s as usize] == stamp);
+            keep_where(&mut bk.slots, |s| (slot_token[s as usize] != NONE) & (stamps[s as usize] == stamp));
         }
         self.buckets.retain(|bk| !bk.slots.is_empty());
         self.entries = self.buckets.iter().map(|bk| bk.slots.len()).sum();
@@ -119,7 +120,7 @@ impl StampedBuffer {
                 let (slot_token, stamps, stamp) = (&self.slot_token, &self.stamp, bk.stamp);
                 let before = bk.slots.len() - bk.pos;
                 bk.slots.drain(..bk.pos);
-                bk.slots.retain(|&s| slot_token[s as usize] != NONE && stamps[s as usize] == stamp);
+                keep_where(&mut bk.slots, |s| (slot_token[s as usize] != NONE) & (stamps[s as usize] == stamp));
                 self.entries -= before - bk.slots.len();
                 bk.pos = 0;
                 sort_distinct(&mut bk.slots, &mut self.bits);
@@ -185,38 +186,32 @@ impl StampedBuffer {
         }
         self.epoch = self.epoch.wrapping_add(1);
         let hit_stamp = self.rule.on_hit.map(|r| StampRule::at(r, step));
-        self.misses.clear();
-        // Locals, so that the loop keeps them in registers.
-        let (token_slot, misses, epoch) = (&self.token_slot[..], &mut self.misses, self.epoch);
         // A selected position past the newest was refused by the trace's check.
         let sel = selected.strip_suffix(&[newest]).unwrap_or(selected);
-        match hit_stamp {
+        // Without branches on hit or miss (a miss is as likely as the trace makes it): every
+        // position is written to both lists and counted in one, and a miss's stamp or epoch
+        // goes to the spare entry `b`.
+        self.misses.resize(sel.len(), 0);
+        self.hits.resize(sel.len(), 0);
+        let (token_slot, misses, hits, epoch) = (&self.token_slot[..], &mut self.misses, &mut self.hits, self.epoch);
+        let (mut missed, mut hit) = (0usize, 0usize);
+        let (marks, mark) = match hit_stamp {
             // The new stamp makes the slot's old entry stale: no victim scan meets it live.
-            Some(h) => {
-                let (stamp, hits) = (&mut self.stamp[..], &mut self.hits);
-                hits.clear();
-                for &t in sel {
-                    let s = token_slot[t as usize];
-                    if s == NO_SLOT {
-                        misses.push(t);
-                    } else {
-                        stamp[usize::from(s)] = h;
-                        hits.push(u32::from(s));
-                    }
-                }
-            }
-            None => {
-                let hit_epoch = &mut self.hit_epoch[..];
-                for &t in sel {
-                    let s = token_slot[t as usize];
-                    if s == NO_SLOT {
-                        misses.push(t);
-                    } else {
-                        hit_epoch[usize::from(s)] = epoch;
-                    }
-                }
-            }
+            Some(h) => (&mut self.stamp[..], h),
+            None => (&mut self.hit_epoch[..], epoch),
+        };
+        for &t in sel {
+            let s = token_slot[t as usize];
+            let is_miss = s == NO_SLOT;
+            let slot = if is_miss { b } else { usize::from(s) };
+            marks[slot] = mark;
+            misses[missed] = t;
+            hits[hit] = slot as u32;
+            missed += usize::from(is_miss);
+            hit += usize::from(!is_miss);
         }
+        misses.truncate(missed);
+        hits.truncate(hit);
         let m = self.misses.len();
         if m > 0 {
             self.take_victims(m);
@@ -248,6 +243,18 @@ impl StampedBuffer {
         }
         m as u32
     }
+}
+
+/// Keeps the slots of `v` where `live` holds, in order, without a branch per slot (most of an
+/// old bucket of LRU's hits is stale, each one as the trace makes it).
+fn keep_where(v: &mut Vec<u32>, live: impl Fn(u32) -> bool) {
+    let mut kept = 0;
+    for i in 0..v.len() {
+        let s = v[i];
+        v[kept] = s;
+        kept += usize::from(live(s));
+    }
+    v.truncate(kept);
 }
 
 /// Sorts `slots` (distinct, each below `64 * bits.len()`) by marking them in `bits` (left
