@@ -759,3 +759,33 @@ fn a_scored_trace_read_without_scores_skips_its_score_parts() {
     assert!(recs.iter().all(|r| r.scores.as_ref().is_some_and(|s| s.len() == 2048)));
     assert_eq!(counted.read, size);
 }
+
+/// A position past 2^32 met inside a run of eight one-byte distances (which the reader decodes
+/// at once) is refused with the error, and at the offset, it has where no such run is read: a
+/// record of seven positions, the same bytes up to the fault.
+#[test]
+fn a_position_past_2_32_is_refused_alike_inside_a_run_of_short_distances() {
+    let header =
+        raw::RawHeader { version: 1, flags: 0, top_k: 16, layers: 1, row_bytes: 656, margin: 0, layer_table: None };
+    let error = |deltas: Vec<u32>| {
+        let rec = raw::RawRecord {
+            step: 1,
+            request: 0,
+            layer: 0,
+            seq_len: u32::MAX,
+            count: deltas.len() as u32,
+            deltas,
+            scores: Vec::new(),
+            near: None,
+            trailing: Vec::new(),
+        };
+        first_error(&raw::encode(&header, &[rec], 1)).map(|e| e.to_string())
+    };
+    // The first position 5 below 2^32 - 1, then distances of one: the seventh is 2^32.
+    let in_run = error([vec![u32::MAX - 5], vec![0; 8]].concat()).unwrap();
+    let alone = error([vec![u32::MAX - 5], vec![0; 6]].concat()).unwrap();
+    assert!(in_run.contains("position 4294967296 above 2^32"), "{in_run}");
+    assert_eq!(in_run, alone);
+    // Below 2^32 the run is read whole: the same positions as one by one.
+    assert_eq!(error([vec![u32::MAX - 9], vec![0; 8]].concat()), None);
+}

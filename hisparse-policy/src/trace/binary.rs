@@ -489,7 +489,31 @@ fn positions(b: &[u8], count: usize, at: impl Fn(usize) -> u64) -> Result<(Vec<u
     let mut i = 24;
     // The first position is stored as is; each next one as its distance to the last, minus 1.
     let mut next = 0u64;
-    for _ in 0..count {
+    while selected.len() < count {
+        // Eight one-byte varints at once (a dense selection's distances are mostly below 128):
+        // taken whole when none of them has a continuation bit and the last position fits in
+        // 32 bits; otherwise the next varint is read alone below, with its exact error.
+        if count - selected.len() >= 8
+            && let Some(&chunk) = b.get(i..).and_then(|r| r.first_chunk::<8>())
+        {
+            let w = u64::from_le_bytes(chunk);
+            if w & 0x8080_8080_8080_8080 == 0 {
+                let mut run = [0u64; 8];
+                let mut p = next;
+                for (k, out) in run.iter_mut().enumerate() {
+                    p += (w >> (8 * k)) & 0x7f;
+                    *out = p;
+                    p += 1;
+                }
+                if run[7] <= u64::from(u32::MAX) {
+                    // Each below 2^32 (ascending, the last checked).
+                    selected.extend(run.iter().map(|&q| q as u32));
+                    next = p;
+                    i += 8;
+                    continue;
+                }
+            }
+        }
         let (mut v, mut shift) = (0u64, 0);
         loop {
             let byte = *b.get(i).ok_or_else(|| err("corrupt record", at(i), "positions run past the record"))?;
