@@ -1,8 +1,9 @@
 //! A version-3 binary trace read without its scores from a seekable input: each record's
 //! selection part is read and checked, its score part skipped by a seek (only its length is
-//! checked), so most of a scored trace's bytes are never read. The selection parts are decoded
-//! on every core. The records and errors are those of the whole-file reader without scores but
-//! for the skipped parts' checksums, which nothing here computes.
+//! checked), so most of a scored trace's bytes are never read. The selection parts are read a
+//! batch at a time into one reused buffer and each batch decoded on every core (on the calling
+//! thread where there is one). The records and errors are those of the whole-file reader without
+//! scores but for the skipped parts' checksums, which nothing here computes.
 
 use std::io::{BufReader, Read, Seek, SeekFrom};
 
@@ -15,6 +16,9 @@ use crate::error::Result;
 /// Bytes of a record's head and selection part besides one per position: its tag, lengths,
 /// fields, checksum, and the few positions that take two bytes.
 const SELECTION_SLACK: usize = 256;
+
+/// Bytes of selection parts decoded together, per thread.
+const BATCH_BYTES_PER_THREAD: usize = 128 << 10;
 
 /// A record's selection part as read: where the record starts, its head (`sel_len`, the part,
 /// its checksum) in the shared buffer, and the score part's length skipped.
@@ -31,6 +35,15 @@ pub(super) fn read_selections<R: Read + Seek>(
     reader: TraceReader<BufReader<R>>,
     size: u64,
 ) -> Result<(TraceHeader, Vec<TraceRecord>)> {
+    read_selections_in(reader, size, BATCH_BYTES_PER_THREAD * rayon::current_num_threads().max(1))
+}
+
+/// [`read_selections`] decoding at most about `batch` bytes of selection parts at a time.
+fn read_selections_in<R: Read + Seek>(
+    reader: TraceReader<BufReader<R>>,
+    size: u64,
+    batch: usize,
+) -> Result<(TraceHeader, Vec<TraceRecord>)> {
     let (header, version, mut off) = (reader.header().clone(), reader.version(), reader.offset());
     // A read buffer about one record's head and selection part long (a dense selection takes
     // a byte or so per position): each record then costs a seek and one read, of little more
@@ -39,17 +52,21 @@ pub(super) fn read_selections<R: Read + Seek>(
     let mut inner = reader.into_input().into_inner();
     inner.seek(SeekFrom::Start(off)).map_err(|e| err("unreadable", off, e.to_string()))?;
     let mut input = BufReader::with_capacity(capacity, inner);
+    // Selection parts are framed into `buf` a batch at a time and the batch decoded on every
+    // core; the buffer is then reused (never all of a long trace's parts at once, never copied
+    // as it grows).
     let mut heads: Vec<Head> = Vec::new();
-    let mut buf: Vec<u8> = Vec::new();
+    let mut buf: Vec<u8> = Vec::with_capacity(batch.saturating_add(capacity).min(64 << 20));
+    let mut records: Vec<TraceRecord> = Vec::new();
     // The records' framing, up to the first fault; the records before it are decoded first,
     // so that the first error in file order is reported, as the whole-file reader reports it.
-    let mut frame = || -> Result<u8> {
-        loop {
+    let mut frame = |buf: &mut Vec<u8>, heads: &mut Vec<Head>| -> Result<Option<u8>> {
+        while buf.len() < batch {
             // Read as the whole-file reader reads them, so that every error is the one it gives.
             let mut tag = [0u8; 1];
             read_exact(&mut input, &mut tag, off, "record tag (a trace ends with an end marker)")?;
             if tag[0] != TAG_RECORD {
-                return Ok(tag[0]);
+                return Ok(Some(tag[0]));
             }
             let mut len = [0u8; 4];
             read_exact(&mut input, &mut len, off + 1, "record length")?;
@@ -78,11 +95,28 @@ pub(super) fn read_selections<R: Read + Seek>(
             heads.push(Head { start: off, span: (at, buf.len()), score_bytes: u64::from(score_bytes) });
             off += 5 + u64::from(len);
         }
+        Ok(None)
     };
-    let framing = frame();
-    let decoded: Vec<Result<TraceRecord>> =
-        heads.par_iter().map(|h| selection_at(&header, &buf[h.span.0..h.span.1], h.score_bytes, h.start)).collect();
-    let records = decoded.into_iter().collect::<Result<Vec<_>>>()?;
+    let framing = loop {
+        let framed = frame(&mut buf, &mut heads);
+        let decode = |h: &Head| selection_at(&header, &buf[h.span.0..h.span.1], h.score_bytes, h.start);
+        // One thread: decoded here (handing a batch to the pool's only thread gains nothing).
+        let decoded: Vec<Result<TraceRecord>> = if rayon::current_num_threads() > 1 {
+            heads.par_iter().map(decode).collect()
+        } else {
+            heads.iter().map(decode).collect()
+        };
+        for r in decoded {
+            records.push(r?);
+        }
+        buf.clear();
+        heads.clear();
+        match framed {
+            Ok(None) => continue,
+            Ok(Some(tag)) => break Ok(tag),
+            Err(e) => break Err(e),
+        }
+    };
     let last_tag = framing?;
     // What follows the records (its tag was read above) as the whole-file reader checks it:
     // the end marker, or an error.
@@ -93,5 +127,90 @@ pub(super) fn read_selections<R: Read + Seek>(
         None => Ok((without_scores(&header), records)),
         Some(Err(e)) => Err(e),
         Some(Ok(_)) => Err(err("corrupt record", off, "a record after the selections")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Cursor;
+
+    use super::*;
+    use crate::trace::TraceWriter;
+
+    /// A scored version-3 trace of 24 records over two layers (positions, scores, near-cut
+    /// candidates below the cut).
+    fn scored() -> Vec<u8> {
+        let header = TraceHeader {
+            top_k: 40,
+            layers: 2,
+            row_bytes: 656,
+            has_scores: true,
+            score_margin: 3,
+            ..TraceHeader::default()
+        };
+        let mut w = TraceWriter::new(Vec::new(), header).unwrap();
+        for step in 1..=12u32 {
+            for layer in 0..2u32 {
+                let seq_len = 300 + step;
+                let selected: Vec<u32> = (0..30 + step % 7)
+                    .map(|i| (i * 7 + step * 3 + layer) % seq_len)
+                    .collect::<std::collections::BTreeSet<_>>()
+                    .into_iter()
+                    .collect();
+                let scores = selected.iter().map(|&p| 1.0 + p as f32 / 100.0).collect();
+                let near = (0..seq_len)
+                    .rev()
+                    .filter(|p| selected.binary_search(p).is_err())
+                    .take((step % 4) as usize)
+                    .enumerate()
+                    .map(|(j, p)| (p, -1.0 - j as f32))
+                    .collect();
+                w.write(&TraceRecord {
+                    step,
+                    request: 1,
+                    layer,
+                    seq_len,
+                    selected,
+                    scores: Some(scores),
+                    near: Some(near),
+                })
+                .unwrap();
+            }
+        }
+        w.finish().unwrap()
+    }
+
+    fn read(bytes: &[u8], batch: usize) -> std::result::Result<(TraceHeader, Vec<TraceRecord>), String> {
+        let reader = TraceReader::new(BufReader::new(Cursor::new(bytes))).map_err(|e| format!("{e:?}"))?;
+        read_selections_in(reader, bytes.len() as u64, batch).map_err(|e| format!("{e:?}"))
+    }
+
+    /// Whatever the batch (one record each, a few, all at once), the same records, and on a
+    /// changed byte or a cut file the same first error.
+    #[test]
+    fn any_batch_reads_the_same_records_and_errors() {
+        let good = scored();
+        let whole = read(&good, usize::MAX).unwrap();
+        assert_eq!(whole.1.len(), 24);
+        for batch in [1, 200, 1000] {
+            assert_eq!(read(&good, batch), Ok(whole.clone()), "batch {batch}");
+        }
+        let start = TraceReader::new(Cursor::new(&good[..])).unwrap().offset() as usize;
+        let mut faults = 0;
+        for at in (start..good.len()).step_by(5) {
+            let mut bad = good.clone();
+            bad[at] ^= 0x5a;
+            let all = read(&bad, usize::MAX);
+            faults += usize::from(all.is_err());
+            for batch in [1, 200] {
+                assert_eq!(read(&bad, batch), all, "byte {at}, batch {batch}");
+            }
+        }
+        for cut in (start..good.len()).step_by(11) {
+            let all = read(&good[..cut], usize::MAX);
+            assert!(all.is_err(), "cut at {cut}");
+            assert_eq!(read(&good[..cut], 1), all, "cut at {cut}");
+        }
+        assert!(faults > 100, "changed bytes were met: {faults}");
     }
 }
