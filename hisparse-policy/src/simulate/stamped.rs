@@ -93,7 +93,7 @@ impl StampedBuffer {
 
     /// Drops stale entries and empty buckets (in place).
     fn compact(&mut self) {
-        let (slot_token, stamps) = (&self.slot_token, &self.stamp);
+        let (slot_token, stamps) = (&self.slot_token[..], &self.stamp[..]);
         for bk in &mut self.buckets {
             let stamp = bk.stamp;
             bk.slots.drain(..bk.pos);
@@ -117,7 +117,9 @@ impl StampedBuffer {
         while self.victims.len() < m && i < self.buckets.len() {
             let bk = &mut self.buckets[i];
             if !bk.sorted {
-                let (slot_token, stamps, stamp) = (&self.slot_token, &self.stamp, bk.stamp);
+                // Slices, not the vectors: their lengths stay in registers while `keep_where`
+                // writes the bucket.
+                let (slot_token, stamps, stamp) = (&self.slot_token[..], &self.stamp[..], bk.stamp);
                 let before = bk.slots.len() - bk.pos;
                 bk.slots.drain(..bk.pos);
                 keep_where(&mut bk.slots, |s| (slot_token[s as usize] != NONE) & (stamps[s as usize] == stamp));
@@ -193,7 +195,8 @@ impl StampedBuffer {
         // goes to the spare entry `b`.
         self.misses.resize(sel.len(), 0);
         self.hits.resize(sel.len(), 0);
-        let (token_slot, misses, hits, epoch) = (&self.token_slot[..], &mut self.misses, &mut self.hits, self.epoch);
+        let (token_slot, epoch) = (&self.token_slot[..], self.epoch);
+        let (misses, hits) = (&mut self.misses[..], &mut self.hits[..]);
         let (mut missed, mut hit) = (0usize, 0usize);
         let (marks, mark) = match hit_stamp {
             // The new stamp makes the slot's old entry stale: no victim scan meets it live.
@@ -210,8 +213,8 @@ impl StampedBuffer {
             missed += usize::from(is_miss);
             hit += usize::from(!is_miss);
         }
-        misses.truncate(missed);
-        hits.truncate(hit);
+        self.misses.truncate(missed);
+        self.hits.truncate(hit);
         let m = self.misses.len();
         if m > 0 {
             self.take_victims(m);
@@ -249,9 +252,10 @@ impl StampedBuffer {
 /// old bucket of LRU's hits is stale, each one as the trace makes it).
 fn keep_where(v: &mut Vec<u32>, live: impl Fn(u32) -> bool) {
     let mut kept = 0;
-    for i in 0..v.len() {
-        let s = v[i];
-        v[kept] = s;
+    let slots = &mut v[..];
+    for i in 0..slots.len() {
+        let s = slots[i];
+        slots[kept] = s;
         kept += usize::from(live(s));
     }
     v.truncate(kept);
