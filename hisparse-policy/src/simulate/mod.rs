@@ -166,7 +166,9 @@ fn group<'a>(header: &TraceHeader, records: &'a [TraceRecord]) -> Result<Vec<Str
 
 /// Compulsory misses: the first selection of each token while it is not the newest.
 fn compulsory(s: &Stream<'_>) -> Vec<u32> {
-    let mut seen = vec![0u64; s.max_len().div_ceil(64)];
+    // A byte per token, not a bit: consecutive positions then never read a word the last one
+    // wrote, and the loop runs without waiting on its own stores.
+    let mut seen = vec![false; s.max_len()];
     s.records
         .iter()
         .map(|r| {
@@ -179,9 +181,9 @@ fn compulsory(s: &Stream<'_>) -> Vec<u32> {
             };
             let mut first = 0u32;
             for &t in sel {
-                let (w, bit) = (t as usize / 64, 1u64 << (t % 64));
-                first += u32::from(seen[w] & bit == 0);
-                seen[w] |= bit;
+                let seen = &mut seen[t as usize];
+                first += u32::from(!*seen);
+                *seen = true;
             }
             first
         })
