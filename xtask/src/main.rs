@@ -27,6 +27,11 @@ use std::process::{Command, ExitCode, Stdio};
 fn cargo() -> Command {
     let mut c = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
     c.current_dir(workspace_root());
+    // Incremental caches roughly double the build folder and buy nothing in a one-off run;
+    // a caller's own choice wins.
+    if std::env::var_os("CARGO_INCREMENTAL").is_none() {
+        c.env("CARGO_INCREMENTAL", "0");
+    }
     c
 }
 
