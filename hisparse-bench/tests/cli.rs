@@ -7,9 +7,9 @@ mod common;
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
-use common::program;
+use common::{argv, program};
 
-fn hisparse(args: &[&str]) -> Output {
+fn hisparse(args: &[impl AsRef<std::ffi::OsStr>]) -> Output {
     Command::new(program()).args(args).output().unwrap()
 }
 
@@ -24,33 +24,11 @@ fn tmp(name: &str) -> PathBuf {
 fn synth_then_simulate_writes_every_output() {
     let dir = tmp("sim");
     let trace = dir.join("t.hstrace");
-    let o = hisparse(&[
-        "trace",
-        "synth",
-        "--out",
-        trace.to_str().unwrap(),
-        "--requests",
-        "2",
-        "--layers",
-        "2",
-        "--steps",
-        "30",
-        "--prompt",
-        "3000",
-        "--top-k",
-        "256",
-    ]);
+    let o =
+        hisparse(&argv!("trace synth --out", trace, "--requests 2 --layers 2 --steps 30 --prompt 3000 --top-k 256"));
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let out = dir.join("out");
-    let o = hisparse(&[
-        "simulate",
-        "--trace",
-        trace.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-        "--buffers",
-        "256,512,1024",
-    ]);
+    let o = hisparse(&argv!("simulate --trace", trace, "--out", out, "--buffers 256,512,1024"));
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let table = String::from_utf8_lossy(&o.stdout);
     for p in ["lru", "fifo", "random", "clock", "belady", "compulsory"] {
@@ -198,23 +176,10 @@ fn a_sweep_of_one_mode_leaves_the_others_columns_and_plots_out() {
 fn a_small_sweep_writes_its_table_and_plots() {
     let dir = tmp("sweep");
     let out = dir.join("out");
-    let o = hisparse(&[
-        "sweep",
-        "--backend",
-        "cpu",
-        "--concurrency",
-        "1,3",
-        "--context",
-        "600",
-        "--warmup",
-        "1",
-        "--window",
-        "2",
-        "--prefetcher",
-        "adjacent-layer",
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+    let o = hisparse(&argv!(
+        "sweep --backend cpu --concurrency 1,3 --context 600 --warmup 1 --window 2 --prefetcher adjacent-layer --out",
+        out
+    ));
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let table = String::from_utf8_lossy(&o.stdout);
     assert!(table.contains("throughput.svg") && table.contains("ratio"), "{table}");
@@ -302,35 +267,18 @@ fn run_rejects_the_too_large_request_and_records_a_trace_the_simulator_reads() {
     let dir = tmp("run");
     let trace = dir.join("run.hstrace");
     let out = dir.join("out");
-    let o = hisparse(&[
-        "run",
-        "--backend",
-        "cpu",
-        "--concurrency",
-        "3",
-        "--context",
-        "700,10000000",
-        "--output",
-        "3",
-        "--record-trace",
-        trace.to_str().unwrap(),
+    let o = hisparse(&argv!(
+        "run --backend cpu --concurrency 3 --context 700,10000000 --output 3 --record-trace",
+        trace,
         "--out",
-        out.to_str().unwrap(),
-    ]);
+        out
+    ));
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let table = String::from_utf8_lossy(&o.stdout);
     assert!(table.contains("request 1 rejected: needs"), "{table}");
     let json: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("run.json")).unwrap()).unwrap();
     assert_eq!(json[1]["summary"]["tokens"], 6, "the two others generated their tokens");
-    let o = hisparse(&[
-        "simulate",
-        "--trace",
-        trace.to_str().unwrap(),
-        "--out",
-        dir.join("sim").to_str().unwrap(),
-        "--buffers",
-        "256,512",
-    ]);
+    let o = hisparse(&argv!("simulate --trace", trace, "--out", dir.join("sim"), "--buffers 256,512"));
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -339,21 +287,10 @@ fn run_rejects_the_too_large_request_and_records_a_trace_the_simulator_reads() {
 fn run_with_poisson_arrivals_reports_latencies_and_the_queue_refuses_beyond_its_bound() {
     let dir = tmp("arrivals");
     let out = dir.join("out");
-    let o = hisparse(&[
-        "run",
-        "--backend",
-        "cpu",
-        "--concurrency",
-        "5",
-        "--arrival-rate",
-        "40",
-        "--context",
-        "300,900",
-        "--output",
-        "3,6",
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+    let o = hisparse(&argv!(
+        "run --backend cpu --concurrency 5 --arrival-rate 40 --context 300,900 --output 3,6 --out",
+        out
+    ));
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let table = String::from_utf8_lossy(&o.stdout);
     assert!(table.contains("time to first decode p50") && table.contains("per token p50"), "{table}");
@@ -367,23 +304,10 @@ fn run_with_poisson_arrivals_reports_latencies_and_the_queue_refuses_beyond_its_
         assert!(p50.as_f64().unwrap() > 0.0 && p50.as_f64() <= max.as_f64(), "{p50} {max}");
     }
     // All at once into a queue of 2: three are refused, the two others decode.
-    let o = hisparse(&[
-        "run",
-        "--backend",
-        "cpu",
-        "--mode",
-        "hisparse",
-        "--concurrency",
-        "5",
-        "--context",
-        "300",
-        "--output",
-        "2",
-        "--max-queued",
-        "2",
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+    let o = hisparse(&argv!(
+        "run --backend cpu --mode hisparse --concurrency 5 --context 300 --output 2 --max-queued 2 --out",
+        out
+    ));
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(String::from_utf8_lossy(&o.stdout).contains("3 requests refused by the full waiting queue"));
     let json: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("run.json")).unwrap()).unwrap();
@@ -398,19 +322,7 @@ fn dump_step_writes_tensors_that_reproduce_the_attention() {
     use safetensors::SafeTensors;
     let dir = tmp("dump");
     let path = dir.join("step.safetensors");
-    let o = hisparse(&[
-        "dump-step",
-        "--backend",
-        "cpu",
-        "--concurrency",
-        "2",
-        "--context",
-        "900",
-        "--step",
-        "2",
-        "--out",
-        path.to_str().unwrap(),
-    ]);
+    let o = hisparse(&argv!("dump-step --backend cpu --concurrency 2 --context 900 --step 2 --out", path));
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let bytes = std::fs::read(&path).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
@@ -608,23 +520,10 @@ fn a_sweep_with_the_bound_labels_it_everywhere_and_reports_the_headline() {
     assert!(err.contains("--gpus") && err.contains("--bound") && err.lines().count() == 1, "{err}");
     // A run without copies says so in its table and its JSON, for the hisparse mode only.
     let run_out = dir.join("run");
-    let o = hisparse(&[
-        "run",
-        "--backend",
-        "cpu",
-        "--concurrency",
-        "2",
-        "--context",
-        "600",
-        "--output",
-        "4",
-        "--miss-fill",
-        "no-copies",
-        "--miss-fill-max-batch",
-        "1",
-        "--out",
-        run_out.to_str().unwrap(),
-    ]);
+    let o = hisparse(&argv!(
+        "run --backend cpu --concurrency 2 --context 600 --output 4 --miss-fill no-copies --miss-fill-max-batch 1 --out",
+        run_out
+    ));
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(String::from_utf8_lossy(&o.stdout).contains("hisparse: timing only"), "the run's table");
     let runs: serde_json::Value = serde_json::from_slice(&std::fs::read(run_out.join("run.json")).unwrap()).unwrap();

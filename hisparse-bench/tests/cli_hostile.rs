@@ -31,6 +31,12 @@ fn spawn(dir: &Path, args: &str) -> Child {
 }
 
 /// Waits for `c` at most `limit`; kills it past that. Returns the exit code and stderr.
+/// Runs the program in `dir` to its end; it must succeed.
+fn run_ok(dir: &Path, args: &str) {
+    let o = Command::new(program()).args(split(args)).current_dir(dir).output().unwrap();
+    assert!(o.status.success(), "{args}: {}", String::from_utf8_lossy(&o.stderr));
+}
+
 fn finish(mut c: Child, limit: Duration) -> (Option<i32>, String) {
     let t = Instant::now();
     while c.try_wait().unwrap().is_none() {
@@ -90,12 +96,7 @@ fn two_writers_of_one_file_one_wins_whole_and_the_other_is_refused() {
 #[test]
 fn two_writers_of_one_folder_never_mix() {
     let d = tmp("two-dirs");
-    let made = Command::new(program())
-        .args(split("trace synth --out t.hstrace --requests 2 --layers 2 --steps 300 --prompt 8192 --top-k 512"))
-        .current_dir(&d)
-        .output()
-        .unwrap();
-    assert!(made.status.success());
+    run_ok(&d, "trace synth --out t.hstrace --requests 2 --layers 2 --steps 300 --prompt 8192 --top-k 512");
     for _ in 0..6 {
         let a = spawn(&d, "simulate --trace t.hstrace --buffers 512 --out o");
         let b = spawn(&d, "simulate --trace t.hstrace --buffers 1024,2048 --out o");
@@ -230,12 +231,7 @@ fn an_input_shrunk_while_it_is_imported_is_an_error_never_a_signal() {
 #[test]
 fn a_closed_or_full_stdout_ends_quietly_after_the_files_are_written() {
     let d = tmp("stdout");
-    let made = Command::new(program())
-        .args(split("trace synth --out t.hstrace --requests 1 --layers 1 --steps 4 --prompt 100 --top-k 8"))
-        .current_dir(&d)
-        .output()
-        .unwrap();
-    assert!(made.status.success());
+    run_ok(&d, "trace synth --out t.hstrace --requests 1 --layers 1 --steps 4 --prompt 100 --top-k 8");
     for args in ["trace info t.hstrace", "simulate --trace t.hstrace --out s", "--help"] {
         // A reader that went away before anything was written: the pipe's read end is closed
         // before the program starts (closing it after the spawn raced a fast `--help`).
@@ -280,12 +276,7 @@ fn a_fifo_nobody_writes_waits_for_ctrl_c_and_a_pipe_is_read() {
         "simulate --trace t --policy-config f --out s",
     ] {
         if args.contains("--trace t ") {
-            let made = Command::new(program())
-                .args(split("trace synth --out t --requests 1 --layers 1 --steps 4 --prompt 100 --top-k 8"))
-                .current_dir(&d)
-                .output()
-                .unwrap();
-            assert!(made.status.success());
+            run_ok(&d, "trace synth --out t --requests 1 --layers 1 --steps 4 --prompt 100 --top-k 8");
         }
         let c = spawn(&d, args);
         std::thread::sleep(Duration::from_millis(400));
@@ -296,12 +287,7 @@ fn a_fifo_nobody_writes_waits_for_ctrl_c_and_a_pipe_is_read() {
         assert_eq!(names(&d), ["f"], "{args}");
     }
     // A binary trace through a pipe, and a config through one, are read.
-    let made = Command::new(program())
-        .args(split("trace synth --out t.hstrace --requests 1 --layers 1 --steps 4 --prompt 100 --top-k 8"))
-        .current_dir(&d)
-        .output()
-        .unwrap();
-    assert!(made.status.success());
+    run_ok(&d, "trace synth --out t.hstrace --requests 1 --layers 1 --steps 4 --prompt 100 --top-k 8");
     let trace = std::fs::read(d.join("t.hstrace")).unwrap();
     let mut c = Command::new(program())
         .args(["trace", "info", "/dev/stdin"])

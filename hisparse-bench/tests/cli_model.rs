@@ -7,9 +7,9 @@ mod common;
 
 use std::process::{Command, Output};
 
-use common::program;
+use common::{argv, program};
 
-fn hisparse(args: &[&str]) -> Output {
+fn hisparse(args: &[impl AsRef<std::ffi::OsStr>]) -> Output {
     Command::new(program()).args(args).output().unwrap()
 }
 
@@ -26,49 +26,26 @@ fn tiny(name: &str) -> (std::path::PathBuf, String) {
 #[test]
 fn generate_streams_text_and_counts_misses() {
     let (d, g) = tiny("gen");
-    let o = hisparse(&[
-        "generate",
-        "--gguf",
-        &g,
+    let o = hisparse(&argv!(
+        "generate --gguf",
+        g,
         "--prompt",
-        "the theory of the thing",
-        "--raw",
-        "--max-tokens",
-        "40",
-        "--top-k",
-        "8",
-        "--buffer",
-        "12",
-        "--show-misses",
-        "--temperature",
-        "0.8",
-        "--seed",
-        "3",
-    ]);
+        ("the theory of the thing"),
+        "--raw --max-tokens 40 --top-k 8 --buffer 12 --show-misses --temperature 0.8 --seed 3"
+    ));
     let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
     assert!(o.status.success(), "{err}");
     assert!(out.trim().len() > 5, "{out:?}");
     // Past the buffer (12 slots), steps miss.
     assert!(err.lines().any(|l| l.contains("misses]") && !l.contains(" 0 misses")), "{err}");
     // The same seed gives the same text; greedy gives its own.
-    let again = hisparse(&[
-        "generate",
-        "--gguf",
-        &g,
+    let again = hisparse(&argv!(
+        "generate --gguf",
+        g,
         "--prompt",
-        "the theory of the thing",
-        "--raw",
-        "--max-tokens",
-        "40",
-        "--top-k",
-        "8",
-        "--buffer",
-        "12",
-        "--temperature",
-        "0.8",
-        "--seed",
-        "3",
-    ]);
+        ("the theory of the thing"),
+        "--raw --max-tokens 40 --top-k 8 --buffer 12 --temperature 0.8 --seed 3"
+    ));
     assert_eq!(again.stdout, o.stdout);
     let bad = hisparse(&["generate", "--gguf", &g, "--prompt", "x", "--temperature", "-1"]);
     assert_eq!(bad.status.code(), Some(2));
@@ -81,23 +58,14 @@ fn eval_writes_its_outputs_and_finds_hisparse_identical() {
     let (d, g) = tiny("eval");
     let text = concat!(env!("CARGO_MANIFEST_DIR"), "/../hisparse-model/tests/data/apache-2.0.txt");
     let out = d.join("eval");
-    let o = hisparse(&[
-        "eval",
-        "--gguf",
-        &g,
+    let o = hisparse(&argv!(
+        "eval --gguf",
+        g,
         "--text",
         text,
-        "--contexts",
-        "40,120",
-        "--top-k",
-        "8,16",
-        "--decode",
-        "12",
-        "--windows",
-        "2",
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+        "--contexts 40,120 --top-k 8,16 --decode 12 --windows 2 --out",
+        out
+    ));
     let (stdout, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
     assert!(o.status.success(), "{err}");
     assert_eq!(stdout.lines().filter(|l| l.contains("hisparse") && l.contains("yes")).count(), 4, "{stdout}");
@@ -124,40 +92,21 @@ fn eval_records_the_real_selections_for_the_simulator() {
     let text = concat!(env!("CARGO_MANIFEST_DIR"), "/../hisparse-model/tests/data/apache-2.0.txt");
     let trace = d.join("real.hstrace");
     let eval_out = d.join("eval");
-    let o = hisparse(&[
-        "eval",
-        "--gguf",
-        &g,
+    let o = hisparse(&argv!(
+        "eval --gguf",
+        g,
         "--text",
         text,
-        "--contexts",
-        "100",
-        "--top-k",
-        "8",
-        "--buffer-factor",
-        "2",
-        "--decode",
-        "40",
-        "--record-trace",
-        trace.to_str().unwrap(),
+        "--contexts 100 --top-k 8 --buffer-factor 2 --decode 40 --record-trace",
+        trace,
         "--out",
-        eval_out.to_str().unwrap(),
-    ]);
+        eval_out
+    ));
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let json: serde_json::Value = serde_json::from_slice(&std::fs::read(eval_out.join("eval.json")).unwrap()).unwrap();
     let hs = json.as_array().unwrap().iter().find(|r| r["attention"] == "hisparse").unwrap().clone();
     let sim_out = d.join("sim");
-    let s = hisparse(&[
-        "simulate",
-        "--trace",
-        trace.to_str().unwrap(),
-        "--policies",
-        "lru",
-        "--buffers",
-        "16",
-        "--out",
-        sim_out.to_str().unwrap(),
-    ]);
+    let s = hisparse(&argv!("simulate --trace", trace, "--policies lru --buffers 16 --out", sim_out));
     assert!(s.status.success(), "{}", String::from_utf8_lossy(&s.stderr));
     let sim: serde_json::Value =
         serde_json::from_slice(&std::fs::read(sim_out.join("simulate.json")).unwrap()).unwrap();
@@ -165,35 +114,11 @@ fn eval_records_the_real_selections_for_the_simulator() {
     assert_eq!((lru["hits"].clone(), lru["misses"].clone()), (hs["hits"].clone(), hs["misses"].clone()));
     assert!(hs["misses"].as_u64().unwrap() > 50, "{hs}");
     // The file is not replaced without --overwrite; two contexts cannot share one trace.
-    let again = hisparse(&[
-        "eval",
-        "--gguf",
-        &g,
-        "--text",
-        text,
-        "--contexts",
-        "100",
-        "--top-k",
-        "8",
-        "--decode",
-        "4",
-        "--record-trace",
-        trace.to_str().unwrap(),
-    ]);
+    let again =
+        hisparse(&argv!("eval --gguf", g, "--text", text, "--contexts 100 --top-k 8 --decode 4 --record-trace", trace));
     assert_eq!(again.status.code(), Some(2), "{}", String::from_utf8_lossy(&again.stderr));
-    let two = hisparse(&[
-        "eval",
-        "--gguf",
-        &g,
-        "--text",
-        text,
-        "--contexts",
-        "60,100",
-        "--top-k",
-        "8",
-        "--record-trace",
-        d.join("x").to_str().unwrap(),
-    ]);
+    let two =
+        hisparse(&argv!("eval --gguf", g, "--text", text, "--contexts 60,100 --top-k 8 --record-trace", d.join("x")));
     assert!(String::from_utf8_lossy(&two.stderr).contains("--record-trace"));
     std::fs::remove_dir_all(d).unwrap();
 }
@@ -223,29 +148,16 @@ fn run_serves_a_model_within_a_device_budget_and_records_scores() {
     let (d, g) = tiny("run");
     let text = concat!(env!("CARGO_MANIFEST_DIR"), "/../hisparse-model/tests/data/apache-2.0.txt");
     let (out, trace) = (d.join("run"), d.join("run.hstrace"));
-    let o = hisparse(&[
-        "run",
-        "--gguf",
-        &g,
+    let o = hisparse(&argv!(
+        "run --gguf",
+        g,
         "--text",
         text,
-        "--context",
-        "100",
-        "--output",
-        "6",
-        "--concurrency",
-        "6",
-        "--top-k",
-        "8",
-        "--device-memory",
-        "100KiB",
-        "--record-trace",
-        trace.to_str().unwrap(),
-        "--score-margin",
-        "4",
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+        "--context 100 --output 6 --concurrency 6 --top-k 8 --device-memory 100KiB --record-trace",
+        trace,
+        "--score-margin 4 --out",
+        out
+    ));
     let (stdout, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
     assert!(o.status.success(), "{err}");
     let json: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("run.json")).unwrap()).unwrap();
@@ -259,42 +171,24 @@ fn run_serves_a_model_within_a_device_budget_and_records_scores() {
     let (resident, hs) = (most("resident"), most("hisparse"));
     assert!(resident >= 1 && hs > resident, "{resident} vs {hs}\n{stdout}");
     // The trace carries scores: next-step prefetch replays from it.
-    let s = hisparse(&[
-        "simulate",
-        "--trace",
-        trace.to_str().unwrap(),
-        "--policies",
-        "lru",
-        "--buffers",
-        "16",
-        "--prefetchers",
-        "next-step",
-        "--out",
-        d.join("sim").to_str().unwrap(),
-    ]);
+    let s = hisparse(&argv!(
+        "simulate --trace",
+        trace,
+        "--policies lru --buffers 16 --prefetchers next-step --out",
+        d.join("sim")
+    ));
     assert!(s.status.success(), "{}", String::from_utf8_lossy(&s.stderr));
     // A budget below one whole request: resident rejects every request, hisparse serves them all
     // (the two modes are compared on the requests both finished).
     let small = d.join("small");
-    let o = hisparse(&[
-        "run",
-        "--gguf",
-        &g,
+    let o = hisparse(&argv!(
+        "run --gguf",
+        g,
         "--text",
         text,
-        "--context",
-        "100",
-        "--output",
-        "4",
-        "--concurrency",
-        "2",
-        "--top-k",
-        "8",
-        "--device-memory",
-        "24KiB",
-        "--out",
-        small.to_str().unwrap(),
-    ]);
+        "--context 100 --output 4 --concurrency 2 --top-k 8 --device-memory 24KiB --out",
+        small
+    ));
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let json: serde_json::Value = serde_json::from_slice(&std::fs::read(small.join("run.json")).unwrap()).unwrap();
     let by = |mode: &str| json.as_array().unwrap().iter().find(|r| r["mode"] == mode).unwrap().clone();
@@ -318,29 +212,14 @@ fn sweep_measures_a_model_at_each_level_within_a_device_budget() {
     let (d, g) = tiny("sweep");
     let text = concat!(env!("CARGO_MANIFEST_DIR"), "/../hisparse-model/tests/data/apache-2.0.txt");
     let out = d.join("sweep");
-    let o = hisparse(&[
-        "sweep",
-        "--gguf",
-        &g,
+    let o = hisparse(&argv!(
+        "sweep --gguf",
+        g,
         "--text",
         text,
-        "--context",
-        "100",
-        "--concurrency",
-        "1,6",
-        "--top-k",
-        "8",
-        "--warmup",
-        "1",
-        "--window",
-        "2",
-        "--windows",
-        "3",
-        "--device-memory",
-        "100KiB",
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+        "--context 100 --concurrency 1,6 --top-k 8 --warmup 1 --window 2 --windows 3 --device-memory 100KiB --out",
+        out
+    ));
     let (stdout, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
     assert!(o.status.success(), "{err}");
     let json: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("sweep.json")).unwrap()).unwrap();

@@ -119,3 +119,26 @@ pub fn npy(descr: &str, shape: &str, data: &[u8]) -> Vec<u8> {
 pub fn split(s: &str) -> Vec<String> {
     s.split_whitespace().map(str::to_owned).collect()
 }
+
+/// A command line as `OsString`s: each string literal split at whitespace, each other argument
+/// (a path, a `String`, a parenthesised literal that keeps its spaces) taken whole:
+/// `argv!("simulate --trace", trace, "--buffers 64,128")`.
+#[allow(unused_macros)] // each test binary uses a part
+macro_rules! argv {
+    (@push $v:ident;) => {};
+    (@push $v:ident; $lit:literal $(, $($rest:tt)*)?) => {
+        $v.extend($lit.split_whitespace().map(::std::ffi::OsString::from));
+        argv!(@push $v; $($($rest)*)?);
+    };
+    (@push $v:ident; $e:expr $(, $($rest:tt)*)?) => {
+        $v.push(::std::ffi::OsString::from(::std::convert::AsRef::<::std::ffi::OsStr>::as_ref(&$e)));
+        argv!(@push $v; $($($rest)*)?);
+    };
+    ($($t:tt)*) => {{
+        let mut v: Vec<::std::ffi::OsString> = Vec::new();
+        argv!(@push v; $($t)*);
+        v
+    }};
+}
+#[allow(unused_imports)]
+pub(crate) use argv;
