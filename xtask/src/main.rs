@@ -8,8 +8,9 @@
 //!   built from its package; the Python package built into a virtual environment and its
 //!   pytest suite; and the CUDA kernel compile check for sm_90a. NVRTC 13.0 and the CUDA headers are set up first when missing (through
 //!   `.ci/nvrtc-env.sh`, cached under `~/.cache/hisparse`); `--offline` skips that, and the
-//!   check then prints one loud SKIPPED line where no NVRTC is found. The test runner's summary
-//!   is printed last.
+//!   check then prints one loud SKIPPED line where no NVRTC is found. The free space where the
+//!   build folder is is printed at the start and the end; the test runner's summary last.
+//!   Cargo runs without incremental caches (a one-off build gains nothing from them).
 //!
 //! This crate has no dependencies on purpose: it only runs cargo.
 
@@ -256,8 +257,23 @@ fn check_features(nvcc: &Option<Vec<(String, String)>>) -> Vec<String> {
     }
 }
 
+/// Prints the free space of the file system that holds the build folder (a full disk fails a
+/// build with an I/O error far from its cause); says nothing where `df` is missing.
+fn disk_line(when: &str) {
+    let out = Command::new("df").arg("-Pk").arg(workspace_root()).output();
+    if let Some(kib) = out.ok().and_then(|o| available_kib(&String::from_utf8_lossy(&o.stdout))) {
+        println!("\n=== xtask ci: {when}: {:.1} GiB free where the build folder is", kib as f64 / (1u64 << 20) as f64);
+    }
+}
+
+/// The space available in `df -Pk`'s output: its second line's fourth field, in KiB.
+fn available_kib(df: &str) -> Option<u64> {
+    df.lines().nth(1)?.split_whitespace().nth(3)?.parse().ok()
+}
+
 fn ci(offline: bool) -> bool {
     let t = std::time::Instant::now();
+    disk_line("at the start");
     let nvrtc = nvrtc_env(offline);
     let nvcc = nvcc_env(offline);
     let nvcc_vars: Vec<(String, String)> = nvcc.clone().unwrap_or_default();
@@ -316,6 +332,7 @@ fn ci(offline: bool) -> bool {
         && publish::package()
         && python::tests()
         && kernel_check(&nvrtc);
+    disk_line("at the end");
     println!("\n=== xtask ci: took {:.0} s", t.elapsed().as_secs_f64());
     println!("\n=== xtask ci: {}", if steps_ok { "all steps passed" } else { "FAILED" });
     println!("{}", totals.summary());
@@ -383,6 +400,15 @@ fn main() -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_free_space_is_read_from_dfs_posix_output() {
+        let df = "Filesystem     1024-blocks     Used Available Capacity Mounted on\n\
+                  /dev/vda         263174212 83964116 166787928      34% /\n";
+        assert_eq!(available_kib(df), Some(166_787_928));
+        assert_eq!(available_kib("Filesystem 1024-blocks Used Available Capacity Mounted on\n"), None);
+        assert_eq!(available_kib("header\n/dev/x 1 2 n/a 3% /\n"), None);
+    }
 
     #[test]
     fn totals_add_up_cargo_summaries() {
