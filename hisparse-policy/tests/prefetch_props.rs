@@ -7,8 +7,8 @@
 use hisparse_policy::policy::{self, POLICY_NAMES};
 use hisparse_policy::trace::{TraceHeader, TraceRecord};
 use hisparse_policy::{
-    BuiltinPolicy, BuiltinPrefetcher, PolicyChoice, PrefetchPlan, SimConfig, StepCtx, SwapInPlan, SwapInState,
-    SwapInputs, simulate,
+    BuiltinPolicy, BuiltinPrefetcher, PolicyChoice, PrefetchPlan, SimConfig, SimReport, SimResult, StepCtx, SwapInPlan,
+    SwapInState, SwapInputs, simulate,
 };
 use proptest::prelude::*;
 
@@ -82,6 +82,21 @@ proptest! {
 }
 
 /// Three layers, layer 1 sharing layer 0's selection; layer 2 full.
+/// The result line of `policy` with `prefetcher` at `slots`.
+fn line<'a>(report: &'a SimReport, policy: &str, prefetcher: &str, slots: usize) -> &'a SimResult {
+    report.results.iter().find(|r| r.policy == policy && r.prefetcher == prefetcher && r.buffer_slots == slots).unwrap()
+}
+
+/// Misses of `policy` at `slots` replaying `records` alone, without prefetch.
+fn misses_alone(header: &TraceHeader, records: &[TraceRecord], policy: &str, slots: usize) -> u64 {
+    let c = SimConfig {
+        policies: vec![PolicyChoice::parse(policy).unwrap()],
+        buffer_sizes: vec![slots],
+        ..SimConfig::default()
+    };
+    simulate(header, records, &c, &|_| {}).unwrap().results[0].swap.misses
+}
+
 fn shared_trace() -> (TraceHeader, Vec<TraceRecord>) {
     let header = TraceHeader { top_k: 16, layers: 3, index_source: vec![0, 0, 2], ..TraceHeader::default() };
     let mut records = Vec::new();
@@ -115,21 +130,9 @@ fn shared_index_prefetch_leaves_shared_layers_no_critical_misses() {
     let only = |layers: &[u32]| records.iter().filter(|r| layers.contains(&r.layer)).cloned().collect::<Vec<_>>();
     for policy in ["lru", "belady"] {
         for slots in [16, 32] {
-            let line = |p: &str| {
-                report
-                    .results
-                    .iter()
-                    .find(|r| r.policy == policy && r.prefetcher == p && r.buffer_slots == slots)
-                    .unwrap()
-            };
-            let (none, shared) = (line("none"), line("shared-index"));
-            let c = SimConfig {
-                policies: vec![PolicyChoice::parse(policy).unwrap()],
-                buffer_sizes: vec![slots],
-                ..SimConfig::default()
-            };
-            let full = simulate(&header, &only(&[0, 2]), &c, &|_| {}).unwrap().results[0].swap.misses;
-            let layer1 = simulate(&header, &only(&[1]), &c, &|_| {}).unwrap().results[0].swap.misses;
+            let (none, shared) = (line(&report, policy, "none", slots), line(&report, policy, "shared-index", slots));
+            let full = misses_alone(&header, &only(&[0, 2]), policy, slots);
+            let layer1 = misses_alone(&header, &only(&[1]), policy, slots);
             assert_eq!(none.swap.misses, full + layer1, "{policy} {slots}");
             assert_eq!(shared.swap.misses, full, "{policy} {slots}: shared layers must not miss");
             assert_eq!(
@@ -206,20 +209,8 @@ fn exact_prefetch_moves_about_what_it_replaces_under_every_online_policy() {
     let only: Vec<TraceRecord> = records.iter().filter(|r| r.layer == 1).cloned().collect();
     for policy in policies {
         for slots in [24, 32] {
-            let line = |p: &str| {
-                report
-                    .results
-                    .iter()
-                    .find(|r| r.policy == policy && r.prefetcher == p && r.buffer_slots == slots)
-                    .unwrap()
-            };
-            let (none, shared) = (line("none"), line("shared-index"));
-            let c = SimConfig {
-                policies: vec![PolicyChoice::parse(policy).unwrap()],
-                buffer_sizes: vec![slots],
-                ..SimConfig::default()
-            };
-            let layer1 = simulate(&header, &only, &c, &|_| {}).unwrap().results[0].swap.misses;
+            let (none, shared) = (line(&report, policy, "none", slots), line(&report, policy, "shared-index", slots));
+            let layer1 = misses_alone(&header, &only, policy, slots);
             assert!(layer1 > 0 && none.swap.misses > shared.swap.misses, "{policy} {slots}");
             let ratio = shared.swap.prefetched as f64 / layer1 as f64;
             assert!(
