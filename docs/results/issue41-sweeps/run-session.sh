@@ -29,3 +29,5 @@ for name in "$@"; do case $name in
   *) echo "unknown sweep $name" ;;
 esac; done
 grep -A4 "^headline" $R/*.log
+# At most 8 files come back from the device: everything travels as one archive.
+(cd $OUT && tar czf sweeps.tgz r && rm -rf r)

@@ -19,3 +19,4 @@ lane() { for t in "$@"; do one $t; done; }
 rest="$(ls $B/test-gpu_hits_first-*) /tmp/test-gpu_candle $(ls $B/test-* | grep -v -e gpu_swap_in -e gpu_engine -e gpu_hits_first -e gpu_long_replay)"
 lane $(ls $B/test-gpu_engine-*) > $R/lane-engine.txt & lane $rest > $R/lane-rest.txt & wait
 cat $R/lane-*.txt
+(cd $OUT && tar czf logs.tgz r/*.log && rm -f r/test-*.log)

@@ -28,3 +28,5 @@ lane $swap > $R/lane-swap.txt & lane $replay > $R/lane-replay.txt & lane $rest >
 cat $R/lane-*.txt
 echo "executables: $(cat $R/lane-*.txt | wc -l), passed: $(cat $R/lane-*.txt | grep -c 'rc=0 ')"
 grep -h "^test .* \.\.\. " $R/test-*.log | sort | uniq -c | awk '{print $NF}' | sort | uniq -c
+# At most 8 files come back from the device: the logs travel as one archive beside the summaries.
+(cd $OUT && tar czf logs.tgz r/*.log && rm -f r/test-*.log)
