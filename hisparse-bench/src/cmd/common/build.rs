@@ -165,6 +165,8 @@ impl EngineArgs {
 
 /// The CUDA backend's kernel choices from the command line.
 #[derive(Clone, Copy, Debug)]
+// Read only by the CUDA backend's constructor (a build without `cuda` refuses `--backend cuda`).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 struct CudaKnobs {
     top_k_blocks: usize,
     wgmma_attention: bool,
