@@ -531,3 +531,32 @@ fn a_sweep_with_the_bound_labels_it_everywhere_and_reports_the_headline() {
     assert_eq!(noted, [false, true], "resident, hisparse");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn trace_info_describes_a_scored_trace_from_its_selections_and_leaves_its_scores_unread() {
+    let dir = tmp("info");
+    let trace = dir.join("t.hstrace");
+    let o = hisparse(&argv!(
+        "trace synth --out",
+        trace,
+        "--requests 2 --layers 3 --steps 20 --prompt 3000 --top-k 128 --scores --score-margin 64"
+    ));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = hisparse(&argv!("trace info", trace));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let info = String::from_utf8_lossy(&o.stdout);
+    // The header as stored, though the records were read without their scores.
+    assert!(info.contains("top_k 128, 3 layers") && info.contains("scores: true, near-cut candidates: 64"), "{info}");
+    assert!(info.contains("120 records, 6 streams (request x layer), steps 1..=20"), "{info}");
+    // A trace whose score part is corrupt: described (its scores are not read), while a replay
+    // that reads scores refuses it at the checksum.
+    let bad =
+        concat!(env!("CARGO_MANIFEST_DIR"), "/../hisparse-policy/tests/data/bad-traces/v3-score-checksum.hstrace");
+    let o = hisparse(&argv!("trace info", bad));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("scores: true, near-cut candidates: 3"));
+    let o = hisparse(&argv!("simulate --policies score --trace", bad, "--out", dir.join("s")));
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("score checksum mismatch"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -20,7 +20,7 @@ pub enum TraceCommand {
     /// Write a synthetic trace (latent-relevance selections).
     #[command(allow_negative_numbers = true)]
     Synth(SynthArgs),
-    /// Describe a trace: header, streams, overlaps.
+    /// Describe a trace: header, streams, overlaps (a binary trace's scores are skipped, unread).
     Info {
         /// The trace (binary .hstrace or JSON lines).
         trace: PathBuf,
@@ -80,12 +80,8 @@ pub struct SynthArgs {
 }
 
 /// Reads the trace given as `--flag` (or the argument `flag`): header first, then the rest,
-/// within the memory this machine has for it and its decoded records.
-pub fn read_trace_arg(flag: &'static str, path: &std::path::Path) -> Result<(TraceHeader, Vec<TraceRecord>)> {
-    read_trace_arg_with(flag, path, true)
-}
-
-/// [`read_trace_arg`], decoding the records' scores only with `keep_scores`.
+/// within the memory this machine has for it and its decoded records; the records' scores
+/// decoded only with `keep_scores`.
 pub fn read_trace_arg_with(
     flag: &'static str,
     path: &std::path::Path,
@@ -93,6 +89,17 @@ pub fn read_trace_arg_with(
 ) -> Result<(TraceHeader, Vec<TraceRecord>)> {
     let input = crate::files::Input::open(flag, path)?;
     let size = input.len();
+    read_input(flag, path, input, size, keep_scores)
+}
+
+/// Reads `input` (of `size` bytes, if a regular file) as [`read_trace_arg_with`] says.
+fn read_input(
+    flag: &'static str,
+    path: &std::path::Path,
+    input: crate::files::Input,
+    size: Option<u64>,
+    keep_scores: bool,
+) -> Result<(TraceHeader, Vec<TraceRecord>)> {
     let limit = crate::files::input::memory_limit(1 + hisparse_policy::trace::DECODED_PER_TRACE_BYTE);
     let read = match size {
         // A regular file: a scored trace's score parts are skipped where nothing reads them.
@@ -115,13 +122,38 @@ pub fn read_trace_arg_with(
     }
 }
 
+/// The trace `path` described: its header as stored (scores and near-cut candidates as the
+/// file says) and its records without scores. A binary file's scores are skipped unread (a
+/// scored trace's score parts are most of its bytes, and unchecked here); a stream or a JSON
+/// lines trace is read whole.
+fn read_trace_described(flag: &'static str, path: &std::path::Path) -> Result<(TraceHeader, Vec<TraceRecord>)> {
+    use std::io::{Seek, SeekFrom};
+    let mut input = crate::files::Input::open(flag, path)?;
+    let Some(size) = input.len() else {
+        return read_input(flag, path, input, None, true);
+    };
+    // The header as stored, read through its own buffer; then the whole file from its start.
+    let stored =
+        hisparse_policy::trace::TraceReader::new(std::io::BufReader::new(&mut input)).map(|r| r.header().clone());
+    input.seek(SeekFrom::Start(0)).map_err(|e| input.error(&e))?;
+    let Ok(stored) = stored else {
+        // Not a binary trace (JSON lines), or a bad one: read whole, with its own errors.
+        return read_input(flag, path, input, Some(size), true);
+    };
+    let (header, records) = read_input(flag, path, input, Some(size), false)?;
+    if header != hisparse_policy::trace::binary::without_scores(&stored) {
+        return Err(BenchError::flag(flag, path.display(), "changed while it was read"));
+    }
+    Ok((stored, records))
+}
+
 /// Runs a trace command; returns what it prints.
 pub fn run(cmd: &TraceCommand) -> Result<String> {
     match cmd {
         TraceCommand::Synth(a) => synth(a),
         TraceCommand::Import(a) => Ok(format!("{}\n", super::trace_import::run(a)?)),
         TraceCommand::Info { trace } => {
-            let (header, records) = read_trace_arg("trace", trace)?;
+            let (header, records) = read_trace_described("trace", trace)?;
             let info = describe(&records);
             let mut s = String::new();
             s += &format!(
