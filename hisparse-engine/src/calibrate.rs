@@ -165,11 +165,6 @@ pub fn trace_header(geometry: &KvGeometry, spec: &CalibrationSpec) -> TraceHeade
     }
 }
 
-fn overlap(a: &[u32], b: &[u32], skip: u32) -> f64 {
-    let n = a.iter().filter(|&&t| t != skip).count().max(1);
-    a.iter().filter(|&&t| t != skip && b.binary_search(&t).is_ok()).count() as f64 / n as f64
-}
-
 /// Measures the locality of `workload` under `spec`.
 pub fn calibrate(geometry: &KvGeometry, workload: &Workload, spec: &CalibrationSpec) -> Result<Calibration> {
     let records = selections(geometry, workload, spec)?;
@@ -204,7 +199,8 @@ pub fn calibrate(geometry: &KvGeometry, workload: &Workload, spec: &CalibrationS
         for r in 0..spec.requests {
             for s in 1..spec.steps {
                 let (a, b) = (rec(r, s, li), rec(r, s - 1, li));
-                v.push(overlap(&a.selected, &b.selected, a.seq_len - 1));
+                // A selection of the newest position alone counts as no overlap.
+                v.push(a.overlap_with(b).unwrap_or(0.0));
             }
         }
         step_overlap.push((l, v.iter().sum::<f64>() / v.len().max(1) as f64));
@@ -216,7 +212,7 @@ pub fn calibrate(geometry: &KvGeometry, workload: &Workload, spec: &CalibrationS
             for r in 0..spec.requests {
                 for s in 0..spec.steps {
                     let (a, b) = (rec(r, s, li), rec(r, s, li - 1));
-                    lo.push(overlap(&a.selected, &b.selected, a.seq_len - 1));
+                    lo.push(a.overlap_with(b).unwrap_or(0.0));
                 }
             }
             layer_overlap

@@ -290,20 +290,6 @@ pub struct TraceInfo {
     pub layer_overlap: f64,
 }
 
-/// The share of `a`'s positions (but `skip`) that `b` holds too; `None` when `a` holds only
-/// `skip`. Both ascending (a trace's selections are): one merge pass.
-fn overlap(a: &[u32], b: &[u32], skip: u32) -> Option<f64> {
-    let (mut n, mut common, mut j) = (0usize, 0usize, 0usize);
-    for &t in a.iter().filter(|&&t| t != skip) {
-        n += 1;
-        while j < b.len() && b[j] < t {
-            j += 1;
-        }
-        common += usize::from(j < b.len() && b[j] == t);
-    }
-    (n > 0).then(|| common as f64 / n as f64)
-}
-
 /// Overlaps of `records`.
 pub fn describe(records: &[TraceRecord]) -> TraceInfo {
     let mut by: BTreeMap<(u64, u32), Vec<&TraceRecord>> = BTreeMap::new();
@@ -317,7 +303,7 @@ pub fn describe(records: &[TraceRecord]) -> TraceInfo {
     for recs in by.values_mut() {
         recs.sort_by_key(|r| r.step);
         for w in recs.windows(2) {
-            steps.extend(overlap(&w[1].selected, &w[0].selected, w[1].seq_len - 1));
+            steps.extend(w[1].overlap_with(w[0]));
         }
     }
     let mut layers = Vec::new();
@@ -325,7 +311,7 @@ pub fn describe(records: &[TraceRecord]) -> TraceInfo {
         let v: Vec<&&TraceRecord> = ls.values().collect();
         for w in v.windows(2) {
             if w[1].layer == w[0].layer + 1 {
-                layers.extend(overlap(&w[1].selected, &w[0].selected, w[1].seq_len - 1));
+                layers.extend(w[1].overlap_with(w[0]));
             }
         }
     }
@@ -335,34 +321,5 @@ pub fn describe(records: &[TraceRecord]) -> TraceInfo {
         last_step: records.iter().map(|r| r.step).max().unwrap_or(0),
         step_overlap: mean(steps),
         layer_overlap: mean(layers),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use rand::{Rng, SeedableRng};
-
-    use super::overlap;
-
-    /// Ascending distinct positions below `n`, each kept with probability `p`.
-    fn set(rng: &mut rand::rngs::StdRng, n: u32, p: f64) -> Vec<u32> {
-        (0..n).filter(|_| rng.random_bool(p)).collect()
-    }
-
-    #[test]
-    fn the_merged_overlap_counts_what_a_lookup_per_position_counts() {
-        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-        for case in 0..300 {
-            let n = rng.random_range(1..400);
-            let (pa, pb): (f64, f64) = (rng.random(), rng.random());
-            let (a, b) = (set(&mut rng, n, pa), set(&mut rng, n, pb));
-            let skip = if case % 3 == 0 { n - 1 } else { rng.random_range(0..n) };
-            let kept: Vec<u32> = a.iter().copied().filter(|&t| t != skip).collect();
-            let want = (!kept.is_empty())
-                .then(|| kept.iter().filter(|t| b.binary_search(t).is_ok()).count() as f64 / kept.len() as f64);
-            assert_eq!(overlap(&a, &b, skip), want, "a {a:?} b {b:?} skip {skip}");
-        }
-        assert_eq!(overlap(&[3], &[3], 3), None);
-        assert_eq!(overlap(&[1, 2, 3, 4], &[2, 4, 9], 9), Some(0.5));
     }
 }

@@ -30,6 +30,7 @@
 pub mod binary;
 pub mod import;
 pub mod jsonl;
+mod overlap;
 pub mod parallel;
 pub mod raw;
 mod skim;
