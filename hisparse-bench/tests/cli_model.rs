@@ -204,6 +204,12 @@ fn run_serves_a_model_within_a_device_budget_and_records_scores() {
     }
     let o = hisparse(&["run", "--gguf", &g, "--out", d.join("x").to_str().unwrap()]);
     assert!(String::from_utf8_lossy(&o.stderr).contains("--text"), "{}", String::from_utf8_lossy(&o.stderr));
+    // The model's run records a binary trace, as the engine's does: a .jsonl name is refused.
+    let o =
+        hisparse(&argv!("run --gguf", g, "--text", text, "--record-trace", d.join("r.jsonl"), "--out", d.join("x")));
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--record-trace"), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(!d.join("r.jsonl").exists());
     std::fs::remove_dir_all(d).unwrap();
 }
 

@@ -10,7 +10,7 @@ use hisparse_engine::{LatencySummary, RequestSpec, RunSummary};
 use hisparse_memory::{Mode, RequestId};
 
 pub use super::run_args::{ModeArg, ModeRun, RunArgs};
-use super::run_args::{rejected_of, request_lengths};
+use super::run_args::{rejected_of, request_lengths, trace_file};
 use crate::error::{BenchError, Result};
 use crate::files::{AtomicFile, OutputDir};
 use crate::report::Csv;
@@ -70,28 +70,7 @@ pub fn run(a: &RunArgs) -> Result<(Vec<ModeRun>, PathBuf)> {
         }
     }
     let out = OutputDir::prepare("out", a.out.as_deref().unwrap_or(std::path::Path::new("results/run")))?;
-    // Checked for writability now, before minutes of work; renamed into place at the end.
-    let mut trace_file = match &a.record_trace {
-        Some(p) if p.extension().is_some_and(|e| e == "jsonl") => {
-            return Err(BenchError::flag(
-                "record-trace",
-                p.display(),
-                "the engine records a binary trace: name it .hstrace (JSON lines come from `trace synth` \
-                 and `trace import`)",
-            ));
-        }
-        Some(p) if a.mode.modes().contains(&Mode::HiSparse) => {
-            Some(AtomicFile::create("record-trace", p, a.overwrite)?)
-        }
-        Some(p) => {
-            return Err(BenchError::flag(
-                "record-trace",
-                p.display(),
-                "records the hisparse run: use --mode hisparse or both",
-            ));
-        }
-        None => None,
-    };
+    let mut trace_file = trace_file(a)?;
     let mut runs = Vec::new();
     for mode in a.mode.modes() {
         let specs: Vec<RequestSpec> = (0..a.concurrency)

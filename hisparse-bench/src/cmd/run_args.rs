@@ -1,6 +1,7 @@
 //! What `hisparse run` is asked and what it reports of one mode: its arguments ([`RunArgs`], the
-//! modes to run: [`ModeArg`]), one mode's result ([`ModeRun`]), and two helpers both the
-//! one-engine run (`run.rs`) and the run over ranks (`run_ranks.rs`) use.
+//! modes to run: [`ModeArg`]), one mode's result ([`ModeRun`]), and the helpers the one-engine
+//! run (`run.rs`), the run over ranks (`run_ranks.rs`) and the real model's run
+//! (`run_model.rs`) share.
 
 use std::path::PathBuf;
 
@@ -9,6 +10,8 @@ use hisparse_memory::Mode;
 use serde::Serialize;
 
 use super::common::EngineArgs;
+use crate::error::{BenchError, Result};
+use crate::files::AtomicFile;
 
 /// Which modes to run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -119,4 +122,25 @@ pub fn rejected_of(e: &dyn hisparse_engine::DecodeEngine) -> Vec<(u64, String)> 
             _ => None,
         })
         .collect()
+}
+
+/// The `--record-trace` file of `a`, checked and made now (before minutes of work; placed at
+/// the end): refused for a `.jsonl` name (the engine records a binary trace) and when the run
+/// has no hisparse mode to record.
+pub fn trace_file(a: &RunArgs) -> Result<Option<AtomicFile>> {
+    match &a.record_trace {
+        Some(p) if p.extension().is_some_and(|e| e == "jsonl") => Err(BenchError::flag(
+            "record-trace",
+            p.display(),
+            "the engine records a binary trace: name it .hstrace (JSON lines come from `trace synth` \
+             and `trace import`)",
+        )),
+        Some(p) if a.mode.modes().contains(&Mode::HiSparse) => {
+            Ok(Some(AtomicFile::create("record-trace", p, a.overwrite)?))
+        }
+        Some(p) => {
+            Err(BenchError::flag("record-trace", p.display(), "records the hisparse run: use --mode hisparse or both"))
+        }
+        None => Ok(None),
+    }
 }

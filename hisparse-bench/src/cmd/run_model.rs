@@ -17,9 +17,9 @@ use hisparse_policy::trace::TraceWriter;
 
 use super::common::{BackendKind, EngineArgs, parse_bytes};
 use super::model_args::{CombineArg, ModelArgs, read_tokens, window_starts};
-use super::run_args::{ModeRun, RunArgs};
+use super::run_args::{ModeRun, RunArgs, trace_file};
 use crate::error::{BenchError, Result};
-use crate::files::{AtomicFile, OutputDir};
+use crate::files::OutputDir;
 use crate::{guard, interrupt, progress};
 
 /// The model a run decodes instead of the emulated workload.
@@ -212,19 +212,7 @@ pub fn run(a: &RunArgs) -> Result<(Vec<ModeRun>, PathBuf)> {
         guard::at_least_one("output", o)?;
     }
     let out = OutputDir::prepare("out", a.out.as_deref().unwrap_or(std::path::Path::new("results/run")))?;
-    let mut trace_file = match &a.record_trace {
-        Some(p) if a.mode.modes().contains(&Mode::HiSparse) => {
-            Some(AtomicFile::create("record-trace", p, a.overwrite)?)
-        }
-        Some(p) => {
-            return Err(BenchError::flag(
-                "record-trace",
-                p.display(),
-                "records the hisparse run: use --mode hisparse or both",
-            ));
-        }
-        None => None,
-    };
+    let mut trace_file = trace_file(a)?;
     let mut input = ModelInput::load(&a.source, &a.engine)?;
     input.prefill(context, "context")?;
     let longest = a.output.iter().copied().max().unwrap_or(1);
