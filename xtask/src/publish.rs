@@ -42,10 +42,59 @@ pub fn beside_candle_cuda(nvcc: Option<&[(String, String)]>) -> bool {
 /// each then built from its package with default features: the files it needs are in it and its
 /// metadata is complete.
 pub fn package() -> bool {
+    forget_extracted_packages();
     let mut c = cargo();
     c.args(["package", "--quiet", "--allow-dirty"]);
     for l in LIBRARIES {
         c.args(["-p", l]);
     }
     step("cargo package of every library crate (each built from its package)", &mut c)
+}
+
+/// Removes what earlier runs of [`package`] left extracted in cargo's registry cache: cargo
+/// serves the packages to each other from a registry of its own making (a folder of
+/// `$CARGO_HOME/registry/src` whose name starts with `-`) and never extracts a crate again
+/// whose name and version are there already, so a package changed since would be built from
+/// its old sources (a method added to one crate and called from another then fails to
+/// verify). Folders of other registries are left alone.
+fn forget_extracted_packages() {
+    let home = std::env::var_os("CARGO_HOME")
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".cargo")));
+    let Some(src) = home.map(|h| h.join("registry/src")) else { return };
+    let Ok(registries) = std::fs::read_dir(&src) else { return };
+    for reg in registries.flatten().filter(|r| r.file_name().to_string_lossy().starts_with('-')) {
+        let Ok(crates) = std::fs::read_dir(reg.path()) else { continue };
+        for c in crates.flatten() {
+            let name = c.file_name().to_string_lossy().into_owned();
+            if is_our_package(&name) {
+                let _ = std::fs::remove_dir_all(c.path());
+            }
+        }
+    }
+}
+
+/// Whether `folder` (`name-version`) is one of our library crates' extracted packages.
+fn is_our_package(folder: &str) -> bool {
+    LIBRARIES.iter().any(|l| {
+        folder
+            .strip_prefix(l)
+            .and_then(|v| v.strip_prefix('-'))
+            .is_some_and(|v| v.starts_with(|c: char| c.is_ascii_digit()))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_our_package;
+
+    #[test]
+    fn only_our_crates_extracted_packages_are_forgotten() {
+        assert!(is_our_package("hisparse-policy-0.1.0"));
+        assert!(is_our_package("hisparse-engine-12.3.4"));
+        // hisparse-memory is ours; a crate whose name merely starts like it is not.
+        assert!(!is_our_package("hisparse-memory-extra-0.1.0"));
+        assert!(!is_our_package("hisparse-bench-0.1.0"));
+        assert!(!is_our_package("serde-1.0.0"));
+    }
 }
