@@ -560,3 +560,75 @@ fn trace_info_describes_a_scored_trace_from_its_selections_and_leaves_its_scores
     assert!(String::from_utf8_lossy(&o.stderr).contains("score checksum mismatch"));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// LRU and FIFO without prefetch replay a binary trace a record at a time from its encoded
+/// positions: the rows are those of a run whose Belady makes it decode the trace whole (with
+/// and without scores in the file); a record whose positions are faulty stops the run with the
+/// reader's one-line error and leaves no output behind.
+#[test]
+fn simulate_replays_lru_and_fifo_from_encoded_positions_as_from_decoded_ones() {
+    let dir = tmp("encoded");
+    for (name, extra) in [("plain", ""), ("scored", " --scores --score-margin 64")] {
+        let trace = dir.join(format!("{name}.hstrace"));
+        let synth = format!("--requests 2 --layers 2 --steps 30 --prompt 3000 --top-k 256 --rho 0.8{extra}");
+        let mut args = argv!("trace synth --out", trace);
+        args.extend(synth.split_whitespace().map(Into::into));
+        let o = hisparse(&args);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let rows = |policies: &str| {
+            let out = dir.join(format!("{name}-{}", policies.replace(',', "-")));
+            let o = hisparse(&argv!(
+                "simulate --trace",
+                trace,
+                "--out",
+                out,
+                "--buffers 256,700 --warmup-steps 2 --policies",
+                policies
+            ));
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            let json: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(out.join("simulate.json")).unwrap()).unwrap();
+            json["results"].as_array().unwrap().clone()
+        };
+        let streamed = rows("lru,fifo");
+        let decoded = rows("lru,fifo,belady");
+        assert_eq!(streamed.len(), 5);
+        for r in &streamed {
+            assert!(decoded.contains(r), "{name}: {r} is not among the decoded run's rows");
+        }
+        assert!(streamed.iter().any(|r| r["misses"].as_u64().unwrap() > 100), "{name}: the trace misses");
+    }
+    let header = hisparse_policy::trace::raw::RawHeader {
+        version: 1,
+        flags: 0,
+        top_k: 8,
+        layers: 1,
+        row_bytes: 656,
+        margin: 0,
+        layer_table: None,
+    };
+    let records: Vec<_> = (1..=5u32)
+        .map(|step| hisparse_policy::trace::raw::RawRecord {
+            step,
+            request: 0,
+            layer: 0,
+            seq_len: 40 + step,
+            count: 2,
+            // Step 3's second position, 3 + 50 + 1 = 54, is past its 43 tokens.
+            deltas: vec![3, if step == 3 { 50 } else { 10 }],
+            scores: vec![],
+            near: None,
+            trailing: vec![],
+        })
+        .collect();
+    let bad = dir.join("bad.hstrace");
+    std::fs::write(&bad, hisparse_policy::trace::raw::encode(&header, &records, 5)).unwrap();
+    let out = dir.join("bad-out");
+    let o = hisparse(&argv!("simulate --trace", bad, "--out", out, "--policies lru --buffers 8"));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("position 54 of a sequence of 43 tokens"), "{err}");
+    assert!(!out.exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -408,14 +408,49 @@ fn first_error(bytes: &[u8]) -> Option<PolicyError> {
     let size = bytes.len() as u64;
     let skim = hisparse_policy::trace::read_trace_file_with(std::io::Cursor::new(bytes), size, u64::MAX, false);
     let whole = hisparse_policy::trace::read_trace_from_with(bytes, Some(size), u64::MAX, false);
-    match (whole, skim) {
-        (Ok(a), Ok(b)) => assert_eq!(a, b),
-        (Err(a), Err(b)) if !skipped(&a) && !skipped(&b) => assert_eq!(format!("{a:?}"), format!("{b:?}")),
+    match (whole, &skim) {
+        (Ok(a), Ok(b)) => assert_eq!(&a, b),
+        (Err(a), Err(b)) if !skipped(&a) && !skipped(b) => assert_eq!(format!("{a:?}"), format!("{b:?}")),
         (Err(a), _) if skipped(&a) => {}
-        (_, Err(b)) if skipped(&b) => {}
-        (a, b) => panic!("whole {:?}, skimmed {:?}", a.map(|x| x.1.len()), b.map(|x| x.1.len())),
+        (_, Err(b)) if skipped(b) => {}
+        (a, b) => panic!("whole {:?}, skimmed {:?}", a.map(|x| x.1.len()), b.as_ref().map(|x| x.1.len())),
     }
+    encoded_reads_as_skimmed(bytes, &skim);
     serial
+}
+
+/// The reader that leaves positions encoded accepts what the reader without scores accepts and
+/// decodes the same records; it refuses what that reader refuses — with the same error where
+/// the fault is one only decoding meets (it checks framing, checksums and fields first, positions
+/// as they are decoded).
+fn encoded_reads_as_skimmed(bytes: &[u8], skim: &Result<(TraceHeader, Vec<TraceRecord>), PolicyError>) {
+    use hisparse_policy::trace::TraceData;
+    let size = bytes.len() as u64;
+    let read = hisparse_policy::trace::read_trace_file_encoded(std::io::Cursor::new(bytes), size, u64::MAX);
+    let decoded = match &read {
+        Ok(TraceData::Encoded(t)) => {
+            let (h, recs) = (t.header().clone(), t.records());
+            let all = t.decode();
+            if let Ok((h2, r)) = &all {
+                assert_eq!((h2, r.len()), (&h, recs.len()));
+                for (e, r) in recs.iter().zip(r) {
+                    assert_eq!(
+                        (e.step, e.request, e.layer, e.seq_len, e.count as usize),
+                        (r.step, r.request, r.layer, r.seq_len, r.selected.len())
+                    );
+                }
+            }
+            all
+        }
+        Ok(TraceData::Records(h, r)) => Ok((h.clone(), r.clone())),
+        Err(e) => Err(e.clone()),
+    };
+    match (skim, &decoded) {
+        (Ok(a), Ok(b)) => assert_eq!(a, b),
+        (Err(a), Err(b)) if read.is_ok() => assert_eq!(format!("{a:?}"), format!("{b:?}")),
+        (Err(_), Err(_)) => {}
+        (a, b) => panic!("skimmed {:?}, encoded {:?}", a.as_ref().map(|x| x.1.len()), b.as_ref().map(|x| x.1.len())),
+    }
 }
 
 #[test]
@@ -788,4 +823,58 @@ fn a_position_past_2_32_is_refused_alike_inside_a_run_of_short_distances() {
     assert_eq!(in_run, alone);
     // Below 2^32 the run is read whole: the same positions as one by one.
     assert_eq!(error([vec![u32::MAX - 9], vec![0; 8]].concat()), None);
+}
+
+/// Faults only decoding positions meets — a count that leaves bytes after the positions or runs
+/// past them, a last position beyond the sequence — in version 1 without scores and version 3:
+/// the reader that leaves positions encoded reads the trace, and decoding the record gives the
+/// error the whole-file reader gives.
+#[test]
+fn faults_in_positions_are_met_when_the_positions_are_decoded() {
+    let good = |step| raw::RawRecord {
+        step,
+        request: 1,
+        layer: 0,
+        seq_len: 50 + step,
+        count: 3,
+        deltas: vec![4, 0, 9],
+        scores: vec![],
+        near: None,
+        trailing: vec![],
+    };
+    let faults = [
+        ("few", raw::RawRecord { count: 2, ..good(2) }),
+        ("many", raw::RawRecord { count: 4, ..good(2) }),
+        ("beyond", raw::RawRecord { seq_len: 12, ..good(2) }),
+        ("trailing", raw::RawRecord { trailing: vec![7], ..good(2) }),
+    ];
+    for version in [1u16, 3] {
+        let (flags, margin, table) = if version == 3 { (2, 1, Some(vec![])) } else { (0, 0, None) };
+        let header = raw::RawHeader { version, flags, top_k: 8, layers: 1, row_bytes: 656, margin, layer_table: table };
+        for (name, bad) in &faults {
+            let near = if version == 3 { Some((0, vec![])) } else { None };
+            let recs: Vec<raw::RawRecord> = [good(1), bad.clone(), good(3)]
+                .into_iter()
+                .map(|r| raw::RawRecord { near: near.clone(), ..r })
+                .collect();
+            let bytes = raw::encode(&header, &recs, 3);
+            if version == 3 && *name == "trailing" {
+                // After the score part in version 3: its length is checked as the trace is read.
+                assert!(first_error(&bytes).is_some());
+                continue;
+            }
+            let want = first_error(&bytes).unwrap_or_else(|| panic!("v{version} {name}: read"));
+            let size = bytes.len() as u64;
+            let read = hisparse_policy::trace::read_trace_file_encoded(std::io::Cursor::new(&bytes), size, u64::MAX);
+            let Ok(hisparse_policy::trace::TraceData::Encoded(t)) = read else {
+                panic!("v{version} {name}: the encoded read refused it: {read:?}")
+            };
+            assert_eq!(t.records()[1].count, bad.count);
+            assert!(t.record(0).is_ok() && t.record(2).is_ok());
+            let mut out = vec![99];
+            let got = t.positions_into(1, &mut out).unwrap_err();
+            assert_eq!(format!("{got:?}"), format!("{want:?}"), "v{version} {name}");
+            assert!(t.positions_into(3, &mut out).is_err(), "a record past the last");
+        }
+    }
 }

@@ -6,9 +6,10 @@ use std::path::PathBuf;
 
 use hisparse_policy::policy::BuiltinPolicy;
 use hisparse_policy::prefetch::{BuiltinPrefetcher, PrefetcherConfig};
+use hisparse_policy::trace::{RecordHead, TraceData};
 use hisparse_policy::{
-    PolicyChoice, PolicyConfig, PolicyError, PrefetcherChoice, SimConfig, SimReport, memory_estimate, replays,
-    simulate_with,
+    PolicyChoice, PolicyConfig, PolicyError, PrefetcherChoice, SimConfig, SimReport, memory_estimate,
+    memory_estimate_encoded, replays, simulate_encoded, simulate_with,
 };
 
 use crate::error::{BenchError, Result};
@@ -56,6 +57,15 @@ pub struct SimulateArgs {
     pub out: Option<PathBuf>,
 }
 
+/// Records in the longest (request, layer) stream of `records`.
+fn longest_stream(records: &[impl RecordHead]) -> usize {
+    let mut per_stream: std::collections::HashMap<(u64, u32), usize> = std::collections::HashMap::new();
+    for r in records {
+        *per_stream.entry((r.request(), r.layer())).or_default() += 1;
+    }
+    per_stream.values().copied().max().unwrap_or(0)
+}
+
 /// Runs the simulation and writes its outputs; returns the report and the output folder.
 pub fn run(a: &SimulateArgs) -> Result<(SimReport, PathBuf)> {
     let mut policy_config = match &a.policy_config {
@@ -79,8 +89,20 @@ pub fn run(a: &SimulateArgs) -> Result<(SimReport, PathBuf)> {
     for p in &policies {
         keep_scores |= p.make(&policy_config)?.needs_scores();
     }
-    let (header, records) = super::trace::read_trace_arg_with("trace", &a.trace, keep_scores)?;
-    if records.is_empty() {
+    // Without scores a binary trace's positions stay encoded: LRU and FIFO without prefetch
+    // then replay each stream in one pass, decoding a record at a time.
+    let trace = if keep_scores {
+        let (header, records) = super::trace::read_trace_arg_with("trace", &a.trace, true)?;
+        TraceData::Records(header, records)
+    } else {
+        super::trace::read_trace_arg_encoded("trace", &a.trace)?
+    };
+    let header = trace.header().clone();
+    let (records, longest) = match &trace {
+        TraceData::Encoded(t) => (t.records().len(), longest_stream(t.records())),
+        TraceData::Records(_, r) => (r.len(), longest_stream(r)),
+    };
+    if records == 0 {
         return Err(BenchError::flag("trace", a.trace.display(), "holds no records"));
     }
     let k = header.top_k as usize;
@@ -124,11 +146,6 @@ pub fn run(a: &SimulateArgs) -> Result<(SimReport, PathBuf)> {
             "needs the candidates below the cut: record the trace with --score-margin",
         ));
     }
-    let mut per_stream: std::collections::HashMap<(u64, u32), usize> = std::collections::HashMap::new();
-    for r in &records {
-        *per_stream.entry((r.request, r.layer)).or_default() += 1;
-    }
-    let longest = per_stream.values().copied().max().unwrap_or(0);
     if a.warmup_steps >= longest {
         return Err(BenchError::flag(
             "warmup-steps",
@@ -136,15 +153,6 @@ pub fn run(a: &SimulateArgs) -> Result<(SimReport, PathBuf)> {
             format!("the trace's longest stream has {longest} steps: nothing would be counted"),
         ));
     }
-    guard::memory(
-        "trace",
-        a.trace.display(),
-        "replaying this trace (its longest sequence)",
-        memory_estimate(&records),
-    )?;
-    let stem = a.trace.file_stem().map_or("trace".into(), |s| s.to_string_lossy().into_owned());
-    let dir = a.out.clone().unwrap_or_else(|| PathBuf::from("results").join(format!("simulate-{stem}")));
-    let out = OutputDir::prepare("out", &dir)?;
     let cfg = SimConfig {
         policies,
         prefetchers,
@@ -154,8 +162,21 @@ pub fn run(a: &SimulateArgs) -> Result<(SimReport, PathBuf)> {
         row_bytes: a.row_bytes,
         warmup_steps: a.warmup_steps,
     };
-    let bar = progress::bar(replays(&records, &cfg), "replays");
-    let report = match simulate_with(&header, &records, &cfg, &|n| bar.set_position(n), &interrupt::requested) {
+    let (estimate, replays) = match &trace {
+        TraceData::Encoded(t) => (memory_estimate_encoded(t, &cfg), replays(t.records(), &cfg)),
+        TraceData::Records(_, r) => (memory_estimate(r), replays(r, &cfg)),
+    };
+    guard::memory("trace", a.trace.display(), "replaying this trace (its longest sequence)", estimate)?;
+    let stem = a.trace.file_stem().map_or("trace".into(), |s| s.to_string_lossy().into_owned());
+    let dir = a.out.clone().unwrap_or_else(|| PathBuf::from("results").join(format!("simulate-{stem}")));
+    let out = OutputDir::prepare("out", &dir)?;
+    let bar = progress::bar(replays, "replays");
+    let (tick, cancel) = (|n| bar.set_position(n), &interrupt::requested);
+    let simulated = match &trace {
+        TraceData::Encoded(t) => simulate_encoded(t, &cfg, &tick, cancel),
+        TraceData::Records(h, r) => simulate_with(h, r, &cfg, &tick, cancel),
+    };
+    let report = match simulated {
         Err(PolicyError::Cancelled) => return Err(BenchError::Interrupted("replaying the trace".into())),
         r => r?,
     };

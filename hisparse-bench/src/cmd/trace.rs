@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use hisparse_policy::PolicyError;
 use hisparse_policy::synth::{SynthConfig, synth_header, synth_trace};
-use hisparse_policy::trace::{TraceHeader, TraceRecord, TraceWriter, jsonl};
+use hisparse_policy::trace::{TraceData, TraceHeader, TraceRecord, TraceWriter, jsonl};
 use serde::Serialize;
 
 use crate::error::{BenchError, Result};
@@ -106,10 +106,27 @@ fn read_input(
         Some(n) => hisparse_policy::trace::read_trace_file_with(input, n, limit, keep_scores),
         None => hisparse_policy::trace::read_trace_from_with(input, size, limit, keep_scores),
     };
-    match read {
-        Ok(t) => Ok(t),
-        Err(_) if interrupt::requested() => Err(BenchError::Interrupted(format!("reading {}", path.display()))),
-        Err(PolicyError::TooLarge { bytes, limit }) => Err(BenchError::flag(
+    read.map_err(|e| read_error(flag, path, e))
+}
+
+/// Reads the trace given as `--flag` without scores, as [`read_trace_arg_with`] does, but a
+/// binary file's positions left encoded (decoded as a replay reads them).
+pub fn read_trace_arg_encoded(flag: &'static str, path: &std::path::Path) -> Result<TraceData> {
+    let input = crate::files::Input::open(flag, path)?;
+    let Some(size) = input.len() else {
+        // A pipe: read whole and decoded.
+        let (h, r) = read_input(flag, path, input, None, false)?;
+        return Ok(TraceData::Records(h, r));
+    };
+    let limit = crate::files::input::memory_limit(1 + hisparse_policy::trace::DECODED_PER_TRACE_BYTE);
+    hisparse_policy::trace::read_trace_file_encoded(input, size, limit).map_err(|e| read_error(flag, path, e))
+}
+
+/// The error of reading the trace `path` (given as `--flag`) that failed with `e`.
+fn read_error(flag: &'static str, path: &std::path::Path, e: PolicyError) -> BenchError {
+    match e {
+        _ if interrupt::requested() => BenchError::Interrupted(format!("reading {}", path.display())),
+        PolicyError::TooLarge { bytes, limit } => BenchError::flag(
             flag,
             path.display(),
             format!(
@@ -117,8 +134,8 @@ fn read_input(
                 bytes.map_or_else(|| "longer than that".into(), guard::human_bytes),
                 guard::human_bytes(limit)
             ),
-        )),
-        Err(e) => Err(e.into()),
+        ),
+        e => e.into(),
     }
 }
 

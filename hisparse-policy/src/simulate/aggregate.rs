@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use super::{Distribution, SimResult, Stream};
 use crate::counts::SwapCounts;
-use crate::trace::TraceRecord;
+use crate::trace::RecordHead;
 
 /// One combination's replays: misses per record of each stream, and prefetch counts
 /// (prefetched, useful, wasted).
@@ -18,19 +18,18 @@ pub(super) struct Line<'a> {
 }
 
 /// The distinct steps of the trace and one result per line.
-pub(super) fn results(
-    records: &[TraceRecord],
-    streams: &[Stream<'_>],
+pub(super) fn results<R: RecordHead>(
+    records: &[R],
+    streams: &[Stream<'_, R>],
     lines: Vec<Line<'_>>,
     row_bytes: usize,
     warmup: usize,
 ) -> (usize, Vec<SimResult>) {
-    let mut steps: Vec<u32> = records.iter().map(|r| r.step).collect();
+    let mut steps: Vec<u32> = records.iter().map(|r| r.step()).collect();
     steps.sort_unstable();
     steps.dedup();
     let step_index = |st: u32| steps.binary_search(&st).unwrap_or(0);
-    let selected: u64 =
-        streams.iter().flat_map(|s| s.records.iter().skip(warmup)).map(|r| r.selected.len() as u64).sum();
+    let selected: u64 = streams.iter().flat_map(|s| s.records.iter().skip(warmup)).map(|r| r.count() as u64).sum();
     let results = lines
         .into_iter()
         .map(|line| {
@@ -41,7 +40,7 @@ pub(super) fn results(
             for (s, m) in streams.iter().zip(&line.misses) {
                 let m = m.map(|v| v.as_slice()).unwrap_or_default();
                 for (i, (r, &m)) in s.records.iter().zip(m).enumerate() {
-                    let si = step_index(r.step);
+                    let si = step_index(r.step());
                     if i >= warmup {
                         per_request.push(f64::from(m));
                         let e = batch.entry((si, s.layer)).or_default();

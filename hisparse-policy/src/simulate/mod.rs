@@ -15,6 +15,9 @@
 mod aggregate;
 mod replay;
 mod stamped;
+mod streamed;
+
+pub use streamed::{memory_estimate_encoded, simulate_encoded};
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -27,7 +30,7 @@ use crate::counts::SwapCounts;
 use crate::error::{PolicyError, Result};
 use crate::policy::{EvictionPolicy, PolicyConfig};
 use crate::prefetch::PrefetcherConfig;
-use crate::trace::{TraceHeader, TraceRecord};
+use crate::trace::{RecordHead, TraceHeader, TraceRecord};
 
 /// What to simulate.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -128,34 +131,36 @@ pub struct SimReport {
     pub results: Vec<SimResult>,
 }
 
-struct Stream<'a> {
+/// One (request, layer)'s records, by step.
+struct Stream<'a, R = TraceRecord> {
     request: u64,
     layer: u32,
-    records: Vec<&'a TraceRecord>,
+    records: Vec<&'a R>,
 }
 
-impl Stream<'_> {
+impl<R: RecordHead> Stream<'_, R> {
     /// The longest sequence of the stream.
     fn max_len(&self) -> usize {
-        self.records.iter().map(|r| r.seq_len as usize).max().unwrap_or(0)
+        self.records.iter().map(|r| r.seq_len() as usize).max().unwrap_or(0)
     }
 }
 
-fn group<'a>(header: &TraceHeader, records: &'a [TraceRecord]) -> Result<Vec<Stream<'a>>> {
-    if let Some(e) = records.par_iter().find_map_first(|r| r.check(header, 0).err()) {
+/// The streams of `records`, each checked ([`RecordHead::validate`]), by (request, layer).
+fn group<'a, R: RecordHead>(header: &TraceHeader, records: &'a [R]) -> Result<Vec<Stream<'a, R>>> {
+    if let Some(e) = records.par_iter().find_map_first(|r| r.validate(header).err()) {
         return Err(e);
     }
-    let mut by: BTreeMap<(u64, u32), Vec<&TraceRecord>> = BTreeMap::new();
+    let mut by: BTreeMap<(u64, u32), Vec<&R>> = BTreeMap::new();
     for r in records {
-        by.entry((r.request, r.layer)).or_default().push(r);
+        by.entry((r.request(), r.layer())).or_default().push(r);
     }
     by.into_iter()
         .map(|((request, layer), mut recs)| {
-            recs.sort_by_key(|r| r.step);
-            if let Some(w) = recs.windows(2).find(|w| w[0].step == w[1].step || w[0].seq_len > w[1].seq_len) {
+            recs.sort_by_key(|r| r.step());
+            if let Some(w) = recs.windows(2).find(|w| w[0].step() == w[1].step() || w[0].seq_len() > w[1].seq_len()) {
                 return Err(PolicyError::Invalid {
                     field: "trace",
-                    value: format!("request {request} layer {layer} step {}", w[1].step),
+                    value: format!("request {request} layer {layer} step {}", w[1].step()),
                     reason: "a stream repeats a step or shrinks its sequence".into(),
                 });
             }
@@ -164,39 +169,52 @@ fn group<'a>(header: &TraceHeader, records: &'a [TraceRecord]) -> Result<Vec<Str
         .collect()
 }
 
-/// Compulsory misses: the first selection of each token while it is not the newest.
+/// Compulsory misses of one stream: the first selection of each token while it is not the
+/// newest.
+struct Compulsory {
+    /// A byte per token, not a bit: consecutive positions then never read a word the last one
+    /// wrote, and the loop runs without waiting on its own stores.
+    seen: Vec<bool>,
+}
+
+impl Compulsory {
+    /// For a stream whose sequences reach `max_len` tokens.
+    fn new(max_len: usize) -> Self {
+        Self { seen: vec![false; max_len] }
+    }
+
+    /// The compulsory misses of one record (`selected` ascending, below `seq_len` <= max_len).
+    fn record(&mut self, selected: &[u32], seq_len: u32) -> u32 {
+        // The newest token (the largest position, so last if selected) is never a miss and
+        // stays unseen.
+        let newest = seq_len.wrapping_sub(1);
+        let sel = match selected.split_last() {
+            Some((&last, rest)) if last == newest => rest,
+            _ => selected,
+        };
+        let mut first = 0u32;
+        for &t in sel {
+            let seen = &mut self.seen[t as usize];
+            first += u32::from(!*seen);
+            *seen = true;
+        }
+        first
+    }
+}
+
+/// Compulsory misses of every record of `s`.
 fn compulsory(s: &Stream<'_>) -> Vec<u32> {
-    // A byte per token, not a bit: consecutive positions then never read a word the last one
-    // wrote, and the loop runs without waiting on its own stores.
-    let mut seen = vec![false; s.max_len()];
-    s.records
-        .iter()
-        .map(|r| {
-            // The newest token (the largest position, so last if selected) is never a miss and
-            // stays unseen.
-            let newest = r.seq_len - 1;
-            let sel = match r.selected.split_last() {
-                Some((&last, rest)) if last == newest => rest,
-                _ => &r.selected[..],
-            };
-            let mut first = 0u32;
-            for &t in sel {
-                let seen = &mut seen[t as usize];
-                first += u32::from(!*seen);
-                *seen = true;
-            }
-            first
-        })
-        .collect()
+    let mut c = Compulsory::new(s.max_len());
+    s.records.iter().map(|r| c.record(&r.selected, r.seq_len)).collect()
 }
 
 /// Bytes the simulator's per-stream arrays may take at once for `records` (positions are dense,
 /// so arrays run to the longest sequence): per worker thread, the next-use and first-use
 /// arrays, the compulsory bits and a slot table's token index, over the longest stream.
 /// `None` if the count overflows.
-pub fn memory_estimate(records: &[TraceRecord]) -> Option<u64> {
-    let longest = records.iter().map(|r| u64::from(r.seq_len)).max().unwrap_or(0);
-    let selected: u64 = records.iter().map(|r| r.selected.len() as u64).sum();
+pub fn memory_estimate(records: &[impl RecordHead]) -> Option<u64> {
+    let longest = records.iter().map(|r| u64::from(r.seq_len())).max().unwrap_or(0);
+    let selected: u64 = records.iter().map(|r| r.count() as u64).sum();
     let threads = rayon::current_num_threads() as u64;
     // u32 next use + u32 first use + bool compulsory + u16 slot index, per position and thread;
     // plus the next-use lists of every record (u32 per selected position).
@@ -216,8 +234,8 @@ pub fn simulate(
 }
 
 /// How many replays [`simulate`] runs for `records` under `cfg` (for a progress bar).
-pub fn replays(records: &[TraceRecord], cfg: &SimConfig) -> u64 {
-    let mut streams: Vec<(u64, u32)> = records.iter().map(|r| (r.request, r.layer)).collect();
+pub fn replays(records: &[impl RecordHead], cfg: &SimConfig) -> u64 {
+    let mut streams: Vec<(u64, u32)> = records.iter().map(|r| (r.request(), r.layer())).collect();
     streams.sort_unstable();
     streams.dedup();
     let mut requests: Vec<u64> = streams.iter().map(|s| s.0).collect();
@@ -254,38 +272,7 @@ pub fn simulate_policies(
     progress: &(dyn Fn(u64) + Sync),
     cancel: &(dyn Fn() -> bool + Sync),
 ) -> Result<SimReport> {
-    if policies.is_empty() || cfg.buffer_sizes.is_empty() {
-        return Err(PolicyError::Invalid {
-            field: "policies",
-            value: policies.len().to_string(),
-            reason: "need at least one policy and one buffer size".into(),
-        });
-    }
-    let chosen = if cfg.prefetchers.is_empty() { vec![PrefetcherChoice::default()] } else { cfg.prefetchers.clone() };
-    let prefetchers: Vec<_> = chosen.iter().map(|p| p.make(&cfg.prefetcher_config)).collect();
-    for &b in &cfg.buffer_sizes {
-        if (b as u64) < u64::from(header.top_k) {
-            return Err(PolicyError::Invalid {
-                field: "buffer_sizes",
-                value: b.to_string(),
-                reason: format!("must be at least the trace's top_k = {}", header.top_k),
-            });
-        }
-    }
-    if let Some(p) = policies.iter().find(|p| p.needs_scores() && header.score_margin == 0) {
-        return Err(PolicyError::Invalid {
-            field: "policies",
-            value: p.name().to_string(),
-            reason: "needs the scores of the candidates below the cut: a version-2 trace with score_margin > 0".into(),
-        });
-    }
-    if let Some(p) = prefetchers.iter().find(|p| p.needs_near() && header.score_margin == 0) {
-        return Err(PolicyError::Invalid {
-            field: "prefetchers",
-            value: p.name().to_string(),
-            reason: "needs the candidates below the cut: a version-2 trace with score_margin > 0".into(),
-        });
-    }
+    let prefetchers = checked_config(header, cfg, policies)?;
     let streams = group(header, records)?;
     let any_future = policies.iter().any(|p| p.needs_future());
     let futures: Vec<Option<_>> = streams.par_iter().map(|s| any_future.then(|| replay::next_uses(s))).collect();
@@ -354,13 +341,6 @@ pub fn simulate_policies(
         })
         .collect();
 
-    let row_bytes = if cfg.row_bytes > 0 {
-        cfg.row_bytes
-    } else if header.row_bytes > 0 {
-        header.row_bytes as usize
-    } else {
-        656
-    };
     let mut lines: Vec<aggregate::Line<'_>> = combos
         .iter()
         .map(|&(p, f, b)| aggregate::Line {
@@ -380,6 +360,69 @@ pub fn simulate_policies(
         t[1] += o.useful;
         t[2] += o.wasted;
     }
+    Ok(report(header, records, &streams, lines, &compulsory, cfg, jobs.len() + streams.len()))
+}
+
+/// The prefetchers of `cfg` (`none` if it names none), once `cfg` and `policies` are checked
+/// against each other and against `header`.
+fn checked_config(
+    header: &TraceHeader,
+    cfg: &SimConfig,
+    policies: &[Arc<dyn EvictionPolicy>],
+) -> Result<Vec<Arc<dyn crate::prefetch::Prefetcher>>> {
+    if policies.is_empty() || cfg.buffer_sizes.is_empty() {
+        return Err(PolicyError::Invalid {
+            field: "policies",
+            value: policies.len().to_string(),
+            reason: "need at least one policy and one buffer size".into(),
+        });
+    }
+    let chosen = if cfg.prefetchers.is_empty() { vec![PrefetcherChoice::default()] } else { cfg.prefetchers.clone() };
+    let prefetchers: Vec<_> = chosen.iter().map(|p| p.make(&cfg.prefetcher_config)).collect();
+    for &b in &cfg.buffer_sizes {
+        if (b as u64) < u64::from(header.top_k) {
+            return Err(PolicyError::Invalid {
+                field: "buffer_sizes",
+                value: b.to_string(),
+                reason: format!("must be at least the trace's top_k = {}", header.top_k),
+            });
+        }
+    }
+    if let Some(p) = policies.iter().find(|p| p.needs_scores() && header.score_margin == 0) {
+        return Err(PolicyError::Invalid {
+            field: "policies",
+            value: p.name().to_string(),
+            reason: "needs the scores of the candidates below the cut: a version-2 trace with score_margin > 0".into(),
+        });
+    }
+    if let Some(p) = prefetchers.iter().find(|p| p.needs_near() && header.score_margin == 0) {
+        return Err(PolicyError::Invalid {
+            field: "prefetchers",
+            value: p.name().to_string(),
+            reason: "needs the candidates below the cut: a version-2 trace with score_margin > 0".into(),
+        });
+    }
+    Ok(prefetchers)
+}
+
+/// The report of `records` in `streams` from each combination's `lines` and the streams'
+/// `compulsory` misses, after `replays` replays.
+fn report<'a, R: RecordHead>(
+    header: &TraceHeader,
+    records: &[R],
+    streams: &[Stream<'_, R>],
+    mut lines: Vec<aggregate::Line<'a>>,
+    compulsory: &'a [Vec<u32>],
+    cfg: &SimConfig,
+    replays: usize,
+) -> SimReport {
+    let row_bytes = if cfg.row_bytes > 0 {
+        cfg.row_bytes
+    } else if header.row_bytes > 0 {
+        header.row_bytes as usize
+    } else {
+        656
+    };
     lines.push(aggregate::Line {
         policy: "compulsory".into(),
         prefetcher: "none".into(),
@@ -387,14 +430,14 @@ pub fn simulate_policies(
         misses: compulsory.iter().map(Some).collect(),
         prefetch: [0; 3],
     });
-    let (steps, results) = aggregate::results(records, &streams, lines, row_bytes, cfg.warmup_steps);
-    Ok(SimReport {
-        replays: jobs.len() + streams.len(),
+    let (steps, results) = aggregate::results(records, streams, lines, row_bytes, cfg.warmup_steps);
+    SimReport {
+        replays,
         header: header.clone(),
         records: records.len(),
         streams: streams.len(),
         steps,
         row_bytes,
         results,
-    })
+    }
 }

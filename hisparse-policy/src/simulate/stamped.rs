@@ -290,31 +290,49 @@ fn sort_distinct(slots: &mut [u32], bits: &mut [u64]) {
 /// The misses of every record of `stream` under `rule` with `slots` regular slots, as
 /// [`SwapInState::step`](crate::swap_in::SwapInState::step) would count them.
 pub(super) fn replay_stamped(stream: &Stream<'_>, rule: StampRule, slots: usize) -> Result<Vec<u32>> {
-    let max_len = stream.max_len();
-    if slots >= usize::from(NO_SLOT) {
-        return Err(PolicyError::Invalid {
-            field: "buffer_sizes",
-            value: slots.to_string(),
-            reason: format!("at most {} slots", NO_SLOT - 1),
-        });
-    }
-    let mut buf = StampedBuffer::new(rule, slots, max_len);
-    let first_len = stream.records.first().map_or(0, |r| r.seq_len as usize);
-    if first_len <= slots {
-        buf.step(&[], first_len.saturating_sub(1), 1);
-    }
-    let mut out = Vec::with_capacity(stream.records.len());
-    for (i, r) in stream.records.iter().enumerate() {
-        if r.selected.len() > slots + 1 {
+    let mut replay = StampedReplay::new(rule, slots, stream.max_len(), stream.records.first().map(|r| r.seq_len))?;
+    stream.records.iter().map(|r| replay.record(&r.selected, r.seq_len)).collect()
+}
+
+/// One stream's replay under a stamp rule, a record at a time.
+pub(super) struct StampedReplay {
+    buf: StampedBuffer,
+    slots: usize,
+    /// Records replayed.
+    steps: u32,
+}
+
+impl StampedReplay {
+    /// A buffer of `slots` regular slots for a stream whose sequences reach `max_len` tokens,
+    /// the first being `first_len` long (a first sequence that fits is preloaded).
+    pub(super) fn new(rule: StampRule, slots: usize, max_len: usize, first_len: Option<u32>) -> Result<Self> {
+        if slots >= usize::from(NO_SLOT) {
             return Err(PolicyError::Invalid {
                 field: "buffer_sizes",
                 value: slots.to_string(),
-                reason: format!("a selection of {} tokens does not fit", r.selected.len()),
+                reason: format!("at most {} slots", NO_SLOT - 1),
             });
         }
-        out.push(buf.step(&r.selected, r.seq_len as usize, i as u32 + 1));
+        let mut buf = StampedBuffer::new(rule, slots, max_len);
+        let first_len = first_len.map_or(0, |n| n as usize);
+        if first_len <= slots {
+            buf.step(&[], first_len.saturating_sub(1), 1);
+        }
+        Ok(Self { buf, slots, steps: 0 })
     }
-    Ok(out)
+
+    /// The misses of the stream's next record (`selected`: its checked positions).
+    pub(super) fn record(&mut self, selected: &[u32], seq_len: u32) -> Result<u32> {
+        if selected.len() > self.slots + 1 {
+            return Err(PolicyError::Invalid {
+                field: "buffer_sizes",
+                value: self.slots.to_string(),
+                reason: format!("a selection of {} tokens does not fit", selected.len()),
+            });
+        }
+        self.steps += 1;
+        Ok(self.buf.step(selected, seq_len as usize, self.steps))
+    }
 }
 
 #[cfg(test)]

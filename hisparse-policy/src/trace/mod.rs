@@ -28,6 +28,7 @@
 //! ```
 
 pub mod binary;
+mod encoded;
 pub mod import;
 pub mod jsonl;
 mod overlap;
@@ -36,6 +37,7 @@ pub mod raw;
 mod skim;
 
 pub use binary::{TraceReader, TraceWriter};
+pub use encoded::{EncodedRecord, EncodedTrace, RecordHead};
 
 use std::io::{BufRead, Read, Seek};
 use std::path::Path;
@@ -199,9 +201,7 @@ impl TraceRecord {
 
     fn check_tail(&self, header: &TraceHeader, at: u64) -> Result<()> {
         let bad = |message: String| Err(PolicyError::Trace { what: "corrupt record", offset: at, message });
-        if let Some(&p) = self.selected.last().filter(|&&p| p >= self.seq_len) {
-            return bad(format!("position {p} of a sequence of {} tokens", self.seq_len));
-        }
+        check_last_position(&self.selected, self.seq_len, at)?;
         match (&self.scores, header.has_scores) {
             (Some(s), true) if s.len() == self.selected.len() => {}
             (None, false) => {}
@@ -249,6 +249,18 @@ impl TraceRecord {
             return bad(format!("near-cut position {} repeated", w[0]));
         }
         Ok(())
+    }
+}
+
+/// Checks that the last of `selected` (ascending) is below `seq_len`, for a record at `at`.
+pub(crate) fn check_last_position(selected: &[u32], seq_len: u32, at: u64) -> Result<()> {
+    match selected.last() {
+        Some(&p) if p >= seq_len => Err(PolicyError::Trace {
+            what: "corrupt record",
+            offset: at,
+            message: format!("position {p} of a sequence of {seq_len} tokens"),
+        }),
+        _ => Ok(()),
     }
 }
 
@@ -307,8 +319,13 @@ pub fn read_trace_from_with(
             other => other,
         };
     }
-    // Binary: the header checked as it is read, then the rest (sized up front), decoded on
-    // every core.
+    // Binary: decoded on every core.
+    parallel::read_all(&binary_bytes(input, size, max_bytes)?, keep_scores)
+}
+
+/// A binary trace's bytes, the header checked as it is read, then the rest (sized up front):
+/// at most `max_bytes` (more is refused with [`PolicyError::TooLarge`]).
+fn binary_bytes(mut input: impl Read, size: Option<u64>, max_bytes: u64) -> Result<Vec<u8>> {
     let mut bytes = Vec::new();
     TraceReader::new(Tee { input: &mut input, copy: &mut bytes })?;
     if let Some(n) = size {
@@ -323,9 +340,9 @@ pub fn read_trace_from_with(
         message: e.to_string(),
     })?;
     if bytes.len() as u64 > max_bytes {
-        return Err(too_large(size));
+        return Err(PolicyError::TooLarge { bytes: size, limit: max_bytes });
     }
-    parallel::read_all(&bytes, keep_scores)
+    Ok(bytes)
 }
 
 /// An input error before any record, at byte `offset`.
@@ -366,6 +383,46 @@ pub fn read_trace_file_with<R: Read + Seek>(
     let mut input = reader.into_input();
     input.rewind().map_err(unreadable(0))?;
     read_trace_from_with(input, Some(size), max_bytes, keep_scores)
+}
+
+/// A trace as [`read_trace_file_encoded`] reads it, without scores.
+#[derive(Clone, Debug)]
+pub enum TraceData {
+    /// A binary trace, its positions still encoded.
+    Encoded(EncodedTrace),
+    /// A JSON-lines trace, decoded (that form keeps no encoding).
+    Records(TraceHeader, Vec<TraceRecord>),
+}
+
+impl TraceData {
+    /// The header (without scores).
+    pub fn header(&self) -> &TraceHeader {
+        match self {
+            Self::Encoded(t) => t.header(),
+            Self::Records(h, _) => h,
+        }
+    }
+}
+
+/// [`read_trace_file_with`] without scores, a binary trace's positions left encoded
+/// ([`EncodedTrace`]): its framing, checksums, fields and score parts' lengths are checked here,
+/// its positions as they are decoded. A version-3 trace's score parts are skipped unread.
+pub fn read_trace_file_encoded<R: Read + Seek>(input: R, size: u64, max_bytes: u64) -> Result<TraceData> {
+    let (input, first) = buffered(input)?;
+    if first == Some(b'{') {
+        let (h, r) = read_trace_from_with(input, Some(size), max_bytes, false)?;
+        return Ok(TraceData::Records(h, r));
+    }
+    let reader = TraceReader::new(input)?;
+    if size > max_bytes {
+        return Err(PolicyError::TooLarge { bytes: Some(size), limit: max_bytes });
+    }
+    if reader.version() == 3 {
+        return skim::read_encoded(reader, size).map(TraceData::Encoded);
+    }
+    let mut input = reader.into_input();
+    input.rewind().map_err(unreadable(0))?;
+    parallel::encode_all(binary_bytes(input, Some(size), max_bytes)?).map(TraceData::Encoded)
 }
 
 /// Asks Linux to back `buf`'s spare capacity with huge pages (where transparent huge pages are

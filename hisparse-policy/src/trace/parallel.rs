@@ -1,20 +1,54 @@
 //! A binary trace held in memory, decoded on every core: one serial pass finds the records'
 //! boundaries (tag and length only), rayon checks and decodes them, and the reader proper reads
 //! what follows (the end marker, or the first record the pass could not delimit). The records
-//! and the first error are the ones [`TraceReader`] gives, reading byte by byte.
+//! and the first error are the ones [`TraceReader`] gives, reading byte by byte. Or the same
+//! checks but for the positions, which stay encoded ([`encode_all`]).
 
 use rayon::prelude::*;
 
-use super::binary::{MAX_PAYLOAD, TAG_RECORD, TraceReader, record_at, without_scores};
-use super::{TraceHeader, TraceRecord};
+use super::binary::{MAX_PAYLOAD, TAG_RECORD, TraceReader, record_at, record_head_at, without_scores};
+use super::{EncodedRecord, EncodedTrace, TraceHeader, TraceRecord};
 use crate::error::Result;
 
 /// The header and every record of the binary trace `bytes`; without `keep_scores` the records'
 /// scores and near-cut candidates are delimited and checksummed but not decoded, and the header
 /// says the trace has none ([`without_scores`]).
 pub fn read_all(bytes: &[u8], keep_scores: bool) -> Result<(TraceHeader, Vec<TraceRecord>)> {
-    let reader = TraceReader::new(bytes)?;
+    let (reader, spans) = frame(bytes)?;
     let (header, version) = (reader.header().clone(), reader.version());
+    let decoded: Vec<Result<TraceRecord>> = spans
+        .par_iter()
+        .map(|&(start, end)| record_at(&header, version, &bytes[start + 5..end], start as u64, keep_scores))
+        .collect();
+    // The first error in file order, as the reader would meet it.
+    let records = decoded.into_iter().collect::<Result<Vec<_>>>()?;
+    finish(bytes, reader, &spans)?;
+    Ok((if keep_scores { header } else { without_scores(&header) }, records))
+}
+
+/// [`read_all`] without scores, the positions left encoded: each record checked by
+/// [`record_head_at`] (its positions only where its score part follows them), the trace's
+/// bytes kept.
+pub fn encode_all(bytes: Vec<u8>) -> Result<EncodedTrace> {
+    let (reader, spans) = frame(&bytes)?;
+    let (header, version) = (reader.header().clone(), reader.version());
+    let heads: Vec<Result<EncodedRecord>> = spans
+        .par_iter()
+        .map_init(Vec::new, |scratch, &(start, end)| {
+            record_head_at(&header, version, &bytes[start + 5..end], start as u64, scratch)
+        })
+        .collect();
+    let records = heads.into_iter().collect::<Result<Vec<_>>>()?;
+    finish(&bytes, reader, &spans)?;
+    Ok(EncodedTrace { header: without_scores(&header), bytes, records })
+}
+
+/// Where a record lies in a trace's bytes: from its tag to its end.
+type Span = (usize, usize);
+
+/// The header read, and every record's span up to the first thing that is not a whole record.
+fn frame(bytes: &[u8]) -> Result<(TraceReader<&[u8]>, Vec<Span>)> {
+    let reader = TraceReader::new(bytes)?;
     let mut off = usize::try_from(reader.offset()).unwrap_or(usize::MAX);
     let mut spans: Vec<(usize, usize)> = Vec::new();
     while bytes.get(off) == Some(&TAG_RECORD) {
@@ -28,18 +62,17 @@ pub fn read_all(bytes: &[u8], keep_scores: bool) -> Result<(TraceHeader, Vec<Tra
         spans.push((off, end));
         off = end;
     }
-    let decoded: Vec<Result<TraceRecord>> = spans
-        .par_iter()
-        .map(|&(start, end)| record_at(&header, version, &bytes[start + 5..end], start as u64, keep_scores))
-        .collect();
-    // The first error in file order, as the reader would meet it.
-    let records = decoded.into_iter().collect::<Result<Vec<_>>>()?;
-    // The rest: the end marker, or the error the reader reports there.
+    Ok((reader, spans))
+}
+
+/// What follows the records of `spans` (the end marker, or the error the reader reports there).
+fn finish(bytes: &[u8], reader: TraceReader<&[u8]>, spans: &[Span]) -> Result<()> {
+    let off = spans.last().map_or(usize::try_from(reader.offset()).unwrap_or(usize::MAX), |s| s.1);
     let tail = bytes.get(off..).unwrap_or_default();
-    let mut rest = TraceReader::resume(tail, header.clone(), version, off as u64, records.len() as u64);
+    let (header, version) = (reader.header().clone(), reader.version());
+    let mut rest = TraceReader::resume(tail, header, version, off as u64, spans.len() as u64);
     match rest.next() {
-        None if keep_scores => Ok((header, records)),
-        None => Ok((without_scores(&header), records)),
+        None => Ok(()),
         Some(Err(e)) => Err(e),
         // Unreachable: the pass above stops only before something that is not a whole record.
         Some(Ok(_)) => Err(crate::error::PolicyError::Trace {

@@ -9,8 +9,10 @@ use std::io::{BufReader, Read, Seek, SeekFrom};
 
 use rayon::prelude::*;
 
-use super::binary::{MAX_PAYLOAD, TAG_RECORD, TraceReader, check_split, err, read_exact, selection_at, without_scores};
-use super::{TraceHeader, TraceRecord};
+use super::binary::{
+    MAX_PAYLOAD, TAG_RECORD, TraceReader, check_split, err, read_exact, selection_at, selection_head_at, without_scores,
+};
+use super::{EncodedTrace, TraceHeader, TraceRecord};
 use crate::error::Result;
 
 /// Bytes of a record's head and selection part besides one per position: its tag, lengths,
@@ -44,61 +46,19 @@ fn read_selections_in<R: Read + Seek>(
     size: u64,
     batch: usize,
 ) -> Result<(TraceHeader, Vec<TraceRecord>)> {
-    let (header, version, mut off) = (reader.header().clone(), reader.version(), reader.offset());
-    // A read buffer about one record's head and selection part long (a dense selection takes
-    // a byte or so per position): each record then costs a seek and one read, of little more
-    // than what it uses; a longer part is read past the buffer.
-    let capacity = (header.top_k as usize + SELECTION_SLACK).clamp(1 << 10, 64 << 10);
-    let mut inner = reader.into_input().into_inner();
-    inner.seek(SeekFrom::Start(off)).map_err(|e| err("unreadable", off, e.to_string()))?;
-    let mut input = BufReader::with_capacity(capacity, inner);
+    let header = reader.header().clone();
+    let mut framer = Framer::new(reader, size)?;
     // Selection parts are framed into `buf` a batch at a time and the batch decoded on every
     // core; the buffer is then reused (never all of a long trace's parts at once, never copied
     // as it grows).
     let mut heads: Vec<Head> = Vec::new();
-    let mut buf: Vec<u8> = Vec::with_capacity(batch.saturating_add(capacity).min(64 << 20));
+    let mut buf: Vec<u8> = Vec::with_capacity(batch.saturating_add(framer.capacity).min(64 << 20));
     let mut records: Vec<TraceRecord> = Vec::new();
-    // The records' framing, up to the first fault; the records before it are decoded first,
-    // so that the first error in file order is reported, as the whole-file reader reports it.
-    let mut frame = |buf: &mut Vec<u8>, heads: &mut Vec<Head>| -> Result<Option<u8>> {
-        while buf.len() < batch {
-            // Read as the whole-file reader reads them, so that every error is the one it gives.
-            let mut tag = [0u8; 1];
-            read_exact(&mut input, &mut tag, off, "record tag (a trace ends with an end marker)")?;
-            if tag[0] != TAG_RECORD {
-                return Ok(Some(tag[0]));
-            }
-            let mut len = [0u8; 4];
-            read_exact(&mut input, &mut len, off + 1, "record length")?;
-            let len = u32::from_le_bytes(len);
-            if !(28..=MAX_PAYLOAD).contains(&len) {
-                return Err(err("corrupt record", off + 1, format!("record length {len} out of range")));
-            }
-            let left = size.saturating_sub(off + 5);
-            if u64::from(len) > left {
-                return Err(err("truncated", size, format!("record: {} more bytes expected", u64::from(len) - left)));
-            }
-            let mut sel_len = [0u8; 4];
-            read_exact(&mut input, &mut sel_len, off + 5, "record")?;
-            let sel_len = u32::from_le_bytes(sel_len);
-            check_split(sel_len, len, off)?;
-            // The score part with its checksum: what is left of the record (at least 4 bytes).
-            let score_bytes = len - sel_len - 8;
-            let at = buf.len();
-            buf.extend_from_slice(&sel_len.to_le_bytes());
-            // sel_len < len <= MAX_PAYLOAD: a bounded read.
-            buf.resize(at + 8 + sel_len as usize, 0);
-            read_exact(&mut input, &mut buf[at + 4..], off + 9, "record")?;
-            input
-                .seek_relative(i64::from(score_bytes))
-                .map_err(|e| err("unreadable", off + 13 + u64::from(sel_len), e.to_string()))?;
-            heads.push(Head { start: off, span: (at, buf.len()), score_bytes: u64::from(score_bytes) });
-            off += 5 + u64::from(len);
-        }
-        Ok(None)
-    };
     let framing = loop {
-        let framed = frame(&mut buf, &mut heads);
+        // The records' framing, up to the first fault; the records before it are decoded
+        // first, so that the first error in file order is reported, as the whole-file reader
+        // reports it.
+        let framed = framer.frame(&mut buf, &mut heads, batch);
         let decode = |h: &Head| selection_at(&header, &buf[h.span.0..h.span.1], h.score_bytes, h.start);
         // One thread: decoded here (handing a batch to the pool's only thread gains nothing).
         let decoded: Vec<Result<TraceRecord>> = if rayon::current_num_threads() > 1 {
@@ -117,16 +77,106 @@ fn read_selections_in<R: Read + Seek>(
             Err(e) => break Err(e),
         }
     };
-    let last_tag = framing?;
-    // What follows the records (its tag was read above) as the whole-file reader checks it:
-    // the end marker, or an error.
-    let tag = [last_tag];
-    let tail = (&tag[..]).chain(input);
-    let mut rest = TraceReader::resume(tail, header.clone(), version, off, records.len() as u64);
-    match rest.next() {
-        None => Ok((without_scores(&header), records)),
-        Some(Err(e)) => Err(e),
-        Some(Ok(_)) => Err(err("corrupt record", off, "a record after the selections")),
+    framer.finish(framing?, records.len())?;
+    Ok((without_scores(&header), records))
+}
+
+/// [`read_selections`] with the positions left encoded: every record's selection part read,
+/// its checksum, fields and score part's length checked (by
+/// [`selection_head_at`]), the end marker checked.
+pub(super) fn read_encoded<R: Read + Seek>(reader: TraceReader<BufReader<R>>, size: u64) -> Result<EncodedTrace> {
+    let header = reader.header().clone();
+    let mut framer = Framer::new(reader, size)?;
+    let (mut heads, mut bytes) = (Vec::new(), Vec::new());
+    let framed = framer.frame(&mut bytes, &mut heads, usize::MAX);
+    let records = heads
+        .iter()
+        .map(|h| selection_head_at(&header, &bytes[h.span.0..h.span.1], h.score_bytes, h.start, h.span.0))
+        .collect::<Result<Vec<_>>>()?;
+    let Some(tag) = framed? else {
+        // Unreachable: an unbounded batch frames until something that is not a record.
+        return Err(err("corrupt record", framer.off, "the framing stopped early"));
+    };
+    framer.finish(tag, records.len())?;
+    Ok(EncodedTrace { header: without_scores(&header), bytes, records })
+}
+
+/// Reads records' heads and selection parts, seeking past their score parts.
+struct Framer<R> {
+    input: BufReader<R>,
+    header: TraceHeader,
+    version: u16,
+    /// The next record's offset.
+    off: u64,
+    size: u64,
+    capacity: usize,
+}
+
+impl<R: Read + Seek> Framer<R> {
+    fn new(reader: TraceReader<BufReader<R>>, size: u64) -> Result<Self> {
+        let (header, version, off) = (reader.header().clone(), reader.version(), reader.offset());
+        // A read buffer about one record's head and selection part long (a dense selection
+        // takes a byte or so per position): each record then costs a seek and one read, of
+        // little more than what it uses; a longer part is read past the buffer.
+        let capacity = (header.top_k as usize + SELECTION_SLACK).clamp(1 << 10, 64 << 10);
+        let mut inner = reader.into_input().into_inner();
+        inner.seek(SeekFrom::Start(off)).map_err(|e| err("unreadable", off, e.to_string()))?;
+        Ok(Self { input: BufReader::with_capacity(capacity, inner), header, version, off, size, capacity })
+    }
+
+    /// Frames records into `buf` (each `sel_len`, selection part and checksum) and `heads`
+    /// until `buf` holds `batch` bytes (then `None`) or something other than a record follows
+    /// (its tag).
+    fn frame(&mut self, buf: &mut Vec<u8>, heads: &mut Vec<Head>, batch: usize) -> Result<Option<u8>> {
+        let (input, off, size) = (&mut self.input, &mut self.off, self.size);
+        while buf.len() < batch {
+            // Read as the whole-file reader reads them, so that every error is the one it gives.
+            let mut tag = [0u8; 1];
+            read_exact(input, &mut tag, *off, "record tag (a trace ends with an end marker)")?;
+            if tag[0] != TAG_RECORD {
+                return Ok(Some(tag[0]));
+            }
+            let mut len = [0u8; 4];
+            read_exact(input, &mut len, *off + 1, "record length")?;
+            let len = u32::from_le_bytes(len);
+            if !(28..=MAX_PAYLOAD).contains(&len) {
+                return Err(err("corrupt record", *off + 1, format!("record length {len} out of range")));
+            }
+            let left = size.saturating_sub(*off + 5);
+            if u64::from(len) > left {
+                return Err(err("truncated", size, format!("record: {} more bytes expected", u64::from(len) - left)));
+            }
+            let mut sel_len = [0u8; 4];
+            read_exact(input, &mut sel_len, *off + 5, "record")?;
+            let sel_len = u32::from_le_bytes(sel_len);
+            check_split(sel_len, len, *off)?;
+            // The score part with its checksum: what is left of the record (at least 4 bytes).
+            let score_bytes = len - sel_len - 8;
+            let at = buf.len();
+            buf.extend_from_slice(&sel_len.to_le_bytes());
+            // sel_len < len <= MAX_PAYLOAD: a bounded read.
+            buf.resize(at + 8 + sel_len as usize, 0);
+            read_exact(input, &mut buf[at + 4..], *off + 9, "record")?;
+            input
+                .seek_relative(i64::from(score_bytes))
+                .map_err(|e| err("unreadable", *off + 13 + u64::from(sel_len), e.to_string()))?;
+            heads.push(Head { start: *off, span: (at, buf.len()), score_bytes: u64::from(score_bytes) });
+            *off += 5 + u64::from(len);
+        }
+        Ok(None)
+    }
+
+    /// What follows `records` records (its tag `last_tag` read by [`Framer::frame`]) as the
+    /// whole-file reader checks it: the end marker, or an error.
+    fn finish(self, last_tag: u8, records: usize) -> Result<()> {
+        let tag = [last_tag];
+        let tail = (&tag[..]).chain(self.input);
+        let mut rest = TraceReader::resume(tail, self.header, self.version, self.off, records as u64);
+        match rest.next() {
+            None => Ok(()),
+            Some(Err(e)) => Err(e),
+            Some(Ok(_)) => Err(err("corrupt record", self.off, "a record after the selections")),
+        }
     }
 }
 

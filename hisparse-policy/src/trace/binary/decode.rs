@@ -87,7 +87,15 @@ pub(in crate::trace) fn selection_at(
 ) -> Result<TraceRecord> {
     // The caller read `head` after check_split: it holds sel_len, the part and its checksum.
     let r = split_selection(header, head, start)?;
-    let count = r.selected.len() as u64;
+    check_score_bytes(header, r.selected.len(), score_bytes, start + 5 + head.len() as u64)?;
+    r.check_decoded(&without_scores(header), start)?;
+    Ok(r)
+}
+
+/// Checks that a skipped score part of `score_bytes` (its checksum included) starting at `at`
+/// is as long as the header allows for `count` positions.
+pub(super) fn check_score_bytes(header: &TraceHeader, count: usize, score_bytes: u64, at: u64) -> Result<()> {
+    let count = count as u64;
     let fixed = 4 + if header.has_scores { 4 * count } else { 0 } + if header.score_margin > 0 { 4 } else { 0 };
     let near = score_bytes.checked_sub(fixed);
     let fits = match near {
@@ -96,20 +104,28 @@ pub(in crate::trace) fn selection_at(
         None => false,
     };
     if !fits {
-        return Err(err(
-            "corrupt record",
-            start + 5 + head.len() as u64,
-            format!("a score part of {score_bytes} bytes for {count} positions"),
-        ));
+        return Err(err("corrupt record", at, format!("a score part of {score_bytes} bytes for {count} positions")));
     }
-    r.check_decoded(&without_scores(header), start)?;
-    Ok(r)
+    Ok(())
 }
 
 /// The positions of a selection part from byte 24: `count` delta-coded varints; returns them
 /// and the index after the last.
 fn positions(b: &[u8], count: usize, at: impl Fn(usize) -> u64) -> Result<(Vec<u32>, usize)> {
     let mut selected = Vec::with_capacity(count);
+    let end = positions_into(b, count, at, &mut selected)?;
+    Ok((selected, end))
+}
+
+/// [`positions`] into `selected` (cleared first); returns the index after the last.
+pub(in crate::trace) fn positions_into(
+    b: &[u8],
+    count: usize,
+    at: impl Fn(usize) -> u64,
+    selected: &mut Vec<u32>,
+) -> Result<usize> {
+    selected.clear();
+    selected.reserve(count);
     let mut i = 24;
     // The first position is stored as is; each next one as its distance to the last, minus 1.
     let mut next = 0u64;
@@ -156,12 +172,21 @@ fn positions(b: &[u8], count: usize, at: impl Fn(usize) -> u64) -> Result<(Vec<u
         selected.push(p);
         next = u64::from(p) + 1;
     }
-    Ok((selected, i))
+    Ok(i)
 }
 
 /// The fields and positions at the start of `b` (`at`: a byte's offset in the file); returns
 /// the record without scores and the index after its positions.
 fn decode_selection(header: &TraceHeader, b: &[u8], at: impl Fn(usize) -> u64) -> Result<(TraceRecord, usize)> {
+    let (mut r, count) = fields(header, b, &at)?;
+    let end;
+    (r.selected, end) = positions(b, count, &at)?;
+    Ok((r, end))
+}
+
+/// The fields at the start of `b`: the record without positions, and the count of its
+/// positions, checked against `top_k`.
+pub(super) fn fields(header: &TraceHeader, b: &[u8], at: impl Fn(usize) -> u64) -> Result<(TraceRecord, usize)> {
     if b.len() < 24 {
         return Err(err("corrupt record", at(0), format!("{} bytes, too short for a record's fields", b.len())));
     }
@@ -169,17 +194,16 @@ fn decode_selection(header: &TraceHeader, b: &[u8], at: impl Fn(usize) -> u64) -
     if count > header.top_k as usize {
         return Err(err("corrupt record", at(20), format!("{count} positions, top_k is {}", header.top_k)));
     }
-    let (selected, end) = positions(b, count, &at)?;
     let r = TraceRecord {
         step: u32_at(b, 0),
         request: u64::from_le_bytes(b[4..12].try_into().unwrap_or_default()),
         layer: u32_at(b, 12),
         seq_len: u32_at(b, 16),
-        selected,
+        selected: Vec::new(),
         scores: None,
         near: None,
     };
-    Ok((r, end))
+    Ok((r, count))
 }
 
 /// Near-cut candidates as decoded: (position, score) pairs.
@@ -187,7 +211,7 @@ type Near = Vec<(u32, f32)>;
 
 /// The score part `b` of a record of `count` positions (scores, then near-cut candidates, as
 /// the header says), which it must fill exactly; decoded only with `keep_scores`.
-fn decode_scores(
+pub(super) fn decode_scores(
     header: &TraceHeader,
     b: &[u8],
     count: usize,

@@ -41,7 +41,9 @@
 //! [`PolicyError::Trace`] naming the byte offset; it never panics.
 //!
 //! `write` holds the writer, `read` the record-by-record reader, `decode` the decoding and
-//! checking of one record (shared with the whole-file and skimming readers beside this module).
+//! checking of one record (shared with the whole-file and skimming readers beside this module),
+//! `head` the same checks but for the positions, which an [`EncodedTrace`](super::EncodedTrace)
+//! decodes when they are read.
 
 use std::io::Read;
 
@@ -49,10 +51,12 @@ use super::TraceHeader;
 use crate::error::{PolicyError, Result};
 
 mod decode;
+mod head;
 mod read;
 mod write;
 
 pub(super) use decode::{check_split, record_at, selection_at};
+pub(super) use head::{positions_of, record_head_at, selection_head_at};
 pub use read::TraceReader;
 pub use write::TraceWriter;
 
