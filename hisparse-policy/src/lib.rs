@@ -31,8 +31,8 @@ pub use policy::{EvictionPolicy, PolicyConfig, PolicyEnv, PolicyScalars, SlotRec
 pub use prefetch::BuiltinPrefetcher;
 pub use prefetch::{Prefetcher, PrefetcherConfig};
 pub use simulate::{
-    SimConfig, SimReport, SimResult, memory_estimate, memory_estimate_encoded, replays, simulate, simulate_encoded,
-    simulate_policies, simulate_with,
+    SimConfig, SimReport, SimResult, memory_estimate, memory_estimate_encoded, replays, replays_in_one_pass, simulate,
+    simulate_encoded, simulate_encoded_policies, simulate_policies, simulate_with,
 };
 pub use swap_in::{PrefetchPlan, SwapInPlan, SwapInState, SwapInputs, copy_missing_rows, copy_rows};
 

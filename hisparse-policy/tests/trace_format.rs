@@ -431,6 +431,7 @@ fn encoded_reads_as_skimmed(bytes: &[u8], skim: &Result<(TraceHeader, Vec<TraceR
         Ok(TraceData::Encoded(t)) => {
             let (h, recs) = (t.header().clone(), t.records());
             let all = t.decode();
+            assert_eq!(t.check_positions().err(), all.as_ref().err().cloned(), "checked as decoded");
             if let Ok((h2, r)) = &all {
                 assert_eq!((h2, r.len()), (&h, recs.len()));
                 for (e, r) in recs.iter().zip(r) {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use hisparse_policy::policy::{EvictionPolicy, PolicyConfig};
 use hisparse_policy::{PolicyChoice, PrefetcherChoice};
-use hisparse_policy::{SimConfig, SimResult, simulate_policies};
+use hisparse_policy::{SimConfig, SimResult, replays_in_one_pass, simulate_encoded_policies, simulate_policies};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
 
@@ -117,7 +117,14 @@ pub fn simulate<'py>(
     let report = std::thread::scope(|s| {
         let job = s.spawn(|| {
             let cancel = || stop.load(std::sync::atomic::Ordering::Relaxed);
-            let r = simulate_policies(&trace.header, &trace.records, &cfg, &made, &|_| {}, &cancel);
+            // LRU and FIFO without prefetch over a trace read encoded: a stream at a time from
+            // its encoded positions; anything else from the decoded records.
+            let r = match trace.encoded() {
+                Some(t) if replays_in_one_pass(&cfg, &made) => {
+                    simulate_encoded_policies(t, &cfg, &made, &|_| {}, &cancel)
+                }
+                _ => simulate_policies(&trace.header, trace.records(), &cfg, &made, &|_| {}, &cancel),
+            };
             if let Ok(mut d) = done.0.lock() {
                 *d = true;
             }

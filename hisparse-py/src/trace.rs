@@ -6,8 +6,12 @@
 use std::collections::BTreeSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
-use hisparse_policy::trace::{TraceHeader, TraceRecord, TraceWriter, read_trace_file_with, read_trace_from_with};
+use hisparse_policy::trace::{
+    EncodedTrace, TraceData, TraceHeader, TraceRecord, TraceWriter, read_trace_file_encoded, read_trace_file_with,
+    read_trace_from_with,
+};
 use numpy::{PyArray1, PyArray2, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyString};
@@ -19,7 +23,48 @@ use crate::error::{exists, io, kind, policy, value};
 #[pyclass(module = "hisparse", name = "Trace", frozen)]
 pub struct Trace {
     pub(crate) header: TraceHeader,
-    pub(crate) records: Vec<TraceRecord>,
+    body: Body,
+}
+
+/// A trace's records: decoded, or a binary file read without scores whose positions stay
+/// encoded (checked as read) and are decoded once, when something needs them whole.
+enum Body {
+    Records(Vec<TraceRecord>),
+    Encoded { trace: EncodedTrace, decoded: OnceLock<Vec<TraceRecord>> },
+}
+
+impl Trace {
+    fn new(header: TraceHeader, records: Vec<TraceRecord>) -> Self {
+        Self { header, body: Body::Records(records) }
+    }
+
+    /// The records, decoded.
+    pub(crate) fn records(&self) -> &[TraceRecord] {
+        match &self.body {
+            Body::Records(r) => r,
+            Body::Encoded { trace, decoded } => decoded.get_or_init(|| {
+                // Every record's positions were checked when the trace was read
+                // (`check_positions`), so decoding the same bytes again cannot fail.
+                trace.decode().map(|(_, r)| r).unwrap_or_default()
+            }),
+        }
+    }
+
+    /// The encoded form, when the trace was read as one.
+    pub(crate) fn encoded(&self) -> Option<&EncodedTrace> {
+        match &self.body {
+            Body::Encoded { trace, .. } => Some(trace),
+            Body::Records(_) => None,
+        }
+    }
+
+    /// Records, without decoding any.
+    fn len(&self) -> usize {
+        match &self.body {
+            Body::Records(r) => r.len(),
+            Body::Encoded { trace, .. } => trace.records().len(),
+        }
+    }
 }
 
 /// `x` as a contiguous int64 array, refused naming `arg` unless it holds integers.
@@ -66,14 +111,14 @@ impl Trace {
             None => None,
         };
         let (header, records) = records(&Positions { data, shape, seq_lens: lens, top_k, row_bytes, first_request })?;
-        Ok(Self { header, records })
+        Ok(Self::new(header, records))
     }
 
     /// Writes the trace to `tmp`, a new file.
     fn write_to(&self, tmp: &Path) -> PyResult<()> {
         let f = std::fs::OpenOptions::new().write(true).create_new(true).open(tmp).map_err(|e| io(tmp, e))?;
         let mut w = TraceWriter::new(std::io::BufWriter::new(f), self.header.clone()).map_err(|e| policy("path", e))?;
-        for r in &self.records {
+        for r in self.records() {
             w.write(r).map_err(|e| policy("path", e))?;
         }
         let mut f = w.finish().map_err(|e| policy("path", e))?;
@@ -97,18 +142,26 @@ impl Trace {
         let per_byte = 1 + hisparse_policy::trace::DECODED_PER_TRACE_BYTE;
         let max_bytes =
             max_bytes.unwrap_or_else(|| hisparse_memory::available_memory().map_or(1 << 34, |a| a / per_byte));
-        let (header, records) = py
-            .detach(|| {
-                let f = std::fs::File::open(&path).map_err(|e| e.to_string())?;
-                let size = f.metadata().ok().filter(std::fs::Metadata::is_file).map(|m| m.len());
-                match size {
-                    Some(n) => read_trace_file_with(f, n, max_bytes, scores),
-                    None => read_trace_from_with(f, size, max_bytes, scores),
-                }
-                .map_err(|e| e.to_string())
-            })
-            .map_err(|e| value("path", format!("{}: {e}", path.display())))?;
-        Ok(Self { header, records })
+        py.detach(|| {
+            let f = std::fs::File::open(&path).map_err(|e| e.to_string())?;
+            let size = f.metadata().ok().filter(std::fs::Metadata::is_file).map(|m| m.len());
+            match size {
+                // Without scores a binary file's positions stay encoded (each checked here):
+                // replays by LRU and FIFO without prefetch then decode a record at a time.
+                Some(n) if !scores => match read_trace_file_encoded(f, n, max_bytes) {
+                    Ok(TraceData::Encoded(trace)) => trace.check_positions().map(|()| Self {
+                        header: trace.header().clone(),
+                        body: Body::Encoded { trace, decoded: OnceLock::new() },
+                    }),
+                    Ok(TraceData::Records(h, r)) => Ok(Self::new(h, r)),
+                    Err(e) => Err(e),
+                },
+                Some(n) => read_trace_file_with(f, n, max_bytes, scores).map(|(h, r)| Self::new(h, r)),
+                None => read_trace_from_with(f, size, max_bytes, scores).map(|(h, r)| Self::new(h, r)),
+            }
+            .map_err(|e| e.to_string())
+        })
+        .map_err(|e| value("path", format!("{}: {e}", path.display())))
     }
 
     /// Writes the trace as a binary `.hstrace` file: into a temporary file beside `path`, then
@@ -193,7 +246,7 @@ impl Trace {
             first_request: request,
         })?;
         let _ = py;
-        Ok(Self { header, records })
+        Ok(Self::new(header, records))
     }
 
     /// Positions a step selects per (request, layer).
@@ -223,25 +276,29 @@ impl Trace {
     /// The request ids, ascending.
     #[getter]
     fn requests(&self) -> Vec<u64> {
-        self.records.iter().map(|r| r.request).collect::<BTreeSet<_>>().into_iter().collect()
+        let requests: BTreeSet<u64> = match &self.body {
+            Body::Encoded { trace, .. } => trace.records().iter().map(|r| r.request).collect(),
+            Body::Records(r) => r.iter().map(|r| r.request).collect(),
+        };
+        requests.into_iter().collect()
     }
 
     /// Records: one per (step, request, layer).
     fn __len__(&self) -> usize {
-        self.records.len()
+        self.len()
     }
 
     /// The records in file order, as `(step, request, layer, seq_len, selected)` tuples
     /// (`selected`: the positions, ascending) — a trace is its own reader.
     fn __iter__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyIterator>> {
-        let rows = self.records.iter().map(|r| (r.step, r.request, r.layer, r.seq_len, r.selected.clone()));
+        let rows = self.records().iter().map(|r| (r.step, r.request, r.layer, r.seq_len, r.selected.clone()));
         pyo3::types::PyList::new(py, rows)?.into_any().try_iter()
     }
 
     fn __repr__(&self) -> String {
         format!(
             "Trace({} records, {} requests, {} layers, top_k {}, scores {})",
-            self.records.len(),
+            self.len(),
             self.requests().len(),
             self.header.layers,
             self.header.top_k,
@@ -253,30 +310,30 @@ impl Trace {
     /// `selected` (`(records, top_k)` int32, -1 padded).
     fn to_arrays<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let d = PyDict::new(py);
-        let col = |f: &dyn Fn(&TraceRecord) -> i64| self.records.iter().map(f).collect::<Vec<i64>>();
+        let col = |f: &dyn Fn(&TraceRecord) -> i64| self.records().iter().map(f).collect::<Vec<i64>>();
         d.set_item("step", PyArray1::from_vec(py, col(&|r| i64::from(r.step))))?;
-        d.set_item("request", PyArray1::from_vec(py, self.records.iter().map(|r| r.request).collect::<Vec<u64>>()))?;
+        d.set_item("request", PyArray1::from_vec(py, self.records().iter().map(|r| r.request).collect::<Vec<u64>>()))?;
         d.set_item("layer", PyArray1::from_vec(py, col(&|r| i64::from(r.layer))))?;
         d.set_item("seq_len", PyArray1::from_vec(py, col(&|r| i64::from(r.seq_len))))?;
         let k = self.header.top_k as usize;
         // records x top_k (a header may say top_k is a million): checked, and refused as
         // MemoryError rather than aborting the interpreter.
         let room = hisparse_memory::available_memory().map_or(u64::MAX, |a| a / 2) / 4;
-        let n = self.records.len().checked_mul(k).filter(|&n| n as u64 <= room && n <= isize::MAX as usize / 4);
+        let n = self.len().checked_mul(k).filter(|&n| n as u64 <= room && n <= isize::MAX as usize / 4);
         let mut sel: Vec<i32> = Vec::new();
         if n.is_none_or(|n| sel.try_reserve_exact(n).is_err()) {
             return Err(pyo3::exceptions::PyMemoryError::new_err(format!(
                 "to_arrays: {} records x top_k {k} positions do not fit this machine's memory",
-                self.records.len()
+                self.len()
             )));
         }
         sel.resize(n.unwrap_or(0), -1);
-        for (row, r) in sel.chunks_exact_mut(k).zip(&self.records) {
+        for (row, r) in sel.chunks_exact_mut(k).zip(self.records()) {
             for (o, &p) in row.iter_mut().zip(&r.selected) {
                 *o = p as i32;
             }
         }
-        let arr = PyArray1::from_vec(py, sel).reshape([self.records.len(), k])?;
+        let arr = PyArray1::from_vec(py, sel).reshape([self.len(), k])?;
         let arr: Bound<'py, PyArray2<i32>> = arr;
         d.set_item("selected", arr)?;
         Ok(d)

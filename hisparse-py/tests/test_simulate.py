@@ -175,3 +175,22 @@ def test_ctrl_c_stops_a_long_replay(trace):
         assert time.monotonic() - t0 < 5
     finally:
         signal.signal(signal.SIGINT, before)
+
+
+def test_a_trace_read_without_scores_replays_from_its_encoded_positions(tmp_path):
+    """LRU and FIFO over a file read with scores=False run a stream at a time from the encoded
+    positions; the rows are those of the same trace decoded (and of the other policies, which
+    decode it)."""
+    from conftest import churning
+
+    t = hisparse.Trace.from_array(churning())
+    p = tmp_path / "t.hstrace"
+    t.write(p)
+    encoded = hisparse.Trace.read(p, scores=False)
+    for policies in (["lru", "fifo"], ["lru", "fifo", "clock"]):
+        want = hisparse.simulate(t, policies, [32, 48], warmup_steps=3, belady=False)
+        got = hisparse.simulate(encoded, policies, [32, 48], warmup_steps=3, belady=False)
+        assert got == want
+        assert sum(r["misses"] for r in got) > 100
+    assert (encoded.to_arrays()["selected"] == t.to_arrays()["selected"]).all()
+    assert encoded.requests == t.requests and len(encoded) == len(t)

@@ -139,3 +139,29 @@ def test_arrays_that_would_not_fit_raise_memory_error():
     with pytest.raises(MemoryError, match="to_arrays"):
         t.to_arrays()
     assert len(list(t)) == 20000  # iterating holds only what the records hold
+
+
+def test_a_fault_only_decoding_meets_is_raised_when_the_trace_is_read(tmp_path):
+    """A record whose checksum is right but whose count runs past its positions: read without
+    scores (positions kept encoded) it raises at read, as the decoding read does."""
+    import struct
+    import zlib
+
+    def record(step, count, deltas):
+        body = struct.pack("<IQIII", step, 0, 0, 100 + step, count) + bytes(deltas)
+        body += struct.pack("<I", zlib.crc32(body))
+        return b"\x01" + struct.pack("<I", len(body)) + body
+
+    head = b"HSPTRACE" + struct.pack("<HHIIII", 1, 0, 8, 1, 656, 0)
+    head += struct.pack("<I", zlib.crc32(head))
+    end = struct.pack("<Q", 3)
+    data = head + record(1, 2, [3, 4]) + record(2, 3, [3, 4]) + record(3, 2, [5, 1]) + b"\xff" + end
+    data += struct.pack("<I", zlib.crc32(end))
+    p = tmp_path / "bad.hstrace"
+    p.write_bytes(data)
+    for scores in (True, False):
+        with pytest.raises(ValueError, match="positions run past the record"):
+            hisparse.Trace.read(p, scores=scores)
+    good = tmp_path / "good.hstrace"
+    good.write_bytes(head + record(1, 2, [3, 4]) + record(2, 2, [3, 4]) + record(3, 2, [5, 1]) + b"\xff" + end + struct.pack("<I", zlib.crc32(end)))
+    assert len(hisparse.Trace.read(good, scores=False)) == 3

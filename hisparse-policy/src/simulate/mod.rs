@@ -17,7 +17,7 @@ mod replay;
 mod stamped;
 mod streamed;
 
-pub use streamed::{memory_estimate_encoded, simulate_encoded};
+pub use streamed::{memory_estimate_encoded, replays_in_one_pass, simulate_encoded, simulate_encoded_policies};
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

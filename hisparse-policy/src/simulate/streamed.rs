@@ -26,6 +26,14 @@ fn stamp_rules(policies: &[Arc<dyn EvictionPolicy>], prefetchers: &[Arc<dyn Pref
     policies.iter().map(|p| p.stamp_rule()).collect()
 }
 
+/// Whether [`simulate_encoded_policies`] replays `policies` under `cfg` in one pass per stream
+/// without decoding the trace: every policy has a stamp rule (LRU, FIFO) and no prefetcher
+/// moves rows.
+pub fn replays_in_one_pass(cfg: &SimConfig, policies: &[Arc<dyn EvictionPolicy>]) -> bool {
+    let prefetchers: Vec<_> = cfg.prefetchers.iter().map(|p| p.make(&cfg.prefetcher_config)).collect();
+    stamp_rules(policies, &prefetchers).is_some()
+}
+
 /// [`simulate_with`](super::simulate_with) over an encoded trace: the same report, from one
 /// decoding pass per stream where the policies allow it (see the module's header), else from
 /// the decoded trace.
@@ -36,11 +44,23 @@ pub fn simulate_encoded(
     cancel: &(dyn Fn() -> bool + Sync),
 ) -> Result<SimReport> {
     let policies: Vec<_> = cfg.policies.iter().map(|p| p.make(&cfg.policy_config)).collect::<Result<_>>()?;
+    simulate_encoded_policies(trace, cfg, &policies, progress, cancel)
+}
+
+/// [`simulate_encoded`] of policies made by the caller (`cfg.policies` is not read), as
+/// [`simulate_policies`](super::simulate_policies) is to [`simulate_with`](super::simulate_with).
+pub fn simulate_encoded_policies(
+    trace: &EncodedTrace,
+    cfg: &SimConfig,
+    policies: &[Arc<dyn EvictionPolicy>],
+    progress: &(dyn Fn(u64) + Sync),
+    cancel: &(dyn Fn() -> bool + Sync),
+) -> Result<SimReport> {
     let header = trace.header();
-    let prefetchers = checked_config(header, cfg, &policies)?;
-    let Some(rules) = stamp_rules(&policies, &prefetchers) else {
+    let prefetchers = checked_config(header, cfg, policies)?;
+    let Some(rules) = stamp_rules(policies, &prefetchers) else {
         let (header, records) = trace.decode()?;
-        return super::simulate_policies(&header, &records, cfg, &policies, progress, cancel);
+        return super::simulate_policies(&header, &records, cfg, policies, progress, cancel);
     };
     let streams = group(header, trace.records())?;
     let combos: Vec<(usize, usize)> =
@@ -109,9 +129,8 @@ fn replay_stream(
 /// longest stream. `None` if the count overflows.
 pub fn memory_estimate_encoded(trace: &EncodedTrace, cfg: &SimConfig) -> Option<u64> {
     let records = trace.records();
-    let streamed = cfg.prefetchers.iter().all(|p| p.make(&cfg.prefetcher_config).name() == "none")
-        && cfg.policies.iter().all(|p| p.make(&cfg.policy_config).is_ok_and(|p| p.stamp_rule().is_some()));
-    if !streamed {
+    let policies: Option<Vec<_>> = cfg.policies.iter().map(|p| p.make(&cfg.policy_config).ok()).collect();
+    if !policies.is_some_and(|p| replays_in_one_pass(cfg, &p)) {
         let positions: u64 = records.iter().map(|r| u64::from(r.count)).sum();
         // The decoded records: a u32 per position and a record's fields.
         let decoded = positions.checked_mul(4)?.checked_add((records.len() as u64).checked_mul(64)?)?;

@@ -98,6 +98,16 @@ impl EncodedTrace {
         })
     }
 
+    /// Checks every record's positions as [`positions_into`](Self::positions_into) does,
+    /// keeping none (on every core); the error is the first in file order.
+    pub fn check_positions(&self) -> Result<()> {
+        let errors: Vec<Option<PolicyError>> = (0..self.records.len())
+            .into_par_iter()
+            .map_init(Vec::new, |scratch, i| self.positions_into(i, scratch).err())
+            .collect();
+        errors.into_iter().flatten().next().map_or(Ok(()), Err)
+    }
+
     /// Every record decoded, on every core; the error is the first in file order.
     pub fn decode(&self) -> Result<(TraceHeader, Vec<TraceRecord>)> {
         let records = (0..self.records.len()).into_par_iter().map(|i| self.record(i)).collect::<Result<Vec<_>>>()?;
