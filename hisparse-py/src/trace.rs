@@ -134,7 +134,9 @@ impl Trace {
     /// decode) is refused before it is read. `scores=False`
     /// leaves the records' scores out (most of a scored trace's bytes; a version-3 file's are
     /// skipped unread, an older one's checked but not decoded),
-    /// for replays whose policies and prefetchers read none.
+    /// for replays whose policies and prefetchers read none; a binary file's positions then stay
+    /// encoded (each checked here) until something needs them whole, and `simulate` replays
+    /// LRU and FIFO without prefetch from them a record at a time.
     #[staticmethod]
     #[pyo3(signature = (path, max_bytes = None, scores = true))]
     fn read(py: Python<'_>, path: PathBuf, max_bytes: Option<u64>, scores: bool) -> PyResult<Self> {
