@@ -26,9 +26,9 @@ pub fn read_all(bytes: &[u8], keep_scores: bool) -> Result<(TraceHeader, Vec<Tra
     Ok((if keep_scores { header } else { without_scores(&header) }, records))
 }
 
-/// [`read_all`] without scores, the positions left encoded: each record checked by
-/// [`record_head_at`] (its positions only where its score part follows them), the trace's
-/// bytes kept.
+/// [`read_all`] without scores, the positions left encoded: each record checked as `read_all`
+/// checks it but for its positions (decoded here only where a score part follows them, to find
+/// where that part begins), the trace's bytes kept.
 pub fn encode_all(bytes: Vec<u8>) -> Result<EncodedTrace> {
     let (reader, spans) = frame(&bytes)?;
     let (header, version) = (reader.header().clone(), reader.version());
