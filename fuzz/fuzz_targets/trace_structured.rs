@@ -2,11 +2,16 @@
 //! (`hisparse_policy::trace::raw`), so the fuzzer reaches the record decoder and the simulator
 //! instead of stopping at a checksum. The reader must return exactly the positions the records
 //! encode or an error, never panic; what it reads, the simulator must replay without panicking.
+//! The reader that keeps positions encoded must decide as the whole reader does, and the
+//! simulator must replay its trace as the decoded one.
 #![no_main]
 
 use arbitrary::Arbitrary;
-use hisparse_policy::trace::{TraceHeader, TraceReader, TraceRecord, raw};
-use hisparse_policy::{SimConfig, memory_estimate, simulate};
+use hisparse_policy::prefetch::BuiltinPrefetcher;
+use hisparse_policy::trace::{
+    TraceData, TraceHeader, TraceReader, TraceRecord, raw, read_trace_file_encoded, read_trace_from_with,
+};
+use hisparse_policy::{BuiltinPolicy, SimConfig, memory_estimate, simulate, simulate_encoded, simulate_with};
 use libfuzzer_sys::fuzz_target;
 
 #[derive(Arbitrary, Debug)]
@@ -84,11 +89,17 @@ fuzz_target!(|inp: Input| {
         .collect();
     let end = records.len() as u64 + u64::from(inp.end_off % 2);
     let bytes = raw::encode(&header, &records, end);
-    let Ok(read) = TraceReader::new(bytes.as_slice()).and_then(|r| r.collect::<Result<Vec<TraceRecord>, _>>()) else {
+    let read = TraceReader::new(bytes.as_slice()).and_then(|r| r.collect::<Result<Vec<TraceRecord>, _>>());
+    encoded_reads_alike(&bytes);
+    let Ok(read) = read else {
         return;
     };
     for (a, b) in read.iter().zip(&records) {
-        assert_eq!(Some(a.selected.clone()), raw::positions(&b.deltas), "decoded positions differ from the encoded ones");
+        assert_eq!(
+            Some(a.selected.clone()),
+            raw::positions(&b.deltas),
+            "decoded positions differ from the encoded ones"
+        );
     }
     let h = TraceHeader {
         top_k: header.top_k,
@@ -101,19 +112,54 @@ fuzz_target!(|inp: Input| {
     if !read.is_empty() && memory_estimate(&read).is_some_and(|b| b < 32 << 20) {
         let k = header.top_k as usize;
         let mut cfg = SimConfig {
-            policies: vec!["lru".into(), "belady".into()],
-            prefetchers: vec!["none".into(), "shared-index".into(), "adjacent-layer".into()],
+            policies: vec![BuiltinPolicy::Lru.into(), BuiltinPolicy::Belady.into()],
+            prefetchers: [BuiltinPrefetcher::None, BuiltinPrefetcher::SharedIndex, BuiltinPrefetcher::AdjacentLayer]
+                .map(Into::into)
+                .to_vec(),
             buffer_sizes: vec![k, 2 * k],
             ..SimConfig::default()
         };
         if margin > 0 {
-            cfg.policies.push("score".into());
-            cfg.prefetchers.push("next-step".into());
+            cfg.policies.push(BuiltinPolicy::Score.into());
+            cfg.prefetchers.push(BuiltinPrefetcher::NextStep.into());
         }
         if let Ok(rep) = simulate(&h, &read, &cfg, &|_| {}) {
             for x in &rep.results {
-                assert!(x.misses <= x.selected);
+                assert!(x.swap.misses <= x.selected);
             }
         }
     }
 });
+
+/// The reader that keeps positions encoded takes a trace, once its positions are decoded, exactly
+/// when the reader without scores does (what the scores say is checked by neither), and the
+/// simulator replays what it read from the encoded positions as from the decoded ones.
+fn encoded_reads_alike(bytes: &[u8]) {
+    let size = bytes.len() as u64;
+    let whole_ok = read_trace_from_with(bytes, Some(size), u64::MAX, false).is_ok();
+    let encoded = match read_trace_file_encoded(std::io::Cursor::new(bytes), size, 32 << 20) {
+        Ok(TraceData::Encoded(t)) => t,
+        Ok(TraceData::Records(..)) => panic!("a binary trace read as records"),
+        Err(_) => {
+            assert!(!whole_ok, "a trace the whole reader reads was refused before its positions");
+            return;
+        }
+    };
+    let decoded = encoded.decode();
+    assert_eq!(decoded.is_ok(), whole_ok, "the encoded reader decided otherwise: {decoded:?}");
+    let Ok((h, records)) = decoded else {
+        return;
+    };
+    if records.is_empty() || memory_estimate(&records).is_none_or(|b| b >= 32 << 20) {
+        return;
+    }
+    let k = h.top_k as usize;
+    let cfg = SimConfig {
+        policies: vec![BuiltinPolicy::Lru.into(), BuiltinPolicy::Fifo.into()],
+        buffer_sizes: vec![k, 2 * k + 1],
+        ..SimConfig::default()
+    };
+    let json = |r: hisparse_policy::Result<hisparse_policy::SimReport>| r.map(|r| serde_json::to_string(&r).ok());
+    let want = json(simulate_with(&h, &records, &cfg, &|_| {}, &|| false));
+    assert_eq!(json(simulate_encoded(&encoded, &cfg, &|_| {}, &|| false)), want);
+}

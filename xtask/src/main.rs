@@ -327,6 +327,13 @@ fn ci(offline: bool) -> bool {
                 .env("RUSTDOCFLAGS", "-D warnings")
                 .envs(nvcc_vars.iter().map(|(k, v)| (k.as_str(), v.as_str()))),
         )
+        && step(
+            "the fuzz targets compile (cargo check of fuzz/; running them needs cargo-fuzz)",
+            cargo()
+                .args(["check", "--quiet", "--manifest-path"])
+                .arg(workspace_root().join("fuzz/Cargo.toml"))
+                .env("CARGO_TARGET_DIR", workspace_root().join("target/fuzz")),
+        )
         && publish::beside_candle()
         && publish::beside_candle_cuda(nvcc.as_deref())
         && publish::package()
