@@ -134,19 +134,26 @@ pub trait RecordHead: Sync {
     fn validate(&self, header: &TraceHeader) -> Result<()>;
 }
 
+/// The getters of the fields both record forms hold under the same names.
+macro_rules! shared_fields {
+    () => {
+        fn step(&self) -> u32 {
+            self.step
+        }
+        fn request(&self) -> u64 {
+            self.request
+        }
+        fn layer(&self) -> u32 {
+            self.layer
+        }
+        fn seq_len(&self) -> u32 {
+            self.seq_len
+        }
+    };
+}
+
 impl RecordHead for TraceRecord {
-    fn step(&self) -> u32 {
-        self.step
-    }
-    fn request(&self) -> u64 {
-        self.request
-    }
-    fn layer(&self) -> u32 {
-        self.layer
-    }
-    fn seq_len(&self) -> u32 {
-        self.seq_len
-    }
+    shared_fields!();
     fn count(&self) -> usize {
         self.selected.len()
     }
@@ -156,18 +163,7 @@ impl RecordHead for TraceRecord {
 }
 
 impl RecordHead for EncodedRecord {
-    fn step(&self) -> u32 {
-        self.step
-    }
-    fn request(&self) -> u64 {
-        self.request
-    }
-    fn layer(&self) -> u32 {
-        self.layer
-    }
-    fn seq_len(&self) -> u32 {
-        self.seq_len
-    }
+    shared_fields!();
     fn count(&self) -> usize {
         self.count as usize
     }
