@@ -50,6 +50,7 @@ fn the_encoded_replay_reports_what_the_decoded_one_reports() {
         (vec![BuiltinPolicy::Lru], vec![], 0),
         (vec![BuiltinPolicy::Lru, BuiltinPolicy::Fifo], vec![], 5),
         (vec![BuiltinPolicy::Fifo], vec![BuiltinPrefetcher::None], 0),
+        (vec![BuiltinPolicy::Fifo, BuiltinPolicy::Lru], vec![BuiltinPrefetcher::None, BuiltinPrefetcher::None], 1),
         // Decoded first: a policy without a stamp rule, or a prefetcher.
         (vec![BuiltinPolicy::Lru, BuiltinPolicy::Belady, BuiltinPolicy::Random], vec![], 3),
         (vec![BuiltinPolicy::Lru], vec![BuiltinPrefetcher::AdjacentLayer], 0),

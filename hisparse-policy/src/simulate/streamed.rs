@@ -74,24 +74,31 @@ pub fn simulate_encoded_policies(
                 return Err(PolicyError::Cancelled);
             }
             let r = replay_stream(trace, s, &combos.iter().map(|&(p, b)| (rules[p], b)).collect::<Vec<_>>());
-            tick(combos.len() as u64 + 1);
+            // As many replays as the general simulator counts: one per prefetcher (each of
+            // them `none`, so one replay serves them all) and the compulsory count.
+            tick((combos.len() * prefetchers.len()) as u64 + 1);
             r
         })
         .collect();
     // The first failing stream's error, in stream order (whatever the threads' order).
     let (misses, compulsory): (Vec<_>, Vec<_>) = outcomes.into_iter().collect::<Result<Vec<_>>>()?.into_iter().unzip();
-    let lines: Vec<aggregate::Line<'_>> = combos
-        .iter()
-        .enumerate()
-        .map(|(c, &(p, b))| aggregate::Line {
-            policy: policies[p].name().to_string(),
-            prefetcher: prefetchers[0].name().to_string(),
-            buffer_slots: b,
-            misses: misses.iter().map(|m: &Vec<Vec<u32>>| Some(&m[c])).collect(),
-            prefetch: [0; 3],
-        })
-        .collect();
-    let replays = (combos.len() + 1) * streams.len();
+    // Lines in the general simulator's order: policy, prefetcher, buffer size.
+    let mut lines: Vec<aggregate::Line<'_>> = Vec::new();
+    for p in 0..policies.len() {
+        for f in &prefetchers {
+            for (i, &b) in cfg.buffer_sizes.iter().enumerate() {
+                let c = p * cfg.buffer_sizes.len() + i;
+                lines.push(aggregate::Line {
+                    policy: policies[p].name().to_string(),
+                    prefetcher: f.name().to_string(),
+                    buffer_slots: b,
+                    misses: misses.iter().map(|m: &Vec<Vec<u32>>| Some(&m[c])).collect(),
+                    prefetch: [0; 3],
+                });
+            }
+        }
+    }
+    let replays = (lines.len() + 1) * streams.len();
     Ok(report(header, trace.records(), &streams, lines, &compulsory, cfg, replays))
 }
 
