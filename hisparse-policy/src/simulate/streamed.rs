@@ -84,12 +84,12 @@ pub fn simulate_encoded_policies(
     let (misses, compulsory): (Vec<_>, Vec<_>) = outcomes.into_iter().collect::<Result<Vec<_>>>()?.into_iter().unzip();
     // Lines in the general simulator's order: policy, prefetcher, buffer size.
     let mut lines: Vec<aggregate::Line<'_>> = Vec::new();
-    for p in 0..policies.len() {
+    for (p, policy) in policies.iter().enumerate() {
         for f in &prefetchers {
             for (i, &b) in cfg.buffer_sizes.iter().enumerate() {
                 let c = p * cfg.buffer_sizes.len() + i;
                 lines.push(aggregate::Line {
-                    policy: policies[p].name().to_string(),
+                    policy: policy.name().to_string(),
                     prefetcher: f.name().to_string(),
                     buffer_slots: b,
                     misses: misses.iter().map(|m: &Vec<Vec<u32>>| Some(&m[c])).collect(),
