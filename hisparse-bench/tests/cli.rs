@@ -563,8 +563,9 @@ fn trace_info_describes_a_scored_trace_from_its_selections_and_leaves_its_scores
 
 /// LRU and FIFO without prefetch replay a binary trace a record at a time from its encoded
 /// positions: the rows are those of a run whose Belady makes it decode the trace whole (with
-/// and without scores in the file); a record whose positions are faulty stops the run with the
-/// reader's one-line error and leaves no output behind.
+/// and without scores in the file), and `trace info` describes it as from a pipe (read whole); a
+/// record whose positions are faulty stops either with the reader's one-line error, and the run
+/// leaves no output behind.
 #[test]
 fn simulate_replays_lru_and_fifo_from_encoded_positions_as_from_decoded_ones() {
     let dir = tmp("encoded");
@@ -590,6 +591,17 @@ fn simulate_replays_lru_and_fifo_from_encoded_positions_as_from_decoded_ones() {
                 serde_json::from_slice(&std::fs::read(out.join("simulate.json")).unwrap()).unwrap();
             json["results"].as_array().unwrap().clone()
         };
+        // `trace info` from the file (positions kept encoded) and from a pipe (read whole).
+        let piped = Command::new(program())
+            .args(["trace", "info", "/dev/stdin"])
+            .stdin(std::fs::File::open(&trace).unwrap())
+            .output()
+            .unwrap();
+        let from_file = hisparse(&argv!("trace info", trace));
+        let tail = |o: &Output| String::from_utf8_lossy(&o.stdout).lines().skip(1).collect::<Vec<_>>().join("\n");
+        assert!(from_file.status.success() && piped.status.success(), "{}", String::from_utf8_lossy(&piped.stderr));
+        assert_eq!(tail(&from_file), tail(&piped), "{name}");
+        assert!(tail(&from_file).contains("120 records"), "{}", tail(&from_file));
         let streamed = rows("lru,fifo");
         let decoded = rows("lru,fifo,belady");
         assert_eq!(streamed.len(), 5);
@@ -630,5 +642,10 @@ fn simulate_replays_lru_and_fifo_from_encoded_positions_as_from_decoded_ones() {
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(err.contains("position 54 of a sequence of 43 tokens"), "{err}");
     assert!(!out.exists());
+    let o = hisparse(&argv!("trace info", bad));
+    let info_err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{info_err}");
+    assert_eq!(info_err.trim().lines().count(), 1, "{info_err}");
+    assert!(info_err.contains("position 54 of a sequence of 43 tokens"), "{info_err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use hisparse_policy::PolicyError;
 use hisparse_policy::synth::{SynthConfig, synth_header, synth_trace};
-use hisparse_policy::trace::{TraceData, TraceHeader, TraceRecord, TraceWriter, jsonl};
+use hisparse_policy::trace::{RecordHead, TraceData, TraceHeader, TraceRecord, TraceWriter, jsonl, selection_overlap};
 use serde::Serialize;
 
 use crate::error::{BenchError, Result};
@@ -141,13 +141,14 @@ fn read_error(flag: &'static str, path: &std::path::Path, e: PolicyError) -> Ben
 
 /// The trace `path` described: its header as stored (scores and near-cut candidates as the
 /// file says) and its records without scores. A binary file's scores are skipped unread (a
-/// scored trace's score parts are most of its bytes, and unchecked here); a stream or a JSON
-/// lines trace is read whole.
-fn read_trace_described(flag: &'static str, path: &std::path::Path) -> Result<(TraceHeader, Vec<TraceRecord>)> {
+/// scored trace's score parts are most of its bytes, and unchecked here) and its positions kept
+/// encoded; a stream or a JSON lines trace is read whole.
+fn read_trace_described(flag: &'static str, path: &std::path::Path) -> Result<(TraceHeader, TraceData)> {
     use std::io::{Seek, SeekFrom};
     let mut input = crate::files::Input::open(flag, path)?;
     let Some(size) = input.len() else {
-        return read_input(flag, path, input, None, true);
+        let (h, r) = read_input(flag, path, input, None, true)?;
+        return Ok((h.clone(), TraceData::Records(h, r)));
     };
     // The header as stored, read through its own buffer; then the whole file from its start.
     let stored =
@@ -155,13 +156,16 @@ fn read_trace_described(flag: &'static str, path: &std::path::Path) -> Result<(T
     input.seek(SeekFrom::Start(0)).map_err(|e| input.error(&e))?;
     let Ok(stored) = stored else {
         // Not a binary trace (JSON lines), or a bad one: read whole, with its own errors.
-        return read_input(flag, path, input, Some(size), true);
+        let (h, r) = read_input(flag, path, input, Some(size), true)?;
+        return Ok((h.clone(), TraceData::Records(h, r)));
     };
-    let (header, records) = read_input(flag, path, input, Some(size), false)?;
-    if header != hisparse_policy::trace::binary::without_scores(&stored) {
+    let limit = crate::files::input::memory_limit(1 + hisparse_policy::trace::DECODED_PER_TRACE_BYTE);
+    let read =
+        hisparse_policy::trace::read_trace_file_encoded(input, size, limit).map_err(|e| read_error(flag, path, e))?;
+    if read.header() != &hisparse_policy::trace::binary::without_scores(&stored) {
         return Err(BenchError::flag(flag, path.display(), "changed while it was read"));
     }
-    Ok((stored, records))
+    Ok((stored, read))
 }
 
 /// Runs a trace command; returns what it prints.
@@ -170,8 +174,19 @@ pub fn run(cmd: &TraceCommand) -> Result<String> {
         TraceCommand::Synth(a) => synth(a),
         TraceCommand::Import(a) => Ok(format!("{}\n", super::trace_import::run(a)?)),
         TraceCommand::Info { trace } => {
-            let (header, records) = read_trace_described("trace", trace)?;
-            let info = describe(&records);
+            let (header, read) = read_trace_described("trace", trace)?;
+            let described = match &read {
+                TraceData::Encoded(t) => describe(t.records(), |i, out| t.positions_into(i, out)),
+                TraceData::Records(_, r) => describe(r, |i, out| {
+                    out.clone_from(&r[i].selected);
+                    Ok(())
+                }),
+            };
+            let info = described.map_err(|e| read_error("trace", trace, e))?;
+            let records = match &read {
+                TraceData::Encoded(t) => t.records().len(),
+                TraceData::Records(_, r) => r.len(),
+            };
             let mut s = String::new();
             s += &format!(
                 "{}: top_k {}, {} layers, row {} B, scores: {}, near-cut candidates: {}\n",
@@ -192,10 +207,7 @@ pub fn run(cmd: &TraceCommand) -> Result<String> {
             }
             s += &format!(
                 "{} records, {} streams (request x layer), steps {}..={}\n",
-                records.len(),
-                info.streams,
-                info.first_step,
-                info.last_step
+                records, info.streams, info.first_step, info.last_step
             );
             s += &format!(
                 "mean consecutive-step overlap {:.1}%, adjacent-layer overlap {:.1}%\n",
@@ -307,36 +319,50 @@ pub struct TraceInfo {
     pub layer_overlap: f64,
 }
 
-/// Overlaps of `records`.
-pub fn describe(records: &[TraceRecord]) -> TraceInfo {
-    let mut by: BTreeMap<(u64, u32), Vec<&TraceRecord>> = BTreeMap::new();
-    let mut by_step: BTreeMap<(u64, u32), BTreeMap<u32, &TraceRecord>> = BTreeMap::new();
-    for r in records {
-        by.entry((r.request, r.layer)).or_default().push(r);
-        by_step.entry((r.request, r.step)).or_default().insert(r.layer, r);
+/// Overlaps of a trace's records (`heads`), each record's positions read by `positions`
+/// (decoded into the buffer it is given) when it is compared.
+pub fn describe<R: RecordHead>(
+    heads: &[R],
+    positions: impl Fn(usize, &mut Vec<u32>) -> hisparse_policy::Result<()>,
+) -> hisparse_policy::Result<TraceInfo> {
+    let mut by: BTreeMap<(u64, u32), Vec<usize>> = BTreeMap::new();
+    let mut by_step: BTreeMap<(u64, u32), BTreeMap<u32, usize>> = BTreeMap::new();
+    for (i, r) in heads.iter().enumerate() {
+        by.entry((r.request(), r.layer())).or_default().push(i);
+        by_step.entry((r.request(), r.step())).or_default().insert(r.layer(), i);
     }
     let mean = |v: Vec<f64>| if v.is_empty() { 0.0 } else { v.iter().sum::<f64>() / v.len() as f64 };
+    // Each record compared with the one before it in its group: two positions buffers, the
+    // last record's and this one's.
+    let (mut last, mut this) = (Vec::new(), Vec::new());
     let mut steps = Vec::new();
     for recs in by.values_mut() {
-        recs.sort_by_key(|r| r.step);
-        for w in recs.windows(2) {
-            steps.extend(w[1].overlap_with(w[0]));
+        recs.sort_by_key(|&i| heads[i].step());
+        for (k, &i) in recs.iter().enumerate() {
+            positions(i, &mut this)?;
+            if k > 0 {
+                steps.extend(selection_overlap(&this, heads[i].seq_len(), &last));
+            }
+            std::mem::swap(&mut last, &mut this);
         }
     }
     let mut layers = Vec::new();
     for ls in by_step.values() {
-        let v: Vec<&&TraceRecord> = ls.values().collect();
-        for w in v.windows(2) {
-            if w[1].layer == w[0].layer + 1 {
-                layers.extend(w[1].overlap_with(w[0]));
+        let mut previous: Option<u32> = None;
+        for (&layer, &i) in ls {
+            positions(i, &mut this)?;
+            if previous.is_some_and(|p| layer == p + 1) {
+                layers.extend(selection_overlap(&this, heads[i].seq_len(), &last));
             }
+            std::mem::swap(&mut last, &mut this);
+            previous = Some(layer);
         }
     }
-    TraceInfo {
+    Ok(TraceInfo {
         streams: by.len(),
-        first_step: records.iter().map(|r| r.step).min().unwrap_or(0),
-        last_step: records.iter().map(|r| r.step).max().unwrap_or(0),
+        first_step: heads.iter().map(RecordHead::step).min().unwrap_or(0),
+        last_step: heads.iter().map(RecordHead::step).max().unwrap_or(0),
         step_overlap: mean(steps),
         layer_overlap: mean(layers),
-    }
+    })
 }

@@ -38,6 +38,7 @@ mod skim;
 
 pub use binary::{TraceReader, TraceWriter};
 pub use encoded::{EncodedRecord, EncodedTrace, RecordHead};
+pub use overlap::selection_overlap;
 
 use std::io::{BufRead, Read, Seek};
 use std::path::Path;

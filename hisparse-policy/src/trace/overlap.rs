@@ -8,18 +8,24 @@ impl TraceRecord {
     /// position (`seq_len - 1`, always selected) left out; `None` when it selected nothing else.
     /// Both selections are ascending (as [`TraceRecord::check`] requires): one merge pass.
     pub fn overlap_with(&self, other: &TraceRecord) -> Option<f64> {
-        let newest = self.seq_len.wrapping_sub(1);
-        let b = &other.selected;
-        let (mut n, mut common, mut j) = (0usize, 0usize, 0usize);
-        for &t in self.selected.iter().filter(|&&t| t != newest) {
-            n += 1;
-            while j < b.len() && b[j] < t {
-                j += 1;
-            }
-            common += usize::from(j < b.len() && b[j] == t);
-        }
-        (n > 0).then(|| common as f64 / n as f64)
+        selection_overlap(&self.selected, self.seq_len, &other.selected)
     }
+}
+
+/// [`TraceRecord::overlap_with`] of selections as slices: the share of `selected` (of a
+/// sequence of `seq_len`, its newest position left out) that `other` holds too.
+pub fn selection_overlap(selected: &[u32], seq_len: u32, other: &[u32]) -> Option<f64> {
+    let newest = seq_len.wrapping_sub(1);
+    let b = other;
+    let (mut n, mut common, mut j) = (0usize, 0usize, 0usize);
+    for &t in selected.iter().filter(|&&t| t != newest) {
+        n += 1;
+        while j < b.len() && b[j] < t {
+            j += 1;
+        }
+        common += usize::from(j < b.len() && b[j] == t);
+    }
+    (n > 0).then(|| common as f64 / n as f64)
 }
 
 #[cfg(test)]
