@@ -1,9 +1,11 @@
 //! A version-3 binary trace read without its scores from a seekable input: each record's
 //! selection part is read and checked, its score part skipped by a seek (only its length is
-//! checked), so most of a scored trace's bytes are never read. The selection parts are read a
-//! batch at a time into one reused buffer and each batch decoded on every core (on the calling
-//! thread where there is one). The records and errors are those of the whole-file reader without
-//! scores but for the skipped parts' checksums, which nothing here computes.
+//! checked), so most of a scored trace's bytes are never read. Decoded (`read_selections`), the
+//! selection parts are read a batch at a time into one reused buffer and each batch decoded on
+//! every core (on the calling thread where there is one); the records and errors are those of the
+//! whole-file reader without scores but for the skipped parts' checksums, which nothing here
+//! computes. Or kept encoded (`read_encoded`): every selection part read into one buffer and
+//! checked but for its positions.
 
 use std::io::{BufReader, Read, Seek, SeekFrom};
 
