@@ -604,6 +604,21 @@ fn simulate_replays_lru_and_fifo_from_encoded_positions_as_from_decoded_ones() {
         assert!(tail(&from_file).contains("120 records"), "{}", tail(&from_file));
         let streamed = rows("lru,fifo");
         let decoded = rows("lru,fifo,belady");
+        // From a pipe: read whole, positions still encoded; the same rows.
+        let out = dir.join(format!("{name}-piped"));
+        let o = Command::new(program())
+            .args(argv!(
+                "simulate --trace /dev/stdin --out",
+                out,
+                "--buffers 256,700 --warmup-steps 2 --policies lru,fifo"
+            ))
+            .stdin(std::fs::File::open(&trace).unwrap())
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let json: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(out.join("simulate.json")).unwrap()).unwrap();
+        assert_eq!(json["results"].as_array().unwrap(), &streamed, "{name}: from a pipe");
         assert_eq!(streamed.len(), 5);
         for r in &streamed {
             assert!(decoded.contains(r), "{name}: {r} is not among the decoded run's rows");

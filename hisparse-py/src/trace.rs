@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 
 use hisparse_policy::trace::{
     EncodedTrace, TraceData, TraceHeader, TraceRecord, TraceWriter, read_trace_file_encoded, read_trace_file_with,
-    read_trace_from_with,
+    read_trace_from_encoded, read_trace_from_with,
 };
 use numpy::{PyArray1, PyArray2, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArrayMethods};
 use pyo3::prelude::*;
@@ -147,17 +147,18 @@ impl Trace {
         py.detach(|| {
             let f = std::fs::File::open(&path).map_err(|e| e.to_string())?;
             let size = f.metadata().ok().filter(std::fs::Metadata::is_file).map(|m| m.len());
+            // Without scores a binary trace's positions stay encoded (each checked here):
+            // replays by LRU and FIFO without prefetch then decode a record at a time.
+            let encoded = |read: hisparse_policy::Result<TraceData>| match read? {
+                TraceData::Encoded(trace) => trace.check_positions().map(|()| Self {
+                    header: trace.header().clone(),
+                    body: Body::Encoded { trace, decoded: OnceLock::new() },
+                }),
+                TraceData::Records(h, r) => Ok(Self::new(h, r)),
+            };
             match size {
-                // Without scores a binary file's positions stay encoded (each checked here):
-                // replays by LRU and FIFO without prefetch then decode a record at a time.
-                Some(n) if !scores => match read_trace_file_encoded(f, n, max_bytes) {
-                    Ok(TraceData::Encoded(trace)) => trace.check_positions().map(|()| Self {
-                        header: trace.header().clone(),
-                        body: Body::Encoded { trace, decoded: OnceLock::new() },
-                    }),
-                    Ok(TraceData::Records(h, r)) => Ok(Self::new(h, r)),
-                    Err(e) => Err(e),
-                },
+                Some(n) if !scores => encoded(read_trace_file_encoded(f, n, max_bytes)),
+                None if !scores => encoded(read_trace_from_encoded(f, None, max_bytes)),
                 Some(n) => read_trace_file_with(f, n, max_bytes, scores).map(|(h, r)| Self::new(h, r)),
                 None => read_trace_from_with(f, size, max_bytes, scores).map(|(h, r)| Self::new(h, r)),
             }

@@ -194,3 +194,25 @@ def test_a_trace_read_without_scores_replays_from_its_encoded_positions(tmp_path
         assert sum(r["misses"] for r in got) > 100
     assert (encoded.to_arrays()["selected"] == t.to_arrays()["selected"]).all()
     assert encoded.requests == t.requests and len(encoded) == len(t)
+
+
+def test_a_trace_read_from_a_pipe_without_scores_replays_alike(tmp_path):
+    """A trace read from a FIFO (no length, no seeking) without scores: read whole, positions
+    kept encoded, the same rows as the trace it was written from."""
+    import os
+    import threading
+
+    from conftest import churning
+
+    t = hisparse.Trace.from_array(churning())
+    p = tmp_path / "t.hstrace"
+    t.write(p)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_bytes(p.read_bytes()))
+    writer.start()
+    piped = hisparse.Trace.read(fifo, scores=False)
+    writer.join()
+    want = hisparse.simulate(t, ["lru", "fifo"], [32, 48], belady=False)
+    assert hisparse.simulate(piped, ["lru", "fifo"], [32, 48], belady=False) == want
+    assert len(piped) == len(t)

@@ -113,13 +113,13 @@ fn read_input(
 /// binary file's positions left encoded (decoded as a replay reads them).
 pub fn read_trace_arg_encoded(flag: &'static str, path: &std::path::Path) -> Result<TraceData> {
     let input = crate::files::Input::open(flag, path)?;
-    let Some(size) = input.len() else {
-        // A pipe: read whole and decoded.
-        let (h, r) = read_input(flag, path, input, None, false)?;
-        return Ok(TraceData::Records(h, r));
-    };
     let limit = crate::files::input::memory_limit(1 + hisparse_policy::trace::DECODED_PER_TRACE_BYTE);
-    hisparse_policy::trace::read_trace_file_encoded(input, size, limit).map_err(|e| read_error(flag, path, e))
+    match input.len() {
+        Some(size) => hisparse_policy::trace::read_trace_file_encoded(input, size, limit),
+        // A pipe: read whole.
+        None => hisparse_policy::trace::read_trace_from_encoded(input, None, limit),
+    }
+    .map_err(|e| read_error(flag, path, e))
 }
 
 /// The error of reading the trace `path` (given as `--flag`) that failed with `e`.

@@ -426,6 +426,23 @@ pub fn read_trace_file_encoded<R: Read + Seek>(input: R, size: u64, max_bytes: u
     parallel::encode_all(binary_bytes(input, Some(size), max_bytes)?).map(TraceData::Encoded)
 }
 
+/// [`read_trace_file_encoded`] from any reader (a pipe too): a binary trace read whole (a
+/// version-3 trace's score parts read and delimited, not decoded) with its positions left
+/// encoded; JSON lines decoded. `size` and `max_bytes` as [`read_trace_from`] takes them.
+pub fn read_trace_from_encoded(input: impl Read, size: Option<u64>, max_bytes: u64) -> Result<TraceData> {
+    let (mut input, first) = buffered(input)?;
+    if first == Some(b'{') {
+        let (h, r) = read_trace_from_with(input, size, max_bytes, false)?;
+        return Ok(TraceData::Records(h, r));
+    }
+    if size.is_some_and(|n| n > max_bytes) {
+        // The header first: a file that is no trace is refused as such, not for its size.
+        TraceReader::new(&mut input)?;
+        return Err(PolicyError::TooLarge { bytes: size, limit: max_bytes });
+    }
+    parallel::encode_all(binary_bytes(input, size, max_bytes)?).map(TraceData::Encoded)
+}
+
 /// Asks Linux to back `buf`'s spare capacity with huge pages (where transparent huge pages are
 /// on `madvise`): a trace of tens of MB is then read into a few hundred faults, not thousands.
 #[cfg(target_os = "linux")]
