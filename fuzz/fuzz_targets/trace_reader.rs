@@ -2,7 +2,7 @@
 //! positions encoded, must return records or an error for any input, and never panic.
 #![no_main]
 
-use hisparse_policy::trace::{TraceData, TraceReader, jsonl, read_trace_file_encoded};
+use hisparse_policy::trace::{TraceData, TraceReader, jsonl, read_trace_file_encoded, read_trace_from_encoded};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -15,6 +15,9 @@ fuzz_target!(|data: &[u8]| {
     }
     let _ = jsonl::read(data);
     if let Ok(TraceData::Encoded(t)) = read_trace_file_encoded(std::io::Cursor::new(data), data.len() as u64, 1 << 24) {
+        let _ = t.decode();
+    }
+    if let Ok(TraceData::Encoded(t)) = read_trace_from_encoded(data, None, 1 << 24) {
         let _ = t.decode();
     }
 });
