@@ -1,11 +1,12 @@
 //! Summing a simulation's replays into its report lines: totals, distributions per request and
-//! per batch step (after the warm-up), and the per-step series (all steps).
+//! per batch step (after the warm-up), and the per-step series (all steps); the report made of
+//! them, the compulsory bound last.
 
 use std::collections::BTreeMap;
 
-use super::{Distribution, SimResult, Stream};
+use super::{Distribution, SimConfig, SimReport, SimResult, Stream};
 use crate::counts::SwapCounts;
-use crate::trace::RecordHead;
+use crate::trace::{RecordHead, TraceHeader};
 
 /// One combination's replays: misses per record of each stream, and prefetch counts
 /// (prefetched, useful, wasted).
@@ -77,4 +78,41 @@ pub(super) fn results<R: RecordHead>(
         })
         .collect();
     (steps.len(), results)
+}
+
+/// The report of `records` in `streams` from each combination's `lines` and the streams'
+/// `compulsory` misses, after `replays` replays.
+pub(super) fn report<'a, R: RecordHead>(
+    header: &TraceHeader,
+    records: &[R],
+    streams: &[Stream<'_, R>],
+    mut lines: Vec<Line<'a>>,
+    compulsory: &'a [Vec<u32>],
+    cfg: &SimConfig,
+    replays: usize,
+) -> SimReport {
+    let row_bytes = if cfg.row_bytes > 0 {
+        cfg.row_bytes
+    } else if header.row_bytes > 0 {
+        header.row_bytes as usize
+    } else {
+        656
+    };
+    lines.push(Line {
+        policy: "compulsory".into(),
+        prefetcher: "none".into(),
+        buffer_slots: 0,
+        misses: compulsory.iter().map(Some).collect(),
+        prefetch: [0; 3],
+    });
+    let (steps, results) = results(records, streams, lines, row_bytes, cfg.warmup_steps);
+    SimReport {
+        replays,
+        header: header.clone(),
+        records: records.len(),
+        streams: streams.len(),
+        steps,
+        row_bytes,
+        results,
+    }
 }

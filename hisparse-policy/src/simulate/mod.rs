@@ -13,6 +13,7 @@
 //! uses the row and *wasted* when the row is evicted unused.
 
 mod aggregate;
+mod compulsory;
 mod replay;
 mod stamped;
 mod streamed;
@@ -169,45 +170,6 @@ fn group<'a, R: RecordHead>(header: &TraceHeader, records: &'a [R]) -> Result<Ve
         .collect()
 }
 
-/// Compulsory misses of one stream: the first selection of each token while it is not the
-/// newest.
-struct Compulsory {
-    /// A byte per token, not a bit: consecutive positions then never read a word the last one
-    /// wrote, and the loop runs without waiting on its own stores.
-    seen: Vec<bool>,
-}
-
-impl Compulsory {
-    /// For a stream whose sequences reach `max_len` tokens.
-    fn new(max_len: usize) -> Self {
-        Self { seen: vec![false; max_len] }
-    }
-
-    /// The compulsory misses of one record (`selected` ascending, below `seq_len` <= max_len).
-    fn record(&mut self, selected: &[u32], seq_len: u32) -> u32 {
-        // The newest token (the largest position, so last if selected) is never a miss and
-        // stays unseen.
-        let newest = seq_len.wrapping_sub(1);
-        let sel = match selected.split_last() {
-            Some((&last, rest)) if last == newest => rest,
-            _ => selected,
-        };
-        let mut first = 0u32;
-        for &t in sel {
-            let seen = &mut self.seen[t as usize];
-            first += u32::from(!*seen);
-            *seen = true;
-        }
-        first
-    }
-}
-
-/// Compulsory misses of every record of `s`.
-fn compulsory(s: &Stream<'_>) -> Vec<u32> {
-    let mut c = Compulsory::new(s.max_len());
-    s.records.iter().map(|r| c.record(&r.selected, r.seq_len)).collect()
-}
-
 /// Bytes the simulator's per-stream arrays may take at once for `records` (positions are dense,
 /// so arrays run to the longest sequence): per worker thread, the next-use and first-use
 /// arrays, the compulsory bits and a slot table's token index, over the longest stream.
@@ -335,7 +297,7 @@ pub fn simulate_policies(
     let compulsory: Vec<Vec<u32>> = streams
         .par_iter()
         .map(|s| {
-            let c = compulsory(s);
+            let c = compulsory::compulsory(s);
             tick();
             c
         })
@@ -360,7 +322,7 @@ pub fn simulate_policies(
         t[1] += o.useful;
         t[2] += o.wasted;
     }
-    Ok(report(header, records, &streams, lines, &compulsory, cfg, jobs.len() + streams.len()))
+    Ok(aggregate::report(header, records, &streams, lines, &compulsory, cfg, jobs.len() + streams.len()))
 }
 
 /// The prefetchers of `cfg` (`none` if it names none), once `cfg` and `policies` are checked
@@ -403,41 +365,4 @@ fn checked_config(
         });
     }
     Ok(prefetchers)
-}
-
-/// The report of `records` in `streams` from each combination's `lines` and the streams'
-/// `compulsory` misses, after `replays` replays.
-fn report<'a, R: RecordHead>(
-    header: &TraceHeader,
-    records: &[R],
-    streams: &[Stream<'_, R>],
-    mut lines: Vec<aggregate::Line<'a>>,
-    compulsory: &'a [Vec<u32>],
-    cfg: &SimConfig,
-    replays: usize,
-) -> SimReport {
-    let row_bytes = if cfg.row_bytes > 0 {
-        cfg.row_bytes
-    } else if header.row_bytes > 0 {
-        header.row_bytes as usize
-    } else {
-        656
-    };
-    lines.push(aggregate::Line {
-        policy: "compulsory".into(),
-        prefetcher: "none".into(),
-        buffer_slots: 0,
-        misses: compulsory.iter().map(Some).collect(),
-        prefetch: [0; 3],
-    });
-    let (steps, results) = aggregate::results(records, streams, lines, row_bytes, cfg.warmup_steps);
-    SimReport {
-        replays,
-        header: header.clone(),
-        records: records.len(),
-        streams: streams.len(),
-        steps,
-        row_bytes,
-        results,
-    }
 }

@@ -8,8 +8,10 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
+use super::aggregate::{self, report};
+use super::compulsory::Compulsory;
 use super::stamped::StampedReplay;
-use super::{Compulsory, SimConfig, SimReport, Stream, aggregate, checked_config, group, report};
+use super::{SimConfig, SimReport, Stream, checked_config, group};
 use crate::error::{PolicyError, Result};
 use crate::policy::{EvictionPolicy, StampRule};
 use crate::prefetch::Prefetcher;
