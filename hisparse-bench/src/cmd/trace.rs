@@ -175,9 +175,15 @@ pub fn run(cmd: &TraceCommand) -> Result<String> {
         TraceCommand::Import(a) => Ok(format!("{}\n", super::trace_import::run(a)?)),
         TraceCommand::Info { trace } => {
             let (header, read) = read_trace_described("trace", trace)?;
+            // A long trace's description stops on Ctrl-C between records.
+            let stop = || if interrupt::requested() { Err(PolicyError::Cancelled) } else { Ok(()) };
             let described = match &read {
-                TraceData::Encoded(t) => describe(t.records(), |i, out| t.positions_into(i, out)),
+                TraceData::Encoded(t) => describe(t.records(), |i, out| {
+                    stop()?;
+                    t.positions_into(i, out)
+                }),
                 TraceData::Records(_, r) => describe(r, |i, out| {
+                    stop()?;
                     out.clone_from(&r[i].selected);
                     Ok(())
                 }),
