@@ -84,6 +84,7 @@ impl From<hisparse_model::ModelError> for BenchError {
             hisparse_model::ModelError::Engine(hisparse_engine::EngineError::Stopped) => {
                 Self::Interrupted("the model ran".into())
             }
+            hisparse_model::ModelError::Stopped(what) => Self::Interrupted(what),
             e => Self::Model(e),
         }
     }

@@ -154,7 +154,7 @@ fn run(cli: Cli) -> Result<i32> {
         }
         #[cfg(feature = "model")]
         Command::FetchModel => {
-            let p = hisparse_model::fetch::smollm2(&mut |s| console::note(s))?;
+            let p = cmd::model_args::default_model_file()?;
             console::out(&format!("{}\n", p.display()))?;
             Ok(0)
         }

