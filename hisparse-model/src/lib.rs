@@ -16,6 +16,7 @@ mod decode;
 mod error;
 pub mod fetch;
 mod forced;
+mod gguf_header;
 mod math;
 mod model;
 mod prefill;

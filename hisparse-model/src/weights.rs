@@ -53,6 +53,8 @@ pub struct LlamaWeights {
 /// The file's metadata and an open reader positioned anywhere.
 pub(crate) fn open(path: &Path) -> Result<(Content, BufReader<File>)> {
     let io = |source| ModelError::Io { path: path.to_owned(), source };
+    // What candle's reader computes with unchecked is checked first.
+    crate::gguf_header::check(path)?;
     let f = File::open(path).map_err(io)?;
     let mut r = BufReader::new(f);
     let content = Content::read(&mut r).map_err(|e| ModelError::invalid("gguf", path.display(), e.to_string()))?;

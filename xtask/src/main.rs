@@ -1,7 +1,9 @@
 //! `cargo xtask`: the project's one entry point for chores (see matklad/cargo-xtask).
 //!
 //! * `cargo xtask ci` — what CI runs, in order: `cargo fmt --check`; clippy on all targets and
-//!   features with `-D warnings`; the tests (all features); each library crate built and tested
+//!   features with `-D warnings`; the tests (all features), with an empty model folder
+//!   (`HISPARSE_MODEL_DIR` in the build folder), so the real model is fetched as on a fresh
+//!   machine, by tests that start together; each library crate built and tested
 //!   on its own with default features, and `hisparse-memory` and `hisparse-policy` checked to
 //!   pull no `cudarc`; `cargo doc --no-deps` with warnings denied; the CUDA backend checked
 //!   beside candle's cudarc features (`compat/beside-candle`); every library crate packaged and
@@ -146,7 +148,7 @@ const CUDA_FREE: [&str; 2] = ["hisparse-memory", "hisparse-policy"];
 /// Each library crate on its own: `cargo check --all-targets` with default features, its tests
 /// (the engine's calibration, run already, skipped), and the `cudarc`-free crates' dependency
 /// trees.
-fn each_crate(totals: &mut TestTotals) -> bool {
+fn each_crate(totals: &mut TestTotals, env: &[(String, String)]) -> bool {
     let mut ok = true;
     for c in LIBRARIES {
         ok &= step(&format!("{c} on its own (default features)"), cargo().args(["check", "-p", c, "--all-targets"]));
@@ -158,7 +160,7 @@ fn each_crate(totals: &mut TestTotals) -> bool {
         if c == "hisparse-model" {
             args.extend(["--", "--skip", "candle_transformers", "--skip", "on_real_text"]);
         }
-        ok &= run_tests(&format!("{c} tests on their own (default features)"), &args, &[], totals);
+        ok &= run_tests(&format!("{c} tests on their own (default features)"), &args, env, totals);
     }
     for c in CUDA_FREE {
         let out = cargo().args(["tree", "-p", c, "-e", "normal", "--prefix", "none"]).output();
@@ -257,6 +259,23 @@ fn check_features(nvcc: &Option<Vec<(String, String)>>) -> Vec<String> {
     }
 }
 
+/// `HISPARSE_MODEL_DIR` for the tests: an empty folder in the build folder (what an earlier
+/// run fetched there is removed first).
+fn fresh_model_dir() -> std::io::Result<(String, String)> {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .map(|t| if t.is_relative() { workspace_root().join(t) } else { t })
+        .unwrap_or_else(|| workspace_root().join("target"));
+    let dir = target.join("ci-empty-model-cache");
+    match std::fs::remove_dir_all(&dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    std::fs::create_dir_all(&dir)?;
+    println!("\n=== xtask ci: the model tests start from an empty model folder: {}", dir.display());
+    Ok(("HISPARSE_MODEL_DIR".into(), dir.display().to_string()))
+}
+
 /// Prints the free space of the file system that holds the build folder (a full disk fails a
 /// build with an I/O error far from its cause); says nothing where `df` is missing.
 fn disk_line(when: &str) {
@@ -293,15 +312,26 @@ fn ci(offline: bool) -> bool {
     }
     let mut totals = TestTotals::default();
     // NVRTC in the tests' environment too: the kernel compile tests and the layout checks run.
+    // The model tests start from an empty model folder, as on a fresh machine: their first
+    // fetches race each other, and a missing fetch step cannot hide behind a warm cache.
+    let models = match fresh_model_dir() {
+        Ok(d) => d,
+        Err(e) => {
+            println!("=== xtask ci: an empty model folder could not be made: {e}");
+            return false;
+        }
+    };
+    let mut test_env = nvrtc.clone();
+    test_env.push(models);
     // Every feature but those that link CUDA's libraries (absent here).
     let tests_ok = run_tests(
-        "tests (cargo test --workspace, every feature that links here)",
+        "tests (cargo test --workspace, every feature that links here; an empty model folder)",
         &["--workspace", "--features", &linkable],
-        &nvrtc,
+        &test_env,
         &mut totals,
     );
     steps_ok = tests_ok
-        && each_crate(&mut totals)
+        && each_crate(&mut totals, &test_env[test_env.len() - 1..])
         && step(
             "the per-layer API's example (checks its outputs against dense attention)",
             cargo().args(["run", "--quiet", "-p", "hisparse-engine", "--example", "toy_decoder"]),

@@ -194,7 +194,10 @@ impl EngineArgs {
                      (cuMemHostRegister refuses it); use --backend cpu for the file-backed tier",
                 ));
             }
-            check_tier_path(p, self.overwrite_host_tier_file)?;
+            // With --keep-host-tier-file the engines of one command (each mode, each point of a
+            // sweep) use the file in turn: the first creates it, the later ones replace it.
+            let reuse = self.keep_host_tier_file && kept_tier(p);
+            check_tier_path(p, self.overwrite_host_tier_file || reuse)?;
             if let Some(d) = p.parent().filter(|d| !d.as_os_str().is_empty() && !d.is_dir()) {
                 return Err(BenchError::flag(
                     "host-tier-file",
@@ -203,7 +206,7 @@ impl EngineArgs {
                 ));
             }
             c.host_tier_path = Some(p.clone());
-            c.host_tier_overwrite = self.overwrite_host_tier_file;
+            c.host_tier_overwrite = self.overwrite_host_tier_file || reuse;
             c.host_tier_keep = self.keep_host_tier_file;
         }
         let cuda = self.uses_cuda();
@@ -351,6 +354,19 @@ impl EngineArgs {
         }
         Ok(())
     }
+}
+
+/// Whether an earlier engine of this process was given `p` as a kept tier file; claims it for
+/// the later ones otherwise.
+fn kept_tier(p: &std::path::Path) -> bool {
+    static KEPT: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+    // A panic while the list was held leaves a consistent Vec: keep using it.
+    let mut kept = KEPT.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if kept.iter().any(|k| k == p) {
+        return true;
+    }
+    kept.push(p.to_owned());
+    false
 }
 
 /// Refuses a `--host-tier-file` path that could not hold a tier of this process's own: a
