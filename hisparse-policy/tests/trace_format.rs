@@ -467,6 +467,66 @@ fn encoded_reads_as_skimmed(bytes: &[u8], skim: &Result<(TraceHeader, Vec<TraceR
         (Err(_), Err(_)) => {}
         (a, b) => panic!("whole {:?}, piped {:?}", a.as_ref().map(|x| x.1.len()), b.as_ref().map(|x| x.1.len())),
     }
+    // Described (`trace info`): the same verdict, header and records from a file and a stream.
+    let described = |size| {
+        hisparse_policy::trace::read_trace_described(std::io::Cursor::new(bytes), size, u64::MAX).and_then(
+            |(stored, d)| match d {
+                TraceData::Encoded(t) => t.decode().map(|(h, r)| (stored, h, r)),
+                TraceData::Records(h, r) => Ok((stored, h, r)),
+            },
+        )
+    };
+    let (from_file, from_stream) = (described(Some(size)), described(None));
+    assert_eq!(from_file.is_ok(), from_stream.is_ok(), "{from_file:?} / {from_stream:?}");
+    if let (Ok(a), Ok(b)) = (&from_file, &from_stream) {
+        assert_eq!(a, b);
+    }
+}
+
+/// A version-3 trace whose score part is damaged: every reader that reads no scores accepts it,
+/// from a file and from a stream alike (the score part is delimited, never checksummed); every
+/// reader of scores refuses it, from either.
+#[test]
+fn a_damaged_score_part_gets_one_verdict_from_a_file_and_a_stream() {
+    use hisparse_policy::trace::{TraceData, read_trace_described, read_trace_file_encoded, read_trace_file_with};
+    use hisparse_policy::trace::{read_trace_from_encoded, read_trace_from_with};
+    let mut bytes = binary_v3();
+    // The first record's score part: its last byte before the record's score checksum. The
+    // first record starts after the header; find it by damaging bytes until only the score
+    // checksum fails.
+    let good = read_trace_from_with(bytes.as_slice(), None, u64::MAX, true).unwrap();
+    let damaged = (0..bytes.len()).rev().find_map(|i| {
+        let mut b = bytes.clone();
+        b[i] ^= 0x40;
+        let e = read_trace_from_with(b.as_slice(), None, u64::MAX, true).err()?;
+        e.to_string().contains("score checksum").then_some(b)
+    });
+    bytes = damaged.expect("a byte whose damage only the score checksum sees");
+    let size = Some(bytes.len() as u64);
+    let cur = || std::io::Cursor::new(bytes.as_slice());
+    let plain = |r: TraceData| match r {
+        TraceData::Encoded(t) => t.decode().unwrap(),
+        TraceData::Records(h, r) => (h, r),
+    };
+    let want = (hisparse_policy::trace::binary::without_scores(&good.0), good.1.iter().map(strip).collect::<Vec<_>>());
+    assert_eq!(read_trace_file_with(cur(), size.unwrap(), u64::MAX, false).unwrap(), want);
+    assert_eq!(read_trace_from_with(cur(), None, u64::MAX, false).unwrap(), want);
+    assert_eq!(plain(read_trace_file_encoded(cur(), size.unwrap(), u64::MAX).unwrap()), want);
+    assert_eq!(plain(read_trace_from_encoded(cur(), None, u64::MAX).unwrap()), want);
+    for s in [size, None] {
+        let (stored, d) = read_trace_described(cur(), s, u64::MAX).unwrap();
+        assert_eq!((stored, plain(d)), (good.0.clone(), want.clone()));
+    }
+    for e in [
+        read_trace_file_with(cur(), size.unwrap(), u64::MAX, true).unwrap_err(),
+        read_trace_from_with(cur(), None, u64::MAX, true).unwrap_err(),
+    ] {
+        assert!(e.to_string().contains("score checksum"), "{e}");
+    }
+}
+
+fn strip(r: &TraceRecord) -> TraceRecord {
+    TraceRecord { scores: None, near: None, ..r.clone() }
 }
 
 #[test]

@@ -140,32 +140,15 @@ fn read_error(flag: &'static str, path: &std::path::Path, e: PolicyError) -> Ben
 }
 
 /// The trace `path` described: its header as stored (scores and near-cut candidates as the
-/// file says) and its records without scores. A binary file's scores are skipped unread (a
-/// scored trace's score parts are most of its bytes, and unchecked here) and its positions kept
-/// encoded; a stream or a JSON lines trace is read whole.
+/// file says) and its records without scores, read as
+/// [`read_trace_described`](hisparse_policy::trace::read_trace_described) reads them: a file's
+/// score parts skipped, a stream's delimited, neither checked (the same verdict from a file and
+/// from a pipe).
 fn read_trace_described(flag: &'static str, path: &std::path::Path) -> Result<(TraceHeader, TraceData)> {
-    use std::io::{Seek, SeekFrom};
-    let mut input = crate::files::Input::open(flag, path)?;
-    let Some(size) = input.len() else {
-        let (h, r) = read_input(flag, path, input, None, true)?;
-        return Ok((h.clone(), TraceData::Records(h, r)));
-    };
-    // The header as stored, read through its own buffer; then the whole file from its start.
-    let stored =
-        hisparse_policy::trace::TraceReader::new(std::io::BufReader::new(&mut input)).map(|r| r.header().clone());
-    input.seek(SeekFrom::Start(0)).map_err(|e| input.error(&e))?;
-    let Ok(stored) = stored else {
-        // Not a binary trace (JSON lines), or a bad one: read whole, with its own errors.
-        let (h, r) = read_input(flag, path, input, Some(size), true)?;
-        return Ok((h.clone(), TraceData::Records(h, r)));
-    };
+    let input = crate::files::Input::open(flag, path)?;
+    let size = input.len();
     let limit = crate::files::input::memory_limit(1 + hisparse_policy::trace::DECODED_PER_TRACE_BYTE);
-    let read =
-        hisparse_policy::trace::read_trace_file_encoded(input, size, limit).map_err(|e| read_error(flag, path, e))?;
-    if read.header() != &hisparse_policy::trace::binary::without_scores(&stored) {
-        return Err(BenchError::flag(flag, path.display(), "changed while it was read"));
-    }
-    Ok((stored, read))
+    hisparse_policy::trace::read_trace_described(input, size, limit).map_err(|e| read_error(flag, path, e))
 }
 
 /// Runs a trace command; returns what it prints.

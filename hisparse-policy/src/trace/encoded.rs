@@ -45,6 +45,8 @@ pub struct EncodedRecord {
 #[derive(Clone, Debug)]
 pub struct EncodedTrace {
     pub(in crate::trace) header: TraceHeader,
+    /// The header as the trace stores it (its scores' flags as written).
+    pub(in crate::trace) stored: TraceHeader,
     pub(in crate::trace) bytes: Vec<u8>,
     pub(in crate::trace) records: Vec<EncodedRecord>,
 }
@@ -53,6 +55,12 @@ impl EncodedTrace {
     /// The header (without scores: they were not read).
     pub fn header(&self) -> &TraceHeader {
         &self.header
+    }
+
+    /// The header as the trace stores it: whether it holds scores and near-cut candidates
+    /// (which were not read).
+    pub fn stored_header(&self) -> &TraceHeader {
+        &self.stored
     }
 
     /// The records, in file order.

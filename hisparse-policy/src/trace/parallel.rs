@@ -40,7 +40,7 @@ pub fn encode_all(bytes: Vec<u8>) -> Result<EncodedTrace> {
         .collect();
     let records = heads.into_iter().collect::<Result<Vec<_>>>()?;
     finish(&bytes, reader, &spans)?;
-    Ok(EncodedTrace { header: without_scores(&header), bytes, records })
+    Ok(EncodedTrace { header: without_scores(&header), stored: header, bytes, records })
 }
 
 /// Where a record lies in a trace's bytes: from its tag to its end.

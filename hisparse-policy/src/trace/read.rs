@@ -181,6 +181,32 @@ pub fn read_trace_from_encoded(input: impl Read, size: Option<u64>, max_bytes: u
     parallel::encode_all(binary_bytes(input, size, max_bytes)?).map(TraceData::Encoded)
 }
 
+/// A trace described without its scores, from a file (`size` given: a version-3 trace's score
+/// parts skipped unread) or a stream (read whole, score parts delimited, never checksummed): the
+/// header as stored (its scores' flags as written) and the records without scores, positions
+/// left encoded where binary. A damaged score part gets the same verdict either way: none, as no
+/// score is read; JSON lines are decoded whole, their scores with them.
+pub fn read_trace_described<R: Read + Seek>(
+    input: R,
+    size: Option<u64>,
+    max_bytes: u64,
+) -> Result<(TraceHeader, TraceData)> {
+    let (input, first) = buffered(input)?;
+    if first == Some(b'{') {
+        let (h, r) = read_trace_from_with(input, size, max_bytes, true)?;
+        return Ok((h.clone(), TraceData::Records(h, r)));
+    }
+    let read = match size {
+        Some(n) => read_trace_file_encoded(input, n, max_bytes)?,
+        None => read_trace_from_encoded(input, None, max_bytes)?,
+    };
+    let stored = match &read {
+        TraceData::Encoded(t) => t.stored_header().clone(),
+        TraceData::Records(h, _) => h.clone(),
+    };
+    Ok((stored, read))
+}
+
 /// Asks Linux to back `buf`'s spare capacity with huge pages (where transparent huge pages are
 /// on `madvise`): a trace of tens of MB is then read into a few hundred faults, not thousands.
 #[cfg(target_os = "linux")]

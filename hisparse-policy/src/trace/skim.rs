@@ -100,7 +100,7 @@ pub(super) fn read_encoded<R: Read + Seek>(reader: TraceReader<BufReader<R>>, si
         return Err(err("corrupt record", framer.off, "the framing stopped early"));
     };
     framer.finish(tag, records.len())?;
-    Ok(EncodedTrace { header: without_scores(&header), bytes, records })
+    Ok(EncodedTrace { header: without_scores(&header), stored: header, bytes, records })
 }
 
 /// Reads records' heads and selection parts, seeking past their score parts.
