@@ -1,6 +1,10 @@
 //! Subcommand arguments built only for the subcommand given: [`Deferred`] wraps a command's
 //! arguments so that clap defines them (`Command::defer`) when that subcommand is parsed or its
-//! help shown, not all of them on every start of the program.
+//! help shown, not all of them on every start of the program. It also keeps which arguments the
+//! user wrote on the command line ([`given`]): a flag a path ignores is refused by its name,
+//! even where its value equals the default.
+
+use std::sync::Mutex;
 
 use clap::builder::{Resettable, StyledStr};
 use clap::{ArgMatches, Args, Command, FromArgMatches};
@@ -18,12 +22,33 @@ fn augment_kept(cmd: Command, augment: fn(Command) -> Command) -> Command {
 #[derive(Debug)]
 pub struct Deferred<T>(pub T);
 
+/// The ids (field names) of the arguments given on the command line.
+static GIVEN: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+/// Keeps the ids of `matches`' arguments that came from the command line.
+fn record(matches: &ArgMatches) {
+    let ids = matches
+        .ids()
+        .filter(|id| matches!(matches.value_source(id.as_str()), Some(clap::parser::ValueSource::CommandLine)))
+        .map(|id| id.as_str().to_owned());
+    // A panic while the list was held leaves a consistent Vec: keep using it.
+    GIVEN.lock().unwrap_or_else(std::sync::PoisonError::into_inner).extend(ids);
+}
+
+/// Whether the argument with id `id` (its field's name, e.g. `host_tier_file`) was given on
+/// the command line, whatever its value.
+pub fn given(id: &str) -> bool {
+    GIVEN.lock().unwrap_or_else(std::sync::PoisonError::into_inner).iter().any(|g| g == id)
+}
+
 impl<T: FromArgMatches> FromArgMatches for Deferred<T> {
     fn from_arg_matches(matches: &ArgMatches) -> Result<Self, clap::Error> {
+        record(matches);
         T::from_arg_matches(matches).map(Self)
     }
 
     fn from_arg_matches_mut(matches: &mut ArgMatches) -> Result<Self, clap::Error> {
+        record(matches);
         T::from_arg_matches_mut(matches).map(Self)
     }
 
@@ -74,6 +99,21 @@ mod tests {
         /// How many.
         #[arg(long)]
         n: u32,
+        /// A flag with a default.
+        #[arg(long, default_value_t = 3)]
+        with_default: u32,
+        /// Another, never given in these tests.
+        #[arg(long, default_value_t = 3)]
+        never_given: u32,
+    }
+
+    #[test]
+    fn the_flags_given_are_known_by_name_even_at_their_default() {
+        let App { command: Sub::Go(Deferred(args)) } =
+            App::try_parse_from(["app", "go", "--n", "7", "--with-default", "3"]).unwrap();
+        assert_eq!((args.with_default, args.never_given), (3, 3));
+        assert!(given("n") && given("with_default"));
+        assert!(!given("never_given"));
     }
 
     #[test]

@@ -30,6 +30,14 @@ pub enum BenchError {
         /// Why it cannot be used.
         reason: String,
     },
+    /// A flag the chosen path does not read.
+    #[error("--{flag} does nothing {when}; leave it out")]
+    Unread {
+        /// The flag, without dashes.
+        flag: &'static str,
+        /// When it is not read (e.g. "with --model or --gguf").
+        when: String,
+    },
     /// A file could not be read or written.
     #[error("{path}: {source}")]
     Io {

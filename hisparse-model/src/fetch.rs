@@ -231,11 +231,14 @@ fn private_temp(dir: &Path) -> Result<PathBuf> {
     }
 }
 
-/// Runs a fetch step; a stop asked meanwhile (Ctrl-C also reaches the child) wins over the
-/// child's failure.
+/// Runs a fetch step; a stop asked meanwhile wins over the child's failure, and so does a child
+/// ended by SIGINT or SIGTERM (a terminal's Ctrl-C reaches the child too, often before the
+/// caller's own handler has set its flag).
 fn run(cmd: &mut Command, what: &str, src: &ModelSource<'_>, stop: &StopFlag) -> Result<()> {
+    use std::os::unix::process::ExitStatusExt;
     let out = cmd.output();
-    if stop.requested() {
+    let interrupted = out.as_ref().is_ok_and(|o| matches!(o.status.signal(), Some(2 | 15)));
+    if stop.requested() || interrupted {
         return Err(ModelError::Stopped("fetching the model".into()));
     }
     let out = out.map_err(|e| ModelError::Fetch(format!("{what}: {e}; {}", by_hand_for(src))))?;

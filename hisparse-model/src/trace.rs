@@ -23,9 +23,13 @@ pub struct SelectionRecorder {
 
 impl SelectionRecorder {
     /// A recorder that also keeps the scores: the selected positions' and the `margin` best
-    /// unselected ones' (0: selections only).
-    pub fn with_scores(margin: usize) -> Self {
-        Self { margin: margin.min(MAX_TOP_K as usize), ..Self::default() }
+    /// unselected ones' (0: selections only). A margin past what a trace holds
+    /// ([`MAX_TOP_K`]) is refused.
+    pub fn with_scores(margin: usize) -> Result<Self> {
+        if margin > MAX_TOP_K as usize {
+            return Err(ModelError::invalid("margin", margin, format!("a trace keeps at most {MAX_TOP_K} candidates")));
+        }
+        Ok(Self { margin, ..Self::default() })
     }
 
     /// The header of a trace of `geometry`'s selections (rows of `row_bytes`), with this

@@ -12,8 +12,8 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Barrier};
 
 use hisparse_engine::StopFlag;
-use hisparse_model::fetch::{self, FetchHooks, ModelSource};
 use hisparse_model::fetch::sha256_file;
+use hisparse_model::fetch::{self, FetchHooks, ModelSource};
 
 /// The tests set the environment the fetch reads: one at a time.
 static ENV: Mutex<()> = Mutex::new(());

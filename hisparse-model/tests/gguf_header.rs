@@ -60,7 +60,8 @@ fn load_err(name: &str, bytes: &[u8]) -> String {
 fn headers_candle_would_compute_with_are_refused_naming_the_key() {
     let arch = kv("general.architecture", 8, &string("llama"));
     // Alignment 0, in each integer type candle reads it as.
-    for (t, v) in [(4u32, 0u32.to_le_bytes().to_vec()), (0, vec![0u8]), (2, vec![0, 0]), (5, 0i32.to_le_bytes().to_vec())]
+    for (t, v) in
+        [(4u32, 0u32.to_le_bytes().to_vec()), (0, vec![0u8]), (2, vec![0, 0]), (5, 0i32.to_le_bytes().to_vec())]
     {
         let e = load_err("align0", &gguf(&[arch.clone(), kv("general.alignment", t, &v)], &[]));
         assert!(e.contains("general.alignment = 0"), "type {t}: {e}");

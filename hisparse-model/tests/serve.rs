@@ -126,9 +126,10 @@ fn a_served_trace_names_the_requests_and_carries_the_oracles_scores() {
     let (dir, m) = tiny("serve-trace", 13);
     let ps = prompts(&m, &text_tokens(&m, 200));
     let c = cache(&m, AttentionKind::HiSparse, None);
-    let header = SelectionRecorder::with_scores(8).trace_header(&c.config().geometry, c.layouts().0.row_bytes());
+    let header =
+        SelectionRecorder::with_scores(8).unwrap().trace_header(&c.config().geometry, c.layouts().0.row_bytes());
     let mut s = ModelServer::new(&m, &ps, c);
-    s.record(SelectionRecorder::with_scores(8));
+    s.record(SelectionRecorder::with_scores(8).unwrap());
     for (id, output) in [(5u64, 3usize), (9, 5)] {
         s.submit(ServeRequest { id: RequestId(id), prompt: id as usize % 2, output }).unwrap();
     }

@@ -18,7 +18,7 @@ use super::model_args::ModelArgs;
 use crate::error::{BenchError, Result};
 use crate::files::output::{AtomicFile, OutputDir};
 use crate::report::plot::{Chart, Series, line_chart};
-use crate::{interrupt, progress};
+use crate::{guard, interrupt, progress};
 
 /// `hisparse eval`'s flags.
 #[derive(Args, Debug, Clone)]
@@ -96,8 +96,15 @@ fn check(args: &EvalArgs, context_max: usize) -> Result<()> {
     if !(args.buffer_factor.is_finite() && args.buffer_factor >= 1.0) {
         return Err(BenchError::flag("buffer-factor", args.buffer_factor, "must be at least 1"));
     }
+    if args.decode >= context_max {
+        return Err(BenchError::flag(
+            "decode",
+            args.decode,
+            format!("context + decode must be within the model's {context_max} positions"),
+        ));
+    }
     for &c in &args.contexts {
-        if c == 0 || c + args.decode > context_max {
+        if c == 0 || guard::sum(("contexts", c), ("decode", args.decode))? > context_max {
             return Err(BenchError::flag(
                 "contexts",
                 c,
@@ -108,6 +115,15 @@ fn check(args: &EvalArgs, context_max: usize) -> Result<()> {
     if let Some(&k) = args.top_k.iter().find(|&&k| k < 2) {
         return Err(BenchError::flag("top-k", k, "must be at least 2"));
     }
+    // A hot buffer past the model's positions holds nothing more (and its size must stay finite).
+    if let Some(&k) = args.top_k.iter().find(|&&k| k as f64 * args.buffer_factor > context_max as f64) {
+        return Err(BenchError::flag(
+            "buffer-factor",
+            format!("{:?}", args.buffer_factor),
+            format!("top-k {k} x {:?} passes the model's {context_max} positions", args.buffer_factor),
+        ));
+    }
+    super::run_model::check_score_margin(args.score_margin, args.record_trace.is_some())?;
     if let Some(p) = &args.record_trace
         && (args.contexts.len() != 1 || args.top_k.len() != 1)
     {
@@ -151,7 +167,7 @@ pub fn run(args: &EvalArgs) -> Result<(Vec<EvalRow>, Option<PathBuf>)> {
     let out = args.out.as_ref().map(|d| OutputDir::prepare("out", d)).transpose()?;
     let mut trace =
         args.record_trace.as_ref().map(|p| AtomicFile::create("record-trace", p, args.overwrite)).transpose()?;
-    let mut recorder = SelectionRecorder::with_scores(args.score_margin);
+    let mut recorder = SelectionRecorder::with_scores(args.score_margin)?;
     let mut trace_header = None;
     let tokens = super::model_args::read_tokens(&args.text, &m)?;
     let runs_per_context = 1 + 2 * args.top_k.len();

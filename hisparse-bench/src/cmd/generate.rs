@@ -9,7 +9,7 @@ use hisparse_engine::{Admission, RequestId};
 use hisparse_model::{AttentionKind, StepToken, TextTokenizer, argmax};
 use rand::{Rng, SeedableRng};
 
-use super::model_args::ModelArgs;
+use super::model_args::{ModelArgs, check_selection};
 use crate::console;
 use crate::error::{BenchError, Result};
 use crate::interrupt;
@@ -53,9 +53,9 @@ pub struct GenerateArgs {
     /// Positions selected per layer and step.
     #[arg(long, default_value_t = 64)]
     pub top_k: usize,
-    /// Hot-buffer slots per request and layer (hisparse).
-    #[arg(long, default_value_t = 128)]
-    pub buffer: usize,
+    /// Hot-buffer slots per request and layer (hisparse; default: twice --top-k).
+    #[arg(long)]
+    pub buffer: Option<usize>,
     /// Sampling temperature (0: greedy).
     #[arg(long, default_value_t = 0.0)]
     pub temperature: f32,
@@ -91,15 +91,28 @@ pub fn run(args: &GenerateArgs) -> Result<usize> {
     if !(args.temperature.is_finite() && args.temperature >= 0.0) {
         return Err(BenchError::flag("temperature", args.temperature, "must be finite and at least 0"));
     }
+    let kind = AttentionKind::from(args.attention);
+    let buffer = selection_flags(args, kind)?;
     let m = args.model.load()?;
     let text = if args.raw { args.prompt.clone() } else { TextTokenizer::chat_prompt(&args.prompt) };
     let ids = m.tokenizer.encode(&text)?;
+    let positions = m.config().context;
     if ids.is_empty() {
         return Err(BenchError::flag("prompt", "\"\"", "has no tokens"));
     }
-    let max = ids.len().saturating_add(args.max_tokens).min(m.config().context);
-    let kind = AttentionKind::from(args.attention);
-    let mut cache = args.model.cache(m.config(), kind, args.top_k, args.buffer, max, 1)?;
+    if ids.len() >= positions {
+        return Err(BenchError::flag(
+            "prompt",
+            format!("({} tokens)", ids.len()),
+            format!("leaves no room to generate in the model's {positions} positions"),
+        ));
+    }
+    if kind != AttentionKind::Dense {
+        check_selection(m.config(), ("top-k", args.top_k), buffer.map(|b| ("buffer", b)))?;
+    }
+    // Generation stops at the model's last position (--max-tokens may ask for more).
+    let max = ids.len().saturating_add(args.max_tokens).min(positions);
+    let mut cache = args.model.cache(m.config(), kind, args.top_k, buffer.unwrap_or(0), max, 1)?;
     let (kv, key) = cache.layouts();
     let p = m.prefill(&ids, kv, key)?;
     let id = RequestId(0);
@@ -131,4 +144,29 @@ pub fn run(args: &GenerateArgs) -> Result<usize> {
     console::out("\n")?;
     cache.free(id)?;
     Ok(n)
+}
+
+/// The hot buffer `args` ask for (hisparse: `--buffer`, by default twice `--top-k`); a
+/// selection flag the attention does not read is refused by name.
+fn selection_flags(args: &GenerateArgs, kind: AttentionKind) -> Result<Option<usize>> {
+    let unread = |flag| Err(BenchError::Unread { flag, when: format!("with --attention {}", kind_name(kind)) });
+    match kind {
+        AttentionKind::Dense if crate::deferred::given("top_k") => unread("top-k"),
+        AttentionKind::Dense | AttentionKind::SparseResident if args.buffer.is_some() => unread("buffer"),
+        AttentionKind::Dense | AttentionKind::SparseResident => Ok(None),
+        AttentionKind::HiSparse => match args.buffer {
+            Some(b) => Ok(Some(b)),
+            None => {
+                args.top_k.checked_mul(2).map(Some).ok_or_else(|| BenchError::flag("top-k", args.top_k, "too large"))
+            }
+        },
+    }
+}
+
+fn kind_name(kind: AttentionKind) -> &'static str {
+    match kind {
+        AttentionKind::Dense => "dense",
+        AttentionKind::SparseResident => "sparse-resident",
+        AttentionKind::HiSparse => "hisparse",
+    }
 }

@@ -8,7 +8,7 @@ use clap::Args;
 use hisparse_engine::{
     BuiltinPolicy, CacheConfig, CpuBackend, HeadCombine, IndexScore, KvCache, KvRowFormat, OracleScore, PolicyChoice,
 };
-use hisparse_model::{AttentionKind, Llama, LlamaConfig, cache_config, fetch};
+use hisparse_model::{AttentionKind, Llama, LlamaConfig, ModelError, cache_config, fetch};
 
 use crate::error::{BenchError, Result};
 use crate::files::cleanup;
@@ -57,9 +57,19 @@ impl ModelArgs {
             None => default_model_file()?,
         };
         if !path.is_file() {
-            return Err(BenchError::flag("gguf", path.display(), "is not a file"));
+            return Err(BenchError::flag(
+                "gguf",
+                path.display(),
+                "is not a regular file (a GGUF is read in place: save a pipe's bytes to a file first)",
+            ));
         }
-        let mut m = Llama::load(&path)?;
+        // What the file holds is named with the file: the key or tensor at fault in it.
+        let mut m = Llama::load(&path).map_err(|e| match e {
+            e @ (ModelError::Invalid { .. } | ModelError::Tensor(_) | ModelError::Tokenizer(_)) => {
+                BenchError::flag("gguf", path.display(), e.to_string())
+            }
+            e => e.into(),
+        })?;
         m.set_stop(interrupt::engine_stop());
         Ok(m)
     }
@@ -88,15 +98,39 @@ impl ModelArgs {
         };
         cfg.index_score = IndexScore::Oracle(OracleScore { combine, sink: self.sink, window: self.window });
         let top_k = cfg.geometry.top_k;
-        if kind != AttentionKind::Dense && self.sink + self.window >= top_k {
-            return Err(BenchError::flag(
-                "window",
-                self.window,
-                format!("sink + window must leave room in top-k {top_k}"),
-            ));
+        if kind != AttentionKind::Dense && self.sink.checked_add(self.window).is_none_or(|s| s >= top_k) {
+            let (flag, v) = if self.sink >= self.window { ("sink", self.sink) } else { ("window", self.window) };
+            return Err(BenchError::flag(flag, v, format!("--sink + --window must leave room in top-k {top_k}")));
         }
         Ok(KvCache::with_named_policies(CpuBackend::new(), cfg)?)
     }
+}
+
+/// Checks a sparse attention's top-k (`top_k`: its flag and value) against the model's
+/// positions and the hot buffer (`buffer`: its flag and value, hisparse) against the top-k, naming
+/// the flags they came from.
+pub fn check_selection(
+    config: &LlamaConfig,
+    top_k: (&'static str, usize),
+    buffer: Option<(&'static str, usize)>,
+) -> Result<()> {
+    let positions = config.context;
+    if top_k.1 < 2 {
+        return Err(BenchError::flag(top_k.0, top_k.1, "must be at least 2"));
+    }
+    if top_k.1 > positions {
+        return Err(BenchError::flag(top_k.0, top_k.1, format!("the model has {positions} positions")));
+    }
+    if let Some((flag, b)) = buffer
+        && b < top_k.1
+    {
+        return Err(BenchError::flag(
+            flag,
+            b,
+            format!("must be at least --{} ({}) so that a step's selection fits", top_k.0, top_k.1),
+        ));
+    }
+    Ok(())
 }
 
 /// The default model's file (SmolLM2), fetched first when it is not in the model folder: Ctrl-C

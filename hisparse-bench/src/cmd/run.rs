@@ -19,6 +19,8 @@ use crate::{guard, interrupt, progress};
 /// Runs; returns the results and the output folder.
 pub fn run(a: &RunArgs) -> Result<(Vec<ModeRun>, PathBuf)> {
     #[cfg(feature = "model")]
+    a.source.refuse_unread(a.record_trace.is_some())?;
+    #[cfg(feature = "model")]
     if a.source.given() {
         return super::run_model::run(a);
     }

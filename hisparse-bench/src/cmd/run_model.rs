@@ -16,7 +16,7 @@ use hisparse_model::{
 use hisparse_policy::trace::TraceWriter;
 
 use super::common::{BackendKind, EngineArgs, parse_bytes};
-use super::model_args::{CombineArg, ModelArgs, read_tokens, window_starts};
+use super::model_args::{CombineArg, ModelArgs, check_selection, read_tokens, window_starts};
 use super::run_args::{ModeRun, RunArgs, trace_file};
 use crate::error::{BenchError, Result};
 use crate::files::OutputDir;
@@ -56,11 +56,67 @@ pub enum ModelName {
     Smollm2,
 }
 
+/// The engine's flags a real model's run does not read (the emulated workload's, the CUDA
+/// backend's and the host tier's): refused when given with a model.
+const NOT_READ_WITH_A_MODEL: [&str; 20] = [
+    "preset",
+    "no-graphs",
+    "top-k-blocks",
+    "attention-kernel",
+    "indexer-kernel",
+    "emulate-model",
+    "config",
+    "host-to-device-ratio",
+    "swap-in-block-size",
+    "serial-prefetch",
+    "index-queries",
+    "miss-fill",
+    "miss-fill-max-batch",
+    "copy-engine-share",
+    "host-gather-threads",
+    "host-tier-file",
+    "overwrite-host-tier-file",
+    "keep-host-tier-file",
+    "seed",
+    "max-queued",
+];
+
+/// The flags only a real model's run reads: refused when given without one.
+const READ_WITH_A_MODEL_ONLY: [&str; 4] = ["text", "prompts", "top-k", "score-margin"];
+
 impl ModelSource {
     /// A model was asked for.
     pub fn given(&self) -> bool {
         self.model.is_some() || self.gguf.is_some()
     }
+
+    /// Refuses, by name, a flag given that the chosen path does not read: an engine flag with a
+    /// model, a model flag without one, `--score-margin` without `--record-trace`
+    /// (`recording`), and a margin past what a trace holds.
+    pub fn refuse_unread(&self, recording: bool) -> Result<()> {
+        let (flags, when): (&[&'static str], &str) = if self.given() {
+            (&NOT_READ_WITH_A_MODEL, "with --model or --gguf (a real model's run reads the cache's flags only)")
+        } else {
+            (&READ_WITH_A_MODEL_ONLY, "without --model or --gguf")
+        };
+        if let Some(&flag) = flags.iter().find(|f| crate::deferred::given(&f.replace('-', "_"))) {
+            return Err(BenchError::Unread { flag, when: when.into() });
+        }
+        check_score_margin(self.score_margin, recording)
+    }
+}
+
+/// Refuses a `--score-margin` that would not be recorded (no `--record-trace`) or that a trace
+/// cannot hold.
+pub fn check_score_margin(margin: usize, recording: bool) -> Result<()> {
+    if margin > 0 && !recording {
+        return Err(BenchError::Unread { flag: "score-margin", when: "without --record-trace".into() });
+    }
+    let most = hisparse_policy::trace::MAX_TOP_K as usize;
+    if margin > most {
+        return Err(BenchError::flag("score-margin", margin, format!("a trace keeps at most {most} candidates")));
+    }
+    Ok(())
 }
 
 /// A loaded model, its prompts and how its caches are made.
@@ -89,9 +145,6 @@ impl ModelInput {
             ));
         }
         guard::within("prompts", source.prompts, 1, hisparse_engine::DEFAULT_MAX_QUEUED)?;
-        if source.top_k < 2 {
-            return Err(BenchError::flag("top-k", source.top_k, "must be at least 2"));
-        }
         let kv_format = match engine.kv_format.as_deref() {
             Some(f) => f.parse::<KvRowFormat>().map_err(|e| BenchError::flag("kv-format", f, e.to_string()))?,
             None => KvRowFormat::Bf16,
@@ -105,6 +158,8 @@ impl ModelInput {
             window: 0,
         };
         let model = args.load()?;
+        let buffer = engine.device_buffer_size.map(|b| ("device-buffer-size", b));
+        check_selection(model.config(), ("top-k", source.top_k), buffer)?;
         let tokens = read_tokens(&source.text, &model)?;
         Ok(Self { model, prompts: Vec::new(), tokens, args, top_k: source.top_k, count: source.prompts })
     }
@@ -191,7 +246,18 @@ impl ModelInput {
         if let Some(b) = engine.prefetch_budget {
             cfg.hisparse.prefetch_budget = b;
         }
-        self.args.cache_from(cfg, kind)
+        let cache = self.args.cache_from(cfg, kind)?;
+        // Refused before any decoding, as the emulated workload is: a budget that holds no request.
+        if let (Some(s), hisparse_engine::Admission::Rejected { reason }) =
+            (&engine.device_memory, cache.decide(max_tokens))
+        {
+            return Err(BenchError::flag(
+                "device-memory",
+                s,
+                format!("holds no request of {max_tokens} tokens in {mode} mode: {reason}"),
+            ));
+        }
+        Ok(cache)
     }
 }
 
@@ -236,7 +302,7 @@ pub fn run(a: &RunArgs) -> Result<(Vec<ModeRun>, PathBuf)> {
         }
         let recording = mode == Mode::HiSparse && trace_file.is_some();
         if recording {
-            server.record(SelectionRecorder::with_scores(a.source.score_margin));
+            server.record(SelectionRecorder::with_scores(a.source.score_margin)?);
         }
         let all: u64 = (0..a.concurrency).map(|i| a.output[i % a.output.len()] as u64).sum();
         let bar = progress::bar(all, &format!("{mode} tokens"));

@@ -73,6 +73,9 @@ fn check(a: &SweepArgs) -> Result<(Vec<usize>, usize)> {
 /// Runs the sweep; returns the report and the output folder.
 pub fn run(a: &SweepArgs) -> Result<(SweepReport, PathBuf)> {
     let (levels, steps) = check(a)?;
+    // The sweep records no trace of a model's selections: a score margin is not read.
+    #[cfg(feature = "model")]
+    a.source.refuse_unread(false)?;
     #[cfg(feature = "model")]
     if a.source.given() {
         return super::sweep_model::run(a, &levels, steps);

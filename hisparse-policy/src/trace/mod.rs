@@ -41,8 +41,8 @@ pub use binary::{TraceReader, TraceWriter};
 pub use encoded::{EncodedRecord, EncodedTrace, RecordHead};
 pub use overlap::selection_overlap;
 pub use read::{
-    TraceData, read_trace, read_trace_described, read_trace_file_encoded, read_trace_file_with, read_trace_from, read_trace_from_encoded,
-    read_trace_from_with,
+    TraceData, read_trace, read_trace_described, read_trace_file_encoded, read_trace_file_with, read_trace_from,
+    read_trace_from_encoded, read_trace_from_with,
 };
 
 use serde::{Deserialize, Serialize};

@@ -152,6 +152,28 @@ impl EngineArgs {
         if let Some(v) = self.device_buffer_size {
             c.device_buffer_size = v;
         }
+        // A tier file the config names (no --host-tier-file): checked as the flag's is, by its key.
+        if self.host_tier_file.is_none()
+            && let Some(p) = &c.host_tier_path
+            && let Some((path, _, _)) = self.config_file()?
+        {
+            let by_key = |reason: String| {
+                BenchError::flag(
+                    "config",
+                    path.display(),
+                    format!("host_tier_path = {:?}: {reason}", p.display().to_string()),
+                )
+            };
+            if p.as_os_str().is_empty() {
+                return Err(by_key("give a file path (or leave the key out)".into()));
+            }
+            check_tier_path(p, c.host_tier_overwrite).map_err(|e| match e {
+                BenchError::Flag { reason, .. } => {
+                    by_key(reason.replace("--overwrite-host-tier-file", "host_tier_overwrite"))
+                }
+                e => e,
+            })?;
+        }
         if let Some(v) = self.host_to_device_ratio {
             if !(v.is_finite() && v > 0.0) {
                 return Err(BenchError::flag(
