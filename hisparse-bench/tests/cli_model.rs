@@ -179,7 +179,8 @@ fn run_serves_a_model_within_a_device_budget_and_records_scores() {
     ));
     assert!(s.status.success(), "{}", String::from_utf8_lossy(&s.stderr));
     // A budget below one whole request: resident rejects every request, hisparse serves them all
-    // (the two modes are compared on the requests both finished).
+    // (the two modes are compared on the requests both finished); resident alone is refused
+    // before any decoding (a run that admits nothing).
     let small = d.join("small");
     let o = hisparse(&argv!(
         "run --gguf",
@@ -194,6 +195,18 @@ fn run_serves_a_model_within_a_device_budget_and_records_scores() {
     let by = |mode: &str| json.as_array().unwrap().iter().find(|r| r["mode"] == mode).unwrap().clone();
     assert_eq!(by("resident")["rejected"].as_array().unwrap().len(), 2, "{}", by("resident"));
     assert_eq!(by("hisparse")["summary"]["tokens"], 8, "{}", by("hisparse"));
+    let alone = hisparse(&argv!(
+        "run --gguf",
+        g,
+        "--text",
+        text,
+        "--context 100 --output 4 --concurrency 2 --top-k 8 --device-memory 24KiB --mode resident --out",
+        d.join("alone")
+    ));
+    let err = String::from_utf8_lossy(&alone.stderr);
+    assert_eq!(alone.status.code(), Some(2), "{err}");
+    assert!(err.contains("--device-memory") && err.contains("holds no request"), "{err}");
+    assert!(!d.join("alone").exists(), "refused before any output");
     // Flags a model cannot use are named.
     for (flag, extra) in
         [("--arrival-rate", "2"), ("--gpus", "2"), ("--context", "50,60"), ("--prompts", "100000000000")]

@@ -109,6 +109,7 @@ fn model_flags_are_named_and_unread_ones_refused() {
     for c in [
         case(format!("{run} --score-margin 4"), &["--score-margin", "--record-trace"]),
         case(format!("{run} --device-memory 1KiB"), &["--device-memory", "holds no request"]),
+        case(format!("{run} --device-memory 1KiB --mode hisparse"), &["--device-memory", "holds no request"]),
         case(format!("{run} --device-buffer-size 4"), &["--device-buffer-size", "--top-k (8)"]),
         case(format!("{run} --top-k 0"), &["--top-k"]),
         case(format!("run --text {text} --concurrency 1"), &["--text does nothing without --model or --gguf"]),

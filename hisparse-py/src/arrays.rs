@@ -9,7 +9,20 @@ use pyo3::PyErr;
 use crate::error::value;
 
 /// Largest position or sequence length a trace takes (a request is at most 2^31 tokens).
-const MAX_POSITION: i64 = (u32::MAX / 2) as i64;
+pub const MAX_POSITION: i64 = (u32::MAX / 2) as i64;
+
+/// The Python arguments the parts of [`Positions`] came from, for errors.
+pub struct Names {
+    /// The positions.
+    pub selected: &'static str,
+    /// The sequence lengths.
+    pub seq_lens: &'static str,
+    /// The first request's id.
+    pub first_request: &'static str,
+    /// Whether a position past its step's sequence is the positions' fault (the sequence
+    /// lengths were derived, not given), named by step.
+    pub derived_seq_lens: bool,
+}
 
 /// Positions of a trace as an array, with what the trace's header needs.
 pub struct Positions<'a> {
@@ -26,16 +39,26 @@ pub struct Positions<'a> {
     pub row_bytes: u32,
     /// The first request's id.
     pub first_request: u64,
+    /// Where each part came from.
+    pub names: Names,
 }
 
 /// The trace of `p` (records by step, then request, then layer), or the first bad element.
 pub fn records(p: &Positions<'_>) -> Result<(TraceHeader, Vec<TraceRecord>), PyErr> {
     let [requests, steps, layers, k] = p.shape;
+    let n = &p.names;
     if layers == 0 || layers > MAX_LAYERS as usize {
-        return Err(value("selected", format!("{layers} layers; a trace has 1..={MAX_LAYERS}")));
+        return Err(value(n.selected, format!("{layers} layers; a trace has 1..={MAX_LAYERS}")));
     }
     if k == 0 || k > MAX_TOP_K as usize {
-        return Err(value("selected", format!("k = {k} positions per row; a trace takes 1..={MAX_TOP_K}")));
+        return Err(value(n.selected, format!("k = {k} positions per row; a trace takes 1..={MAX_TOP_K}")));
+    }
+    if requests == 0 || steps == 0 {
+        return Err(value(n.selected, format!("{requests} requests x {steps} steps: nothing selected")));
+    }
+    // Request ids never wrap.
+    if p.first_request.checked_add(requests as u64 - 1).is_none() {
+        return Err(value(n.first_request, format!("{}: {requests} requests from it pass 2^64 - 1", p.first_request)));
     }
     let top_k = p.top_k.unwrap_or(k as u32);
     if top_k == 0 || top_k > MAX_TOP_K {
@@ -44,7 +67,7 @@ pub fn records(p: &Positions<'_>) -> Result<(TraceHeader, Vec<TraceRecord>), PyE
     if let Some(s) = p.seq_lens
         && s.len() != requests * steps
     {
-        return Err(value("seq_lens", format!("{} values; one per (request, step): {requests} x {steps}", s.len())));
+        return Err(value(n.seq_lens, format!("{} values; one per (request, step): {requests} x {steps}", s.len())));
     }
     let at = |r: usize, s: usize, l: usize| ((r * steps + s) * layers + l) * k;
     let mut out = Vec::with_capacity(requests * steps * layers);
@@ -63,13 +86,13 @@ pub fn records(p: &Positions<'_>) -> Result<(TraceHeader, Vec<TraceRecord>), PyE
                         -1 => {}
                         v if v < 0 => {
                             return Err(value(
-                                &format!("selected{}", index()),
+                                &format!("{}{}", n.selected, index()),
                                 format!("{v}: positions are 0 or more, -1 pads"),
                             ));
                         }
                         v if v > MAX_POSITION => {
                             return Err(value(
-                                &format!("selected{}", index()),
+                                &format!("{}{}", n.selected, index()),
                                 format!("{v}: positions stay below 2^31"),
                             ));
                         }
@@ -79,7 +102,7 @@ pub fn records(p: &Positions<'_>) -> Result<(TraceHeader, Vec<TraceRecord>), PyE
                 sel.sort_unstable();
                 if let Some(w) = sel.windows(2).find(|w| w[0] == w[1]) {
                     let index = if requests == 1 { format!("[{s}, {l}]") } else { format!("[{r}, {s}, {l}]") };
-                    return Err(value(&format!("selected{index}"), format!("position {} selected twice", w[0])));
+                    return Err(value(&format!("{}{index}", n.selected), format!("position {} selected twice", w[0])));
                 }
                 if sel.len() > top_k as usize {
                     return Err(value(
@@ -93,10 +116,27 @@ pub fn records(p: &Positions<'_>) -> Result<(TraceHeader, Vec<TraceRecord>), PyE
             let seq_len = match p.seq_lens {
                 Some(given) => {
                     let v = given[r * steps + s];
+                    if n.derived_seq_lens && v <= newest {
+                        let index = if requests == 1 { format!("[{s}]") } else { format!("[{r}, {s}]") };
+                        return Err(value(
+                            &format!("{}{index}", n.selected),
+                            format!(
+                                "selects position {newest}, past the {v} tokens of its sequence ({} + step + 1)",
+                                n.seq_lens
+                            ),
+                        ));
+                    }
                     if !(1..=MAX_POSITION).contains(&v) || v <= newest {
                         return Err(value(
-                            &format!("seq_lens[{r}, {s}]"),
+                            &format!("{}[{r}, {s}]", n.seq_lens),
                             format!("{v}: must be in 1..2^31 and above every position selected ({newest})"),
+                        ));
+                    }
+                    // A sequence only grows.
+                    if s > 0 && v < seq[r] {
+                        return Err(value(
+                            &format!("{}[{r}, {s}]", n.seq_lens),
+                            format!("{v}: below the step before's {}; a sequence never shrinks", seq[r]),
                         ));
                     }
                     v
@@ -116,6 +156,9 @@ pub fn records(p: &Positions<'_>) -> Result<(TraceHeader, Vec<TraceRecord>), PyE
             }
         }
     }
+    if out.iter().all(|r| r.selected.is_empty()) {
+        return Err(value(n.selected, "every entry is -1 (padding): nothing selected"));
+    }
     let header = TraceHeader { top_k, layers: layers as u32, row_bytes: p.row_bytes, ..TraceHeader::default() };
     Ok((header, out))
 }
@@ -127,9 +170,14 @@ pub fn sglang_positions(b64: &[u8], layers: usize, top_k: usize) -> Result<Vec<i
     let bytes = base64::engine::general_purpose::STANDARD
         .decode(b64.trim_ascii())
         .map_err(|e| value("indexer_topk", format!("not base64: {e}")))?;
-    let per_token = layers.checked_mul(top_k).and_then(|n| n.checked_mul(4)).filter(|&n| n > 0);
-    let Some(per_token) = per_token else {
-        return Err(value("layers", format!("{layers} layers x top_k {top_k}: both must be at least 1")));
+    if layers == 0 {
+        return Err(value("layers", "0: must be at least 1"));
+    }
+    if top_k == 0 {
+        return Err(value("top_k", "0: must be at least 1"));
+    }
+    let Some(per_token) = layers.checked_mul(top_k).and_then(|n| n.checked_mul(4)) else {
+        return Err(value("top_k", format!("{top_k}: {layers} layers x top_k int32 positions overflow")));
     };
     if bytes.len() % per_token != 0 {
         return Err(value(

@@ -43,3 +43,18 @@ pub fn policy(arg: &str, e: PolicyError) -> PyErr {
         other => PyValueError::new_err(format!("{arg}: {other}")),
     }
 }
+
+/// The integer argument `arg` as a `T` in `0..=max`: a `TypeError` naming it unless it is an
+/// int (a bool is not), a `ValueError` naming it and its value outside the range (never a bare
+/// `OverflowError`, never a wrapped value).
+pub fn uint<T: TryFrom<u64>>(arg: &str, v: &pyo3::Bound<'_, pyo3::PyAny>, max: u64) -> pyo3::PyResult<T> {
+    use pyo3::types::{PyAnyMethods, PyBool, PyInt, PyTypeMethods};
+    if v.is_instance_of::<PyBool>() || !v.is_instance_of::<PyInt>() {
+        let t = v.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into());
+        return Err(kind(arg, format!("{t}; expected an int")));
+    }
+    let out_of_range =
+        || value(arg, format!("{}: must be in 0..={max}", v.str().map(|s| s.to_string()).unwrap_or_default()));
+    let n: i128 = v.extract().map_err(|_| out_of_range())?;
+    u64::try_from(n).ok().filter(|&n| n <= max).and_then(|n| T::try_from(n).ok()).ok_or_else(out_of_range)
+}

@@ -12,7 +12,7 @@ use hisparse_policy::{SimConfig, SimResult, replays_in_one_pass, simulate_encode
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
 
-use crate::error::{policy, value};
+use crate::error::{policy, uint, value};
 use crate::policy::PyPolicy;
 use crate::trace::Trace;
 
@@ -34,20 +34,60 @@ enum Chosen {
     Python(Arc<PyPolicy>),
 }
 
-fn choose(p: &Bound<'_, PyAny>, cfg: &PolicyConfig) -> PyResult<Chosen> {
+/// `p` as a policy, and the buffer size it carries (a class of ours: `hisparse.LRU(64)`).
+fn choose(p: &Bound<'_, PyAny>, cfg: &PolicyConfig) -> PyResult<(Chosen, Option<usize>)> {
     if p.is_instance_of::<PyString>() {
         let name: String = p.extract()?;
         let c = PolicyChoice::parse(&name).map_err(|e| value("policies", e))?;
-        return Ok(Chosen::Builtin(c.make(cfg).map_err(|e| policy("policies", e))?));
+        return Ok((Chosen::Builtin(c.make(cfg).map_err(|e| policy("policies", e))?), None));
     }
-    // A class of ours (hisparse.LRU(...)) carries the built-in's name.
+    // A class of ours (hisparse.LRU(...)) carries the built-in's name and its cache_size.
     if let Ok(b) = p.getattr("builtin")
         && let Ok(name) = b.extract::<String>()
     {
         let c = PolicyChoice::parse(&name).map_err(|e| value("policies", e))?;
-        return Ok(Chosen::Builtin(c.make(cfg).map_err(|e| policy("policies", e))?));
+        let size = match p.getattr("cache_size") {
+            Ok(v) if !v.is_none() => Some(uint::<usize>("policies", &v, u64::from(u32::MAX))?),
+            _ => None,
+        };
+        return Ok((Chosen::Builtin(c.make(cfg).map_err(|e| policy("policies", e))?), size));
     }
-    Ok(Chosen::Python(Arc::new(PyPolicy::new(p)?)))
+    Ok((Chosen::Python(Arc::new(PyPolicy::new(p)?)), None))
+}
+
+/// The buffer sizes of a call: `buffers` as given, or the one `cache_size` its policy classes
+/// carry; a class's own size is never silently replaced by `buffers`, nor two classes' sizes
+/// merged into one grid.
+fn buffer_sizes(given: Option<Vec<Bound<'_, PyAny>>>, carried: &[usize], top_k: u32) -> PyResult<Vec<usize>> {
+    let k = top_k as usize;
+    let sizes = match (given, carried) {
+        (Some(_), [first, ..]) => {
+            return Err(value(
+                "buffers",
+                format!(
+                    "a policy class of cache_size {first} replays at its own size: leave buffers out, or name the policy (\"lru\") to replay it at each buffer"
+                ),
+            ));
+        }
+        (None, [first, rest @ ..]) => {
+            if let Some(other) = rest.iter().find(|&&s| s != *first) {
+                return Err(value(
+                    "policies",
+                    format!("classes of cache_size {first} and {other} in one call: simulate them one size at a time"),
+                ));
+            }
+            vec![*first]
+        }
+        (Some(b), []) => b.iter().map(|b| uint::<usize>("buffers", b, u64::from(u32::MAX))).collect::<PyResult<_>>()?,
+        (None, []) => vec![k, 2 * k, 4 * k],
+    };
+    if sizes.is_empty() {
+        return Err(value("buffers", "empty; give at least one buffer size"));
+    }
+    if let Some(b) = sizes.iter().find(|&&b| b < k) {
+        return Err(value("buffers", format!("{b}: a buffer holds at least the trace's top_k = {k} slots")));
+    }
+    Ok(sizes)
 }
 
 /// Runs `trace` under every policy x prefetcher x buffer size; returns one dict per
@@ -57,48 +97,57 @@ fn choose(p: &Bound<'_, PyAny>, cfg: &PolicyConfig) -> PyResult<Chosen> {
 /// `misses_p99_per_step`, and with `belady=True` `belady_misses` and `vs_belady` (misses over
 /// the offline bound's at the same prefetcher and buffer).
 #[pyfunction]
-#[pyo3(signature = (trace, policies = None, buffers = None, prefetchers = None, *, warmup_steps = 0, seed = 1, belady = true))]
+#[pyo3(signature = (trace, policies = None, buffers = None, prefetchers = None, *, warmup_steps = None, seed = None, belady = true))]
 #[allow(clippy::too_many_arguments)] // Python keyword arguments
 pub fn simulate<'py>(
     py: Python<'py>,
     trace: &Trace,
     policies: Option<Vec<Bound<'py, PyAny>>>,
-    buffers: Option<Vec<i64>>,
+    buffers: Option<Vec<Bound<'py, PyAny>>>,
     prefetchers: Option<Vec<String>>,
-    warmup_steps: usize,
-    seed: u64,
+    warmup_steps: Option<Bound<'py, PyAny>>,
+    seed: Option<Bound<'py, PyAny>>,
     belady: bool,
 ) -> PyResult<Vec<Bound<'py, PyDict>>> {
-    let k = trace.header.top_k as i64;
-    let buffers = buffers.unwrap_or_else(|| vec![k, 2 * k, 4 * k]);
-    if buffers.is_empty() {
-        return Err(value("buffers", "empty; give at least one buffer size"));
-    }
-    let buffer_sizes = buffers
-        .iter()
-        .map(|&b| {
-            usize::try_from(b)
-                .ok()
-                .filter(|&b| b as i64 >= k)
-                .ok_or_else(|| value("buffers", format!("{b}: a buffer holds at least the trace's top_k = {k} slots")))
-        })
-        .collect::<PyResult<Vec<_>>>()?;
+    let warmup_steps = warmup_steps.map_or(Ok(0), |w| uint::<usize>("warmup_steps", &w, u64::from(u32::MAX)))?;
+    let seed = seed.map_or(Ok(1), |s| uint::<u64>("seed", &s, u64::MAX))?;
     let policy_config = PolicyConfig { seed, ..PolicyConfig::default() };
     let given = match policies {
         Some(p) if p.is_empty() => return Err(value("policies", "empty; give at least one policy")),
         Some(p) => p,
         None => vec![PyString::new(py, "lru").into_any()],
     };
-    let mut chosen = given.iter().map(|p| choose(p, &policy_config)).collect::<PyResult<Vec<_>>>()?;
+    let (mut chosen, carried): (Vec<Chosen>, Vec<Option<usize>>) =
+        given.iter().map(|p| choose(p, &policy_config)).collect::<PyResult<Vec<_>>>()?.into_iter().unzip();
+    let carried: Vec<usize> = carried.into_iter().flatten().collect();
+    let buffer_sizes = buffer_sizes(buffers, &carried, trace.header.top_k)?;
     let has_belady = chosen.iter().any(|c| matches!(c, Chosen::Builtin(p) if p.name() == "belady"));
     if belady && !has_belady {
-        chosen.push(choose(&PyString::new(py, "belady").into_any(), &policy_config)?);
+        chosen.push(choose(&PyString::new(py, "belady").into_any(), &policy_config)?.0);
     }
     let prefetchers = prefetchers
         .unwrap_or_else(|| vec!["none".into()])
         .iter()
         .map(|n| PrefetcherChoice::parse(n).map_err(|e| value("prefetchers", e)))
         .collect::<PyResult<Vec<_>>>()?;
+    // A trace read with scores=False has none, whatever its file held: say so.
+    if trace.read_without_scores {
+        let reads = chosen.iter().find_map(|c| match c {
+            Chosen::Builtin(p) if p.needs_scores() => Some(("policies", p.name().to_owned())),
+            Chosen::Python(p) if p.needs_scores() => Some(("policies", p.name().to_owned())),
+            _ => None,
+        });
+        let near = prefetchers
+            .iter()
+            .find(|p| p.make(&Default::default()).needs_near())
+            .map(|p| ("prefetchers", p.to_string()));
+        if let Some((arg, name)) = reads.or(near) {
+            return Err(value(
+                arg,
+                format!("{name} reads scores; the trace was read with scores=False: read it with Trace.read(path)"),
+            ));
+        }
+    }
     let made: Vec<Arc<dyn EvictionPolicy>> = chosen
         .iter()
         .map(|c| match c {

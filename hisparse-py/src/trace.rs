@@ -9,21 +9,26 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use hisparse_policy::trace::{
-    EncodedTrace, TraceData, TraceHeader, TraceRecord, TraceWriter, read_trace_file_encoded, read_trace_file_with,
-    read_trace_from_encoded, read_trace_from_with,
+    EncodedTrace, MAX_LAYERS, MAX_TOP_K, TraceData, TraceHeader, TraceRecord, TraceWriter, read_trace_file_encoded,
+    read_trace_file_with, read_trace_from_encoded, read_trace_from_with,
 };
 use numpy::{PyArray1, PyArray2, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyString};
 
-use crate::arrays::{Positions, records, sglang_positions};
-use crate::error::{exists, io, kind, policy, value};
+use crate::arrays::{MAX_POSITION, Names, Positions, records, sglang_positions};
+use crate::error::{exists, io, kind, policy, uint, value};
+
+/// A KV row's bytes where the caller names none (an fp8 MLA row of DeepSeek-V3.2 and GLM-5.1).
+const DEFAULT_ROW_BYTES: u32 = 656;
 
 /// A selection trace: which positions each (step, request, layer) selected.
 #[pyclass(module = "hisparse", name = "Trace", frozen)]
 pub struct Trace {
     pub(crate) header: TraceHeader,
     body: Body,
+    /// Read from a file with `scores=False`: whatever scores it held were left out.
+    pub(crate) read_without_scores: bool,
 }
 
 /// A trace's records: decoded, or a binary file read without scores whose positions stay
@@ -35,7 +40,31 @@ enum Body {
 
 impl Trace {
     fn new(header: TraceHeader, records: Vec<TraceRecord>) -> Self {
-        Self { header, body: Body::Records(records) }
+        Self { header, body: Body::Records(records), read_without_scores: false }
+    }
+
+    /// The trace file at `path` read as [`Trace::read`] says (blocking: a FIFO waits for its
+    /// writer); errors as text, naming no argument yet.
+    fn read_blocking(path: &Path, max_bytes: u64, scores: bool) -> Result<Self, String> {
+        let f = std::fs::File::open(path).map_err(|e| e.to_string())?;
+        let size = f.metadata().ok().filter(std::fs::Metadata::is_file).map(|m| m.len());
+        // Without scores a binary trace's positions stay encoded (each checked here): replays
+        // by LRU and FIFO without prefetch then decode a record at a time.
+        let encoded = |read: hisparse_policy::Result<TraceData>| match read? {
+            TraceData::Encoded(trace) => trace.check_positions().map(|()| Self {
+                header: trace.header().clone(),
+                body: Body::Encoded { trace, decoded: OnceLock::new() },
+                read_without_scores: true,
+            }),
+            TraceData::Records(h, r) => Ok(Self { read_without_scores: true, ..Self::new(h, r) }),
+        };
+        match size {
+            Some(n) if !scores => encoded(read_trace_file_encoded(f, n, max_bytes)),
+            None if !scores => encoded(read_trace_from_encoded(f, None, max_bytes)),
+            Some(n) => read_trace_file_with(f, n, max_bytes, scores).map(|(h, r)| Self::new(h, r)),
+            None => read_trace_from_with(f, size, max_bytes, scores).map(|(h, r)| Self::new(h, r)),
+        }
+        .map_err(|e| e.to_string())
     }
 
     /// The records, decoded.
@@ -67,6 +96,16 @@ impl Trace {
     }
 }
 
+/// Ends a reader's wait in `open` on the FIFO at `path` that has no writer yet: this process
+/// opens it for writing without blocking and closes it at once (the reader then sees an empty
+/// stream and fails, its result dropped). Anything else at `path` is left alone.
+fn release_fifo_reader(path: &Path) {
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    if std::fs::metadata(path).is_ok_and(|m| m.file_type().is_fifo()) {
+        let _ = std::fs::OpenOptions::new().write(true).custom_flags(libc::O_NONBLOCK).open(path);
+    }
+}
+
 /// `x` as a contiguous int64 array, refused naming `arg` unless it holds integers.
 fn int_array<'py>(arg: &str, x: &Bound<'py, PyAny>) -> PyResult<PyReadonlyArrayDyn<'py, i64>> {
     let py = x.py();
@@ -76,6 +115,13 @@ fn int_array<'py>(arg: &str, x: &Bound<'py, PyAny>) -> PyResult<PyReadonlyArrayD
     if dtype_kind != "i" && dtype_kind != "u" {
         let dtype = arr.getattr("dtype")?.str()?.to_string();
         return Err(kind(arg, format!("an array of {dtype}; positions are integers")));
+    }
+    // An unsigned array's values past int64 would wrap (2**64 - 1 to -1, the padding): refused.
+    if dtype_kind == "u" && arr.getattr("size")?.extract::<usize>()? > 0 {
+        let largest = arr.call_method0("max")?;
+        if largest.gt(i64::MAX)? {
+            return Err(value(arg, format!("{}: positions stay below 2^31 (-1 pads)", largest.str()?)));
+        }
     }
     let arr = np.call_method1("ascontiguousarray", (arr, "int64"))?;
     arr.extract().map_err(|_| kind(arg, "not convertible to an int64 array"))
@@ -110,7 +156,14 @@ impl Trace {
             }
             None => None,
         };
-        let (header, records) = records(&Positions { data, shape, seq_lens: lens, top_k, row_bytes, first_request })?;
+        let names = Names {
+            selected: "selected",
+            seq_lens: "seq_lens",
+            first_request: "first_request",
+            derived_seq_lens: false,
+        };
+        let (header, records) =
+            records(&Positions { data, shape, seq_lens: lens, top_k, row_bytes, first_request, names })?;
         Ok(Self::new(header, records))
     }
 
@@ -137,34 +190,51 @@ impl Trace {
     /// for replays whose policies and prefetchers read none; a binary file's positions then stay
     /// encoded (each checked here) until something needs them whole, and `simulate` replays
     /// LRU and FIFO without prefetch from them a record at a time.
+    ///
+    /// The file is read on a thread of its own: Ctrl-C (KeyboardInterrupt) stops the wait for
+    /// a FIFO's writer or for a stalled one, as Python's own `open` does.
     #[staticmethod]
     #[pyo3(signature = (path, max_bytes = None, scores = true))]
-    fn read(py: Python<'_>, path: PathBuf, max_bytes: Option<u64>, scores: bool) -> PyResult<Self> {
-        // A trace is read whole and decoded to about DECODED_PER_TRACE_BYTE times its size.
-        let per_byte = 1 + hisparse_policy::trace::DECODED_PER_TRACE_BYTE;
-        let max_bytes =
-            max_bytes.unwrap_or_else(|| hisparse_memory::available_memory().map_or(1 << 34, |a| a / per_byte));
-        py.detach(|| {
-            let f = std::fs::File::open(&path).map_err(|e| e.to_string())?;
-            let size = f.metadata().ok().filter(std::fs::Metadata::is_file).map(|m| m.len());
-            // Without scores a binary trace's positions stay encoded (each checked here):
-            // replays by LRU and FIFO without prefetch then decode a record at a time.
-            let encoded = |read: hisparse_policy::Result<TraceData>| match read? {
-                TraceData::Encoded(trace) => trace.check_positions().map(|()| Self {
-                    header: trace.header().clone(),
-                    body: Body::Encoded { trace, decoded: OnceLock::new() },
-                }),
-                TraceData::Records(h, r) => Ok(Self::new(h, r)),
-            };
-            match size {
-                Some(n) if !scores => encoded(read_trace_file_encoded(f, n, max_bytes)),
-                None if !scores => encoded(read_trace_from_encoded(f, None, max_bytes)),
-                Some(n) => read_trace_file_with(f, n, max_bytes, scores).map(|(h, r)| Self::new(h, r)),
-                None => read_trace_from_with(f, size, max_bytes, scores).map(|(h, r)| Self::new(h, r)),
+    fn read(py: Python<'_>, path: PathBuf, max_bytes: Option<Bound<'_, PyAny>>, scores: bool) -> PyResult<Self> {
+        let max_bytes = match max_bytes {
+            Some(m) if !m.is_none() => uint::<u64>("max_bytes", &m, u64::MAX)?,
+            // A trace is read whole and decoded to about DECODED_PER_TRACE_BYTE times its size.
+            _ => {
+                let per_byte = 1 + hisparse_policy::trace::DECODED_PER_TRACE_BYTE;
+                hisparse_memory::available_memory().map_or(1 << 34, |a| a / per_byte)
             }
-            .map_err(|e| e.to_string())
-        })
-        .map_err(|e| value("path", format!("{}: {e}", path.display())))
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        let p = path.clone();
+        std::thread::Builder::new()
+            .name("hisparse-trace-read".into())
+            .spawn(move || {
+                let _ = tx.send(Self::read_blocking(&p, max_bytes, scores));
+            })
+            .map_err(|e| io(&path, e))?;
+        let tick = std::time::Duration::from_millis(20);
+        // Only this thread receives; the lock lets the wait run with the interpreter released.
+        let rx = std::sync::Mutex::new(rx);
+        loop {
+            let got = py.detach(|| match rx.lock() {
+                Ok(rx) => rx.recv_timeout(tick),
+                Err(_) => Err(std::sync::mpsc::RecvTimeoutError::Disconnected),
+            });
+            match got {
+                Ok(r) => return r.map_err(|e| value("path", format!("{}: {e}", path.display()))),
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                    return Err(value(
+                        "path",
+                        format!("{}: the reading thread ended without a result", path.display()),
+                    ));
+                }
+            }
+            if let Err(e) = py.check_signals() {
+                release_fifo_reader(&path);
+                return Err(e);
+            }
+        }
     }
 
     /// Writes the trace as a binary `.hstrace` file: into a temporary file beside `path`, then
@@ -203,14 +273,19 @@ impl Trace {
     /// `seq_lens` (`(steps,)` or `(requests, steps)`) gives each step's sequence length; by
     /// default one past the largest position selected so far. `top_k` defaults to `k`.
     #[staticmethod]
-    #[pyo3(signature = (selected, *, seq_lens = None, top_k = None, row_bytes = 656, first_request = 0))]
+    #[pyo3(signature = (selected, *, seq_lens = None, top_k = None, row_bytes = None, first_request = None))]
     fn from_array(
         selected: &Bound<'_, PyAny>,
         seq_lens: Option<&Bound<'_, PyAny>>,
-        top_k: Option<u32>,
-        row_bytes: u32,
-        first_request: u64,
+        top_k: Option<&Bound<'_, PyAny>>,
+        row_bytes: Option<&Bound<'_, PyAny>>,
+        first_request: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
+        let top_k =
+            top_k.filter(|k| !k.is_none()).map(|k| uint::<u32>("top_k", k, u64::from(MAX_TOP_K))).transpose()?;
+        let row_bytes =
+            row_bytes.map_or(Ok(DEFAULT_ROW_BYTES), |b| uint::<u32>("row_bytes", b, u64::from(u32::MAX)))?;
+        let first_request = first_request.map_or(Ok(0), |r| uint::<u64>("first_request", r, u64::MAX))?;
         let sel = int_array("selected", selected)?;
         let lens = seq_lens.map(|s| int_array("seq_lens", s)).transpose()?;
         Self::from_positions(&sel, lens.as_ref(), top_k, row_bytes, first_request)
@@ -220,16 +295,21 @@ impl Trace {
     /// `--enable-return-indexer-topk`): base64 of int32 `(tokens, layers, top_k)`. Token `t`
     /// is decode step `t`, its sequence `prompt_tokens + t + 1` tokens long.
     #[staticmethod]
-    #[pyo3(signature = (indexer_topk, *, layers, top_k, prompt_tokens, request = 0, row_bytes = 656))]
+    #[pyo3(signature = (indexer_topk, *, layers, top_k, prompt_tokens, request = None, row_bytes = None))]
     fn from_sglang(
-        py: Python<'_>,
         indexer_topk: &Bound<'_, PyAny>,
-        layers: usize,
-        top_k: usize,
-        prompt_tokens: u32,
-        request: u64,
-        row_bytes: u32,
+        layers: &Bound<'_, PyAny>,
+        top_k: &Bound<'_, PyAny>,
+        prompt_tokens: &Bound<'_, PyAny>,
+        request: Option<&Bound<'_, PyAny>>,
+        row_bytes: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
+        let layers = uint::<usize>("layers", layers, u64::from(MAX_LAYERS))?;
+        let top_k = uint::<usize>("top_k", top_k, u64::from(MAX_TOP_K))?;
+        let prompt_tokens = uint::<i64>("prompt_tokens", prompt_tokens, MAX_POSITION as u64)?;
+        let request = request.map_or(Ok(0), |r| uint::<u64>("request", r, u64::MAX))?;
+        let row_bytes =
+            row_bytes.map_or(Ok(DEFAULT_ROW_BYTES), |b| uint::<u32>("row_bytes", b, u64::from(u32::MAX)))?;
         let b64: Vec<u8> = if indexer_topk.is_instance_of::<PyString>() {
             indexer_topk.extract::<String>()?.into_bytes()
         } else if let Ok(b) = indexer_topk.cast::<PyBytes>() {
@@ -239,16 +319,29 @@ impl Trace {
         };
         let data = sglang_positions(&b64, layers, top_k)?;
         let tokens = data.len() / (layers * top_k);
-        let lens: Vec<i64> = (0..tokens).map(|t| i64::from(prompt_tokens) + t as i64 + 1).collect();
+        // The last token's sequence must stay a position a trace holds.
+        if prompt_tokens + tokens as i64 > MAX_POSITION {
+            return Err(value(
+                "prompt_tokens",
+                format!("{prompt_tokens}: with {tokens} tokens the sequence passes 2^31 positions"),
+            ));
+        }
+        let lens: Vec<i64> = (0..tokens).map(|t| prompt_tokens + t as i64 + 1).collect();
         let (header, records) = records(&Positions {
             data: &data,
             shape: [1, tokens, layers, top_k],
             seq_lens: Some(&lens),
-            top_k: Some(u32::try_from(top_k).map_err(|_| value("top_k", format!("{top_k}: too large")))?),
+            // Within MAX_TOP_K, checked above.
+            top_k: Some(top_k as u32),
             row_bytes,
             first_request: request,
+            names: Names {
+                selected: "indexer_topk",
+                seq_lens: "prompt_tokens",
+                first_request: "request",
+                derived_seq_lens: true,
+            },
         })?;
-        let _ = py;
         Ok(Self::new(header, records))
     }
 
@@ -270,7 +363,8 @@ impl Trace {
         self.header.row_bytes
     }
 
-    /// Whether the records carry scores (version 2, what `score` and `next-step` need).
+    /// Whether the records carry scores (a scored trace, version 3: what `score`, `score-lru`
+    /// and `next-step` read); false for a trace read with `scores=False`.
     #[getter]
     fn has_scores(&self) -> bool {
         self.header.has_scores

@@ -70,16 +70,42 @@ def _replay_like_builtins(trace):
 
 def test_classes_in_libcachesims_shape(trace):
     k = trace.top_k
-    lru = hisparse.LRU(2 * k)
+    lru = hisparse.LRU(cache_size=2 * k)
     row = lru.process(trace)
     assert row["policy"] == "lru" and row["buffer"] == 2 * k
-    assert lru.process_trace(trace) == row["miss_ratio"]
-    assert hisparse.Belady(2 * k).process_trace(trace) <= row["miss_ratio"]
+    # libCacheSim's process_trace: the miss ratio and the byte miss ratio.
+    miss, byte_miss = lru.process_trace(trace)
+    assert miss == row["miss_ratio"] and math.isclose(byte_miss, row["bytes"] / (row["selected"] * trace.row_bytes))
+    assert math.isclose(byte_miss, miss)  # rows are one size, nothing prefetched
+    assert hisparse.Belady(2 * k).process_trace(trace)[0] <= miss
+    assert hisparse.Clock(cache_size=2 * k, hashpower=20).process_trace(trace)[0] > 0
     assert PyLRU().process(trace, 2 * k)["misses"] == row["misses"]
     buffers, ratios = hisparse.miss_ratio_curve(trace, "belady")
     assert buffers == sorted(buffers) and all(a >= b for a, b in zip(ratios, ratios[1:]))
-    with pytest.raises(ValueError, match="buffer_size"):
-        hisparse.LRU(0)
+    assert hisparse.miss_ratio_curve(trace, hisparse.LRU(3 * k))[0] == hisparse.miss_ratio_curve(trace, "lru")[0]
+    for bad, name in (
+        (lambda: hisparse.LRU(0), "cache_size"),
+        (lambda: hisparse.LRU(0.1), "cache_size"),
+        (lambda: hisparse.LRU(64, default_ttl=5), "default_ttl"),
+        (lambda: hisparse.LRU(64, consider_obj_metadata=True), "consider_obj_metadata"),
+        (lambda: hisparse.LRU(64, admissioner=object()), "admissioner"),
+        (lambda: hisparse.LRU(64, reader=object()), "reader"),
+        (lambda: lru.process_trace(trace, start_req=5), "start_req"),
+        (lambda: lru.process_trace(trace, max_req=5), "max_req"),
+    ):
+        with pytest.raises(ValueError) as e:
+            bad()
+        assert str(e.value).startswith(name), str(e.value)
+
+
+def test_a_class_is_replayed_at_its_own_cache_size(trace):
+    k = trace.top_k
+    rows = hisparse.simulate(trace, [hisparse.LRU(3 * k), hisparse.FIFO(3 * k)], belady=False)
+    assert {(r["policy"], r["buffer"]) for r in rows} == {("lru", 3 * k), ("fifo", 3 * k)}
+    with pytest.raises(ValueError, match="^buffers: a policy class of cache_size"):
+        hisparse.simulate(trace, [hisparse.LRU(3 * k)], [2 * k])
+    with pytest.raises(ValueError, match="^policies: classes of cache_size"):
+        hisparse.simulate(trace, [hisparse.LRU(3 * k), hisparse.FIFO(2 * k)])
 
 
 def test_rows_make_a_dataframe(trace):
@@ -126,6 +152,15 @@ def test_a_python_policys_failure_is_raised_with_the_hook_named(trace):
         ({"prefetchers": ["nope"]}, ValueError, "prefetchers"),
         ({"prefetchers": ["next-step"]}, ValueError, "prefetchers"),
         ({"policies": ["score"]}, ValueError, "policies"),
+        ({"buffers": [2**64]}, ValueError, "buffers"),
+        ({"buffers": [2**200]}, ValueError, "buffers"),
+        ({"buffers": ["8"]}, TypeError, "buffers"),
+        ({"warmup_steps": -1}, ValueError, "warmup_steps"),
+        ({"warmup_steps": 2**70}, ValueError, "warmup_steps"),
+        ({"warmup_steps": 10_000}, ValueError, "warmup_steps"),
+        ({"seed": -3}, ValueError, "seed"),
+        ({"seed": 2**64}, ValueError, "seed"),
+        ({"seed": True}, TypeError, "seed"),
     ],
 )
 def test_bad_arguments_name_themselves(trace, kwargs, exc, name):
@@ -216,3 +251,19 @@ def test_a_trace_read_from_a_pipe_without_scores_replays_alike(tmp_path):
     want = hisparse.simulate(t, ["lru", "fifo"], [32, 48], belady=False)
     assert hisparse.simulate(piped, ["lru", "fifo"], [32, 48], belady=False) == want
     assert len(piped) == len(t)
+
+
+def test_a_score_policy_on_a_trace_read_without_scores_says_so(tmp_path):
+    """The message names scores=False, not a trace version."""
+    from conftest import churning
+
+    p = tmp_path / "t.hstrace"
+    hisparse.Trace.from_array(churning()).write(p)
+    t = hisparse.Trace.read(p, scores=False)
+    for kwargs, name in (({"policies": ["score"]}, "policies"), ({"prefetchers": ["next-step"]}, "prefetchers")):
+        with pytest.raises(ValueError) as e:
+            hisparse.simulate(t, buffers=[64], **kwargs)
+        assert str(e.value).startswith(name) and "scores=False" in str(e.value), str(e.value)
+    # Read with its scores (it has none), the message says what a trace needs: version 3.
+    with pytest.raises(ValueError, match="version 3"):
+        hisparse.simulate(hisparse.Trace.read(p), ["score"], [64])

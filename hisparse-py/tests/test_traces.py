@@ -65,6 +65,12 @@ def test_from_sglang_reads_base64_int32(positions):
     assert len(same) == len(t)
 
 
+def _b64(rows):
+    import base64
+
+    return base64.b64encode(np.array(rows, dtype="<i4").tobytes()).decode()
+
+
 @pytest.mark.parametrize(
     "make, exc, name",
     [
@@ -81,6 +87,23 @@ def test_from_sglang_reads_base64_int32(positions):
         (lambda: hisparse.Trace.from_sglang("AAAA", layers=1, top_k=2, prompt_tokens=3), ValueError, "indexer_topk"),
         (lambda: hisparse.Trace.from_sglang(3, layers=1, top_k=2, prompt_tokens=3), TypeError, "indexer_topk"),
         (lambda: hisparse.Trace.from_sglang("", layers=0, top_k=2, prompt_tokens=3), ValueError, "layers"),
+        (lambda: hisparse.Trace.from_sglang("AAAA", layers=1, top_k=0, prompt_tokens=3), ValueError, "top_k"),
+        (lambda: hisparse.Trace.from_sglang("AAAA", layers=1, top_k=-2, prompt_tokens=3), ValueError, "top_k"),
+        (lambda: hisparse.Trace.from_sglang("AAAA", layers=1, top_k=1, prompt_tokens=-1), ValueError, "prompt_tokens"),
+        (lambda: hisparse.Trace.from_sglang("AAAA", layers=1, top_k=1, prompt_tokens=2**31), ValueError, "prompt_tokens"),
+        (lambda: hisparse.Trace.from_sglang("AAAA", layers=1, top_k=1, prompt_tokens=3, request=-1), ValueError, "request"),
+        (lambda: hisparse.Trace.from_sglang("", layers=1, top_k=1, prompt_tokens=3), ValueError, "indexer_topk"),
+        (lambda: hisparse.Trace.from_sglang(_b64([[5]]), layers=1, top_k=1, prompt_tokens=3), ValueError, "indexer_topk[0]"),
+        (lambda: hisparse.Trace.from_array(np.array([[[0, 1]]]), top_k=-1), ValueError, "top_k"),
+        (lambda: hisparse.Trace.from_array(np.array([[[0, 1]]]), top_k=0), ValueError, "top_k"),
+        (lambda: hisparse.Trace.from_array(np.array([[[0, 1]]]), row_bytes=2**40), ValueError, "row_bytes"),
+        (lambda: hisparse.Trace.from_array(np.array([[[0, 1]]]), first_request=-1), ValueError, "first_request"),
+        (lambda: hisparse.Trace.from_array(np.zeros((2, 1, 1, 1), dtype=np.int64), first_request=2**64 - 1), ValueError, "first_request"),
+        (lambda: hisparse.Trace.from_array(np.array([[[2**64 - 1, 1]]], dtype=np.uint64)), ValueError, "selected"),
+        (lambda: hisparse.Trace.from_array(np.full((2, 1, 3), -1)), ValueError, "selected"),
+        (lambda: hisparse.Trace.from_array(np.zeros((0, 1, 3), dtype=np.int64)), ValueError, "selected"),
+        (lambda: hisparse.Trace.from_array(np.array([[[0]], [[1]]]), seq_lens=[9, 5]), ValueError, "seq_lens[0, 1]"),
+        (lambda: hisparse.Trace.read("x.hstrace", max_bytes=-1), ValueError, "max_bytes"),
     ],
 )
 def test_bad_input_names_the_argument(make, exc, name):
@@ -165,3 +188,36 @@ def test_a_fault_only_decoding_meets_is_raised_when_the_trace_is_read(tmp_path):
     good = tmp_path / "good.hstrace"
     good.write_bytes(head + record(1, 2, [3, 4]) + record(2, 2, [3, 4]) + record(3, 2, [5, 1]) + b"\xff" + end + struct.pack("<I", zlib.crc32(end)))
     assert len(hisparse.Trace.read(good, scores=False)) == 3
+
+
+def test_ctrl_c_stops_a_read_waiting_on_a_fifo(tmp_path):
+    """A FIFO nobody writes, and one whose writer stalls: Ctrl-C (KeyboardInterrupt) ends the
+    wait, as Python's own open does."""
+    import _thread
+    import os
+    import signal
+    import threading
+    import time
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        for stalled in (False, True):
+            stop = threading.Event()
+            if stalled:
+                def writer():
+                    with open(fifo, "wb") as f:
+                        f.write(b"HSTR")
+                        f.flush()
+                        stop.wait(10)
+
+                threading.Thread(target=writer, daemon=True).start()
+            threading.Timer(0.5, _thread.interrupt_main).start()
+            t0 = time.monotonic()
+            with pytest.raises(KeyboardInterrupt):
+                hisparse.Trace.read(fifo)
+            assert time.monotonic() - t0 < 5
+            stop.set()
+    finally:
+        signal.signal(signal.SIGINT, before)

@@ -71,6 +71,7 @@ pub fn run(a: &RunArgs) -> Result<(Vec<ModeRun>, PathBuf)> {
             return Err(BenchError::flag(flag, v, "a request (context + output) must stay below 2^31 tokens"));
         }
     }
+    refuse_a_run_admitting_nothing(a)?;
     let out = OutputDir::prepare("out", a.out.as_deref().unwrap_or(std::path::Path::new("results/run")))?;
     let mut trace_file = trace_file(a)?;
     let mut runs = Vec::new();
@@ -100,6 +101,28 @@ pub fn run(a: &RunArgs) -> Result<(Vec<ModeRun>, PathBuf)> {
         f.commit()?;
     }
     Ok((runs, out.commit()?))
+}
+
+/// Refuses, before any work, a run in which no mode can admit even its smallest request (the
+/// flag that would make room named); a mode that cannot beside one that can runs, rejecting
+/// its requests (what the comparison shows).
+fn refuse_a_run_admitting_nothing(a: &RunArgs) -> Result<()> {
+    let g = a.engine.geometry()?;
+    let hs = a.engine.hisparse(&g)?;
+    // Request i has context i and output i, each list cycled.
+    let smallest = (0..a.context.len().max(a.output.len()))
+        .map(|i| (a.context[i % a.context.len()], a.output[i % a.output.len()]))
+        .min_by_key(|&(c, o)| c.saturating_add(o));
+    let Some((context, output)) = smallest else { return Ok(()) };
+    let tokens = guard::sum(("context", context), ("output", output))?;
+    let mut first = None;
+    for mode in a.mode.modes() {
+        match a.engine.check_request_fits(&g, &hs, mode, "context", context, tokens) {
+            Ok(()) => return Ok(()),
+            Err(e) => first = first.or(Some(e)),
+        }
+    }
+    first.map_or(Ok(()), Err)
 }
 
 /// Writes `runs` into `out`: run.json (the summaries and every step) and steps.csv.

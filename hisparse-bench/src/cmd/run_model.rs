@@ -246,18 +246,32 @@ impl ModelInput {
         if let Some(b) = engine.prefetch_budget {
             cfg.hisparse.prefetch_budget = b;
         }
-        let cache = self.args.cache_from(cfg, kind)?;
-        // Refused before any decoding, as the emulated workload is: a budget that holds no request.
-        if let (Some(s), hisparse_engine::Admission::Rejected { reason }) =
-            (&engine.device_memory, cache.decide(max_tokens))
-        {
-            return Err(BenchError::flag(
-                "device-memory",
-                s,
-                format!("holds no request of {max_tokens} tokens in {mode} mode: {reason}"),
-            ));
+        self.args.cache_from(cfg, kind)
+    }
+
+    /// Refuses, before any decoding, a `--device-memory` that holds no request of `max_tokens`
+    /// in any of `modes` (a run that could admit nothing); a mode that holds none beside one
+    /// that does runs, rejecting its requests (what the comparison shows).
+    pub fn refuse_a_budget_holding_nothing(
+        &self,
+        engine: &EngineArgs,
+        modes: &[Mode],
+        max_tokens: usize,
+        requests: usize,
+    ) -> Result<()> {
+        let Some(budget) = &engine.device_memory else { return Ok(()) };
+        let mut reasons = Vec::new();
+        for &mode in modes {
+            match self.cache(engine, mode, max_tokens, requests)?.decide(max_tokens) {
+                hisparse_engine::Admission::Rejected { reason } => reasons.push(format!("{mode}: {reason}")),
+                _ => return Ok(()),
+            }
         }
-        Ok(cache)
+        Err(BenchError::flag(
+            "device-memory",
+            budget,
+            format!("holds no request of {max_tokens} tokens ({})", reasons.join("; ")),
+        ))
     }
 }
 
@@ -290,6 +304,7 @@ pub fn run(a: &RunArgs) -> Result<(Vec<ModeRun>, PathBuf)> {
             format!("context {context} + output pass the model's {} positions", input.model.config().context),
         ));
     }
+    input.refuse_a_budget_holding_nothing(&a.engine, &a.mode.modes(), max_tokens, a.concurrency)?;
     let mut runs = Vec::new();
     let mut generated: Vec<Vec<(u64, Vec<u32>)>> = Vec::new();
     for mode in a.mode.modes() {

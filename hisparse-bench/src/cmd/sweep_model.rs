@@ -51,6 +51,8 @@ pub fn run(a: &SweepArgs, levels: &[usize], steps: usize) -> Result<(SweepReport
     for &context in &a.context {
         bar.set_message(format!("context {context}: prefilling"));
         input.prefill(context, "context")?;
+        let all: Vec<_> = modes.iter().map(|m| m.mode()).collect();
+        input.refuse_a_budget_holding_nothing(&a.engine, &all, context + life, max_n)?;
         for &mode in &modes {
             let cache = input.cache(&a.engine, mode.mode(), context + life, max_n)?;
             let hs = &cache.config().hisparse;

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use super::{Distribution, SimConfig, SimReport, SimResult, Stream};
 use crate::counts::SwapCounts;
+use crate::error::{PolicyError, Result};
 use crate::trace::{RecordHead, TraceHeader};
 
 /// One combination's replays: misses per record of each stream, and prefetch counts
@@ -90,7 +91,7 @@ pub(super) fn report<'a, R: RecordHead>(
     compulsory: &'a [Vec<u32>],
     cfg: &SimConfig,
     replays: usize,
-) -> SimReport {
+) -> Result<SimReport> {
     let row_bytes = if cfg.row_bytes > 0 {
         cfg.row_bytes
     } else if header.row_bytes > 0 {
@@ -106,7 +107,24 @@ pub(super) fn report<'a, R: RecordHead>(
         prefetch: [0; 3],
     });
     let (steps, results) = results(records, streams, lines, row_bytes, cfg.warmup_steps);
-    SimReport {
+    // A ratio of nothing is no result: a warm-up as long as the trace, or a trace that selects
+    // nothing (empty, or all padding), is refused rather than reported as 0 misses.
+    if results.iter().all(|r| r.selected == 0) {
+        return Err(if cfg.warmup_steps > 0 && records.iter().any(|r| r.count() > 0) {
+            PolicyError::Invalid {
+                field: "warmup_steps",
+                value: cfg.warmup_steps.to_string(),
+                reason: format!("the trace has {steps} steps after it: nothing would be measured"),
+            }
+        } else {
+            PolicyError::Invalid {
+                field: "trace",
+                value: format!("{} records", records.len()),
+                reason: "selects nothing (empty, or only padding): nothing to measure".into(),
+            }
+        });
+    }
+    Ok(SimReport {
         replays,
         header: header.clone(),
         records: records.len(),
@@ -114,5 +132,5 @@ pub(super) fn report<'a, R: RecordHead>(
         steps,
         row_bytes,
         results,
-    }
+    })
 }

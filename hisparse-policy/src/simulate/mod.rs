@@ -322,7 +322,7 @@ pub fn simulate_policies(
         t[1] += o.useful;
         t[2] += o.wasted;
     }
-    Ok(aggregate::report(header, records, &streams, lines, &compulsory, cfg, jobs.len() + streams.len()))
+    aggregate::report(header, records, &streams, lines, &compulsory, cfg, jobs.len() + streams.len())
 }
 
 /// The prefetchers of `cfg` (`none` if it names none), once `cfg` and `policies` are checked
@@ -354,14 +354,14 @@ fn checked_config(
         return Err(PolicyError::Invalid {
             field: "policies",
             value: p.name().to_string(),
-            reason: "needs the scores of the candidates below the cut: a version-2 trace with score_margin > 0".into(),
+            reason: "reads the indexer's scores: a trace recorded with them (score_margin > 0, trace version 3) and read with them".into(),
         });
     }
     if let Some(p) = prefetchers.iter().find(|p| p.needs_near() && header.score_margin == 0) {
         return Err(PolicyError::Invalid {
             field: "prefetchers",
             value: p.name().to_string(),
-            reason: "needs the candidates below the cut: a version-2 trace with score_margin > 0".into(),
+            reason: "reads the candidates below the cut: a trace recorded with them (score_margin > 0, trace version 3) and read with them".into(),
         });
     }
     Ok(prefetchers)

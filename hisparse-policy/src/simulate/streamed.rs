@@ -101,7 +101,7 @@ pub fn simulate_encoded_policies(
         }
     }
     let replays = (lines.len() + 1) * streams.len();
-    Ok(report(header, trace.records(), &streams, lines, &compulsory, cfg, replays))
+    report(header, trace.records(), &streams, lines, &compulsory, cfg, replays)
 }
 
 /// One stream of `trace` replayed under every (rule, slots) of `combos` and counted for its

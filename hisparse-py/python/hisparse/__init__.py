@@ -5,7 +5,7 @@ per request and layer (``Trace``: read from hisparse's files, built from a NumPy
 padding, or from SGLang's ``indexer_topk``). ``simulate`` replays it through the hot buffer of
 every policy, prefetcher and buffer size you name and returns rows a ``pandas.DataFrame`` takes,
 with Belady's offline bound beside each. The policies are also classes in libCacheSim's shape
-(``LRU(buffer_size).process_trace(trace)``), and a policy can be written in Python: a class with
+(``LRU(cache_size=64).process_trace(trace)`` returns the miss ratio and the byte miss ratio), and a policy can be written in Python: a class with
 the hooks of hisparse's ``EvictionPolicy`` (see ``PythonPolicy``), replayed by the same
 simulator.
 """
@@ -27,7 +27,7 @@ __all__ = [
     "PythonPolicy",
     "LRU",
     "FIFO",
-    "CLOCK",
+    "Clock",
     "S3FIFO",
     "MQ",
     "Random",
@@ -42,13 +42,15 @@ def miss_ratio_curve(
     buffers: Optional[Sequence[int]] = None,
     prefetcher: str = "none",
 ) -> Tuple[List[int], List[float]]:
-    """Miss ratio of ``policy`` (a name, a policy class instance or a ``PythonPolicy``) at each
-    buffer size (default: 1, 1.5, 2, 3, 4 and 8 times the trace's top-k)."""
+    """Miss ratio of ``policy`` (a name, a policy class — its kind, whatever its size — or a
+    ``PythonPolicy``) at each buffer size (default: 1, 1.5, 2, 3, 4 and 8 times the trace's
+    top-k)."""
     k = trace.top_k
     if buffers is None:
         buffers = [k, k * 3 // 2, 2 * k, 3 * k, 4 * k, 8 * k]
     name = _name_of(policy)
-    rows = simulate(trace, [policy], list(buffers), [prefetcher], belady=(name == "belady"))
+    chosen = name if isinstance(policy, Policy) else policy
+    rows = simulate(trace, [chosen], list(buffers), [prefetcher], belady=(name == "belady"))
     mine = sorted((r["buffer"], r["miss_ratio"]) for r in rows if r["policy"] == name)
     return [b for b, _ in mine], [m for _, m in mine]
 
@@ -63,27 +65,63 @@ def _name_of(policy: Any) -> str:
 
 
 class Policy:
-    """A built-in eviction policy with a buffer size, in libCacheSim's shape."""
+    """A built-in eviction policy with a cache size, in libCacheSim's shape:
+    ``LRU(cache_size=64).process_trace(trace)`` returns ``(miss_ratio, byte_miss_ratio)``.
+
+    ``cache_size`` is the hot buffer's slots per (request, layer), an int (libCacheSim's float
+    ratio of the working set has no meaning here: every request and layer has its own buffer).
+    libCacheSim's other keywords are taken: ``hashpower`` (a sizing hint, no effect on results
+    in either), and ``default_ttl``, ``consider_obj_metadata``, ``admissioner`` and ``reader``
+    at their defaults only (rows never expire, carry no metadata and are always admitted; the
+    trace is given to ``process_trace``) — any other value raises ``ValueError`` naming it.
+    """
 
     builtin: str = ""
 
-    def __init__(self, buffer_size: int) -> None:
-        if not isinstance(buffer_size, int) or isinstance(buffer_size, bool) or buffer_size <= 0:
-            raise ValueError(f"buffer_size: {buffer_size!r}: a positive number of slots")
-        self.buffer_size = buffer_size
+    def __init__(
+        self,
+        cache_size: int,
+        default_ttl: int = 86400 * 300,
+        hashpower: int = 24,
+        consider_obj_metadata: bool = False,
+        admissioner: Any = None,
+        reader: Any = None,
+    ) -> None:
+        if not isinstance(cache_size, int) or isinstance(cache_size, bool) or cache_size <= 0:
+            raise ValueError(f"cache_size: {cache_size!r}: a positive number of slots per buffer")
+        if default_ttl != 86400 * 300:
+            raise ValueError(f"default_ttl: {default_ttl!r}: rows in a hot buffer never expire")
+        if consider_obj_metadata:
+            raise ValueError("consider_obj_metadata: True: rows carry no metadata here")
+        if admissioner is not None:
+            raise ValueError("admissioner: every missed row is admitted into the hot buffer")
+        if reader is not None:
+            raise ValueError("reader: give the trace to process_trace(trace)")
+        if not isinstance(hashpower, int) or isinstance(hashpower, bool):
+            raise TypeError(f"hashpower: {hashpower!r}: an int")
+        self.cache_size = cache_size
 
     def process(self, trace: Trace, prefetcher: str = "none") -> Dict[str, Any]:
-        """Replays ``trace``; returns the simulator's row (hits, misses, miss_ratio, bytes,
-        belady_misses, ...)."""
-        rows = simulate(trace, [self], [self.buffer_size], [prefetcher])
+        """Replays ``trace`` at ``cache_size`` slots; returns the simulator's row (hits, misses,
+        miss_ratio, bytes, belady_misses, ...)."""
+        rows = simulate(trace, [self], None, [prefetcher])
         return next(r for r in rows if r["policy"] == self.builtin)
 
-    def process_trace(self, trace: Trace) -> float:
-        """Replays ``trace``; returns the miss ratio (misses over selected rows)."""
-        return float(self.process(trace)["miss_ratio"])
+    def process_trace(self, trace: Trace, start_req: int = 0, max_req: int = -1) -> Tuple[float, float]:
+        """Replays ``trace``; returns ``(miss_ratio, byte_miss_ratio)`` as libCacheSim does: the
+        misses over the selected rows, and the bytes brought in over the bytes selected (the
+        same here without prefetch: rows are one size). ``start_req`` and ``max_req`` take their
+        defaults only (a trace replays whole steps; see ``simulate(warmup_steps=...)``)."""
+        if start_req != 0:
+            raise ValueError(f"start_req: {start_req!r}: a trace replays whole; use simulate(warmup_steps=...)")
+        if max_req != -1:
+            raise ValueError(f"max_req: {max_req!r}: a trace replays whole")
+        row = self.process(trace)
+        selected_bytes = row["selected"] * trace.row_bytes
+        return float(row["miss_ratio"]), float(row["bytes"] / selected_bytes) if selected_bytes else float("nan")
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.buffer_size})"
+        return f"{type(self).__name__}(cache_size={self.cache_size})"
 
 
 class LRU(Policy):
@@ -98,7 +136,7 @@ class FIFO(Policy):
     builtin = "fifo"
 
 
-class CLOCK(Policy):
+class Clock(Policy):
     """CLOCK with a use counter per slot."""
 
     builtin = "clock"
@@ -164,7 +202,7 @@ class PythonPolicy:
     def on_insert(self, record: Tuple[int, int], env: SlotEnv) -> Optional[Tuple[int, int]]:
         raise NotImplementedError
 
-    def process(self, trace: Trace, buffer_size: int, prefetcher: str = "none") -> Dict[str, Any]:
-        """Replays ``trace`` at ``buffer_size`` slots; returns the simulator's row."""
-        rows = simulate(trace, [self], [buffer_size], [prefetcher])
+    def process(self, trace: Trace, cache_size: int, prefetcher: str = "none") -> Dict[str, Any]:
+        """Replays ``trace`` at ``cache_size`` slots; returns the simulator's row."""
+        rows = simulate(trace, [self], [cache_size], [prefetcher])
         return next(r for r in rows if r["policy"] == _name_of(self))
