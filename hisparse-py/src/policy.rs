@@ -229,3 +229,54 @@ impl EvictionPolicy for PyPolicy {
         None
     }
 }
+
+/// Runs `f` (a replay) on a pool of threads that each keep one Python thread state for their
+/// whole life, released from the interpreter's lock between hook calls: a hook call then only
+/// takes the lock back, instead of making and dropping a thread state every time. Where the
+/// pool cannot be made, `f` runs on the global pool as before.
+pub fn with_python_threads<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .thread_name(|i| format!("hisparse-replay-{i}"))
+        .start_handler(|_| kept::keep())
+        .exit_handler(|_| kept::release())
+        .build();
+    match pool {
+        Ok(pool) => pool.install(f),
+        Err(_) => f(),
+    }
+}
+
+/// One Python thread state per replay thread (see [`with_python_threads`]).
+mod kept {
+    use std::cell::Cell;
+
+    use pyo3::ffi;
+
+    thread_local! {
+        static STATE: Cell<Option<(ffi::PyGILState_STATE, *mut ffi::PyThreadState)>> = const { Cell::new(None) };
+    }
+
+    /// Makes this thread's Python thread state and releases the interpreter's lock, keeping it.
+    pub fn keep() {
+        // SAFETY: called on a replay thread started from a call into this extension, so the
+        // interpreter is initialised; the state made here is released by `release` on the same
+        // thread, in the reverse order (restore, then release the GIL state).
+        let kept = unsafe {
+            let g = ffi::PyGILState_Ensure();
+            (g, ffi::PyEval_SaveThread())
+        };
+        STATE.with(|s| s.set(Some(kept)));
+    }
+
+    /// Drops what `keep` made on this thread, if it did.
+    pub fn release() {
+        if let Some((g, ts)) = STATE.with(Cell::take) {
+            // SAFETY: `ts` and `g` were returned on this thread by `keep`, which left the lock
+            // released; taking it back with `ts` and releasing the GIL state undoes `keep`.
+            unsafe {
+                ffi::PyEval_RestoreThread(ts);
+                ffi::PyGILState_Release(g);
+            }
+        }
+    }
+}

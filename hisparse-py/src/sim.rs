@@ -156,6 +156,7 @@ pub fn simulate<'py>(
         })
         .collect();
     let cfg = SimConfig { prefetchers, buffer_sizes, policy_config, warmup_steps, ..SimConfig::default() };
+    let python = chosen.iter().any(|c| matches!(c, Chosen::Python(_)));
     // The replays run on another thread while this one watches for Ctrl-C (Python runs its
     // signal handlers only on the main thread): a KeyboardInterrupt stops them between streams.
     let stop = std::sync::atomic::AtomicBool::new(false);
@@ -168,12 +169,14 @@ pub fn simulate<'py>(
             let cancel = || stop.load(std::sync::atomic::Ordering::Relaxed);
             // LRU and FIFO without prefetch over a trace read encoded: a stream at a time from
             // its encoded positions; anything else from the decoded records.
-            let r = match trace.encoded() {
+            let replay = || match trace.encoded() {
                 Some(t) if replays_in_one_pass(&cfg, &made) => {
                     simulate_encoded_policies(t, &cfg, &made, &|_| {}, &cancel)
                 }
                 _ => simulate_policies(&trace.header, trace.records(), &cfg, &made, &|_| {}, &cancel),
             };
+            // Python policies' hooks run on threads that keep their Python thread state.
+            let r = if python { crate::policy::with_python_threads(replay) } else { replay() };
             if let Ok(mut d) = done.0.lock() {
                 *d = true;
             }

@@ -58,8 +58,8 @@ def simulate(
     buffers: Optional[Sequence[int]] = None,
     prefetchers: Optional[Sequence[str]] = None,
     *,
-    warmup_steps: int = 0,
-    seed: int = 1,
+    warmup_steps: Optional[int] = 0,
+    seed: Optional[int] = 1,
     belady: bool = True,
 ) -> List[Dict[str, Any]]: ...
 def builtin_policies() -> List[str]: ...
