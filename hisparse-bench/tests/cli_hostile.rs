@@ -315,3 +315,37 @@ fn a_fifo_nobody_writes_waits_for_ctrl_c_and_a_pipe_is_read() {
     );
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// A full disk under `--out` is named by the flag, and leaves nothing there. It needs a small
+/// file system of its own (a 64 KiB tmpfs, mounted where this user may; skipped, saying so,
+/// where mounting is not permitted).
+#[test]
+fn a_full_disk_under_out_names_the_flag() {
+    let d = tmp("full");
+    let small = d.join("small");
+    std::fs::create_dir_all(&small).unwrap();
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=64k", "tmpfs"])
+        .arg(&small)
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !mounted {
+        eprintln!("a_full_disk_under_out_names_the_flag: SKIPPED (no tmpfs can be mounted here)");
+        std::fs::remove_dir_all(&d).unwrap();
+        return;
+    }
+    let o = Command::new(program())
+        .args(split("run --backend cpu --concurrency 2 --context 300 --output 200 --out"))
+        .arg(small.join("o"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    let left = names(&small);
+    let _ = Command::new("umount").arg(&small).status();
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("--out") && err.contains("No space left"), "{err}");
+    assert!(left.is_empty(), "left {left:?}");
+    std::fs::remove_dir_all(&d).unwrap();
+}

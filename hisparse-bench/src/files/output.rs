@@ -19,8 +19,9 @@ use crate::error::{BenchError, Result};
 /// The file in an output folder that lists what this program wrote there.
 pub const MANIFEST: &str = ".hisparse-output";
 
-fn io(path: &Path) -> impl FnOnce(std::io::Error) -> BenchError + '_ {
-    move |source| BenchError::Io { path: path.display().to_string(), source }
+/// The error of writing `path`, an output given as `--flag` (a full disk names the flag).
+fn io<'a>(flag: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> BenchError + 'a {
+    move |e| BenchError::flag(flag, path.display(), format!("cannot be written ({e})"))
 }
 
 /// A fresh temporary name in `dir`, unique to this process and call.
@@ -154,11 +155,11 @@ impl AtomicFile {
 
     /// Flushes, syncs and places the file; returns the destination.
     pub fn commit(mut self) -> Result<PathBuf> {
-        self.out.flush().map_err(io(&self.dest))?;
-        self.out.get_ref().sync_all().map_err(io(&self.dest))?;
+        self.out.flush().map_err(io(self.flag, &self.dest))?;
+        self.out.get_ref().sync_all().map_err(io(self.flag, &self.dest))?;
         if self.overwrite {
-            std::fs::rename(&self.temp, &self.dest).map_err(io(&self.dest))?;
-        } else if place_new(&self.temp, &self.dest).map_err(io(&self.dest))? == Placed::Exists {
+            std::fs::rename(&self.temp, &self.dest).map_err(io(self.flag, &self.dest))?;
+        } else if place_new(&self.temp, &self.dest).map_err(io(self.flag, &self.dest))? == Placed::Exists {
             return Err(BenchError::flag(
                 self.flag,
                 self.dest.display(),
@@ -258,8 +259,8 @@ impl OutputDir {
     /// [`commit`](Self::commit)); returns the path it will have once placed.
     pub fn write(&self, name: &str, bytes: &[u8]) -> Result<PathBuf> {
         let p = self.temp.join(name);
-        let mut f = File::create(&p).map_err(io(&self.dest.join(name)))?;
-        f.write_all(bytes).map_err(io(&self.dest.join(name)))?;
+        let mut f = File::create(&p).map_err(io(self.flag, &self.dest.join(name)))?;
+        f.write_all(bytes).map_err(io(self.flag, &self.dest.join(name)))?;
         let mut names = self.names.borrow_mut();
         if !names.iter().any(|n| n == name) {
             names.push(name.to_owned());
@@ -283,16 +284,16 @@ impl OutputDir {
             manifest.push('\n');
         }
         let m = self.temp.join(MANIFEST);
-        std::fs::write(&m, manifest).map_err(io(&self.dest.join(MANIFEST)))?;
+        std::fs::write(&m, manifest).map_err(io(self.flag, &self.dest.join(MANIFEST)))?;
         // Every file, the manifest too, reaches the disk before the folder is placed: synced
         // here, after the last write, rather than one by one as they are written.
         for n in self.names.borrow().iter().map(String::as_str).chain([MANIFEST]) {
-            File::open(self.temp.join(n)).and_then(|f| f.sync_all()).map_err(io(&self.dest.join(n)))?;
+            File::open(self.temp.join(n)).and_then(|f| f.sync_all()).map_err(io(self.flag, &self.dest.join(n)))?;
         }
         sync_dir(&self.temp);
         // A few rounds: another writer may place or remove the destination between our steps.
         for _ in 0..8 {
-            if place_new(&self.temp, &self.dest).map_err(io(&self.dest))? == Placed::Done {
+            if place_new(&self.temp, &self.dest).map_err(io(self.flag, &self.dest))? == Placed::Done {
                 self.placed = true;
                 break;
             }
@@ -312,10 +313,10 @@ impl OutputDir {
                     match std::fs::rename(&self.dest, &aside) {
                         Ok(()) => self.remove_earlier(&aside),
                         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                        Err(e) => return Err(io(&self.dest)(e)),
+                        Err(e) => return Err(io(self.flag, &self.dest)(e)),
                     }
                 }
-                Err(e) => return Err(io(&self.dest)(e)),
+                Err(e) => return Err(io(self.flag, &self.dest)(e)),
             }
         }
         if !self.placed {
