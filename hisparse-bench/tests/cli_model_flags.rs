@@ -68,6 +68,8 @@ fn model_flags_are_named_and_unread_ones_refused() {
         case(format!("{generate} --buffer 8 --top-k 16"), &["--buffer", "--top-k (16)"]),
         case(format!("{generate} --attention dense --top-k 8"), &["--top-k does nothing with --attention dense"]),
         case(format!("{generate} --attention sparse-resident --buffer 32"), &["--buffer does nothing"]),
+        case(format!("{generate} --kv-format fp8"), &["--kv-format", "use bf16"]),
+        case(format!("{generate} --kv-format fp9"), &["--kv-format", "bf16 or fp8"]),
         case(format!("{generate} --sink {max}"), &["--sink"]),
         case(format!("{generate} --window {max} --sink 1"), &["--window"]),
         case("generate --gguf other.gguf --prompt hi", &["--gguf", "other.gguf", "general.architecture"]),

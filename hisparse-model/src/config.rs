@@ -2,7 +2,7 @@
 //! checked before any tensor is read; the cache geometry it needs.
 
 use candle_core::quantized::gguf_file::{Content, Value};
-use hisparse_engine::{KvGeometry, KvRowFormat};
+use hisparse_engine::{KvGeometry, KvRowFormat, KvRowLayout};
 
 use crate::error::{ModelError, Result};
 
@@ -117,6 +117,20 @@ impl LlamaConfig {
     /// by the oracle.
     pub fn geometry(&self, top_k: usize, kv_format: KvRowFormat) -> Result<KvGeometry> {
         let name = if self.name.to_lowercase().contains("smollm2") { "smollm2-135m" } else { "llama-gguf" };
+        // A row holds a token's keys and values of every KV head: a format that cannot store
+        // them (fp8 keeps blocks of 128 values) is refused by its own name, in the model's terms.
+        if let Err(e) = KvRowLayout::gqa(kv_format, self.kv_heads, self.head_dim) {
+            let (kv, hd) = (self.kv_heads, self.head_dim);
+            let reason = match e {
+                hisparse_engine::MemoryError::InvalidField { reason, .. } => reason,
+                e => e.to_string(),
+            };
+            return Err(ModelError::invalid(
+                "kv_format",
+                kv_format,
+                format!("a token's row holds 2 x {kv} KV heads x {hd} values, and {reason}: use bf16"),
+            ));
+        }
         KvGeometry::gqa(name, self.layers, self.heads, self.kv_heads, self.head_dim, top_k, kv_format)
             .map_err(|e| ModelError::Engine(e.into()))
     }

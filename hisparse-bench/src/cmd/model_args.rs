@@ -24,7 +24,7 @@ pub struct ModelArgs {
     pub gguf: Option<PathBuf>,
     /// KV row format: bf16 (4 B per K and V value pair of a head dim), or fp8 (e4m3 in blocks of
     /// 128 with a scale).
-    #[arg(long, default_value = "bf16")]
+    #[arg(long, default_value = "bf16", value_parser = kv_format)]
     pub kv_format: KvRowFormat,
     /// Eviction policy of the hot buffers (hisparse).
     #[arg(long, value_enum, default_value_t = BuiltinPolicy::Lru)]
@@ -38,6 +38,11 @@ pub struct ModelArgs {
     /// Always select the last N positions (a local window).
     #[arg(long, default_value_t = 0)]
     pub window: usize,
+}
+
+/// `--kv-format`'s value (clap names the flag; the message names no internal field).
+fn kv_format(s: &str) -> std::result::Result<KvRowFormat, String> {
+    s.parse::<KvRowFormat>().map_err(|_| "expected bf16 or fp8".into())
 }
 
 /// [`HeadCombine`] on the command line.
@@ -85,7 +90,7 @@ impl ModelArgs {
         max_tokens: usize,
         requests: usize,
     ) -> Result<KvCache<CpuBackend>> {
-        let mut cfg = cache_config(config, kind, top_k, buffer, max_tokens, self.kv_format, requests)?;
+        let mut cfg = cache_config(config, kind, top_k, buffer, max_tokens, self.kv_format, requests).map_err(named)?;
         cfg.hisparse.eviction_policy = PolicyChoice::from(self.policy);
         self.cache_from(cfg, kind)
     }
@@ -144,6 +149,16 @@ pub fn default_model_file() -> Result<PathBuf> {
     let mut say = |s: &str| console::note(s);
     let hooks = &mut fetch::FetchHooks { say: &mut say, stop: interrupt::engine_stop(), temp: &mut temp };
     Ok(fetch::fetch(&fetch::SMOLLM2, hooks)?)
+}
+
+/// A model error as the user named its cause: the row format by `--kv-format`.
+pub fn named(e: ModelError) -> BenchError {
+    match e {
+        ModelError::Invalid { field, value, reason } if field == "kv_format" => {
+            BenchError::flag("kv-format", value, reason)
+        }
+        e => e.into(),
+    }
 }
 
 /// The tokens of the text files `paths` (read as UTF-8, joined by newlines).

@@ -237,7 +237,7 @@ impl ModelInput {
             hisparse_model::ModelError::Invalid { field, reason, .. } if field == "requests" => {
                 BenchError::flag("concurrency", requests, reason)
             }
-            e => e.into(),
+            e => super::model_args::named(e),
         })?;
         cfg.hisparse.eviction_policy = self.args.policy.into();
         if let Some(p) = engine.prefetcher {

@@ -120,7 +120,7 @@ impl KvRowLayout {
             return Err(MemoryError::invalid(
                 "d_latent",
                 d_latent,
-                format!("fp8 rows hold the latent in blocks of {FP8_BLOCK} values"),
+                format!("fp8 rows keep their values in blocks of {FP8_BLOCK}"),
             ));
         }
         Ok(Self { format, d_latent, d_rope, heads: RowHeads::Mla })
