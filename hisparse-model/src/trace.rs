@@ -1,7 +1,7 @@
 //! The real selections as trace records: an observer of a decode step's layers (through
 //! [`Llama::teacher_forced`] or a [`ModelServer`]) that turns every layer's selections into
 //! [`TraceRecord`]s, and, with a score margin, the oracle's scores of the selected positions and
-//! of the candidates just below the cut (trace version 2, what `next-step` prefetch reads).
+//! of the candidates just below the cut (a scored trace, version 3: what `next-step` prefetch reads).
 //!
 //! [`Llama::teacher_forced`]: crate::Llama::teacher_forced
 //! [`ModelServer`]: crate::ModelServer

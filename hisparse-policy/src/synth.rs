@@ -36,7 +36,7 @@ pub struct SynthConfig {
     /// Record the relevance of the selected positions as scores.
     pub scores: bool,
     /// Record the `score_margin` positions ranked just below the cut, with their relevance
-    /// (trace version 2; 0: none).
+    /// (a scored trace, version 3; 0: none).
     pub score_margin: usize,
     /// Seed.
     pub seed: u64,

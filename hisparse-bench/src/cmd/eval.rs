@@ -49,7 +49,7 @@ pub struct EvalArgs {
     #[arg(long)]
     pub record_trace: Option<PathBuf>,
     /// With --record-trace: also keep the oracle's scores of the selected positions and of the
-    /// N best unselected ones (a version-2 trace, what `next-step` prefetch replays from).
+    /// N best unselected ones (a scored trace, version 3: what `next-step` prefetch replays from).
     #[arg(long, default_value_t = 0)]
     pub score_margin: usize,
     /// Replace an existing --record-trace file.

@@ -44,7 +44,7 @@ pub struct ModelSource {
     #[arg(long, default_value_t = 256)]
     pub top_k: usize,
     /// With --model or --gguf and --record-trace: also keep the oracle's scores of the selected
-    /// positions and of the N best unselected ones (a version-2 trace).
+    /// positions and of the N best unselected ones (a scored trace, version 3).
     #[arg(long, default_value_t = 0)]
     pub score_margin: usize,
 }

@@ -68,7 +68,7 @@ pub struct SynthArgs {
     #[arg(long)]
     pub scores: bool,
     /// Record this many candidates ranked just below the cut, with their scores (trace
-    /// version 2; what score-aware policies and next-step prefetch need).
+    /// version 3; what score-aware policies and next-step prefetch need).
     #[arg(long, default_value_t = 0)]
     pub score_margin: usize,
     /// Bytes per KV row written into the header (656: fp8 rows).
