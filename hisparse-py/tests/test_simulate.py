@@ -86,6 +86,8 @@ def test_classes_in_libcachesims_shape(trace):
     for bad, name in (
         (lambda: hisparse.LRU(0), "cache_size"),
         (lambda: hisparse.LRU(0.1), "cache_size"),
+        (lambda: hisparse.LRU(2**70), "cache_size"),
+        (lambda: PyLRU().process(trace, -5), "cache_size"),
         (lambda: hisparse.LRU(64, default_ttl=5), "default_ttl"),
         (lambda: hisparse.LRU(64, consider_obj_metadata=True), "consider_obj_metadata"),
         (lambda: hisparse.LRU(64, admissioner=object()), "admissioner"),

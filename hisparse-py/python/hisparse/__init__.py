@@ -64,6 +64,11 @@ def _name_of(policy: Any) -> str:
     return getattr(policy, "name", None) or type(policy).__name__
 
 
+def _check_cache_size(cache_size: Any) -> None:
+    if not isinstance(cache_size, int) or isinstance(cache_size, bool) or not 0 < cache_size < 2**32:
+        raise ValueError(f"cache_size: {cache_size!r}: a number of slots per buffer, 1 to 2**32 - 1")
+
+
 class Policy:
     """A built-in eviction policy with a cache size, in libCacheSim's shape:
     ``LRU(cache_size=64).process_trace(trace)`` returns ``(miss_ratio, byte_miss_ratio)``.
@@ -87,8 +92,7 @@ class Policy:
         admissioner: Any = None,
         reader: Any = None,
     ) -> None:
-        if not isinstance(cache_size, int) or isinstance(cache_size, bool) or cache_size <= 0:
-            raise ValueError(f"cache_size: {cache_size!r}: a positive number of slots per buffer")
+        _check_cache_size(cache_size)
         if default_ttl != 86400 * 300:
             raise ValueError(f"default_ttl: {default_ttl!r}: rows in a hot buffer never expire")
         if consider_obj_metadata:
@@ -204,5 +208,6 @@ class PythonPolicy:
 
     def process(self, trace: Trace, cache_size: int, prefetcher: str = "none") -> Dict[str, Any]:
         """Replays ``trace`` at ``cache_size`` slots; returns the simulator's row."""
+        _check_cache_size(cache_size)
         rows = simulate(trace, [self], [cache_size], [prefetcher])
         return next(r for r in rows if r["policy"] == _name_of(self))
