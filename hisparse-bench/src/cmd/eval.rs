@@ -176,8 +176,10 @@ pub fn run(args: &EvalArgs) -> Result<(Vec<EvalRow>, Option<PathBuf>)> {
     for &c in &args.contexts {
         let need = c + args.decode;
         // The windows' rows must fit the machine (the flag the user gave is --windows).
-        let probe =
-            args.model.cache(m.config(), AttentionKind::Dense, 0, 0, need, args.windows).map_err(|e| match e {
+        let probe = args
+            .model
+            .cache(m.config(), AttentionKind::Dense, 0, ("buffer-factor", 0), need, args.windows)
+            .map_err(|e| match e {
                 BenchError::Model(ModelError::Invalid { field, reason, .. }) if field == "requests" => {
                     BenchError::flag("windows", args.windows, reason)
                 }
@@ -197,7 +199,7 @@ pub fn run(args: &EvalArgs) -> Result<(Vec<EvalRow>, Option<PathBuf>)> {
         let mut forced = |kind: AttentionKind, k: usize, keep: bool| -> Result<ForcedOut> {
             interrupt::check(|| "decoding".into())?;
             let buffer = (k as f64 * args.buffer_factor).ceil() as usize;
-            let mut cache = args.model.cache(m.config(), kind, k, buffer, need, args.windows)?;
+            let mut cache = args.model.cache(m.config(), kind, k, ("buffer-factor", buffer), need, args.windows)?;
             let record = kind == AttentionKind::HiSparse && trace.is_some();
             if record {
                 trace_header = Some(recorder.trace_header(&cache.config().geometry, kv.row_bytes()));

@@ -112,7 +112,7 @@ pub fn run(args: &GenerateArgs) -> Result<usize> {
     }
     // Generation stops at the model's last position (--max-tokens may ask for more).
     let max = ids.len().saturating_add(args.max_tokens).min(positions);
-    let mut cache = args.model.cache(m.config(), kind, args.top_k, buffer.unwrap_or(0), max, 1)?;
+    let mut cache = args.model.cache(m.config(), kind, args.top_k, ("buffer", buffer.unwrap_or(0)), max, 1)?;
     let (kv, key) = cache.layouts();
     let p = m.prefill(&ids, kv, key)?;
     let id = RequestId(0);

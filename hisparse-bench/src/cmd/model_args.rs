@@ -80,34 +80,37 @@ impl ModelArgs {
     }
 
     /// A CPU cache for `requests` requests of at most `max_tokens` in `kind` (sized by
-    /// [`cache_config`]), with this command's policy and oracle.
+    /// [`cache_config`]), with this command's policy and oracle; `buffer` is the hot buffer's
+    /// size and the flag it came from (errors name it).
     pub fn cache(
         &self,
         config: &LlamaConfig,
         kind: AttentionKind,
         top_k: usize,
-        buffer: usize,
+        buffer: (&'static str, usize),
         max_tokens: usize,
         requests: usize,
     ) -> Result<KvCache<CpuBackend>> {
-        let mut cfg = cache_config(config, kind, top_k, buffer, max_tokens, self.kv_format, requests).map_err(named)?;
+        let mut cfg = cache_config(config, kind, top_k, buffer.1, max_tokens, self.kv_format, requests)
+            .map_err(|e| named(e, buffer.0))?;
         cfg.hisparse.eviction_policy = PolicyChoice::from(self.policy);
-        self.cache_from(cfg, kind)
+        self.cache_from(cfg, buffer.0)
     }
 
-    /// A CPU cache of `cfg` (a cache of `kind`) with this command's oracle.
-    pub fn cache_from(&self, mut cfg: CacheConfig, kind: AttentionKind) -> Result<KvCache<CpuBackend>> {
+    /// A CPU cache of `cfg` with this command's oracle (`buffer_flag`: the flag that set its hot
+    /// buffer, named in errors).
+    pub fn cache_from(&self, mut cfg: CacheConfig, buffer_flag: &'static str) -> Result<KvCache<CpuBackend>> {
         let combine = match self.combine {
             CombineArg::Sum => HeadCombine::Sum,
             CombineArg::Max => HeadCombine::Max,
         };
         cfg.index_score = IndexScore::Oracle(OracleScore { combine, sink: self.sink, window: self.window });
         let top_k = cfg.geometry.top_k;
-        if kind != AttentionKind::Dense && self.sink.checked_add(self.window).is_none_or(|s| s >= top_k) {
+        if self.sink.checked_add(self.window).is_none_or(|s| s >= top_k) {
             let (flag, v) = if self.sink >= self.window { ("sink", self.sink) } else { ("window", self.window) };
             return Err(BenchError::flag(flag, v, format!("--sink + --window must leave room in top-k {top_k}")));
         }
-        Ok(KvCache::with_named_policies(CpuBackend::new(), cfg)?)
+        KvCache::with_named_policies(CpuBackend::new(), cfg).map_err(|e| named(e.into(), buffer_flag))
     }
 }
 
@@ -151,13 +154,31 @@ pub fn default_model_file() -> Result<PathBuf> {
     Ok(fetch::fetch(&fetch::SMOLLM2, hooks)?)
 }
 
-/// A model error as the user named its cause: the row format by `--kv-format`.
-pub fn named(e: ModelError) -> BenchError {
-    match e {
-        ModelError::Invalid { field, value, reason } if field == "kv_format" => {
-            BenchError::flag("kv-format", value, reason)
-        }
-        e => e.into(),
+/// A model or cache error as the user named its cause: the row format by `--kv-format`, the
+/// hot buffer by `buffer` (the command's flag for it), the prefetch budget by
+/// `--prefetch-budget`.
+pub fn named(e: ModelError, buffer: &'static str) -> BenchError {
+    use hisparse_engine::{EngineError, MemoryError};
+    use hisparse_policy::PolicyError;
+    let flag_of = |field: &str| match field {
+        "kv_format" => Some("kv-format"),
+        "device_buffer_size" => Some(buffer),
+        "prefetch_budget" => Some("prefetch-budget"),
+        _ => None,
+    };
+    let parts = match &e {
+        ModelError::Invalid { field, value, reason } => Some((field.as_str(), value, reason)),
+        ModelError::Engine(
+            EngineError::Config { field, value, reason }
+            | EngineError::Policy(PolicyError::Invalid { field, value, reason })
+            | EngineError::Memory(MemoryError::InvalidField { field, value, reason })
+            | EngineError::Policy(PolicyError::Memory(MemoryError::InvalidField { field, value, reason })),
+        ) => Some((*field, value, reason)),
+        _ => None,
+    };
+    match parts.and_then(|(field, value, reason)| Some((flag_of(field)?, value, reason))) {
+        Some((flag, value, reason)) => BenchError::flag(flag, value, reason.clone()),
+        None => e.into(),
     }
 }
 

@@ -184,7 +184,8 @@ impl ModelInput {
                 e => e.into(),
             })?;
         let starts = window_starts(self.tokens.len(), context, self.count)?;
-        let probe = self.args.cache(self.model.config(), AttentionKind::Dense, 0, 0, context, 1)?;
+        let probe =
+            self.args.cache(self.model.config(), AttentionKind::Dense, 0, ("device-buffer-size", 0), context, 1)?;
         let (kv, key) = probe.layouts();
         drop(probe);
         self.prompts.clear();
@@ -237,7 +238,7 @@ impl ModelInput {
             hisparse_model::ModelError::Invalid { field, reason, .. } if field == "requests" => {
                 BenchError::flag("concurrency", requests, reason)
             }
-            e => super::model_args::named(e),
+            e => super::model_args::named(e, "device-buffer-size"),
         })?;
         cfg.hisparse.eviction_policy = self.args.policy.into();
         if let Some(p) = engine.prefetcher {
@@ -246,7 +247,7 @@ impl ModelInput {
         if let Some(b) = engine.prefetch_budget {
             cfg.hisparse.prefetch_budget = b;
         }
-        self.args.cache_from(cfg, kind)
+        self.args.cache_from(cfg, "device-buffer-size")
     }
 
     /// Refuses, before any decoding, a `--device-memory` that holds no request of `max_tokens`

@@ -187,7 +187,7 @@ impl HiSparseConfig {
             return Err(invalid(
                 "device_buffer_size",
                 self.device_buffer_size,
-                format!("must be at least top_k = {} so that a step's selection fits", self.top_k),
+                format!("must be at least the top-k ({}) so that a step's selection fits", self.top_k),
             ));
         }
         if self.device_buffer_size > MAX_BUFFER_SLOTS {
@@ -225,7 +225,7 @@ impl HiSparseConfig {
             return Err(invalid(
                 "prefetch_budget",
                 self.prefetch_budget,
-                format!("at most device_buffer_size = {} (rows one buffer can take)", self.device_buffer_size),
+                format!("at most the hot buffer's {} slots (rows one buffer can take)", self.device_buffer_size),
             ));
         }
         if self.host_bytes() > isize::MAX as u64 {
