@@ -502,23 +502,23 @@ fn a_damaged_score_part_gets_one_verdict_from_a_file_and_a_stream() {
         e.to_string().contains("score checksum").then_some(b)
     });
     bytes = damaged.expect("a byte whose damage only the score checksum sees");
-    let size = Some(bytes.len() as u64);
+    let len = bytes.len() as u64;
     let cur = || std::io::Cursor::new(bytes.as_slice());
     let plain = |r: TraceData| match r {
         TraceData::Encoded(t) => t.decode().unwrap(),
         TraceData::Records(h, r) => (h, r),
     };
     let want = (hisparse_policy::trace::binary::without_scores(&good.0), good.1.iter().map(strip).collect::<Vec<_>>());
-    assert_eq!(read_trace_file_with(cur(), size.unwrap(), u64::MAX, false).unwrap(), want);
+    assert_eq!(read_trace_file_with(cur(), len, u64::MAX, false).unwrap(), want);
     assert_eq!(read_trace_from_with(cur(), None, u64::MAX, false).unwrap(), want);
-    assert_eq!(plain(read_trace_file_encoded(cur(), size.unwrap(), u64::MAX).unwrap()), want);
+    assert_eq!(plain(read_trace_file_encoded(cur(), len, u64::MAX).unwrap()), want);
     assert_eq!(plain(read_trace_from_encoded(cur(), None, u64::MAX).unwrap()), want);
-    for s in [size, None] {
+    for s in [Some(len), None] {
         let (stored, d) = read_trace_described(cur(), s, u64::MAX).unwrap();
         assert_eq!((stored, plain(d)), (good.0.clone(), want.clone()));
     }
     for e in [
-        read_trace_file_with(cur(), size.unwrap(), u64::MAX, true).unwrap_err(),
+        read_trace_file_with(cur(), len, u64::MAX, true).unwrap_err(),
         read_trace_from_with(cur(), None, u64::MAX, true).unwrap_err(),
     ] {
         assert!(e.to_string().contains("score checksum"), "{e}");
