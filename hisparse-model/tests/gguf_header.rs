@@ -69,7 +69,8 @@ fn headers_candle_would_compute_with_are_refused_naming_the_key() {
     let e = load_err("align-huge", &gguf(&[kv("general.alignment", 4, &(1u32 << 30).to_le_bytes())], &[]));
     assert!(e.contains("general.alignment = 1073741824") && e.contains("between 1 and 65536"), "{e}");
     // A tensor of 2^40 x 2^40 elements.
-    let e = load_err("elems", &gguf(std::slice::from_ref(&arch), &[tensor("blk.0.attn_q.weight", &[1 << 40, 1 << 40])]));
+    let e =
+        load_err("elems", &gguf(std::slice::from_ref(&arch), &[tensor("blk.0.attn_q.weight", &[1 << 40, 1 << 40])]));
     assert!(e.contains("blk.0.attn_q.weight") && e.contains("overflows 64 bits"), "{e}");
     let e = load_err("dims", &gguf(std::slice::from_ref(&arch), &[tensor("t", &[1, 2, 3, 4, 5])]));
     assert!(e.contains("t = 5 dimensions"), "{e}");

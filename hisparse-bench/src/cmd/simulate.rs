@@ -124,7 +124,7 @@ pub fn run(a: &SimulateArgs) -> Result<(SimReport, PathBuf)> {
             return Err(BenchError::flag(
                 "buffers",
                 b,
-                format!("buffer sizes must be in the trace's top_k ({k})..={max} (a step's selection must fit)"),
+                format!("buffer sizes must be in the trace's top-k ({k})..={max} (a step's selection must fit)"),
             ));
         }
     }
