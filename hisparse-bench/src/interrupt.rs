@@ -2,15 +2,15 @@
 //! that every long loop, every wait ([`sleep`]) and every read of a stream (`files::input`)
 //! observes — the command stops there, writes nothing half-done and exits with 130, saying what
 //! it was doing; the second removes what this process has on disk that is not finished
-//! (`files::cleanup`: temporary outputs, folders made for them, its host-tier file) and ends
+//! (`cleanup`: temporary outputs, folders made for them, its host-tier file) and ends
 //! the program at once with 130.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
+use crate::cleanup;
 use crate::error::{BenchError, Result};
-use crate::files::cleanup;
 
 static FLAG: LazyLock<Arc<AtomicBool>> = LazyLock::new(|| Arc::new(AtomicBool::new(false)));
 

@@ -11,6 +11,7 @@
 // `console::note`.
 #![warn(clippy::print_stderr)]
 
+mod cleanup;
 mod cmd;
 mod console;
 mod deferred;

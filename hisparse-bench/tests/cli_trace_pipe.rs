@@ -41,7 +41,9 @@ fn a_damaged_score_part_gets_one_verdict_from_a_file_and_a_pipe() {
     std::fs::create_dir_all(&d).unwrap();
     let good = d.join("good.hstrace");
     let o = Command::new(program())
-        .args(split("trace synth --requests 2 --layers 2 --steps 6 --prompt 600 --top-k 64 --scores --score-margin 8 --out"))
+        .args(split(
+            "trace synth --requests 2 --layers 2 --steps 6 --prompt 600 --top-k 64 --scores --score-margin 8 --out",
+        ))
         .arg(&good)
         .output()
         .unwrap();

@@ -20,6 +20,8 @@
 #![allow(clippy::print_stdout)]
 
 mod features;
+#[cfg(test)]
+mod modgraph;
 mod publish;
 mod python;
 mod tidy;

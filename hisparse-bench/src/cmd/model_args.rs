@@ -10,8 +10,8 @@ use hisparse_engine::{
 };
 use hisparse_model::{AttentionKind, Llama, LlamaConfig, ModelError, cache_config, fetch};
 
+use crate::cleanup;
 use crate::error::{BenchError, Result};
-use crate::files::cleanup;
 use crate::files::input::{Input, memory_limit};
 use crate::{console, interrupt};
 

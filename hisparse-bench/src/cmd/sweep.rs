@@ -10,7 +10,6 @@ use std::sync::{Arc, Mutex};
 use hisparse_engine::RequestSpec;
 use hisparse_memory::{Mode, RequestId};
 use hisparse_policy::trace::TraceReader;
-use hisparse_policy::{SimConfig, simulate};
 
 use super::common::{AttentionKernel, IndexerKernel};
 pub use super::sweep_data::{SweepArgs, SweepReport};
@@ -222,20 +221,5 @@ fn replay(trace: &SharedBuf, k: usize) -> Result<Vec<(usize, Vec<f64>)>> {
     let mut r = TraceReader::new(bytes.as_slice())?;
     let header = r.header().clone();
     let records = r.by_ref().collect::<std::result::Result<Vec<_>, _>>()?;
-    replay_records(&header, &records, k)
-}
-
-/// [`replay`] of records at hand.
-pub(super) fn replay_records(
-    header: &hisparse_policy::trace::TraceHeader,
-    records: &[hisparse_policy::trace::TraceRecord],
-    k: usize,
-) -> Result<Vec<(usize, Vec<f64>)>> {
-    let cfg = SimConfig {
-        policies: vec![hisparse_policy::BuiltinPolicy::Lru.into()],
-        buffer_sizes: vec![k, 2 * k, 4 * k],
-        ..SimConfig::default()
-    };
-    let rep = simulate(header, records, &cfg, &|_| {})?;
-    Ok(rep.results.iter().filter(|x| x.policy == "lru").map(|x| (x.buffer_slots, x.series.clone())).collect())
+    super::sweep_data::replay_records(&header, &records, k)
 }

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use super::common::EngineArgs;
 use super::run_args::ModeArg;
+use crate::error::Result;
 
 /// Options of `hisparse sweep`.
 #[derive(Debug, Clone, clap::Args)]
@@ -298,4 +299,20 @@ pub fn scale_stages(s: &StageTimes, f: f64) -> StageTimes {
         bookkeeping: s.bookkeeping * f,
         admission: s.admission * f,
     }
+}
+
+/// LRU's misses over the sweep's buffer sizes (1, 2 and 4 times `k`), replayed from recorded
+/// selections (`sweep::replay` reads them from a trace's bytes; a model's sweep has them at hand).
+pub(super) fn replay_records(
+    header: &hisparse_policy::trace::TraceHeader,
+    records: &[hisparse_policy::trace::TraceRecord],
+    k: usize,
+) -> Result<Vec<(usize, Vec<f64>)>> {
+    let cfg = hisparse_policy::SimConfig {
+        policies: vec![hisparse_policy::BuiltinPolicy::Lru.into()],
+        buffer_sizes: vec![k, 2 * k, 4 * k],
+        ..hisparse_policy::SimConfig::default()
+    };
+    let rep = hisparse_policy::simulate(header, records, &cfg, &|_| {})?;
+    Ok(rep.results.iter().filter(|x| x.policy == "lru").map(|x| (x.buffer_slots, x.series.clone())).collect())
 }

@@ -107,7 +107,7 @@ pub fn run(a: &SweepArgs, levels: &[usize], steps: usize) -> Result<(SweepReport
     }
     bar.finish_and_clear();
     let misses_by_buffer = match &trace {
-        Some((header, records)) => super::sweep::replay_records(header, records, input.top_k())?,
+        Some((header, records)) => super::sweep_data::replay_records(header, records, input.top_k())?,
         None => Vec::new(),
     };
     let c = input.model.config();

@@ -5,15 +5,15 @@
 //! temporary folder and then placed, or swapped in one step with an earlier output of this
 //! program: two writers never mix, and a folder holding files this program did not write is
 //! never replaced. Temporary names are short (a long legal name stays legal), and every
-//! temporary is registered for a second Ctrl-C to remove (`cleanup.rs`).
+//! temporary is registered for a second Ctrl-C to remove (`crate::cleanup`).
 
 use std::cell::RefCell;
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
-use super::cleanup::{Leftover, Registered, register};
 use super::place::{Placed, exchange, place_new};
+use crate::cleanup::{Leftover, Registered, register};
 use crate::error::{BenchError, Result};
 
 /// The file in an output folder that lists what this program wrote there.

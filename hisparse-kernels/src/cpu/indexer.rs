@@ -9,8 +9,9 @@ use hisparse_memory::fp8::E4M3_TABLE;
 use hisparse_memory::{EmulatedDevice, MemoryError};
 use rayon::prelude::*;
 
+use super::index_keys::key_row;
 use super::{disjoint_spans_mut, dot};
-use crate::batch::{IndexScore, IndexerBatch, IndexerRequest, Span};
+use crate::batch::{IndexScore, IndexerBatch, Span};
 use crate::error::{KernelError, Result, check_len};
 use crate::index_queries::{IndexerQueries, pow2, quantize_head};
 
@@ -72,13 +73,6 @@ fn validate(batch: &IndexerBatch<'_, EmulatedDevice>) -> Result<()> {
     Ok(())
 }
 
-/// Pool row of position `t` of request `r` (pages checked by `validate`).
-#[inline]
-fn key_row(batch: &IndexerBatch<'_, EmulatedDevice>, r: &IndexerRequest, t: usize) -> usize {
-    let p = batch.page_tokens;
-    batch.page_table[r.first_page + t / p] as usize * p + t % p
-}
-
 /// The queries as the scores use them (f32) and the head weights: as given, or, for
 /// [`IndexerQueries::Fp8`], every head's queries quantised to e4m3 and its weight times the
 /// head's scale.
@@ -97,17 +91,6 @@ fn queries_and_weights(batch: &IndexerBatch<'_, EmulatedDevice>) -> (Vec<f32>, V
             }
             (q, w)
         }
-    }
-}
-
-/// The key of position `t` of request `r` as f32 (its e4m3 values times its scale).
-pub(super) fn key_values(batch: &IndexerBatch<'_, EmulatedDevice>, r: &IndexerRequest, t: usize, key: &mut [f32]) {
-    let (dim, key_bytes) = (batch.key_layout.dim(), batch.key_layout.row_bytes());
-    let row = key_row(batch, r, t) * key_bytes;
-    let bytes = &batch.keys[row..row + key_bytes];
-    let scale = f32::from_le_bytes([bytes[dim], bytes[dim + 1], bytes[dim + 2], bytes[dim + 3]]);
-    for (k, &c) in key.iter_mut().zip(&bytes[..dim]) {
-        *k = E4M3_TABLE[usize::from(c)] * scale;
     }
 }
 

@@ -4,6 +4,7 @@
 
 mod attention;
 mod backup;
+mod index_keys;
 mod indexer;
 mod oracle_index;
 mod topk;

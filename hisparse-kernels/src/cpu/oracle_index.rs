@@ -9,7 +9,7 @@
 use rayon::prelude::*;
 
 use super::dot;
-use super::indexer::key_values;
+use super::index_keys::key_values;
 use crate::batch::{HeadCombine, IndexerBatch, OracleScore};
 use hisparse_memory::EmulatedDevice;
 

@@ -315,10 +315,8 @@ impl EngineArgs {
             check_tier_room(p, host)?;
             if !self.keep_host_tier_file {
                 // A second Ctrl-C removes the file this process created and holds locked.
-                static TIER: std::sync::OnceLock<crate::files::cleanup::Registered> = std::sync::OnceLock::new();
-                TIER.get_or_init(|| {
-                    crate::files::cleanup::register(crate::files::cleanup::Leftover::LockedFile(p.clone()))
-                });
+                static TIER: std::sync::OnceLock<crate::cleanup::Registered> = std::sync::OnceLock::new();
+                TIER.get_or_init(|| crate::cleanup::register(crate::cleanup::Leftover::LockedFile(p.clone())));
             }
         }
         Ok(c)
