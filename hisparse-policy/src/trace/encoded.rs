@@ -6,39 +6,9 @@
 
 use rayon::prelude::*;
 
+pub use super::binary::head::EncodedRecord;
 use super::{TraceHeader, TraceRecord};
 use crate::error::{PolicyError, Result};
-
-/// How a record's positions must end (which error a decoder reports when they do not).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(in crate::trace) enum PositionsEnd {
-    /// At the end of a version-3 selection part.
-    SelectionPart,
-    /// At the end of a version-1 or 2 record's body (or where its score part begins).
-    Body,
-}
-
-/// One record of an [`EncodedTrace`]: its fields, and where its positions lie.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct EncodedRecord {
-    /// The request's decode step.
-    pub step: u32,
-    /// Request id.
-    pub request: u64,
-    /// Layer.
-    pub layer: u32,
-    /// Tokens in the sequence.
-    pub seq_len: u32,
-    /// Positions selected (at most the header's `top_k`).
-    pub count: u32,
-    /// Where the record starts in the file (errors name it).
-    pub(in crate::trace) start: u64,
-    /// The file offset of the record's fields (errors inside them name it).
-    pub(in crate::trace) base: u64,
-    /// The fields and positions in the trace's bytes, up to where the positions must end.
-    pub(in crate::trace) span: (usize, usize),
-    pub(in crate::trace) end: PositionsEnd,
-}
 
 /// A binary trace read without scores, its positions still encoded. Made by
 /// [`read_trace_file_encoded`](super::read_trace_file_encoded).
@@ -68,10 +38,6 @@ impl EncodedTrace {
         &self.records
     }
 
-    pub(in crate::trace) fn bytes(&self) -> &[u8] {
-        &self.bytes
-    }
-
     /// The positions of record `i` into `out` (cleared first), decoded and checked as the
     /// trace's reader checks them: strictly ascending, as many as the record says, ending where
     /// it says, each below its `seq_len`. On an error `out` holds no meaningful positions.
@@ -81,12 +47,12 @@ impl EncodedTrace {
             value: i.to_string(),
             reason: format!("the trace has {} records", self.records.len()),
         })?;
-        super::binary::positions_of(self, r, out)
+        super::binary::positions_of(&self.bytes, r, out)
     }
 
     /// [`positions_into`](Self::positions_into) of `r`, one of this trace's records.
     pub(crate) fn positions_of(&self, r: &EncodedRecord, out: &mut Vec<u32>) -> Result<()> {
-        super::binary::positions_of(self, r, out)
+        super::binary::positions_of(&self.bytes, r, out)
     }
 
     /// Record `i` decoded (without scores).

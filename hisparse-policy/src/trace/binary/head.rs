@@ -1,12 +1,42 @@
 //! One record checked as [`record_at`](super::record_at) checks it, but for its positions: its
 //! framing, checksum, fields, count and score part here; where its positions lie kept, to be
-//! decoded and checked when they are read ([`EncodedTrace`]).
+//! decoded and checked when they are read ([`EncodedTrace`](crate::trace::EncodedTrace)).
 
 use super::decode::{check_score_bytes, decode_scores, fields, positions_into};
 use super::{crc, err, u32_at, without_scores};
 use crate::error::Result;
-use crate::trace::encoded::{EncodedRecord, PositionsEnd};
-use crate::trace::{EncodedTrace, TraceHeader, TraceRecord};
+use crate::trace::{TraceHeader, TraceRecord};
+
+/// How a record's positions must end (which error a decoder reports when they do not).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(in crate::trace) enum PositionsEnd {
+    /// At the end of a version-3 selection part.
+    SelectionPart,
+    /// At the end of a version-1 or 2 record's body (or where its score part begins).
+    Body,
+}
+
+/// One record of an [`EncodedTrace`](crate::trace::EncodedTrace): its fields, and where its positions lie.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EncodedRecord {
+    /// The request's decode step.
+    pub step: u32,
+    /// Request id.
+    pub request: u64,
+    /// Layer.
+    pub layer: u32,
+    /// Tokens in the sequence.
+    pub seq_len: u32,
+    /// Positions selected (at most the header's `top_k`).
+    pub count: u32,
+    /// Where the record starts in the file (errors name it).
+    pub(in crate::trace) start: u64,
+    /// The file offset of the record's fields (errors inside them name it).
+    pub(in crate::trace) base: u64,
+    /// The fields and positions in the trace's bytes, up to where the positions must end.
+    pub(in crate::trace) span: (usize, usize),
+    pub(in crate::trace) end: PositionsEnd,
+}
 
 /// The record of `fields` (without positions) and `count` positions, whose fields begin at
 /// `span.0` of the trace's bytes (byte `base` of the file) and whose positions end at `span.1`.
@@ -98,10 +128,11 @@ pub(in crate::trace) fn record_head_at(
     Ok(encoded(r, count, start, base, span, end))
 }
 
-/// The positions of `r` (a record of `trace`) into `out`: decoded and checked as the record's
-/// reader would have (they must end where the record says and stay below its `seq_len`).
-pub(in crate::trace) fn positions_of(trace: &EncodedTrace, r: &EncodedRecord, out: &mut Vec<u32>) -> Result<()> {
-    let b = trace.bytes().get(r.span.0..r.span.1).unwrap_or_default();
+/// The positions of `r` (a record of the trace whose bytes are `bytes`) into `out`: decoded and
+/// checked as the record's reader would have (they must end where the record says and stay
+/// below its `seq_len`).
+pub(in crate::trace) fn positions_of(bytes: &[u8], r: &EncodedRecord, out: &mut Vec<u32>) -> Result<()> {
+    let b = bytes.get(r.span.0..r.span.1).unwrap_or_default();
     let at = |i: usize| r.base + i as u64;
     let end = positions_into(b, r.count as usize, at, out)?;
     if end != b.len() {

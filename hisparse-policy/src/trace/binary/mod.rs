@@ -51,7 +51,7 @@ use super::TraceHeader;
 use crate::error::{PolicyError, Result};
 
 mod decode;
-mod head;
+pub(in crate::trace) mod head;
 mod read;
 mod write;
 
