@@ -185,12 +185,14 @@ fn module_of(p: &ModPath, mods: &BTreeSet<ModPath>) -> ModPath {
     (0..=p.len()).rev().map(|n| p[..n].to_vec()).find(|m| mods.contains(m)).unwrap_or_default()
 }
 
-/// The import circles of the crate in `src`, each as `"parent: a, b, c"` (children sorted).
-pub fn circles(src: &Path) -> Vec<String> {
+/// The import circles of the crate in `src`, each as `"parent: a, b, c"` (children sorted),
+/// with the paths that make its edges (`module -> named path`): where to cut.
+pub fn circles(src: &Path) -> Vec<(String, Vec<String>)> {
     let mods = modules(src);
     let names: BTreeSet<ModPath> = mods.keys().cloned().collect();
     // Edges between the children of a common ancestor: parent -> (from -> to).
     let mut edges: BTreeMap<ModPath, BTreeMap<String, BTreeSet<String>>> = BTreeMap::new();
+    let mut why: BTreeMap<(ModPath, String, String), BTreeSet<String>> = BTreeMap::new();
     for (at, text) in &mods {
         for p in named_paths(at, text) {
             let to = module_of(&p, &names);
@@ -199,14 +201,21 @@ pub fn circles(src: &Path) -> Vec<String> {
                 continue; // an ancestor or a descendant
             }
             let parent = at[..common].to_vec();
-            edges.entry(parent).or_default().entry(at[common].clone()).or_default().insert(to[common].clone());
+            let (a, b) = (at[common].clone(), to[common].clone());
+            edges.entry(parent.clone()).or_default().entry(a.clone()).or_default().insert(b.clone());
+            why.entry((parent, a, b)).or_default().insert(format!("{} -> {}", at.join("::"), p.join("::")));
         }
     }
     let mut out = Vec::new();
     for (parent, g) in &edges {
         for scc in strongly_connected(g) {
             let at = if parent.is_empty() { "crate".to_owned() } else { parent.join("::") };
-            out.push(format!("{at}: {}", scc.join(", ")));
+            let inside = why
+                .iter()
+                .filter(|((p, a, b), _)| p == parent && scc.contains(a) && scc.contains(b))
+                .flat_map(|(_, w)| w.iter().cloned())
+                .collect();
+            out.push((format!("{at}: {}", scc.join(", ")), inside));
         }
     }
     out
@@ -289,12 +298,12 @@ mod tests {
             "hisparse-bench",
             "xtask",
         ] {
-            for circle in circles(&root.join(c).join("src")) {
-                found.push(format!("{c} {circle}"));
+            for (circle, paths) in circles(&root.join(c).join("src")) {
+                found.push((format!("{c} {circle}"), paths));
             }
         }
-        let new: Vec<_> = found.iter().filter(|f| !KNOWN.contains(&f.as_str())).collect();
-        let gone: Vec<_> = KNOWN.iter().filter(|k| !found.iter().any(|f| f == *k)).collect();
+        let new: Vec<_> = found.iter().filter(|(f, _)| !KNOWN.contains(&f.as_str())).collect();
+        let gone: Vec<_> = KNOWN.iter().filter(|k| !found.iter().any(|(f, _)| f == *k)).collect();
         assert!(new.is_empty(), "import circles: {new:#?}");
         assert!(gone.is_empty(), "circles cut (take them off KNOWN): {gone:#?}");
     }
