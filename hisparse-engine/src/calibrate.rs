@@ -174,7 +174,7 @@ pub fn calibrate(geometry: &KvGeometry, workload: &Workload, spec: &CalibrationS
         policies: [BuiltinPolicy::Lru, BuiltinPolicy::Fifo, BuiltinPolicy::Random, BuiltinPolicy::Belady]
             .map(Into::into)
             .to_vec(),
-        buffer_sizes: vec![k, 2 * k, 4 * k],
+        buffer_sizes: hisparse_policy::compared_buffer_slots(k),
         policy_config: hisparse_policy::PolicyConfig::seeded(1),
         ..SimConfig::default()
     };

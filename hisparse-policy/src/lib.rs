@@ -23,7 +23,7 @@ pub mod synth;
 pub mod trace;
 
 pub use choice::{OnlinePolicy, PolicyChoice, PrefetcherChoice};
-pub use config::{HiSparseConfig, MissFill, MissFillMode};
+pub use config::{HiSparseConfig, MissFill, MissFillMode, compared_buffer_slots, default_buffer_slots};
 pub use counts::SwapCounts;
 pub use error::{PolicyError, Result};
 pub use policy::BuiltinPolicy;

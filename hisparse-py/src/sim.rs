@@ -79,7 +79,7 @@ fn buffer_sizes(given: Option<Vec<Bound<'_, PyAny>>>, carried: &[usize], top_k: 
             vec![*first]
         }
         (Some(b), []) => b.iter().map(|b| uint::<usize>("buffers", b, u64::from(u32::MAX))).collect::<PyResult<_>>()?,
-        (None, []) => vec![k, 2 * k, 4 * k],
+        (None, []) => hisparse_policy::compared_buffer_slots(k),
     };
     if sizes.is_empty() {
         return Err(value("buffers", "empty; give at least one buffer size"));

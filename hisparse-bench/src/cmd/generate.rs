@@ -156,9 +156,7 @@ fn selection_flags(args: &GenerateArgs, kind: AttentionKind) -> Result<Option<us
         AttentionKind::Dense | AttentionKind::SparseResident => Ok(None),
         AttentionKind::HiSparse => match args.buffer {
             Some(b) => Ok(Some(b)),
-            None => {
-                args.top_k.checked_mul(2).map(Some).ok_or_else(|| BenchError::flag("top-k", args.top_k, "too large"))
-            }
+            None => Ok(Some(hisparse_policy::default_buffer_slots(args.top_k))),
         },
     }
 }

@@ -225,7 +225,7 @@ impl ModelInput {
         };
         let buffer = match engine.device_buffer_size {
             Some(b) => b,
-            None => self.top_k.checked_mul(2).ok_or_else(|| BenchError::flag("top-k", self.top_k, "overflows"))?,
+            None => hisparse_policy::default_buffer_slots(self.top_k),
         };
         let (c, k, f) = (self.model.config(), self.top_k, self.args.kv_format);
         let mut cfg = match &engine.device_memory {

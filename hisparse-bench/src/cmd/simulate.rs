@@ -115,7 +115,7 @@ pub fn run(a: &SimulateArgs) -> Result<(SimReport, PathBuf)> {
         ));
     }
     let buffers = if a.buffers.is_empty() {
-        vec![k, 2 * k, 4 * k].into_iter().filter(|&b| b <= max).collect()
+        hisparse_policy::compared_buffer_slots(k).into_iter().filter(|&b| b <= max).collect()
     } else {
         a.buffers.clone()
     };

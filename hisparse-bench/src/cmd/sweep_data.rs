@@ -310,7 +310,7 @@ pub(super) fn replay_records(
 ) -> Result<Vec<(usize, Vec<f64>)>> {
     let cfg = hisparse_policy::SimConfig {
         policies: vec![hisparse_policy::BuiltinPolicy::Lru.into()],
-        buffer_sizes: vec![k, 2 * k, 4 * k],
+        buffer_sizes: hisparse_policy::compared_buffer_slots(k),
         ..hisparse_policy::SimConfig::default()
     };
     let rep = hisparse_policy::simulate(header, records, &cfg, &|_| {})?;

@@ -111,6 +111,20 @@ fn invalid(field: &'static str, value: impl std::fmt::Display, reason: impl Into
     PolicyError::Invalid { field, value: value.to_string(), reason: reason.into() }
 }
 
+/// A hot buffer's regular slots when none are given: twice the top-k (the HiSparse blog's 4096
+/// slots for top-k 2048); saturating, so that a top-k too large for any buffer is refused by the
+/// buffer's own limit.
+pub fn default_buffer_slots(top_k: usize) -> usize {
+    top_k.saturating_mul(2)
+}
+
+/// The buffer sizes a comparison replays when none are given: 1, 2 and 4 times the top-k (the
+/// published miss-rate points, 2048, 4096 and 8192 slots for top-k 2048); a multiple that
+/// overflows is left out.
+pub fn compared_buffer_slots(top_k: usize) -> Vec<usize> {
+    [1, 2, 4].into_iter().filter_map(|m| top_k.checked_mul(m)).collect()
+}
+
 impl HiSparseConfig {
     /// Parses JSON (unknown keys are errors; missing keys take their defaults).
     pub fn from_json(text: &str) -> Result<Self> {
@@ -133,10 +147,10 @@ impl HiSparseConfig {
         serde_json::from_value(merged).map_err(|e| bad(e.to_string()))
     }
 
-    /// The defaults with `top_k` taken from `geometry` and a buffer of twice that (the blog's
-    /// 4096 slots for top-k 2048).
+    /// The defaults with `top_k` taken from `geometry` and the default hot buffer for it
+    /// ([`default_buffer_slots`]).
     pub fn for_geometry(geometry: &KvGeometry) -> Self {
-        Self { top_k: geometry.top_k, device_buffer_size: 2 * geometry.top_k, ..Self::default() }
+        Self { top_k: geometry.top_k, device_buffer_size: default_buffer_slots(geometry.top_k), ..Self::default() }
     }
 
     /// The policies' config with `policy_seed` as its seed.
