@@ -9,23 +9,13 @@ import statistics
 import sys
 import time
 
-import numpy as np
+import os
 
 import hisparse
 
-
-def churning(steps=200, layers=2, k=32, prompt=1024, seed=0):
-    rng = np.random.default_rng(seed)
-    out = np.full((steps, layers, k), -1, dtype=np.int64)
-    pool = rng.choice(prompt, size=3 * k, replace=False)
-    for s in range(steps):
-        pool[rng.integers(len(pool), size=6)] = rng.integers(prompt + s, size=6)
-        uniq = np.unique(pool)
-        for l in range(layers):
-            pick = rng.choice(uniq, size=min(k - 1, len(uniq)), replace=False)
-            out[s, l, : len(pick)] = pick
-            out[s, l, k - 1] = prompt + s
-    return out
+# The tests' churning trace (one request whose rows leave and come back, evicting every step).
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "hisparse-py", "tests"))
+from conftest import churning  # noqa: E402
 
 
 class Counted(hisparse.PythonPolicy):
@@ -53,7 +43,7 @@ def timed(trace, policy):
 
 def main():
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 5
-    trace = hisparse.Trace.from_array(churning())
+    trace = hisparse.Trace.from_array(churning(steps=200))
     timed(trace, Counted())  # warm-up
     timed(trace, "lru")
     per_call = []
