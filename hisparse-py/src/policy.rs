@@ -230,18 +230,23 @@ impl EvictionPolicy for PyPolicy {
     }
 }
 
-/// Runs `f` (a replay) on a pool of threads that each keep one Python thread state for their
-/// whole life, released from the interpreter's lock between hook calls: a hook call then only
-/// takes the lock back, instead of making and dropping a thread state every time. Where the
-/// pool cannot be made, `f` runs on the global pool as before.
+/// Runs `f` (a replay) on a pool of threads that each keep one Python thread state while it
+/// runs, released from the interpreter's lock between hook calls: a hook call then only takes
+/// the lock back, instead of making and dropping a thread state every time. Every state is
+/// dropped on its own thread before this returns (never as the pool's threads exit, which may
+/// be while the interpreter shuts down). Where the pool cannot be made, `f` runs on the global
+/// pool as before.
 pub fn with_python_threads<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     let pool = rayon::ThreadPoolBuilder::new()
         .thread_name(|i| format!("hisparse-replay-{i}"))
         .start_handler(|_| kept::keep())
-        .exit_handler(|_| kept::release())
         .build();
     match pool {
-        Ok(pool) => pool.install(f),
+        Ok(pool) => {
+            let r = pool.install(f);
+            pool.broadcast(|_| kept::release());
+            r
+        }
         Err(_) => f(),
     }
 }

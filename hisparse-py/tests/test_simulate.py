@@ -269,3 +269,23 @@ def test_a_score_policy_on_a_trace_read_without_scores_says_so(tmp_path):
     # Read with its scores (it has none), the message says what a trace needs: version 3.
     with pytest.raises(ValueError, match="version 3"):
         hisparse.simulate(hisparse.Trace.read(p), ["score"], [64])
+
+
+def test_the_interpreter_exits_cleanly_after_a_python_policys_replay():
+    """The replay's threads drop their Python thread states before simulate returns: an
+    interpreter that exits right after (while the pool's threads are still ending) neither
+    aborts nor prints a fatal error."""
+    import subprocess
+    import sys
+
+    script = (
+        "import numpy as np, hisparse\n"
+        "class P(hisparse.PythonPolicy):\n"
+        "    def priority(self, record, env): return record[0]\n"
+        "    def on_insert(self, record, env): return (env.step, 0)\n"
+        "t = hisparse.Trace.from_array(np.array([[[0, 1], [1, 2]], [[2, 3], [0, 3]]]))\n"
+        "hisparse.simulate(t, [P()], [2])\n"
+    )
+    for _ in range(5):
+        r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0 and "FATAL" not in r.stderr, r.stderr
