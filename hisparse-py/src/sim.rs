@@ -34,18 +34,32 @@ enum Chosen {
     Python(Arc<PyPolicy>),
 }
 
+/// A name no built-in has, as the argument it was given in names it.
+fn unknown(e: hisparse_policy::PolicyError) -> PyErr {
+    use hisparse_policy::PolicyError;
+    match e {
+        PolicyError::UnknownPolicy { name, known } => {
+            value("policies", format!("{name}: no such policy (known: {known})"))
+        }
+        PolicyError::Invalid { field: "prefetcher", value: name, reason } => {
+            value("prefetchers", format!("{name}: no such prefetcher ({reason})"))
+        }
+        e => value("policies", e),
+    }
+}
+
 /// `p` as a policy, and the buffer size it carries (a class of ours: `hisparse.LRU(64)`).
 fn choose(p: &Bound<'_, PyAny>, cfg: &PolicyConfig) -> PyResult<(Chosen, Option<usize>)> {
     if p.is_instance_of::<PyString>() {
         let name: String = p.extract()?;
-        let c = PolicyChoice::parse(&name).map_err(|e| value("policies", e))?;
+        let c = PolicyChoice::parse(&name).map_err(unknown)?;
         return Ok((Chosen::Builtin(c.make(cfg).map_err(|e| policy("policies", e))?), None));
     }
     // A class of ours (hisparse.LRU(...)) carries the built-in's name and its cache_size.
     if let Ok(b) = p.getattr("builtin")
         && let Ok(name) = b.extract::<String>()
     {
-        let c = PolicyChoice::parse(&name).map_err(|e| value("policies", e))?;
+        let c = PolicyChoice::parse(&name).map_err(unknown)?;
         let size = match p.getattr("cache_size") {
             Ok(v) if !v.is_none() => Some(uint::<usize>("policies", &v, u64::from(u32::MAX))?),
             _ => None,
@@ -128,7 +142,7 @@ pub fn simulate<'py>(
     let prefetchers = prefetchers
         .unwrap_or_else(|| vec!["none".into()])
         .iter()
-        .map(|n| PrefetcherChoice::parse(n).map_err(|e| value("prefetchers", e)))
+        .map(|n| PrefetcherChoice::parse(n).map_err(unknown))
         .collect::<PyResult<Vec<_>>>()?;
     // A trace read with scores=False has none, whatever its file held: say so.
     if trace.read_without_scores {
