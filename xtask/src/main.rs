@@ -3,12 +3,14 @@
 //! * `cargo xtask ci` — what CI runs, in order: `cargo fmt --check`; clippy on all targets and
 //!   features with `-D warnings`; the tests (all features), with an empty model folder
 //!   (`HISPARSE_MODEL_DIR` in the build folder), so the real model is fetched as on a fresh
-//!   machine, by tests that start together; each library crate built and tested
-//!   on its own with default features, and `hisparse-memory` and `hisparse-policy` checked to
-//!   pull no `cudarc`; `cargo doc --no-deps` with warnings denied; the CUDA backend checked
+//!   machine, by tests that start together; each library crate checked on its own with default
+//!   features (its tests ran in the workspace run), and `hisparse-memory` and `hisparse-policy`
+//!   checked to pull no `cudarc`; `cargo doc --no-deps` with warnings denied; the CUDA backend checked
 //!   beside candle's cudarc features (`compat/beside-candle`); every library crate packaged and
 //!   built from its package; the Python package built into a virtual environment and its
-//!   pytest suite; and the CUDA kernel compile check for sm_90a. NVRTC 13.0 and the CUDA headers are set up first when missing (through
+//!   pytest suite; and the CUDA kernel compile check for sm_90a (by the program the tests
+//!   built). Builds outside the workspace (fuzz targets, compatibility crates, the Python
+//!   package's) use the same build folder, so what they share is built once. NVRTC 13.0 and the CUDA headers are set up first when missing (through
 //!   `.ci/nvrtc-env.sh`, cached under `~/.cache/hisparse`); `--offline` skips that, and the
 //!   check then prints one loud SKIPPED line where no NVRTC is found. The free space where the
 //!   build folder is is printed at the start and the end; the test runner's summary last.
@@ -147,22 +149,16 @@ const LIBRARIES: [&str; 5] =
 /// Crates that must not pull `cudarc` with their default features.
 const CUDA_FREE: [&str; 2] = ["hisparse-memory", "hisparse-policy"];
 
-/// Each library crate on its own: `cargo check --all-targets` with default features, its tests
-/// (the engine's calibration, run already, skipped), and the `cudarc`-free crates' dependency
-/// trees.
-fn each_crate(totals: &mut TestTotals, env: &[(String, String)]) -> bool {
+/// Each library crate on its own: `cargo check --all-targets` with default features (what a
+/// crate picked alone must compile with: a feature it needs but only the workspace turned on
+/// fails here), and the `cudarc`-free crates' dependency trees. Their tests are not run again
+/// alone: they ran in the workspace run, and a test's behaviour does not change with the
+/// features of crates it does not use (what a crate alone can lack is a feature, which this
+/// check finds).
+fn each_crate() -> bool {
     let mut ok = true;
     for c in LIBRARIES {
         ok &= step(&format!("{c} on its own (default features)"), cargo().args(["check", "-p", c, "--all-targets"]));
-        let mut args = vec!["-p", c];
-        if c == "hisparse-engine" {
-            args.extend(["--", "--skip", "follow_the_published"]);
-        }
-        // The real model's tests ran in the workspace run already (minutes on two cores).
-        if c == "hisparse-model" {
-            args.extend(["--", "--skip", "candle_transformers", "--skip", "on_real_text"]);
-        }
-        ok &= run_tests(&format!("{c} tests on their own (default features)"), &args, env, totals);
     }
     for c in CUDA_FREE {
         let out = cargo().args(["tree", "-p", c, "-e", "normal", "--prefix", "none"]).output();
@@ -261,14 +257,20 @@ fn check_features(nvcc: &Option<Vec<(String, String)>>) -> Vec<String> {
     }
 }
 
+/// The build folder: `CARGO_TARGET_DIR` (relative to the workspace) or the workspace's
+/// `target`. Builds outside the workspace (the fuzz targets, the compatibility crates) use it
+/// too, so what they share with the workspace's builds is built once.
+fn target_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .map(|t| if t.is_relative() { workspace_root().join(t) } else { t })
+        .unwrap_or_else(|| workspace_root().join("target"))
+}
+
 /// `HISPARSE_MODEL_DIR` for the tests: an empty folder in the build folder (what an earlier
 /// run fetched there is removed first).
 fn fresh_model_dir() -> std::io::Result<(String, String)> {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(std::path::PathBuf::from)
-        .map(|t| if t.is_relative() { workspace_root().join(t) } else { t })
-        .unwrap_or_else(|| workspace_root().join("target"));
-    let dir = target.join("ci-empty-model-cache");
+    let dir = target_dir().join("ci-empty-model-cache");
     match std::fs::remove_dir_all(&dir) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
         _ => {}
@@ -333,7 +335,7 @@ fn ci(offline: bool) -> bool {
         &mut totals,
     );
     steps_ok = tests_ok
-        && each_crate(&mut totals, &test_env[test_env.len() - 1..])
+        && each_crate()
         && step(
             "the per-layer API's example (checks its outputs against dense attention)",
             cargo().args(["run", "--quiet", "-p", "hisparse-engine", "--example", "toy_decoder"]),
@@ -364,7 +366,7 @@ fn ci(offline: bool) -> bool {
             cargo()
                 .args(["check", "--quiet", "--manifest-path"])
                 .arg(workspace_root().join("fuzz/Cargo.toml"))
-                .env("CARGO_TARGET_DIR", workspace_root().join("target/fuzz")),
+                .env("CARGO_TARGET_DIR", target_dir()),
         )
         && publish::beside_candle()
         && publish::beside_candle_cuda(nvcc.as_deref())
@@ -382,7 +384,9 @@ fn ci(offline: bool) -> bool {
 fn kernel_check(env: &[(String, String)]) -> bool {
     println!("\n=== xtask ci: CUDA kernel compile check (NVRTC, sm_90a)");
     let status = cargo()
-        .args(["run", "--quiet", "-p", "hisparse-bench", "--all-features", "--bin", "hisparse", "--", "check-kernels"])
+        // The features the tests were built with: the program is built already.
+        .args(["run", "--quiet", "-p", "hisparse-bench", "--features", &features::linkable()])
+        .args(["--bin", "hisparse", "--", "check-kernels"])
         .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
         .status();
     match status.map(|s| s.code()) {

@@ -2,7 +2,7 @@
 //! cudarc features (a crate outside the workspace, `compat/beside-candle`), and every library
 //! crate packaged as crates.io would take it (`cargo package`, built from the package).
 
-use crate::{LIBRARIES, cargo, step, workspace_root};
+use crate::{LIBRARIES, cargo, step, target_dir, workspace_root};
 
 /// `cargo check` of `compat/beside-candle`: hisparse's `cuda` features beside cudarc with
 /// candle-core 0.11's exact features (`dynamic-linking`, `cuda-version-from-build-system`).
@@ -16,7 +16,7 @@ pub fn beside_candle() -> bool {
             .args(["check", "--quiet", "--manifest-path"])
             .arg(root.join("compat/beside-candle/Cargo.toml"))
             .env("CUDARC_CUDA_VERSION", "13000")
-            .env("CARGO_TARGET_DIR", root.join("target")),
+            .env("CARGO_TARGET_DIR", target_dir()),
     )
 }
 
@@ -34,7 +34,7 @@ pub fn beside_candle_cuda(nvcc: Option<&[(String, String)]>) -> bool {
             .args(["check", "--quiet", "--manifest-path"])
             .arg(root.join("compat/beside-candle-cuda/Cargo.toml"))
             .envs(vars.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-            .env("CARGO_TARGET_DIR", root.join("target")),
+            .env("CARGO_TARGET_DIR", target_dir()),
     )
 }
 

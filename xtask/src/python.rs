@@ -48,7 +48,7 @@ pub fn tests() -> bool {
             .args(["clippy", "--quiet", "--all-targets", "--manifest-path"])
             .arg(&manifest)
             .args(["--", "-D", "warnings"])
-            .env("CARGO_TARGET_DIR", root.join("target/py")),
+            .env("CARGO_TARGET_DIR", crate::target_dir().join("py")),
     );
     if !lint {
         return false;
@@ -64,7 +64,7 @@ pub fn tests() -> bool {
             .arg(root.join("hisparse-py/Cargo.toml"))
             .env("VIRTUAL_ENV", &venv)
             .env("PATH", &path)
-            .env("CARGO_TARGET_DIR", root.join("target/py")),
+            .env("CARGO_TARGET_DIR", crate::target_dir().join("py")),
     ) && step(
         "Python: pytest hisparse-py/tests",
         Command::new(venv.join("bin/pytest")).args(["-q"]).arg(root.join("hisparse-py/tests")).env("PATH", &path),
