@@ -127,6 +127,12 @@ proptest! {
             .sum();
         let header = TraceHeader { top_k: 48, layers: 1, row_bytes: 656, ..TraceHeader::default() };
         let cfg = SimConfig { policies: vec!["lru".parse().unwrap()], buffer_sizes: vec![48], ..SimConfig::default() };
+        // A stream that selects nothing measures nothing: refused, not reported as 0 misses.
+        if records.iter().all(|r| r.selected.is_empty()) {
+            let refused = simulate(&header, &records, &cfg, &|_| {}).is_err();
+            prop_assert!(refused);
+            return Ok(());
+        }
         let report = simulate(&header, &records, &cfg, &|_| {}).unwrap();
         let compulsory = report.results.iter().find(|r| r.policy == "compulsory").unwrap();
         prop_assert_eq!(compulsory.swap.misses, naive);
@@ -144,6 +150,12 @@ proptest! {
         // Policies that need scores are refused on a trace without near-cut scores.
         let online = POLICY_NAMES.iter().filter(|n| !policy::by_name(n, 0).unwrap().needs_scores());
         let cfg = SimConfig { policies: online.map(|s| s.parse().unwrap()).collect(), buffer_sizes: vec![slots], policy_config: PolicyConfig::seeded(3), ..SimConfig::default() };
+        // A stream that selects nothing measures nothing: refused, not reported as 0 misses.
+        if records.iter().all(|r| r.selected.is_empty()) {
+            let refused = simulate(&header, &records, &cfg, &|_| {}).is_err();
+            prop_assert!(refused);
+            return Ok(());
+        }
         let report = simulate(&header, &records, &cfg, &|_| {}).unwrap();
         let misses = |name: &str| report.results.iter().find(|r| r.policy == name).unwrap().swap.misses;
         let compulsory = misses("compulsory");
