@@ -13,7 +13,8 @@
 //!   package's) use the same build folder, so what they share is built once. NVRTC 13.0 and the CUDA headers are set up first when missing (through
 //!   `.ci/nvrtc-env.sh`, cached under `~/.cache/hisparse`); `--offline` skips that, and the
 //!   check then prints one loud SKIPPED line where no NVRTC is found. The free space where the
-//!   build folder is is printed at the start and the end; the test runner's summary last.
+//!   build folder is is printed at the start and the end, each step's time after it, the test
+//!   runner's summary last.
 //!   Cargo runs without incremental caches (a one-off build gains nothing from them).
 //!
 //! This crate has no dependencies on purpose: it only runs cargo.
@@ -50,7 +51,10 @@ fn workspace_root() -> std::path::PathBuf {
 /// Runs a step; returns whether it succeeded.
 fn step(name: &str, cmd: &mut Command) -> bool {
     println!("\n=== xtask ci: {name}");
-    match cmd.status() {
+    let t = std::time::Instant::now();
+    let status = cmd.status();
+    println!("=== xtask ci: {name}: {:.0} s", t.elapsed().as_secs_f64());
+    match status {
         Ok(s) if s.success() => true,
         Ok(s) => {
             println!("=== xtask ci: {name} FAILED ({s})");
@@ -115,6 +119,7 @@ impl TestTotals {
 /// Runs `cargo test ARGS` with `env` set, echoing its output and adding its summaries to `totals`.
 fn run_tests(title: &str, args: &[&str], env: &[(String, String)], totals: &mut TestTotals) -> bool {
     println!("\n=== xtask ci: {title}");
+    let t = std::time::Instant::now();
     let child = cargo()
         .arg("test")
         .args(args)
@@ -136,6 +141,7 @@ fn run_tests(title: &str, args: &[&str], env: &[(String, String)], totals: &mut 
         }
     }
     let ok = child.wait().map(|s| s.success()).unwrap_or(false);
+    println!("=== xtask ci: {title}: {:.0} s", t.elapsed().as_secs_f64());
     if !ok {
         println!("=== xtask ci: {title} FAILED");
     }
