@@ -37,6 +37,12 @@ pub trait Collectives<M: DeviceMemory> {
     fn max(&mut self, value: u32) -> Result<u32>;
 }
 
+/// An NCCL group's identity, made once (`NcclId::new`, on the CUDA side) and handed to every
+/// rank.
+#[cfg(feature = "nccl")]
+#[derive(Clone, Copy)]
+pub struct NcclId(pub(crate) [core::ffi::c_char; 128]);
+
 /// One rank's ticket to a group, for [`crate::ModelKernels::join_group`].
 pub enum RankMember {
     /// A rank of a CPU group ([`CpuRank::group`]).
@@ -45,7 +51,7 @@ pub enum RankMember {
     #[cfg(feature = "nccl")]
     Nccl {
         /// The group.
-        id: crate::cuda::NcclId,
+        id: NcclId,
         /// This rank.
         rank: usize,
         /// Ranks in the group.

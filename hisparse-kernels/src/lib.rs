@@ -5,7 +5,8 @@
 //! [`CpuBackend`], the LSE merge of partial attention, the dense f64 oracle, and — behind the
 //! `cuda` feature — the CUDA kernels, compiled at run time by NVRTC for `sm_90a`.
 //!
-//! Invariant: outside [`swap_in`] (and [`KernelError::Policy`], which carries its errors) this
+//! Invariant: outside the swap-in ([`swap_in`], `cpu/swap_in.rs`, `cuda/swap_in/`; and
+//! [`KernelError::Policy`], which carries its errors) this
 //! crate knows nothing about requests' lifetimes, scheduling or eviction; it computes on the
 //! buffers and spans it is given. The swap-in runs an eviction policy's hooks and a prefetcher's
 //! nominations (their CPU forms, or their CUDA sources spliced into its kernels) and nothing
@@ -50,7 +51,7 @@ pub use batch::{
     AttentionBatch, HeadCombine, IndexScore, IndexerBatch, IndexerRequest, KernelStage, OracleScore, Span, StageSeconds,
 };
 pub use collectives::{Collectives, CpuRank, RankMember};
-pub use cpu::{CpuBackend, CpuRowBackup};
+pub use cpu::{CpuBackend, CpuRowBackup, CpuSwapIn};
 
 pub use error::{KernelError, Result};
 pub use gemm::GemmShape;
@@ -60,7 +61,7 @@ pub use new_rows::{NewRows, fill_new_rows_host};
 pub use oracle::dense_attention;
 pub use row_backup::{RowBackup, RowBackupConfig};
 pub use swap_in::{
-    AttentionQuery, CpuSwapIn, DeviceSwapIn, DeviceSwapInConfig, DeviceSwapReq, HotLocation, SWAP_COUNTS, SwapCounts,
+    AttentionQuery, DeviceSwapIn, DeviceSwapInConfig, DeviceSwapReq, HotLocation, SWAP_COUNTS, SwapCounts,
     locate_in_hot,
 };
 

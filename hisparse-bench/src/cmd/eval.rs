@@ -123,7 +123,7 @@ fn check(args: &EvalArgs, context_max: usize) -> Result<()> {
             format!("top-k {k} x {:?} passes the model's {context_max} positions", args.buffer_factor),
         ));
     }
-    super::run_model::check_score_margin(args.score_margin, args.record_trace.is_some())?;
+    super::model_source::check_score_margin(args.score_margin, args.record_trace.is_some())?;
     if let Some(p) = &args.record_trace
         && (args.contexts.len() != 1 || args.top_k.len() != 1)
     {

@@ -17,12 +17,15 @@ pub mod kernel_bench;
 pub mod launch_gaps;
 #[cfg(feature = "model")]
 pub mod model_args;
+#[cfg(feature = "model")]
+pub mod model_source;
 pub mod rank_vote;
 pub mod replot;
 pub mod run;
 pub mod run_args;
 #[cfg(feature = "model")]
 pub mod run_model;
+pub mod run_output;
 pub mod run_ranks;
 pub mod selfcheck;
 pub mod simulate;

@@ -79,7 +79,7 @@ pub struct RunArgs {
     /// A real model as the input (`--model`, `--gguf`, with `--text`).
     #[cfg(feature = "model")]
     #[command(flatten)]
-    pub source: super::run_model::ModelSource,
+    pub source: super::model_source::ModelSource,
 }
 
 /// One mode's result.

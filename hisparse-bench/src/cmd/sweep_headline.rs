@@ -3,31 +3,8 @@
 //! where `--bound` measured it) and the peak-against-peak ratio, with the table and the JSON
 //! record ([`Headline`]) that hold them.
 
-use serde::{Deserialize, Serialize};
-
-use super::sweep_data::{Point, SweepMode, SweepReport};
-use super::sweep_output::NO_COPIES;
-
-/// One context's headline.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Headline {
-    /// Prompt tokens.
-    pub context: usize,
-    /// Most requests decoding at once (mean over a point's windows), resident.
-    pub resident_running: f64,
-    /// The same, hisparse.
-    pub hisparse_running: f64,
-    /// `hisparse_running / resident_running`.
-    pub capacity: f64,
-    /// The concurrency at which hisparse first ran its most requests.
-    pub at_concurrency: usize,
-    /// hisparse's tokens/s over the bound's there (None without `--bound`).
-    pub efficiency: Option<f64>,
-    /// hisparse's best tokens/s over resident's best.
-    pub peak_ratio: f64,
-    /// The bound's best tokens/s over resident's best (None without `--bound`).
-    pub bound_peak_ratio: Option<f64>,
-}
+use super::common::NO_COPIES;
+use super::sweep_data::{Headline, Point, SweepMode, SweepReport};
 
 fn series(r: &SweepReport, c: usize, m: SweepMode) -> Vec<&Point> {
     r.points.iter().filter(|p| p.context == c && p.mode == m).collect()

@@ -4,6 +4,7 @@
 //! (on the critical path and prefetched); misses per step over time with the concurrency levels
 //! marked; and the misses of a replayed trace at several buffer sizes.
 
+use super::common::NO_COPIES;
 use super::sweep_data::{Point, SweepMode, SweepReport};
 use crate::error::Result;
 use crate::files::OutputDir;
@@ -173,9 +174,6 @@ fn transfers_svg(r: &SweepReport) -> Result<String> {
     };
     line_chart(&chart, &series)
 }
-
-/// What every output of a run without the swap-in's copies says of it.
-pub const NO_COPIES: &str = "timing only: the swap-in decides but copies no row, so the outputs are wrong";
 
 /// The hierarchy's policies in a line: eviction, prefetcher, who fills the misses.
 pub fn hierarchy(hs: &hisparse_policy::HiSparseConfig, backend: &str) -> String {

@@ -1,15 +1,19 @@
 //! The CPU backend: exact reference kernels with f32 accumulation in a fixed order (so results
 //! do not depend on thread count or on where rows live), parallel over requests and heads with
-//! rayon.
+//! rayon. `swap_in.rs` holds [`CpuSwapIn`], the CPU backend's swap-in: the policy crate's
+//! reference step (`SwapInState::step`) per (seat, layer), rows read from the
+//! host tier.
 
 mod attention;
 mod backup;
 mod index_keys;
 mod indexer;
 mod oracle_index;
+mod swap_in;
 mod topk;
 
 pub use backup::CpuRowBackup;
+pub use swap_in::CpuSwapIn;
 
 #[cfg(feature = "cuda")]
 pub(crate) use topk::check_spans as check_top_k_spans;
@@ -21,7 +25,7 @@ use crate::backend::{Backend, Kernels, ModelKernels, StepControl};
 use crate::batch::{AttentionBatch, IndexerBatch, Span};
 use crate::error::{KernelError, Result};
 use crate::row_backup::RowBackupConfig;
-use crate::swap_in::{CpuSwapIn, DeviceSwapInConfig};
+use crate::swap_in::DeviceSwapInConfig;
 
 /// The CPU backend. Its device memory is host memory ([`EmulatedDevice`]).
 #[derive(Clone, Copy, Debug, Default)]

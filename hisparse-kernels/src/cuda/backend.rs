@@ -405,7 +405,7 @@ impl ModelKernels for CudaBackend {
 }
 
 impl Backend for CudaBackend {
-    type SwapIn = crate::swap_in::cuda::CudaSwapIn;
+    type SwapIn = crate::cuda::swap_in::CudaSwapIn;
     type Backup = super::backup::CudaRowBackup;
 
     fn device_swap_in(
@@ -413,7 +413,7 @@ impl Backend for CudaBackend {
         cfg: &crate::DeviceSwapInConfig,
         host: &mut hisparse_memory::HostTier,
     ) -> Result<Self::SwapIn> {
-        crate::swap_in::cuda::CudaSwapIn::new(&self.dev, cfg, host, self.attention.clone())
+        crate::cuda::swap_in::CudaSwapIn::new(&self.dev, cfg, host, self.attention.clone())
     }
 
     fn row_backup(&self, cfg: &crate::RowBackupConfig, host: &mut hisparse_memory::HostTier) -> Result<Self::Backup> {

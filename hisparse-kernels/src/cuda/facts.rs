@@ -2,7 +2,7 @@
 //! written once, here: the constants (tile and block sizes, shared-memory sizes) emitted as
 //! `#define`s, the argument structs (`hisparse_memory::c_struct!`s), and the generated prelude
 //! each of those kernel modules' source starts with ([`prelude`]). The swap-in's are in
-//! `crate::swap_in::cuda::facts`. The `.cu` files declare none
+//! `crate::cuda::swap_in::facts`. The `.cu` files declare none
 //! of these; the prelude's `static_assert`s fail the NVRTC compile, naming the struct and field,
 //! if C ever lays an argument struct out otherwise than Rust.
 //!

@@ -22,8 +22,11 @@ pub(crate) mod printed_launch;
 mod scratch;
 pub(crate) mod sources;
 pub(crate) mod step_launch;
+pub mod swap_in;
 pub(crate) mod topk_launch;
 
+#[cfg(feature = "nccl")]
+pub use crate::collectives::NcclId;
 pub use backend::CudaBackend;
 pub use backup::{BackupRows, CudaRowBackup, GpuBackup};
 pub use decode_launch::FixedHeadIndexer;
@@ -33,18 +36,27 @@ pub use launch_graph::LaunchGraph;
 pub use libs::nccl_available;
 pub use libs::{blas_available, driver_available, library_present, nvrtc_available};
 #[cfg(feature = "nccl")]
-pub use nccl::{NcclId, NcclRank};
+pub use nccl::NcclRank;
 pub use nvrtc::{ARCH, CompiledKernel, compile, cuda_include_dir, nvrtc_version};
 pub use printed_launch::LaunchPrint;
-pub use sources::{KernelSource, all_sources, source};
+pub use sources::{KernelSource, fixed_sources, source};
 
-pub use crate::swap_in::cuda::{
+pub use swap_in::{
     CopyEngineStaging, CudaSwapIn, FUSED_MAX_REQUESTS, GpuNomination, GpuPolicyEnv, GpuPolicyScalars,
     GpuPrefetchSource, GpuSlotRecord, GpuStepCtx, GpuSwapIn, GpuVictimKey, ProtectSpans, SwapBatch, SwapOutputs,
     SwapParams, SwapReq, policy_harness, prefetcher_harness, swap_in_source,
 };
 
 use crate::error::KernelError;
+
+/// Every kernel source of the workspace: the fixed ones, then the swap-in's (a policy-hook
+/// harness and a swap-in module per GPU-capable built-in policy, a nomination harness per
+/// built-in prefetcher with a GPU form).
+pub fn all_sources() -> Vec<KernelSource> {
+    let mut v = fixed_sources();
+    v.extend(swap_in::sources());
+    v
+}
 
 /// Free and total bytes of GPU `ordinal`'s memory.
 pub fn memory_info(ordinal: usize) -> Result<(u64, u64), KernelError> {

@@ -16,7 +16,7 @@ use hisparse_memory::cuda::CudaMemory;
 
 use super::device::CudaDevice;
 use super::libs::nccl_available;
-use crate::collectives::Collectives;
+use crate::collectives::{Collectives, NcclId};
 use crate::error::{KernelError, Result, check_len};
 
 /// `len` elements from each of `ranks` ranks.
@@ -35,10 +35,6 @@ fn require_nccl() -> Result<()> {
         Err(KernelError::CudaUnavailable { reason: "the NCCL library (libnccl.so.2) cannot be loaded".into() })
     }
 }
-
-/// A group's identity, made once and handed to every rank.
-#[derive(Clone, Copy)]
-pub struct NcclId([core::ffi::c_char; 128]);
 
 impl NcclId {
     /// A fresh identity (needs NCCL).

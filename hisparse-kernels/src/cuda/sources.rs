@@ -15,8 +15,9 @@ pub struct KernelSource {
 
 use super::facts::{Module, prelude};
 
-/// All kernel sources (each starting with its generated prelude: `facts.rs`): the fixed ones, then the swap-in's (`crate::swap_in::cuda::sources`).
-pub fn all_sources() -> Vec<KernelSource> {
+/// The fixed kernel sources (each starting with its generated prelude: `facts.rs`); the
+/// swap-in's are generated per policy and prefetcher (`super::all_sources` lists both).
+pub fn fixed_sources() -> Vec<KernelSource> {
     let mut v = vec![KernelSource {
         name: "fp8_convert".into(),
         code: include_str!("../../kernels/fp8_convert.cu").to_owned(),
@@ -78,9 +79,6 @@ pub fn all_sources() -> Vec<KernelSource> {
         code: prelude(Module::Rows) + include_str!("../../kernels/rows.cu"),
         kernels: &["write_rows", "locate_rows", "fill_unit_bf16", "fill_new_rows"],
     });
-    // The swap-in's: a policy-hook harness and a swap-in module per GPU-capable policy, a
-    // nomination harness per built-in prefetcher.
-    v.extend(crate::swap_in::cuda::sources());
     v
 }
 
@@ -92,7 +90,7 @@ pub(crate) fn module_name(prefix: &str, code: &str) -> String {
     format!("{prefix}_{hash:016x}")
 }
 
-/// The source named `name`, if any.
+/// The fixed source named `name`, if any.
 pub fn source(name: &str) -> Option<KernelSource> {
-    all_sources().into_iter().find(|s| s.name == name)
+    fixed_sources().into_iter().find(|s| s.name == name)
 }

@@ -5,27 +5,23 @@
 //!
 //! * `interface.rs` — [`DeviceSwapIn`], what every backend's swap-in offers the cache (begin a
 //!   step, one call per layer, end the step with the counts), its config and requests;
-//! * `cpu.rs` — [`CpuSwapIn`]: the CPU backend's swap-in, the policy crate's reference step
-//!   (`hisparse_policy::SwapInState::step`) per (seat, layer), rows read from the host tier;
 //! * `hot_locate.rs` — [`locate_in_hot`]: where each selected token is before the swap-in
-//!   decides (the twin of the CUDA `locate_in_hot` kernel);
-//! * `cuda/` (feature `cuda`) — the CUDA swap-in: its device state, its kernels' sources
-//!   (`kernels/swap_in/*.cu`) and launches, the miss-fill forms (the swap-in's copy, the
-//!   attention's fill, deferred, staged, hits-first, copy-engine) and prefetch on the transfer
-//!   stream.
+//!   decides (the twin of the CUDA `locate_in_hot` kernel).
 //!
-//! Invariant: this module is the only part of `hisparse-kernels` that knows eviction policies and
-//! prefetchers (`hisparse_policy`): the CPU swap-in runs the policy crate's own reference step,
-//! and the CUDA swap-in splices a policy's hook source (`hisparse_policy::policy::cuda::program`)
-//! and a prefetcher's into its kernel templates and passes their per-slot records and scalars.
+//! Each backend's half lives beside its backend: [`crate::cpu::CpuSwapIn`] (`cpu/swap_in.rs`)
+//! and, with the feature `cuda`, the CUDA swap-in (`cuda/swap_in/`: its device state, its
+//! kernels' sources (`kernels/swap_in/*.cu`) and launches, the miss-fill forms and prefetch on
+//! the transfer stream). This module knows neither backend.
+//!
+//! Invariant: this module and the two backend halves are the only parts of `hisparse-kernels`
+//! that know eviction policies and prefetchers (`hisparse_policy`): the CPU swap-in runs the
+//! policy crate's own reference step, and the CUDA swap-in splices a policy's hook source
+//! (`hisparse_policy::policy::cuda::program`) and a prefetcher's into its kernel templates and
+//! passes their per-slot records and scalars.
 
-mod cpu;
-#[cfg(feature = "cuda")]
-pub mod cuda;
 mod hot_locate;
 mod interface;
 
-pub use cpu::CpuSwapIn;
 pub use hisparse_policy::SwapCounts;
 pub use hot_locate::{HotLocation, locate_in_hot};
 pub use interface::{AttentionQuery, DeviceSwapIn, DeviceSwapInConfig, DeviceSwapReq, SWAP_COUNTS};

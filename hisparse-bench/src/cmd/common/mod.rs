@@ -10,6 +10,10 @@ use hisparse_policy::{BuiltinPolicy, BuiltinPrefetcher, MissFillMode};
 
 use crate::error::{BenchError, Result};
 
+/// What every output of a run without the swap-in's copies (`--miss-fill no-copies`, `sweep
+/// --bound`) says of it.
+pub const NO_COPIES: &str = "timing only: the swap-in decides but copies no row, so the outputs are wrong";
+
 /// Which backend runs the kernels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum BackendKind {

@@ -1,7 +1,7 @@
 //! The CUDA swap-in (feature `cuda`): [`GpuSwapIn`] — slot tables, records and scalars on the
 //! device, one decision and one copy launch per layer (or one fused launch for small batches)
 //! (`state.rs`, `launch.rs`, `module.rs`: the kernel template with the policy's hooks spliced
-//! in) — behind [`CudaSwapIn`], the backend's [`DeviceSwapIn`](super::DeviceSwapIn)
+//! in) — behind [`CudaSwapIn`], the backend's [`DeviceSwapIn`](crate::swap_in::DeviceSwapIn)
 //! (`backend.rs`), which picks the miss-fill form per layer: the swap-in's copy, the
 //! attention's fill (`crate::cuda::attention_launch`), the deferred swap-in (`deferred.rs`,
 //! with staging rows in `staging.rs`), hits-first (`hits_first.rs`,
