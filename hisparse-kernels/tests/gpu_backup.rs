@@ -6,7 +6,9 @@
 
 use std::sync::Arc;
 
-use hisparse_kernels::cuda::{CudaDevice, GpuBackup, GpuSwapIn, SwapOutputs, SwapReq};
+use hisparse_kernels::cuda::{
+    CudaDevice, GpuBackup, GpuSwapIn, GpuSwapInShape, MissSource, Selections, SwapOutputs, SwapReq, SwapTargets,
+};
 use hisparse_memory::host_tier::MappedHostTier;
 use hisparse_memory::{HostTier, HostTierConfig, RequestId};
 use hisparse_policy::policy::by_name;
@@ -26,7 +28,12 @@ fn two_steps(dev: &CudaDevice, host: &mut HostTier, mapped: &MappedHostTier, sea
     let mut backup = GpuBackup::new(dev).unwrap();
     backup.inject_delay_ns = 3_000_000;
     let lru = by_name("lru", 0).unwrap();
-    let mut gpu = GpuSwapIn::new(dev, Arc::clone(&lru), 1, 1, B, 128, 64, 0).unwrap();
+    let mut gpu = GpuSwapIn::new(
+        dev,
+        Arc::clone(&lru),
+        GpuSwapInShape { seats: 1, layers: 1, buffer_slots: B, block_size: 128, max_sel: 64, max_tokens: 0 },
+    )
+    .unwrap();
     gpu.reset_seat(0, 0).unwrap();
     let mut hot = s.alloc_zeros::<u8>((B + 1) * ROW).unwrap();
     let req = RequestId(seat_req);
@@ -48,7 +55,9 @@ fn two_steps(dev: &CudaDevice, host: &mut HostTier, mapped: &MappedHostTier, sea
             request: seat_req,
         };
         let batch = gpu.upload_requests(&[r]).unwrap();
-        gpu.launch(0, &batch, &sels.as_view(), None, &pages, mapped, hot, &mut out).unwrap();
+        let sel = Selections { positions: &sels.as_view(), scores: None };
+        let src = MissSource { pages: &pages, host: mapped };
+        gpu.launch(0, &batch, sel, src, SwapTargets { hot_rows: hot, out: &mut out, counts: None }).unwrap();
         out
     };
     // Step 1: the new token L goes into the reserved slot, then is backed up (slowly).

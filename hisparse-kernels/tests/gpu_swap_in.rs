@@ -11,7 +11,10 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use hisparse_kernels::cuda::{CopyEngineStaging, CudaDevice, GpuSwapIn, SwapOutputs, SwapReq};
+use hisparse_kernels::cuda::{
+    CopyEngineStaging, CudaDevice, GpuSwapIn, GpuSwapInShape, LayerLaunch, LocateTargets, MissSource, Selections,
+    SwapOutputs, SwapReq, SwapTargets,
+};
 use hisparse_kernels::{HotLocation, SWAP_COUNTS, locate_in_hot};
 use hisparse_memory::{HostTier, HostTierConfig, RequestId};
 use hisparse_policy::policy::registered;
@@ -97,7 +100,8 @@ fn compare(z: &Sizes, seed: u64) {
     };
     let pages_per_layer = mapped.layout().pages_per_layer;
     for (policy, fused_max, fill) in policies.flat_map(forms) {
-        let mut gpu = GpuSwapIn::new(&dev, Arc::clone(&policy), n, layers, b, z.block, k + 1, longest + 1).unwrap();
+        let mut gpu =
+            GpuSwapIn::new(&dev, Arc::clone(&policy), shape(n, layers, b, z.block, k + 1, longest + 1)).unwrap();
         gpu.set_fused_max(fused_max);
         gpu.set_fill_in_attention(fill);
         let mut cpu: Vec<Vec<SwapInState>> =
@@ -190,23 +194,19 @@ fn compare(z: &Sizes, seed: u64) {
                     let mut copy = s.alloc_zeros::<u32>(sels.len()).unwrap();
                     let mut staging = s.alloc_zeros::<u8>(sels.len() * ROW).unwrap();
                     let mut staging_view = staging.as_view_mut();
-                    gpu.locate(
-                        &s,
-                        l,
-                        bt,
-                        &sels_d.as_view(),
-                        &pages_d,
-                        &mapped,
-                        &mut loc_l,
-                        &mut fill_l,
-                        &mut copy.as_view_mut(),
-                        (gather && share.is_none()).then_some(&mut staging_view),
-                    )
-                    .unwrap();
+                    let located = LocateTargets {
+                        locations: &mut loc_l,
+                        fills: &mut fill_l,
+                        sel_copy: &mut copy.as_view_mut(),
+                        staging: (gather && share.is_none()).then_some(&mut staging_view),
+                    };
+                    let at = LayerLaunch { stream: &s, layer: l, batch: bt };
+                    let src = MissSource { pages: &pages_d, host: &mapped };
+                    gpu.locate(at, &sels_d.as_view(), src, located).unwrap();
                     if let Some(share) = share {
                         let mut ce = CopyEngineStaging::new(&s, &mapped, share, 3).unwrap();
                         ce.reserve(&s, reqs.len(), sels.len()).unwrap();
-                        ce.stage(&mut gpu, &s, l, bt, (&pages_d, &mapped), &mut fill_l, &mut staging_view).unwrap();
+                        ce.stage(&mut gpu, at, src, &mut fill_l, &mut staging_view).unwrap();
                         s.synchronize().unwrap();
                         assert!(!ce.take_fault(), "copy-engine host gather fault");
                         let misses = twins.iter().flatten().filter(|w| matches!(w, HotLocation::Host)).count();
@@ -250,8 +250,9 @@ fn compare(z: &Sizes, seed: u64) {
                         }
                     }
                 }
-                gpu.launch(l, bt, &sels_d.as_view(), Some(&scores_d.as_view()), &pages_d, &mapped, hot_l, &mut out)
-                    .unwrap();
+                let sel = Selections { positions: &sels_d.as_view(), scores: Some(&scores_d.as_view()) };
+                let src = MissSource { pages: &pages_d, host: &mapped };
+                gpu.launch(l, bt, sel, src, SwapTargets { hot_rows: hot_l, out: &mut out, counts: None }).unwrap();
                 let (locs, counts) = (s.clone_dtoh(&out.locations).unwrap(), s.clone_dtoh(&out.counts).unwrap());
                 let (mt, ms, ev) = (
                     s.clone_dtoh(&out.miss_tokens).unwrap(),
@@ -408,7 +409,7 @@ fn out_of_range_selections_and_pages_raise_the_fault_flag() {
     host.grow(RequestId(0), 300).unwrap();
     let mapped = host.register_cuda(dev.context()).unwrap();
     let lru = hisparse_policy::policy::by_name("lru", 0).unwrap();
-    let mut gpu = GpuSwapIn::new(&dev, lru, 1, layers, b, 128, 32, 0).unwrap();
+    let mut gpu = GpuSwapIn::new(&dev, lru, shape(1, layers, b, 128, 32, 0)).unwrap();
     gpu.reset_seat(0, 0).unwrap();
     let mut hot = s.alloc_zeros::<u8>((b + 1) * ROW).unwrap();
     let run = |gpu: &mut GpuSwapIn, hot: &mut _, seq_len: u32, sel: &[u32], pages: &[u32]| {
@@ -427,7 +428,9 @@ fn out_of_range_selections_and_pages_raise_the_fault_flag() {
         let sels = s.clone_htod(sel).unwrap();
         let pages_d = s.clone_htod(pages).unwrap();
         let mut out = SwapOutputs::new(&s, 1, sel.len()).unwrap();
-        gpu.launch(0, &batch, &sels.as_view(), None, &pages_d, &mapped, hot, &mut out).unwrap();
+        let sel = Selections { positions: &sels.as_view(), scores: None };
+        let src = MissSource { pages: &pages_d, host: &mapped };
+        gpu.launch(0, &batch, sel, src, SwapTargets { hot_rows: hot, out: &mut out, counts: None }).unwrap();
         (s.clone_dtoh(&out.locations).unwrap(), gpu.take_fault().unwrap())
     };
     let good: Vec<u32> = host.pages(RequestId(0)).unwrap().to_vec();
@@ -461,8 +464,10 @@ fn out_of_range_selections_and_pages_raise_the_fault_flag() {
         let mut staging = s.alloc_zeros::<u8>(sel.len() * ROW).unwrap();
         let mut view = staging.as_view_mut();
         let st = Some(&mut view);
-        gpu.locate(&s, 0, &batch, &sels.as_view(), &pages_d, &mapped, &mut loc, &mut fill, &mut copy.as_view_mut(), st)
-            .unwrap();
+        let located =
+            LocateTargets { locations: &mut loc, fills: &mut fill, sel_copy: &mut copy.as_view_mut(), staging: st };
+        let at = LayerLaunch { stream: &s, layer: 0, batch: &batch };
+        gpu.locate(at, &sels.as_view(), MissSource { pages: &pages_d, host: &mapped }, located).unwrap();
         (s.clone_dtoh(&loc).unwrap(), gpu.take_fault().unwrap())
     };
     let (locs, fault) = locate(&mut gpu, 240, &[3, 150, 239], &good);
@@ -491,7 +496,9 @@ fn out_of_range_selections_and_pages_raise_the_fault_flag() {
     let sels = s.clone_htod(&[0u32]).unwrap();
     let short = s.clone_htod(&good[..2]).unwrap();
     let mut out = SwapOutputs::new(&s, 1, 1).unwrap();
-    assert!(gpu.launch(0, &batch, &sels.as_view(), None, &short, &mapped, &mut hot, &mut out).is_err());
+    let sel = Selections { positions: &sels.as_view(), scores: None };
+    let src = MissSource { pages: &short, host: &mapped };
+    assert!(gpu.launch(0, &batch, sel, src, SwapTargets { hot_rows: &mut hot, out: &mut out, counts: None }).is_err());
     // And requests the swap-in cannot hold are refused when uploaded.
     let over = SwapReq { sel_offset: u32::MAX, sel_len: 2, ..req };
     assert!(gpu.upload_requests(&[over]).is_err(), "sel_offset + sel_len overflows");
@@ -506,9 +513,21 @@ fn a_buffer_beyond_the_blocks_shared_memory_is_refused_by_name() {
     let lru = hisparse_policy::policy::by_name("lru", 0).unwrap();
     // top_k 2048: 9600 slots fit the 227 KiB a block may have (with the kernels' static shared
     // memory); 9728 (exactly 227 KiB of dynamic shared memory) and 12288 do not.
-    assert!(GpuSwapIn::new(&dev, Arc::clone(&lru), 1, 1, 9600, 512, 2048, 0).is_ok());
+    assert!(GpuSwapIn::new(&dev, Arc::clone(&lru), shape(1, 1, 9600, 512, 2048, 0)).is_ok());
     for slots in [9728, 12288] {
-        let err = GpuSwapIn::new(&dev, Arc::clone(&lru), 1, 1, slots, 512, 2048, 0).err().expect("refused");
+        let err = GpuSwapIn::new(&dev, Arc::clone(&lru), shape(1, 1, slots, 512, 2048, 0)).err().expect("refused");
         assert!(err.to_string().contains("buffer_slots"), "{err}");
     }
+}
+
+/// A swap-in's shape from its sizes, in [`GpuSwapInShape`]'s field order.
+fn shape(
+    seats: usize,
+    layers: usize,
+    buffer_slots: usize,
+    block_size: usize,
+    max_sel: usize,
+    max_tokens: usize,
+) -> GpuSwapInShape {
+    GpuSwapInShape { seats, layers, buffer_slots, block_size, max_sel, max_tokens }
 }

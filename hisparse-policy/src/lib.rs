@@ -34,7 +34,7 @@ pub use simulate::{
     SimConfig, SimReport, SimResult, memory_estimate, memory_estimate_encoded, replays, replays_in_one_pass, simulate,
     simulate_encoded, simulate_encoded_policies, simulate_policies, simulate_with,
 };
-pub use swap_in::{PrefetchPlan, SwapInPlan, SwapInState, SwapInputs, copy_missing_rows, copy_rows};
+pub use swap_in::{Nominated, PrefetchPlan, SwapInPlan, SwapInState, SwapInputs, copy_missing_rows, copy_rows};
 
 /// The README's examples, compiled and run as doc-tests.
 #[cfg(doctest)]

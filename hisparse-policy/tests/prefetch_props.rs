@@ -7,8 +7,8 @@
 use hisparse_policy::policy::{self, POLICY_NAMES};
 use hisparse_policy::trace::{TraceHeader, TraceRecord};
 use hisparse_policy::{
-    BuiltinPolicy, BuiltinPrefetcher, PolicyChoice, PrefetchPlan, SimConfig, SimReport, SimResult, StepCtx, SwapInPlan,
-    SwapInState, SwapInputs, simulate,
+    BuiltinPolicy, BuiltinPrefetcher, Nominated, PolicyChoice, PrefetchPlan, SimConfig, SimReport, SimResult, StepCtx,
+    SwapInPlan, SwapInState, SwapInputs, simulate,
 };
 use proptest::prelude::*;
 
@@ -53,7 +53,8 @@ proptest! {
                 let cands: Vec<u32> = cands.iter().map(|c| c % seq_len as u32).collect();
                 let protect = clean(protect.clone(), seq_len, slots);
                 let before: Vec<Option<u32>> = (0..slots as u32).map(|s| st.table().token_at(s)).collect();
-                st.prefetch(p.as_ref(), &cands, seq_len, &ctx, &protect, *budget, inputs, &mut pp).unwrap();
+                let nominated = Nominated { candidates: &cands, protect: &protect, budget: *budget };
+                st.prefetch(p.as_ref(), nominated, seq_len, &ctx, inputs, &mut pp).unwrap();
                 prop_assert!(st.table().check().is_ok(), "{name}");
                 prop_assert!(pp.fills.len() <= *budget, "{name}: {} fills over a budget of {budget}", pp.fills.len());
                 for &(t, s) in &pp.fills {

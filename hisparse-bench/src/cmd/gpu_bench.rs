@@ -12,7 +12,9 @@ use std::time::Instant;
 use cudarc::driver::sys::{self, CUevent_flags};
 use cudarc::driver::{CudaStream, DevicePtrMut, LaunchConfig, PushKernelArg};
 use hisparse_kernels::SWAP_COUNTS;
-use hisparse_kernels::cuda::{CudaDevice, GpuSwapIn, SwapOutputs, SwapReq, swap_in_source};
+use hisparse_kernels::cuda::{
+    CudaDevice, GpuSwapIn, GpuSwapInShape, MissSource, Selections, SwapOutputs, SwapReq, SwapTargets, swap_in_source,
+};
 use hisparse_memory::{HostTier, HostTierConfig, RequestId};
 use hisparse_policy::policy::by_name;
 use hisparse_policy::{StepCtx, SwapInPlan, SwapInState, SwapInputs};
@@ -310,7 +312,11 @@ pub fn run(a: &GpuBenchArgs) -> Result<Vec<Figure>> {
         let kinds =
             [("13% misses", 13usize, false), ("hit-only", 0, false), ("fast path (seq_len <= buffer)", 0, true)];
         for ((label, miss_pct, fast), launches) in kinds.into_iter().flat_map(|x| [(x, 1usize), (x, 2)]) {
-            let mut gpu = GpuSwapIn::new(&dev, Arc::clone(&lru), batch, 1, b, 512, k, 0)?;
+            let mut gpu = GpuSwapIn::new(
+                &dev,
+                Arc::clone(&lru),
+                GpuSwapInShape { seats: batch, layers: 1, buffer_slots: b, block_size: 512, max_sel: k, max_tokens: 0 },
+            )?;
             gpu.set_fused_max(if launches == 1 { usize::MAX } else { 0 });
             let mut hot = s.alloc_zeros::<u8>(batch * (b + 1) * 656).map_err(cuda("alloc"))?;
             let mut mirror: Vec<SwapInState> =
@@ -371,9 +377,12 @@ pub fn run(a: &GpuBenchArgs) -> Result<Vec<Figure>> {
                 let sels_d = s.clone_htod(&sels).map_err(cuda("htod"))?;
                 let mut out = SwapOutputs::new(&s, reqs.len(), sels.len())?;
                 let batch_d = gpu.upload_requests(&reqs)?;
+                let view = sels_d.as_view();
+                let (sel, src) =
+                    (Selections { positions: &view, scores: None }, MissSource { pages: &pages_d, host: &host });
                 s.synchronize().map_err(cuda("sync"))?;
                 let e0 = s.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(cuda("event"))?;
-                gpu.launch(0, &batch_d, &sels_d.as_view(), None, &pages_d, &host, &mut hot, &mut out)?;
+                gpu.launch(0, &batch_d, sel, src, SwapTargets { hot_rows: &mut hot, out: &mut out, counts: None })?;
                 let e1 = s.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(cuda("event"))?;
                 let ms = f64::from(e0.elapsed_ms(&e1).map_err(cuda("elapsed"))?);
                 // The kernel's own counts against the CPU mirror's decisions, every step.

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use half::bf16;
 use hisparse_kernels::random::{self, decode_kv_rows, encode_kv_rows};
 use hisparse_kernels::{AttentionBatch, CpuBackend, IndexerBatch, IndexerRequest, Span, dense_attention};
-use hisparse_memory::{KvGeometry, KvRowFormat};
+use hisparse_memory::{EmulatedDevice, KvGeometry, KvRowFormat};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
@@ -153,7 +153,7 @@ pub fn run(args: &SelfcheckArgs) -> Result<SelfcheckReport> {
     let mut scores = vec![0f32; b * l];
     let t = median_secs(1, args.runs, || cpu.indexer_scores(&batch, &mut scores));
     cpu.indexer_scores(&batch, &mut scores)?;
-    let err = check_indexer(&scores, &keys, &q_idx, &w, key, ih, b, l)?;
+    let err = check_indexer(&scores, &batch)?;
     lines.push(KernelLine {
         kernel: "indexer".into(),
         check: format!("{b} x {l} positions, {ih} heads x {dim}; sampled positions vs f64 (relative to |w||q||k|)"),
@@ -291,25 +291,20 @@ fn max_diff(a: &[f32], b: &[f32]) -> f64 {
     a.iter().zip(b).map(|(x, y)| f64::from((x - y).abs())).fold(0.0, f64::max)
 }
 
-/// Worst relative error of sampled indexer scores against f64.
-#[allow(clippy::too_many_arguments)]
-fn check_indexer(
-    scores: &[f32],
-    keys: &[u8],
-    q: &[bf16],
-    w: &[f32],
-    key: hisparse_memory::IndexKeyLayout,
-    heads: usize,
-    b: usize,
-    l: usize,
-) -> Result<f64> {
+/// Worst relative error of sampled indexer scores against f64, each request's position `t` at
+/// `scores[score_offset + t]` and its key where `batch`'s page table puts it.
+fn check_indexer(scores: &[f32], batch: &IndexerBatch<'_, EmulatedDevice>) -> Result<f64> {
+    let (key, heads, pt) = (batch.key_layout, batch.heads, batch.page_tokens);
+    let (q, w) = (batch.queries, batch.weights);
     let dim = key.dim();
     let mut worst = 0f64;
     let mut kf = vec![0f32; dim];
-    for i in 0..b {
+    for (i, r) in batch.requests.iter().enumerate() {
+        let l = r.seq_len;
         for t in (0..l).step_by((l / 256).max(1)) {
-            let row = (i * l.div_ceil(64) * 64 + t) * key.row_bytes();
-            key.decode(&keys[row..row + key.row_bytes()], &mut kf)?;
+            let page = batch.page_table[r.first_page + t / pt] as usize;
+            let row = (page * pt + t % pt) * key.row_bytes();
+            key.decode(&batch.keys[row..row + key.row_bytes()], &mut kf)?;
             let (mut s, mut mag) = (0f64, 0f64);
             for h in 0..heads {
                 let qh = &q[(i * heads + h) * dim..(i * heads + h + 1) * dim];
@@ -318,7 +313,7 @@ fn check_indexer(
                 s += f64::from(w[i * heads + h]) * d.max(0.0);
                 mag += f64::from(w[i * heads + h]) * m;
             }
-            worst = worst.max((f64::from(scores[i * l + t]) - s).abs() / mag.max(1e-30));
+            worst = worst.max((f64::from(scores[r.score_offset + t]) - s).abs() / mag.max(1e-30));
         }
     }
     Ok(worst)

@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 use hisparse_memory::{EmulatedDevice, HostRowReader, HostTier, HostTierLayout};
-use hisparse_policy::prefetch::{PrefetchCounts, PrefetchQueue, PrefetchStep, When};
+use hisparse_policy::prefetch::{Due, LayerPicked, PrefetchCounts, PrefetchQueue, PrefetchStep, When};
 use hisparse_policy::{OnlinePolicy, PolicyError, StepCtx, SwapInPlan, SwapInState, SwapInputs};
 
 use crate::error::{KernelError, Result};
@@ -45,23 +45,30 @@ fn bad(field: &'static str, value: impl std::fmt::Display, reason: impl Into<Str
     PolicyError::Invalid { field, value: value.to_string(), reason: reason.into() }
 }
 
-/// Copies host rows `(token, slot)` of `req` at `layer` into its seat of `hot` (without
-/// `copies`, only into rows never written: all zero); returns the bytes copied. Every index is
-/// checked before its row is read or written (a policy-level error: the prefetch queue calls
-/// it).
-#[allow(clippy::too_many_arguments)] // the request's facts, each a plain value
-fn copy_rows(
-    host: &HostRowReader,
+/// One request's rows as the CPU swap-in copies them: read from the host tier through its host
+/// pages, written into its seat of a layer's hot-buffer pool.
+struct RequestRows<'a> {
+    host: &'a HostRowReader,
     layout: HostTierLayout,
-    pages: &[u32],
-    req: &DeviceSwapReq,
+    /// The request's host page ids.
+    pages: &'a [u32],
+    req: &'a DeviceSwapReq,
     buffer_slots: usize,
+    /// Without copies (a timing bound), only rows never written (all zero) are filled.
+    copies: bool,
+}
+
+/// Copies host rows `(token, slot)` of `src`'s request at `layer` into its seat of `hot`;
+/// returns the bytes copied. Every index is checked before its row is read or written (a
+/// policy-level error: the prefetch queue calls it).
+fn copy_rows(
+    src: &RequestRows<'_>,
     layer: usize,
     rows: &[(u32, u32)],
     hot: &mut [u8],
     buf: &mut Vec<u8>,
-    copies: bool,
 ) -> hisparse_policy::Result<usize> {
+    let RequestRows { host, layout, pages, req, buffer_slots, copies } = *src;
     let rb = layout.row_bytes;
     buf.resize(rb, 0);
     let mut copied = 0;
@@ -225,18 +232,17 @@ impl DeviceSwapIn<EmulatedDevice> for CpuSwapIn {
             let step = self.step_of(&r);
             let pages = &self.pages[r.page_offset as usize..self.page_end[i]];
             let Self { host, seats, row, plan, copies, .. } = self;
-            let copies = *copies;
+            let src = RequestRows { host, layout, pages, req: &r, buffer_slots: b, copies: *copies };
             // `begin_step` checked that the seat has a state.
             let Some(seat) = seats.get_mut(r.seat as usize).and_then(Option::as_mut) else { continue };
             // Rows nominated for this layer earlier in the step come in first.
             let got = seat.prefetch.apply(
-                Some(layer),
-                When::ThisStep,
+                Due { layer: Some(layer), when: When::ThisStep },
                 policy.as_ref(),
                 step,
                 own,
                 &mut seat.swap,
-                &mut |_, fills| copy_rows(host, layout, pages, &r, b, layer, fills, hot, row, copies),
+                &mut |_, fills| copy_rows(&src, layer, fills, hot, row),
             )?;
             let ctx = StepCtx {
                 step: r.step,
@@ -247,13 +253,14 @@ impl DeviceSwapIn<EmulatedDevice> for CpuSwapIn {
             };
             let inputs = SwapInputs { next_use: None, scores: own };
             seat.swap[layer].step(policy.as_ref(), &sel, r.seq_len as usize, &ctx, inputs, plan)?;
-            let bytes = copy_rows(host, layout, pages, &r, b, layer, &plan.misses, hot, row, copies)?;
+            let bytes = copy_rows(&src, layer, &plan.misses, hot, row)?;
             let base = r.seat as i32 * (b as i32 + 1);
             for (o, &slot) in locations[a..a + n].iter_mut().zip(&plan.locations) {
                 *o = base + slot as i32;
             }
             let budget = self.cfg.prefetch_budget;
-            seat.prefetch.nominate(prefetcher.as_ref(), &self.cfg.geometry, budget, step, layer, &sel, own);
+            let picked = LayerPicked { layer, selected: &sel, scores: own };
+            seat.prefetch.nominate(prefetcher.as_ref(), &self.cfg.geometry, budget, step, picked);
             let c = &mut self.counts;
             c.hits += plan.hits.len() as u64;
             c.misses += plan.misses.len() as u64;
@@ -287,15 +294,21 @@ impl DeviceSwapIn<EmulatedDevice> for CpuSwapIn {
                 let step = self.step_of(&r);
                 let pages = &self.pages[r.page_offset as usize..self.page_end[i]];
                 let Self { host, seats, row, copies, .. } = self;
-                let copies = *copies;
+                let src = RequestRows { host, layout, pages, req: &r, buffer_slots: b, copies: *copies };
                 let Some(seat) = seats.get_mut(r.seat as usize).and_then(Option::as_mut) else { continue };
                 let mut copy = |target: usize, fills: &[(u32, u32)]| {
                     let pool =
                         hot.get_mut(target).ok_or_else(|| bad("hot", target, "no hot-buffer pool for that layer"))?;
-                    copy_rows(host, layout, pages, &r, b, target, fills, pool, row, copies)
+                    copy_rows(&src, target, fills, pool, row)
                 };
-                let got =
-                    seat.prefetch.apply(None, When::NextStep, policy.as_ref(), step, own, &mut seat.swap, &mut copy)?;
+                let got = seat.prefetch.apply(
+                    Due { layer: None, when: When::NextStep },
+                    policy.as_ref(),
+                    step,
+                    own,
+                    &mut seat.swap,
+                    &mut copy,
+                )?;
                 seat.prefetch.end_step();
                 self.add_prefetch(got);
             }

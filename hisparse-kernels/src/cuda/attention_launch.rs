@@ -86,6 +86,16 @@ fn split_count(wgmma: bool, sms: usize, fixed: usize, blocks: usize, max_len: us
     tiles.div_ceil(per)
 }
 
+/// Where an attention launch writes.
+pub(crate) struct AttnOutputs<'a> {
+    /// Each request's head outputs.
+    pub out: &'a mut CudaSlice<f32>,
+    /// Each request's heads' log-sum-exp.
+    pub lse: &'a mut CudaSlice<f32>,
+    /// Raised by a bad location or fill.
+    pub fault: &'a mut CudaSlice<u32>,
+}
+
 impl AttentionKernels {
     /// The kernels of `dev` (its module is loaded once), shared memory opted in.
     pub(crate) fn load(dev: &CudaDevice) -> Result<Self> {
@@ -129,19 +139,17 @@ impl AttentionKernels {
         }
     }
 
-    /// Sparse attention of `q`'s requests over `rows` into `out` and `lse`; a bad location or
-    /// fill raises `fault` (the row reads as zeros). Every size is checked before any launch.
-    #[allow(clippy::too_many_arguments)]
+    /// Sparse attention of `q`'s requests over `rows` into `outs`; a bad location or fill
+    /// raises `outs.fault` (the row reads as zeros). Every size is checked before any launch.
     pub(crate) fn launch(
         &self,
         dev: &CudaDevice,
         sc: &mut AttnScratch,
         q: &AttentionQuery<'_, CudaMemory>,
         rows: AttnRows<'_>,
-        out: &mut CudaSlice<f32>,
-        lse: &mut CudaSlice<f32>,
-        fault: &mut CudaSlice<u32>,
+        outs: AttnOutputs<'_>,
     ) -> Result<()> {
+        let AttnOutputs { out, lse, fault } = outs;
         let rb = q.layout.row_bytes();
         let pool_len = match &rows {
             AttnRows::Pool(r) => r.len(),

@@ -15,7 +15,7 @@ use cudarc::driver::{CudaEvent, CudaFunction, CudaSlice};
 use half::bf16;
 use hisparse_memory::cuda::CudaMemory;
 
-use super::attention_launch::{AttentionKernels, AttnRows, AttnScratch};
+use super::attention_launch::{AttentionKernels, AttnOutputs, AttnRows, AttnScratch};
 use super::decode_launch::FixedHeadIndexer;
 use super::device::CudaDevice;
 use super::driver_error;
@@ -248,7 +248,8 @@ impl Kernels for CudaBackend {
     ) -> Result<()> {
         let mut sc = lock(&self.scratch)?;
         let Scratch { attn, fault, .. } = &mut *sc;
-        self.attention.launch(&self.dev, attn, &batch.query(), AttnRows::Pool(batch.rows), out, lse, fault)
+        let outs = AttnOutputs { out, lse, fault };
+        self.attention.launch(&self.dev, attn, &batch.query(), AttnRows::Pool(batch.rows), outs)
     }
 
     fn write_rows(&self, pool: &mut CudaSlice<u8>, row_bytes: usize, rows: &[u32], data: &[u8]) -> Result<()> {

@@ -312,7 +312,7 @@ impl DecodeLaunch<'_> {
         upload_cached(self.dev, sd, spans_c, &host)?;
         let longest = spans.iter().map(|s| s.len).max().unwrap_or(0);
         if let Some(chunks) = self.top_k_split.choice.choose(n, longest) {
-            return self.top_k_split.launch(self.dev, scores, &sc.spans, &host, k, chunks, out);
+            return self.top_k_split.launch(self.dev, scores, (&sc.spans, &host), k, chunks, out);
         }
         let s = self.dev.stream();
         let cfg = LaunchConfig {

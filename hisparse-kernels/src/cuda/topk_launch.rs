@@ -112,15 +112,13 @@ impl TopKSplit {
     }
 
     /// Top-`k` of every span of `scores` into `out` (`k` per span) in `chunks` chunks of `chunk`
-    /// positions; `spans` is on the device already (`host` its copy; each lies within
+    /// positions; the spans are on the device already, beside their host copy (each lies within
     /// `scores`, and `out` holds `host.len() * k`: checked by the caller).
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn launch(
         &self,
         dev: &CudaDevice,
         scores: &CudaSlice<f32>,
-        spans: &CudaSlice<GpuSpan>,
-        host: &[GpuSpan],
+        (spans, host): (&CudaSlice<GpuSpan>, &[GpuSpan]),
         k: usize,
         (chunk, chunks): (usize, usize),
         out: &mut CudaSlice<i32>,

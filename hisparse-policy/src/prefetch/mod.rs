@@ -29,7 +29,7 @@ pub mod cuda;
 mod queue;
 mod registry;
 
-pub use queue::{CopyFills, PrefetchCounts, PrefetchQueue, PrefetchStep, near_cut};
+pub use queue::{CopyFills, Due, LayerPicked, PrefetchCounts, PrefetchQueue, PrefetchStep, near_cut};
 
 pub use registry::{
     BuiltinPrefetcher, MakePrefetcher, PREFETCHER_NAMES, PrefetcherConfig, PrefetcherSpec, make_prefetcher,

@@ -10,7 +10,7 @@ use hisparse_memory::KvGeometry;
 use super::{Candidates, LayerSelection, Nomination, Prefetcher, When, budget_rows};
 use crate::error::Result;
 use crate::policy::{EvictionPolicy, StepCtx};
-use crate::swap_in::{PrefetchPlan, SwapInState, SwapInputs};
+use crate::swap_in::{Nominated, PrefetchPlan, SwapInState, SwapInputs};
 
 /// A nomination waiting for its target.
 #[derive(Clone, Debug)]
@@ -71,6 +71,27 @@ pub struct PrefetchStep {
     pub buffer_slots: usize,
 }
 
+/// A layer's selection as a prefetcher is asked after it ([`PrefetchQueue::nominate`]).
+#[derive(Clone, Copy, Debug)]
+pub struct LayerPicked<'a> {
+    /// The layer.
+    pub layer: usize,
+    /// Its selected positions (ascending).
+    pub selected: &'a [u32],
+    /// The indexer's scores by position, for near-cut candidates.
+    pub scores: Option<&'a [f32]>,
+}
+
+/// Which queued nominations [`PrefetchQueue::apply`] applies: those due `when` for `layer`
+/// (every layer: `None`).
+#[derive(Clone, Copy, Debug)]
+pub struct Due {
+    /// The target layer, or every layer.
+    pub layer: Option<usize>,
+    /// This step (before the target's swap-in) or the next (after the last layer).
+    pub when: When,
+}
+
 /// One request's queued nominations and this step's selections.
 #[derive(Clone, Debug, Default)]
 pub struct PrefetchQueue {
@@ -80,20 +101,17 @@ pub struct PrefetchQueue {
 }
 
 impl PrefetchQueue {
-    /// Asks `prefetcher` after layer `l`'s selection `sel` (`scores`: the indexer's, for
-    /// near-cut candidates) and queues its nominations; `budget` is the configured per-buffer
-    /// row budget.
-    #[allow(clippy::too_many_arguments)] // the step's facts, each a plain value
+    /// Asks `prefetcher` after a layer's selection (`picked`) and queues its nominations;
+    /// `budget` is the configured per-buffer row budget.
     pub fn nominate(
         &mut self,
         prefetcher: &dyn Prefetcher,
         g: &KvGeometry,
         budget: usize,
         step: PrefetchStep,
-        l: usize,
-        sel: &[u32],
-        scores: Option<&[f32]>,
+        picked: LayerPicked<'_>,
     ) {
+        let LayerPicked { layer: l, selected: sel, scores } = picked;
         if prefetcher.name() == "none" {
             return;
         }
@@ -133,21 +151,19 @@ impl PrefetchQueue {
         }
     }
 
-    /// Applies the nominations due `when` for layer `l` (every layer: `None`) to the request's
-    /// swap-in states `swap` (one per layer); `copy(layer, fills)` copies each nomination's
-    /// `(token, slot)` fills host → device and returns the bytes it moved. `scores` for
-    /// score-aware policies' hooks.
-    #[allow(clippy::too_many_arguments)] // the step's facts, each a plain value
+    /// Applies the nominations `due` to the request's swap-in states `swap` (one per layer);
+    /// `copy(layer, fills)` copies each nomination's `(token, slot)` fills host → device and
+    /// returns the bytes it moved. `scores` for score-aware policies' hooks.
     pub fn apply(
         &mut self,
-        l: Option<usize>,
-        when: When,
+        due: Due,
         policy: &dyn EvictionPolicy,
         step: PrefetchStep,
         scores: Option<&[f32]>,
         swap: &mut [SwapInState],
         copy: &mut CopyFills<'_>,
     ) -> Result<PrefetchCounts> {
+        let Due { layer: l, when } = due;
         let mut counts = PrefetchCounts::default();
         if self.pending.is_empty() {
             return Ok(counts);
@@ -173,7 +189,8 @@ impl PrefetchQueue {
             };
             let inputs = SwapInputs { next_use: None, scores };
             let Some(state) = swap.get_mut(p.target) else { continue };
-            state.prefetch(policy, &p.candidates, step.seq_len, &ctx, &protect, p.budget, inputs, &mut plan)?;
+            let nominated = Nominated { candidates: &p.candidates, protect: &protect, budget: p.budget };
+            state.prefetch(policy, nominated, step.seq_len, &ctx, inputs, &mut plan)?;
             let bytes = copy(p.target, &plan.fills)?;
             counts.add(PrefetchCounts {
                 rows: plan.fills.len() as u64,

@@ -6,7 +6,7 @@
 use crate::error::Result;
 use crate::policy::{EvictionPolicy, StepCtx};
 use crate::prefetch::{Candidates, LayerSelection, Nomination, Prefetcher, When};
-use crate::swap_in::{PrefetchPlan, SwapInPlan, SwapInState, SwapInputs};
+use crate::swap_in::{Nominated, PrefetchPlan, SwapInPlan, SwapInState, SwapInputs};
 use crate::trace::TraceHeader;
 
 use super::Stream;
@@ -118,7 +118,8 @@ pub(super) fn replay(
                     protect.dedup();
                     let si = SwapInputs { next_use: inp.next_use.as_deref(), scores: inp.scores.as_deref() };
                     let cands: Vec<u32> = cands.into_iter().filter(|&t| t < r.seq_len).collect();
-                    states[g].prefetch(policy, &cands, r.seq_len as usize, &ctx, &protect, budget, si, &mut pplan)?;
+                    let nominated = Nominated { candidates: &cands, protect: &protect, budget };
+                    states[g].prefetch(policy, nominated, r.seq_len as usize, &ctx, si, &mut pplan)?;
                     counts.prefetched += counted * pplan.fills.len() as u64;
                     counts.wasted += counted * pplan.wasted as u64;
                 } else {
@@ -174,7 +175,8 @@ pub(super) fn replay(
             protect.dedup();
             let inp = &inputs[g];
             let si = SwapInputs { next_use: inp.next_use.as_deref(), scores: inp.scores.as_deref() };
-            states[g].prefetch(policy, &cands, r.seq_len as usize, &ctx_of(s, i), &protect, budget, si, &mut pplan)?;
+            let nominated = Nominated { candidates: &cands, protect: &protect, budget };
+            states[g].prefetch(policy, nominated, r.seq_len as usize, &ctx_of(s, i), si, &mut pplan)?;
             counts.prefetched += counted * pplan.fills.len() as u64;
             counts.wasted += counted * pplan.wasted as u64;
         }

@@ -12,7 +12,7 @@
 mod prefetch;
 mod step;
 
-pub use prefetch::PrefetchPlan;
+pub use prefetch::{Nominated, PrefetchPlan};
 
 use hisparse_memory::{DeviceMemory, DeviceTier, HostTier, RequestId, SlotTable};
 

@@ -26,6 +26,17 @@ pub struct PrefetchPlan {
     pub wasted: usize,
 }
 
+/// What a prefetch into one buffer is asked to bring ([`SwapInState::prefetch`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Nominated<'a> {
+    /// Positions in the prefetcher's order of preference.
+    pub candidates: &'a [u32],
+    /// Positions never evicted by the fills (ascending).
+    pub protect: &'a [u32],
+    /// The most rows brought in.
+    pub budget: usize,
+}
+
 impl SwapInState {
     /// Brings up to `budget` of `candidates` (positions below `seq_len`, in the prefetcher's
     /// order of preference; resident ones, the newest and repeats are skipped) into the buffer,
@@ -34,18 +45,16 @@ impl SwapInState {
     /// victims in ascending slot order, as misses do. A buffer on the fast path
     /// (`seq_len <= buffer_slots`) already holds every token: nothing happens. On error nothing
     /// changes.
-    #[allow(clippy::too_many_arguments)]
     pub fn prefetch(
         &mut self,
         policy: &dyn EvictionPolicy,
-        candidates: &[u32],
+        nominated: Nominated<'_>,
         seq_len: usize,
         ctx: &StepCtx,
-        protect: &[u32],
-        budget: usize,
         inputs: SwapInputs<'_>,
         plan: &mut PrefetchPlan,
     ) -> Result<()> {
+        let Nominated { candidates, protect, budget } = nominated;
         plan.fills.clear();
         plan.evictions.clear();
         plan.wasted = 0;

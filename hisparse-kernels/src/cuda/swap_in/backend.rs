@@ -12,10 +12,11 @@ use hisparse_memory::cuda::CudaMemory;
 use hisparse_memory::host_tier::MappedHostTier;
 use hisparse_policy::{MissFill, OnlinePolicy};
 
-use super::deferred::{DeferredFill, DeferredSwapIn};
+use super::deferred::{DeferredFill, DeferredSwapIn, DeferredTargets};
+use super::io::{LayerLaunch, MissSource, Selections, SwapTargets};
 use super::prefetch::GpuPrefetch;
-use super::state::{GpuSwapIn, SwapBatch, SwapOutputs};
-use crate::cuda::attention_launch::{AttentionKernels, AttnRows, AttnScratch};
+use super::state::{GpuSwapIn, GpuSwapInShape, SwapBatch, SwapOutputs};
+use crate::cuda::attention_launch::{AttentionKernels, AttnOutputs, AttnRows, AttnScratch};
 use crate::cuda::device::CudaDevice;
 use crate::cuda::driver_error;
 use crate::error::{KernelError, Result};
@@ -61,16 +62,15 @@ impl CudaSwapIn {
         let delay_ns = cfg.transfer_delay.map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
         let prefetch = GpuPrefetch::new(dev, cfg, cfg.serial_prefetch, delay_ns)?;
         let mapped = host.register_cuda(dev.context())?;
-        let mut gpu = GpuSwapIn::new(
-            dev,
-            Arc::clone(cfg.policy.get()),
-            cfg.seats,
-            cfg.geometry.layers,
-            cfg.buffer_slots,
-            cfg.block_size,
-            cfg.geometry.top_k,
-            cfg.max_tokens,
-        )?;
+        let shape = GpuSwapInShape {
+            seats: cfg.seats,
+            layers: cfg.geometry.layers,
+            buffer_slots: cfg.buffer_slots,
+            block_size: cfg.block_size,
+            max_sel: cfg.geometry.top_k,
+            max_tokens: cfg.max_tokens,
+        };
+        let mut gpu = GpuSwapIn::new(dev, Arc::clone(cfg.policy.get()), shape)?;
         let fill = cfg.miss_fill;
         if fill.hits_first() && !attention.wgmma {
             return Err(KernelError::invalid(
@@ -136,7 +136,8 @@ impl CudaSwapIn {
         self.fills_of = Some(layer);
         self.launched = self.launched.max(layer + 1);
         if let Some(p) = self.prefetch.as_mut() {
-            p.after_layer(&mut self.gpu, layer, selections, scores, &self.pages_d, &self.host, hot_pools)?;
+            let src = MissSource { pages: &self.pages_d, host: &self.host };
+            p.after_layer(&mut self.gpu, layer, selections, scores, src, hot_pools)?;
         }
         Ok(())
     }
@@ -212,7 +213,8 @@ impl DeviceSwapIn<CudaMemory> for CudaSwapIn {
             return Err(KernelError::invalid("layer", layer, format!("the swap-in holds {} layers", self.layers)));
         }
         if let Some(p) = self.prefetch.as_mut() {
-            p.before_layer(&mut self.gpu, layer, scores, &self.pages_d, &self.host, hot_pools)?;
+            let src = MissSource { pages: &self.pages_d, host: &self.host };
+            p.before_layer(&mut self.gpu, layer, scores, src, hot_pools)?;
         }
         let hot = hot_pools
             .get_mut(layer)
@@ -224,8 +226,14 @@ impl DeviceSwapIn<CudaMemory> for CudaSwapIn {
         if self.defers(n)
             && let Some(d) = self.deferred.as_mut()
         {
-            let io = (locations, &mut self.out.fills);
-            d.launch(&mut self.gpu, layer, batch, &sels, (&self.pages_d, &self.host), hot, io, (&mut self.counts, at))?;
+            let src = MissSource { pages: &self.pages_d, host: &self.host };
+            let dst = DeferredTargets {
+                hot_rows: hot,
+                locations,
+                fills: &mut self.out.fills,
+                counts: (&mut self.counts, at),
+            };
+            d.launch(&mut self.gpu, layer, batch, &sels, src, dst)?;
             return self.after_launch(layer, selections, scores, hot_pools);
         }
         // The kernel writes locations into the swap-in's output; lend it the caller's buffer.
@@ -234,16 +242,10 @@ impl DeviceSwapIn<CudaMemory> for CudaSwapIn {
         // Counts straight into this layer's place in the step's counts (no copy launch).
         let main = Arc::clone(self.dev.stream());
         let r = self.gpu.launch_counted(
-            &main,
-            layer,
-            batch,
-            &sels,
-            score_view.as_ref(),
-            &self.pages_d,
-            &self.host,
-            hot,
-            &mut self.out,
-            Some((&mut self.counts, at)),
+            LayerLaunch { stream: &main, layer, batch },
+            Selections { positions: &sels, scores: score_view.as_ref() },
+            MissSource { pages: &self.pages_d, host: &self.host },
+            SwapTargets { hot_rows: hot, out: &mut self.out, counts: Some((&mut self.counts, at)) },
             None,
         );
         std::mem::swap(&mut self.out.locations, locations);
@@ -283,9 +285,9 @@ impl DeviceSwapIn<CudaMemory> for CudaSwapIn {
         let (fills, host) = (&self.out.fills, &self.host);
         let deferred = self.deferred.as_ref().filter(|_| self.defers(n));
         if let Some(misses) = deferred.and_then(|d| d.landed_misses(layer)) {
-            let (sc, fault) = (&mut self.attn_scratch, &mut self.gpu.fault);
+            let outs = AttnOutputs { out, lse, fault: &mut self.gpu.fault };
             let rows = (&*hot, &self.out.fills, &self.host);
-            return self.attention.launch_hits_first(&self.dev, sc, query, rows, &misses, out, lse, fault);
+            return self.attention.launch_hits_first(&self.dev, &mut self.attn_scratch, query, rows, &misses, outs);
         }
         let staging = self.deferred.as_ref().and_then(|d| d.staging_of(layer));
         let rows = match (self.defers(n), staging.as_ref()) {
@@ -293,7 +295,8 @@ impl DeviceSwapIn<CudaMemory> for CudaSwapIn {
             (true, None) => AttnRows::Read { hot, fills, host },
             (false, _) => AttnRows::Fill { hot, fills, host },
         };
-        self.attention.launch(&self.dev, &mut self.attn_scratch, query, rows, out, lse, &mut self.gpu.fault)
+        let outs = AttnOutputs { out, lse, fault: &mut self.gpu.fault };
+        self.attention.launch(&self.dev, &mut self.attn_scratch, query, rows, outs)
     }
 
     fn settle(&mut self) -> Result<()> {

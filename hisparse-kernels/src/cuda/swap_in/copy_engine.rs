@@ -28,8 +28,9 @@ use cudarc::driver::{CudaContext, CudaSlice, CudaStream, CudaViewMut, LaunchConf
 use hisparse_memory::host_tier::MappedHostTier;
 use rayon::prelude::*;
 
+use super::io::{LayerLaunch, MissSource};
 use super::pinned_host::{PinnedHost, check};
-use super::state::{GpuSwapIn, SwapBatch};
+use super::state::GpuSwapIn;
 use crate::cuda::driver_error;
 use crate::cuda::printed_launch::{PrintedLaunch, addr};
 use crate::error::{KernelError, Result};
@@ -260,21 +261,20 @@ impl CopyEngineStaging {
 
     /// Brings `layer`'s misses (named by the locate's `fills`) into `staging` through the host
     /// and the copy engine, on `main`, and rewrites their fill words to name their staging rows.
-    #[allow(clippy::too_many_arguments)]
     pub fn stage(
         &mut self,
         gpu: &mut GpuSwapIn,
-        main: &Arc<CudaStream>,
-        layer: usize,
-        batch: &SwapBatch,
-        (pages, host): (&CudaSlice<u32>, &MappedHostTier),
+        at: LayerLaunch<'_>,
+        src: MissSource<'_>,
         fills: &mut CudaSlice<u64>,
         staging: &mut CudaViewMut<'_, u8>,
     ) -> Result<()> {
+        let LayerLaunch { stream: main, layer, batch } = at;
+
         if main.cu_stream() != self.stream.cu_stream() {
             return Err(KernelError::invalid("stream", "another", "stage on the stream the path was made with"));
         }
-        let params = gpu.checked_params(layer, batch, fills.len(), None, pages, host)?;
+        let params = gpu.checked_params(layer, batch, fills.len(), None, src)?;
         let sel_end = batch.selection_end();
         let reqs = batch.requests();
         let job =

@@ -30,12 +30,13 @@
 use std::sync::Arc;
 
 use cudarc::driver::sys::CUevent_flags;
-use cudarc::driver::{CudaEvent, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, LaunchConfig};
+use cudarc::driver::{CudaEvent, CudaFunction, CudaSlice, CudaStream, CudaView, LaunchConfig};
 use hisparse_memory::host_tier::MappedHostTier;
 
 use super::copy_engine::CopyEngineStaging;
 use super::hits_first::MissList;
 use super::hits_first_attention::LandedMisses;
+use super::io::{LayerLaunch, LocateTargets, MissSource, Selections, SwapTargets};
 use super::staging::{StagedRows, StagingRing};
 use super::state::{GpuSwapIn, SwapBatch, SwapOutputs};
 use crate::cuda::device::CudaDevice;
@@ -52,21 +53,17 @@ impl GpuSwapIn {
     /// slot, a placeholder); `sel_copy` gets the selection. Given `staging` (a row per
     /// selection entry), the missed rows are copied there too, at their selection index, and a
     /// miss's fill word names that staging row plus one instead. Launched on `stream`.
-    #[allow(clippy::too_many_arguments)]
     pub fn locate(
         &mut self,
-        stream: &Arc<CudaStream>,
-        layer: usize,
-        batch: &SwapBatch,
+        at: LayerLaunch<'_>,
         selections: &CudaView<'_, u32>,
-        host_pages: &CudaSlice<u32>,
-        host: &MappedHostTier,
-        locations: &mut CudaSlice<i32>,
-        fills: &mut CudaSlice<u64>,
-        sel_copy: &mut CudaViewMut<'_, u32>,
-        staging: Option<&mut CudaViewMut<'_, u8>>,
+        src: MissSource<'_>,
+        dst: LocateTargets<'_, '_>,
     ) -> Result<()> {
-        let params = self.checked_params(layer, batch, selections.len(), None, host_pages, host)?;
+        let LayerLaunch { stream, layer, batch } = at;
+        let LocateTargets { locations, fills, sel_copy, staging } = dst;
+        let host_pages = src.pages;
+        let params = self.checked_params(layer, batch, selections.len(), None, src)?;
         let sel_end = batch.selection_end();
         for (field, len) in [("locations", locations.len()), ("fills", fills.len()), ("sel_copy", sel_copy.len())] {
             if len < sel_end {
@@ -118,6 +115,18 @@ impl GpuSwapIn {
         unsafe { b.launch(cfg) }.map_err(driver_error("locate launch"))?;
         Ok(())
     }
+}
+
+/// Where the deferred swap-in of a layer writes ([`DeferredSwapIn::launch`]).
+pub(crate) struct DeferredTargets<'a> {
+    /// The layer's hot-buffer pool.
+    pub hot_rows: &'a mut CudaSlice<u8>,
+    /// The locate's locations (a miss's: its request's reserved slot).
+    pub locations: &'a mut CudaSlice<i32>,
+    /// The locate's fill words.
+    pub fills: &'a mut CudaSlice<u64>,
+    /// The counts, into this buffer from this word.
+    pub counts: (&'a mut CudaSlice<u32>, usize),
 }
 
 /// The deferred swap-in's stream and buffers: see the module documentation.
@@ -220,20 +229,18 @@ impl DeferredSwapIn {
         Ok(())
     }
 
-    /// The locate of `layer` on the main stream (into `locations` and `fills`), then its
-    /// swap-in on the deferred stream, counted into `counts` from `at`.
-    #[allow(clippy::too_many_arguments)]
+    /// The locate of `layer` on the main stream (into `dst.locations` and `dst.fills`), then
+    /// its swap-in on the deferred stream, counted into `dst.counts`.
     pub(crate) fn launch(
         &mut self,
         gpu: &mut GpuSwapIn,
         layer: usize,
         batch: &SwapBatch,
         selections: &CudaView<'_, u32>,
-        (pages, host): (&CudaSlice<u32>, &MappedHostTier),
-        hot: &mut CudaSlice<u8>,
-        (locations, fills): (&mut CudaSlice<i32>, &mut CudaSlice<u64>),
-        counts: (&mut CudaSlice<u32>, usize),
+        src: MissSource<'_>,
+        dst: DeferredTargets<'_>,
     ) -> Result<()> {
+        let DeferredTargets { hot_rows: hot, locations, fills, counts } = dst;
         if layer >= self.layers {
             return Err(KernelError::invalid("layer", layer, format!("the swap-in holds {} layers", self.layers)));
         }
@@ -245,16 +252,18 @@ impl DeferredSwapIn {
         };
         let gathers = self.hits_first.is_none() && self.copy_engine.is_none();
         let located_only = if gathers { slot.as_mut() } else { None };
-        gpu.locate(&self.main, layer, batch, selections, pages, host, locations, fills, &mut copy, located_only)?;
+        let main = LayerLaunch { stream: &self.main, layer, batch };
+        let located = LocateTargets { locations, fills: &mut *fills, sel_copy: &mut copy, staging: located_only };
+        gpu.locate(main, selections, src, located)?;
         if let (Some(c), Some(slot)) = (self.copy_engine.as_mut(), slot.as_mut()) {
-            c.stage(gpu, &self.main, layer, batch, (pages, host), fills, slot)?;
+            c.stage(gpu, main, src, fills, slot)?;
         }
         self.stream.join(&self.main).map_err(driver_error("the deferred stream waits for the locate"))?;
         if let Some((f, ns)) = &self.delay {
             crate::cuda::backup::launch_delay(&self.print, &self.stream, f, ns)?;
         }
         if let (Some(m), Some(slot)) = (self.hits_first.as_mut(), slot.as_mut()) {
-            m.gather(gpu, &self.stream, layer, batch, (pages, host), fills, slot)?;
+            m.gather(gpu, LayerLaunch { stream: &self.stream, layer, batch }, src, fills, slot)?;
         }
         let copy = self.sel_copy.slice(at..at + cap);
         let stream = Arc::clone(&self.stream);
@@ -263,16 +272,10 @@ impl DeferredSwapIn {
             .as_ref()
             .map(|ring| StagedRows { rows: ring.slot(layer), selection: self.sel_copy.slice(at..at + cap) });
         gpu.launch_counted(
-            &stream,
-            layer,
-            batch,
-            &copy,
-            None,
-            pages,
-            host,
-            hot,
-            &mut self.out,
-            Some(counts),
+            LayerLaunch { stream: &stream, layer, batch },
+            Selections { positions: &copy, scores: None },
+            src,
+            SwapTargets { hot_rows: hot, out: &mut self.out, counts: Some(counts) },
             staged.as_ref(),
         )?;
         let e = stream

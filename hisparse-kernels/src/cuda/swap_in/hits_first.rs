@@ -13,9 +13,9 @@ use std::sync::Arc;
 
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, CudaViewMut, LaunchConfig};
-use hisparse_memory::host_tier::MappedHostTier;
 
-use super::state::{GpuSwapIn, SwapBatch};
+use super::io::{LayerLaunch, MissSource};
+use super::state::GpuSwapIn;
 use crate::cuda::driver_error;
 use crate::cuda::facts::GpuSpan;
 use crate::cuda::printed_launch::PrintedLaunch;
@@ -53,18 +53,16 @@ impl MissList {
 
     /// Gathers `layer`'s misses (the fill words `fills` the locate wrote) into `staging` and the
     /// list on `stream`, then records the event [`MissList::landed`].
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn gather(
         &mut self,
         gpu: &mut GpuSwapIn,
-        stream: &Arc<CudaStream>,
-        layer: usize,
-        batch: &SwapBatch,
-        (pages, host): (&CudaSlice<u32>, &MappedHostTier),
+        at: LayerLaunch<'_>,
+        src: MissSource<'_>,
         fills: &CudaSlice<u64>,
         staging: &mut CudaViewMut<'_, u8>,
     ) -> Result<()> {
-        let params = gpu.checked_params(layer, batch, fills.len(), None, pages, host)?;
+        let LayerLaunch { stream, layer, batch } = at;
+        let params = gpu.checked_params(layer, batch, fills.len(), None, src)?;
         let sel_end = batch.selection_end();
         let reqs = batch.requests();
         let rows_need = sel_end.checked_mul(params.row_bytes as usize);

@@ -17,7 +17,7 @@ use cudarc::driver::{CudaEvent, CudaSlice, CudaView, LaunchConfig};
 use hisparse_memory::cuda::CudaMemory;
 use hisparse_memory::host_tier::MappedHostTier;
 
-use crate::cuda::attention_launch::{AttentionKernels, AttnScratch, base_params, check_query};
+use crate::cuda::attention_launch::{AttentionKernels, AttnOutputs, AttnScratch, base_params, check_query};
 use crate::cuda::buffers::room;
 use crate::cuda::device::CudaDevice;
 use crate::cuda::driver_error;
@@ -42,10 +42,9 @@ pub(crate) struct LandedMisses<'a> {
 }
 
 impl AttentionKernels {
-    /// The hits-first attention of `q`'s requests into `out` and `lse`: the hits (`fills` 0) from
+    /// The hits-first attention of `q`'s requests into `outs`: the hits (`fills` 0) from
     /// `hot` now, the misses from `misses` once it has landed, and the merge. Refused for the
     /// mma.sync kernel. Every size is checked before any launch.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn launch_hits_first(
         &self,
         dev: &CudaDevice,
@@ -53,10 +52,9 @@ impl AttentionKernels {
         q: &AttentionQuery<'_, CudaMemory>,
         (hot, fills, host): (&CudaSlice<u8>, &CudaSlice<u64>, &MappedHostTier),
         misses: &LandedMisses<'_>,
-        out: &mut CudaSlice<f32>,
-        lse: &mut CudaSlice<f32>,
-        fault: &mut CudaSlice<u32>,
+        outs: AttnOutputs<'_>,
     ) -> Result<()> {
+        let AttnOutputs { out, lse, fault } = outs;
         if !self.wgmma {
             return Err(KernelError::invalid(
                 "miss_fill",

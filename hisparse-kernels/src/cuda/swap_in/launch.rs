@@ -8,9 +8,9 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, LaunchConfig};
 use hisparse_memory::c_layout::{ConstPtr, DevPtr};
-use hisparse_memory::host_tier::MappedHostTier;
 
 use super::args::{FusedSwapArgs, PrefetchArgs, SwapArgs, cdev, dev};
+use super::io::{LayerLaunch, MissSource, Nominations, Selections, SwapTargets};
 use super::state::{GpuSwapIn, SwapBatch, SwapOutputs, SwapParams};
 use crate::cuda::printed_launch::PrintedLaunch;
 
@@ -46,9 +46,9 @@ impl GpuSwapIn {
         batch: &SwapBatch,
         entries: usize,
         scores: Option<&CudaView<'_, f32>>,
-        host_pages: &CudaSlice<u32>,
-        host: &MappedHostTier,
+        src: MissSource<'_>,
     ) -> Result<SwapParams> {
+        let MissSource { pages: host_pages, host } = src;
         let lay = host.layout();
         let reqs = batch.requests();
         if layer >= self.layers || layer >= lay.layers {
@@ -121,51 +121,41 @@ impl GpuSwapIn {
         Ok(())
     }
 
-    /// Launches the swap-in of `layer` for `batch` (from [`GpuSwapIn::upload_requests`]):
-    /// `selections` hold each request's positions from its `sel_offset`; `scores` (for policies
-    /// that read them) each request's scores by position from its `score_offset`; `host_pages`
-    /// its host page ids from its `page_offset`; missed rows are read from `host` into
-    /// `hot_rows`, this layer's hot-buffer pool; decisions go to `out`. Every size is checked
-    /// here; a selection or page id the device holds out of range is skipped by the kernels and
-    /// raises the fault flag.
-    #[allow(clippy::too_many_arguments)]
+    /// Launches the swap-in of `layer` for `batch` (from [`GpuSwapIn::upload_requests`]) on
+    /// the swap-in's stream: `sel` holds each request's positions (and, for policies that read
+    /// them, scores), missed rows are read from `src` into `dst.hot_rows`, this layer's
+    /// hot-buffer pool; decisions go to `dst.out`. Every size is checked here; a selection or
+    /// page id the device holds out of range is skipped by the kernels and raises the fault
+    /// flag.
     pub fn launch(
         &mut self,
         layer: usize,
         batch: &SwapBatch,
-        selections: &CudaView<'_, u32>,
-        scores: Option<&CudaView<'_, f32>>,
-        host_pages: &CudaSlice<u32>,
-        host: &MappedHostTier,
-        hot_rows: &mut CudaSlice<u8>,
-        out: &mut SwapOutputs,
+        sel: Selections<'_, '_>,
+        src: MissSource<'_>,
+        dst: SwapTargets<'_>,
     ) -> Result<()> {
         let stream = Arc::clone(&self.stream);
-        self.launch_counted(&stream, layer, batch, selections, scores, host_pages, host, hot_rows, out, None, None)
+        self.launch_counted(LayerLaunch { stream: &stream, layer, batch }, sel, src, dst, None)
     }
 
-    /// [`GpuSwapIn::launch`] on `stream` (ordering it against the swap-in's other work is the
-    /// caller's), with the counts written to `counts` (at least [`SWAP_COUNTS`] words per
-    /// request) instead of `out.counts` where given. A batch of at most
+    /// [`GpuSwapIn::launch`] as `at` says (its stream, layer and batch). A batch of at most
     /// [`GpuSwapIn::set_fused_max`] requests runs as one launch (decisions and copies),
     /// larger ones as two; given `staged`, the misses are copied from those staging rows
     /// (device to device) instead of the host tier, after a decision launch.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn launch_counted(
         &mut self,
-        stream: &Arc<CudaStream>,
-        layer: usize,
-        batch: &SwapBatch,
-        selections: &CudaView<'_, u32>,
-        scores: Option<&CudaView<'_, f32>>,
-        host_pages: &CudaSlice<u32>,
-        host: &MappedHostTier,
-        hot_rows: &mut CudaSlice<u8>,
-        out: &mut SwapOutputs,
-        counts: Option<(&mut CudaSlice<u32>, usize)>,
+        at: LayerLaunch<'_>,
+        sel: Selections<'_, '_>,
+        src: MissSource<'_>,
+        dst: SwapTargets<'_>,
         staged: Option<&super::staging::StagedRows<'_>>,
     ) -> Result<()> {
-        let params = self.checked_params(layer, batch, selections.len(), scores, host_pages, host)?;
+        let LayerLaunch { stream, layer, batch } = at;
+        let Selections { positions: selections, scores } = sel;
+        let SwapTargets { hot_rows, out, counts } = dst;
+        let host_pages = src.pages;
+        let params = self.checked_params(layer, batch, selections.len(), scores, src)?;
         self.check_outputs(batch, out, hot_rows, params.row_bytes)?;
         if let Some(st) = staged {
             st.check(batch, params.row_bytes)?;
@@ -264,33 +254,6 @@ impl GpuSwapIn {
         }
     }
 
-    /// Brings nominated tokens into `layer`'s buffers before their selection is known
-    /// (`hisparse_policy::SwapInState::prefetch`): `batch`'s requests name their candidates
-    /// (positions in order of preference, in `candidates` from `sel_offset`, `sel_len` of them)
-    /// and their budget (`pad`); `protect_spans[i]` is the `(offset, len)` in `protect` of
-    /// request `i`'s protected positions (ascending: never evicted). The fills go to `out`
-    /// (`miss_tokens`, `miss_slots`, `evicted` from `sel_offset`; counts `{0, fills, evictions,
-    /// 0, wasted}`) and their rows from `host` into `hot_rows`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn prefetch(
-        &mut self,
-        layer: usize,
-        batch: &SwapBatch,
-        candidates: &CudaView<'_, u32>,
-        protect: &CudaView<'_, u32>,
-        protect_spans: &[(u32, u32)],
-        scores: Option<&CudaView<'_, f32>>,
-        host_pages: &CudaSlice<u32>,
-        host: &MappedHostTier,
-        hot_rows: &mut CudaSlice<u8>,
-        out: &mut SwapOutputs,
-    ) -> Result<()> {
-        let mut prot = ProtectSpans::new(&self.stream)?;
-        self.set_protect(&mut prot, protect_spans)?;
-        let stream = Arc::clone(&self.stream);
-        self.prefetch_on(&stream, layer, batch, candidates, protect, &prot, scores, host_pages, host, hot_rows, out)
-    }
-
     /// Copies `spans` into `prot` (in place while they fit: a captured launch reads them
     /// there), remembering how far into a protect buffer they reach.
     pub fn set_protect(&self, prot: &mut ProtectSpans, spans: &[(u32, u32)]) -> Result<()> {
@@ -316,24 +279,23 @@ impl GpuSwapIn {
         Ok(())
     }
 
-    /// [`GpuSwapIn::prefetch`] on `stream` with protect spans already on the device (ordering
-    /// `stream` against the swap-in's other work is the caller's).
-    #[allow(clippy::too_many_arguments)]
+    /// Brings nominated tokens into `at.layer`'s buffers before their selection is known
+    /// (`hisparse_policy::SwapInState::prefetch`): `at.batch`'s requests name their candidates
+    /// (`noms.candidates` from `sel_offset`, `sel_len` of them) and their budget (`pad`); each
+    /// request's protected positions (never evicted) are at its span of `noms.protect`. The
+    /// fills go to `dst.out` (`miss_tokens`, `miss_slots`, `evicted` from `sel_offset`; counts
+    /// `{0, fills, evictions, 0, wasted}`) and their rows from `src` into `dst.hot_rows`.
     pub fn prefetch_on(
         &mut self,
-        stream: &Arc<CudaStream>,
-        layer: usize,
-        batch: &SwapBatch,
-        candidates: &CudaView<'_, u32>,
-        protect: &CudaView<'_, u32>,
-        prot: &ProtectSpans,
-        scores: Option<&CudaView<'_, f32>>,
-        host_pages: &CudaSlice<u32>,
-        host: &MappedHostTier,
-        hot_rows: &mut CudaSlice<u8>,
-        out: &mut SwapOutputs,
+        at: LayerLaunch<'_>,
+        noms: Nominations<'_, '_>,
+        src: MissSource<'_>,
+        dst: SwapTargets<'_>,
     ) -> Result<()> {
-        let params = self.checked_params(layer, batch, candidates.len(), scores, host_pages, host)?;
+        let LayerLaunch { stream, layer, batch } = at;
+        let Nominations { candidates, protect, spans: prot, scores } = noms;
+        let SwapTargets { hot_rows, out, .. } = dst;
+        let params = self.checked_params(layer, batch, candidates.len(), scores, src)?;
         self.check_outputs(batch, out, hot_rows, params.row_bytes)?;
         let n = batch.requests().len();
         if prot.n != n {
@@ -382,7 +344,7 @@ impl GpuSwapIn {
             return Ok(());
         }
         let lists = (&out.counts.as_view(), &out.miss_tokens, &out.miss_slots);
-        self.launch_copies(stream, batch, host_pages, hot_rows, lists, &params)
+        self.launch_copies(stream, batch, src.pages, hot_rows, lists, &params)
     }
 
     /// The copies of the rows a launch decided to bring in: enough blocks per request for about

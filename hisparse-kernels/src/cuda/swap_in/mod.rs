@@ -16,6 +16,7 @@ mod deferred;
 pub(crate) mod facts;
 mod hits_first;
 mod hits_first_attention;
+mod io;
 mod launch;
 mod module;
 mod pinned_host;
@@ -26,10 +27,11 @@ mod state;
 
 pub use backend::CudaSwapIn;
 pub use copy_engine::CopyEngineStaging;
+pub use io::{LayerLaunch, LocateTargets, MissSource, Nominations, Selections, SwapTargets};
 pub use launch::ProtectSpans;
 pub(crate) use module::sources;
 pub use module::{FUSED_MAX_REQUESTS, policy_harness, prefetcher_harness, swap_in_source};
 pub use policy::{
     GpuNomination, GpuPolicyEnv, GpuPolicyScalars, GpuPrefetchSource, GpuSlotRecord, GpuStepCtx, GpuVictimKey,
 };
-pub use state::{GpuSwapIn, SwapBatch, SwapOutputs, SwapParams, SwapReq};
+pub use state::{GpuSwapIn, GpuSwapInShape, SwapBatch, SwapOutputs, SwapParams, SwapReq};

@@ -22,9 +22,9 @@ use std::sync::Arc;
 
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaEvent, CudaFunction, CudaSlice, CudaStream};
-use hisparse_memory::host_tier::MappedHostTier;
 use hisparse_policy::prefetch::{Candidates, LayerSelection, When};
 
+use super::io::{LayerLaunch, MissSource, Nominations, SwapTargets};
 use super::launch::ProtectSpans;
 use super::state::{GpuSwapIn, SwapBatch, SwapOutputs, SwapReq};
 use crate::cuda::device::CudaDevice;
@@ -181,14 +181,12 @@ impl GpuPrefetch {
 
     /// Before `layer`'s swap-in (main stream): its prefetch has landed, or runs now when it
     /// waits for the layer's own scores.
-    #[allow(clippy::too_many_arguments)]
     pub fn before_layer(
         &mut self,
         gpu: &mut GpuSwapIn,
         layer: usize,
         scores: Option<&CudaSlice<f32>>,
-        pages: &CudaSlice<u32>,
-        host: &MappedHostTier,
+        src: MissSource<'_>,
         hot: &mut [CudaSlice<u8>],
     ) -> Result<()> {
         if let Some(e) = self.pending.get_mut(layer).and_then(Option::take) {
@@ -196,7 +194,7 @@ impl GpuPrefetch {
         }
         if self.at_target.get(layer) == Some(&true) && self.nominated_into(layer) {
             let main = Arc::clone(&self.main);
-            self.launch(gpu, &main, layer, scores, pages, host, hot)?;
+            self.launch(gpu, &main, layer, scores, src, hot)?;
         }
         Ok(())
     }
@@ -209,15 +207,13 @@ impl GpuPrefetch {
 
     /// After `layer`'s swap-in (main stream): its selection copied aside and its nominations
     /// launched, on the transfer stream where there is one.
-    #[allow(clippy::too_many_arguments)]
     pub fn after_layer(
         &mut self,
         gpu: &mut GpuSwapIn,
         layer: usize,
         selections: &CudaSlice<i32>,
         scores: Option<&CudaSlice<f32>>,
-        pages: &CudaSlice<u32>,
-        host: &MappedHostTier,
+        src: MissSource<'_>,
         hot: &mut [CudaSlice<u8>],
     ) -> Result<()> {
         let targets = self.targets.get(layer).cloned().unwrap_or_default();
@@ -248,7 +244,7 @@ impl GpuPrefetch {
             if self.at_target[t] {
                 continue;
             }
-            self.launch(gpu, &stream, t, scores, pages, host, hot)?;
+            self.launch(gpu, &stream, t, scores, src, hot)?;
             if self.transfer.is_some() {
                 let e = stream
                     .record_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))
@@ -260,15 +256,13 @@ impl GpuPrefetch {
     }
 
     /// The prefetch into `target` on `stream`, and its counts kept.
-    #[allow(clippy::too_many_arguments)]
     fn launch(
         &mut self,
         gpu: &mut GpuSwapIn,
         stream: &Arc<CudaStream>,
         target: usize,
         scores: Option<&CudaSlice<f32>>,
-        pages: &CudaSlice<u32>,
-        host: &MappedHostTier,
+        src: MissSource<'_>,
         hot: &mut [CudaSlice<u8>],
     ) -> Result<()> {
         let Some(batch) = self.batch.as_ref() else { return Ok(()) };
@@ -278,17 +272,10 @@ impl GpuPrefetch {
         let cand = self.cand.as_view();
         let score_view = scores.map(|s| s.as_view());
         gpu.prefetch_on(
-            stream,
-            target,
-            batch,
-            &cand,
-            &cand,
-            &self.prot,
-            score_view.as_ref(),
-            pages,
-            host,
-            pool,
-            &mut self.out,
+            LayerLaunch { stream, layer: target, batch },
+            Nominations { candidates: &cand, protect: &cand, spans: &self.prot, scores: score_view.as_ref() },
+            src,
+            SwapTargets { hot_rows: pool, out: &mut self.out, counts: None },
         )?;
         let n5 = SWAP_COUNTS * self.n;
         let at = target * n5;

@@ -61,6 +61,23 @@ impl SwapOutputs {
     }
 }
 
+/// The shape of a [`GpuSwapIn`]'s state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GpuSwapInShape {
+    /// Hot buffers per layer.
+    pub seats: usize,
+    /// Layers.
+    pub layers: usize,
+    /// Regular slots per buffer (each has one more, reserved for the newest token).
+    pub buffer_slots: usize,
+    /// Threads per request (rounded up to a multiple of 32).
+    pub block_size: usize,
+    /// The most selected tokens per request.
+    pub max_sel: usize,
+    /// For a policy that keeps token words: words for positions `0..max_tokens`.
+    pub max_tokens: usize,
+}
+
 /// The GPU swap-in of one policy, with the state of `seats` hot buffers of `layers` layers.
 pub struct GpuSwapIn {
     /// The print its launches leave (the device's: a replayed graph holds them).
@@ -123,21 +140,9 @@ impl SwapBatch {
 }
 
 impl GpuSwapIn {
-    /// Compiles (once per device) and sets up the swap-in for `policy`: `seats` buffers of
-    /// `buffer_slots` regular slots in `layers` layers, `block_size` threads per request
-    /// (rounded up to a multiple of 32), at most `max_sel` selected tokens per request, and —
-    /// for a policy that keeps token words — words for positions `0..max_tokens`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        dev: &CudaDevice,
-        policy: Arc<dyn EvictionPolicy>,
-        seats: usize,
-        layers: usize,
-        buffer_slots: usize,
-        block_size: usize,
-        max_sel: usize,
-        max_tokens: usize,
-    ) -> Result<Self> {
+    /// Compiles (once per device) and sets up the swap-in for `policy` in `shape`.
+    pub fn new(dev: &CudaDevice, policy: Arc<dyn EvictionPolicy>, shape: GpuSwapInShape) -> Result<Self> {
+        let GpuSwapInShape { seats, layers, buffer_slots, block_size, max_sel, max_tokens } = shape;
         if !(1..=1024).contains(&block_size) {
             return Err(KernelError::invalid("swap_in_block_size", block_size, "must be in 1..=1024"));
         }
