@@ -25,12 +25,10 @@
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
-// Span and AttnParams, and HB, TILE, THREADS, LDS, LDP, LDX, RAW_BYTES: the generated prelude
-// (hisparse-kernels/src/cuda/facts.rs).
+// Span and AttnParams, and HB, TILE, THREADS, LDS, LDP, LDX, RAW_BYTES, the row's DQK, DV,
+// ROW_BF16, ROW_FP8 and FP8_ROPE_AT: the generated prelude (hisparse-kernels/src/cuda/facts.rs).
 
 #define NEG_INF __int_as_float(0xff800000)
-#define DQK 576
-#define DV 512
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
     return (unsigned)__cvta_generic_to_shared(p);
@@ -138,13 +136,13 @@ __device__ void convert_tile(__nv_bfloat16* K, const unsigned char* raw, unsigne
         #pragma unroll
         for (unsigned i = 0; i < 3; ++i) {
             const unsigned c = lane + 32 * i;
-            if (c >= 72) break;
+            if (c >= DQK / 8) break;
             uint4 v = make_uint4(0, 0, 0, 0);
             if (ok) {
                 if (!p.fp8) v = *reinterpret_cast<const uint4*>(row + 16 * c);
-                else if (c >= 64) v = *reinterpret_cast<const uint4*>(row + 528 + 16 * (c - 64));
+                else if (c >= 64) v = *reinterpret_cast<const uint4*>(row + FP8_ROPE_AT + 16 * (c - 64));
                 else v = dequant8(*reinterpret_cast<const uint2*>(row + 8 * c),
-                                  *reinterpret_cast<const float*>(row + 512 + 4 * (c / 16)));
+                                  *reinterpret_cast<const float*>(row + DV + 4 * (c / 16)));
             }
             *reinterpret_cast<uint4*>(dst + 8 * c) = v;
         }
@@ -198,8 +196,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) sparse_mla_decode(
         asm volatile("cp.async.commit_group;\n" ::);
     }
     // Queries of the group (zeros past the request's heads).
-    for (unsigned e = threadIdx.x; e < HB * 72; e += THREADS) {
-        unsigned h = e / 72, c = e % 72;
+    for (unsigned e = threadIdx.x; e < HB * (DQK / 8); e += THREADS) {
+        unsigned h = e / (DQK / 8), c = e % (DQK / 8);
         uint4 v = make_uint4(0, 0, 0, 0);
         if (h0 + h < p.heads)
             v = *reinterpret_cast<const uint4*>(queries + ((size_t)i * p.heads + h0 + h) * DQK + 8 * c);

@@ -129,7 +129,7 @@ __device__ __forceinline__ void wg_fetch_fp8(unsigned char* raw, const WgRows& r
         #pragma unroll
         for (unsigned j = 0; j < 6; ++j) {
             const unsigned c = threadIdx.x % 8 + 8 * j;
-            if (c < 41) cp_async16(raw + o * 656 + 16 * c, r.src[h] + 16 * c);
+            if (c < ROW_FP8 / 16) cp_async16(raw + o * ROW_FP8 + 16 * c, r.src[h] + 16 * c);
         }
     }
     asm volatile("cp.async.commit_group;\n" ::);
@@ -141,15 +141,15 @@ __device__ __forceinline__ void wg_convert_fp8(unsigned char* kb, const unsigned
     #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const unsigned o = threadIdx.x / 8 + 32 * h;
-        const unsigned char* row = raw + o * 656;
+        const unsigned char* row = raw + o * ROW_FP8;
         #pragma unroll
         for (unsigned j = 0; j < 9; ++j) {
             const unsigned c = threadIdx.x % 8 + 8 * j;
             uint4 v = make_uint4(0, 0, 0, 0);
             if (r.src[h] != nullptr)
                 v = c < 64 ? dequant8(*reinterpret_cast<const uint2*>(row + 8 * c),
-                                      *reinterpret_cast<const float*>(row + 512 + 4 * (c / 16)))
-                           : *reinterpret_cast<const uint4*>(row + 528 + 16 * (c - 64));
+                                      *reinterpret_cast<const float*>(row + DV + 4 * (c / 16)))
+                           : *reinterpret_cast<const uint4*>(row + FP8_ROPE_AT + 16 * (c - 64));
             *reinterpret_cast<uint4*>(kb + wg_chunk(o, c)) = v;
         }
     }
@@ -159,13 +159,13 @@ __device__ __forceinline__ void wg_convert_fp8(unsigned char* kb, const unsigned
 // from `tile` (the raw fp8 tile, or the swizzled bf16 K tile).
 template <bool FP8>
 __device__ __forceinline__ void wg_write_back(unsigned char* hot, const unsigned char* tile, const WgRows& r) {
-    constexpr unsigned RB = FP8 ? 656 : 1152, CH = RB / 16;
+    constexpr unsigned RB = FP8 ? ROW_FP8 : ROW_BF16, CH = RB / 16;
     #pragma unroll
     for (int h = 0; h < 2; ++h) {
         if (r.src[h] == nullptr || !r.filled[h]) continue;
         const unsigned o = threadIdx.x / 8 + 32 * h;
         for (unsigned c = threadIdx.x % 8; c < CH; c += 8) {
-            const uint4 v = *reinterpret_cast<const uint4*>(tile + (FP8 ? o * 656 + 16 * c : wg_chunk(o, c)));
+            const uint4 v = *reinterpret_cast<const uint4*>(tile + (FP8 ? o * ROW_FP8 + 16 * c : wg_chunk(o, c)));
             __stcg(reinterpret_cast<uint4*>(hot + (size_t)r.loc[h] * RB) + c, v);
         }
     }
@@ -199,7 +199,7 @@ __device__ __forceinline__ void wg_attention(const __nv_bfloat16* __restrict__ q
     const unsigned long long* fl = fills ? fills + sel.offset : nullptr;
     unsigned char* hot = (fills && p.write_back && group == 0) ? rows : nullptr;
 
-    constexpr unsigned RB = FP8 ? 656 : 1152;
+    constexpr unsigned RB = FP8 ? ROW_FP8 : ROW_BF16;
     // Rows of the tile being computed (cur) and of the next one (next, fetched during cur's
     // math), and the words of the one after (loaded a tile ahead of their use).
     WgRows cur = {}, next = {};
@@ -214,8 +214,8 @@ __device__ __forceinline__ void wg_attention(const __nv_bfloat16* __restrict__ q
     // Queries of the group, swizzled (zeros past the request's heads), by cp.async: all of a
     // thread's 18 chunks in flight at once (with one tile per split, at batch 1, their latency
     // is a block's), landed by the first tile's wait.
-    for (unsigned e = threadIdx.x; e < 64 * 72; e += 256) {
-        const unsigned h = e / 72, c = e % 72;
+    for (unsigned e = threadIdx.x; e < 64 * (DQK / 8); e += 256) {
+        const unsigned h = e / (DQK / 8), c = e % (DQK / 8);
         if (h0 + h < p.heads) cp_async16(Qs + wg_chunk(h, c), queries + ((size_t)i * p.heads + h0 + h) * DQK + 8 * c);
         else *reinterpret_cast<uint4*>(Qs + wg_chunk(h, c)) = make_uint4(0, 0, 0, 0);
     }
@@ -261,7 +261,7 @@ __device__ __forceinline__ void wg_attention(const __nv_bfloat16* __restrict__ q
             float s[32];
             wgmma_fence();
             #pragma unroll
-            for (unsigned ks = 0; ks < 36; ++ks) {
+            for (unsigned ks = 0; ks < DQK / 16; ++ks) {
                 const unsigned off = (ks / 4) * WG_ATOM + (ks % 4) * 32;
                 wgmma_ss(s, qd + off / 16, kd0 + kbuf + off / 16, ks > 0);
             }

@@ -24,10 +24,11 @@
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
-// IndexerReq: the generated prelude (src/cuda/facts.rs).
+// IndexerReq, the key row's KEY_BYTES and KEY_DIM, and the warpgroup-MMA form's WGI_TILE and
+// WGI_STAGES: the generated prelude (src/cuda/facts.rs).
 
-#define DIM 128
-#define KEY_WORDS 33  // 132 B
+#define DIM KEY_DIM
+#define KEY_WORDS (KEY_BYTES / 4)
 #define WARPS 4
 
 __device__ __forceinline__ unsigned f16x2_from_e4m3x2(unsigned short v) {
@@ -200,7 +201,7 @@ __device__ __forceinline__ void indexer_body(INDEXER_PARAMS) {
         unsigned* st = st2 + buf * 32 * KEY_WORDS;
         const long long r0 = __shfl_sync(0xffffffffu, row, 0);
         if (contiguous && r0 >= 0) {
-            const unsigned char* src = keys + r0 * 132;
+            const unsigned char* src = keys + r0 * KEY_BYTES;
             for (unsigned i = lane; i < 32 * KEY_WORDS / 4; i += 32)
                 asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
                                  (unsigned)__cvta_generic_to_shared(st + 4 * i)),
@@ -211,10 +212,10 @@ __device__ __forceinline__ void indexer_body(INDEXER_PARAMS) {
         #pragma unroll 8
         for (unsigned j = 0; j < 32; ++j) {
             long long rj = __shfl_sync(0xffffffffu, row, j);
-            const unsigned char* src = rj >= 0 ? keys + rj * 132 + 4 * lane : keys;
+            const unsigned char* src = rj >= 0 ? keys + rj * KEY_BYTES + 4 * lane : keys;
             cp_async4(st + j * KEY_WORDS + lane, src, rj >= 0 ? 4u : 0u);
         }
-        cp_async4(st + lane * KEY_WORDS + 32, row >= 0 ? keys + row * 132 + 128 : keys, row >= 0 ? 4u : 0u);
+        cp_async4(st + lane * KEY_WORDS + 32, row >= 0 ? keys + row * KEY_BYTES + KEY_DIM : keys, row >= 0 ? 4u : 0u);
         asm volatile("cp.async.commit_group;\n" ::);
     };
     unsigned c = blockIdx.x * WARPS + warp;

@@ -18,15 +18,8 @@
 // k-step s.
 //
 // Invariant: 128 threads; N is 32 or 64; page_tokens a positive multiple of 64 (the launcher checks);
-// dynamic shared memory WGI_SMEM(N) bytes.
-
-#define WGI_TILE (64 * 132)
-// Four staging tiles a block (four blocks an SM for 64 heads, five for 32): more tiles in fewer
-// blocks measured slower (64 heads: 5 tiles in 3 blocks 63% of the HBM copy, 7 in 3 62%, 11 in
-// 2 53%, against 69% — BENCHMARKS.md); what bounds the kernel is the instructions a
-// chunk takes, not the copies in flight.
-#define WGI_STAGES 4
-#define WGI_SMEM(n) ((n) * 256 + (n) * 4 + WGI_STAGES * WGI_TILE)
+// dynamic shared memory as the launcher's `indexer_wg_smem(N)` says (WGI_TILE and WGI_STAGES:
+// the generated prelude).
 
 __device__ __forceinline__ void wgi_cp_async16(void* dst, const void* src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src));
@@ -130,7 +123,7 @@ __device__ __forceinline__ void indexer_wg_body(INDEXER_PARAMS) {
         unsigned char* dst = stage + buf * WGI_TILE;
         if (c < chunks && page < pool_pages) {
             // 528 copies of 16 bytes: four per thread, and one more for the first 16 threads.
-            const unsigned char* src = keys + ((size_t)page * page_tokens + 64 * page_chunk(c)) * 132 + 16 * tid;
+            const unsigned char* src = keys + ((size_t)page * page_tokens + 64 * page_chunk(c)) * KEY_BYTES + 16 * tid;
             unsigned char* to = dst + 16 * tid;
             #pragma unroll
             for (unsigned k = 0; k < 4; ++k) wgi_cp_async16(to + 2048 * k, src + 2048 * k);
@@ -159,8 +152,8 @@ __device__ __forceinline__ void indexer_wg_body(INDEXER_PARAMS) {
         asm volatile("cp.async.wait_group %0;\n" ::"n"(WGI_STAGES - 1));
         __syncthreads();  // chunk c's rows (every thread's copies) landed
         const unsigned char* tile = stage + (it % WGI_STAGES) * WGI_TILE;
-        const unsigned* row0 = reinterpret_cast<const unsigned*>(tile + r0 * 132);
-        const unsigned* row1 = reinterpret_cast<const unsigned*>(tile + (r0 + 8) * 132);
+        const unsigned* row0 = reinterpret_cast<const unsigned*>(tile + r0 * KEY_BYTES);
+        const unsigned* row1 = reinterpret_cast<const unsigned*>(tile + (r0 + 8) * KEY_BYTES);
         // Every k-step's A fragment first, so that the eight wgmmas issue back to back.
         unsigned a[8][4];
         #pragma unroll
@@ -193,7 +186,7 @@ __device__ __forceinline__ void indexer_wg_body(INDEXER_PARAMS) {
             v[hf] += __shfl_xor_sync(0xffffffffu, v[hf], 2);
             const unsigned rr = r0 + 8 * hf, pos = 64 * c + rr;
             if (tig == 0 && pos < r.seq_len) {
-                const float scale = *reinterpret_cast<const float*>(tile + rr * 132 + 128) * down;
+                const float scale = *reinterpret_cast<const float*>(tile + rr * KEY_BYTES + KEY_DIM) * down;
                 scores[r.score_offset + pos] =
                     pin_newest && pos + 1 == r.seq_len ? __int_as_float(0x7f800000) : scale * v[hf];
             }

@@ -312,7 +312,7 @@ pub(crate) fn check_query(
     if !q.softmax_scale.is_finite() {
         return Err(KernelError::invalid("softmax_scale", q.softmax_scale, "must be finite"));
     }
-    check_len("queries", n * heads * 576, q.queries.len())?;
+    check_len("queries", n * heads * super::facts::MLA_D_QK, q.queries.len())?;
     check_len("out", n * heads * 512, out.len())?;
     check_len("lse", n * heads, lse.len())?;
     let rb = layout.row_bytes();

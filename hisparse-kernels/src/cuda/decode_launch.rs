@@ -57,10 +57,10 @@ impl FixedHeadIndexer {
     }
 }
 
-/// Shared memory of the warpgroup-MMA indexer (`WGI_SMEM` in `kernels/indexer_wgmma.cu`): the
-/// queries as f16 and the weights, four staging tiles of 64 key rows.
+/// Shared memory of the warpgroup-MMA indexer (`kernels/indexer_wgmma.cu`): the queries as f16
+/// and the weights, then `WGI_STAGES` staging tiles of 64 key rows.
 fn indexer_wg_smem(heads: usize) -> usize {
-    heads * 256 + heads * 4 + 4 * 64 * 132
+    heads * 256 + heads * 4 + super::facts::WGI_STAGES * super::facts::WGI_TILE
 }
 
 /// The indexer's kernels: exact and fp8 queries for any multiple of 8 heads, the fp8 form

@@ -124,6 +124,32 @@ hisparse_memory::c_struct! {
 // SAFETY: #[repr(C)] struct of plain numbers, whose C declaration is generated from it (the compile checks the layout).
 unsafe impl DeviceRepr for AttnParams {}
 
+/// The MLA row the attention kernels are built for: its latent dims (C `DV`, the value dims).
+pub(crate) const MLA_D_LATENT: usize = 512;
+/// Its rope dims.
+pub(crate) const MLA_D_ROPE: usize = 64;
+/// Its query-key dims (C `DQK`).
+pub(crate) const MLA_D_QK: usize = MLA_D_LATENT + MLA_D_ROPE;
+/// Bytes of a bf16 row (C `ROW_BF16`; `KvRowLayout`'s, checked by a test).
+pub(crate) const ROW_BF16: usize = 2 * MLA_D_QK;
+/// Bytes of a FlashMLA fp8 row (C `ROW_FP8`): the latent as e4m3, an f32 scale per 128 dims,
+/// the rope as bf16.
+pub(crate) const ROW_FP8: usize = FP8_ROPE_AT + 2 * MLA_D_ROPE;
+/// Where a FlashMLA fp8 row's rope starts (C `FP8_ROPE_AT`): after the e4m3 latent and its scales.
+pub(crate) const FP8_ROPE_AT: usize = MLA_D_LATENT + 4 * (MLA_D_LATENT / 128);
+/// The indexer's key dims (C `KEY_DIM`).
+pub(crate) const KEY_DIM: usize = 128;
+/// Bytes of an indexer key row (C `KEY_BYTES`): the e4m3 key and its f32 scale
+/// (`IndexKeyLayout`'s, checked by a test).
+pub(crate) const KEY_BYTES: usize = KEY_DIM + 4;
+/// Indexer (warpgroup MMA): a staging tile of 64 key rows (C `WGI_TILE`).
+pub(crate) const WGI_TILE: usize = 64 * KEY_BYTES;
+/// Indexer (warpgroup MMA): staging tiles a block (C `WGI_STAGES`; four blocks an SM for 64
+/// heads, five for 32). More tiles in fewer blocks measured slower (64 heads: 5 tiles in 3
+/// blocks 63% of the HBM copy, 7 in 3 62%, 11 in 2 53%, against 69%: BENCHMARKS.md); what bounds
+/// the kernel is the instructions a chunk takes, not the copies in flight.
+pub(crate) const WGI_STAGES: usize = 4;
+
 /// Attention: query heads of one block (C `HB`).
 pub(crate) const HEAD_BLOCK: usize = 64;
 /// Attention (mma.sync): rows per tile.
@@ -137,7 +163,7 @@ const LDP: usize = 40;
 /// Attention: padded f32 stride of the partial-S rows.
 const LDX: usize = 40;
 /// Attention: bytes of a tile's raw rows (bf16 rows of 1152 B).
-const RAW_BYTES: usize = TILE * 1152;
+const RAW_BYTES: usize = TILE * ROW_BF16;
 /// Shared memory of the mma.sync attention: Q and K tiles, P, two partial-S buffers, two tiles
 /// of locations and of fill words, the raw rows.
 pub(crate) const ATTN_SMEM: usize = HEAD_BLOCK * LDS * 2
@@ -152,7 +178,7 @@ pub(crate) const WG_TILE: usize = 64;
 /// Attention (warpgroup MMA): one 64-dim atom of a 64-row bf16 operand.
 const WG_ATOM: usize = 8192;
 /// Attention (warpgroup MMA): the fp8 form's raw staging tile (64 rows of 656 B).
-const WG_RAW_FP8: usize = WG_TILE * 656;
+const WG_RAW_FP8: usize = WG_TILE * ROW_FP8;
 /// Shared memory of the warpgroup-MMA attention over bf16 rows: Q and two K operands of nine
 /// atoms, P, alpha, l and m, the skip flags.
 pub(crate) const WG_SMEM: usize = 3 * 9 * WG_ATOM + WG_ATOM + 3 * WG_TILE * 4 + 128;
@@ -206,10 +232,23 @@ pub fn prelude(module: Module) -> String {
                 define("WG_RAW_FP8", WG_RAW_FP8),
                 define("WG_SMEM", WG_SMEM),
                 define("WG_SMEM_FP8", WG_SMEM_FP8),
+                define("DQK", MLA_D_QK),
+                define("DV", MLA_D_LATENT),
+                define("ROW_BF16", ROW_BF16),
+                define("ROW_FP8", ROW_FP8),
+                define("FP8_ROPE_AT", FP8_ROPE_AT),
             ],
             &[part::<GpuSpan>(), part::<AttnParams>()],
         ),
-        Module::Indexer => make(&[], &[part::<GpuIndexerReq>()]),
+        Module::Indexer => make(
+            &[
+                define("KEY_DIM", KEY_DIM),
+                define("KEY_BYTES", KEY_BYTES),
+                define("WGI_TILE", WGI_TILE),
+                define("WGI_STAGES", WGI_STAGES),
+            ],
+            &[part::<GpuIndexerReq>()],
+        ),
         Module::TopK => make(
             &[
                 define("THREADS", TOPK_THREADS),
@@ -240,5 +279,47 @@ mod tests {
         assert_eq!(WG_SMEM_FP8, 2 * 9 * 8192 + 64 * 656 + 8192 + 3 * 64 * 4 + 128);
         assert_eq!(TOPK_SMEM, (8 * 2048 + 2 * 8192 + 8192) * 4);
         assert!(prelude(Module::Attention).contains("static_assert(sizeof(AttnParams)"));
+    }
+
+    #[test]
+    fn the_row_sizes_are_the_memory_crates_layouts() {
+        use hisparse_memory::{IndexKeyLayout, KvRowFormat, KvRowLayout};
+        let bf16 = KvRowLayout::new(KvRowFormat::Bf16, MLA_D_LATENT, MLA_D_ROPE).unwrap();
+        let fp8 = KvRowLayout::new(KvRowFormat::Fp8, MLA_D_LATENT, MLA_D_ROPE).unwrap();
+        assert_eq!((bf16.row_bytes(), fp8.row_bytes()), (ROW_BF16, ROW_FP8));
+        assert_eq!((ROW_BF16, ROW_FP8, FP8_ROPE_AT, MLA_D_QK), (1152, 656, 528, 576));
+        let key = IndexKeyLayout::new(KEY_DIM).unwrap();
+        assert_eq!((key.row_bytes(), key.dim()), (KEY_BYTES, KEY_DIM));
+    }
+
+    /// The facts the kernels share with Rust are spelled only in the generated prelude: the
+    /// `.cu` files' code (comments aside) never writes the row's dims and sizes, the key row's
+    /// size or the indexer's shared-memory formula.
+    #[test]
+    fn the_kernels_spell_no_shared_literal() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels");
+        let checks: [(&str, &[&str]); 4] = [
+            ("attention.cu", &["576", "512", "656", "1152", "528", "72", "36", "41"]),
+            ("attention_wgmma.cu", &["576", "512", "656", "1152", "528", "72", "36", "41"]),
+            ("indexer.cu", &["132", "33"]),
+            ("indexer_wgmma.cu", &["132", "WGI_SMEM", "define WGI_"]),
+        ];
+        for (file, banned) in checks {
+            let text = std::fs::read_to_string(dir.join(file)).unwrap();
+            for (i, line) in text.lines().enumerate() {
+                let code = line.split("//").next().unwrap_or("");
+                let code = code.split("/*").next().unwrap_or("");
+                for b in banned {
+                    let found = code.match_indices(b).any(|(at, _)| {
+                        let before = code[..at].chars().next_back();
+                        let after = code[at + b.len()..].chars().next();
+                        let word =
+                            |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.');
+                        b.starts_with(|c: char| !c.is_ascii_digit()) || (!word(before) && !word(after))
+                    });
+                    assert!(!found, "{file}:{}: spells {b}, a fact of src/cuda/facts.rs: {line}", i + 1);
+                }
+            }
+        }
     }
 }
