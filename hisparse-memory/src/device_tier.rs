@@ -14,10 +14,23 @@ use crate::request::{Mode, RequestId};
 use crate::row::{IndexKeyLayout, KvRowLayout};
 
 crate::c_fn! {
+    /// Rows of one hot buffer of `slots` regular slots: those, then the newest token's reserved
+    /// slot. The one place the reserved slot is counted, in Rust and in the kernels
+    /// (`HOT_BUFFER_ROWS_C`, in the swap-in's generated prelude).
+    pub HOT_BUFFER_ROWS_C: fn hot_buffer_rows(slots) = slots + 1;
+}
+
+crate::c_fn! {
     /// The first row of hot-buffer seat `seat` in a hot-buffer pool of buffers of `slots` regular
-    /// slots (and the reserved newest slot after them): every hot-buffer row address, in Rust and
-    /// in the kernels (`HOT_SEAT_BASE_C`, in the swap-in's generated prelude).
-    pub HOT_SEAT_BASE_C: fn hot_seat_base(seat, slots) = seat * (slots + 1);
+    /// slots: every hot-buffer row address, in Rust and in the kernels (`HOT_SEAT_BASE_C`, after
+    /// [`HOT_BUFFER_ROWS_C`] in the swap-in's generated prelude).
+    pub HOT_SEAT_BASE_C: fn hot_seat_base(seat, slots) = seat * hot_buffer_rows(slots);
+}
+
+/// [`hot_buffer_rows`] of a `usize` count (no overflow: a buffer's slots are bounded by its
+/// pool, whose rows fit an i32).
+pub const fn hot_buffer_rows_of(slots: usize) -> usize {
+    hot_buffer_rows(slots as u64) as usize
 }
 
 /// Capacities of a device tier.
@@ -230,7 +243,7 @@ impl<M: DeviceMemory> DeviceTier<M> {
             return Err(MemoryError::invalid(
                 "slot",
                 slot,
-                format!("a hot buffer has {} slots", self.cfg.buffer_slots + 1),
+                format!("a hot buffer has {} slots", hot_buffer_rows_of(self.cfg.buffer_slots)),
             ));
         }
         // Seats and slots are bounded by the pool, whose rows fit an i32 (KvCache::new).
@@ -239,7 +252,7 @@ impl<M: DeviceMemory> DeviceTier<M> {
 
     /// The hot-buffer seat of hisparse `req` (its rows start at [`hot_seat_base`]).
     pub fn seat(&self, req: RequestId) -> Result<usize> {
-        Ok(self.hot_row(req, 0)? / (self.cfg.buffer_slots + 1))
+        Ok(self.hot_row(req, 0)? / hot_buffer_rows_of(self.cfg.buffer_slots))
     }
 
     /// Every layer's hot-buffer pool (a swap-in that prefetches into several layers).
@@ -346,7 +359,7 @@ impl<M: DeviceMemory> DeviceTier<M> {
     pub fn bytes_in_use(&self) -> usize {
         // No overflow: at most what the tier allocated.
         let per_layer = self.kv_pages.used() * self.cfg.page_tokens * self.cfg.kv_row.row_bytes()
-            + self.seats.used() * (self.cfg.buffer_slots + 1) * self.cfg.kv_row.row_bytes();
+            + self.seats.used() * hot_buffer_rows_of(self.cfg.buffer_slots) * self.cfg.kv_row.row_bytes();
         let keys = self.index_pages.used() * self.cfg.page_tokens * self.cfg.index_key.row_bytes();
         per_layer * self.cfg.layers + keys * self.cfg.index_layers
     }

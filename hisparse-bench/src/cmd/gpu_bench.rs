@@ -318,7 +318,9 @@ pub fn run(a: &GpuBenchArgs) -> Result<Vec<Figure>> {
                 GpuSwapInShape { seats: batch, layers: 1, buffer_slots: b, block_size: 512, max_sel: k, max_tokens: 0 },
             )?;
             gpu.set_fused_max(if launches == 1 { usize::MAX } else { 0 });
-            let mut hot = s.alloc_zeros::<u8>(batch * (b + 1) * 656).map_err(cuda("alloc"))?;
+            let mut hot = s
+                .alloc_zeros::<u8>(batch * hisparse_memory::device_tier::hot_buffer_rows_of(b) * 656)
+                .map_err(cuda("alloc"))?;
             let mut mirror: Vec<SwapInState> =
                 (0..batch).map(|_| SwapInState::new(b)).collect::<std::result::Result<_, _>>()?;
             let base_len = if fast { 3000 } else { ctx_len };

@@ -188,7 +188,9 @@ where
         let rows = [
             tier.kv_pages.checked_mul(tier.page_tokens),
             tier.index_pages.checked_mul(tier.page_tokens),
-            tier.seats.checked_mul(tier.buffer_slots + 1),
+            (tier.buffer_slots < i32::MAX as usize)
+                .then(|| hisparse_memory::device_tier::hot_buffer_rows_of(tier.buffer_slots))
+                .and_then(|rows| tier.seats.checked_mul(rows)),
         ];
         if rows.iter().any(|r| r.is_none_or(|r| r > i32::MAX as usize)) {
             return Err(EngineError::Config {

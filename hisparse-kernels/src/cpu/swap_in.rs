@@ -254,7 +254,7 @@ impl DeviceSwapIn<EmulatedDevice> for CpuSwapIn {
             let inputs = SwapInputs { next_use: None, scores: own };
             seat.swap[layer].step(policy.as_ref(), &sel, r.seq_len as usize, &ctx, inputs, plan)?;
             let bytes = copy_rows(&src, layer, &plan.misses, hot, row)?;
-            let base = r.seat as i32 * (b as i32 + 1);
+            let base = hisparse_memory::device_tier::hot_seat_base(u64::from(r.seat), b as u64) as i32;
             for (o, &slot) in locations[a..a + n].iter_mut().zip(&plan.locations) {
                 *o = base + slot as i32;
             }

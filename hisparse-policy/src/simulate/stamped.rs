@@ -323,7 +323,7 @@ impl StampedReplay {
 
     /// The misses of the stream's next record (`selected`: its checked positions).
     pub(super) fn record(&mut self, selected: &[u32], seq_len: u32) -> Result<u32> {
-        if selected.len() > self.slots + 1 {
+        if selected.len() > hisparse_memory::device_tier::hot_buffer_rows_of(self.slots) {
             return Err(PolicyError::Invalid {
                 field: "buffer_sizes",
                 value: self.slots.to_string(),

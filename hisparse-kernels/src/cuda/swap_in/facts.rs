@@ -8,7 +8,7 @@
 //! policy crate's records), listed in [`prelude`]; every constant both sides use is here.
 
 use hisparse_memory::c_layout::{ALIGN16_C, define, part, prelude as make};
-use hisparse_memory::device_tier::HOT_SEAT_BASE_C;
+use hisparse_memory::device_tier::{HOT_BUFFER_ROWS_C, HOT_SEAT_BASE_C};
 
 use super::args::{FusedSwapArgs, PrefetchArgs, SwapArgs, SwapParams};
 use super::policy::{GpuNomination, GpuPrefetchSource};
@@ -52,6 +52,7 @@ hisparse_memory::c_fn! {
 pub fn prelude() -> String {
     let formulas = [
         ALIGN16_C,
+        HOT_BUFFER_ROWS_C,
         HOT_SEAT_BASE_C,
         SWAP_SMEM_AFTER_SEL_C,
         SWAP_SMEM_BYTES_C,

@@ -31,6 +31,7 @@ impl ProtectSpans {
 }
 use crate::error::{KernelError, Result};
 use crate::swap_in::SWAP_COUNTS;
+use hisparse_memory::device_tier::hot_buffer_rows_of;
 
 fn u32_of(field: &'static str, v: usize) -> Result<u32> {
     u32::try_from(v).map_err(|_| KernelError::invalid(field, v, "does not fit the kernel's 32-bit field"))
@@ -109,7 +110,8 @@ impl GpuSwapIn {
         row_bytes: u32,
     ) -> Result<()> {
         let sel_end = batch.selection_end();
-        let hot_need = self.seats.checked_mul(self.slots + 1).and_then(|n| n.checked_mul(row_bytes as usize));
+        let hot_need =
+            self.seats.checked_mul(hot_buffer_rows_of(self.slots)).and_then(|n| n.checked_mul(row_bytes as usize));
         if [out.locations.len(), out.miss_tokens.len(), out.miss_slots.len(), out.evicted.len(), out.fills.len()]
             .iter()
             .any(|&n| n < sel_end)

@@ -19,6 +19,7 @@ use super::policy::{GpuPolicyScalars, GpuSlotRecord};
 use crate::cuda::device::CudaDevice;
 use crate::error::{KernelError, Result};
 use crate::swap_in::{DeviceSwapReq, SWAP_COUNTS};
+use hisparse_memory::device_tier::hot_buffer_rows_of;
 
 /// One request of a swap-in launch: the backend-neutral [`DeviceSwapReq`], which is laid out
 /// as the kernel's `SwapReq`.
@@ -146,11 +147,11 @@ impl GpuSwapIn {
         if !(1..=1024).contains(&block_size) {
             return Err(KernelError::invalid("swap_in_block_size", block_size, "must be in 1..=1024"));
         }
-        if max_sel > buffer_slots + 1 || buffer_slots == 0 || seats == 0 || layers == 0 {
+        if max_sel > hot_buffer_rows_of(buffer_slots) || buffer_slots == 0 || seats == 0 || layers == 0 {
             return Err(KernelError::invalid(
                 "buffer_slots",
                 buffer_slots,
-                "need seats, layers and buffer slots, and at most buffer_slots + 1 selected tokens",
+                "need seats, layers and buffer slots, and at most a hot buffer's rows of selected tokens",
             ));
         }
         let smem = Self::shared_bytes(buffer_slots, max_sel).max(Self::prefetch_shared_bytes(buffer_slots, max_sel));
