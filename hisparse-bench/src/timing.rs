@@ -3,9 +3,13 @@
 
 use std::time::Instant;
 
-/// Runs `f` `warmup` times untimed, then `runs` times, and returns the median seconds.
+/// Runs `f` `warmup` times untimed, then `runs` times, and returns the median seconds. After a
+/// Ctrl-C no more warm-up runs start either.
 pub fn median_secs<T>(warmup: usize, runs: usize, mut f: impl FnMut() -> T) -> f64 {
     for _ in 0..warmup {
+        if crate::interrupt::requested() {
+            break;
+        }
         std::hint::black_box(f());
     }
     // After a Ctrl-C no more runs start (the caller reports the interruption at its next check).

@@ -130,7 +130,13 @@ pub fn run(args: &SelfcheckArgs) -> Result<SelfcheckReport> {
     bar.set_message("indexer");
     let key = g.index_key()?;
     // Whole pages of 64 keys per request; position t of request i is key i * pages + t.
-    let keys = random::index_key_pool(&mut rng, key, b * l.div_ceil(64) * 64)?;
+    // Drawn in chunks (the same stream as one draw) so that a Ctrl-C is seen between them.
+    let rows = b * l.div_ceil(64) * 64;
+    let mut keys = Vec::new();
+    for start in (0..rows).step_by(1 << 16) {
+        crate::interrupt::check(|| "self-checking the CPU kernels (indexer inputs)".into())?;
+        keys.extend(random::index_key_pool(&mut rng, key, (rows - start).min(1 << 16))?);
+    }
     let (ih, dim) = (g.index_heads, g.index_dim);
     let q_idx = random::normal_bf16(&mut rng, b * ih * dim, 1.0);
     let w = random::head_weights(&mut rng, b * ih);
@@ -152,6 +158,7 @@ pub fn run(args: &SelfcheckArgs) -> Result<SelfcheckReport> {
     };
     let mut scores = vec![0f32; b * l];
     let t = median_secs(1, args.runs, || cpu.indexer_scores(&batch, &mut scores));
+    crate::interrupt::check(|| "self-checking the CPU kernels (indexer)".into())?;
     cpu.indexer_scores(&batch, &mut scores)?;
     let err = check_indexer(&scores, &batch)?;
     lines.push(KernelLine {
@@ -171,6 +178,7 @@ pub fn run(args: &SelfcheckArgs) -> Result<SelfcheckReport> {
     let spans: Vec<Span> = (0..b).map(|i| Span::new(i * l, l)).collect();
     let mut top = vec![0i32; b * k];
     let t = median_secs(1, args.runs, || cpu.top_k(&scores, &spans, k, &mut top));
+    crate::interrupt::check(|| "self-checking the CPU kernels (top-k)".into())?;
     cpu.top_k(&scores, &spans, k, &mut top)?;
     let wrong = check_top_k(&scores[..l], &top[..k]);
     lines.push(KernelLine {
@@ -205,6 +213,7 @@ pub fn run(args: &SelfcheckArgs) -> Result<SelfcheckReport> {
     let mut out = vec![0f32; b * g.q_heads * g.d_v()];
     let mut lse = vec![0f32; b * g.q_heads];
     let t = median_secs(1, args.runs, || cpu.sparse_attention(&attn, &mut out, &mut lse));
+    crate::interrupt::check(|| "self-checking the CPU kernels (sparse attention)".into())?;
     cpu.sparse_attention(&attn, &mut out, &mut lse)?;
     bar.inc(1);
     crate::interrupt::check(|| "self-checking the CPU kernels (dense f64 oracle)".into())?;
@@ -256,6 +265,7 @@ pub fn run(args: &SelfcheckArgs) -> Result<SelfcheckReport> {
     cpu.sparse_attention(&a8, &mut o8, &mut l8)?;
     let a16 = AttentionBatch { rows: &p16, layout: bf, ..a8 };
     let t = median_secs(0, 1, || cpu.sparse_attention(&a16, &mut o16, &mut l16));
+    crate::interrupt::check(|| "self-checking the CPU kernels (fp8 vs bf16 rows)".into())?;
     lines.push(KernelLine {
         kernel: "fp8 vs bf16 rows".into(),
         check: format!("request 0's {k} rows encoded both ways (abs output difference)"),
