@@ -2,15 +2,16 @@
 //! launches ([`LayerLaunch`]: the stream, the layer, the batch), the selections it reads
 //! ([`Selections`]), where its missed rows come from ([`MissSource`]) and where it writes
 //! ([`SwapTargets`]; [`LocateTargets`] for the deferred swap-in's locate), and a prefetch's
-//! candidates ([`Nominations`]).
+//! candidates ([`Nominations`], with each request's protected span: [`ProtectSpans`]).
 
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut};
 use hisparse_memory::host_tier::MappedHostTier;
 
-use super::launch::ProtectSpans;
 use super::state::{SwapBatch, SwapOutputs};
+use crate::cuda::driver_error;
+use crate::error::Result;
 
 /// One layer of a batch, launched on a stream (ordering the stream against the swap-in's other
 /// work is the caller's).
@@ -80,4 +81,20 @@ pub struct Nominations<'a, 'b> {
     pub spans: &'a ProtectSpans,
     /// Scores by position, for policies that read them.
     pub scores: Option<&'a CudaView<'b, f32>>,
+}
+
+/// Each request's protected positions of a prefetch, `(offset, len)` in a protect buffer, on
+/// the device; checked on the host when set ([`GpuSwapIn::set_protect`]).
+pub struct ProtectSpans {
+    pub(super) dev: CudaSlice<u32>,
+    pub(super) n: usize,
+    /// One past the furthest protected entry.
+    pub(super) end: usize,
+}
+
+impl ProtectSpans {
+    /// No spans yet.
+    pub fn new(stream: &Arc<CudaStream>) -> Result<Self> {
+        Ok(Self { dev: stream.alloc_zeros(2).map_err(driver_error("protect spans"))?, n: 0, end: 0 })
+    }
 }

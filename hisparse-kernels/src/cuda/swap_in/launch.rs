@@ -10,25 +10,10 @@ use cudarc::driver::{CudaSlice, CudaStream, CudaView, LaunchConfig};
 use hisparse_memory::c_layout::{ConstPtr, DevPtr};
 
 use super::args::{FusedSwapArgs, PrefetchArgs, SwapArgs, cdev, dev};
-use super::io::{LayerLaunch, MissSource, Nominations, Selections, SwapTargets};
+use super::io::{LayerLaunch, MissSource, Nominations, ProtectSpans, Selections, SwapTargets};
 use super::state::{GpuSwapIn, SwapBatch, SwapOutputs, SwapParams};
 use crate::cuda::printed_launch::PrintedLaunch;
 
-/// Each request's protected positions of a prefetch, `(offset, len)` in a protect buffer, on
-/// the device; checked on the host when set ([`GpuSwapIn::set_protect`]).
-pub struct ProtectSpans {
-    dev: CudaSlice<u32>,
-    n: usize,
-    /// One past the furthest protected entry.
-    end: usize,
-}
-
-impl ProtectSpans {
-    /// No spans yet.
-    pub fn new(stream: &Arc<CudaStream>) -> Result<Self> {
-        Ok(Self { dev: stream.alloc_zeros(2).map_err(driver_error("protect spans"))?, n: 0, end: 0 })
-    }
-}
 use crate::error::{KernelError, Result};
 use crate::swap_in::SWAP_COUNTS;
 use hisparse_memory::device_tier::hot_buffer_rows_of;

@@ -27,8 +27,7 @@ mod state;
 
 pub use backend::CudaSwapIn;
 pub use copy_engine::CopyEngineStaging;
-pub use io::{LayerLaunch, LocateTargets, MissSource, Nominations, Selections, SwapTargets};
-pub use launch::ProtectSpans;
+pub use io::{LayerLaunch, LocateTargets, MissSource, Nominations, ProtectSpans, Selections, SwapTargets};
 pub(crate) use module::sources;
 pub use module::{FUSED_MAX_REQUESTS, policy_harness, prefetcher_harness, swap_in_source};
 pub use policy::{

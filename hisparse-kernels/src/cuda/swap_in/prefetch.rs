@@ -24,8 +24,7 @@ use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaEvent, CudaFunction, CudaSlice, CudaStream};
 use hisparse_policy::prefetch::{Candidates, LayerSelection, When};
 
-use super::io::{LayerLaunch, MissSource, Nominations, SwapTargets};
-use super::launch::ProtectSpans;
+use super::io::{LayerLaunch, MissSource, Nominations, ProtectSpans, SwapTargets};
 use super::state::{GpuSwapIn, SwapBatch, SwapOutputs, SwapReq};
 use crate::cuda::device::CudaDevice;
 use crate::cuda::printed_launch::{LaunchPrint, addr};
