@@ -1,7 +1,7 @@
 //! The workspace's features as the CI steps take them. Builds that link (tests, examples, the
 //! program) take every feature of every member but those whose build links CUDA's libraries
 //! (candle's `cuda` links libcuda, cuBLAS and cuRAND, absent on a machine without a GPU);
-//! builds that do not link (clippy, docs) take all of them where `nvcc` is set up.
+//! builds that do not link (clippy, docs) take all of them, with the stand-in nvcc.
 
 use crate::workspace_root;
 

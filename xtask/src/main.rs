@@ -1,21 +1,29 @@
 //! `cargo xtask`: the project's one entry point for chores (see matklad/cargo-xtask).
 //!
 //! * `cargo xtask ci` — what CI runs, in order: `cargo fmt --check`; clippy on all targets and
-//!   features with `-D warnings`; the tests (all features), with an empty model folder
-//!   (`HISPARSE_MODEL_DIR` in the build folder), so the real model is fetched as on a fresh
-//!   machine, by tests that start together; each library crate checked on its own with default
-//!   features (its tests ran in the workspace run), and `hisparse-memory` and `hisparse-policy`
-//!   checked to pull no `cudarc`; `cargo doc --no-deps` with warnings denied; the CUDA backend checked
-//!   beside candle's cudarc features (`compat/beside-candle`); every library crate packaged and
-//!   built from its package; the Python package built into a virtual environment and its
-//!   pytest suite; and the CUDA kernel compile check for sm_90a (by the program the tests
-//!   built). Builds outside the workspace (fuzz targets, compatibility crates, the Python
-//!   package's) use the same build folder, so what they share is built once. NVRTC 13.0 and the CUDA headers are set up first when missing (through
-//!   `.ci/nvrtc-env.sh`, cached under `~/.cache/hisparse`); `--offline` skips that, and the
-//!   check then prints one loud SKIPPED line where no NVRTC is found. The free space where the
-//!   build folder is is printed at the start and the end, each step's time after it, the test
-//!   runner's summary last.
-//!   Cargo runs without incremental caches (a one-off build gains nothing from them).
+//!   all features with `-D warnings`; the tests (every feature that links here), with an empty
+//!   model folder (`HISPARSE_MODEL_DIR` in the build folder), so the real model is fetched as on
+//!   a fresh machine, by tests that start together (every test binary runs, failures listed
+//!   together); the engine's examples (the binaries the tests built); each library crate checked
+//!   on its own with default features (its tests ran in the workspace run), and
+//!   `hisparse-memory` and `hisparse-policy` checked to pull no `cudarc`; `cargo doc --no-deps`
+//!   with warnings denied; the fuzz targets; the CUDA backend checked beside candle's cudarc
+//!   features (`compat/beside-candle`) and beside candle-core's `cuda`
+//!   (`compat/beside-candle-cuda`); every library crate packaged and built from its package;
+//!   the Python package built into a virtual environment and its pytest suite; and the CUDA
+//!   kernel compile check for sm_90a (by the program the tests built).
+//!
+//!   Builds outside the workspace (fuzz targets, compatibility crates, the Python package's)
+//!   use the same build folder, so what they share is built once. The builds that include
+//!   candle-core's `cuda` (clippy, docs, `beside-candle-cuda`) run a stand-in nvcc
+//!   (`.ci/nvcc-stand-in`): candle-kernels' build script would otherwise compile candle's own
+//!   CUDA kernels (about ten minutes on two cores, twice), which a check neither reads nor links;
+//!   what they check is our Rust beside candle's CUDA API. NVRTC 13.0 and the CUDA headers are
+//!   set up first when missing (through `.ci/nvrtc-env.sh`, cached under `~/.cache/hisparse`);
+//!   `--offline` skips that, and the check then prints one loud SKIPPED line where no NVRTC is
+//!   found. The free space where the build folder is is printed at the start and the end, each
+//!   step's time after it, the test runner's summary last. Cargo runs without incremental caches
+//!   (a one-off build gains nothing from them).
 //!
 //! This crate has no dependencies on purpose: it only runs cargo.
 
@@ -121,7 +129,7 @@ fn run_tests(title: &str, args: &[&str], env: &[(String, String)], totals: &mut 
     println!("\n=== xtask ci: {title}");
     let t = std::time::Instant::now();
     let child = cargo()
-        .arg("test")
+        .args(["test", "--no-fail-fast"])
         .args(args)
         .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
         .stdout(Stdio::piped())
@@ -223,44 +231,22 @@ fn nvrtc_env(offline: bool) -> Vec<(String, String)> {
     }
 }
 
-/// `nvcc` for candle's CUDA kernels (`.ci/nvcc-env.sh`; `None` with `offline` or where it
-/// could not be set up): the variables to set.
-fn nvcc_env(offline: bool) -> Option<Vec<(String, String)>> {
-    if offline {
-        return None;
-    }
-    println!("\n=== xtask ci: setting up nvcc 13.0 (.ci/nvcc-env.sh; --offline skips this)");
-    let script = workspace_root().join(".ci/nvcc-env.sh");
-    let out = Command::new("bash")
-        .arg("-c")
-        .arg(format!(
-            ". '{}' >&2; [ -n \"$CUDA_ROOT\" ] && printf 'PATH=%s\\nCUDA_ROOT=%s\\nCUDA_COMPUTE_CAP=%s\\n' \"$PATH\" \"$CUDA_ROOT\" \"$CUDA_COMPUTE_CAP\"",
-            script.display()
-        ))
-        .stderr(Stdio::inherit())
-        .output()
-        .ok()
-        .filter(|o| o.status.success())?;
-    let vars: Vec<(String, String)> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.split_once('='))
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .collect();
-    (vars.len() == 3).then_some(vars)
-}
-
-/// The feature flags of a build that does not link: all of them where `nvcc` is set up.
-fn check_features(nvcc: &Option<Vec<(String, String)>>) -> Vec<String> {
-    match nvcc {
-        Some(_) => vec!["--all-features".into()],
-        None => {
-            println!(
-                "!!!!! {}: NOT CHECKED (no nvcc; run without --offline to set it up) !!!!!",
-                features::LINKING.join(", ")
-            );
-            vec!["--features".into(), features::linkable()]
-        }
-    }
+/// The stand-in nvcc for the checks that build candle-core's `cuda` (clippy and the docs with
+/// every feature, `compat/beside-candle-cuda`): `.ci/nvcc-stand-in/bin/nvcc` answers the build
+/// scripts' questions and writes empty outputs, so that candle's own CUDA kernels (about ten
+/// minutes of nvcc on two cores, twice) are not compiled for checks that never read or link
+/// them. The variables to set.
+fn nvcc_stand_in() -> Vec<(String, String)> {
+    let root = workspace_root().join(".ci/nvcc-stand-in");
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let mut paths = vec![root.join("bin")];
+    paths.extend(std::env::split_paths(&path));
+    let path = std::env::join_paths(paths).map(|p| p.to_string_lossy().into_owned()).unwrap_or_default();
+    vec![
+        ("PATH".into(), path),
+        ("CUDA_ROOT".into(), root.display().to_string()),
+        ("CUDA_COMPUTE_CAP".into(), "90".into()),
+    ]
 }
 
 /// The build folder: `CARGO_TARGET_DIR` (relative to the workspace) or the workspace's
@@ -304,16 +290,13 @@ fn ci(offline: bool) -> bool {
     let t = std::time::Instant::now();
     disk_line("at the start");
     let nvrtc = nvrtc_env(offline);
-    let nvcc = nvcc_env(offline);
-    let nvcc_vars: Vec<(String, String)> = nvcc.clone().unwrap_or_default();
-    let check = check_features(&nvcc);
+    let nvcc_vars = nvcc_stand_in();
     let linkable = features::linkable();
     let mut steps_ok = step("cargo fmt --check", cargo().args(["fmt", "--all", "--", "--check"]))
         && step(
             "clippy (all targets, all features, -D warnings)",
             cargo()
-                .args(["clippy", "--workspace", "--all-targets"])
-                .args(&check)
+                .args(["clippy", "--workspace", "--all-targets", "--all-features"])
                 .args(["--", "-D", "warnings"])
                 .envs(nvcc_vars.iter().map(|(k, v)| (k.as_str(), v.as_str()))),
         );
@@ -343,27 +326,17 @@ fn ci(offline: bool) -> bool {
     steps_ok = tests_ok
         && each_crate()
         && step(
-            "the per-layer API's example (checks its outputs against dense attention)",
-            cargo().args(["run", "--quiet", "-p", "hisparse-engine", "--example", "toy_decoder"]),
+            "the per-layer API's example (checks its outputs against dense attention; built by the tests)",
+            &mut Command::new(target_dir().join("debug/examples/toy_decoder")),
         )
         && step(
-            "the candle example (a model's layers through candle tensors, checked against the slice path)",
-            cargo().args([
-                "run",
-                "--quiet",
-                "-p",
-                "hisparse-engine",
-                "--features",
-                "candle",
-                "--example",
-                "candle_attention",
-            ]),
+            "the candle example (a model's layers through candle tensors, checked against the slice path; built by the tests)",
+            &mut Command::new(target_dir().join("debug/examples/candle_attention")),
         )
         && step(
             "cargo doc --no-deps (warnings denied)",
             cargo()
-                .args(["doc", "--workspace", "--no-deps"])
-                .args(&check)
+                .args(["doc", "--workspace", "--no-deps", "--all-features"])
                 .env("RUSTDOCFLAGS", "-D warnings")
                 .envs(nvcc_vars.iter().map(|(k, v)| (k.as_str(), v.as_str()))),
         )
@@ -375,7 +348,7 @@ fn ci(offline: bool) -> bool {
                 .env("CARGO_TARGET_DIR", target_dir()),
         )
         && publish::beside_candle()
-        && publish::beside_candle_cuda(nvcc.as_deref())
+        && publish::beside_candle_cuda(&nvcc_vars)
         && publish::package()
         && python::tests()
         && kernel_check(&nvrtc);
