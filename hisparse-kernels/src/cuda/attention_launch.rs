@@ -62,6 +62,8 @@ pub(crate) struct AttentionKernels {
     attention_wgmma: CudaFunction,
     attention_wgmma_fp8: CudaFunction,
     merge: CudaFunction,
+    /// The grouped-query rows' attention (`kernels/gqa_attention.cu`).
+    gqa: super::gqa_attention_launch::GqaAttention,
     sms: usize,
     /// Split count (0: chosen per call from the batch and the SM count).
     pub(crate) splits: usize,
@@ -119,6 +121,7 @@ impl AttentionKernels {
             attention_wgmma,
             attention_wgmma_fp8,
             merge,
+            gqa: super::gqa_attention_launch::GqaAttention::new(dev)?,
             sms: usize::try_from(sms).unwrap_or(1).max(1),
             splits: 0,
             wgmma: true,
@@ -149,6 +152,16 @@ impl AttentionKernels {
         rows: AttnRows<'_>,
         outs: AttnOutputs<'_>,
     ) -> Result<()> {
+        if let hisparse_memory::RowHeads::Gqa { .. } = q.layout.heads() {
+            return match rows {
+                AttnRows::Pool(pool) => self.gqa.launch(dev, sc, q, pool, outs),
+                _ => Err(KernelError::invalid(
+                    "miss_fill",
+                    "in the attention",
+                    "grouped-query rows are read from the pool only: let the swap-in copy the misses",
+                )),
+            };
+        }
         let AttnOutputs { out, lse, fault } = outs;
         let rb = q.layout.row_bytes();
         let pool_len = match &rows {
@@ -299,10 +312,10 @@ pub(crate) fn check_query(
         return Err(KernelError::invalid(
             "layout",
             format!("gqa ({kv_heads} KV heads of {head_dim})"),
-            "the CUDA backend has no attention kernels for grouped-query rows; use the CPU backend",
+            "this attention reads grouped-query rows from the pool only (the CUDA backend's sparse_attention)",
         ));
     }
-    if layout.d_latent() != 512 || layout.d_rope() != 64 {
+    if layout.d_latent() != super::facts::MLA_D_LATENT || layout.d_rope() != super::facts::MLA_D_ROPE {
         return Err(KernelError::invalid(
             "layout",
             format!("{}+{}", layout.d_latent(), layout.d_rope()),

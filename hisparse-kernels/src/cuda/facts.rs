@@ -124,6 +124,39 @@ hisparse_memory::c_struct! {
 // SAFETY: #[repr(C)] struct of plain numbers, whose C declaration is generated from it (the compile checks the layout).
 unsafe impl DeviceRepr for AttnParams {}
 
+hisparse_memory::c_struct! {
+    /// The parameters of the grouped-query attention (`kernels/gqa_attention.cu`).
+    #[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
+    pub(crate) struct GqaParams {
+        /// Rows of the pool.
+        pub(crate) pool_rows: u64,
+        /// Query heads of a request.
+        pub(crate) heads: u32,
+        /// KV heads (groups) of a row; `heads` is a multiple of them.
+        pub(crate) kv_heads: u32,
+        /// Dims of a head.
+        pub(crate) head_dim: u32,
+        /// Bytes of a row.
+        pub(crate) row_bytes: u32,
+        /// 1: e4m3 rows with a scale per 128 values.
+        pub(crate) fp8: u32,
+        /// fp8 rows: where the scales start (after the `2 kv_heads head_dim` codes).
+        pub(crate) scales_at: u32,
+        /// Multiplier of `q . k` before the softmax.
+        pub(crate) scale: f32,
+        /// Zero (keeps the size a multiple of 8).
+        pub(crate) pad: u32,
+    }
+}
+
+// SAFETY: #[repr(C)] struct of plain numbers, whose C declaration is generated from it (the compile checks the layout).
+unsafe impl DeviceRepr for GqaParams {}
+
+/// Grouped-query attention: threads per block (C `GQA_THREADS`).
+pub(crate) const GQA_THREADS: usize = 128;
+/// Grouped-query attention: the largest head it takes (its query sits in shared memory).
+pub(crate) const GQA_MAX_HEAD_DIM: usize = 256;
+
 /// The MLA row the attention kernels are built for: its latent dims (C `DV`, the value dims).
 pub(crate) const MLA_D_LATENT: usize = 512;
 /// Its rope dims.
@@ -212,6 +245,8 @@ pub enum Module {
     TopK,
     /// `rows.cu`.
     Rows,
+    /// `gqa_attention.cu`.
+    GqaAttention,
 }
 
 /// The generated head of `module`'s source: its constants, structs and formulas.
@@ -261,6 +296,7 @@ pub fn prelude(module: Module) -> String {
             &[part::<GpuSpan>(), part::<SplitArgs>()],
         ),
         Module::Rows => make(&[], &[part::<LocateReq>(), part::<NewRowsArgs>()]),
+        Module::GqaAttention => make(&[define("GQA_THREADS", GQA_THREADS)], &[part::<GpuSpan>(), part::<GqaParams>()]),
     }
 }
 

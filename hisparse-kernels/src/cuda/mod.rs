@@ -13,6 +13,7 @@ pub(crate) mod decode_launch;
 pub(crate) mod device;
 pub mod facts;
 mod gemm_launch;
+pub(crate) mod gqa_attention_launch;
 mod launch_graph;
 mod libs;
 #[cfg(feature = "nccl")]

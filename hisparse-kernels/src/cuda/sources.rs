@@ -75,6 +75,11 @@ pub fn fixed_sources() -> Vec<KernelSource> {
         kernels: &["wgmma_probe_ss", "wgmma_probe_rs", "wgmma_probe_ss_t256"],
     });
     v.push(KernelSource {
+        name: "gqa_attention".into(),
+        code: prelude(Module::GqaAttention) + include_str!("../../kernels/gqa_attention.cu"),
+        kernels: &["sparse_gqa_decode"],
+    });
+    v.push(KernelSource {
         name: "rows".into(),
         code: prelude(Module::Rows) + include_str!("../../kernels/rows.cu"),
         kernels: &["write_rows", "locate_rows", "fill_unit_bf16", "fill_new_rows"],
