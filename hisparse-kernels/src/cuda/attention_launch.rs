@@ -62,8 +62,6 @@ pub(crate) struct AttentionKernels {
     attention_wgmma: CudaFunction,
     attention_wgmma_fp8: CudaFunction,
     merge: CudaFunction,
-    /// The grouped-query rows' attention (`kernels/gqa_attention.cu`).
-    gqa: super::gqa_attention_launch::GqaAttention,
     sms: usize,
     /// Split count (0: chosen per call from the batch and the SM count).
     pub(crate) splits: usize,
@@ -121,7 +119,6 @@ impl AttentionKernels {
             attention_wgmma,
             attention_wgmma_fp8,
             merge,
-            gqa: super::gqa_attention_launch::GqaAttention::new(dev)?,
             sms: usize::try_from(sms).unwrap_or(1).max(1),
             splits: 0,
             wgmma: true,
@@ -152,16 +149,6 @@ impl AttentionKernels {
         rows: AttnRows<'_>,
         outs: AttnOutputs<'_>,
     ) -> Result<()> {
-        if let hisparse_memory::RowHeads::Gqa { .. } = q.layout.heads() {
-            return match rows {
-                AttnRows::Pool(pool) => self.gqa.launch(dev, sc, q, pool, outs),
-                _ => Err(KernelError::invalid(
-                    "miss_fill",
-                    "in the attention",
-                    "grouped-query rows are read from the pool only: let the swap-in copy the misses",
-                )),
-            };
-        }
         let AttnOutputs { out, lse, fault } = outs;
         let rb = q.layout.row_bytes();
         let pool_len = match &rows {
@@ -312,7 +299,7 @@ pub(crate) fn check_query(
         return Err(KernelError::invalid(
             "layout",
             format!("gqa ({kv_heads} KV heads of {head_dim})"),
-            "this attention reads grouped-query rows from the pool only (the CUDA backend's sparse_attention)",
+            "the attention that fills the swap-in's misses reads MLA rows only: let the swap-in copy grouped-query rows (miss_fill)",
         ));
     }
     if layout.d_latent() != super::facts::MLA_D_LATENT || layout.d_rope() != super::facts::MLA_D_ROPE {

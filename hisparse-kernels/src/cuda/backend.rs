@@ -50,6 +50,8 @@ pub struct CudaBackend {
     /// Top-k over several blocks per request (small batches).
     pub(crate) top_k_split: super::topk_launch::TopKSplit,
     pub(crate) attention: AttentionKernels,
+    /// The grouped-query rows' attention (`kernels/gqa_attention.cu`).
+    gqa: super::gqa_attention_launch::GqaAttention,
     pub(crate) write_rows: CudaFunction,
     pub(crate) locate_rows: CudaFunction,
     pub(crate) fill_unit: CudaFunction,
@@ -78,6 +80,7 @@ impl CudaBackend {
         let indexer = super::decode_launch::IndexerKernels::load(&dev)?;
         let top_k = dev.function("topk", "top_k_select")?;
         let attention = AttentionKernels::load(&dev)?;
+        let gqa = super::gqa_attention_launch::GqaAttention::new(&dev)?;
         let write_rows = dev.function("rows", "write_rows")?;
         let locate_rows = dev.function("rows", "locate_rows")?;
         let fill_unit = dev.function("rows", "fill_unit_bf16")?;
@@ -108,6 +111,7 @@ impl CudaBackend {
             top_k,
             top_k_split,
             attention,
+            gqa,
             write_rows,
             locate_rows,
             fill_unit,
@@ -249,6 +253,9 @@ impl Kernels for CudaBackend {
         let mut sc = lock(&self.scratch)?;
         let Scratch { attn, fault, .. } = &mut *sc;
         let outs = AttnOutputs { out, lse, fault };
+        if let hisparse_memory::RowHeads::Gqa { .. } = batch.layout.heads() {
+            return self.gqa.launch(&self.dev, attn, &batch.query(), batch.rows, outs);
+        }
         self.attention.launch(&self.dev, attn, &batch.query(), AttnRows::Pool(batch.rows), outs)
     }
 
