@@ -90,7 +90,7 @@ pub enum IndexScore {
     Lightning,
     /// The selection of a model without an indexer, by its own attention: per head the softmax
     /// of `w_h * x_h(t)` over the request's positions (`w_h`: the softmax scale), combined over
-    /// heads; the keys are the model's keys stored as index keys. CPU backend only.
+    /// heads; the keys are the model's keys stored as index keys (exact queries on CUDA).
     Oracle(OracleScore),
 }
 

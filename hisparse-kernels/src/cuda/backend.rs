@@ -52,6 +52,8 @@ pub struct CudaBackend {
     pub(crate) attention: AttentionKernels,
     /// The grouped-query rows' attention (`kernels/gqa_attention.cu`).
     gqa: super::gqa_attention_launch::GqaAttention,
+    /// The oracle's scores (`kernels/oracle_index.cu`).
+    oracle: super::oracle_launch::OracleKernels,
     pub(crate) write_rows: CudaFunction,
     pub(crate) locate_rows: CudaFunction,
     pub(crate) fill_unit: CudaFunction,
@@ -80,7 +82,6 @@ impl CudaBackend {
         let indexer = super::decode_launch::IndexerKernels::load(&dev)?;
         let top_k = dev.function("topk", "top_k_select")?;
         let attention = AttentionKernels::load(&dev)?;
-        let gqa = super::gqa_attention_launch::GqaAttention::new(&dev)?;
         let write_rows = dev.function("rows", "write_rows")?;
         let locate_rows = dev.function("rows", "locate_rows")?;
         let fill_unit = dev.function("rows", "fill_unit_bf16")?;
@@ -100,6 +101,8 @@ impl CudaBackend {
             rows_data: s.alloc_zeros(64).map_err(a)?,
             locate: s.alloc_zeros(64).map_err(a)?,
             seeds: s.alloc_zeros(64).map_err(a)?,
+            oracle_logits: s.alloc_zeros(1).map_err(a)?,
+            oracle_stats: s.alloc_zeros(1).map_err(a)?,
             reqs_c: Vec::new(),
             spans_c: Vec::new(),
             locate_c: Vec::new(),
@@ -111,7 +114,8 @@ impl CudaBackend {
             top_k,
             top_k_split,
             attention,
-            gqa,
+            gqa: Default::default(),
+            oracle: Default::default(),
             write_rows,
             locate_rows,
             fill_unit,
@@ -237,6 +241,9 @@ impl Kernels for CudaBackend {
     }
 
     fn indexer_scores(&self, batch: &IndexerBatch<'_, CudaMemory>, scores: &mut CudaSlice<f32>) -> Result<()> {
+        if let crate::IndexScore::Oracle(oracle) = batch.score {
+            return self.oracle.launch(&self.dev, &self.scratch, batch, oracle, scores);
+        }
         self.decode().launch_indexer(batch, scores)
     }
 

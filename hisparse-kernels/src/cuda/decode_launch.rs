@@ -192,7 +192,7 @@ impl DecodeLaunch<'_> {
             return Err(KernelError::invalid(
                 "score",
                 format!("{:?}", batch.score),
-                "the CUDA indexer computes the lightning score only; the oracle runs on the CPU backend",
+                "this launch computes the lightning score (the backend sends the oracle to oracle_launch.rs)",
             ));
         }
         if heads == 0 || !heads.is_multiple_of(8) {

@@ -152,6 +152,42 @@ hisparse_memory::c_struct! {
 // SAFETY: #[repr(C)] struct of plain numbers, whose C declaration is generated from it (the compile checks the layout).
 unsafe impl DeviceRepr for GqaParams {}
 
+hisparse_memory::c_struct! {
+    /// The parameters of the oracle's scores (`kernels/oracle_index.cu`).
+    #[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
+    pub(crate) struct OracleArgs {
+        /// Query heads of a request.
+        pub(crate) heads: u32,
+        /// Dims of a key (every KV head's).
+        pub(crate) dim: u32,
+        /// Bytes of a key row (the e4m3 key and its f32 scale).
+        pub(crate) key_bytes: u32,
+        /// Positions per page of the key pool.
+        pub(crate) page_tokens: u32,
+        /// Pages of the key pool.
+        pub(crate) pool_pages: u32,
+        /// The first `sink` positions are scored +inf (at most the longest request).
+        pub(crate) sink: u32,
+        /// The last `window` positions are scored +inf (at most the longest request).
+        pub(crate) window: u32,
+        /// 1: the newest position is scored +inf.
+        pub(crate) pin_newest: u32,
+        /// 1: the heads' largest weight; 0: their sum.
+        pub(crate) combine_max: u32,
+        /// Zero (keeps the size a multiple of 8).
+        pub(crate) pad: u32,
+    }
+}
+
+// SAFETY: #[repr(C)] struct of plain numbers, whose C declaration is generated from it (the compile checks the layout).
+unsafe impl DeviceRepr for OracleArgs {}
+
+/// The oracle's scores: threads per block (C `ORACLE_THREADS`).
+pub(crate) const ORACLE_THREADS: usize = 256;
+/// The oracle's scores: the most query heads (C `ORACLE_MAX_HEADS`: their query spans sit in
+/// shared memory).
+pub(crate) const ORACLE_MAX_HEADS: usize = 128;
+
 /// Grouped-query attention: threads per block (C `GQA_THREADS`).
 pub(crate) const GQA_THREADS: usize = 128;
 /// Grouped-query attention: the largest head it takes (its query sits in shared memory).
@@ -247,6 +283,8 @@ pub enum Module {
     Rows,
     /// `gqa_attention.cu`.
     GqaAttention,
+    /// `oracle_index.cu`.
+    Oracle,
 }
 
 /// The generated head of `module`'s source: its constants, structs and formulas.
@@ -297,6 +335,10 @@ pub fn prelude(module: Module) -> String {
         ),
         Module::Rows => make(&[], &[part::<LocateReq>(), part::<NewRowsArgs>()]),
         Module::GqaAttention => make(&[define("GQA_THREADS", GQA_THREADS)], &[part::<GpuSpan>(), part::<GqaParams>()]),
+        Module::Oracle => make(
+            &[define("ORACLE_THREADS", ORACLE_THREADS), define("ORACLE_MAX_HEADS", ORACLE_MAX_HEADS)],
+            &[part::<GpuIndexerReq>(), part::<OracleArgs>()],
+        ),
     }
 }
 

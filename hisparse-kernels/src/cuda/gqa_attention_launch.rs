@@ -2,6 +2,8 @@
 //! host-side checks that run before it (heads and groups, head size, buffer lengths, the shared
 //! memory a request's selection needs) and the argument struct.
 
+use std::sync::OnceLock;
+
 use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig};
 use hisparse_memory::cuda::CudaMemory;
@@ -19,14 +21,18 @@ use crate::swap_in::AttentionQuery;
 /// less room for its static words).
 const GQA_MAX_SMEM: usize = 227 * 1024 - 1024;
 
-/// The kernel, loaded with its shared memory opted in.
-#[derive(Clone)]
+/// The kernel, loaded (with its shared memory opted in) on first use: a backend that never
+/// meets grouped-query rows never compiles it.
+#[derive(Clone, Default)]
 pub(crate) struct GqaAttention {
-    kernel: CudaFunction,
+    kernel: OnceLock<CudaFunction>,
 }
 
 impl GqaAttention {
-    pub(crate) fn new(dev: &CudaDevice) -> Result<Self> {
+    fn kernel(&self, dev: &CudaDevice) -> Result<&CudaFunction> {
+        if let Some(k) = self.kernel.get() {
+            return Ok(k);
+        }
         let kernel = dev.function("gqa_attention", "sparse_gqa_decode")?;
         kernel
             .set_attribute(
@@ -34,7 +40,7 @@ impl GqaAttention {
                 GQA_MAX_SMEM as i32,
             )
             .map_err(driver_error("grouped-query attention shared memory opt-in"))?;
-        Ok(Self { kernel })
+        Ok(self.kernel.get_or_init(|| kernel))
     }
 
     /// Sparse attention of `q`'s requests over the grouped-query rows of `pool` into `outs`; a
@@ -107,7 +113,7 @@ impl GqaAttention {
             block_dim: (GQA_THREADS as u32, 1, 1),
             shared_mem_bytes: smem as u32,
         };
-        let mut b = PrintedLaunch::new(&dev.print, dev.stream(), &self.kernel);
+        let mut b = PrintedLaunch::new(&dev.print, dev.stream(), self.kernel(dev)?);
         b.arg(q.queries)
             .arg(pool)
             .arg(q.locations)

@@ -19,6 +19,7 @@ mod libs;
 #[cfg(feature = "nccl")]
 mod nccl;
 mod nvrtc;
+pub(crate) mod oracle_launch;
 pub(crate) mod printed_launch;
 mod scratch;
 pub(crate) mod sources;

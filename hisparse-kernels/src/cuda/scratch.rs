@@ -14,6 +14,9 @@ pub(crate) struct Scratch {
     pub(crate) rows_data: CudaSlice<u8>,
     pub(crate) locate: CudaSlice<LocateReq>,
     pub(crate) seeds: CudaSlice<u64>,
+    /// The oracle's logits (a row of heads per scored position) and its per-head statistics.
+    pub(crate) oracle_logits: CudaSlice<f32>,
+    pub(crate) oracle_stats: CudaSlice<f32>,
     /// What the per-call arrays above hold (they are the same for every layer of a step).
     pub(crate) reqs_c: Vec<GpuIndexerReq>,
     pub(crate) spans_c: Vec<GpuSpan>,

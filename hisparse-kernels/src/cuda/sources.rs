@@ -80,6 +80,11 @@ pub fn fixed_sources() -> Vec<KernelSource> {
         kernels: &["sparse_gqa_decode"],
     });
     v.push(KernelSource {
+        name: "oracle_index".into(),
+        code: prelude(Module::Oracle) + include_str!("../../kernels/oracle_index.cu"),
+        kernels: &["oracle_logits", "oracle_stats", "oracle_combine"],
+    });
+    v.push(KernelSource {
         name: "rows".into(),
         code: prelude(Module::Rows) + include_str!("../../kernels/rows.cu"),
         kernels: &["write_rows", "locate_rows", "fill_unit_bf16", "fill_new_rows"],
