@@ -84,7 +84,7 @@ pub struct Nominations<'a, 'b> {
 }
 
 /// Each request's protected positions of a prefetch, `(offset, len)` in a protect buffer, on
-/// the device; checked on the host when set ([`GpuSwapIn::set_protect`]).
+/// the device; checked on the host when set ([`super::GpuSwapIn::set_protect`]).
 pub struct ProtectSpans {
     pub(super) dev: CudaSlice<u32>,
     pub(super) n: usize,
