@@ -24,7 +24,7 @@ _hisparse_nvcc_setup() {
         echo "nvcc-env: no CUDA runtime headers (see .ci/nvrtc-env.sh); nvcc not set up"
         return 0
     fi
-    local dir="${HISPARSE_NVCC_DIR:-$HOME/.cache/hisparse/nvcc-13.0}"
+    local dir="${HISPARSE_NVCC_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/hisparse/nvcc-13.0}"
     local root="$dir/root"
     if [ ! -x "$root/bin/nvcc" ] || [ ! -x "$root/nvvm/bin/cicc" ] || [ ! -e "$root/include/nv/target" ] || [ ! -e "$root/include/cuda_runtime.h" ]; then
         echo "nvcc-env: installing nvidia-cuda-nvcc, -crt 13.0.88, nvidia-nvvm 13.0.88 and nvidia-cuda-cccl 13.0.85 into $dir"

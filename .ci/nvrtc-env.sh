@@ -17,7 +17,7 @@ _hisparse_nvrtc_setup() {
         echo "nvrtc-env: using the CUDA toolkit in /usr/local/cuda"
         return 0
     fi
-    local dir="${HISPARSE_NVRTC_DIR:-$HOME/.cache/hisparse/nvrtc-13.0}"
+    local dir="${HISPARSE_NVRTC_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/hisparse/nvrtc-13.0}"
     if [ ! -e "$dir/nvidia/cu13/lib/libnvrtc.so.13" ] || [ ! -e "$dir/nvidia/cu13/include/cuda_fp8.h" ]; then
         echo "nvrtc-env: installing nvidia-cuda-nvrtc 13.0.88 and nvidia-cuda-runtime 13.0.96 into $dir"
         mkdir -p "$dir" || { echo "nvrtc-env: cannot create $dir; kernel compile checks will be skipped"; return 0; }

@@ -19,7 +19,8 @@
 //!   (`.ci/nvcc-stand-in`): candle-kernels' build script would otherwise compile candle's own
 //!   CUDA kernels (about ten minutes on two cores, twice), which a check neither reads nor links;
 //!   what they check is our Rust beside candle's CUDA API. NVRTC 13.0 and the CUDA headers are
-//!   set up first when missing (through `.ci/nvrtc-env.sh`, cached under `~/.cache/hisparse`);
+//!   set up first when missing (through `.ci/nvrtc-env.sh`, cached under
+//!   `$XDG_CACHE_HOME/hisparse`, else `~/.cache/hisparse`);
 //!   `--offline` skips that, and the check then prints one loud SKIPPED line where no NVRTC is
 //!   found. The free space where the build folder is is printed at the start and the end, each
 //!   step's time after it, the test runner's summary last. Cargo runs without incremental caches
