@@ -28,6 +28,39 @@ fn eager(mode: Mode, policy: &str) -> EngineConfig {
     EngineConfig { launch_graphs: false, ..config(mode, policy) }
 }
 
+/// [`eager`] over a small grouped-query geometry (SmolLM2's 9 query heads in 3 groups of 64, 4
+/// layers, top-k 256, bf16 rows): the oracle's scores, the swap-in's copies and the
+/// grouped-query attention, all on CUDA.
+fn gqa(mode: Mode, policy: &str) -> EngineConfig {
+    let mut c = eager(mode, policy);
+    c.cache.geometry =
+        hisparse_memory::KvGeometry::gqa("gqa-small", 4, 9, 3, 64, 256, hisparse_memory::KvRowFormat::Bf16).unwrap();
+    // A model without an indexer selects by its own attention (what `CacheConfig::new` picks
+    // for a grouped-query geometry).
+    c.cache.index_score = hisparse_kernels::IndexScore::Oracle(hisparse_kernels::OracleScore::default());
+    c
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn on_cuda_grouped_query_rows_are_lossless() {
+    let (resident, counts) = run_counted(gpu(), gqa(Mode::Resident, "lru"), &[], None);
+    assert_eq!(resident.len(), expected_count());
+    assert!(counts.iter().all(|c| c.misses == 0), "resident never misses");
+    for policy in ["lru", "clock", "s3fifo"] {
+        let (hs, counts) = run_counted(gpu(), gqa(Mode::HiSparse, policy), &[], None);
+        assert!(counts.iter().map(|c| c.misses).sum::<u64>() > 0, "{policy}: the buffers never missed");
+        assert_eq!(hs, resident, "grouped-query rows, {policy}: outputs differ from the resident baseline");
+    }
+    let distinct: std::collections::HashSet<u64> = resident.values().copied().collect();
+    assert!(distinct.len() > resident.len() / 2, "outputs are not trivial");
+    // A miss-fill form that leaves misses to the attention is refused by name.
+    let mut c = gqa(Mode::HiSparse, "lru");
+    c.cache.hisparse.miss_fill = hisparse_policy::MissFill::Auto { max_batch: 8 };
+    let e = Engine::new(gpu(), c).err().expect("refused");
+    assert!(e.to_string().contains("miss_fill"), "{e}");
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn on_cuda_hisparse_equals_resident_bit_for_bit() {

@@ -124,7 +124,7 @@ __device__ __forceinline__ float quantize(float v, bool live, unsigned char* cod
     return s;
 }
 
-// NewRowsArgs: the generated prelude (src/cuda/facts.rs).
+// NewRowsArgs and NEW_ROWS_KEY_PER_THREAD: the generated prelude (src/cuda/facts.rs).
 
 // Block i: request i's new KV row from the stream kv_seeds[i] and, with keys, its index key from
 // the streams key_seeds[2i], key_seeds[2i+1]. 128 threads.
@@ -153,16 +153,29 @@ extern "C" __global__ void fill_new_rows(NewRowsArgs a, const unsigned long long
     }
     if (a.key_dim == 0) return;
     unsigned char* key = keys + (unsigned long long)i * (a.key_dim + 4);
-    const bool live = t < a.key_dim;
-    float v = 0.0f;
-    if (live) {
-        float u = unit_at(key_seeds[2 * i], t, a.step, a.half_width);
-        float w = unit_at(key_seeds[2 * i + 1], t, a.step, a.half_width);
-        v = __fadd_rn(__fmul_rn(a.key_c, u), __fmul_rn(a.key_b, w));
+    // Value e = t + 128 j of the key in v[j]: one power-of-two scale over all of them.
+    float v[NEW_ROWS_KEY_PER_THREAD];
+    float m = 0.0f;
+    #pragma unroll
+    for (unsigned j = 0; j < NEW_ROWS_KEY_PER_THREAD; ++j) {
+        const unsigned e = t + 128 * j;
+        v[j] = 0.0f;
+        if (e < a.key_dim) {
+            float u = unit_at(key_seeds[2 * i], e, a.step, a.half_width);
+            float w = unit_at(key_seeds[2 * i + 1], e, a.step, a.half_width);
+            v[j] = __fadd_rn(__fmul_rn(a.key_c, u), __fmul_rn(a.key_b, w));
+            m = fmaxf(m, fabsf(v[j]));
+        }
     }
-    float s = quantize(v, live, key, red);
+    const float s = pow2_scale(block_amax(m, red));
+    const float inv = __frcp_rn(s);
+    #pragma unroll
+    for (unsigned j = 0; j < NEW_ROWS_KEY_PER_THREAD; ++j) {
+        const unsigned e = t + 128 * j;
+        if (e < a.key_dim) key[e] = encode_e4m3(__fmul_rn(v[j], inv));
+    }
     if (t == 0) {
-        // The scale after the codes: 4 bytes, at an offset that is a multiple of 4 (dim 128).
+        // The scale after the codes: 4 bytes.
         unsigned bits = __float_as_uint(s);
         for (int b = 0; b < 4; ++b) key[a.key_dim + b] = (unsigned char)(bits >> (8 * b));
     }

@@ -344,10 +344,16 @@ fn gpu_new_rows_and_device_scatter_match_their_host_forms() {
     let mut rng = random::rng(11);
     // An emulated model's new rows, bit for bit: fp8 and bf16 rows, with and without keys,
     // several key mixes (the kernel rounds each product and the sum as the host does).
-    let key = IndexKeyLayout::new(128).unwrap();
+    // MLA rows with 128-dim keys, and grouped-query rows with every KV head's key (192 dims:
+    // SmolLM2's; 1024: Llama-3.1-8B's, the longest the fill takes).
     let c = (1.0f32 - 0.1 * 0.1).sqrt();
-    for (format, n, mix) in [(KvRowFormat::Fp8, 37usize, (c, 0.1f32)), (KvRowFormat::Bf16, 5, (0.6, 0.8))] {
-        let kv = KvRowLayout::new(format, 512, 64).unwrap();
+    for (kv, key_dim, n, mix) in [
+        (KvRowLayout::new(KvRowFormat::Fp8, 512, 64).unwrap(), 128, 37usize, (c, 0.1f32)),
+        (KvRowLayout::new(KvRowFormat::Bf16, 512, 64).unwrap(), 128, 5, (0.6, 0.8)),
+        (KvRowLayout::gqa(KvRowFormat::Bf16, 3, 64).unwrap(), 192, 9, (c, 0.1)),
+        (KvRowLayout::gqa(KvRowFormat::Fp8, 8, 128).unwrap(), 1024, 7, (0.6, 0.8)),
+    ] {
+        let (format, key) = (kv.format(), IndexKeyLayout::new(key_dim).unwrap());
         let seeds: Vec<u64> = (0..n).map(|_| rng.random()).collect();
         let key_seeds: Vec<u64> = (0..2 * n).map(|_| rng.random()).collect();
         let (mut rows, mut keys) = (vec![0u8; n * kv.row_bytes()], vec![0u8; n * key.row_bytes()]);
@@ -364,8 +370,8 @@ fn gpu_new_rows_and_device_scatter_match_their_host_forms() {
             key_mix: mix,
         };
         gpu.fill_new_rows(&fill, &mut rg, Some(&mut kg)).unwrap();
-        assert_eq!(mem.download(&rg).unwrap(), rows, "{format:?} rows");
-        assert_eq!(mem.download(&kg).unwrap(), keys, "{format:?} keys");
+        assert_eq!(mem.download(&rg).unwrap(), rows, "{format:?} rows, keys of {key_dim}");
+        assert_eq!(mem.download(&kg).unwrap(), keys, "{format:?} keys of {key_dim}");
         // Without keys: the rows alone, the same bytes.
         let mut rg2 = mem.alloc_zeroed::<u8>(n * kv.row_bytes()).unwrap();
         let fill = hisparse_kernels::NewRows { key_seeds: None, ..fill };

@@ -313,7 +313,7 @@ pub(crate) fn check_query(
         return Err(KernelError::invalid("softmax_scale", q.softmax_scale, "must be finite"));
     }
     check_len("queries", n * heads * super::facts::MLA_D_QK, q.queries.len())?;
-    check_len("out", n * heads * 512, out.len())?;
+    check_len("out", n * heads * super::facts::MLA_D_LATENT, out.len())?;
     check_len("lse", n * heads, lse.len())?;
     let rb = layout.row_bytes();
     if !pool_len.is_multiple_of(rb) {

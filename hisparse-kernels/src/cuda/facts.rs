@@ -188,6 +188,11 @@ pub(crate) const ORACLE_THREADS: usize = 256;
 /// shared memory).
 pub(crate) const ORACLE_MAX_HEADS: usize = 128;
 
+/// The new rows' fill: threads per block (each request's row and key).
+pub(crate) const NEW_ROWS_THREADS: usize = 128;
+/// The new rows' fill: the longest index key (a grouped-query model's keys are every KV head's).
+pub(crate) const NEW_ROWS_MAX_KEY_DIM: usize = 1024;
+
 /// Grouped-query attention: threads per block (C `GQA_THREADS`).
 pub(crate) const GQA_THREADS: usize = 128;
 /// Grouped-query attention: the largest head it takes (its query sits in shared memory).
@@ -333,7 +338,10 @@ pub fn prelude(module: Module) -> String {
             ],
             &[part::<GpuSpan>(), part::<SplitArgs>()],
         ),
-        Module::Rows => make(&[], &[part::<LocateReq>(), part::<NewRowsArgs>()]),
+        Module::Rows => make(
+            &[define("NEW_ROWS_KEY_PER_THREAD", NEW_ROWS_MAX_KEY_DIM / NEW_ROWS_THREADS)],
+            &[part::<LocateReq>(), part::<NewRowsArgs>()],
+        ),
         Module::GqaAttention => make(&[define("GQA_THREADS", GQA_THREADS)], &[part::<GpuSpan>(), part::<GqaParams>()]),
         Module::Oracle => make(
             &[define("ORACLE_THREADS", ORACLE_THREADS), define("ORACLE_MAX_HEADS", ORACLE_MAX_HEADS)],

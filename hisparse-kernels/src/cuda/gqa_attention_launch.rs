@@ -76,12 +76,19 @@ impl GqaAttention {
         if !pool.len().is_multiple_of(rb) {
             return Err(KernelError::invalid("rows", pool.len(), format!("not a multiple of the {rb}-byte row")));
         }
-        let (mut max_len, mut sel_end) = (0usize, 0usize);
+        let mut max_len = 0usize;
         for s in q.selections {
+            if s.end() > q.locations.len() {
+                return Err(hisparse_memory::MemoryError::OutOfBounds {
+                    field: "locations",
+                    start: s.offset,
+                    end: s.end(),
+                    len: q.locations.len(),
+                }
+                .into());
+            }
             max_len = max_len.max(s.len);
-            sel_end = sel_end.max(s.end());
         }
-        check_len("locations", sel_end, q.locations.len())?;
         let smem = (head_dim + max_len) * 4;
         if smem > GQA_MAX_SMEM {
             return Err(KernelError::invalid(

@@ -120,8 +120,12 @@ impl StepLaunch<'_> {
         if fp8 && !kv.d_latent().is_multiple_of(128) {
             return Err(KernelError::invalid("d_latent", kv.d_latent(), "fp8 rows need a multiple of 128"));
         }
-        if key.dim() > 128 {
-            return Err(KernelError::invalid("index_dim", key.dim(), "the CUDA row fill handles up to 128"));
+        if key.dim() > super::facts::NEW_ROWS_MAX_KEY_DIM {
+            return Err(KernelError::invalid(
+                "index_dim",
+                key.dim(),
+                format!("the CUDA row fill handles up to {}", super::facts::NEW_ROWS_MAX_KEY_DIM),
+            ));
         }
         let with_keys = match (&keys, fill.key_seeds) {
             (Some(k), Some(ks)) => {
@@ -149,7 +153,11 @@ impl StepLaunch<'_> {
         };
         let mut sc = lock(self.scratch)?;
         let s = self.dev.stream();
-        let cfg = LaunchConfig { grid_dim: (n as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig {
+            grid_dim: (n as u32, 1, 1),
+            block_dim: (super::facts::NEW_ROWS_THREADS as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
         let key_seeds = fill.key_seeds.unwrap_or(fill.kv_seeds);
         let mut b = PrintedLaunch::new(&self.dev.print, s, self.fill_new_rows);
         b.params(&a).arg(fill.kv_seeds).arg(key_seeds).arg_mut(rows);

@@ -79,6 +79,15 @@ impl CudaSwapIn {
                 "needs the warpgroup-MMA attention (not --attention-kernel mma-sync)",
             ));
         }
+        // Grouped-query rows are read from the pool only (`gqa_attention_launch.rs`): the swap-in
+        // copies every miss itself.
+        if cfg.geometry.kv_heads().is_some() && fill.fill_max_batch() > 0 {
+            return Err(KernelError::invalid(
+                "miss_fill",
+                format!("{fill:?}"),
+                "grouped-query rows are brought in by the swap-in's own copies (swap-in): the forms that leave misses to the attention read MLA rows only",
+            ));
+        }
         let rb = mapped.layout().row_bytes;
         let form = match fill {
             MissFill::CopyEngine { share, host_threads } => {
