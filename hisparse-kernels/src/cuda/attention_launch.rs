@@ -319,6 +319,12 @@ pub(crate) fn check_query(
     if !pool_len.is_multiple_of(rb) {
         return Err(KernelError::invalid("rows", pool_len, format!("not a multiple of the row size {rb}")));
     }
+    check_selections(q)
+}
+
+/// Checks that every selection of `q` lies within its locations; returns the longest selection
+/// and the end of the furthest one.
+pub(crate) fn check_selections(q: &AttentionQuery<'_, CudaMemory>) -> Result<(usize, usize)> {
     let mut max_len = 0;
     let mut sel_end = 0;
     for s in q.selections {

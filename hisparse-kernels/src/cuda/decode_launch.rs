@@ -170,6 +170,55 @@ impl IndexerKernels {
     }
 }
 
+/// `batch`'s requests as the indexer kernels read them, checked: the page size, the queries and
+/// weights against the requests, the key pool in whole pages, each request's pages within the
+/// page table and its scores within `scores_len` (checked sums), every field within 32 bits.
+/// With the longest request and the end of the furthest score span.
+pub(crate) fn checked_requests(
+    batch: &IndexerBatch<'_, CudaMemory>,
+    scores_len: usize,
+) -> Result<(Vec<GpuIndexerReq>, usize, usize)> {
+    let (heads, dim, kb, p) = (batch.heads, batch.key_layout.dim(), batch.key_layout.row_bytes(), batch.page_tokens);
+    if p == 0 {
+        return Err(KernelError::invalid("page_tokens", p, "must be at least 1"));
+    }
+    let n = batch.requests.len();
+    check_len("queries", n * heads * dim, batch.queries.len())?;
+    check_len("weights", n * heads, batch.weights.len())?;
+    if !batch.keys.len().is_multiple_of(kb * p) {
+        return Err(KernelError::invalid("keys", batch.keys.len(), "not a whole number of key pages"));
+    }
+    let (mut reqs, mut max_len, mut score_end) = (Vec::with_capacity(n), 0usize, 0usize);
+    let fit = |x: usize, f| u32::try_from(x).map_err(|_| KernelError::invalid(f, x, "must fit in 32 bits"));
+    for (i, r) in batch.requests.iter().enumerate() {
+        let pages = r.first_page.checked_add(r.seq_len.div_ceil(p));
+        if pages.is_none_or(|end| end > batch.page_table.len()) {
+            return Err(KernelError::invalid(
+                "requests.first_page",
+                r.first_page,
+                format!("request {i}: pages leave the page table"),
+            ));
+        }
+        let end = r.score_offset.checked_add(r.seq_len);
+        let Some(end) = end.filter(|&end| end <= scores_len) else {
+            return Err(KernelError::invalid(
+                "requests.score_offset",
+                r.score_offset,
+                format!("request {i}: scores leave the output"),
+            ));
+        };
+        reqs.push(GpuIndexerReq {
+            first_page: fit(r.first_page, "requests.first_page")?,
+            seq_len: fit(r.seq_len, "requests.seq_len")?,
+            score_offset: fit(r.score_offset, "requests.score_offset")?,
+            pad: 0,
+        });
+        max_len = max_len.max(r.seq_len);
+        score_end = score_end.max(end);
+    }
+    Ok((reqs, max_len, score_end))
+}
+
 /// What the indexer and top-k launches use of the backend.
 pub(crate) struct DecodeLaunch<'a> {
     pub(crate) dev: &'a Arc<CudaDevice>,
@@ -201,42 +250,8 @@ impl DecodeLaunch<'_> {
         if dim != 128 {
             return Err(KernelError::invalid("key_layout.dim", dim, "the CUDA indexer is built for 128"));
         }
-        if p == 0 {
-            return Err(KernelError::invalid("page_tokens", p, "must be at least 1"));
-        }
-        let n = batch.requests.len();
-        check_len("queries", n * heads * dim, batch.queries.len())?;
-        check_len("weights", n * heads, batch.weights.len())?;
-        if !batch.keys.len().is_multiple_of(kb * p) {
-            return Err(KernelError::invalid("keys", batch.keys.len(), "not a whole number of key pages"));
-        }
-        let pool_pages = batch.keys.len() / (kb * p);
-        let mut reqs = Vec::with_capacity(n);
-        let mut max_len = 0;
-        for (i, r) in batch.requests.iter().enumerate() {
-            if r.first_page + r.seq_len.div_ceil(p) > batch.page_table.len() {
-                return Err(KernelError::invalid(
-                    "requests.first_page",
-                    r.first_page,
-                    format!("request {i}: pages leave the page table"),
-                ));
-            }
-            if r.score_offset + r.seq_len > scores.len() {
-                return Err(KernelError::invalid(
-                    "requests.score_offset",
-                    r.score_offset,
-                    format!("request {i}: scores leave the output"),
-                ));
-            }
-            let fit = |x: usize, f| u32::try_from(x).map_err(|_| KernelError::invalid(f, x, "must fit in 32 bits"));
-            reqs.push(GpuIndexerReq {
-                first_page: fit(r.first_page, "requests.first_page")?,
-                seq_len: fit(r.seq_len, "requests.seq_len")?,
-                score_offset: fit(r.score_offset, "requests.score_offset")?,
-                pad: 0,
-            });
-            max_len = max_len.max(r.seq_len);
-        }
+        let (reqs, max_len, _) = checked_requests(batch, scores.len())?;
+        let (n, pool_pages) = (batch.requests.len(), batch.keys.len() / (kb * p));
         if n == 0 || max_len == 0 {
             return Ok(());
         }

@@ -76,19 +76,7 @@ impl GqaAttention {
         if !pool.len().is_multiple_of(rb) {
             return Err(KernelError::invalid("rows", pool.len(), format!("not a multiple of the {rb}-byte row")));
         }
-        let mut max_len = 0usize;
-        for s in q.selections {
-            if s.end() > q.locations.len() {
-                return Err(hisparse_memory::MemoryError::OutOfBounds {
-                    field: "locations",
-                    start: s.offset,
-                    end: s.end(),
-                    len: q.locations.len(),
-                }
-                .into());
-            }
-            max_len = max_len.max(s.len);
-        }
+        let (max_len, _) = super::attention_launch::check_selections(q)?;
         let smem = (head_dim + max_len) * 4;
         if smem > GQA_MAX_SMEM {
             return Err(KernelError::invalid(

@@ -11,12 +11,12 @@ use hisparse_memory::cuda::CudaMemory;
 use super::buffers::{lock, room, upload_cached};
 use super::device::CudaDevice;
 use super::driver_error;
-use super::facts::{GpuIndexerReq, ORACLE_MAX_HEADS, ORACLE_THREADS, OracleArgs};
+use super::facts::{ORACLE_MAX_HEADS, ORACLE_THREADS, OracleArgs};
 use super::printed_launch::PrintedLaunch;
 use super::scratch::Scratch;
 use crate::IndexerQueries;
 use crate::batch::{HeadCombine, IndexerBatch, OracleScore};
-use crate::error::{KernelError, Result, check_len};
+use crate::error::{KernelError, Result};
 
 /// The oracle's kernels (logits, statistics, combine), loaded on first use: a backend that
 /// never scores by the oracle never compiles them.
@@ -59,42 +59,8 @@ impl OracleKernels {
         if batch.queries_as != IndexerQueries::Exact {
             return Err(KernelError::invalid("queries_as", "fp8", "the oracle reads exact queries"));
         }
-        if p == 0 {
-            return Err(KernelError::invalid("page_tokens", p, "must be at least 1"));
-        }
+        let (reqs, max_len, score_end) = super::decode_launch::checked_requests(batch, scores.len())?;
         let n = batch.requests.len();
-        check_len("queries", n * heads * dim, batch.queries.len())?;
-        check_len("weights", n * heads, batch.weights.len())?;
-        if !batch.keys.len().is_multiple_of(kb * p) {
-            return Err(KernelError::invalid("keys", batch.keys.len(), "not a whole number of key pages"));
-        }
-        let (mut reqs, mut max_len, mut score_end) = (Vec::with_capacity(n), 0usize, 0usize);
-        for (i, r) in batch.requests.iter().enumerate() {
-            let pages = r.first_page.checked_add(r.seq_len.div_ceil(p));
-            if pages.is_none_or(|end| end > batch.page_table.len()) {
-                return Err(KernelError::invalid(
-                    "requests.first_page",
-                    r.first_page,
-                    format!("request {i}: pages leave the page table"),
-                ));
-            }
-            let end = r.score_offset.checked_add(r.seq_len);
-            if end.is_none_or(|end| end > scores.len()) {
-                return Err(KernelError::invalid(
-                    "requests.score_offset",
-                    r.score_offset,
-                    format!("request {i}: scores leave the output"),
-                ));
-            }
-            reqs.push(GpuIndexerReq {
-                first_page: u32_of("requests.first_page", r.first_page)?,
-                seq_len: u32_of("requests.seq_len", r.seq_len)?,
-                score_offset: u32_of("requests.score_offset", r.score_offset)?,
-                pad: 0,
-            });
-            max_len = max_len.max(r.seq_len);
-            score_end = score_end.max(r.score_offset + r.seq_len);
-        }
         if n == 0 || max_len == 0 {
             return Ok(());
         }
