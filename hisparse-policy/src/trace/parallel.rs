@@ -28,14 +28,15 @@ pub fn read_all(bytes: &[u8], keep_scores: bool) -> Result<(TraceHeader, Vec<Tra
 
 /// [`read_all`] without scores, the positions left encoded: each record checked as `read_all`
 /// checks it but for its positions (decoded here only where a score part follows them, to find
-/// where that part begins), the trace's bytes kept.
-pub fn encode_all(bytes: Vec<u8>) -> Result<EncodedTrace> {
+/// where that part begins), the trace's bytes kept. A version-3 record's score part has its
+/// structure checked with `score_parts`, and is not read without.
+pub fn encode_all(bytes: Vec<u8>, score_parts: bool) -> Result<EncodedTrace> {
     let (reader, spans) = frame(&bytes)?;
     let (header, version) = (reader.header().clone(), reader.version());
     let heads: Vec<Result<EncodedRecord>> = spans
         .par_iter()
         .map_init(Vec::new, |scratch, &(start, end)| {
-            record_head_at(&header, version, &bytes[start + 5..end], start as u64, scratch)
+            record_head_at(&header, version, &bytes[start + 5..end], start as u64, scratch, score_parts)
         })
         .collect();
     let records = heads.into_iter().collect::<Result<Vec<_>>>()?;

@@ -161,7 +161,7 @@ pub fn read_trace_file_encoded<R: Read + Seek>(input: R, size: u64, max_bytes: u
     }
     let mut input = reader.into_input();
     input.rewind().map_err(unreadable(0))?;
-    parallel::encode_all(binary_bytes(input, Some(size), max_bytes)?).map(TraceData::Encoded)
+    parallel::encode_all(binary_bytes(input, Some(size), max_bytes)?, true).map(TraceData::Encoded)
 }
 
 /// [`read_trace_file_encoded`] from any reader (a pipe too): a binary trace read whole (a
@@ -178,7 +178,7 @@ pub fn read_trace_from_encoded(input: impl Read, size: Option<u64>, max_bytes: u
         TraceReader::new(&mut input)?;
         return Err(PolicyError::TooLarge { bytes: size, limit: max_bytes });
     }
-    parallel::encode_all(binary_bytes(input, size, max_bytes)?).map(TraceData::Encoded)
+    parallel::encode_all(binary_bytes(input, size, max_bytes)?, true).map(TraceData::Encoded)
 }
 
 /// A trace described without its scores, from a file (`size` given: a version-3 trace's score
@@ -198,7 +198,9 @@ pub fn read_trace_described<R: Read + Seek>(
     }
     let read = match size {
         Some(n) => read_trace_file_encoded(input, n, max_bytes)?,
-        None => read_trace_from_encoded(input, None, max_bytes)?,
+        // A stream is read whole; its version-3 score parts are delimited but not read, as a
+        // file's are skipped (one verdict either way).
+        None => parallel::encode_all(binary_bytes(input, None, max_bytes)?, false).map(TraceData::Encoded)?,
     };
     let stored = match &read {
         TraceData::Encoded(t) => t.stored_header().clone(),

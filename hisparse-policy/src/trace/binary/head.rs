@@ -89,13 +89,16 @@ pub(in crate::trace) fn selection_head_at(
 /// A record (`rec`: its bytes after its length, at `start + 5` of `bytes`, the whole file) of a
 /// trace of `version`, as [`record_at`](super::record_at) without scores checks it but for its
 /// positions. A version-1 or 2 record whose header has scores has its positions decoded here
-/// once (into `scratch`), to find where its score part begins.
+/// once (into `scratch`), to find where its score part begins. A version-3 record's score part
+/// (its own part, delimited by the record's split) has its structure checked with
+/// `score_parts`; without, only its length, as a file's skimming reader checks a part it skips.
 pub(in crate::trace) fn record_head_at(
     header: &TraceHeader,
     version: u16,
     rec: &[u8],
     start: u64,
     scratch: &mut Vec<u32>,
+    score_parts: bool,
 ) -> Result<EncodedRecord> {
     let at0 = start as usize + 5;
     let (r, count, base, span, end) = if version == 3 {
@@ -108,7 +111,12 @@ pub(in crate::trace) fn record_head_at(
         let (r, count) = fields(header, &rec[4..4 + sel_len], |i| base + i as u64)?;
         let part = &rec[8 + sel_len..rec.len() - 4];
         let part_at = start + 13 + sel_len as u64;
-        decode_scores(header, part, count, false, |i| part_at + i as u64)?;
+        if score_parts {
+            decode_scores(header, part, count, false, |i| part_at + i as u64)?;
+        } else {
+            // Only its length, as the skimming reader checks a part it skips.
+            check_score_bytes(header, count, part.len() as u64 + 4, part_at)?;
+        }
         (r, count, base, (at0 + 4, at0 + 4 + sel_len), PositionsEnd::SelectionPart)
     } else {
         let body = &rec[..rec.len() - 4];
