@@ -664,3 +664,29 @@ fn simulate_replays_lru_and_fifo_from_encoded_positions_as_from_decoded_ones() {
     assert!(info_err.contains("position 54 of a sequence of 43 tokens"), "{info_err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `--top-k` sets the emulated model's selection: past every request's length each layer attends
+/// over every position and no selection runs (dense attention, the `llama-3.1-8b` sweeps'
+/// dense baseline); below it, the indexer scores and each layer reads top-k rows.
+#[test]
+fn top_k_sets_the_selection_and_past_every_request_is_dense() {
+    let stages = |k: usize| {
+        let out = tmp(&format!("top-k-{k}"));
+        let o = hisparse(&argv!(
+            "run --backend cpu --preset smollm2-135m --context 200 --output 2 --concurrency 1 --mode resident --top-k",
+            k.to_string(),
+            "--out",
+            out
+        ));
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let json: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("run.json")).unwrap()).unwrap();
+        let s = &json[0]["summary"];
+        (s["stages"]["indexer"].as_f64().unwrap(), s["stages"]["top_k"].as_f64().unwrap(), s["hits"].as_u64().unwrap())
+    };
+    // 30 layers; the two steps see 201 and 202 positions.
+    let (indexer, top_k, hits) = stages(4096);
+    assert_eq!((indexer, top_k, hits), (0.0, 0.0, 30 * (201 + 202)));
+    let (indexer, top_k, hits) = stages(64);
+    assert!(indexer > 0.0 && top_k > 0.0, "{indexer} {top_k}");
+    assert_eq!(hits, 30 * 64 * 2);
+}

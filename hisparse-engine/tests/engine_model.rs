@@ -6,6 +6,7 @@
 mod common;
 
 use common::{config, run_on};
+use hisparse_engine::model::{AttentionShape, MlaShape, WeightFormat};
 use hisparse_engine::{Engine, ModelShape, RequestSpec};
 use hisparse_kernels::CpuBackend;
 use hisparse_kernels::Kernels;
@@ -17,13 +18,16 @@ fn tiny() -> ModelShape {
         layers: 4,
         hidden: 64,
         heads: 4,
-        q_lora: 32,
-        kv_lora: 512,
-        rope: 64,
-        qk_nope: 16,
-        v_head: 16,
-        index_heads: 8,
-        index_dim: 128,
+        attention: AttentionShape::Mla(MlaShape {
+            q_lora: 32,
+            kv_lora: 512,
+            rope: 64,
+            qk_nope: 16,
+            v_head: 16,
+            index_heads: 8,
+            index_dim: 128,
+        }),
+        weights: WeightFormat::Fp8,
         dense_inter: 128,
         dense_layers: 1,
         experts: 16,

@@ -94,7 +94,8 @@ impl IndexerLayout {
 
 impl KvGeometry {
     /// Names accepted by [`KvGeometry::preset`].
-    pub const PRESETS: [&'static str; 5] = ["deepseek-v3.2", "glm-5.1", "glm-5.2", "cpu-small", "smollm2-135m"];
+    pub const PRESETS: [&'static str; 6] =
+        ["deepseek-v3.2", "glm-5.1", "glm-5.2", "cpu-small", "smollm2-135m", "llama-3.1-8b"];
 
     /// A named preset:
     ///
@@ -105,14 +106,17 @@ impl KvGeometry {
     /// | `glm-5.2` | 78 | 64 | 32 x 128 on 21 layers | 2048 | fp8 (656 B) |
     /// | `cpu-small` | 4 | 16 | 8 x 128 | 256 | fp8 (656 B) |
     /// | `smollm2-135m` | 30 | 9 (3 KV heads of 64) | oracle, 9 x 192 | 256 | bf16 GQA (768 B) |
+    /// | `llama-3.1-8b` | 32 | 32 (8 KV heads of 128) | oracle, 32 x 1024 | 2048 | bf16 GQA (4096 B) |
     ///
     /// Every layer runs its indexer except in `glm-5.2` (IndexShare: layers 0, 1, 2 and then
     /// every fourth, i.e. 6, 10, ..., 74, are full; the other 57 reuse the nearest preceding full
     /// layer's selection). `cpu-small` keeps the real row formats and dims but few layers, heads
     /// and a small top-k, so that the whole engine runs in seconds on a laptop.
     pub fn preset(name: &str) -> Result<Self> {
-        if name == "smollm2-135m" {
-            return Self::gqa(name, 30, 9, 3, 64, 256, KvRowFormat::Bf16);
+        match name {
+            "smollm2-135m" => return Self::gqa(name, 30, 9, 3, 64, 256, KvRowFormat::Bf16),
+            "llama-3.1-8b" => return Self::gqa(name, 32, 32, 8, 128, 2048, KvRowFormat::Bf16),
+            _ => {}
         }
         let (layers, q_heads, index_heads, top_k) = match name {
             "deepseek-v3.2" => (61, 128, 64, 2048),
@@ -353,7 +357,7 @@ mod tests {
         assert_eq!((v32.layers, v32.q_heads, v32.index_heads, v32.index_dim, v32.top_k), (61, 128, 64, 128, 2048));
         let glm = KvGeometry::preset("glm-5.1").unwrap();
         assert_eq!((glm.layers, glm.q_heads, glm.index_heads, glm.index_dim, glm.top_k), (78, 64, 32, 128, 2048));
-        for name in KvGeometry::PRESETS.iter().filter(|n| !n.starts_with("smollm2")) {
+        for name in KvGeometry::PRESETS.iter().filter(|n| KvGeometry::preset(n).unwrap().kv_heads().is_none()) {
             let g = KvGeometry::preset(name).unwrap();
             g.validate().unwrap();
             assert_eq!((g.d_qk(), g.d_v()), (576, 512));
@@ -364,6 +368,16 @@ mod tests {
         // 656 B x 61 layers = 40 016 B of MLA rows per token for V3.2 (DESIGN.md).
         assert_eq!(v32.kv_bytes_per_token().unwrap(), 40_016);
         assert_eq!(v32.index_bytes_per_token().unwrap(), 132 * 61);
+        // Llama-3.1-8B: 8 KV heads of 128 in bf16, a 4096 B row; its index keys are its keys as
+        // fp8 with a scale (1028 B), a quarter of the row.
+        let llama = KvGeometry::preset("llama-3.1-8b").unwrap();
+        assert_eq!(
+            (llama.layers, llama.q_heads, llama.kv_heads(), llama.d_qk(), llama.top_k),
+            (32, 32, Some(8), 128, 2048)
+        );
+        assert_eq!(llama.kv_row().unwrap().row_bytes(), 4096);
+        assert_eq!(llama.index_key().unwrap().row_bytes(), 1028);
+        assert_eq!(llama.kv_bytes_per_token().unwrap(), 4096 * 32);
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! Which real model a `hisparse run` or `hisparse sweep` serves ([`ModelSource`]: `--model`,
-//! `--gguf`, `--text`, `--prompts`, `--top-k`, `--score-margin`) and the flags refused with one
+//! `--gguf`, `--text`, `--prompts`, `--score-margin`) and the flags refused with one
 //! (the engine's flags a model's run does not read) or without one.
 
 use std::path::PathBuf;
@@ -25,10 +25,6 @@ pub struct ModelSource {
     /// prefilled once each; request i continues prompt i modulo this.
     #[arg(long, default_value_t = 2)]
     pub prompts: usize,
-    /// With --model or --gguf: positions each layer selects (by the model's own attention
-    /// weights, the oracle).
-    #[arg(long, default_value_t = 256)]
-    pub top_k: usize,
     /// With --model or --gguf and --record-trace: also keep the oracle's scores of the selected
     /// positions and of the N best unselected ones (a scored trace, version 3).
     #[arg(long, default_value_t = 0)]
@@ -68,7 +64,11 @@ const NOT_READ_WITH_A_MODEL: [&str; 20] = [
 ];
 
 /// The flags only a real model's run reads: refused when given without one.
-const READ_WITH_A_MODEL_ONLY: [&str; 4] = ["text", "prompts", "top-k", "score-margin"];
+const READ_WITH_A_MODEL_ONLY: [&str; 3] = ["text", "prompts", "score-margin"];
+
+/// Positions a real model's layers select without `--top-k` (by the model's own attention
+/// weights, the oracle).
+pub const MODEL_TOP_K: usize = 256;
 
 impl ModelSource {
     /// A model was asked for.

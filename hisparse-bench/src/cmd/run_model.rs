@@ -63,9 +63,10 @@ impl ModelInput {
         };
         let model = args.load()?;
         let buffer = engine.device_buffer_size.map(|b| ("device-buffer-size", b));
-        check_selection(model.config(), ("top-k", source.top_k), buffer)?;
+        let top_k = engine.top_k.unwrap_or(super::model_source::MODEL_TOP_K);
+        check_selection(model.config(), ("top-k", top_k), buffer)?;
         let tokens = read_tokens(&source.text, &model)?;
-        Ok(Self { model, prompts: Vec::new(), tokens, args, top_k: source.top_k, count: source.prompts })
+        Ok(Self { model, prompts: Vec::new(), tokens, args, top_k, count: source.prompts })
     }
 
     /// Prefills the prompts: windows of `context` tokens spread over the text (`flag` names

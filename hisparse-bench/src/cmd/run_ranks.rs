@@ -100,7 +100,7 @@ pub(super) fn run_mode(
 mod tests {
     #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
     use super::*;
-    use hisparse_engine::model::ModelShape;
+    use hisparse_engine::model::{AttentionShape, MlaShape, ModelShape, WeightFormat};
     use hisparse_engine::{Engine, EngineConfig, RankExchange};
     use hisparse_kernels::{CpuBackend, CpuRank, Kernels};
     use hisparse_memory::{KvGeometry, RequestId};
@@ -137,13 +137,16 @@ mod tests {
             layers: 4,
             hidden: 64,
             heads: 4,
-            q_lora: 32,
-            kv_lora: 512,
-            rope: 64,
-            qk_nope: 16,
-            v_head: 16,
-            index_heads: 8,
-            index_dim: 128,
+            attention: AttentionShape::Mla(MlaShape {
+                q_lora: 32,
+                kv_lora: 512,
+                rope: 64,
+                qk_nope: 16,
+                v_head: 16,
+                index_heads: 8,
+                index_dim: 128,
+            }),
+            weights: WeightFormat::Fp8,
             dense_inter: 128,
             dense_layers: 1,
             experts: 16,

@@ -134,7 +134,7 @@ mod tests {
     use hisparse_kernels::{CpuBackend, CpuRank, Kernels};
 
     use super::*;
-    use crate::model::ModelEmulation;
+    use crate::model::{AttentionShape, MlaShape, ModelEmulation, WeightFormat};
 
     /// A small model split three ways (dense first layer, then MoE).
     fn tiny() -> ModelShape {
@@ -143,13 +143,16 @@ mod tests {
             layers: 3,
             hidden: 64,
             heads: 2,
-            q_lora: 32,
-            kv_lora: 32,
-            rope: 16,
-            qk_nope: 16,
-            v_head: 16,
-            index_heads: 2,
-            index_dim: 16,
+            attention: AttentionShape::Mla(MlaShape {
+                q_lora: 32,
+                kv_lora: 32,
+                rope: 16,
+                qk_nope: 16,
+                v_head: 16,
+                index_heads: 2,
+                index_dim: 16,
+            }),
+            weights: WeightFormat::Fp8,
             dense_inter: 96,
             dense_layers: 1,
             experts: 6,

@@ -28,22 +28,12 @@ pub struct ModelShape {
     pub layers: usize,
     /// Hidden size.
     pub hidden: usize,
-    /// Attention heads.
+    /// Attention (query) heads.
     pub heads: usize,
-    /// Query low-rank dimension.
-    pub q_lora: usize,
-    /// KV latent dimension.
-    pub kv_lora: usize,
-    /// Rotary dimensions per head.
-    pub rope: usize,
-    /// Non-rotary query/key dimensions per head.
-    pub qk_nope: usize,
-    /// Value dimensions per head.
-    pub v_head: usize,
-    /// Indexer heads and their dimension.
-    pub index_heads: usize,
-    /// Indexer head dimension.
-    pub index_dim: usize,
+    /// The attention's projections: MLA with DSA's indexer, or grouped-query.
+    pub attention: AttentionShape,
+    /// How the weights are stored (the GEMMs read their bytes).
+    pub weights: WeightFormat,
     /// Intermediate size of the dense FFN layers.
     pub dense_inter: usize,
     /// Leading layers with a dense FFN instead of MoE.
@@ -62,6 +52,52 @@ pub struct ModelShape {
     /// full copy of the attention weights); FFN, experts and LM head split `ranks` ways over the
     /// tokens of all GPUs.
     pub ranks: usize,
+}
+
+/// The attention block's projections.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case", tag = "kind")]
+pub enum AttentionShape {
+    /// Multi-head latent attention with DSA's lightning indexer (GLM-5.1, DeepSeek-V3.2).
+    Mla(MlaShape),
+    /// Grouped-query attention: `heads` query heads over `kv_heads` KV heads of `head_dim`
+    /// (Llama, Qwen, Mistral).
+    Gqa {
+        /// KV heads.
+        kv_heads: usize,
+        /// Dims of one head.
+        head_dim: usize,
+    },
+}
+
+/// MLA's low-rank projections and DSA's indexer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct MlaShape {
+    /// Query low-rank dimension.
+    pub q_lora: usize,
+    /// KV latent dimension.
+    pub kv_lora: usize,
+    /// Rotary dimensions per head.
+    pub rope: usize,
+    /// Non-rotary query/key dimensions per head.
+    pub qk_nope: usize,
+    /// Value dimensions per head.
+    pub v_head: usize,
+    /// Indexer heads.
+    pub index_heads: usize,
+    /// Indexer head dimension.
+    pub index_dim: usize,
+}
+
+/// How a model's projection and FFN weights are stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WeightFormat {
+    /// One byte per weight: run as a bf16 GEMM with half the output columns (the invariant
+    /// above).
+    Fp8,
+    /// Two bytes per weight.
+    Bf16,
 }
 
 /// One GEMM of the plan (row-major `[m × k] · [k × n]`, `batch` of them).
@@ -89,59 +125,61 @@ impl PlannedGemm {
 }
 
 impl ModelShape {
-    /// Presets: `glm-5.1` and `deepseek-v3.2`, fp8 weights over 8 GPUs (see `MODEL.md`).
+    /// Names accepted by [`ModelShape::preset`].
+    pub const PRESETS: [&'static str; 4] = ["glm-5.1", "glm-5.2", "deepseek-v3.2", "llama-3.1-8b"];
+
+    /// Presets: `glm-5.1` (and `glm-5.2`, the same weights) and `deepseek-v3.2`, fp8 weights
+    /// over 8 GPUs; `llama-3.1-8b`, bf16 weights on one GPU (see `MODEL.md`).
     pub fn preset(name: &str) -> Result<Self> {
-        let base = |name: &str| Self {
-            name: name.to_owned(),
-            layers: 0,
-            hidden: 0,
-            heads: 0,
-            q_lora: 0,
+        let mla = |q_lora, qk_nope, v_head, index_heads| MlaShape {
+            q_lora,
             kv_lora: 512,
             rope: 64,
-            qk_nope: 0,
-            v_head: 0,
-            index_heads: 0,
+            qk_nope,
+            v_head,
+            index_heads,
             index_dim: 128,
-            dense_inter: 0,
+        };
+        let moe = |name: &str, layers, hidden, heads, attention, dense_inter, vocab| Self {
+            name: name.to_owned(),
+            layers,
+            hidden,
+            heads,
+            attention: AttentionShape::Mla(attention),
+            weights: WeightFormat::Fp8,
+            dense_inter,
             dense_layers: 3,
             experts: 256,
             experts_per_token: 8,
             shared_experts: 1,
             moe_inter: 2048,
-            vocab: 0,
+            vocab,
             ranks: 8,
         };
         match name {
             // GLM-5.2's weights have GLM-5.1's shapes (its IndexShare changes the KV, not them).
-            "glm-5.1" | "glm-5.2" => Ok(Self {
-                layers: 78,
-                hidden: 6144,
-                heads: 64,
-                q_lora: 2048,
-                qk_nope: 192,
-                v_head: 256,
-                index_heads: 32,
-                dense_inter: 12288,
-                vocab: 154_880,
-                ..base(name)
-            }),
-            "deepseek-v3.2" => Ok(Self {
-                layers: 61,
-                hidden: 7168,
-                heads: 128,
-                q_lora: 1536,
-                qk_nope: 128,
-                v_head: 128,
-                index_heads: 64,
-                dense_inter: 18432,
-                vocab: 129_280,
-                ..base(name)
+            "glm-5.1" | "glm-5.2" => Ok(moe(name, 78, 6144, 64, mla(2048, 192, 256, 32), 12288, 154_880)),
+            "deepseek-v3.2" => Ok(moe(name, 61, 7168, 128, mla(1536, 128, 128, 64), 18432, 129_280)),
+            "llama-3.1-8b" => Ok(Self {
+                name: name.to_owned(),
+                layers: 32,
+                hidden: 4096,
+                heads: 32,
+                attention: AttentionShape::Gqa { kv_heads: 8, head_dim: 128 },
+                weights: WeightFormat::Bf16,
+                dense_inter: 14336,
+                dense_layers: 32,
+                experts: 0,
+                experts_per_token: 0,
+                shared_experts: 0,
+                moe_inter: 0,
+                vocab: 128_256,
+                ranks: 1,
             }),
             other => Err(EngineError::Config {
                 field: "model",
                 value: other.to_owned(),
-                reason: "no emulated model of that name (known: glm-5.1, deepseek-v3.2)".into(),
+                reason: format!("no emulated model of that name (known: {})", Self::PRESETS.join(", ")),
             }),
         }
     }
@@ -174,6 +212,14 @@ impl ModelShape {
         if !self.hidden.is_multiple_of(2) {
             return bad("model.hidden", self.hidden, "must be even");
         }
+        if let AttentionShape::Gqa { kv_heads, head_dim } = self.attention {
+            if kv_heads == 0 || !self.heads.is_multiple_of(kv_heads) {
+                return bad("model.kv_heads", kv_heads, "must divide the query heads");
+            }
+            if head_dim == 0 {
+                return bad("model.head_dim", head_dim, "must be at least 1");
+            }
+        }
         Ok(())
     }
 
@@ -193,32 +239,51 @@ impl ModelShape {
     pub fn plan(&self, l: usize, batch: usize) -> Vec<PlannedGemm> {
         let (h, r) = (self.hidden, self.ranks);
         let tokens = batch * r;
-        let fp8 = |n: usize| n / 2;
+        // Output columns as the GEMM runs them: halved for fp8 weights (the invariant above).
+        let cols = |n: usize| match self.weights {
+            WeightFormat::Fp8 => n / 2,
+            WeightFormat::Bf16 => n,
+        };
         let g = |name, m, n, k, batch, held| PlannedGemm { name, m, n, k, batch, held };
-        let mut p = vec![
-            g("q_a", batch, fp8(self.q_lora), h, 1, 1),
-            g("q_b", batch, fp8(self.heads * (self.qk_nope + self.rope)), self.q_lora, 1, 1),
-            g("kv_a", batch, fp8(self.kv_lora + self.rope), h, 1, 1),
-            // The absorbed key and value up-projections, per head, kept in bf16 (as SGLang does).
-            g("w_uk", batch, self.kv_lora, self.qk_nope, self.heads, self.heads),
-            g("w_uv", batch, self.v_head, self.kv_lora, self.heads, self.heads),
-            g("o_proj", batch, fp8(h), self.heads * self.v_head, 1, 1),
-            g("index_q", batch, fp8(self.index_heads * self.index_dim), self.q_lora, 1, 1),
-            g("index_k", batch, fp8(self.index_dim + self.index_heads), h, 1, 1),
-        ];
+        let mut p = Vec::new();
+        match self.attention {
+            AttentionShape::Mla(a) => p.extend([
+                g("q_a", batch, cols(a.q_lora), h, 1, 1),
+                g("q_b", batch, cols(self.heads * (a.qk_nope + a.rope)), a.q_lora, 1, 1),
+                g("kv_a", batch, cols(a.kv_lora + a.rope), h, 1, 1),
+                // The absorbed key and value up-projections, per head, kept in bf16 (as SGLang
+                // does).
+                g("w_uk", batch, a.kv_lora, a.qk_nope, self.heads, self.heads),
+                g("w_uv", batch, a.v_head, a.kv_lora, self.heads, self.heads),
+                g("o_proj", batch, cols(h), self.heads * a.v_head, 1, 1),
+                g("index_q", batch, cols(a.index_heads * a.index_dim), a.q_lora, 1, 1),
+                g("index_k", batch, cols(a.index_dim + a.index_heads), h, 1, 1),
+            ]),
+            AttentionShape::Gqa { kv_heads, head_dim } => {
+                if l == 0 {
+                    // The token embedding: held, read by a lookup, not a GEMM (m = 0).
+                    p.push(g("embed", 0, h, self.vocab, 1, 1));
+                }
+                p.extend([
+                    g("q_proj", batch, cols(self.heads * head_dim), h, 1, 1),
+                    g("kv_proj", batch, cols(2 * kv_heads * head_dim), h, 1, 1),
+                    g("o_proj", batch, cols(h), self.heads * head_dim, 1, 1),
+                ]);
+            }
+        }
         if l < self.dense_layers {
-            p.push(g("ffn_gate_up", tokens, fp8(2 * self.dense_inter / r), h, 1, 1));
-            p.push(g("ffn_down", tokens, fp8(h), self.dense_inter / r, 1, 1));
+            p.push(g("ffn_gate_up", tokens, cols(2 * self.dense_inter / r), h, 1, 1));
+            p.push(g("ffn_down", tokens, cols(h), self.dense_inter / r, 1, 1));
         } else {
             let per = self.moe_inter / r;
             let touched = self.experts_touched(tokens);
             let rows = if touched == 0 { 0 } else { (tokens * self.experts_per_token).div_ceil(touched) };
             // The router's weights are not quantised.
             p.push(g("router", tokens, self.experts, h, 1, 1));
-            p.push(g("shared_gate_up", tokens, fp8(2 * per * self.shared_experts), h, 1, 1));
-            p.push(g("shared_down", tokens, fp8(h), per * self.shared_experts, 1, 1));
-            p.push(g("experts_gate_up", rows, fp8(2 * per), h, touched, self.experts));
-            p.push(g("experts_down", rows, fp8(h), per, touched, self.experts));
+            p.push(g("shared_gate_up", tokens, cols(2 * per * self.shared_experts), h, 1, 1));
+            p.push(g("shared_down", tokens, cols(h), per * self.shared_experts, 1, 1));
+            p.push(g("experts_gate_up", rows, cols(2 * per), h, touched, self.experts));
+            p.push(g("experts_down", rows, cols(h), per, touched, self.experts));
         }
         if l + 1 == self.layers {
             // The LM head, split over the vocabulary, in bf16.
@@ -227,19 +292,21 @@ impl ModelShape {
         p
     }
 
-    /// Weight bytes one GPU holds (fp8 weights at one byte each).
+    /// Weight bytes one GPU holds (fp8 weights at one byte each, bf16 at two).
     pub fn weight_bytes(&self) -> u64 {
         (0..self.layers).flat_map(|l| self.plan(l, 0)).map(|g| g.weight_bytes()).sum()
     }
 
     /// A one-line description for reports.
     pub fn describe(&self) -> String {
+        let held = if self.ranks == 1 {
+            "the whole model on one GPU".to_owned()
+        } else {
+            format!("one GPU of {} (attention data-parallel, FFN/experts split {} ways)", self.ranks, self.ranks)
+        };
         format!(
-            "emulated {} non-attention layers: cuBLAS GEMMs on random weights, one GPU of {} \
-             (attention data-parallel, FFN/experts split {} ways), {:.1} GB of weights",
+            "emulated {} non-attention layers: cuBLAS GEMMs on random weights, {held}, {:.1} GB of weights",
             self.name,
-            self.ranks,
-            self.ranks,
             self.weight_bytes() as f64 / 1e9
         )
     }
@@ -260,6 +327,23 @@ mod tests {
         let gb = d.weight_bytes() as f64 / 1e9;
         assert!((90.0..105.0).contains(&gb), "{gb} GB");
         assert!(ModelShape::preset("llama").unwrap_err().to_string().contains("llama"));
+    }
+
+    #[test]
+    fn llama_3_1_8b_weighs_its_bf16_checkpoint() {
+        let m = ModelShape::preset("llama-3.1-8b").unwrap();
+        m.validate().unwrap();
+        // 8.03B parameters in bf16 (16.06 GB): every one held but the norms', the embedding
+        // included.
+        assert_eq!(m.weight_bytes(), 2 * (8_030_261_248 - 32 * 2 * 4096 - 4096), "{}", m.weight_bytes());
+        // Every layer's FFN is dense, nothing is split, and no GEMM is halved.
+        let p = m.plan(5, 4);
+        let names: Vec<&str> = p.iter().map(|g| g.name).collect();
+        assert_eq!(names, ["q_proj", "kv_proj", "o_proj", "ffn_gate_up", "ffn_down"]);
+        assert_eq!((p[0].m, p[0].n, p[0].k), (4, 4096, 4096));
+        assert_eq!((p[3].m, p[3].n, p[3].k), (4, 2 * 14336, 4096));
+        assert!(m.plan(0, 4).iter().any(|g| g.name == "embed" && g.m == 0));
+        assert!(m.describe().contains("the whole model on one GPU"), "{}", m.describe());
     }
 
     #[test]

@@ -103,6 +103,8 @@ impl CudaBackend {
             seeds: s.alloc_zeros(64).map_err(a)?,
             oracle_logits: s.alloc_zeros(1).map_err(a)?,
             oracle_stats: s.alloc_zeros(1).map_err(a)?,
+            oracle_partials: s.alloc_zeros(1).map_err(a)?,
+            oracle_chunks: s.alloc_zeros(1).map_err(a)?,
             reqs_c: Vec::new(),
             spans_c: Vec::new(),
             locate_c: Vec::new(),

@@ -174,19 +174,34 @@ hisparse_memory::c_struct! {
         pub(crate) pin_newest: u32,
         /// 1: the heads' largest weight; 0: their sum.
         pub(crate) combine_max: u32,
-        /// Zero (keeps the size a multiple of 8).
-        pub(crate) pad: u32,
+        /// Tiles of `ORACLE_TILE` positions of the longest request (the partials' stride).
+        pub(crate) tiles: u32,
+        /// Bytes between a tile's key rows in shared memory (`oracle_tile_stride`).
+        pub(crate) tile_stride: u32,
+        /// Where the chunk flags start in shared memory.
+        pub(crate) flags_at: u32,
     }
 }
 
 // SAFETY: #[repr(C)] struct of plain numbers, whose C declaration is generated from it (the compile checks the layout).
 unsafe impl DeviceRepr for OracleArgs {}
 
-/// The oracle's scores: threads per block (C `ORACLE_THREADS`).
+/// The oracle's scores: threads per block (C `ORACLE_THREADS`): eight warps, four row groups of
+/// 16 positions times two sets of head blocks.
 pub(crate) const ORACLE_THREADS: usize = 256;
-/// The oracle's scores: the most query heads (C `ORACLE_MAX_HEADS`: their query spans sit in
-/// shared memory).
-pub(crate) const ORACLE_MAX_HEADS: usize = 128;
+/// The oracle's logits: positions per block (C `ORACLE_TILE`: four row groups of 16).
+pub(crate) const ORACLE_TILE: usize = 64;
+/// The oracle's logits: blocks of 8 heads each warp accumulates (C `ORACLE_HEAD_BLOCKS`).
+pub(crate) const ORACLE_HEAD_BLOCKS: usize = 8;
+/// The oracle's scores: the most query heads (two sets of `ORACLE_HEAD_BLOCKS` blocks of 8).
+pub(crate) const ORACLE_MAX_HEADS: usize = 2 * ORACLE_HEAD_BLOCKS * 8;
+
+/// Bytes between two key rows of the oracle's tile in shared memory: the row's words rounded up
+/// to 2 more than a multiple of 32, so that the tensor-core loads of 8 rows hit 16 banks.
+pub(crate) fn oracle_tile_stride(key_bytes: usize) -> usize {
+    let words = key_bytes.div_ceil(4);
+    4 * (words + (2 + 32 - words % 32) % 32)
+}
 
 /// The new rows' fill: threads per block (each request's row and key).
 pub(crate) const NEW_ROWS_THREADS: usize = 128;
@@ -197,6 +212,10 @@ pub(crate) const NEW_ROWS_MAX_KEY_DIM: usize = 1024;
 pub(crate) const GQA_THREADS: usize = 128;
 /// Grouped-query attention: the largest head it takes (its query sits in shared memory).
 pub(crate) const GQA_MAX_HEAD_DIM: usize = 256;
+/// Grouped-query attention: selected rows per block (C `GQA_CHUNK`).
+pub(crate) const GQA_CHUNK: usize = 128;
+/// Grouped-query attention: the most query heads per KV head (C `GQA_MAX_GROUP`).
+pub(crate) const GQA_MAX_GROUP: usize = 8;
 
 /// The MLA row the attention kernels are built for: its latent dims (C `DV`, the value dims).
 pub(crate) const MLA_D_LATENT: usize = 512;
@@ -342,9 +361,21 @@ pub fn prelude(module: Module) -> String {
             &[define("NEW_ROWS_KEY_PER_THREAD", NEW_ROWS_MAX_KEY_DIM / NEW_ROWS_THREADS)],
             &[part::<LocateReq>(), part::<NewRowsArgs>()],
         ),
-        Module::GqaAttention => make(&[define("GQA_THREADS", GQA_THREADS)], &[part::<GpuSpan>(), part::<GqaParams>()]),
+        Module::GqaAttention => make(
+            &[
+                define("GQA_THREADS", GQA_THREADS),
+                define("GQA_CHUNK", GQA_CHUNK),
+                define("GQA_MAX_GROUP", GQA_MAX_GROUP),
+                define("GQA_MAX_HEAD_DIM", GQA_MAX_HEAD_DIM),
+            ],
+            &[part::<GpuSpan>(), part::<GqaParams>()],
+        ),
         Module::Oracle => make(
-            &[define("ORACLE_THREADS", ORACLE_THREADS), define("ORACLE_MAX_HEADS", ORACLE_MAX_HEADS)],
+            &[
+                define("ORACLE_THREADS", ORACLE_THREADS),
+                define("ORACLE_TILE", ORACLE_TILE),
+                define("ORACLE_HEAD_BLOCKS", ORACLE_HEAD_BLOCKS),
+            ],
             &[part::<GpuIndexerReq>(), part::<OracleArgs>()],
         ),
     }

@@ -1,46 +1,37 @@
-//! The grouped-query attention's launch (`kernels/gqa_attention.cu`) over rows in a pool: the
-//! host-side checks that run before it (heads and groups, head size, buffer lengths, the shared
-//! memory a request's selection needs) and the argument struct.
+//! The grouped-query attention's launches (`kernels/gqa_attention.cu`) over rows in a pool: the
+//! host-side checks that run before them (heads and groups, head size, buffer lengths), the
+//! argument struct and the chunks' partials in scratch.
 
 use std::sync::OnceLock;
 
-use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig};
 use hisparse_memory::cuda::CudaMemory;
 use hisparse_memory::{KvRowFormat, RowHeads};
 
 use super::attention_launch::{AttnOutputs, AttnScratch};
+use super::buffers::room;
 use super::device::CudaDevice;
 use super::driver_error;
-use super::facts::{GQA_MAX_HEAD_DIM, GQA_THREADS, GqaParams};
+use super::facts::{GQA_CHUNK, GQA_MAX_GROUP, GQA_MAX_HEAD_DIM, GQA_THREADS, GqaParams};
 use super::printed_launch::PrintedLaunch;
 use crate::error::{KernelError, Result, check_len};
 use crate::swap_in::AttentionQuery;
 
-/// The most dynamic shared memory the kernel opts into (the 227 KiB a block may have on sm_90,
-/// less room for its static words).
-const GQA_MAX_SMEM: usize = 227 * 1024 - 1024;
-
-/// The kernel, loaded (with its shared memory opted in) on first use: a backend that never
-/// meets grouped-query rows never compiles it.
+/// The kernels (the chunks' partials, their merge), loaded on first use: a backend that never
+/// meets grouped-query rows never compiles them.
 #[derive(Clone, Default)]
 pub(crate) struct GqaAttention {
-    kernel: OnceLock<CudaFunction>,
+    kernels: OnceLock<[CudaFunction; 2]>,
 }
 
 impl GqaAttention {
-    fn kernel(&self, dev: &CudaDevice) -> Result<&CudaFunction> {
-        if let Some(k) = self.kernel.get() {
+    fn kernels(&self, dev: &CudaDevice) -> Result<&[CudaFunction; 2]> {
+        if let Some(k) = self.kernels.get() {
             return Ok(k);
         }
-        let kernel = dev.function("gqa_attention", "sparse_gqa_decode")?;
-        kernel
-            .set_attribute(
-                CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                GQA_MAX_SMEM as i32,
-            )
-            .map_err(driver_error("grouped-query attention shared memory opt-in"))?;
-        Ok(self.kernel.get_or_init(|| kernel))
+        let f = |k| dev.function("gqa_attention", k);
+        let loaded = [f("sparse_gqa_split")?, f("sparse_gqa_merge")?];
+        Ok(self.kernels.get_or_init(|| loaded))
     }
 
     /// Sparse attention of `q`'s requests over the grouped-query rows of `pool` into `outs`; a
@@ -63,6 +54,13 @@ impl GqaAttention {
             return Err(KernelError::invalid("heads", heads, "must be at least 1"));
         }
         layout.check_query_heads(heads)?;
+        if heads / kv_heads > GQA_MAX_GROUP {
+            return Err(KernelError::invalid(
+                "heads",
+                heads,
+                format!("at most {GQA_MAX_GROUP} query heads per KV head ({kv_heads} KV heads)"),
+            ));
+        }
         if head_dim == 0 || head_dim > GQA_MAX_HEAD_DIM {
             return Err(KernelError::invalid("head_dim", head_dim, format!("must be in 1..={GQA_MAX_HEAD_DIM}")));
         }
@@ -77,17 +75,11 @@ impl GqaAttention {
             return Err(KernelError::invalid("rows", pool.len(), format!("not a multiple of the {rb}-byte row")));
         }
         let (max_len, _) = super::attention_launch::check_selections(q)?;
-        let smem = (head_dim + max_len) * 4;
-        if smem > GQA_MAX_SMEM {
-            return Err(KernelError::invalid(
-                "selections",
-                max_len,
-                format!(
-                    "more selected rows than the attention's shared memory holds ({})",
-                    GQA_MAX_SMEM / 4 - head_dim
-                ),
-            ));
-        }
+        let chunks = max_len.div_ceil(GQA_CHUNK).max(1);
+        let part_len = [heads, chunks, head_dim + 2]
+            .iter()
+            .try_fold(n, |a, &b| a.checked_mul(b))
+            .ok_or_else(|| KernelError::invalid("selections", max_len, "the attention's partials overflow"))?;
         if n == 0 {
             return Ok(());
         }
@@ -103,25 +95,34 @@ impl GqaAttention {
             pad: 0,
         };
         sc.upload_spans(dev, q)?;
-        let cfg = LaunchConfig {
-            grid_dim: (heads as u32, n as u32, 1),
-            block_dim: (GQA_THREADS as u32, 1, 1),
-            shared_mem_bytes: smem as u32,
-        };
-        let mut b = PrintedLaunch::new(&dev.print, dev.stream(), self.kernel(dev)?);
+        room(dev, &mut sc.part_out, part_len)?;
+        let [split, merge] = self.kernels(dev)?;
+        let block = (GQA_THREADS as u32, 1, 1);
+        let mut b = PrintedLaunch::new(&dev.print, dev.stream(), split);
         b.arg(q.queries)
             .arg(pool)
             .arg(q.locations)
             .arg(&sc.sels)
             .params(&params)
-            .arg_mut(out)
-            .arg_mut(lse)
+            .arg_mut(&mut sc.part_out)
             .arg_mut(fault);
-        // SAFETY: queries, out and lse hold n requests' heads of `head_dim` (checked), every
-        // selection lies within `locations` (checked), each location is checked against the pool
-        // in the kernel (fault otherwise), and the shared memory holds the query and the longest
-        // selection's logits (sized above, within the opted-in bound).
-        unsafe { b.launch(cfg) }.map_err(driver_error("grouped-query attention launch"))?;
+        let grid = (kv_heads as u32, n as u32, chunks as u32);
+        // SAFETY: queries hold n requests' heads of `head_dim` (checked), every selection lies
+        // within `locations` (checked), each location is checked against the pool in the kernel
+        // (fault otherwise), the partials hold n x heads x chunks x (head_dim + 2) (sized above);
+        // the group and the head fit the kernel's static shared memory (checked).
+        unsafe { b.launch(LaunchConfig { grid_dim: grid, block_dim: block, shared_mem_bytes: 0 }) }
+            .map_err(driver_error("grouped-query attention launch"))?;
+        drop(b);
+        let mut b = PrintedLaunch::new(&dev.print, dev.stream(), merge);
+        let chunks = chunks as u32;
+        b.arg(&sc.sels).params(&params).arg(&sc.part_out).arg_mut(out).arg_mut(lse).arg(&chunks);
+        // SAFETY: the partials were written for every chunk of every request's selection; out
+        // and lse hold n requests' heads (checked).
+        unsafe {
+            b.launch(LaunchConfig { grid_dim: (heads as u32, n as u32, 1), block_dim: block, shared_mem_bytes: 0 })
+        }
+        .map_err(driver_error("grouped-query attention merge launch"))?;
         Ok(())
     }
 }

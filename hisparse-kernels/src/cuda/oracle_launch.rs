@@ -1,29 +1,34 @@
 //! The oracle's scores on CUDA (`kernels/oracle_index.cu`): the CPU oracle's definition
 //! (`crate::cpu`'s `oracle_index.rs`) for models without an indexer — the host-side checks that
-//! run before the three launches (logits, per-head statistics, the combined score), their
-//! arguments and scratch.
+//! run before the four launches (the heads' key chunks, the logits on tensor cores with their
+//! tiles' statistics, the per-head statistics, the combined score), their arguments and scratch.
 
 use std::sync::{Mutex, OnceLock};
 
+use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig};
 use hisparse_memory::cuda::CudaMemory;
 
 use super::buffers::{lock, room, upload_cached};
 use super::device::CudaDevice;
 use super::driver_error;
-use super::facts::{ORACLE_MAX_HEADS, ORACLE_THREADS, OracleArgs};
+use super::facts::{ORACLE_MAX_HEADS, ORACLE_THREADS, ORACLE_TILE, OracleArgs, oracle_tile_stride};
 use super::printed_launch::PrintedLaunch;
 use super::scratch::Scratch;
 use crate::IndexerQueries;
 use crate::batch::{HeadCombine, IndexerBatch, OracleScore};
 use crate::error::{KernelError, Result};
 
-/// The oracle's kernels (logits, statistics, combine), loaded on first use: a backend that
-/// never scores by the oracle never compiles them.
+/// The oracle's kernels (chunks, logits, statistics, combine), loaded on first use: a backend
+/// that never scores by the oracle never compiles them.
 #[derive(Clone, Default)]
 pub(crate) struct OracleKernels {
-    loaded: OnceLock<[CudaFunction; 3]>,
+    loaded: OnceLock<[CudaFunction; 4]>,
 }
+
+/// Shared memory of the logits kernel above the static 48 KiB it may take without asking: a
+/// tile of 64 keys of up to 1024 dims and the chunk flags of 128 heads fit.
+const ORACLE_SMEM_MAX: usize = 80 << 10;
 
 /// `x` as a kernel's 32-bit field, or an error naming `field`.
 fn u32_of(field: &'static str, x: usize) -> Result<u32> {
@@ -31,12 +36,18 @@ fn u32_of(field: &'static str, x: usize) -> Result<u32> {
 }
 
 impl OracleKernels {
-    fn kernels(&self, dev: &CudaDevice) -> Result<&[CudaFunction; 3]> {
+    fn kernels(&self, dev: &CudaDevice) -> Result<&[CudaFunction; 4]> {
         if let Some(k) = self.loaded.get() {
             return Ok(k);
         }
         let f = |k| dev.function("oracle_index", k);
-        let loaded = [f("oracle_logits")?, f("oracle_stats")?, f("oracle_combine")?];
+        let loaded = [f("oracle_chunks")?, f("oracle_logits")?, f("oracle_stats")?, f("oracle_combine")?];
+        loaded[1]
+            .set_attribute(
+                CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                ORACLE_SMEM_MAX as i32,
+            )
+            .map_err(driver_error("oracle logits shared memory"))?;
         Ok(self.loaded.get_or_init(|| loaded))
     }
 
@@ -64,6 +75,26 @@ impl OracleKernels {
         if n == 0 || max_len == 0 {
             return Ok(());
         }
+        if dim % 16 != 0 || kb % 4 != 0 {
+            return Err(KernelError::invalid(
+                "key_layout.dim",
+                dim,
+                "the oracle on CUDA takes keys of a multiple of 16 dims",
+            ));
+        }
+        // Shared memory of the logits: the tile's rows, which then hold its logits, and the flags.
+        let stride = oracle_tile_stride(kb);
+        let (hbs, dc) = (heads.div_ceil(8), dim / 16);
+        let flags_at = (ORACLE_TILE * stride).max(ORACLE_TILE * heads * 4).next_multiple_of(16);
+        let smem = flags_at + hbs * dc;
+        if smem > ORACLE_SMEM_MAX {
+            return Err(KernelError::invalid(
+                "key_layout.dim",
+                dim,
+                format!("the oracle's tile ({smem} B of shared memory) exceeds {ORACLE_SMEM_MAX} B"),
+            ));
+        }
+        let tiles = max_len.div_ceil(ORACLE_TILE);
         let args = OracleArgs {
             heads: heads as u32,
             dim: u32_of("key_layout.dim", dim)?,
@@ -75,24 +106,35 @@ impl OracleKernels {
             window: oracle.window.min(max_len) as u32,
             pin_newest: u32::from(batch.pin_newest),
             combine_max: u32::from(oracle.combine == HeadCombine::Max),
-            pad: 0,
+            tiles: u32_of("requests.seq_len", tiles)?,
+            tile_stride: stride as u32,
+            flags_at: flags_at as u32,
         };
-        let logits_len = score_end
-            .checked_mul(heads)
-            .ok_or_else(|| KernelError::invalid("requests.score_offset", score_end, "times the heads overflows"))?;
-        let [logits, stats, combine] = self.kernels(dev)?;
+        let too_big = |what: &'static str| KernelError::invalid("requests.score_offset", score_end, what);
+        let logits_len = score_end.checked_mul(heads).ok_or_else(|| too_big("times the heads overflows"))?;
+        let partials_len =
+            n.checked_mul(tiles).and_then(|x| x.checked_mul(heads * 2)).ok_or_else(|| too_big("partials overflow"))?;
+        let [chunks, logits, stats, combine] = self.kernels(dev)?;
         let mut sc = lock(scratch)?;
-        let Scratch { reqs: rd, reqs_c, oracle_logits, oracle_stats, fault, .. } = &mut *sc;
+        let Scratch { reqs: rd, reqs_c, oracle_logits, oracle_stats, oracle_partials, oracle_chunks, fault, .. } =
+            &mut *sc;
         upload_cached(dev, rd, reqs_c, &reqs)?;
         room(dev, oracle_logits, logits_len)?;
         room(dev, oracle_stats, n * heads * 2)?;
+        room(dev, oracle_partials, partials_len)?;
+        room(dev, oracle_chunks, n * hbs * dc)?;
         let s = dev.stream();
-        let blocks = max_len.div_ceil(ORACLE_THREADS) as u32;
-        let cfg = |grid: (u32, u32, u32)| LaunchConfig {
+        let cfg = |grid: (u32, u32, u32), shared_mem_bytes: u32| LaunchConfig {
             grid_dim: grid,
             block_dim: (ORACLE_THREADS as u32, 1, 1),
-            shared_mem_bytes: 0,
+            shared_mem_bytes,
         };
+        let mut b = PrintedLaunch::new(&dev.print, s, chunks);
+        b.arg(batch.queries).params(&args).arg_mut(oracle_chunks);
+        // SAFETY: queries hold n requests of heads x dim (checked); the flags hold n x head
+        // blocks x chunks (sized above).
+        unsafe { b.launch(cfg((n as u32, 1, 1), 0)) }.map_err(driver_error("oracle chunks launch"))?;
+        drop(b);
         let mut b = PrintedLaunch::new(&dev.print, s, logits);
         b.arg(batch.queries)
             .arg(batch.weights)
@@ -100,24 +142,29 @@ impl OracleKernels {
             .arg(batch.page_table)
             .arg(&*rd)
             .params(&args)
+            .arg(&*oracle_chunks)
             .arg_mut(oracle_logits)
+            .arg_mut(oracle_partials)
             .arg_mut(fault);
         // SAFETY: queries and weights hold n requests (checked); every request's page-table
         // entries and score span lie within their buffers (checked), the logits hold a row of
-        // heads per score position up to the furthest span (sized above); page ids are checked
-        // in the kernel (fault).
-        unsafe { b.launch(cfg((blocks, n as u32, 1))) }.map_err(driver_error("oracle logits launch"))?;
+        // heads per score position up to the furthest span and the partials n x tiles x heads
+        // pairs (sized above); the shared memory is the size the kernel's layout needs (its
+        // rows, its logits, its flags); page ids are checked in the kernel (fault).
+        unsafe { b.launch(cfg((tiles as u32, n as u32, 1), smem as u32)) }
+            .map_err(driver_error("oracle logits launch"))?;
         drop(b);
         let mut b = PrintedLaunch::new(&dev.print, s, stats);
-        b.arg(&*oracle_logits).arg(&*rd).params(&args).arg_mut(oracle_stats);
-        // SAFETY: the logits were written for every request's span; the statistics hold two
-        // words per (request, head) (sized above).
-        unsafe { b.launch(cfg((heads as u32, n as u32, 1))) }.map_err(driver_error("oracle stats launch"))?;
+        b.arg(&*oracle_partials).arg(&*rd).params(&args).arg_mut(oracle_stats);
+        // SAFETY: the partials were written for every tile of every request's span; the
+        // statistics hold two words per (request, head) (sized above).
+        unsafe { b.launch(cfg((heads as u32, n as u32, 1), 0)) }.map_err(driver_error("oracle stats launch"))?;
         drop(b);
+        let blocks = max_len.div_ceil(ORACLE_THREADS) as u32;
         let mut b = PrintedLaunch::new(&dev.print, s, combine);
         b.arg(&*oracle_logits).arg(&*oracle_stats).arg(&*rd).params(&args).arg_mut(scores);
         // SAFETY: as above; every request's score span lies within `scores` (checked).
-        unsafe { b.launch(cfg((blocks, n as u32, 1))) }.map_err(driver_error("oracle combine launch"))?;
+        unsafe { b.launch(cfg((blocks, n as u32, 1), 0)) }.map_err(driver_error("oracle combine launch"))?;
         Ok(())
     }
 }

@@ -14,9 +14,12 @@ pub(crate) struct Scratch {
     pub(crate) rows_data: CudaSlice<u8>,
     pub(crate) locate: CudaSlice<LocateReq>,
     pub(crate) seeds: CudaSlice<u64>,
-    /// The oracle's logits (a row of heads per scored position) and its per-head statistics.
+    /// The oracle's logits (a row of heads per scored position), its per-head statistics, its
+    /// tiles' partial statistics and the key chunks each block of heads touches.
     pub(crate) oracle_logits: CudaSlice<f32>,
     pub(crate) oracle_stats: CudaSlice<f32>,
+    pub(crate) oracle_partials: CudaSlice<f32>,
+    pub(crate) oracle_chunks: CudaSlice<u8>,
     /// What the per-call arrays above hold (they are the same for every layer of a step).
     pub(crate) reqs_c: Vec<GpuIndexerReq>,
     pub(crate) spans_c: Vec<GpuSpan>,

@@ -77,12 +77,12 @@ pub fn fixed_sources() -> Vec<KernelSource> {
     v.push(KernelSource {
         name: "gqa_attention".into(),
         code: prelude(Module::GqaAttention) + include_str!("../../kernels/gqa_attention.cu"),
-        kernels: &["sparse_gqa_decode"],
+        kernels: &["sparse_gqa_split", "sparse_gqa_merge"],
     });
     v.push(KernelSource {
         name: "oracle_index".into(),
         code: prelude(Module::Oracle) + include_str!("../../kernels/oracle_index.cu"),
-        kernels: &["oracle_logits", "oracle_stats", "oracle_combine"],
+        kernels: &["oracle_chunks", "oracle_logits", "oracle_stats", "oracle_combine"],
     });
     v.push(KernelSource {
         name: "rows".into(),

@@ -112,10 +112,10 @@ fn invalid(field: &'static str, value: impl std::fmt::Display, reason: impl Into
 }
 
 /// A hot buffer's regular slots when none are given: twice the top-k (the HiSparse blog's 4096
-/// slots for top-k 2048); saturating, so that a top-k too large for any buffer is refused by the
-/// buffer's own limit.
+/// slots for top-k 2048), at most the buffer's limit but never below the top-k, so that a top-k
+/// too large for any buffer is refused by the buffer's own limit.
 pub fn default_buffer_slots(top_k: usize) -> usize {
-    top_k.saturating_mul(2)
+    top_k.saturating_mul(2).min(MAX_BUFFER_SLOTS).max(top_k)
 }
 
 /// The buffer sizes a comparison replays when none are given: 1, 2 and 4 times the top-k (the

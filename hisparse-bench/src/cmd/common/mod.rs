@@ -57,9 +57,15 @@ pub enum IndexerKernel {
 /// Options that build an engine.
 #[derive(Debug, Clone, clap::Args)]
 pub struct EngineArgs {
-    /// Model geometry preset (deepseek-v3.2, glm-5.1, glm-5.2 with IndexShare, cpu-small).
+    /// Model geometry preset (deepseek-v3.2, glm-5.1, glm-5.2 with IndexShare, llama-3.1-8b,
+    /// cpu-small).
     #[arg(long, default_value = "cpu-small")]
     pub preset: String,
+    /// Positions each layer selects (default: the preset's; with --model or --gguf, 256). At
+    /// least a request's length, every position is selected and no selection runs: dense
+    /// attention.
+    #[arg(long)]
+    pub top_k: Option<usize>,
     /// Backend: auto (CUDA where a driver is found, else CPU), cpu, or cuda.
     #[arg(long, value_enum, default_value_t = BackendKind::Auto)]
     pub backend: BackendKind,
@@ -211,11 +217,17 @@ pub fn parse_bytes(flag: &'static str, s: &str) -> Result<u64> {
 }
 
 impl EngineArgs {
-    /// The geometry of the preset, in the chosen row format.
+    /// The geometry of the preset, in the chosen row format, with `--top-k`'s selection.
     pub fn geometry(&self) -> Result<KvGeometry> {
         let mut g = KvGeometry::preset(&self.preset)?;
         if let Some(f) = &self.kv_format {
             g = g.with_kv_format(f.parse::<KvRowFormat>()?);
+        }
+        if let Some(k) = self.top_k {
+            if k == 0 {
+                return Err(BenchError::flag("top-k", k, "must be at least 1"));
+            }
+            g.top_k = k;
         }
         Ok(g)
     }

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Issue 52: the oracle's tensor-core scores and the GQA kernels against their CPU twins, then the
+# Llama-3.1-8B emulation at 32k: sparse resident, hisparse and the swap-in-free bound, and dense
+# resident (--top-k past every request's length: no selection, attention over every position).
+# Usage: DEADLINE_S=540 bash run.sh [CONTEXT] [LEVELS] [DENSE_LEVELS]
+cd "$(dirname "$0")/../../.."
+export HISPARSE_CUDA_INCLUDE=/usr/local/cuda/include RUST_BACKTRACE=1
+R=$OUT; B=.gpu/bin
+ctx=${1:-32768}; levels=${2:-1,4,8,12,16,24}; dense=${3:-1,4,8,12,16}
+deadline=$(( $(date +%s) + ${DEADLINE_S:-540} ))
+left() { echo $(( deadline - $(date +%s) )); }
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv > $R/gpu.txt 2>&1
+free -g > $R/host-memory.txt
+if [ -z "$SKIP_TESTS" ]; then
+  for t in gpu_oracle gpu_gqa; do
+    timeout $(left) $B/test-$t --include-ignored --test-threads=1 > $R/test-$t.log 2>&1; echo "$t rc=$? $(grep -E '^test result' $R/test-$t.log)"
+  done
+  timeout $(left) $B/test-gpu_engine --include-ignored --test-threads=1 grouped > $R/test-gpu_engine.log 2>&1; echo "gpu_engine grouped rc=$? $(grep -E '^test result' $R/test-gpu_engine.log)"
+fi
+# The HBM-copy ceiling, measured in the same run.
+LD_LIBRARY_PATH=/usr/local/cuda/lib64 timeout $(left) $B/hisparse kernel-bench --only attention --batches 1 --reps 5 --out $R/kb > $R/kernel-bench.log 2>&1
+echo "kernel-bench rc=$?"; grep -i -E "copy|cublas" $R/kernel-bench.log | head -4
+common="--backend cuda --preset llama-3.1-8b --context $ctx --warmup 4 --window 6 --windows 3"
+s=$(date +%s)
+timeout $(left) $B/hisparse sweep $common --concurrency $levels --bound --out $R/sweep > $R/sweep.log 2>&1
+echo "sweep rc=$? $(( $(date +%s) - s ))s"; tail -40 $R/sweep.log
+s=$(date +%s)
+timeout $(left) $B/hisparse sweep $common --concurrency $dense --mode resident --top-k $(( ctx + 4096 )) --out $R/dense > $R/dense.log 2>&1
+echo "dense rc=$? $(( $(date +%s) - s ))s"; tail -16 $R/dense.log
+# At most 8 files come back from the device: the sweeps' outputs travel as one archive.
+(cd $R && tar czf outputs.tgz sweep dense kb && rm -rf sweep dense kb)
