@@ -8,7 +8,7 @@ export HISPARSE_CUDA_INCLUDE=/usr/local/cuda/include RUST_BACKTRACE=1
 R=$OUT; B=.gpu/bin
 ctx=${1:-32768}; levels=${2:-1,4,8,12,16,24}; dense=${3:-1,4,8,12,16}
 deadline=$(( $(date +%s) + ${DEADLINE_S:-540} ))
-left() { echo $(( deadline - $(date +%s) )); }
+left() { local l=$(( deadline - $(date +%s) )); [ $l -gt 1 ] && echo $l || echo 1; }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv > $R/gpu.txt 2>&1
 free -g > $R/host-memory.txt
 if [ -z "$SKIP_TESTS" ]; then
