@@ -2,7 +2,7 @@
 #![allow(missing_docs, clippy::unwrap_used, clippy::print_stdout)]
 
 use hisparse_engine::calibrate::{CalibrationSpec, calibrate};
-use hisparse_engine::{LocalityParams, Workload};
+use hisparse_engine::workload::{LocalityParams, Workload};
 use hisparse_memory::KvGeometry;
 
 fn main() {

@@ -3,8 +3,9 @@
 //! Owns time: the KV hierarchy as a per-layer API that another engine's model loop calls
 //! ([`KvCache`], [`DecodeStep`]), and our own engine on top of it ([`Engine`]: requests and
 //! their lifecycle, continuous batching, admission in the resident and hisparse modes, latency,
-//! the synthetic workload ([`workload`]) and its calibration ([`calibrate`]), the emulated
-//! model, metrics). With the `candle` feature, a layer's inputs and outputs may be candle
+//! metrics). The crate's root is the embedding API; the engine's inputs live under modules: the
+//! synthetic workload ([`workload`]) and its calibration ([`calibrate`]), the emulated model
+//! ([`model`]), the ranks of a multi-GPU run ([`ranks`]). With the `candle` feature, a layer's inputs and outputs may be candle
 //! tensors (`DecodeStep::layer_tensors`).
 
 pub mod cache;
@@ -27,14 +28,11 @@ pub use engine::{DEFAULT_MAX_QUEUED, DecodeEngine, Engine, EngineConfig, LayerDu
 pub use error::{EngineError, Result};
 pub use latency::{LatencySummary, Percentiles, TokenLatency};
 pub use metrics::{RunSummary, StageTimes, StepMetrics};
-pub use model::{ModelEmulation, ModelShape, RankExchange};
-pub use ranks::{Collective, CollectiveKind, RankPlan, collectives};
 pub use request::{Outcome, RequestSpec};
 pub use runtime::{RuntimeConfig, RuntimeHandle};
 pub use stop::StopFlag;
 #[cfg(feature = "candle")]
 pub use tensors::{TensorInputs, TensorOutputs};
-pub use workload::{LocalityParams, Workload};
 
 // What an embedder holds to run the hierarchy from its own model, from this crate alone.
 pub use hisparse_kernels::{Backend, CpuBackend, HeadCombine, IndexScore, OracleScore, SwapCounts, dense_attention};

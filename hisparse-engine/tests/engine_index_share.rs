@@ -10,8 +10,9 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use common::{config, run_on};
+use hisparse_engine::Engine;
 use hisparse_engine::calibrate::{CalibrationSpec, selections};
-use hisparse_engine::{Engine, Workload};
+use hisparse_engine::workload::Workload;
 use hisparse_kernels::CpuBackend;
 use hisparse_memory::{IndexerLayout, KvGeometry, Mode};
 use hisparse_policy::trace::TraceReader;

@@ -6,8 +6,8 @@
 mod common;
 
 use common::{config, run_on};
-use hisparse_engine::model::{AttentionShape, MlaShape, WeightFormat};
-use hisparse_engine::{Engine, ModelShape, RequestSpec};
+use hisparse_engine::model::{AttentionShape, MlaShape, ModelShape, WeightFormat};
+use hisparse_engine::{Engine, RequestSpec};
 use hisparse_kernels::CpuBackend;
 use hisparse_kernels::Kernels;
 use hisparse_memory::{Mode, RequestId};
@@ -73,7 +73,7 @@ fn a_model_with_other_layers_is_refused() {
 /// are those of the same requests without the exchange, and both ranks moved the same bytes.
 #[test]
 fn two_ranks_exchange_around_the_ffn_and_leave_attention_alone() {
-    use hisparse_engine::RankExchange;
+    use hisparse_engine::model::RankExchange;
     use hisparse_kernels::CpuRank;
     let reqs = common::requests();
     let share = |rank: usize| -> Vec<RequestSpec> { if rank == 0 { reqs.clone() } else { reqs[..2].to_vec() } };

@@ -7,7 +7,7 @@
 mod common;
 
 use common::{config, expected_count, run_counted};
-use hisparse_engine::Workload;
+use hisparse_engine::workload::Workload;
 use hisparse_kernels::{CpuBackend, fill_new_rows_host};
 use hisparse_memory::{KvGeometry, KvRowFormat, Mode};
 

@@ -14,8 +14,8 @@
 //! seed's luck.
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
-use hisparse_engine::Workload;
 use hisparse_engine::calibrate::{CalibrationSpec, calibrate};
+use hisparse_engine::workload::Workload;
 use hisparse_memory::KvGeometry;
 
 fn within(name: &str, got: f64, published: f64, rel: f64) {

@@ -1,7 +1,7 @@
 //! `hisparse calibrate`: the synthetic workload's real indexer selections, measured against the
 //! published figures the preset is calibrated to.
 
-use hisparse_engine::Workload;
+use hisparse_engine::workload::Workload;
 use std::path::PathBuf;
 
 use hisparse_engine::calibrate::{CalibrationSpec, calibrate, trace_header};

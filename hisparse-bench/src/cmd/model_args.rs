@@ -24,7 +24,7 @@ pub struct ModelArgs {
     pub gguf: Option<PathBuf>,
     /// KV row format: bf16 (4 B per K and V value pair of a head dim), or fp8 (e4m3 in blocks of
     /// 128 with a scale).
-    #[arg(long, default_value = "bf16", value_parser = kv_format)]
+    #[arg(long, default_value = "bf16", value_parser = super::common::parse_kv_format)]
     pub kv_format: KvRowFormat,
     /// Eviction policy of the hot buffers (hisparse).
     #[arg(long, value_enum, default_value_t = BuiltinPolicy::Lru)]
@@ -38,11 +38,6 @@ pub struct ModelArgs {
     /// Always select the last N positions (a local window).
     #[arg(long, default_value_t = 0)]
     pub window: usize,
-}
-
-/// `--kv-format`'s value (clap names the flag; the message names no internal field).
-fn kv_format(s: &str) -> std::result::Result<KvRowFormat, String> {
-    s.parse::<KvRowFormat>().map_err(|_| "expected bf16 or fp8".into())
 }
 
 /// [`HeadCombine`] on the command line.

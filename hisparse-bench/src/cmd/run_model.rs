@@ -49,10 +49,7 @@ impl ModelInput {
             ));
         }
         guard::within("prompts", source.prompts, 1, hisparse_engine::DEFAULT_MAX_QUEUED)?;
-        let kv_format = match engine.kv_format.as_deref() {
-            Some(f) => f.parse::<KvRowFormat>().map_err(|e| BenchError::flag("kv-format", f, e.to_string()))?,
-            None => KvRowFormat::Bf16,
-        };
+        let kv_format = engine.kv_format.unwrap_or(KvRowFormat::Bf16);
         let args = ModelArgs {
             gguf: source.gguf.clone(),
             kv_format,

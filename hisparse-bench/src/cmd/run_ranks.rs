@@ -100,8 +100,9 @@ pub(super) fn run_mode(
 mod tests {
     #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
     use super::*;
+    use hisparse_engine::model::RankExchange;
     use hisparse_engine::model::{AttentionShape, MlaShape, ModelShape, WeightFormat};
-    use hisparse_engine::{Engine, EngineConfig, RankExchange};
+    use hisparse_engine::{Engine, EngineConfig};
     use hisparse_kernels::{CpuBackend, CpuRank, Kernels};
     use hisparse_memory::{KvGeometry, RequestId};
 

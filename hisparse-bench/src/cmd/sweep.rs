@@ -176,7 +176,7 @@ pub fn run(a: &SweepArgs) -> Result<(SweepReport, PathBuf)> {
         emulation: format!(
             "{}{}{}{}",
             model.map_or_else(|| "none: attention only".to_owned(), |m| m.describe()),
-            if a.engine.index_queries == "fp8" {
+            if a.engine.index_queries == hisparse_kernels::IndexerQueries::Fp8 {
                 "; indexer queries fp8 (e4m3, a power-of-two scale per head)"
             } else {
                 ""

@@ -2,7 +2,8 @@
 //! driver is present) with its kernel choices, the emulated model, and the ranks of a
 //! multi-GPU run.
 
-use hisparse_engine::{DecodeEngine, Engine, EngineConfig, ModelShape};
+use hisparse_engine::model::ModelShape;
+use hisparse_engine::{DecodeEngine, Engine, EngineConfig};
 use hisparse_kernels::CpuBackend;
 use hisparse_memory::{KvGeometry, Mode};
 use hisparse_policy::HiSparseConfig;
@@ -25,8 +26,7 @@ impl EngineArgs {
             hisparse: hs,
             typical_tokens,
             serial_prefetch: self.serial_prefetch,
-            index_queries: hisparse_kernels::IndexerQueries::from_name(&self.index_queries)
-                .ok_or_else(|| BenchError::flag("index-queries", &self.index_queries, "exact or fp8"))?,
+            index_queries: self.index_queries,
             ..hisparse_engine::CacheConfig::new(g, mode, 0)
         };
         Ok(EngineConfig {

@@ -5,6 +5,7 @@
 
 use std::path::PathBuf;
 
+use hisparse_kernels::IndexerQueries;
 use hisparse_memory::{KvGeometry, KvRowFormat};
 use hisparse_policy::{BuiltinPolicy, BuiltinPrefetcher, MissFillMode};
 
@@ -120,8 +121,8 @@ pub struct EngineArgs {
     /// The indexer's queries: exact (default: bf16 as given) or fp8 (quantised per head to
     /// e4m3 with a power-of-two scale, DeepSeek-V3.2's recipe; on CUDA scored on fp8 tensor
     /// cores). Both backends score the same quantised values.
-    #[arg(long, default_value = "exact", value_parser = ["exact", "fp8"])]
-    pub index_queries: String,
+    #[arg(long, default_value = "exact", value_parser = parse_index_queries)]
+    pub index_queries: IndexerQueries,
     /// Most rows a speculative prefetcher brings into one hot buffer per step (default: a
     /// quarter of top_k).
     #[arg(long)]
@@ -152,9 +153,9 @@ pub struct EngineArgs {
     /// With --miss-fill copy-engine: host threads of the gather (default 0: the cores less two).
     #[arg(long)]
     pub host_gather_threads: Option<usize>,
-    /// KV row format: fp8 (656 B rows) or bf16 (1152 B rows).
-    #[arg(long, value_parser = ["fp8", "bf16"])]
-    pub kv_format: Option<String>,
+    /// KV row format: fp8 or bf16 (default: the preset's; MLA rows of 656 or 1152 B).
+    #[arg(long, value_parser = parse_kv_format)]
+    pub kv_format: Option<KvRowFormat>,
     /// Device memory for the KV cache, index keys and hot buffers, e.g. 48MiB, 80GiB
     /// (default: 48MiB for cpu-small; with an emulated model, 90% of the GPU's memory less its
     /// weights and a 4 GiB margin; 64GiB otherwise).
@@ -181,6 +182,17 @@ pub struct EngineArgs {
     /// command sees the same config).
     #[arg(skip)]
     pub config_text: std::sync::OnceLock<String>,
+}
+
+/// `--kv-format`'s value, parsed once at the edge (clap names the flag; the message names no
+/// internal field).
+pub fn parse_kv_format(s: &str) -> std::result::Result<KvRowFormat, String> {
+    s.parse::<KvRowFormat>().map_err(|_| "expected bf16 or fp8".into())
+}
+
+/// `--index-queries`' value, parsed once at the edge.
+fn parse_index_queries(s: &str) -> std::result::Result<IndexerQueries, String> {
+    IndexerQueries::from_name(s).ok_or_else(|| format!("expected {}", IndexerQueries::NAMES.join(" or ")))
 }
 
 /// Parses a byte count: a number with an optional unit (B; KiB, MiB, GiB, TiB and K, M, G, T
@@ -220,8 +232,8 @@ impl EngineArgs {
     /// The geometry of the preset, in the chosen row format, with `--top-k`'s selection.
     pub fn geometry(&self) -> Result<KvGeometry> {
         let mut g = KvGeometry::preset(&self.preset)?;
-        if let Some(f) = &self.kv_format {
-            g = g.with_kv_format(f.parse::<KvRowFormat>()?);
+        if let Some(f) = self.kv_format {
+            g = g.with_kv_format(f);
         }
         if let Some(k) = self.top_k {
             if k == 0 {
