@@ -7,7 +7,8 @@
 use std::sync::Arc;
 
 use hisparse_kernels::cuda::{
-    CudaDevice, GpuBackup, GpuSwapIn, GpuSwapInShape, MissSource, Selections, SwapOutputs, SwapReq, SwapTargets,
+    CudaDevice, GpuBackup, GpuSwapInState, GpuSwapInStateShape, MissSource, Selections, SwapOutputs, SwapReq,
+    SwapTargets,
 };
 use hisparse_memory::host_tier::MappedHostTier;
 use hisparse_memory::{HostTier, HostTierConfig, RequestId};
@@ -28,10 +29,10 @@ fn two_steps(dev: &CudaDevice, host: &mut HostTier, mapped: &MappedHostTier, sea
     let mut backup = GpuBackup::new(dev).unwrap();
     backup.inject_delay_ns = 3_000_000;
     let lru = by_name("lru", 0).unwrap();
-    let mut gpu = GpuSwapIn::new(
+    let mut gpu = GpuSwapInState::new(
         dev,
         Arc::clone(&lru),
-        GpuSwapInShape { seats: 1, layers: 1, buffer_slots: B, block_size: 128, max_sel: 64, max_tokens: 0 },
+        GpuSwapInStateShape { seats: 1, layers: 1, buffer_slots: B, block_size: 128, max_sel: 64, max_tokens: 0 },
     )
     .unwrap();
     gpu.reset_seat(0, 0).unwrap();

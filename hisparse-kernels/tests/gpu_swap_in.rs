@@ -12,8 +12,8 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use hisparse_kernels::cuda::{
-    CopyEngineStaging, CudaDevice, GpuSwapIn, GpuSwapInShape, LayerLaunch, LocateTargets, MissSource, Selections,
-    SwapOutputs, SwapReq, SwapTargets,
+    CopyEngineStaging, CudaDevice, GpuSwapInState, GpuSwapInStateShape, LayerLaunch, LocateTargets, MissSource,
+    Selections, SwapOutputs, SwapReq, SwapTargets,
 };
 use hisparse_kernels::{HotLocation, SWAP_COUNTS, locate_in_hot};
 use hisparse_memory::{HostTier, HostTierConfig, RequestId};
@@ -101,7 +101,7 @@ fn compare(z: &Sizes, seed: u64) {
     let pages_per_layer = mapped.layout().pages_per_layer;
     for (policy, fused_max, fill) in policies.flat_map(forms) {
         let mut gpu =
-            GpuSwapIn::new(&dev, Arc::clone(&policy), shape(n, layers, b, z.block, k + 1, longest + 1)).unwrap();
+            GpuSwapInState::new(&dev, Arc::clone(&policy), shape(n, layers, b, z.block, k + 1, longest + 1)).unwrap();
         gpu.set_fused_max(fused_max);
         gpu.set_fill_in_attention(fill);
         let mut cpu: Vec<Vec<SwapInState>> =
@@ -409,10 +409,10 @@ fn out_of_range_selections_and_pages_raise_the_fault_flag() {
     host.grow(RequestId(0), 300).unwrap();
     let mapped = host.register_cuda(dev.context()).unwrap();
     let lru = hisparse_policy::policy::by_name("lru", 0).unwrap();
-    let mut gpu = GpuSwapIn::new(&dev, lru, shape(1, layers, b, 128, 32, 0)).unwrap();
+    let mut gpu = GpuSwapInState::new(&dev, lru, shape(1, layers, b, 128, 32, 0)).unwrap();
     gpu.reset_seat(0, 0).unwrap();
     let mut hot = s.alloc_zeros::<u8>((b + 1) * ROW).unwrap();
-    let run = |gpu: &mut GpuSwapIn, hot: &mut _, seq_len: u32, sel: &[u32], pages: &[u32]| {
+    let run = |gpu: &mut GpuSwapInState, hot: &mut _, seq_len: u32, sel: &[u32], pages: &[u32]| {
         let req = SwapReq {
             seat: 0,
             seq_len,
@@ -455,7 +455,7 @@ fn out_of_range_selections_and_pages_raise_the_fault_flag() {
         assert!(fault, "page id beyond the tier");
     }
     // The deferred swap-in's locate: the same checks, the same fault, location -1.
-    let locate = |gpu: &mut GpuSwapIn, seq_len: u32, sel: &[u32], pages: &[u32]| {
+    let locate = |gpu: &mut GpuSwapInState, seq_len: u32, sel: &[u32], pages: &[u32]| {
         let req = SwapReq { seat: 0, seq_len, step: 1, sel_len: sel.len() as u32, ..SwapReq::default() };
         let batch = gpu.upload_requests(&[req]).unwrap();
         let (sels, pages_d) = (s.clone_htod(sel).unwrap(), s.clone_htod(pages).unwrap());
@@ -513,14 +513,14 @@ fn a_buffer_beyond_the_blocks_shared_memory_is_refused_by_name() {
     let lru = hisparse_policy::policy::by_name("lru", 0).unwrap();
     // top_k 2048: 9600 slots fit the 227 KiB a block may have (with the kernels' static shared
     // memory); 9728 (exactly 227 KiB of dynamic shared memory) and 12288 do not.
-    assert!(GpuSwapIn::new(&dev, Arc::clone(&lru), shape(1, 1, 9600, 512, 2048, 0)).is_ok());
+    assert!(GpuSwapInState::new(&dev, Arc::clone(&lru), shape(1, 1, 9600, 512, 2048, 0)).is_ok());
     for slots in [9728, 12288] {
-        let err = GpuSwapIn::new(&dev, Arc::clone(&lru), shape(1, 1, slots, 512, 2048, 0)).err().expect("refused");
+        let err = GpuSwapInState::new(&dev, Arc::clone(&lru), shape(1, 1, slots, 512, 2048, 0)).err().expect("refused");
         assert!(err.to_string().contains("buffer_slots"), "{err}");
     }
 }
 
-/// A swap-in's shape from its sizes, in [`GpuSwapInShape`]'s field order.
+/// A swap-in's shape from its sizes, in [`GpuSwapInStateShape`]'s field order.
 fn shape(
     seats: usize,
     layers: usize,
@@ -528,6 +528,6 @@ fn shape(
     block_size: usize,
     max_sel: usize,
     max_tokens: usize,
-) -> GpuSwapInShape {
-    GpuSwapInShape { seats, layers, buffer_slots, block_size, max_sel, max_tokens }
+) -> GpuSwapInStateShape {
+    GpuSwapInStateShape { seats, layers, buffer_slots, block_size, max_sel, max_tokens }
 }

@@ -13,7 +13,8 @@ use cudarc::driver::sys::{self, CUevent_flags};
 use cudarc::driver::{CudaStream, DevicePtrMut, LaunchConfig, PushKernelArg};
 use hisparse_kernels::SWAP_COUNTS;
 use hisparse_kernels::cuda::{
-    CudaDevice, GpuSwapIn, GpuSwapInShape, MissSource, Selections, SwapOutputs, SwapReq, SwapTargets, swap_in_source,
+    CudaDevice, GpuSwapInState, GpuSwapInStateShape, MissSource, Selections, SwapOutputs, SwapReq, SwapTargets,
+    swap_in_source,
 };
 use hisparse_memory::{HostTier, HostTierConfig, RequestId};
 use hisparse_policy::policy::by_name;
@@ -312,10 +313,17 @@ pub fn run(a: &GpuBenchArgs) -> Result<Vec<Figure>> {
         let kinds =
             [("13% misses", 13usize, false), ("hit-only", 0, false), ("fast path (seq_len <= buffer)", 0, true)];
         for ((label, miss_pct, fast), launches) in kinds.into_iter().flat_map(|x| [(x, 1usize), (x, 2)]) {
-            let mut gpu = GpuSwapIn::new(
+            let mut gpu = GpuSwapInState::new(
                 &dev,
                 Arc::clone(&lru),
-                GpuSwapInShape { seats: batch, layers: 1, buffer_slots: b, block_size: 512, max_sel: k, max_tokens: 0 },
+                GpuSwapInStateShape {
+                    seats: batch,
+                    layers: 1,
+                    buffer_slots: b,
+                    block_size: 512,
+                    max_sel: k,
+                    max_tokens: 0,
+                },
             )?;
             gpu.set_fused_max(if launches == 1 { usize::MAX } else { 0 });
             let mut hot = s

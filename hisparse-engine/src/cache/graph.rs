@@ -8,9 +8,9 @@
 //! complete when it ends.
 //!
 //! Invariant: a replayed sequence does what launching the layers would: the layers' host-side
-//! bookkeeping runs on capture and is recorded as done on replay ([`DecodeSwapIn::note_replayed`]).
+//! bookkeeping runs on capture and is recorded as done on replay ([`DeviceSwapIn::note_replayed`]).
 //!
-//! [`DecodeSwapIn::note_replayed`]: hisparse_kernels::DeviceSwapIn::note_replayed
+//! [`DeviceSwapIn::note_replayed`]: hisparse_kernels::DeviceSwapIn::note_replayed
 
 use hisparse_kernels::{Backend, DeviceSwapIn, KernelStage, RowBackup};
 

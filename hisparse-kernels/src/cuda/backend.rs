@@ -1,7 +1,7 @@
 //! `CudaBackend`: the [`Backend`] of one GPU — its state (kernels, reused scratch buffers,
 //! event timer), the trait's methods (the launches themselves live in `decode_launch.rs` and
 //! `step_launch.rs`), stage timing with CUDA events, and the device swap-in
-//! ([`super::GpuSwapIn`]) for the engine.
+//! ([`super::GpuSwapInState`]) for the engine.
 //!
 //! Shapes are checked on the host before anything is launched (typed errors naming the field).
 //! What only the device holds (page ids, row locations) is checked by the kernels as they read

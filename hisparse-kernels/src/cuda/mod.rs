@@ -45,9 +45,9 @@ pub use sources::{KernelSource, fixed_sources, source};
 
 pub use swap_in::{
     CopyEngineStaging, CudaSwapIn, FUSED_MAX_REQUESTS, GpuNomination, GpuPolicyEnv, GpuPolicyScalars,
-    GpuPrefetchSource, GpuSlotRecord, GpuStepCtx, GpuSwapIn, GpuSwapInShape, GpuVictimKey, LayerLaunch, LocateTargets,
-    MissSource, Nominations, ProtectSpans, Selections, SwapBatch, SwapOutputs, SwapParams, SwapReq, SwapTargets,
-    policy_harness, prefetcher_harness, swap_in_source,
+    GpuPrefetchSource, GpuSlotRecord, GpuStepCtx, GpuSwapInState, GpuSwapInStateShape, GpuVictimKey, LayerLaunch,
+    LocateTargets, MissSource, Nominations, ProtectSpans, Selections, SwapBatch, SwapOutputs, SwapParams, SwapReq,
+    SwapTargets, policy_harness, prefetcher_harness, swap_in_source,
 };
 
 use crate::error::KernelError;

@@ -1,4 +1,4 @@
-//! `CudaSwapIn`: [`GpuSwapIn`] behind the backend-neutral [`DeviceSwapIn`] interface the engine
+//! `CudaSwapIn`: [`GpuSwapInState`] behind the backend-neutral [`DeviceSwapIn`] interface the engine
 //! drives — the host tier registered as mapped memory, the step's requests and host pages
 //! uploaded once per step, each layer's hit/miss counts gathered on the device and read once at
 //! the end of the step. It holds the tier's [`MappedHostTier`], so it cannot outlive the mapping
@@ -12,10 +12,10 @@ use hisparse_memory::cuda::CudaMemory;
 use hisparse_memory::host_tier::MappedHostTier;
 use hisparse_policy::{MissFill, OnlinePolicy};
 
-use super::deferred::{DeferredFill, DeferredSwapIn, DeferredTargets};
+use super::deferred::{DeferredFill, DeferredSwapStream, DeferredTargets};
 use super::io::{LayerLaunch, MissSource, Selections, SwapTargets};
 use super::prefetch::GpuPrefetch;
-use super::state::{GpuSwapIn, GpuSwapInShape, SwapBatch, SwapOutputs};
+use super::state::{GpuSwapInState, GpuSwapInStateShape, SwapBatch, SwapOutputs};
 use crate::cuda::attention_launch::{AttentionKernels, AttnOutputs, AttnRows, AttnScratch};
 use crate::cuda::device::CudaDevice;
 use crate::cuda::driver_error;
@@ -25,7 +25,7 @@ use crate::swap_in::{AttentionQuery, DeviceSwapIn, DeviceSwapInConfig, DeviceSwa
 /// The CUDA device swap-in.
 pub struct CudaSwapIn {
     dev: Arc<CudaDevice>,
-    gpu: GpuSwapIn,
+    gpu: GpuSwapInState,
     host: MappedHostTier,
     batch: Option<SwapBatch>,
     pages_d: CudaSlice<u32>,
@@ -43,7 +43,7 @@ pub struct CudaSwapIn {
     fills_of: Option<usize>,
     /// The deferred swap-in (`miss_fill = "deferred"` or `"auto"`), for batches of at most
     /// `fill_max` while the policy reads no scores (else the attention fills those misses).
-    deferred: Option<DeferredSwapIn>,
+    deferred: Option<DeferredSwapStream>,
     /// The largest batch whose misses the attention fills or reads.
     fill_max: usize,
     /// The policy reads scores (which the next layer overwrites before a deferred swap-in).
@@ -62,7 +62,7 @@ impl CudaSwapIn {
         let delay_ns = cfg.transfer_delay.map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
         let prefetch = GpuPrefetch::new(dev, cfg, cfg.serial_prefetch, delay_ns)?;
         let mapped = host.register_cuda(dev.context())?;
-        let shape = GpuSwapInShape {
+        let shape = GpuSwapInStateShape {
             seats: cfg.seats,
             layers: cfg.geometry.layers,
             buffer_slots: cfg.buffer_slots,
@@ -70,7 +70,7 @@ impl CudaSwapIn {
             max_sel: cfg.geometry.top_k,
             max_tokens: cfg.max_tokens,
         };
-        let mut gpu = GpuSwapIn::new(dev, Arc::clone(cfg.policy.get()), shape)?;
+        let mut gpu = GpuSwapInState::new(dev, Arc::clone(cfg.policy.get()), shape)?;
         let fill = cfg.miss_fill;
         if fill.hits_first() && !attention.wgmma {
             return Err(KernelError::invalid(
@@ -100,7 +100,7 @@ impl CudaSwapIn {
             f => f.deferred().then_some(DeferredFill::HostReads),
         };
         let deferred = match form {
-            Some(fill) => Some(DeferredSwapIn::new(dev, cfg.geometry.layers, delay_ns, fill)?),
+            Some(fill) => Some(DeferredSwapStream::new(dev, cfg.geometry.layers, delay_ns, fill)?),
             None => None,
         };
         let reads_scores = cfg.policy.needs_scores();
@@ -333,7 +333,7 @@ impl DeviceSwapIn<CudaMemory> for CudaSwapIn {
         let s = self.dev.stream();
         s.memcpy_dtoh(&self.counts.slice(..n3), &mut host).map_err(driver_error("swap-in counts"))?;
         s.synchronize().map_err(driver_error("synchronize"))?;
-        let copy_engine = self.deferred.as_ref().and_then(DeferredSwapIn::take_copy_engine);
+        let copy_engine = self.deferred.as_ref().and_then(DeferredSwapStream::take_copy_engine);
         if let Some((true, _, _)) = copy_engine {
             return Err(KernelError::invalid(
                 "host gather",

@@ -30,7 +30,7 @@ use rayon::prelude::*;
 
 use super::io::{LayerLaunch, MissSource};
 use super::pinned_host::{PinnedHost, check};
-use super::state::GpuSwapIn;
+use super::state::GpuSwapInState;
 use crate::cuda::driver_error;
 use crate::cuda::printed_launch::{PrintedLaunch, addr};
 use crate::error::{KernelError, Result};
@@ -263,7 +263,7 @@ impl CopyEngineStaging {
     /// and the copy engine, on `main`, and rewrites their fill words to name their staging rows.
     pub fn stage(
         &mut self,
-        gpu: &mut GpuSwapIn,
+        gpu: &mut GpuSwapInState,
         at: LayerLaunch<'_>,
         src: MissSource<'_>,
         fills: &mut CudaSlice<u64>,
@@ -302,7 +302,7 @@ impl CopyEngineStaging {
         let rows = spans + (job.spans_cap * SPAN_BYTES) as u64;
         let null = 0u64;
         {
-            let GpuSwapIn { print, funcs, fault, .. } = &mut *gpu;
+            let GpuSwapInState { print, funcs, fault, .. } = &mut *gpu;
             let cfg = LaunchConfig { grid_dim: grid, block_dim: (GATHER_THREADS, 1, 1), shared_mem_bytes: 0 };
             let mut b = PrintedLaunch::new(print, main, &funcs.gather);
             b.arg(batch.device()).arg(&*fills).arg(&null).arg_mut(&mut self.list).arg(&spans);
@@ -337,7 +337,7 @@ impl CopyEngineStaging {
         let landing_rows = job.landing_rows as u32;
         let sel_end_u =
             u32::try_from(sel_end).map_err(|_| KernelError::invalid("selections", sel_end, "above 2^32"))?;
-        let GpuSwapIn { print, funcs, fault, .. } = &mut *gpu;
+        let GpuSwapInState { print, funcs, fault, .. } = &mut *gpu;
         let cfg = LaunchConfig { grid_dim: grid, block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         let mut b = PrintedLaunch::new(print, main, &funcs.scatter_landed);
         b.arg(&spans).arg(&self.list).arg_mut(fills).arg(&self.landing_dev).arg_mut(staging).arg_mut(fault);

@@ -23,7 +23,7 @@
 //! runs first on the deferred stream (`swap_hits_first.rs`), beside the attention over the hits.
 //!
 //! Invariant: every deferred swap-in of a step is waited for by the main stream before the
-//! step's end ([`DeferredSwapIn::settle`]), so the next step's locate of a layer reads the
+//! step's end ([`DeferredSwapStream::settle`]), so the next step's locate of a layer reads the
 //! state that layer's swap-in left; each layer's selection copy is its own, rewritten only by
 //! the next step's locate of that layer.
 
@@ -38,7 +38,7 @@ use super::hits_first::MissList;
 use super::hits_first_attention::LandedMisses;
 use super::io::{LayerLaunch, LocateTargets, MissSource, Selections, SwapTargets};
 use super::staging::{StagedRows, StagingRing};
-use super::state::{GpuSwapIn, SwapBatch, SwapOutputs};
+use super::state::{GpuSwapInState, SwapBatch, SwapOutputs};
 use crate::cuda::device::CudaDevice;
 use crate::cuda::driver_error;
 use crate::cuda::printed_launch::{LaunchPrint, PrintedLaunch};
@@ -46,7 +46,7 @@ use crate::error::{KernelError, Result};
 
 use super::facts::LOCATE_CHUNK;
 
-impl GpuSwapIn {
+impl GpuSwapInState {
     /// Writes, for every selected token of `batch` in `layer`, where it is now, changing no
     /// state: `locations` gets a hit's (or the newest token's) hot-buffer row, `fills` 0 for
     /// those and a miss's host-tier row plus one (its location is then the request's reserved
@@ -93,7 +93,7 @@ impl GpuSwapIn {
             shared_mem_bytes: 0,
         };
         let null = 0u64;
-        let GpuSwapIn { print, funcs, slot_tokens, fault, .. } = &mut *self;
+        let GpuSwapInState { print, funcs, slot_tokens, fault, .. } = &mut *self;
         let mut b = PrintedLaunch::new(print, stream, &funcs.locate);
         b.arg(batch.device())
             .arg(selections)
@@ -117,7 +117,7 @@ impl GpuSwapIn {
     }
 }
 
-/// Where the deferred swap-in of a layer writes ([`DeferredSwapIn::launch`]).
+/// Where the deferred swap-in of a layer writes ([`DeferredSwapStream::launch`]).
 pub(crate) struct DeferredTargets<'a> {
     /// The layer's hot-buffer pool.
     pub hot_rows: &'a mut CudaSlice<u8>,
@@ -130,7 +130,7 @@ pub(crate) struct DeferredTargets<'a> {
 }
 
 /// The deferred swap-in's stream and buffers: see the module documentation.
-pub(crate) struct DeferredSwapIn {
+pub(crate) struct DeferredSwapStream {
     main: Arc<CudaStream>,
     stream: Arc<CudaStream>,
     layers: usize,
@@ -167,7 +167,7 @@ pub(crate) enum DeferredFill {
     CopyEngine(MappedHostTier, f64, usize),
 }
 
-impl DeferredSwapIn {
+impl DeferredSwapStream {
     /// A deferred swap-in for `layers` layers, with a stream of its own; `delay_ns` (a test
     /// hook) slows every deferred swap-in; `fill` says where the attention finds the misses.
     pub(crate) fn new(dev: &CudaDevice, layers: usize, delay_ns: u64, fill: DeferredFill) -> Result<Self> {
@@ -233,7 +233,7 @@ impl DeferredSwapIn {
     /// its swap-in on the deferred stream, counted into `dst.counts`.
     pub(crate) fn launch(
         &mut self,
-        gpu: &mut GpuSwapIn,
+        gpu: &mut GpuSwapInState,
         layer: usize,
         batch: &SwapBatch,
         selections: &CudaView<'_, u32>,

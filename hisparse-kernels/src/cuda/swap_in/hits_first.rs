@@ -15,7 +15,7 @@ use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, CudaViewMut, LaunchConfig};
 
 use super::io::{LayerLaunch, MissSource};
-use super::state::GpuSwapIn;
+use super::state::GpuSwapInState;
 use crate::cuda::driver_error;
 use crate::cuda::facts::GpuSpan;
 use crate::cuda::printed_launch::PrintedLaunch;
@@ -55,7 +55,7 @@ impl MissList {
     /// list on `stream`, then records the event [`MissList::landed`].
     pub(crate) fn gather(
         &mut self,
-        gpu: &mut GpuSwapIn,
+        gpu: &mut GpuSwapInState,
         at: LayerLaunch<'_>,
         src: MissSource<'_>,
         fills: &CudaSlice<u64>,
@@ -81,7 +81,7 @@ impl MissList {
                 block_dim: (THREADS, 1, 1),
                 shared_mem_bytes: 0,
             };
-            let GpuSwapIn { print, funcs, fault, .. } = &mut *gpu;
+            let GpuSwapInState { print, funcs, fault, .. } = &mut *gpu;
             let mut b = PrintedLaunch::new(print, stream, &funcs.gather);
             let null = 0u64;
             b.arg(batch.device()).arg(fills).arg_mut(staging).arg_mut(&mut self.list).arg_mut(&mut self.spans);

@@ -21,7 +21,7 @@ pub struct LayerLaunch<'a> {
     pub stream: &'a Arc<CudaStream>,
     /// The layer.
     pub layer: usize,
-    /// The batch's requests (from [`super::GpuSwapIn::upload_requests`]).
+    /// The batch's requests (from [`super::GpuSwapInState::upload_requests`]).
     pub batch: &'a SwapBatch,
 }
 
@@ -77,14 +77,14 @@ pub struct Nominations<'a, 'b> {
     pub candidates: &'a CudaView<'b, u32>,
     /// The protected positions (never evicted), each request's at its span.
     pub protect: &'a CudaView<'b, u32>,
-    /// Each request's `(offset, len)` in `protect` ([`super::GpuSwapIn::set_protect`]).
+    /// Each request's `(offset, len)` in `protect` ([`super::GpuSwapInState::set_protect`]).
     pub spans: &'a ProtectSpans,
     /// Scores by position, for policies that read them.
     pub scores: Option<&'a CudaView<'b, f32>>,
 }
 
 /// Each request's protected positions of a prefetch, `(offset, len)` in a protect buffer, on
-/// the device; checked on the host when set ([`super::GpuSwapIn::set_protect`]).
+/// the device; checked on the host when set ([`super::GpuSwapInState::set_protect`]).
 pub struct ProtectSpans {
     pub(super) dev: CudaSlice<u32>,
     pub(super) n: usize,

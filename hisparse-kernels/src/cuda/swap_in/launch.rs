@@ -1,4 +1,4 @@
-//! The launches of [`GpuSwapIn`]: a layer's swap-in step (decisions, then the missed rows'
+//! The launches of [`GpuSwapInState`]: a layer's swap-in step (decisions, then the missed rows'
 //! copies) and a prefetch (nominated tokens brought in before a selection is known, then their
 //! rows' copies). Every size the host holds is checked here, with checked arithmetic, before any
 //! launch; what only the device holds is checked by the kernels (fault flag).
@@ -11,7 +11,7 @@ use hisparse_memory::c_layout::{ConstPtr, DevPtr};
 
 use super::args::{FusedSwapArgs, PrefetchArgs, SwapArgs, cdev, dev};
 use super::io::{LayerLaunch, MissSource, Nominations, ProtectSpans, Selections, SwapTargets};
-use super::state::{GpuSwapIn, SwapBatch, SwapOutputs, SwapParams};
+use super::state::{GpuSwapInState, SwapBatch, SwapOutputs, SwapParams};
 use crate::cuda::printed_launch::PrintedLaunch;
 
 use crate::error::{KernelError, Result};
@@ -22,7 +22,7 @@ fn u32_of(field: &'static str, v: usize) -> Result<u32> {
     u32::try_from(v).map_err(|_| KernelError::invalid(field, v, "does not fit the kernel's 32-bit field"))
 }
 
-impl GpuSwapIn {
+impl GpuSwapInState {
     /// Checks what a launch of `layer` over `batch` reads (the host tier and its page list, the
     /// entries `0..entries` of the per-selection buffers, the scores) and returns the kernels'
     /// parameters.
@@ -108,7 +108,7 @@ impl GpuSwapIn {
         Ok(())
     }
 
-    /// Launches the swap-in of `layer` for `batch` (from [`GpuSwapIn::upload_requests`]) on
+    /// Launches the swap-in of `layer` for `batch` (from [`GpuSwapInState::upload_requests`]) on
     /// the swap-in's stream: `sel` holds each request's positions (and, for policies that read
     /// them, scores), missed rows are read from `src` into `dst.hot_rows`, this layer's
     /// hot-buffer pool; decisions go to `dst.out`. Every size is checked here; a selection or
@@ -126,8 +126,8 @@ impl GpuSwapIn {
         self.launch_counted(LayerLaunch { stream: &stream, layer, batch }, sel, src, dst, None)
     }
 
-    /// [`GpuSwapIn::launch`] as `at` says (its stream, layer and batch). A batch of at most
-    /// [`GpuSwapIn::set_fused_max`] requests runs as one launch (decisions and copies),
+    /// [`GpuSwapInState::launch`] as `at` says (its stream, layer and batch). A batch of at most
+    /// [`GpuSwapInState::set_fused_max`] requests runs as one launch (decisions and copies),
     /// larger ones as two; given `staged`, the misses are copied from those staging rows
     /// (device to device) instead of the host tier, after a decision launch.
     pub(crate) fn launch_counted(
@@ -168,8 +168,9 @@ impl GpuSwapIn {
             block_dim: (self.block, 1, 1),
             shared_mem_bytes: Self::shared_bytes(self.slots, self.max_sel) as u32,
         };
-        let GpuSwapIn { print, funcs, slot_tokens, records, scalars, ready, prefetched, words, fault, sync, .. } =
-            &mut *self;
+        let GpuSwapInState {
+            print, funcs, slot_tokens, records, scalars, ready, prefetched, words, fault, sync, ..
+        } = &mut *self;
         let counts_at = counts.slice(at..at + SWAP_COUNTS * n);
         let s = stream.as_ref();
         let words = words.as_ref().map_or(DevPtr::null(), |w| dev(w, s));
@@ -299,7 +300,8 @@ impl GpuSwapIn {
             block_dim: (self.block, 1, 1),
             shared_mem_bytes: Self::prefetch_shared_bytes(self.slots, self.max_sel) as u32,
         };
-        let GpuSwapIn { print, funcs, slot_tokens, records, scalars, ready, prefetched, words, fault, .. } = &mut *self;
+        let GpuSwapInState { print, funcs, slot_tokens, records, scalars, ready, prefetched, words, fault, .. } =
+            &mut *self;
         let s = stream.as_ref();
         let args = PrefetchArgs {
             reqs: cdev(batch.device(), s),
@@ -352,7 +354,7 @@ impl GpuSwapIn {
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        let GpuSwapIn { print, funcs, fault, .. } = &mut *self;
+        let GpuSwapInState { print, funcs, fault, .. } = &mut *self;
         let mut b = PrintedLaunch::new(print, stream, &funcs.copy);
         b.arg(batch.device())
             .arg(counts)

@@ -1,4 +1,4 @@
-//! The CUDA swap-in (feature `cuda`): [`GpuSwapIn`] — slot tables, records and scalars on the
+//! The CUDA swap-in (feature `cuda`): [`GpuSwapInState`] — slot tables, records and scalars on the
 //! device, one decision and one copy launch per layer (or one fused launch for small batches)
 //! (`state.rs`, `launch.rs`, `module.rs`: the kernel template with the policy's hooks spliced
 //! in) — behind [`CudaSwapIn`], the backend's [`DeviceSwapIn`](crate::swap_in::DeviceSwapIn)
@@ -33,4 +33,4 @@ pub use module::{FUSED_MAX_REQUESTS, policy_harness, prefetcher_harness, swap_in
 pub use policy::{
     GpuNomination, GpuPolicyEnv, GpuPolicyScalars, GpuPrefetchSource, GpuSlotRecord, GpuStepCtx, GpuVictimKey,
 };
-pub use state::{GpuSwapIn, GpuSwapInShape, SwapBatch, SwapOutputs, SwapParams, SwapReq};
+pub use state::{GpuSwapInState, GpuSwapInStateShape, SwapBatch, SwapOutputs, SwapParams, SwapReq};

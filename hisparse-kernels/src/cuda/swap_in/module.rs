@@ -82,7 +82,7 @@ pub fn prefetcher_harness(prefetcher: &dyn hisparse_policy::prefetch::Prefetcher
 }
 
 /// Batches of at most this many requests run the swap-in as one launch by default
-/// (`GpuSwapIn::set_fused_max`).
+/// (`GpuSwapInState::set_fused_max`).
 pub const FUSED_MAX_REQUESTS: usize = 8;
 
 /// The most dynamic shared memory a swap-in block may opt into on sm_90: the 227 KiB a block

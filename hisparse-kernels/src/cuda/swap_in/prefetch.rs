@@ -25,7 +25,7 @@ use cudarc::driver::{CudaEvent, CudaFunction, CudaSlice, CudaStream};
 use hisparse_policy::prefetch::{Candidates, LayerSelection, When};
 
 use super::io::{LayerLaunch, MissSource, Nominations, ProtectSpans, SwapTargets};
-use super::state::{GpuSwapIn, SwapBatch, SwapOutputs, SwapReq};
+use super::state::{GpuSwapInState, SwapBatch, SwapOutputs, SwapReq};
 use crate::cuda::device::CudaDevice;
 use crate::cuda::printed_launch::{LaunchPrint, addr};
 use crate::error::{KernelError, Result};
@@ -144,7 +144,7 @@ impl GpuPrefetch {
 
     /// The step's prefetch requests: each request's candidates are its selection span, its
     /// budget the nominations'; the counts are cleared.
-    pub fn begin_step(&mut self, gpu: &GpuSwapIn, reqs: &[SwapReq]) -> Result<()> {
+    pub fn begin_step(&mut self, gpu: &GpuSwapInState, reqs: &[SwapReq]) -> Result<()> {
         let mut pf = reqs.to_vec();
         let mut spans = Vec::with_capacity(reqs.len());
         let first = self.targets.iter().position(|t| !t.is_empty());
@@ -182,7 +182,7 @@ impl GpuPrefetch {
     /// waits for the layer's own scores.
     pub fn before_layer(
         &mut self,
-        gpu: &mut GpuSwapIn,
+        gpu: &mut GpuSwapInState,
         layer: usize,
         scores: Option<&CudaSlice<f32>>,
         src: MissSource<'_>,
@@ -208,7 +208,7 @@ impl GpuPrefetch {
     /// launched, on the transfer stream where there is one.
     pub fn after_layer(
         &mut self,
-        gpu: &mut GpuSwapIn,
+        gpu: &mut GpuSwapInState,
         layer: usize,
         selections: &CudaSlice<i32>,
         scores: Option<&CudaSlice<f32>>,
@@ -257,7 +257,7 @@ impl GpuPrefetch {
     /// The prefetch into `target` on `stream`, and its counts kept.
     fn launch(
         &mut self,
-        gpu: &mut GpuSwapIn,
+        gpu: &mut GpuSwapInState,
         stream: &Arc<CudaStream>,
         target: usize,
         scores: Option<&CudaSlice<f32>>,

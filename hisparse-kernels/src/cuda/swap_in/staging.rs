@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, CudaView, CudaViewMut, LaunchConfig};
 
-use super::state::{GpuSwapIn, SwapBatch, SwapParams};
+use super::state::{GpuSwapInState, SwapBatch, SwapParams};
 use crate::cuda::driver_error;
 use crate::cuda::printed_launch::PrintedLaunch;
 use crate::error::{KernelError, Result};
@@ -113,7 +113,7 @@ impl StagingRing {
     }
 }
 
-impl GpuSwapIn {
+impl GpuSwapInState {
     /// The copies of a deferred swap-in's misses from `staged` into `hot_rows`: enough blocks
     /// per request for about 4096 warps in all.
     pub(crate) fn launch_staged_copies(
@@ -128,7 +128,7 @@ impl GpuSwapIn {
         let n = batch.requests().len();
         let per_request = (4096 / (n.max(1) * 8)).clamp(1, 512) as u32;
         let cfg = LaunchConfig { grid_dim: (n as u32, per_request, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-        let GpuSwapIn { print, funcs, .. } = &mut *self;
+        let GpuSwapInState { print, funcs, .. } = &mut *self;
         let mut b = PrintedLaunch::new(print, stream, &funcs.copy_staged);
         b.arg(batch.device())
             .arg(counts)

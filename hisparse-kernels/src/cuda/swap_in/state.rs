@@ -1,4 +1,4 @@
-//! `GpuSwapIn`: the swap-in on the GPU — per layer, for the whole batch, a decision launch (one
+//! `GpuSwapInState`: the swap-in on the GPU — per layer, for the whole batch, a decision launch (one
 //! block per request) and a copy launch, or for small batches one launch doing both — with its state (slot tables, policy records and scalars) kept in device memory,
 //! making exactly the CPU swap-in's decisions (`hisparse_policy::SwapInState::step`).
 //!
@@ -6,7 +6,7 @@
 //! mapping registered), and only through a [`SwapBatch`] whose requests were validated on the
 //! host when it was made; what only the device holds (selections, page ids) is checked by the
 //! kernels, which read an out-of-range entry as nothing and raise the fault flag
-//! ([`GpuSwapIn::take_fault`]).
+//! ([`GpuSwapInState::take_fault`]).
 
 use crate::cuda::driver_error;
 use std::sync::Arc;
@@ -39,7 +39,7 @@ pub struct SwapOutputs {
     /// The token evicted from that slot (-1: it was empty).
     pub evicted: CudaSlice<i32>,
     /// Per selected token, written only by a swap-in that leaves its misses to the attention
-    /// ([`GpuSwapIn::set_fill_in_attention`]): 0 for a row in the hot buffer, else the missed
+    /// ([`GpuSwapInState::set_fill_in_attention`]): 0 for a row in the hot buffer, else the missed
     /// row's host-tier row plus one.
     pub fills: CudaSlice<u64>,
 }
@@ -62,9 +62,9 @@ impl SwapOutputs {
     }
 }
 
-/// The shape of a [`GpuSwapIn`]'s state.
+/// The shape of a [`GpuSwapInState`]'s state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GpuSwapInShape {
+pub struct GpuSwapInStateShape {
     /// Hot buffers per layer.
     pub seats: usize,
     /// Layers.
@@ -80,7 +80,7 @@ pub struct GpuSwapInShape {
 }
 
 /// The GPU swap-in of one policy, with the state of `seats` hot buffers of `layers` layers.
-pub struct GpuSwapIn {
+pub struct GpuSwapInState {
     /// The print its launches leave (the device's: a replayed graph holds them).
     pub(crate) print: Arc<crate::cuda::LaunchPrint>,
     pub(crate) stream: Arc<CudaStream>,
@@ -140,10 +140,10 @@ impl SwapBatch {
     }
 }
 
-impl GpuSwapIn {
+impl GpuSwapInState {
     /// Compiles (once per device) and sets up the swap-in for `policy` in `shape`.
-    pub fn new(dev: &CudaDevice, policy: Arc<dyn EvictionPolicy>, shape: GpuSwapInShape) -> Result<Self> {
-        let GpuSwapInShape { seats, layers, buffer_slots, block_size, max_sel, max_tokens } = shape;
+    pub fn new(dev: &CudaDevice, policy: Arc<dyn EvictionPolicy>, shape: GpuSwapInStateShape) -> Result<Self> {
+        let GpuSwapInStateShape { seats, layers, buffer_slots, block_size, max_sel, max_tokens } = shape;
         if !(1..=1024).contains(&block_size) {
             return Err(KernelError::invalid("swap_in_block_size", block_size, "must be in 1..=1024"));
         }
