@@ -5,16 +5,16 @@
 //! their lifecycle, continuous batching, admission in the resident and hisparse modes, latency,
 //! metrics). The crate's root is the embedding API; the engine's inputs live under modules: the
 //! synthetic workload ([`workload`]) and its calibration ([`calibrate`]), the emulated model
-//! ([`model`]), the ranks of a multi-GPU run ([`ranks`]). With the `candle` feature, a layer's inputs and outputs may be candle
+//! ([`emulated`]), the ranks of a multi-GPU run ([`ranks`]). With the `candle` feature, a layer's inputs and outputs may be candle
 //! tensors (`DecodeStep::layer_tensors`).
 
 pub mod cache;
 pub mod calibrate;
+pub mod emulated;
 pub mod engine;
 pub mod error;
 pub mod latency;
 pub mod metrics;
-pub mod model;
 pub mod ranks;
 pub mod request;
 pub mod runtime;

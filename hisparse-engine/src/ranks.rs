@@ -14,8 +14,8 @@
 //! Invariant: every request goes to exactly one rank, and the ranks' host slices are disjoint,
 //! whole pages, and together no larger than the host memory given.
 
+use crate::emulated::EmulatedModel;
 use crate::error::{EngineError, Result};
-use crate::model::ModelShape;
 
 /// The ranks of a deployment and what each holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -110,7 +110,7 @@ impl Collective {
 /// hidden states padded to the largest batch and a reduce-scatter of the FFN's bf16 outputs, and
 /// per step an all-gather of the LM head's fp32 logits over the vocabulary slices. Empty with one
 /// rank (nothing to exchange) or when no rank decodes.
-pub fn collectives(shape: &ModelShape, batches: &[usize]) -> Result<Vec<Collective>> {
+pub fn collectives(shape: &EmulatedModel, batches: &[usize]) -> Result<Vec<Collective>> {
     let ranks = shape.ranks;
     if batches.len() != ranks {
         return Err(bad("batches", batches.len(), format!("one batch per rank: the model has {ranks} ranks")));
@@ -191,7 +191,7 @@ mod tests {
 
     #[test]
     fn collectives_have_the_deployments_sizes() {
-        let shape = ModelShape::preset("glm-5.1").unwrap();
+        let shape = EmulatedModel::preset("glm-5.1").unwrap();
         assert_eq!(shape.ranks, 8);
         let c = collectives(&shape, &[32; 8]).unwrap();
         let by = |n: &str| c.iter().find(|x| x.name == n).unwrap().clone();
@@ -211,7 +211,7 @@ mod tests {
         let u = collectives(&shape, &[5, 3, 0, 0, 0, 0, 0, 1]).unwrap();
         assert_eq!(u[0].send_bytes, 5 * 6144 * 2);
         assert!(collectives(&shape, &[0; 8]).unwrap().is_empty());
-        let one = ModelShape { ranks: 1, ..shape.clone() };
+        let one = EmulatedModel { ranks: 1, ..shape.clone() };
         assert!(collectives(&one, &[32]).unwrap().is_empty());
         assert!(collectives(&shape, &[32; 4]).unwrap_err().to_string().contains("batches"));
     }

@@ -6,14 +6,14 @@
 mod common;
 
 use common::{config, run_on};
-use hisparse_engine::model::{AttentionShape, MlaShape, ModelShape, WeightFormat};
+use hisparse_engine::emulated::{AttentionShape, EmulatedModel, MlaShape, WeightFormat};
 use hisparse_engine::{Engine, RequestSpec};
 use hisparse_kernels::CpuBackend;
 use hisparse_kernels::Kernels;
 use hisparse_memory::{Mode, RequestId};
 
-fn tiny() -> ModelShape {
-    ModelShape {
+fn tiny() -> EmulatedModel {
+    EmulatedModel {
         name: "tiny".into(),
         layers: 4,
         hidden: 64,
@@ -44,7 +44,7 @@ fn emulated_gemms_take_time_and_leave_attention_alone() {
     for mode in [Mode::Resident, Mode::HiSparse] {
         let plain = run_on(CpuBackend::new(), config(mode, "lru"), &[], None);
         let mut cfg = config(mode, "lru");
-        cfg.model = Some(tiny());
+        cfg.emulated_model = Some(tiny());
         let with_model = run_on(CpuBackend::new(), cfg.clone(), &[], None);
         assert_eq!(plain, with_model, "{mode:?}: the emulated GEMMs changed attention outputs");
 
@@ -58,13 +58,13 @@ fn emulated_gemms_take_time_and_leave_attention_alone() {
 #[test]
 fn a_model_with_other_layers_is_refused() {
     let mut cfg = config(Mode::Resident, "lru");
-    cfg.model = Some(ModelShape { layers: 5, ..tiny() });
+    cfg.emulated_model = Some(EmulatedModel { layers: 5, ..tiny() });
     let e = Engine::new(CpuBackend::new(), cfg).err().unwrap();
-    assert!(e.to_string().contains("model.layers") && e.to_string().contains('5'), "{e}");
+    assert!(e.to_string().contains("emulated_model.layers") && e.to_string().contains('5'), "{e}");
     let mut cfg = config(Mode::Resident, "lru");
-    cfg.model = Some(ModelShape { moe_inter: 20, ..tiny() });
+    cfg.emulated_model = Some(EmulatedModel { moe_inter: 20, ..tiny() });
     let e = Engine::new(CpuBackend::new(), cfg).err().unwrap();
-    assert!(e.to_string().contains("model.moe_inter"), "{e}");
+    assert!(e.to_string().contains("emulated_model.moe_inter"), "{e}");
 }
 
 /// Two ranks of a data-parallel deployment (threads, the CPU collectives): each engine decodes
@@ -73,13 +73,13 @@ fn a_model_with_other_layers_is_refused() {
 /// are those of the same requests without the exchange, and both ranks moved the same bytes.
 #[test]
 fn two_ranks_exchange_around_the_ffn_and_leave_attention_alone() {
-    use hisparse_engine::model::RankExchange;
+    use hisparse_engine::emulated::RankExchange;
     use hisparse_kernels::CpuRank;
     let reqs = common::requests();
     let share = |rank: usize| -> Vec<RequestSpec> { if rank == 0 { reqs.clone() } else { reqs[..2].to_vec() } };
     let run = |rank: usize, group: Option<CpuRank>| {
         let mut cfg = config(Mode::HiSparse, "lru");
-        cfg.model = Some(tiny());
+        cfg.emulated_model = Some(tiny());
         let mut e = Engine::new(CpuBackend::new(), cfg).unwrap();
         if let Some(g) = group {
             let ex = RankExchange::new(&tiny(), Box::new(g), e.cache().backend().memory()).unwrap();

@@ -100,8 +100,8 @@ pub(super) fn run_mode(
 mod tests {
     #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
     use super::*;
-    use hisparse_engine::model::RankExchange;
-    use hisparse_engine::model::{AttentionShape, MlaShape, ModelShape, WeightFormat};
+    use hisparse_engine::emulated::RankExchange;
+    use hisparse_engine::emulated::{AttentionShape, EmulatedModel, MlaShape, WeightFormat};
     use hisparse_engine::{Engine, EngineConfig};
     use hisparse_kernels::{CpuBackend, CpuRank, Kernels};
     use hisparse_memory::{KvGeometry, RequestId};
@@ -132,8 +132,8 @@ mod tests {
         }
     }
 
-    fn tiny() -> ModelShape {
-        ModelShape {
+    fn tiny() -> EmulatedModel {
+        EmulatedModel {
             name: "tiny".into(),
             layers: 4,
             hidden: 64,
@@ -182,7 +182,7 @@ mod tests {
                         let mut cfg =
                             EngineConfig::new(KvGeometry::preset("cpu-small").unwrap(), Mode::HiSparse, 64 << 20);
                         cfg.cache.hisparse.max_request_tokens = 4096;
-                        cfg.model = Some(tiny());
+                        cfg.emulated_model = Some(tiny());
                         let mut e = Engine::new(CpuBackend::new(), cfg).unwrap();
                         let ex = RankExchange::new(&tiny(), Box::new(g), e.cache().backend().memory()).unwrap();
                         e.set_exchange(ex).unwrap();

@@ -44,7 +44,7 @@ fn gpu_memory() -> Result<(u64, u64)> {
 
 /// On the CPU backend an emulated model's weights live in host memory: fails, naming the flag,
 /// when they would take more than half of `available` bytes.
-pub fn check_cpu_room(shape: &hisparse_engine::model::ModelShape, available: u64) -> Result<()> {
+pub fn check_cpu_room(shape: &hisparse_engine::emulated::EmulatedModel, available: u64) -> Result<()> {
     let w = shape.weight_bytes();
     if w > available / 2 {
         return Err(BenchError::flag(
@@ -73,7 +73,7 @@ mod tests {
 
     #[test]
     fn an_emulated_model_too_big_for_the_host_is_refused_on_the_cpu() {
-        let glm = hisparse_engine::model::ModelShape::preset("glm-5.1").unwrap();
+        let glm = hisparse_engine::emulated::EmulatedModel::preset("glm-5.1").unwrap();
         let e = check_cpu_room(&glm, 128 << 30).unwrap_err().to_string();
         assert!(e.contains("--emulate-model") && e.contains("need a GPU") && e.contains("106.3 GB"), "{e}");
         check_cpu_room(&glm, 1 << 40).unwrap();

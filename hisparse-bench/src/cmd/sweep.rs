@@ -81,7 +81,7 @@ pub fn run(a: &SweepArgs) -> Result<(SweepReport, PathBuf)> {
     }
     let g = a.engine.geometry()?;
     let hs = a.engine.hisparse(&g)?;
-    let model = a.engine.model()?;
+    let model = a.engine.emulated_model()?;
     // Requests outlive the sweep (and the trace recorded after it): each level only admits
     // what it adds to the previous one.
     let life = (levels.len() + 1).checked_mul(steps).and_then(|s| s.checked_add(1)).ok_or_else(|| {

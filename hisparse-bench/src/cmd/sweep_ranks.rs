@@ -75,7 +75,7 @@ pub(super) fn across_ranks(ranks: &[StepMetrics]) -> StepMetrics {
 /// The group tickets: NCCL on CUDA, the CPU twin otherwise; none without a model (nothing to
 /// exchange).
 pub(super) fn members(engine: &EngineArgs, ranks: usize) -> Result<Vec<Option<RankMember>>> {
-    if engine.model()?.is_none() {
+    if engine.emulated_model()?.is_none() {
         return Ok((0..ranks).map(|_| None).collect());
     }
     if engine.uses_cuda() {

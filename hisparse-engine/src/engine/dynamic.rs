@@ -113,16 +113,16 @@ where
     }
 
     fn join_ranks(&mut self, member: hisparse_kernels::RankMember) -> Result<()> {
-        let Some(shape) = self.config().model.clone() else {
+        let Some(shape) = self.config().emulated_model.clone() else {
             return Err(crate::error::EngineError::Config {
-                field: "model",
+                field: "emulated_model",
                 value: "none".into(),
                 reason: "the ranks' collectives run around the emulated model's FFN: give a model".into(),
             });
         };
         let backend = self.cache().backend();
         let group = backend.join_group(member)?;
-        let ex = crate::model::RankExchange::new(&shape, group, backend.memory())?;
+        let ex = crate::emulated::RankExchange::new(&shape, group, backend.memory())?;
         self.set_exchange(ex)
     }
 

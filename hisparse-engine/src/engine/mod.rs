@@ -48,7 +48,7 @@ pub struct EngineConfig {
     pub launch_graphs: bool,
     /// Emulate the model's non-attention layers with GEMMs on random weights (held on the
     /// device beside, not inside, `cache.hisparse.device_kv_bytes`).
-    pub model: Option<crate::model::ModelShape>,
+    pub emulated_model: Option<crate::emulated::EmulatedModel>,
     /// Most requests waiting for admission at once; `submit` refuses more
     /// ([`EngineError::QueueFull`]).
     pub max_queued: usize,
@@ -69,7 +69,7 @@ impl EngineConfig {
             workload_seed: 1,
             capture_digests: false,
             launch_graphs: true,
-            model: None,
+            emulated_model: None,
             max_queued: DEFAULT_MAX_QUEUED,
             stop: crate::StopFlag::never(),
         }
@@ -104,15 +104,15 @@ where
         })?;
         let prefetcher = h.prefetcher.make(&h.prefetch());
         let cache = KvCache::new(backend, cfg.cache.clone(), runtime.policy.clone(), prefetcher)?;
-        let model = match &cfg.model {
+        let model = match &cfg.emulated_model {
             Some(shape) if shape.layers != g.layers => {
                 return Err(EngineError::Config {
-                    field: "model.layers",
+                    field: "emulated_model.layers",
                     value: shape.layers.to_string(),
                     reason: format!("the geometry has {} layers", g.layers),
                 });
             }
-            Some(shape) => Some(crate::model::ModelEmulation::new(shape.clone(), cache.backend())?),
+            Some(shape) => Some(crate::emulated::EmulatedWeights::new(shape.clone(), cache.backend())?),
             None => None,
         };
         let inputs = inputs::SyntheticInputs::new(cache.backend().memory(), g, cfg.workload_seed, cfg.stop.clone())?;
@@ -251,17 +251,17 @@ where
 
     /// Runs the emulated model's collectives with the other ranks of a data-parallel
     /// deployment (one engine per GPU, `crate::ranks`) through `exchange`, from the next step
-    /// on. Refused without an emulated model (`model` in the config).
-    pub fn set_exchange(&mut self, exchange: crate::model::RankExchange<B::Memory>) -> Result<()> {
+    /// on. Refused without an emulated model (`emulated_model` in the config).
+    pub fn set_exchange(&mut self, exchange: crate::emulated::RankExchange<B::Memory>) -> Result<()> {
         match self.runner.model.as_mut() {
             Some(m) => {
                 m.set_exchange(exchange);
                 Ok(())
             }
             None => Err(EngineError::Config {
-                field: "model",
+                field: "emulated_model",
                 value: "none".into(),
-                reason: "the ranks' collectives run around the emulated model's FFN: give a model".into(),
+                reason: "the ranks' collectives run around the emulated model's FFN: give an emulated model".into(),
             }),
         }
     }

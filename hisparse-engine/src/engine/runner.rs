@@ -18,13 +18,13 @@ use super::observe::{dump_layer, push_digests, write_trace};
 use super::report::StepReport;
 use super::scheduler::Scheduler;
 use crate::cache::{Captured, DecodeStep, KvCache};
+use crate::emulated::EmulatedWeights;
 use crate::error::{EngineError, Result};
-use crate::model::ModelEmulation;
 
 /// The runner: see the module documentation.
 pub(crate) struct StepRunner<M: DeviceMemory> {
     pub inputs: SyntheticInputs<M>,
-    pub model: Option<ModelEmulation<M>>,
+    pub model: Option<EmulatedWeights<M>>,
     pub trace: Option<TraceWriter<Box<dyn Write + Send>>>,
     /// Dump every tensor of the next step that decodes anything.
     pub capture_next: bool,
@@ -53,7 +53,7 @@ fn key_of(words: &[u64]) -> u64 {
 }
 
 impl<M: DeviceMemory + Clone> StepRunner<M> {
-    pub fn new(inputs: SyntheticInputs<M>, model: Option<ModelEmulation<M>>, digests: bool, graphs: bool) -> Self {
+    pub fn new(inputs: SyntheticInputs<M>, model: Option<EmulatedWeights<M>>, digests: bool, graphs: bool) -> Self {
         Self {
             inputs,
             model,

@@ -2,7 +2,7 @@
 //! driver is present) with its kernel choices, the emulated model, and the ranks of a
 //! multi-GPU run.
 
-use hisparse_engine::model::ModelShape;
+use hisparse_engine::emulated::EmulatedModel;
 use hisparse_engine::{DecodeEngine, Engine, EngineConfig};
 use hisparse_kernels::CpuBackend;
 use hisparse_memory::{KvGeometry, Mode};
@@ -34,7 +34,7 @@ impl EngineArgs {
             workload_seed: self.seed,
             capture_digests: false,
             launch_graphs: !self.no_graphs,
-            model: self.model()?,
+            emulated_model: self.emulated_model()?,
             max_queued: guard::at_least_one("max-queued", self.max_queued)?,
             stop: crate::interrupt::engine_stop(),
         })
@@ -59,13 +59,13 @@ impl EngineArgs {
     }
 
     /// The emulated model, if any (`--emulate-model`).
-    pub fn model(&self) -> Result<Option<ModelShape>> {
+    pub fn emulated_model(&self) -> Result<Option<EmulatedModel>> {
         let uses_cuda = self.uses_cuda();
         let shape = match self.emulate_model {
             EmulateKind::Off => return Ok(None),
             EmulateKind::Auto if !uses_cuda => return Ok(None),
-            EmulateKind::Auto => return Ok(ModelShape::preset(&self.preset).ok()),
-            EmulateKind::On => ModelShape::preset(&self.preset).map_err(|_| {
+            EmulateKind::Auto => return Ok(EmulatedModel::preset(&self.preset).ok()),
+            EmulateKind::On => EmulatedModel::preset(&self.preset).map_err(|_| {
                 BenchError::flag("emulate-model", "on", format!("preset {} is not a real model", self.preset))
             })?,
         };

@@ -241,7 +241,7 @@ impl EngineArgs {
             // On the CPU the "device" is host memory: a quarter of what is available, at most 64 GiB.
             (64u64 << 30).min(avail.map_or(u64::MAX, |a| a / 4)).max(48 << 20)
         };
-        c.device_kv_bytes = match (&self.device_memory, self.model()?) {
+        c.device_kv_bytes = match (&self.device_memory, self.emulated_model()?) {
             (Some(s), _) => parse_bytes("device-memory", s)?,
             (None, _) if c.device_kv_bytes > 0 => c.device_kv_bytes,
             (None, Some(m)) if cuda => crate::cmd::sizing::device_kv_budget(m.weight_bytes())?,

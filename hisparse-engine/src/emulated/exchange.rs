@@ -16,7 +16,7 @@ use half::bf16;
 use hisparse_kernels::Collectives;
 use hisparse_memory::DeviceMemory;
 
-use super::ModelShape;
+use super::EmulatedModel;
 use crate::error::{EngineError, Result};
 
 /// One rank's exchange, with its buffers (exactly the sizes of the agreed batch's collectives).
@@ -48,7 +48,7 @@ impl<M: DeviceMemory> RankExchange<M> {
     /// the deployment the shape splits its FFN for (`shape.ranks`): the GEMMs keep the shape's
     /// sizes, the exchange moves what the group's ranks hold (one rank: the one-GPU run with its
     /// collectives).
-    pub fn new(shape: &ModelShape, group: Box<dyn Collectives<M>>, mem: &M) -> Result<Self> {
+    pub fn new(shape: &EmulatedModel, group: Box<dyn Collectives<M>>, mem: &M) -> Result<Self> {
         if group.ranks() == 0 || group.ranks() > shape.ranks {
             return Err(EngineError::Config {
                 field: "gpus",
@@ -134,11 +134,11 @@ mod tests {
     use hisparse_kernels::{CpuBackend, CpuRank, Kernels};
 
     use super::*;
-    use crate::model::{AttentionShape, MlaShape, ModelEmulation, WeightFormat};
+    use crate::emulated::{AttentionShape, EmulatedWeights, MlaShape, WeightFormat};
 
     /// A small model split three ways (dense first layer, then MoE).
-    fn tiny() -> ModelShape {
-        ModelShape {
+    fn tiny() -> EmulatedModel {
+        EmulatedModel {
             name: "tiny".into(),
             layers: 3,
             hidden: 64,
@@ -177,7 +177,7 @@ mod tests {
                     s.spawn(move || {
                         let me = rank.rank();
                         let backend = CpuBackend::new();
-                        let mut m = ModelEmulation::new(shape.clone(), &backend).unwrap();
+                        let mut m = EmulatedWeights::new(shape.clone(), &backend).unwrap();
                         m.set_exchange(RankExchange::new(&shape, Box::new(rank), backend.memory()).unwrap());
                         for step in 0..steps {
                             // Rank r decodes r + 1 requests; rank 0 five at the last step.

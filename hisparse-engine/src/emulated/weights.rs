@@ -1,4 +1,4 @@
-//! `ModelEmulation`: the emulated model's weights on the device (random, one buffer per planned
+//! `EmulatedWeights`: the emulated model's weights on the device (random, one buffer per planned
 //! GEMM of every layer, all experts held) and the launch of a layer's GEMMs for a batch, through
 //! [`ModelKernels::gemm_bf16`] on reused activation buffers — with a [`RankExchange`], the ranks'
 //! collectives around each layer's FFN and after the LM head.
@@ -8,12 +8,12 @@ use hisparse_kernels::{Backend, GemmShape, KernelStage};
 use hisparse_memory::DeviceMemory;
 
 use super::exchange::RankExchange;
-use super::{ModelShape, PlannedGemm};
+use super::{EmulatedModel, PlannedGemm};
 use crate::error::{EngineError, Result};
 
 /// The emulated non-attention part of a model, on one backend's memory.
-pub struct ModelEmulation<M: DeviceMemory> {
-    shape: ModelShape,
+pub struct EmulatedWeights<M: DeviceMemory> {
+    shape: EmulatedModel,
     /// Per layer, one buffer per GEMM of `shape.plan(l, _)`, in plan order.
     weights: Vec<Vec<M::Buffer<bf16>>>,
     /// Activations (inputs, random) and outputs, grown to the largest GEMM.
@@ -46,15 +46,15 @@ fn fill<B: Backend>(
         return Ok(());
     }
     Err(EngineError::Config {
-        field: "model",
+        field: "emulated_model",
         value: len.to_string(),
         reason: "weight matrix too large to fill".into(),
     })
 }
 
-impl<M: DeviceMemory> ModelEmulation<M> {
+impl<M: DeviceMemory> EmulatedWeights<M> {
     /// Allocates and fills every layer's weights on `backend`.
-    pub fn new<B: Backend<Memory = M>>(shape: ModelShape, backend: &B) -> Result<Self> {
+    pub fn new<B: Backend<Memory = M>>(shape: EmulatedModel, backend: &B) -> Result<Self> {
         shape.validate()?;
         let mem = backend.memory();
         let mut weights = Vec::with_capacity(shape.layers);
@@ -80,7 +80,7 @@ impl<M: DeviceMemory> ModelEmulation<M> {
     }
 
     /// The model's shape.
-    pub fn shape(&self) -> &ModelShape {
+    pub fn shape(&self) -> &EmulatedModel {
         &self.shape
     }
 
@@ -126,7 +126,7 @@ impl<M: DeviceMemory> ModelEmulation<M> {
         self.launch_staged(l, batch, backend, &mut |_| Ok(()))
     }
 
-    /// [`ModelEmulation::launch`], calling `stage` with [`KernelStage::Exchange`] before each
+    /// [`EmulatedWeights::launch`], calling `stage` with [`KernelStage::Exchange`] before each
     /// collective of the ranks and [`KernelStage::Model`] before the GEMMs after it (for
     /// [`crate::cache::DecodeStep::time_stages`]).
     pub fn launch_staged<B: Backend<Memory = M>>(

@@ -1,8 +1,9 @@
-//! The emulated model: the non-attention part of each layer of a real sparse-attention model
-//! (its projections, dense FFN and MoE experts) as the GEMMs one GPU of an 8-GPU deployment runs
-//! per decode step, on random weights of the size that GPU holds. Attention itself is real (the
+//! The emulated model (as opposed to a real model, which `hisparse-model` runs): the
+//! non-attention part of each layer of a real model (its projections, dense FFN and MoE experts)
+//! as the GEMMs one GPU of its deployment runs per decode step, on random weights of the size that
+//! GPU holds. Attention itself is real (the
 //! engine's kernels); this part only makes step time grow with batch as the real model's does.
-//! `ModelShape` holds a model's dimensions and its sharding and plans each layer's GEMMs;
+//! `EmulatedModel` holds a model's dimensions and its sharding and plans each layer's GEMMs;
 //! `weights.rs` holds the weights on the device and launches the plan. The derivation (shapes,
 //! sharding, MoE routing, what is not emulated) is in `MODEL.md` beside this file.
 //!
@@ -15,13 +16,13 @@ mod weights;
 use serde::Serialize;
 
 pub use exchange::RankExchange;
-pub use weights::ModelEmulation;
+pub use weights::EmulatedWeights;
 
 use crate::error::{EngineError, Result};
 
 /// A model's dimensions and how one GPU of its deployment holds it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct ModelShape {
+pub struct EmulatedModel {
     /// Preset name.
     pub name: String,
     /// Transformer layers.
@@ -124,8 +125,8 @@ impl PlannedGemm {
     }
 }
 
-impl ModelShape {
-    /// Names accepted by [`ModelShape::preset`].
+impl EmulatedModel {
+    /// Names accepted by [`EmulatedModel::preset`].
     pub const PRESETS: [&'static str; 4] = ["glm-5.1", "glm-5.2", "deepseek-v3.2", "llama-3.1-8b"];
 
     /// Presets: `glm-5.1` (and `glm-5.2`, the same weights) and `deepseek-v3.2`, fp8 weights
@@ -177,7 +178,7 @@ impl ModelShape {
                 ranks: 1,
             }),
             other => Err(EngineError::Config {
-                field: "model",
+                field: "emulated_model",
                 value: other.to_owned(),
                 reason: format!("no emulated model of that name (known: {})", Self::PRESETS.join(", ")),
             }),
@@ -190,34 +191,36 @@ impl ModelShape {
             Err(EngineError::Config { field, value: v.to_string(), reason: why.into() })
         };
         for (f, v) in [
-            ("model.layers", self.layers),
-            ("model.hidden", self.hidden),
-            ("model.heads", self.heads),
-            ("model.ranks", self.ranks),
+            ("emulated_model.layers", self.layers),
+            ("emulated_model.hidden", self.hidden),
+            ("emulated_model.heads", self.heads),
+            ("emulated_model.ranks", self.ranks),
         ] {
             if v == 0 {
                 return bad(f, v, "must be at least 1");
             }
         }
         if self.experts_per_token > self.experts {
-            return bad("model.experts_per_token", self.experts_per_token, "more than the experts");
+            return bad("emulated_model.experts_per_token", self.experts_per_token, "more than the experts");
         }
-        for (f, v) in
-            [("model.dense_inter", self.dense_inter), ("model.moe_inter", self.moe_inter), ("model.vocab", self.vocab)]
-        {
+        for (f, v) in [
+            ("emulated_model.dense_inter", self.dense_inter),
+            ("emulated_model.moe_inter", self.moe_inter),
+            ("emulated_model.vocab", self.vocab),
+        ] {
             if !v.is_multiple_of(2 * self.ranks) {
                 return bad(f, v, "must split into 2 x ranks whole parts");
             }
         }
         if !self.hidden.is_multiple_of(2) {
-            return bad("model.hidden", self.hidden, "must be even");
+            return bad("emulated_model.hidden", self.hidden, "must be even");
         }
         if let AttentionShape::Gqa { kv_heads, head_dim } = self.attention {
             if kv_heads == 0 || !self.heads.is_multiple_of(kv_heads) {
-                return bad("model.kv_heads", kv_heads, "must divide the query heads");
+                return bad("emulated_model.kv_heads", kv_heads, "must divide the query heads");
             }
             if head_dim == 0 {
-                return bad("model.head_dim", head_dim, "must be at least 1");
+                return bad("emulated_model.head_dim", head_dim, "must be at least 1");
             }
         }
         Ok(())
@@ -318,20 +321,20 @@ mod tests {
 
     #[test]
     fn glm_5_1_weighs_what_one_of_eight_gpus_holds() {
-        let m = ModelShape::preset("glm-5.1").unwrap();
+        let m = EmulatedModel::preset("glm-5.1").unwrap();
         m.validate().unwrap();
         // 744B parameters: attention (~13.6 GB) on every GPU, experts and FFN split 8 ways.
         let gb = m.weight_bytes() as f64 / 1e9;
         assert!((100.0..110.0).contains(&gb), "{gb} GB");
-        let d = ModelShape::preset("deepseek-v3.2").unwrap();
+        let d = EmulatedModel::preset("deepseek-v3.2").unwrap();
         let gb = d.weight_bytes() as f64 / 1e9;
         assert!((90.0..105.0).contains(&gb), "{gb} GB");
-        assert!(ModelShape::preset("llama").unwrap_err().to_string().contains("llama"));
+        assert!(EmulatedModel::preset("llama").unwrap_err().to_string().contains("llama"));
     }
 
     #[test]
     fn llama_3_1_8b_weighs_its_bf16_checkpoint() {
-        let m = ModelShape::preset("llama-3.1-8b").unwrap();
+        let m = EmulatedModel::preset("llama-3.1-8b").unwrap();
         m.validate().unwrap();
         // 8.03B parameters in bf16 (16.06 GB): every one held but the norms', the embedding
         // included.
@@ -348,7 +351,7 @@ mod tests {
 
     #[test]
     fn a_larger_batch_touches_more_experts_and_reads_more_weights() {
-        let m = ModelShape::preset("glm-5.1").unwrap();
+        let m = EmulatedModel::preset("glm-5.1").unwrap();
         let touched: Vec<usize> = [1, 4, 16, 64].iter().map(|&b| m.experts_touched(b * 8)).collect();
         assert!(touched.windows(2).all(|w| w[0] < w[1]), "{touched:?}");
         assert_eq!(m.experts_touched(8 * 64), 256);
