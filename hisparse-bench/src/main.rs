@@ -67,7 +67,7 @@ enum Command {
     #[command(allow_negative_numbers = true)]
     Selfcheck(Deferred<cmd::selfcheck::SelfcheckArgs>),
     /// Compile every CUDA kernel source for sm_90a with NVRTC (exit 3: no NVRTC, skipped).
-    CheckKernels,
+    CheckKernels(cmd::check_kernels::CheckKernelsArgs),
     /// Replay a selection trace under several eviction policies and buffer sizes.
     #[command(allow_negative_numbers = true)]
     Simulate(Deferred<cmd::simulate::SimulateArgs>),
@@ -136,7 +136,7 @@ fn run(cli: Cli) -> Result<i32> {
                 None => Ok(0),
             }
         }
-        Command::CheckKernels => cmd::check_kernels::run(),
+        Command::CheckKernels(args) => cmd::check_kernels::run(&args),
         Command::Simulate(Deferred(args)) => {
             let (report, out) = cmd::simulate::run(&args)?;
             console::out(&cmd::simulate::render(&report, &out))?;

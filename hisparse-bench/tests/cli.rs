@@ -690,3 +690,13 @@ fn top_k_sets_the_selection_and_past_every_request_is_dense() {
     assert!(indexer > 0.0 && top_k > 0.0, "{indexer} {top_k}");
     assert_eq!(hits, 30 * 64 * 2);
 }
+
+/// `check-kernels --only` names a source it does not know, with the known ones, before looking
+/// for NVRTC.
+#[test]
+fn check_kernels_refuses_an_unknown_source_by_name() {
+    let o = hisparse(&argv!("check-kernels --only rows,nope"));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("--only") && err.contains("nope") && err.contains("gqa_attention"), "{err}");
+}
