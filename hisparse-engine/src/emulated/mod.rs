@@ -347,6 +347,11 @@ mod tests {
         assert_eq!((p[3].m, p[3].n, p[3].k), (4, 2 * 14336, 4096));
         assert!(m.plan(0, 4).iter().any(|g| g.name == "embed" && g.m == 0));
         assert!(m.describe().contains("the whole model on one GPU"), "{}", m.describe());
+        // Grouped-query heads must split evenly over the KV heads; a head has dims.
+        let bad = EmulatedModel { attention: AttentionShape::Gqa { kv_heads: 5, head_dim: 128 }, ..m.clone() };
+        assert!(bad.validate().unwrap_err().to_string().contains("emulated_model.kv_heads"));
+        let bad = EmulatedModel { attention: AttentionShape::Gqa { kv_heads: 8, head_dim: 0 }, ..m };
+        assert!(bad.validate().unwrap_err().to_string().contains("emulated_model.head_dim"));
     }
 
     #[test]
