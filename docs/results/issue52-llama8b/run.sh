@@ -2,7 +2,7 @@
 # Issue 52: the oracle's tensor-core scores and the GQA kernels against their CPU twins, then the
 # Llama-3.1-8B emulation at 32k: sparse resident, hisparse and the swap-in-free bound, and dense
 # resident (--top-k past every request's length: no selection, attention over every position).
-# Usage: DEADLINE_S=540 bash run.sh [CONTEXT] [LEVELS] [DENSE_LEVELS]
+# Usage: DEADLINE_S=540 [KV=fp8] [SKIP_TESTS=1] bash run.sh [CONTEXT] [LEVELS] [DENSE_LEVELS]
 cd "$(dirname "$0")/../../.."
 export HISPARSE_CUDA_INCLUDE=/usr/local/cuda/include RUST_BACKTRACE=1
 R=$OUT; B=.gpu/bin
@@ -20,7 +20,7 @@ fi
 # The HBM-copy ceiling, measured in the same run.
 LD_LIBRARY_PATH=/usr/local/cuda/lib64 timeout $(left) $B/hisparse kernel-bench --only attention --batches 1 --reps 5 --out $R/kb > $R/kernel-bench.log 2>&1
 echo "kernel-bench rc=$?"; grep -i -E "copy|cublas" $R/kernel-bench.log | head -4
-common="--backend cuda --preset llama-3.1-8b --context $ctx --warmup 4 --window 6 --windows 3"
+common="--backend cuda --preset llama-3.1-8b --kv-format ${KV:-bf16} --context $ctx --warmup 4 --window 6 --windows 3"
 s=$(date +%s)
 timeout $(left) $B/hisparse sweep $common --concurrency $levels --bound --out $R/sweep > $R/sweep.log 2>&1
 echo "sweep rc=$? $(( $(date +%s) - s ))s"; tail -40 $R/sweep.log
