@@ -116,7 +116,9 @@ fn model_flags_are_named_and_unread_ones_refused() {
         case(format!("{run} --top-k 0"), &["--top-k"]),
         case(format!("run --text {text} --concurrency 1"), &["--text does nothing without --model or --gguf"]),
         case("run --score-margin 3 --record-trace t.hstrace --concurrency 1", &["--score-margin does nothing without"]),
-        case("run --top-k 0 --concurrency 1", &["--top-k", "at least 1"]),
+        case("run --top-k 0 --concurrency 1", &["--top-k", "1..=65534"]),
+        case("run --top-k 100000 --concurrency 1", &["--top-k", "100000", "hot buffer"]),
+        case(format!("run --top-k {max} --concurrency 1"), &["--top-k", "hot buffer"]),
         case("sweep --prompts 3", &["--prompts does nothing without"]),
         case("run --config c-empty.json --concurrency 1 --output 2", &["--config", "c-empty.json", "host_tier_path"]),
     ] {

@@ -26,8 +26,8 @@ pub(crate) struct OracleKernels {
     loaded: OnceLock<[CudaFunction; 4]>,
 }
 
-/// Shared memory of the logits kernel above the static 48 KiB it may take without asking: a
-/// tile of 64 keys of up to 1024 dims and the chunk flags of 128 heads fit.
+/// The dynamic shared memory the logits kernel opts into (more than the 48 KiB a block gets
+/// without asking): a tile of 64 keys of up to 1024 dims with the chunk flags of 128 heads fits.
 const ORACLE_SMEM_MAX: usize = 80 << 10;
 
 /// `x` as a kernel's 32-bit field, or an error naming `field`.

@@ -62,9 +62,9 @@ pub struct EngineArgs {
     /// cpu-small).
     #[arg(long, default_value = "cpu-small")]
     pub preset: String,
-    /// Positions each layer selects (default: the preset's; with --model or --gguf, 256). At
-    /// least a request's length, every position is selected and no selection runs: dense
-    /// attention.
+    /// Positions each layer selects, 1..=65534 (default: the preset's; with --model or --gguf,
+    /// 256). At least a request's length, every position is selected and no selection runs:
+    /// dense attention.
     #[arg(long)]
     pub top_k: Option<usize>,
     /// Backend: auto (CUDA where a driver is found, else CPU), cpu, or cuda.
@@ -236,8 +236,10 @@ impl EngineArgs {
             g = g.with_kv_format(f);
         }
         if let Some(k) = self.top_k {
-            if k == 0 {
-                return Err(BenchError::flag("top-k", k, "must be at least 1"));
+            // Hisparse holds a step's selection in a hot buffer: top-k within its slots.
+            let most = hisparse_memory::slot_table::MAX_BUFFER_SLOTS;
+            if k == 0 || k > most {
+                return Err(BenchError::flag("top-k", k, format!("must be in 1..={most} (a hot buffer's slots)")));
             }
             g.top_k = k;
         }
