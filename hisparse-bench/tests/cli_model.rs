@@ -144,6 +144,43 @@ fn the_oracle_can_combine_by_max_and_keep_sinks_and_a_window() {
 }
 
 #[test]
+fn the_index_format_is_chosen_by_flag_and_refused_where_it_cannot_be_read() {
+    let (d, g) = tiny("index-format");
+    let text = concat!(env!("CARGO_MANIFEST_DIR"), "/../hisparse-model/tests/data/apache-2.0.txt");
+    let base = ["eval", "--gguf", &g, "--text", text, "--contexts", "120", "--top-k", "16", "--decode", "16"];
+    let run = |extra: &[&str]| -> (String, String) {
+        let o = hisparse(&[&base[..], extra].concat());
+        assert!(o.status.success(), "{extra:?}: {}", String::from_utf8_lossy(&o.stderr));
+        let out = String::from_utf8_lossy(&o.stdout).to_string();
+        let hs = out.lines().find(|l| l.contains("hisparse")).unwrap().to_string();
+        (out.lines().next().unwrap().to_string(), hs)
+    };
+    let ((head8, fp8), (head4, int4)) = (run(&[]), run(&["--index-format", "int4:16"]));
+    // The tiny model's keys: 2 KV heads of 16 values, fp8 32 + 4 B, int4 16 + 2 x 4 B.
+    assert!(head8.contains("fp8: 36 B per token and layer"), "{head8}");
+    assert!(head4.contains("int4:16: 24 B per token and layer"), "{head4}");
+    assert!(fp8.contains("yes") && int4.contains("yes"), "{fp8}\n{int4}");
+    assert!(fp8 != int4, "4-bit keys select otherwise: {fp8}\n{int4}");
+    for (args, flag) in
+        [(vec!["--index-format", "int4:5"], "--index-format"), (vec!["--index-format", "int8"], "--index-format")]
+    {
+        let bad = hisparse(&[&base[..], &args].concat());
+        assert_eq!(bad.status.code(), Some(2), "{args:?}");
+        assert!(
+            String::from_utf8_lossy(&bad.stderr).contains(flag),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&bad.stderr)
+        );
+    }
+    // An MLA preset selects with its lightning indexer, which reads fp8 keys only.
+    let mla = hisparse(&["run", "--preset", "cpu-small", "--index-format", "int4"]);
+    assert_eq!(mla.status.code(), Some(2));
+    let e = String::from_utf8_lossy(&mla.stderr);
+    assert!(e.contains("--index-format") && e.contains("lightning"), "{e}");
+    std::fs::remove_dir_all(d).unwrap();
+}
+
+#[test]
 fn run_serves_a_model_within_a_device_budget_and_records_scores() {
     let (d, g) = tiny("run");
     let text = concat!(env!("CARGO_MANIFEST_DIR"), "/../hisparse-model/tests/data/apache-2.0.txt");

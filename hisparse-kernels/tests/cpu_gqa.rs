@@ -1,7 +1,8 @@
 //! Grouped-query rows and the oracle selection on the CPU: attention over GQA rows against an
 //! f64 reference that reads each query head's group by hand; multi-head rows (KV heads equal to
 //! query heads) against MLA-free arithmetic; the oracle's scores against f64 softmaxes, with
-//! sum and max over heads, sink and window positions kept.
+//! sum and max over heads, sink and window positions kept, over fp8 and 4-bit index keys; the
+//! lightning indexer refuses 4-bit keys by name.
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
 use hisparse_kernels::random::{self, decode_kv_rows};
@@ -9,7 +10,7 @@ use hisparse_kernels::{
     AttentionBatch, CpuBackend, HeadCombine, IndexScore, IndexerBatch, IndexerQueries, IndexerRequest, Kernels,
     OracleScore, Span,
 };
-use hisparse_memory::{IndexKeyLayout, KvRowFormat, KvRowLayout};
+use hisparse_memory::{IndexKeyFormat, IndexKeyLayout, KvRowFormat, KvRowLayout};
 
 /// f64 attention of one head: key at `k_at`, value at `v_at` of each decoded row.
 fn head_f64(q: &[f32], rows: &[f32], stride: usize, k_at: usize, v_at: usize, scale: f64) -> (Vec<f64>, f64) {
@@ -93,9 +94,16 @@ fn gqa_attention_reads_each_heads_group() {
 
 #[test]
 fn oracle_scores_are_the_heads_softmax_weights() {
+    for format in [IndexKeyFormat::Fp8, IndexKeyFormat::Int4 { group: 16 }, IndexKeyFormat::Int4 { group: 96 }] {
+        oracle_scores_of(format);
+    }
+}
+
+/// The oracle over keys stored as `format` against f64 softmaxes of the decoded keys.
+fn oracle_scores_of(format: IndexKeyFormat) {
     let mut rng = random::rng(12);
     let (heads, dim, page) = (6usize, 96usize, 16usize);
-    let key = IndexKeyLayout::new(dim).unwrap();
+    let key = IndexKeyLayout::with_format(dim, format).unwrap();
     let lens = [5usize, 200, 61];
     let pages: Vec<usize> = lens.iter().map(|n| n.div_ceil(page)).collect();
     let pool_pages: usize = pages.iter().sum();
@@ -166,7 +174,10 @@ fn oracle_scores_are_the_heads_softmax_weights() {
                     HeadCombine::Sum => probs.iter().map(|p| p[t]).sum::<f64>(),
                     HeadCombine::Max => probs.iter().map(|p| p[t]).fold(0.0, f64::max),
                 };
-                assert!((f64::from(g) - want).abs() <= 1e-5 * want.max(1e-3), "{combine:?} {i}/{t}: {g} vs {want}");
+                assert!(
+                    (f64::from(g) - want).abs() <= 1e-5 * want.max(1e-3),
+                    "{format} {combine:?} {i}/{t}: {g} vs {want}"
+                );
             }
         }
         // Sum of the heads' weights over a request's positions is the number of heads.
@@ -175,4 +186,32 @@ fn oracle_scores_are_the_heads_softmax_weights() {
             assert!((total - heads as f32).abs() < 1e-3, "{total}");
         }
     }
+}
+
+#[test]
+fn the_lightning_indexer_refuses_four_bit_keys() {
+    let mut rng = random::rng(5);
+    let key = IndexKeyLayout::with_format(128, IndexKeyFormat::Int4 { group: 32 }).unwrap();
+    let keys = random::index_key_pool(&mut rng, key, 64).unwrap();
+    let q = random::normal_bf16(&mut rng, 8 * 128, 1.0);
+    let w = vec![0.5f32; 8];
+    let table = vec![0u32];
+    let reqs = [IndexerRequest { first_page: 0, seq_len: 40, score_offset: 0 }];
+    let batch = IndexerBatch {
+        heads: 8,
+        key_layout: key,
+        queries: &q,
+        weights: &w,
+        keys: &keys,
+        page_tokens: 64,
+        page_table: &table,
+        requests: &reqs,
+        pin_newest: false,
+        queries_as: IndexerQueries::Exact,
+        score: IndexScore::Lightning,
+    };
+    let mut got = vec![7f32; 40];
+    let e = CpuBackend::new().indexer_scores(&batch, &mut got).unwrap_err();
+    assert!(e.to_string().contains("index_format") && e.to_string().contains("int4:32"), "{e}");
+    assert!(got.iter().all(|&x| x == 7.0), "nothing written");
 }

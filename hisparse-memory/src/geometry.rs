@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::{MemoryError, Result};
-use crate::row::{IndexKeyLayout, KvRowFormat, KvRowLayout, RowHeads};
+use crate::row::{IndexKeyFormat, IndexKeyLayout, KvRowFormat, KvRowLayout, RowHeads};
 
 /// The shape of a sparse-attention model's KV cache, as one GPU sees it with data-parallel
 /// attention (all query heads of the model on every GPU).
@@ -53,6 +53,9 @@ pub struct KvGeometry {
     /// How attention reads a row: MLA (the default) or grouped-query heads.
     #[serde(default)]
     pub row_heads: RowHeads,
+    /// How index keys are stored (fp8 by default).
+    #[serde(default)]
+    pub index_format: IndexKeyFormat,
 }
 
 /// Which layers run the lightning indexer (`full`) and which (`shared`) attend over the
@@ -142,6 +145,7 @@ impl KvGeometry {
                 IndexerLayout::AllFull
             },
             row_heads: RowHeads::Mla,
+            index_format: IndexKeyFormat::Fp8,
         })
     }
 
@@ -169,6 +173,7 @@ impl KvGeometry {
             kv_format,
             indexers: IndexerLayout::AllFull,
             row_heads: row.heads(),
+            index_format: IndexKeyFormat::Fp8,
         };
         g.validate()?;
         Ok(g)
@@ -248,7 +253,14 @@ impl KvGeometry {
 
     /// The index-key layout of this geometry.
     pub fn index_key(&self) -> Result<IndexKeyLayout> {
-        IndexKeyLayout::new(self.index_dim)
+        IndexKeyLayout::with_format(self.index_dim, self.index_format)
+    }
+
+    /// The same geometry with index keys stored as `format` (checked against the key's dims).
+    pub fn with_index_format(mut self, format: IndexKeyFormat) -> Result<Self> {
+        IndexKeyLayout::with_format(self.index_dim, format)?;
+        self.index_format = format;
+        Ok(self)
     }
 
     /// Checks that `layout` is this geometry's KV row layout (same format and dims).

@@ -43,7 +43,7 @@ pub use host_tier::{
 };
 pub use page_pool::PagePool;
 pub use request::{Mode, RequestId};
-pub use row::{IndexKeyLayout, KvRowFormat, KvRowLayout, RowHeads};
+pub use row::{IndexKeyFormat, IndexKeyLayout, KvRowFormat, KvRowLayout, RowHeads, StorageFormats};
 pub use slot_table::SlotTable;
 pub use system::available_memory;
 

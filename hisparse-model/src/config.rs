@@ -2,7 +2,7 @@
 //! checked before any tensor is read; the cache geometry it needs.
 
 use candle_core::quantized::gguf_file::{Content, Value};
-use hisparse_engine::{KvGeometry, KvRowFormat, KvRowLayout};
+use hisparse_engine::{KvGeometry, KvRowLayout, StorageFormats};
 
 use crate::error::{ModelError, Result};
 
@@ -113,9 +113,10 @@ impl LlamaConfig {
         Ok(Self { name, layers, hidden, heads, kv_heads, head_dim, ffn, rope_base, rms_eps, vocab, context })
     }
 
-    /// The cache geometry of this model: its GQA rows in `kv_format`, `top_k` selected per layer
-    /// by the oracle.
-    pub fn geometry(&self, top_k: usize, kv_format: KvRowFormat) -> Result<KvGeometry> {
+    /// The cache geometry of this model: its GQA rows and index keys in `formats` (a
+    /// [`KvRowFormat`](hisparse_engine::KvRowFormat) alone: fp8 index keys), `top_k` selected per layer by the oracle.
+    pub fn geometry(&self, top_k: usize, formats: impl Into<StorageFormats>) -> Result<KvGeometry> {
+        let StorageFormats { kv: kv_format, index } = formats.into();
         let name = if self.name.to_lowercase().contains("smollm2") { "smollm2-135m" } else { "llama-gguf" };
         // A row holds a token's keys and values of every KV head: a format that cannot store
         // them (fp8 keeps blocks of 128 values) is refused by its own name, in the model's terms.
@@ -132,6 +133,7 @@ impl LlamaConfig {
             ));
         }
         KvGeometry::gqa(name, self.layers, self.heads, self.kv_heads, self.head_dim, top_k, kv_format)
+            .and_then(|g| g.with_index_format(index))
             .map_err(|e| ModelError::Engine(e.into()))
     }
 }

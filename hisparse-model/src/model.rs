@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use hisparse_engine::{CacheConfig, KvRowFormat, Mode, StopFlag};
+use hisparse_engine::{CacheConfig, Mode, StopFlag, StorageFormats};
 
 use crate::config::LlamaConfig;
 use crate::error::{ModelError, Result};
@@ -112,10 +112,10 @@ pub fn cache_config(
     top_k: usize,
     buffer: usize,
     max_tokens: usize,
-    kv_format: KvRowFormat,
+    formats: impl Into<StorageFormats>,
     requests: usize,
 ) -> Result<CacheConfig> {
-    let mut cfg = base_config(config, kind, top_k, buffer, max_tokens, kv_format)?;
+    let mut cfg = base_config(config, kind, top_k, buffer, max_tokens, formats.into())?;
     let device = rows_bytes(&cfg, max_tokens, requests)?;
     check_memory(
         device.saturating_mul(2),
@@ -137,11 +137,11 @@ pub fn cache_config_within(
     top_k: usize,
     buffer: usize,
     max_tokens: usize,
-    kv_format: KvRowFormat,
+    formats: impl Into<StorageFormats>,
     requests: usize,
     device_bytes: u64,
 ) -> Result<CacheConfig> {
-    let mut cfg = base_config(config, kind, top_k, buffer, max_tokens, kv_format)?;
+    let mut cfg = base_config(config, kind, top_k, buffer, max_tokens, formats.into())?;
     let host = rows_bytes(&cfg, max_tokens, requests)?;
     let need = if kind == AttentionKind::HiSparse { device_bytes.saturating_add(host) } else { device_bytes };
     check_memory(need, requests, &format!("a device tier of {device_bytes} B and a host tier of {host} B"))?;
@@ -156,7 +156,7 @@ fn base_config(
     top_k: usize,
     buffer: usize,
     max_tokens: usize,
-    kv_format: KvRowFormat,
+    formats: StorageFormats,
 ) -> Result<CacheConfig> {
     if max_tokens > config.context {
         return Err(ModelError::invalid(
@@ -170,7 +170,7 @@ fn base_config(
         AttentionKind::SparseResident => (Mode::Resident, top_k),
         AttentionKind::HiSparse => (Mode::HiSparse, top_k),
     };
-    let g = config.geometry(k, kv_format)?;
+    let g = config.geometry(k, formats)?;
     let mut cfg = CacheConfig::new(g, mode, 0);
     cfg.typical_tokens = max_tokens;
     cfg.hisparse.max_request_tokens = max_tokens;

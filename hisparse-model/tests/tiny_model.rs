@@ -1,13 +1,17 @@
 //! The loader, tokenizer and decode paths on a tiny GGUF file the test writes itself (random
 //! weights, a byte-level vocabulary with three merges): the tokenizer's merges and round trip,
 //! prefill against decode, hisparse against sparse resident bit for bit for every online policy
-//! with buffers that miss and evict, top-k at least the context against dense, and bad input.
+//! with buffers that miss and evict (over fp8 and 4-bit index keys), top-k at least the context
+//! against dense, and bad input.
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
 mod common;
 
 use common::{text_tokens, tiny};
-use hisparse_engine::{BuiltinPolicy, CpuBackend, KvCache, KvRowFormat, PolicyChoice, PolicyConfig, RequestId};
+use hisparse_engine::{
+    BuiltinPolicy, CpuBackend, IndexKeyFormat, KvCache, KvRowFormat, PolicyChoice, PolicyConfig, RequestId,
+    StorageFormats,
+};
 use hisparse_model::tiny::write_tiny_gguf;
 use hisparse_model::{AttentionKind, Llama, ModelError, StepToken, cache_config};
 
@@ -188,5 +192,41 @@ fn layers_through_candle_tensors_equal_the_slice_path() {
     };
     let (slices, tensors) = (run(false), run(true));
     assert_eq!(slices, tensors);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn four_bit_index_keys_select_losslessly_and_are_counted_at_their_size() {
+    let (dir, m) = tiny("int4", 6);
+    let ids = text_tokens(&m, 300);
+    let formats = |index| StorageFormats { kv: KvRowFormat::Bf16, index };
+    let int4 = formats(IndexKeyFormat::Int4 { group: 16 });
+    let make = |kind, f: StorageFormats| {
+        let cfg = cache_config(m.config(), kind, 16, 24, 400, f, 2).unwrap();
+        KvCache::with_named_policies(CpuBackend::new(), cfg).unwrap()
+    };
+    // 2 KV heads of 16: 32 key values, 16 B of codes and 2 scales (fp8: 32 + 4).
+    let probe = make(AttentionKind::HiSparse, int4);
+    let (kv, key) = probe.layouts();
+    assert_eq!((key.format(), key.row_bytes()), (IndexKeyFormat::Int4 { group: 16 }, 16 + 8));
+    let fp8 = cache_config(m.config(), AttentionKind::HiSparse, 16, 24, 400, KvRowFormat::Bf16, 2).unwrap();
+    let int4_cfg = probe.config();
+    let per_token = |c: &hisparse_engine::CacheConfig| c.geometry.index_bytes_per_token().unwrap();
+    assert_eq!((per_token(int4_cfg), per_token(&fp8)), (2 * 24, 2 * 36), "two layers' keys");
+    let prompts = [m.prefill(&ids[..120], kv, key).unwrap(), m.prefill(&ids[..100], kv, key).unwrap()];
+    let nexts: [&[u32]; 2] = [&ids[120..300], &ids[100..280]];
+    let mut resident = make(AttentionKind::SparseResident, int4);
+    let want = m.teacher_forced(&mut resident, &prompts, &nexts, true, None).unwrap();
+    let mut hs = make(AttentionKind::HiSparse, int4);
+    let got = m.teacher_forced(&mut hs, &prompts, &nexts, true, None).unwrap();
+    assert!(got.logits == want.logits, "hisparse differs from sparse resident over 4-bit keys");
+    assert!(got.counts.misses > 1000, "{:?}", got.counts);
+    hs.check().unwrap();
+    // The selection reads the 4-bit keys: another selection than fp8 keys make, so other logits.
+    let mut fp8_resident = make(AttentionKind::SparseResident, KvRowFormat::Bf16.into());
+    let (kv8, key8) = fp8_resident.layouts();
+    let prompts8 = [m.prefill(&ids[..120], kv8, key8).unwrap(), m.prefill(&ids[..100], kv8, key8).unwrap()];
+    let other = m.teacher_forced(&mut fp8_resident, &prompts8, &nexts, true, None).unwrap();
+    assert!(other.logits != want.logits, "4-bit keys selected as fp8 keys do");
     std::fs::remove_dir_all(dir).unwrap();
 }

@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use clap::Args;
-use hisparse_engine::{EmulatedDevice, LayerView};
+use hisparse_engine::{EmulatedDevice, IndexKeyLayout, LayerView};
 use hisparse_model::{AttentionKind, ForcedOut, LayerObserver, ModelError, PrefillOut, SelectionRecorder};
 use hisparse_policy::trace::TraceWriter;
 use serde::Serialize;
@@ -68,6 +68,10 @@ pub struct EvalRow {
     pub attention: &'static str,
     /// Positions selected (0 for dense).
     pub top_k: usize,
+    /// The sparse runs' index key format (`--index-format`; none for dense).
+    pub index_format: Option<String>,
+    /// The sparse runs' index bytes per token and layer, what the device keeps to select by.
+    pub index_bytes: Option<usize>,
     /// exp(mean negative log-likelihood) of the scored tokens.
     pub perplexity: f64,
     /// Share of steps whose most likely token is dense attention's.
@@ -136,7 +140,13 @@ fn check(args: &EvalArgs, context_max: usize) -> Result<()> {
     Ok(())
 }
 
-fn row(context: usize, kind: AttentionKind, top_k: usize, run: &ForcedOut, dense: Option<&ForcedOut>) -> EvalRow {
+fn row(
+    context: usize,
+    kind: AttentionKind,
+    (top_k, key): (usize, IndexKeyLayout),
+    run: &ForcedOut,
+    dense: Option<&ForcedOut>,
+) -> EvalRow {
     let nll: Vec<f64> = run.nll.iter().flatten().copied().collect();
     let steps: usize = run.argmax.iter().map(Vec::len).sum();
     let agree = match dense {
@@ -151,6 +161,8 @@ fn row(context: usize, kind: AttentionKind, top_k: usize, run: &ForcedOut, dense
         context,
         attention: kind.name(),
         top_k,
+        index_format: (top_k > 0).then(|| key.format().name()),
+        index_bytes: (top_k > 0).then(|| key.row_bytes()),
         perplexity: (nll.iter().sum::<f64>() / nll.len().max(1) as f64).exp(),
         agreement: agree,
         identical_to_resident: None,
@@ -211,12 +223,12 @@ pub fn run(args: &EvalArgs) -> Result<(Vec<EvalRow>, Option<PathBuf>)> {
             Ok(r)
         };
         let dense = forced(AttentionKind::Dense, 0, false)?;
-        rows.push(row(c, AttentionKind::Dense, 0, &dense, None));
+        rows.push(row(c, AttentionKind::Dense, (0, key), &dense, None));
         for &k in &args.top_k {
             let resident = forced(AttentionKind::SparseResident, k, true)?;
             let hs = forced(AttentionKind::HiSparse, k, true)?;
-            rows.push(row(c, AttentionKind::SparseResident, k, &resident, Some(&dense)));
-            let mut r = row(c, AttentionKind::HiSparse, k, &hs, Some(&dense));
+            rows.push(row(c, AttentionKind::SparseResident, (k, key), &resident, Some(&dense)));
+            let mut r = row(c, AttentionKind::HiSparse, (k, key), &hs, Some(&dense));
             r.identical_to_resident = Some(hs.logits == resident.logits);
             rows.push(r);
         }
@@ -245,13 +257,17 @@ pub fn run(args: &EvalArgs) -> Result<(Vec<EvalRow>, Option<PathBuf>)> {
 }
 
 fn csv(rows: &[EvalRow]) -> String {
-    let mut s =
-        String::from("context,attention,top_k,perplexity,agreement,identical_to_resident,tokens_per_s,hits,misses\n");
+    let mut s = String::from(
+        "context,attention,top_k,perplexity,agreement,identical_to_resident,tokens_per_s,hits,misses,index_format,\
+         index_bytes\n",
+    );
     for r in rows {
         let id = r.identical_to_resident.map_or(String::new(), |b| b.to_string());
+        let (f, b) =
+            (r.index_format.clone().unwrap_or_default(), r.index_bytes.map_or(String::new(), |b| b.to_string()));
         let _ = writeln!(
             s,
-            "{},{},{},{:.4},{:.4},{id},{:.2},{},{}",
+            "{},{},{},{:.4},{:.4},{id},{:.2},{},{},{f},{b}",
             r.context, r.attention, r.top_k, r.perplexity, r.agreement, r.tokens_per_s, r.hits, r.misses
         );
     }
@@ -297,10 +313,14 @@ fn plot(rows: &[EvalRow]) -> Result<String> {
     line_chart(&chart, &series)
 }
 
-/// The table.
+/// The table, after a line naming the sparse runs' index keys.
 pub fn render(rows: &[EvalRow], out: &Option<PathBuf>) -> String {
-    let mut s =
-        String::from("context  attention        top-k  perplexity  agreement  identical  tokens/s     hits   misses\n");
+    let mut s = String::new();
+    if let Some(r) = rows.iter().find(|r| r.index_format.is_some()) {
+        let (f, b) = (r.index_format.as_deref().unwrap_or_default(), r.index_bytes.unwrap_or_default());
+        let _ = writeln!(s, "sparse runs select by index keys of {f}: {b} B per token and layer");
+    }
+    s.push_str("context  attention        top-k  perplexity  agreement  identical  tokens/s     hits   misses\n");
     for r in rows {
         let id = match r.identical_to_resident {
             Some(true) => "yes",

@@ -1,12 +1,13 @@
 //! What the real-model commands (`generate`, `eval`) share: the model file (`--gguf`, or the
-//! SmolLM2 file fetched once), the row format, the eviction policy, and the caches they decode
+//! SmolLM2 file fetched once), the row and index key formats, the eviction policy, and the caches they decode
 //! through.
 
 use std::path::PathBuf;
 
 use clap::Args;
 use hisparse_engine::{
-    BuiltinPolicy, CacheConfig, CpuBackend, HeadCombine, IndexScore, KvCache, KvRowFormat, OracleScore, PolicyChoice,
+    BuiltinPolicy, CacheConfig, CpuBackend, HeadCombine, IndexKeyFormat, IndexScore, KvCache, KvRowFormat, OracleScore,
+    PolicyChoice, StorageFormats,
 };
 use hisparse_model::{AttentionKind, Llama, LlamaConfig, ModelError, cache_config, fetch};
 
@@ -26,6 +27,11 @@ pub struct ModelArgs {
     /// 128 with a scale).
     #[arg(long, default_value = "bf16", value_parser = super::common::parse_kv_format)]
     pub kv_format: KvRowFormat,
+    /// Index key format, what the device keeps per token to select by: fp8 (the keys as e4m3
+    /// with one scale per token), or int4[:GROUP] (4-bit integers with a scale per GROUP values;
+    /// 32 by default). The oracle scores the keys as stored.
+    #[arg(long, default_value = "fp8", value_parser = super::common::parse_index_format)]
+    pub index_format: IndexKeyFormat,
     /// Eviction policy of the hot buffers (hisparse).
     #[arg(long, value_enum, default_value_t = BuiltinPolicy::Lru)]
     pub policy: BuiltinPolicy,
@@ -50,6 +56,11 @@ pub enum CombineArg {
 }
 
 impl ModelArgs {
+    /// What the caches store per token: `--kv-format` rows, `--index-format` keys.
+    pub fn formats(&self) -> StorageFormats {
+        StorageFormats { kv: self.kv_format, index: self.index_format }
+    }
+
     /// Loads the model (fetching SmolLM2 first when no file is given).
     pub fn load(&self) -> Result<Llama> {
         let path = match &self.gguf {
@@ -86,7 +97,7 @@ impl ModelArgs {
         max_tokens: usize,
         requests: usize,
     ) -> Result<KvCache<CpuBackend>> {
-        let mut cfg = cache_config(config, kind, top_k, buffer.1, max_tokens, self.kv_format, requests)
+        let mut cfg = cache_config(config, kind, top_k, buffer.1, max_tokens, self.formats(), requests)
             .map_err(|e| named(e, buffer.0))?;
         cfg.hisparse.eviction_policy = PolicyChoice::from(self.policy);
         self.cache_from(cfg, buffer.0)
@@ -157,6 +168,7 @@ pub fn named(e: ModelError, buffer: &'static str) -> BenchError {
     use hisparse_policy::PolicyError;
     let flag_of = |field: &str| match field {
         "kv_format" => Some("kv-format"),
+        "index_format" => Some("index-format"),
         "device_buffer_size" => Some(buffer),
         "prefetch_budget" => Some("prefetch-budget"),
         _ => None,

@@ -53,6 +53,7 @@ impl ModelInput {
         let args = ModelArgs {
             gguf: source.gguf.clone(),
             kv_format,
+            index_format: engine.index_format.unwrap_or_default(),
             policy: engine.eviction_policy.unwrap_or(hisparse_engine::BuiltinPolicy::Lru),
             combine: CombineArg::Sum,
             sink: 0,
@@ -78,7 +79,7 @@ impl ModelInput {
             ));
         }
         // The prompts' rows are held whole: refused before any is made if the machine lacks them.
-        cache_config(self.model.config(), AttentionKind::Dense, 0, 0, context, self.args.kv_format, self.count)
+        cache_config(self.model.config(), AttentionKind::Dense, 0, 0, context, self.args.formats(), self.count)
             .map_err(|e| match e {
                 hisparse_model::ModelError::Invalid { field, reason, .. } if field == "requests" => {
                     BenchError::flag("prompts", self.count, reason)
@@ -129,7 +130,7 @@ impl ModelInput {
             Some(b) => b,
             None => hisparse_policy::default_buffer_slots(self.top_k),
         };
-        let (c, k, f) = (self.model.config(), self.top_k, self.args.kv_format);
+        let (c, k, f) = (self.model.config(), self.top_k, self.args.formats());
         let mut cfg = match &engine.device_memory {
             Some(s) => {
                 cache_config_within(c, kind, k, buffer, max_tokens, f, requests, parse_bytes("device-memory", s)?)

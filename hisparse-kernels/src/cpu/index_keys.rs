@@ -2,7 +2,6 @@
 //! lightning indexer (`indexer.rs`) and the oracle (`oracle_index.rs`) both read.
 
 use hisparse_memory::EmulatedDevice;
-use hisparse_memory::fp8::E4M3_TABLE;
 
 use crate::batch::{IndexerBatch, IndexerRequest};
 
@@ -13,13 +12,10 @@ pub(super) fn key_row(batch: &IndexerBatch<'_, EmulatedDevice>, r: &IndexerReque
     batch.page_table[r.first_page + t / p] as usize * p + t % p
 }
 
-/// The key of position `t` of request `r` as f32 (its e4m3 values times its scale).
+/// The key of position `t` of request `r` as f32 (its codes times their scales; the batch's
+/// scales were checked by `validate`).
 pub(super) fn key_values(batch: &IndexerBatch<'_, EmulatedDevice>, r: &IndexerRequest, t: usize, key: &mut [f32]) {
-    let (dim, key_bytes) = (batch.key_layout.dim(), batch.key_layout.row_bytes());
+    let key_bytes = batch.key_layout.row_bytes();
     let row = key_row(batch, r, t) * key_bytes;
-    let bytes = &batch.keys[row..row + key_bytes];
-    let scale = f32::from_le_bytes([bytes[dim], bytes[dim + 1], bytes[dim + 2], bytes[dim + 3]]);
-    for (k, &c) in key.iter_mut().zip(&bytes[..dim]) {
-        *k = E4M3_TABLE[usize::from(c)] * scale;
-    }
+    batch.key_layout.decode_checked(&batch.keys[row..row + key_bytes], key);
 }

@@ -6,7 +6,7 @@
 
 use half::bf16;
 use hisparse_memory::fp8::E4M3_TABLE;
-use hisparse_memory::{EmulatedDevice, MemoryError};
+use hisparse_memory::{EmulatedDevice, IndexKeyFormat, MemoryError};
 use rayon::prelude::*;
 
 use super::index_keys::key_row;
@@ -63,11 +63,15 @@ fn validate(batch: &IndexerBatch<'_, EmulatedDevice>) -> Result<()> {
     if let Some((index, &value)) = batch.weights.iter().enumerate().find(|(_, w)| !w.is_finite()) {
         return Err(MemoryError::NonFinite { field: "weights", index, value }.into());
     }
+    let format = batch.key_layout.format();
+    if matches!(batch.score, IndexScore::Lightning) && format != IndexKeyFormat::Fp8 {
+        return Err(KernelError::invalid("index_format", format, "the lightning indexer reads fp8 keys"));
+    }
     // Stored scales too, so that a bad key fails the call before anything is written.
     for r in batch.requests {
         for t in 0..r.seq_len {
             let row = key_row(batch, r, t) * key_bytes;
-            batch.key_layout.scale(&batch.keys[row..row + key_bytes])?;
+            batch.key_layout.check_scales(&batch.keys[row..row + key_bytes])?;
         }
     }
     Ok(())

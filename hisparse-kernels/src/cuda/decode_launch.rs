@@ -172,13 +172,15 @@ impl IndexerKernels {
 
 /// `batch`'s requests as the indexer kernels read them, checked: the page size, the queries and
 /// weights against the requests, the key pool in whole pages, each request's pages within the
-/// page table and its scores within `scores_len` (checked sums), every field within 32 bits.
+/// page table and its scores within `scores_len` (checked sums), every field within 32 bits;
+/// keys of a format the CUDA kernels read.
 /// With the longest request and the end of the furthest score span.
 pub(crate) fn checked_requests(
     batch: &IndexerBatch<'_, CudaMemory>,
     scores_len: usize,
 ) -> Result<(Vec<GpuIndexerReq>, usize, usize)> {
     let (heads, dim, kb, p) = (batch.heads, batch.key_layout.dim(), batch.key_layout.row_bytes(), batch.page_tokens);
+    refuse_unread_format(batch.key_layout)?;
     if p == 0 {
         return Err(KernelError::invalid("page_tokens", p, "must be at least 1"));
     }
@@ -342,5 +344,13 @@ impl DecodeLaunch<'_> {
         // (checked).
         unsafe { b.launch(cfg) }.map_err(driver_error("top-k launch"))?;
         Ok(())
+    }
+}
+
+/// The CUDA kernels read fp8 index keys only (the CPU backend reads every format).
+pub(crate) fn refuse_unread_format(key: hisparse_memory::IndexKeyLayout) -> Result<()> {
+    match key.format() {
+        hisparse_memory::IndexKeyFormat::Fp8 => Ok(()),
+        other => Err(KernelError::invalid("index_format", other, "the CUDA backend reads fp8 index keys only")),
     }
 }

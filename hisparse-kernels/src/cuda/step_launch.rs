@@ -114,6 +114,7 @@ impl StepLaunch<'_> {
         keys: Option<&mut CudaSlice<u8>>,
     ) -> Result<()> {
         let (kv, key) = (fill.kv_layout, fill.key_layout);
+        super::decode_launch::refuse_unread_format(key)?;
         let n = fill.kv_seeds.len();
         check_len("rows", n * kv.row_bytes(), rows.len())?;
         let fp8 = kv.format() == hisparse_memory::KvRowFormat::Fp8;

@@ -7,7 +7,8 @@
 //! | --- | --- | --- |
 //! | bf16 KV row (576 dims) | 1152 | `[0, 2*d_qk)`: `d_latent` latent then `d_rope` rope values, bf16 |
 //! | fp8 KV row (FlashMLA) | 656 | `[0, 512)`: latent e4m3; `[512, 528)`: 4 fp32 scales, one per 128 latent values; `[528, 656)`: 64 rope values, bf16 |
-//! | index key (dim 128) | 132 | `[0, 128)`: e4m3; `[128, 132)`: one fp32 scale |
+//! | index key (dim 128), fp8 | 132 | `[0, 128)`: e4m3; `[128, 132)`: one fp32 scale |
+//! | index key (dim `d`), int4 in groups of `g` | `d/2 + 4d/g` | `[0, d/2)`: 4-bit codes, two per byte (low nibble first); then one fp32 scale per group |
 //! | GQA row (`h` KV heads of dim `d`), bf16 | `4hd` | the `2hd` values `K_0 .. K_{h-1}, V_0 .. V_{h-1}`, bf16 |
 //! | GQA row, fp8 | `2hd + 4 * 2hd / 128` | the same values as fp8 latent blocks of 128 with their scales, no rope |
 //!
@@ -22,10 +23,12 @@
 mod bf16;
 mod fp8;
 mod index_key;
+#[cfg(test)]
+mod tests_int4;
 
 pub use self::bf16::{decode_bf16_into, encode_bf16_into};
 pub use self::fp8::{FP8_BLOCK, quantize_block};
-pub use self::index_key::IndexKeyLayout;
+pub use self::index_key::{IndexKeyFormat, IndexKeyLayout};
 
 use serde::{Deserialize, Serialize};
 
@@ -66,6 +69,22 @@ impl std::str::FromStr for KvRowFormat {
             "fp8" => Ok(Self::Fp8),
             _ => Err(MemoryError::invalid("kv_format", s, "expected bf16 or fp8")),
         }
+    }
+}
+
+/// What a cache stores per token and layer: its KV row's format and its index key's. A
+/// [`KvRowFormat`] alone converts into it with fp8 index keys.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct StorageFormats {
+    /// How KV rows are stored.
+    pub kv: KvRowFormat,
+    /// How index keys are stored.
+    pub index: IndexKeyFormat,
+}
+
+impl From<KvRowFormat> for StorageFormats {
+    fn from(kv: KvRowFormat) -> Self {
+        Self { kv, index: IndexKeyFormat::Fp8 }
     }
 }
 

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use hisparse_kernels::IndexerQueries;
-use hisparse_memory::{KvGeometry, KvRowFormat};
+use hisparse_memory::{IndexKeyFormat, KvGeometry, KvRowFormat, MemoryError};
 use hisparse_policy::{BuiltinPolicy, BuiltinPrefetcher, MissFillMode};
 
 use crate::error::{BenchError, Result};
@@ -156,6 +156,10 @@ pub struct EngineArgs {
     /// KV row format: fp8 or bf16 (default: the preset's; MLA rows of 656 or 1152 B).
     #[arg(long, value_parser = parse_kv_format)]
     pub kv_format: Option<KvRowFormat>,
+    /// Index key format of a grouped-query geometry (the oracle selecting): fp8 (default) or
+    /// int4[:GROUP]; the CPU backend reads both, CUDA fp8 only.
+    #[arg(long, value_parser = parse_index_format)]
+    pub index_format: Option<IndexKeyFormat>,
     /// Device memory for the KV cache, index keys and hot buffers, e.g. 48MiB, 80GiB
     /// (default: 48MiB for cpu-small; with an emulated model, 90% of the GPU's memory less its
     /// weights and a 4 GiB margin; 64GiB otherwise).
@@ -188,6 +192,11 @@ pub struct EngineArgs {
 /// internal field).
 pub fn parse_kv_format(s: &str) -> std::result::Result<KvRowFormat, String> {
     s.parse::<KvRowFormat>().map_err(|_| "expected bf16 or fp8".into())
+}
+
+/// `--index-format`'s value, parsed once at the edge.
+pub fn parse_index_format(s: &str) -> std::result::Result<IndexKeyFormat, String> {
+    s.parse::<IndexKeyFormat>().map_err(|_| "expected fp8, int4 or int4:GROUP".into())
 }
 
 /// `--index-queries`' value, parsed once at the edge.
@@ -229,11 +238,25 @@ pub fn parse_bytes(flag: &'static str, s: &str) -> Result<u64> {
 }
 
 impl EngineArgs {
-    /// The geometry of the preset, in the chosen row format, with `--top-k`'s selection.
+    /// The geometry of the preset, in the chosen row and index key formats, with `--top-k`'s
+    /// selection.
     pub fn geometry(&self) -> Result<KvGeometry> {
         let mut g = KvGeometry::preset(&self.preset)?;
         if let Some(f) = self.kv_format {
             g = g.with_kv_format(f);
+        }
+        if let Some(f) = self.index_format {
+            if g.kv_heads().is_none() && f != IndexKeyFormat::Fp8 {
+                return Err(BenchError::flag(
+                    "index-format",
+                    f,
+                    format!("{}'s lightning indexer reads fp8 keys", g.name),
+                ));
+            }
+            g = g.with_index_format(f).map_err(|e| match e {
+                MemoryError::InvalidField { reason, .. } => BenchError::flag("index-format", f, reason),
+                e => e.into(),
+            })?;
         }
         if let Some(k) = self.top_k {
             // Hisparse holds a step's selection in a hot buffer: top-k within its slots.
