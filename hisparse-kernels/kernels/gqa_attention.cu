@@ -6,8 +6,8 @@
 //
 // Split over the selection, as flash-decoding splits it: `sparse_gqa_split` takes one block per
 // (KV group, request, chunk of GQA_CHUNK selected rows) and serves every query head of the group
-// from one read of each row: a warp per row scores it for every head (lanes over the dims, a
-// butterfly sum), a warp per head takes the chunk's largest logit and its exponentials, then each
+// from one read of each row: a warp scores four rows at a time for every head (lanes over the
+// dims, a butterfly sum), a warp per head takes the chunk's largest logit and its exponentials, then each
 // thread owns value dims and sums the chunk's rows in selection order. Its partial (the output
 // relative to the chunk's largest logit, that logit, the sum) goes to scratch; `sparse_gqa_merge`
 // (a block per head and request) merges a request's chunks in order. The output differs from the
@@ -23,6 +23,7 @@
 
 #define GQA_NEG_INF __int_as_float(0xff800000)
 #define GQA_WARPS (GQA_THREADS / 32)
+#define GQA_ROWS 4  // rows a warp scores at once
 
 // Value `idx` (of the row's 2 h head_dim) of `row`.
 __device__ __forceinline__ float gqa_value(const unsigned char* row, unsigned idx, const GqaParams& p) {
@@ -64,30 +65,41 @@ extern "C" __global__ void __launch_bounds__(GQA_THREADS) sparse_gqa_split(
         loc[j] = l;
     }
     __syncthreads();
-    // Logits: a warp per row, every head of the group.
-    for (unsigned j = warp; j < len; j += GQA_WARPS) {
-        const int l = loc[j];
-        float acc[GQA_MAX_GROUP];
+    // Logits: a warp per row, GQA_ROWS rows at a time (their loads in flight together), every
+    // head of the group.
+    for (unsigned j = warp * GQA_ROWS; j < len; j += GQA_WARPS * GQA_ROWS) {
+        float acc[GQA_ROWS][GQA_MAX_GROUP];
 #pragma unroll
-        for (unsigned h = 0; h < GQA_MAX_GROUP; ++h) acc[h] = 0.f;
-        if (l >= 0) {
-            const unsigned char* row = rows + (size_t)l * p.row_bytes;
-            for (unsigned e = lane; e < d; e += 32) {
-                const float k = gqa_value(row, k_at + e, p);
+        for (unsigned r = 0; r < GQA_ROWS; ++r)
 #pragma unroll
-                for (unsigned h = 0; h < GQA_MAX_GROUP; ++h)
-                    if (h < group) acc[h] += q[h * d + e] * k;
+            for (unsigned h = 0; h < GQA_MAX_GROUP; ++h) acc[r][h] = 0.f;
+        for (unsigned e = lane; e < d; e += 32) {
+            float k[GQA_ROWS];
+#pragma unroll
+            for (unsigned r = 0; r < GQA_ROWS; ++r) {
+                const int l = j + r < len ? loc[j + r] : -1;
+                k[r] = l >= 0 ? gqa_value(rows + (size_t)l * p.row_bytes, k_at + e, p) : 0.f;
+            }
+#pragma unroll
+            for (unsigned h = 0; h < GQA_MAX_GROUP; ++h) {
+                if (h >= group) break;
+                const float qe = q[h * d + e];
+#pragma unroll
+                for (unsigned r = 0; r < GQA_ROWS; ++r) acc[r][h] += qe * k[r];
             }
         }
 #pragma unroll
-        for (unsigned h = 0; h < GQA_MAX_GROUP; ++h) {
-            if (h >= group) break;
-            float x = acc[h];
-            for (unsigned o = 16; o > 0; o /= 2) x += __shfl_xor_sync(0xffffffffu, x, o);
-            if (lane == 0) w[h * GQA_CHUNK + j] = p.scale * x;
+        for (unsigned r = 0; r < GQA_ROWS; ++r) {
+#pragma unroll
+            for (unsigned h = 0; h < GQA_MAX_GROUP; ++h) {
+                if (h >= group) break;
+                float x = acc[r][h];
+                for (unsigned o = 16; o > 0; o /= 2) x += __shfl_xor_sync(0xffffffffu, x, o);
+                if (lane == 0 && j + r < len) w[h * GQA_CHUNK + j + r] = p.scale * x;
+            }
         }
     }
-    __syncthreads();
+    __syncthreads();  // every logit written before any head's softmax reads them
     // A warp per head: the chunk's largest logit, its weights and their sum.
     for (unsigned h = warp; h < group; h += GQA_WARPS) {
         float m = GQA_NEG_INF;
@@ -112,10 +124,11 @@ extern "C" __global__ void __launch_bounds__(GQA_THREADS) sparse_gqa_split(
         float acc[GQA_MAX_GROUP];
 #pragma unroll
         for (unsigned h = 0; h < GQA_MAX_GROUP; ++h) acc[h] = 0.f;
+        // Unrolled so that several rows' loads are in flight; a missing row adds zeros.
+#pragma unroll 8
         for (unsigned j = 0; j < len; ++j) {
             const int l = loc[j];
-            if (l < 0) continue;
-            const float v = gqa_value(rows + (size_t)l * p.row_bytes, v_at + e, p);
+            const float v = l >= 0 ? gqa_value(rows + (size_t)l * p.row_bytes, v_at + e, p) : 0.f;
 #pragma unroll
             for (unsigned h = 0; h < GQA_MAX_GROUP; ++h)
                 if (h < group) acc[h] += w[h * GQA_CHUNK + j] * v;

@@ -82,22 +82,28 @@ extern "C" __global__ void __launch_bounds__(ORACLE_THREADS) oracle_logits(
     unsigned char* rows = oracle_smem;                    // [ORACLE_TILE, stride]; then the logits
     unsigned char* flags = oracle_smem + a.flags_at;      // [head blocks, dim / 16]
     for (unsigned x = tid; x < hbs * dc; x += ORACLE_THREADS) flags[x] = chunks[(size_t)i * hbs * dc + x];
-    // The tile's key rows, a warp per row, copied asynchronously (every copy in flight at
-    // once); a missing position or a bad page reads as zeros.
-    const unsigned words = a.key_bytes / 4;
-    for (unsigned row = warp; row < ORACLE_TILE; row += ORACLE_THREADS / 32) {
-        const unsigned t = t0 + row;
-        const unsigned char* src = keys;
-        unsigned size = 0;
+    // Each row's source, looked up by a thread per row at once (a page-table read each); a
+    // missing position or a bad page reads as zeros (-1).
+    __shared__ long long src_at[ORACLE_TILE];
+    if (tid < ORACLE_TILE) {
+        const unsigned t = t0 + tid;
+        long long at = -1;
         if (t < r.seq_len) {
             const unsigned page = page_table[r.first_page + t / a.page_tokens];
-            if (page < a.pool_pages) {
-                src = keys + ((size_t)page * a.page_tokens + t % a.page_tokens) * a.key_bytes;
-                size = 4;
-            } else if (lane == 0) {
+            if (page < a.pool_pages)
+                at = (long long)(((size_t)page * a.page_tokens + t % a.page_tokens) * a.key_bytes);
+            else
                 atomicOr(fault, 1u);
-            }
         }
+        src_at[tid] = at;
+    }
+    __syncthreads();
+    // The tile's key rows, a warp per row, copied asynchronously (every copy in flight at once).
+    const unsigned words = a.key_bytes / 4;
+    for (unsigned row = warp; row < ORACLE_TILE; row += ORACLE_THREADS / 32) {
+        const long long at = src_at[row];
+        const unsigned char* src = keys + (at < 0 ? 0 : at);
+        const unsigned size = at < 0 ? 0 : 4;
         const unsigned dst = (unsigned)__cvta_generic_to_shared(rows + row * stride);
         for (unsigned w = lane; w < words; w += 32)
             asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst + 4 * w),
@@ -139,7 +145,10 @@ extern "C" __global__ void __launch_bounds__(ORACLE_THREADS) oracle_logits(
     }
     const float sa = *reinterpret_cast<const float*>(ra + dim), sb = *reinterpret_cast<const float*>(rb + dim);
     __syncthreads();  // every warp has read the rows: their space takes the logits
-    float* stage = reinterpret_cast<float*>(oracle_smem);  // [ORACLE_TILE, heads]
+    // [ORACLE_TILE, heads + 1]: a row of heads per position, padded so that a warp reading one
+    // head's column meets no bank conflict.
+    const unsigned ss = heads + 1;
+    float* stage = reinterpret_cast<float*>(oracle_smem);
 #pragma unroll
     for (unsigned j = 0; j < ORACLE_HEAD_BLOCKS; ++j) {
         const unsigned hb = set + 2 * j;
@@ -148,20 +157,20 @@ extern "C" __global__ void __launch_bounds__(ORACLE_THREADS) oracle_logits(
             const unsigned h = hb * 8 + k2 + x;
             if (h >= heads) continue;
             const float w = weights[(size_t)i * heads + h];
-            stage[(rg + g) * heads + h] = __fmul_rn(w, __fmul_rn(sa, acc[j][x]));
-            stage[(rg + g + 8) * heads + h] = __fmul_rn(w, __fmul_rn(sb, acc[j][2 + x]));
+            stage[(rg + g) * ss + h] = __fmul_rn(w, __fmul_rn(sa, acc[j][x]));
+            stage[(rg + g + 8) * ss + h] = __fmul_rn(w, __fmul_rn(sb, acc[j][2 + x]));
         }
     }
     __syncthreads();
     const unsigned n = min(ORACLE_TILE, r.seq_len - t0);
     float* out = logits + ((size_t)r.score_offset + t0) * heads;
-    for (unsigned x = tid; x < n * heads; x += ORACLE_THREADS) out[x] = stage[x];
+    for (unsigned x = tid; x < n * heads; x += ORACLE_THREADS) out[x] = stage[(x / heads) * ss + x % heads];
     // A warp per head: the tile's largest logit and the sum of exponentials below it.
     for (unsigned h = warp; h < heads; h += ORACLE_THREADS / 32) {
         float m = ORACLE_NEG_INF, s = 0.f;
-        for (unsigned t = lane; t < n; t += 32) m = fmaxf(m, stage[t * heads + h]);
+        for (unsigned t = lane; t < n; t += 32) m = fmaxf(m, stage[t * ss + h]);
         for (unsigned o = 16; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-        for (unsigned t = lane; t < n; t += 32) s += expf(stage[t * heads + h] - m);
+        for (unsigned t = lane; t < n; t += 32) s += expf(stage[t * ss + h] - m);
         for (unsigned o = 16; o > 0; o /= 2) s += __shfl_xor_sync(0xffffffffu, s, o);
         if (lane == 0) {
             float* p = partials + (((size_t)i * a.tiles + tile) * heads + h) * 2;

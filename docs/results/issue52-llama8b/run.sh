@@ -2,7 +2,7 @@
 # Issue 52: the oracle's tensor-core scores and the GQA kernels against their CPU twins, then the
 # Llama-3.1-8B emulation at 32k: sparse resident, hisparse and the swap-in-free bound, and dense
 # resident (--top-k past every request's length: no selection, attention over every position).
-# Usage: DEADLINE_S=540 [KV=fp8] [SKIP_TESTS=1] bash run.sh [CONTEXT] [LEVELS] [DENSE_LEVELS]
+# Usage: DEADLINE_S=540 [KV=fp8] [SKIP_TESTS=1] [TESTS="gpu_oracle gpu_gqa ..."] bash run.sh [CONTEXT] [LEVELS] [DENSE_LEVELS]
 cd "$(dirname "$0")/../../.."
 export HISPARSE_CUDA_INCLUDE=/usr/local/cuda/include RUST_BACKTRACE=1
 R=$OUT; B=.gpu/bin
@@ -12,7 +12,7 @@ left() { local l=$(( deadline - $(date +%s) )); [ $l -gt 1 ] && echo $l || echo 
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv > $R/gpu.txt 2>&1
 free -g > $R/host-memory.txt
 if [ -z "$SKIP_TESTS" ]; then
-  for t in gpu_oracle gpu_gqa; do
+  for t in ${TESTS:-gpu_oracle gpu_gqa}; do
     timeout $(left) $B/test-$t --include-ignored --test-threads=1 > $R/test-$t.log 2>&1; echo "$t rc=$? $(grep -E '^test result' $R/test-$t.log)"
   done
   timeout $(left) $B/test-gpu_engine --include-ignored --test-threads=1 grouped > $R/test-gpu_engine.log 2>&1; echo "gpu_engine grouped rc=$? $(grep -E '^test result' $R/test-gpu_engine.log)"

@@ -7,37 +7,20 @@
 // last block of a request to leave clears its three sync words (arrivals, decided flag,
 // departures) for the next launch, which the stream orders after this one.
 
-// Its arguments: one FusedSwapArgs (the generated prelude), passed by value.
+// Its arguments: one FusedSwapArgs (the generated prelude: the decisions' SwapArgs, with no
+// fills, and the copies' pool and sync words), passed by value.
 extern "C" __global__ void swap_in_fused(const FusedSwapArgs a) {
-    const SwapReq* __restrict__ reqs = a.reqs;
-    const unsigned* __restrict__ selections = a.selections;
-    int* __restrict__ slot_tokens = a.slot_tokens;
-    SlotRecord* __restrict__ records = a.records;
-    PolicyScalars* __restrict__ scalars = a.scalars;
-    unsigned* __restrict__ ready = a.ready;
-    unsigned char* __restrict__ prefetched_g = a.prefetched;
-    unsigned* __restrict__ words_g = a.words;
-    const float* __restrict__ scores = a.scores;
-    int* __restrict__ locations = a.locations;
-    unsigned* __restrict__ counts = a.counts;
-    unsigned* __restrict__ miss_tokens = a.miss_tokens;
-    unsigned* __restrict__ miss_slots = a.miss_slots;
-    int* __restrict__ evicted = a.evicted;
-    const unsigned* __restrict__ host_pages = a.host_pages;
-    unsigned char* __restrict__ hot_rows = a.hot_rows;
-    unsigned* __restrict__ sync = a.sync;
-    unsigned* __restrict__ fault = a.fault;
-    const SwapParams p = a.p;
+    const SwapArgs& d = a.decide;
+    const SwapParams p = d.p;
     __shared__ unsigned s_role;
-    unsigned* arrived = sync + 3ull * blockIdx.x;
+    unsigned* arrived = a.sync + 3ull * blockIdx.x;
     unsigned* decided = arrived + 1;
     unsigned* left = arrived + 2;
     if (threadIdx.x == 0) s_role = atomicAdd(arrived, 1u);
     __syncthreads();
     const unsigned role = s_role;
     if (role == 0) {
-        swap_decide(reqs, selections, slot_tokens, records, scalars, ready, prefetched_g, words_g, scores, locations,
-                    counts, miss_tokens, miss_slots, evicted, host_pages, nullptr, fault, p);
+        swap_decide(d);
         __threadfence();
         __syncthreads();
         if (threadIdx.x == 0) atomicExch(decided, 1u);
@@ -48,10 +31,10 @@ extern "C" __global__ void swap_in_fused(const FusedSwapArgs a) {
         }
         __syncthreads();
     }
-    const SwapReq r = reqs[blockIdx.x];
-    const unsigned misses = __ldcg(counts + COUNTS * blockIdx.x + 1);
+    const SwapReq r = d.reqs[blockIdx.x];
+    const unsigned misses = __ldcg(d.counts + COUNTS * blockIdx.x + 1);
     const unsigned warps = blockDim.x >> 5;
-    copy_request_misses(r, misses, miss_tokens, miss_slots, host_pages, hot_rows, fault, p,
+    copy_request_misses(r, misses, d.miss_tokens, d.miss_slots, d.host_pages, a.hot_rows, d.fault, p,
                         role * warps + (threadIdx.x >> 5), gridDim.y * warps);
     __syncthreads();
     if (threadIdx.x == 0 && atomicAdd(left, 1u) == gridDim.y - 1) {

@@ -25,15 +25,25 @@
 //@COMMON@
 
 // The decisions of request blockIdx.x (all threads of the block call it): see above.
-__device__ void swap_decide(const SwapReq* __restrict__ reqs, const unsigned* __restrict__ selections,
-                            int* __restrict__ slot_tokens, SlotRecord* __restrict__ records,
-                            PolicyScalars* __restrict__ scalars, unsigned* __restrict__ ready,
-                            unsigned char* __restrict__ prefetched_g, unsigned* __restrict__ words_g,
-                            const float* __restrict__ scores, int* __restrict__ locations,
-                            unsigned* __restrict__ counts, unsigned* __restrict__ miss_tokens,
-                            unsigned* __restrict__ miss_slots, int* __restrict__ evicted,
-                            const unsigned* __restrict__ host_pages, unsigned long long* __restrict__ fills,
-                            unsigned* __restrict__ fault, const SwapParams& p) {
+__device__ void swap_decide(const SwapArgs& a) {
+    const SwapReq* __restrict__ reqs = a.reqs;
+    const unsigned* __restrict__ selections = a.selections;
+    int* __restrict__ slot_tokens = a.slot_tokens;
+    SlotRecord* __restrict__ records = a.records;
+    PolicyScalars* __restrict__ scalars = a.scalars;
+    unsigned* __restrict__ ready = a.ready;
+    unsigned char* __restrict__ prefetched_g = a.prefetched;
+    unsigned* __restrict__ words_g = a.words;
+    const float* __restrict__ scores = a.scores;
+    int* __restrict__ locations = a.locations;
+    unsigned* __restrict__ counts = a.counts;
+    unsigned* __restrict__ miss_tokens = a.miss_tokens;
+    unsigned* __restrict__ miss_slots = a.miss_slots;
+    int* __restrict__ evicted = a.evicted;
+    const unsigned* __restrict__ host_pages = a.host_pages;
+    unsigned long long* __restrict__ fills = a.fills;
+    unsigned* __restrict__ fault = a.fault;
+    const SwapParams& p = a.p;
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ unsigned warp_sums[33];
 
@@ -262,10 +272,7 @@ __device__ void swap_decide(const SwapReq* __restrict__ reqs, const unsigned* __
 }
 
 // Its arguments: one SwapArgs (the generated prelude), passed by value.
-extern "C" __global__ void swap_in(const SwapArgs a) {
-    swap_decide(a.reqs, a.selections, a.slot_tokens, a.records, a.scalars, a.ready, a.prefetched, a.words, a.scores,
-                a.locations, a.counts, a.miss_tokens, a.miss_slots, a.evicted, a.host_pages, a.fills, a.fault, a.p);
-}
+extern "C" __global__ void swap_in(const SwapArgs a) { swap_decide(a); }
 
 // Copies misses first, first + stride, ... of request r (one warp each; `first` and `stride`
 // count warps) from the mapped host tier into its hot buffer. The miss lists are read through

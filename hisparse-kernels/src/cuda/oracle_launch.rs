@@ -82,10 +82,11 @@ impl OracleKernels {
                 "the oracle on CUDA takes keys of a multiple of 16 dims",
             ));
         }
-        // Shared memory of the logits: the tile's rows, which then hold its logits, and the flags.
+        // Shared memory of the logits: the tile's rows, which then hold its logits (a padded row of
+        // heads per position), and the flags.
         let stride = oracle_tile_stride(kb);
         let (hbs, dc) = (heads.div_ceil(8), dim / 16);
-        let flags_at = (ORACLE_TILE * stride).max(ORACLE_TILE * heads * 4).next_multiple_of(16);
+        let flags_at = (ORACLE_TILE * stride).max(ORACLE_TILE * (heads + 1) * 4).next_multiple_of(16);
         let smem = flags_at + hbs * dc;
         if smem > ORACLE_SMEM_MAX {
             return Err(KernelError::invalid(

@@ -27,7 +27,8 @@ pub(crate) fn cdev<T>(buf: &impl DevicePtr<T>, stream: &CudaStream) -> ConstPtr<
 }
 
 hisparse_memory::c_struct! {
-    /// The arguments of `swap_in` (the decisions of a layer for a batch; kernels/swap_in/swap_in.cu).
+    /// The arguments of `swap_in` (the decisions of a layer for a batch; kernels/swap_in/swap_in.cu),
+    /// which its `swap_decide` takes whole (the one-launch form's too).
     #[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
     pub(crate) struct SwapArgs {
         /// The batch's requests.
@@ -74,44 +75,13 @@ hisparse_memory::c_struct! {
     /// kernels/swap_in/swap_fused.cu).
     #[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
     pub(crate) struct FusedSwapArgs {
-        /// The batch's requests.
-        pub(crate) reqs: ConstPtr<DeviceSwapReq>,
-        /// Selected positions, per request from its `sel_offset`.
-        pub(crate) selections: ConstPtr<u32>,
-        /// Every (seat, layer)'s slot table.
-        pub(crate) slot_tokens: DevPtr<i32>,
-        /// Every slot's policy record.
-        pub(crate) records: DevPtr<GpuSlotRecord>,
-        /// Every (seat, layer)'s policy scalars.
-        pub(crate) scalars: DevPtr<GpuPolicyScalars>,
-        /// Every (seat, layer)'s records-ready flag.
-        pub(crate) ready: DevPtr<u32>,
-        /// Every slot's prefetched flag.
-        pub(crate) prefetched: DevPtr<u8>,
-        /// Every (seat, layer)'s token words (null: the policy keeps none).
-        pub(crate) words: DevPtr<u32>,
-        /// Scores by position (null: none read).
-        pub(crate) scores: ConstPtr<f32>,
-        /// Out: each selected token's hot-buffer row.
-        pub(crate) locations: DevPtr<i32>,
-        /// Out: per request, the swap-in's counts.
-        pub(crate) counts: DevPtr<u32>,
-        /// Out: the missed tokens.
-        pub(crate) miss_tokens: DevPtr<u32>,
-        /// Out: the slots they take.
-        pub(crate) miss_slots: DevPtr<u32>,
-        /// Out: the tokens evicted.
-        pub(crate) evicted: DevPtr<i32>,
-        /// Host page ids, per request from its `page_offset`.
-        pub(crate) host_pages: ConstPtr<u32>,
+        /// The decisions' arguments, `swap_decide`'s as in `swap_in` (`fills` null: the misses
+        /// are copied by this launch).
+        pub(crate) decide: SwapArgs,
         /// The layer's hot-buffer pool, where the missed rows go.
         pub(crate) hot_rows: DevPtr<u8>,
         /// Three words per request: the blocks' arrival ticket and hand-over.
         pub(crate) sync: DevPtr<u32>,
-        /// Raised on a position or page id out of range.
-        pub(crate) fault: DevPtr<u32>,
-        /// The launch's parameters.
-        pub(crate) p: SwapParams,
     }
 }
 

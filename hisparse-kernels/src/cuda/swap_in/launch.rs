@@ -176,51 +176,31 @@ impl GpuSwapInState {
         let words = words.as_ref().map_or(DevPtr::null(), |w| dev(w, s));
         let scores = scores.map_or(ConstPtr::null(), |sc| cdev(sc, s));
         let mut b = PrintedLaunch::new(print, stream, if fused { &funcs.fused } else { &funcs.decide });
-        let (fused_args, args);
+        let args = SwapArgs {
+            reqs: cdev(batch.device(), s),
+            selections: cdev(selections, s),
+            slot_tokens: dev(slot_tokens, s),
+            records: dev(records, s),
+            scalars: dev(scalars, s),
+            ready: dev(ready, s),
+            prefetched: dev(prefetched, s),
+            words,
+            scores,
+            locations: dev(locations, s),
+            counts: dev(&counts_at, s),
+            miss_tokens: dev(miss_tokens, s),
+            miss_slots: dev(miss_slots, s),
+            evicted: dev(evicted, s),
+            host_pages: cdev(host_pages, s),
+            fills: if fill && !fused { dev(fills, s) } else { DevPtr::null() },
+            fault: dev(fault, s),
+            p: params,
+        };
+        let fused_args;
         if fused {
-            fused_args = FusedSwapArgs {
-                reqs: cdev(batch.device(), s),
-                selections: cdev(selections, s),
-                slot_tokens: dev(slot_tokens, s),
-                records: dev(records, s),
-                scalars: dev(scalars, s),
-                ready: dev(ready, s),
-                prefetched: dev(prefetched, s),
-                words,
-                scores,
-                locations: dev(locations, s),
-                counts: dev(&counts_at, s),
-                miss_tokens: dev(miss_tokens, s),
-                miss_slots: dev(miss_slots, s),
-                evicted: dev(evicted, s),
-                host_pages: cdev(host_pages, s),
-                hot_rows: dev(hot_rows, s),
-                sync: dev(sync, s),
-                fault: dev(fault, s),
-                p: params,
-            };
+            fused_args = FusedSwapArgs { decide: args, hot_rows: dev(hot_rows, s), sync: dev(sync, s) };
             b.params(&fused_args);
         } else {
-            args = SwapArgs {
-                reqs: cdev(batch.device(), s),
-                selections: cdev(selections, s),
-                slot_tokens: dev(slot_tokens, s),
-                records: dev(records, s),
-                scalars: dev(scalars, s),
-                ready: dev(ready, s),
-                prefetched: dev(prefetched, s),
-                words,
-                scores,
-                locations: dev(locations, s),
-                counts: dev(&counts_at, s),
-                miss_tokens: dev(miss_tokens, s),
-                miss_slots: dev(miss_slots, s),
-                evicted: dev(evicted, s),
-                host_pages: cdev(host_pages, s),
-                fills: if fill { dev(fills, s) } else { DevPtr::null() },
-                fault: dev(fault, s),
-                p: params,
-            };
             b.params(&args);
         }
         // SAFETY: the batch was validated against this swap-in when made (seats within the state
