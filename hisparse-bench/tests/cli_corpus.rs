@@ -308,6 +308,7 @@ fn corpus() -> Vec<Case> {
     ));
     c.extend(flag_cases(sim, "out", &["users", "."]));
     c.extend(flag_cases(sweep, "out", &["users"]));
+    c.extend(flag_cases(sweep, "index-format", &["int4:3", "int8", "int4"]));
     // the GPU commands check their flags before looking for a GPU
     #[cfg(feature = "cuda")]
     {

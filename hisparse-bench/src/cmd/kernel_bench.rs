@@ -2,7 +2,8 @@
 //! ceilings measured in the same run — a device-to-device copy (HBM bytes/s, read + write) and a
 //! cuBLAS bf16 GEMM (FLOP/s). Indexer bytes/s at 32k and 128k context for 64 and 32 heads, top-k
 //! latency for 2048 of 32k/128k, sparse attention FLOP/s for fp8 and bf16 rows at 64 and 128
-//! heads over batch sizes. Inputs are random, in distinct memory per request (no cache reuse).
+//! heads over batch sizes; with `--only oracle`, a dense grouped-query model's oracle scores
+//! (`kernel_bench_oracle.rs`). Inputs are random, in distinct memory per request (no cache reuse).
 //! Medians of CUDA-event timings after warm-up.
 
 use hisparse_kernels::{Kernels, StepControl};
@@ -33,7 +34,8 @@ pub struct KernelBenchArgs {
     /// Timed repetitions (medians are reported).
     #[arg(long, default_value_t = 20)]
     pub reps: usize,
-    /// Sections to run, comma separated: indexer (with top-k), attention, graphs (launch gaps);
+    /// Sections to run, comma separated: indexer (with top-k), attention, graphs (launch gaps),
+    /// oracle (a dense grouped-query model's selection; batches up to 64);
     /// the ceilings always run.
     #[arg(long, value_delimiter = ',', default_value = "indexer,attention,graphs")]
     pub only: Vec<String>,
@@ -46,7 +48,7 @@ pub struct KernelBenchArgs {
     pub out: PathBuf,
 }
 
-fn kerr(e: hisparse_kernels::KernelError) -> BenchError {
+pub(super) fn kerr(e: hisparse_kernels::KernelError) -> BenchError {
     BenchError::Kernel(e)
 }
 
@@ -90,8 +92,8 @@ pub fn run(a: &KernelBenchArgs) -> Result<Vec<Figure>> {
     for &c in &a.contexts {
         guard::within("contexts", c, 2048, 1 << 24)?;
     }
-    if let Some(o) = a.only.iter().find(|o| !["indexer", "attention", "graphs"].contains(&o.as_str())) {
-        return Err(BenchError::flag("only", o, "sections are indexer, attention and graphs"));
+    if let Some(o) = a.only.iter().find(|o| !["indexer", "attention", "graphs", "oracle"].contains(&o.as_str())) {
+        return Err(BenchError::flag("only", o, "sections are indexer, attention, graphs and oracle"));
     }
     for &n in &a.attention_splits {
         guard::within("attention-splits", n, 1, 4096)?;
@@ -152,6 +154,9 @@ pub fn run(a: &KernelBenchArgs) -> Result<Vec<Figure>> {
     }
     if want("attention") {
         attention(a, &gpu, &s, &mut rng, gemm, &mut figs)?;
+    }
+    if want("oracle") {
+        super::kernel_bench_oracle::oracle(a, &gpu, &s, &mut rng, hbm, &mut figs)?;
     }
     if want("graphs") {
         for b in [1usize, 8, 64] {

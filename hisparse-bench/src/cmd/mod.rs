@@ -14,6 +14,8 @@ pub mod gpu_bench;
 #[cfg(feature = "cuda")]
 pub mod kernel_bench;
 #[cfg(feature = "cuda")]
+mod kernel_bench_oracle;
+#[cfg(feature = "cuda")]
 pub mod launch_gaps;
 #[cfg(feature = "model")]
 pub mod model_args;
