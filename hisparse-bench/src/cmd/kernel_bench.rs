@@ -48,7 +48,7 @@ pub struct KernelBenchArgs {
     pub out: PathBuf,
 }
 
-pub(super) fn kerr(e: hisparse_kernels::KernelError) -> BenchError {
+fn kerr(e: hisparse_kernels::KernelError) -> BenchError {
     BenchError::Kernel(e)
 }
 
@@ -156,7 +156,7 @@ pub fn run(a: &KernelBenchArgs) -> Result<Vec<Figure>> {
         attention(a, &gpu, &s, &mut rng, gemm, &mut figs)?;
     }
     if want("oracle") {
-        super::kernel_bench_oracle::oracle(a, &gpu, &s, &mut rng, hbm, &mut figs)?;
+        super::kernel_bench_oracle::oracle((&a.contexts, &a.batches, a.reps), &gpu, &s, &mut rng, hbm, &mut figs)?;
     }
     if want("graphs") {
         for b in [1usize, 8, 64] {

@@ -11,15 +11,15 @@ use rand::seq::SliceRandom;
 use rand::{Rng, RngCore};
 
 use super::gpu_bench::{Figure, time_ms};
-use super::kernel_bench::{KernelBenchArgs, kerr};
 use crate::error::{BenchError, Result};
 
 /// The oracle's largest batch timed (a batch of 32k-position requests' keys: 34 MB each).
-pub(super) const ORACLE_MAX_BATCH: usize = 64;
+const ORACLE_MAX_BATCH: usize = 64;
 
-/// The oracle's scores over every context and batch (at most [`ORACLE_MAX_BATCH`]).
+/// The oracle's scores over every context and batch (at most [`ORACLE_MAX_BATCH`]), each the
+/// median of `reps` timings.
 pub(super) fn oracle(
-    a: &KernelBenchArgs,
+    (contexts, batches, reps): (&[usize], &[usize], usize),
     gpu: &CudaBackend,
     s: &std::sync::Arc<cudarc::driver::CudaStream>,
     rng: &mut rand::rngs::StdRng,
@@ -35,8 +35,8 @@ pub(super) fn oracle(
     let kv_heads = g.kv_heads().unwrap_or(1);
     let (group, hd) = (heads / kv_heads, dim / kv_heads);
     let p = 64;
-    for &ctx in &a.contexts {
-        for &b in a.batches.iter().filter(|&&b| b <= ORACLE_MAX_BATCH) {
+    for &ctx in contexts {
+        for &b in batches.iter().filter(|&&b| b <= ORACLE_MAX_BATCH) {
             let per = ctx.div_ceil(p);
             let mut host = vec![0u8; b * per * p * kb];
             rng.fill_bytes(&mut host);
@@ -76,7 +76,7 @@ pub(super) fn oracle(
                 queries_as: IndexerQueries::Exact,
                 score: IndexScore::Oracle(OracleScore::default()),
             };
-            let ms = time_ms(s, a.reps, || gpu.indexer_scores(&batch, &mut scores).map_err(kerr))?;
+            let ms = time_ms(s, reps, || gpu.indexer_scores(&batch, &mut scores).map_err(BenchError::Kernel))?;
             // Keys read, the scores written.
             let bytes = (b * ctx) as f64 * (kb as f64 + 4.0);
             let bw = bytes / (ms * 1e-3);
