@@ -4,6 +4,7 @@
 
 use std::path::PathBuf;
 
+use hisparse_memory::device_tier::hot_buffer_rows_of;
 use hisparse_memory::{KvGeometry, MemoryError, Mode};
 use hisparse_policy::{BuiltinPrefetcher, HiSparseConfig, MissFill, MissFillMode, PolicyError};
 
@@ -349,7 +350,7 @@ impl EngineArgs {
                     "host tier",
                     "--host-to-device-ratio",
                 ));
-                let seat = guard::product(&[c.device_buffer_size + 1, kv, g.layers]);
+                let seat = guard::product(&[hot_buffer_rows_of(c.device_buffer_size), kv, g.layers]);
                 let device = seat.zip(keys).and_then(|(a, b)| a.checked_add(b));
                 needs.push((device, c.device_kv_bytes, "device budget (hot buffer and index keys)", "--device-memory"));
             }
