@@ -2,7 +2,9 @@
 # Issue 52: the oracle's tensor-core scores and the GQA kernels against their CPU twins, then the
 # Llama-3.1-8B emulation at 32k: sparse resident, hisparse and the swap-in-free bound, and dense
 # resident (--top-k past every request's length: no selection, attention over every position).
-# Usage: DEADLINE_S=540 [KV=fp8] [SKIP_TESTS=1] [TESTS="gpu_oracle gpu_gqa ..."] bash run.sh [CONTEXT] [LEVELS] [DENSE_LEVELS]
+# Usage: DEADLINE_S=540 [KV=fp8] [SKIP_TESTS=1] [TESTS="gpu_oracle gpu_gqa ..."] [ORACLE=1] bash run.sh [CONTEXT] [LEVELS] [DENSE_LEVELS]
+# ORACLE=1: also time the oracle alone (kernel-bench --only oracle at 1, 8 and 23 requests),
+# under nsys when the machine has it (each of its four launches apart).
 cd "$(dirname "$0")/../../.."
 export HISPARSE_CUDA_INCLUDE=/usr/local/cuda/include RUST_BACKTRACE=1
 R=$OUT; B=.gpu/bin
@@ -20,6 +22,16 @@ fi
 # The HBM-copy ceiling, measured in the same run.
 LD_LIBRARY_PATH=/usr/local/cuda/lib64 timeout $(left) $B/hisparse kernel-bench --only attention --batches 1 --reps 5 --out $R/kb > $R/kernel-bench.log 2>&1
 echo "kernel-bench rc=$?"; grep -i -E "copy|cublas" $R/kernel-bench.log | head -4
+if [ -n "$ORACLE" ]; then
+  ob="$B/hisparse kernel-bench --only oracle --contexts $ctx --batches 1,8,23 --reps 10 --out $R/kb-oracle"
+  NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
+  if [ -n "$NSYS" ]; then
+    LD_LIBRARY_PATH=/usr/local/cuda/lib64 timeout $(left) $NSYS profile -o $R/oracle --stats=true --force-overwrite true $ob > $R/oracle.log 2>&1
+  else
+    LD_LIBRARY_PATH=/usr/local/cuda/lib64 timeout $(left) $ob > $R/oracle.log 2>&1
+  fi
+  echo "oracle rc=$? (nsys: ${NSYS:-none})"; grep -E "oracle|cuda_gpu_kern_sum" -A0 $R/oracle.log | head -20
+fi
 common="--backend cuda --preset llama-3.1-8b --kv-format ${KV:-bf16} --context $ctx --warmup 4 --window 6 --windows 3"
 s=$(date +%s)
 timeout $(left) $B/hisparse sweep $common --concurrency $levels --bound --out $R/sweep > $R/sweep.log 2>&1
@@ -28,4 +40,4 @@ s=$(date +%s)
 timeout $(left) $B/hisparse sweep $common --concurrency $dense --mode resident --top-k $(( ctx + 4096 )) --out $R/dense > $R/dense.log 2>&1
 echo "dense rc=$? $(( $(date +%s) - s ))s"; tail -16 $R/dense.log
 # At most 8 files come back from the device: the sweeps' outputs travel as one archive.
-(cd $R && tar czf outputs.tgz sweep dense kb && rm -rf sweep dense kb)
+(cd $R && tar czf outputs.tgz $(ls -d sweep dense kb kb-oracle oracle.nsys-rep oracle.sqlite 2>/dev/null) && rm -rf sweep dense kb kb-oracle oracle.nsys-rep oracle.sqlite)

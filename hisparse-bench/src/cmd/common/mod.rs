@@ -156,8 +156,9 @@ pub struct EngineArgs {
     /// KV row format: fp8 or bf16 (default: the preset's; MLA rows of 656 or 1152 B).
     #[arg(long, value_parser = parse_kv_format)]
     pub kv_format: Option<KvRowFormat>,
-    /// Index key format of a grouped-query geometry (the oracle selecting): fp8 (default) or
-    /// int4[:GROUP]; the CPU backend reads both, CUDA fp8 only.
+    /// Index key format of a grouped-query geometry (the oracle selecting): fp8 (default), int4
+    /// (4-bit integers, a scale per 32 values) or int4:GROUP; the CPU backend reads both, CUDA
+    /// fp8 only.
     #[arg(long, value_parser = parse_index_format)]
     pub index_format: Option<IndexKeyFormat>,
     /// Device memory for the KV cache, index keys and hot buffers, e.g. 48MiB, 80GiB
