@@ -323,6 +323,7 @@ fn corpus() -> Vec<Case> {
         c.extend(flag_cases(kb, "contexts", &["100", U64_MAX]));
         c.extend(flag_cases(kb, "only", &["nope"]));
         c.extend(flag_cases(kb, "attention-splits", &["0"]));
+        c.extend(flag_cases("sweep --preset llama-3.1-8b --backend cuda --out out-cuda", "index-format", &["int4"]));
     }
     c
 }

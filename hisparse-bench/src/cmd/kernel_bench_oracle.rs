@@ -12,6 +12,7 @@ use rand::{Rng, RngCore};
 
 use super::gpu_bench::{Figure, time_ms};
 use crate::error::{BenchError, Result};
+use crate::guard;
 
 /// The oracle's largest batch timed (a batch of 32k-position requests' keys: 34 MB each).
 const ORACLE_MAX_BATCH: usize = 64;
@@ -38,7 +39,20 @@ pub(super) fn oracle(
     for &ctx in contexts {
         for &b in batches.iter().filter(|&&b| b <= ORACLE_MAX_BATCH) {
             let per = ctx.div_ceil(p);
-            let mut host = vec![0u8; b * per * p * kb];
+            // The keys are made on the host first: refused, naming the flag, past its memory.
+            let bytes = guard::product(&[b, per, p, kb])
+                .and_then(|x| usize::try_from(x).ok())
+                .ok_or_else(|| BenchError::flag("contexts", ctx, "its keys overflow a byte count"))?;
+            if let Some(have) = hisparse_memory::available_memory()
+                && bytes as u64 > have
+            {
+                return Err(BenchError::flag(
+                    "contexts",
+                    ctx,
+                    format!("{b} requests' keys need {bytes} B of host memory; the machine has {have} B"),
+                ));
+            }
+            let mut host = vec![0u8; bytes];
             rng.fill_bytes(&mut host);
             for r in host.chunks_mut(kb) {
                 // Bit 3 clear: no e4m3 NaN (0x7f, 0xff); a unit scale.

@@ -354,3 +354,16 @@ pub(crate) fn refuse_unread_format(key: hisparse_memory::IndexKeyLayout) -> Resu
         other => Err(KernelError::invalid("index_format", other, "the CUDA backend reads fp8 index keys only")),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use hisparse_memory::{IndexKeyFormat, IndexKeyLayout};
+
+    #[test]
+    fn the_cuda_kernels_refuse_index_keys_they_cannot_read_by_name() {
+        assert!(super::refuse_unread_format(IndexKeyLayout::new(128).unwrap()).is_ok());
+        let int4 = IndexKeyLayout::with_format(128, IndexKeyFormat::Int4 { group: 32 }).unwrap();
+        let e = super::refuse_unread_format(int4).unwrap_err().to_string();
+        assert!(e.contains("index_format") && e.contains("int4:32"), "{e}");
+    }
+}

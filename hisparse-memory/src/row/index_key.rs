@@ -15,7 +15,8 @@ use crate::row::fp8::{quantize_block, read_scale};
 /// - `int4` with `group`: `[0, dim / 2)` the values as 4-bit codes, two per byte (value `2i` in
 ///   the low nibble), code `c` standing for `c - 8`; then one fp32 scale per group of `group`
 ///   values. A value decodes to `(c - 8) * scale`; the encoder writes `scale = amax / 7` and codes
-///   `8 + round(v / scale)` in `1..=15` (an all-zero group: scale 1, codes 8).
+///   `8 + round(v / scale)` in `1..=15` (a group whose `amax / 7` is not a positive f32, all
+///   zeros or subnormal: scale 1, codes 8).
 ///
 /// ```
 /// use hisparse_memory::{IndexKeyFormat, IndexKeyLayout};
@@ -144,7 +145,10 @@ impl IndexKeyLayout {
                 codes.fill(0);
                 for (g, vals) in values.chunks(group).enumerate() {
                     let amax = vals.iter().fold(0f32, |m, v| m.max(v.abs()));
-                    let s = if amax > 0.0 { amax / 7.0 } else { 1.0 };
+                    // A group too small for its step to be a positive f32 (all zeros, or a
+                    // subnormal largest value) keeps unit scale: its codes round to zero.
+                    let step = amax / 7.0;
+                    let s = if step > 0.0 { step } else { 1.0 };
                     scales[4 * g..4 * g + 4].copy_from_slice(&s.to_le_bytes());
                     for (j, v) in vals.iter().enumerate() {
                         let c = (8.0 + (v / s).round()).clamp(1.0, 15.0) as u8;

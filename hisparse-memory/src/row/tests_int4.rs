@@ -50,6 +50,12 @@ fn an_all_zero_group_keeps_zeros_with_unit_scale() {
     l.decode(&row, &mut out).unwrap();
     assert!(out[..16].iter().all(|&v| v == 0.0));
     assert_eq!(out[20], -3.5);
+    // A subnormal largest value, whose step underflows to zero: still a key decode accepts.
+    let mut tiny = vec![0f32; 32];
+    tiny[3] = f32::from_bits(1);
+    l.encode(&tiny, &mut row).unwrap();
+    l.decode(&row, &mut out).unwrap();
+    assert!(out.iter().all(|&v| v == 0.0));
 }
 
 #[test]

@@ -247,6 +247,9 @@ impl EngineArgs {
             g = g.with_kv_format(f);
         }
         if let Some(f) = self.index_format {
+            if self.backend == BackendKind::Cuda && f != IndexKeyFormat::Fp8 {
+                return Err(BenchError::flag("index-format", f, "the CUDA backend reads fp8 index keys only"));
+            }
             if g.kv_heads().is_none() && f != IndexKeyFormat::Fp8 {
                 return Err(BenchError::flag(
                     "index-format",
