@@ -244,10 +244,37 @@ fn run_serves_a_model_within_a_device_budget_and_records_scores() {
     assert_eq!(alone.status.code(), Some(2), "{err}");
     assert!(err.contains("--device-memory") && err.contains("holds no request"), "{err}");
     assert!(!d.join("alone").exists(), "refused before any output");
+    // The engine's arrivals and waiting queue apply to a model's requests: Poisson arrivals
+    // serve every request; a queue of 2 refuses the 4 requests submitted past it.
+    let arrivals = d.join("arrivals");
+    let o = hisparse(&argv!(
+        "run --gguf",
+        g,
+        "--text",
+        text,
+        "--context 100 --output 3 --concurrency 4 --top-k 8 --arrival-rate 200 --mode hisparse --out",
+        arrivals
+    ));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(arrivals.join("run.json")).unwrap()).unwrap();
+    assert_eq!(json[0]["summary"]["tokens"], 12, "{json}");
+    let queued = d.join("queued");
+    let o = hisparse(&argv!(
+        "run --gguf",
+        g,
+        "--text",
+        text,
+        "--context 100 --output 3 --concurrency 6 --top-k 8 --max-queued 2 --mode hisparse --out",
+        queued
+    ));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(queued.join("run.json")).unwrap()).unwrap();
+    assert_eq!(
+        (json[0]["summary"]["tokens"].as_u64(), json[0]["refused"].as_array().map(Vec::len)),
+        (Some(6), Some(4))
+    );
     // Flags a model cannot use are named.
-    for (flag, extra) in
-        [("--arrival-rate", "2"), ("--gpus", "2"), ("--context", "50,60"), ("--prompts", "100000000000")]
-    {
+    for (flag, extra) in [("--gpus", "2"), ("--context", "50,60"), ("--prompts", "100000000000")] {
         let o = hisparse(&["run", "--gguf", &g, "--text", text, flag, extra, "--out", d.join("x").to_str().unwrap()]);
         assert_eq!(o.status.code(), Some(2), "{flag}");
         assert!(String::from_utf8_lossy(&o.stderr).contains(flag), "{}", String::from_utf8_lossy(&o.stderr));

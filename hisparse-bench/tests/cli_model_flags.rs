@@ -101,7 +101,6 @@ fn model_flags_are_named_and_unread_ones_refused() {
         ("host-tier-file", " t.bin"),
         ("preset", " glm-5.1"),
         ("preset", " cpu-small"),
-        ("seed", " 1"),
         ("config", " c-empty.json"),
         ("miss-fill", " attention"),
         ("host-to-device-ratio", " 3"),
@@ -120,6 +119,7 @@ fn model_flags_are_named_and_unread_ones_refused() {
         case("run --top-k 100000 --concurrency 1", &["--top-k", "100000", "hot buffer"]),
         case(format!("run --top-k {max} --concurrency 1"), &["--top-k", "hot buffer"]),
         case("sweep --prompts 3", &["--prompts does nothing without"]),
+        case(format!("sweep --gguf tiny.gguf --text {text} --context 64 --seed 3"), &["--seed does nothing with"]),
         case("run --config c-empty.json --concurrency 1 --output 2", &["--config", "c-empty.json", "host_tier_path"]),
     ] {
         refused(&d, &c, None);

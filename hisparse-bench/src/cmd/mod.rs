@@ -25,6 +25,7 @@ pub mod rank_vote;
 pub mod replot;
 pub mod run;
 pub mod run_args;
+pub mod run_engine;
 #[cfg(feature = "model")]
 pub mod run_model;
 pub mod run_output;
@@ -35,6 +36,7 @@ pub mod sizing;
 pub mod sweep;
 pub mod sweep_data;
 pub mod sweep_headline;
+pub mod sweep_measure;
 #[cfg(feature = "model")]
 pub mod sweep_model;
 pub mod sweep_output;

@@ -105,7 +105,13 @@ impl ModelArgs {
 
     /// A CPU cache of `cfg` with this command's oracle (`buffer_flag`: the flag that set its hot
     /// buffer, named in errors).
-    pub fn cache_from(&self, mut cfg: CacheConfig, buffer_flag: &'static str) -> Result<KvCache<CpuBackend>> {
+    pub fn cache_from(&self, cfg: CacheConfig, buffer_flag: &'static str) -> Result<KvCache<CpuBackend>> {
+        KvCache::with_named_policies(CpuBackend::new(), self.with_oracle(cfg)?)
+            .map_err(|e| named(e.into(), buffer_flag))
+    }
+
+    /// `cfg` with this command's oracle (its head combination, sink and window).
+    pub fn with_oracle(&self, mut cfg: CacheConfig) -> Result<CacheConfig> {
         let combine = match self.combine {
             CombineArg::Sum => HeadCombine::Sum,
             CombineArg::Max => HeadCombine::Max,
@@ -116,7 +122,7 @@ impl ModelArgs {
             let (flag, v) = if self.sink >= self.window { ("sink", self.sink) } else { ("window", self.window) };
             return Err(BenchError::flag(flag, v, format!("--sink + --window must leave room in top-k {top_k}")));
         }
-        KvCache::with_named_policies(CpuBackend::new(), cfg).map_err(|e| named(e.into(), buffer_flag))
+        Ok(cfg)
     }
 }
 

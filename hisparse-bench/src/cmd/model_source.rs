@@ -39,8 +39,9 @@ pub enum ModelName {
 }
 
 /// The engine's flags a real model's run does not read (the emulated workload's, the CUDA
-/// backend's and the host tier's): refused when given with a model.
-const NOT_READ_WITH_A_MODEL: [&str; 20] = [
+/// backend's and the host tier's): refused when given with a model. (`--seed` is read by a
+/// model's `run` for its arrival times; `sweep` refuses it with a model itself.)
+const NOT_READ_WITH_A_MODEL: [&str; 18] = [
     "preset",
     "no-graphs",
     "top-k-blocks",
@@ -59,8 +60,6 @@ const NOT_READ_WITH_A_MODEL: [&str; 20] = [
     "host-tier-file",
     "overwrite-host-tier-file",
     "keep-host-tier-file",
-    "seed",
-    "max-queued",
 ];
 
 /// The flags only a real model's run reads: refused when given without one.

@@ -6,15 +6,15 @@
 
 use std::path::PathBuf;
 
-use hisparse_engine::{LatencySummary, RequestSpec, RunSummary};
+use hisparse_engine::RequestSpec;
 use hisparse_memory::{Mode, RequestId};
 
 pub use super::run_args::{ModeArg, ModeRun, RunArgs};
-use super::run_args::{rejected_of, request_lengths, trace_file};
+use super::run_args::{request_lengths, trace_file};
 use super::run_output::write_outputs;
 use crate::error::{BenchError, Result};
-use crate::files::{AtomicFile, OutputDir};
-use crate::{guard, interrupt, progress};
+use crate::files::OutputDir;
+use crate::guard;
 
 /// Runs; returns the results and the output folder.
 pub fn run(a: &RunArgs) -> Result<(Vec<ModeRun>, PathBuf)> {
@@ -31,24 +31,7 @@ pub fn run(a: &RunArgs) -> Result<(Vec<ModeRun>, PathBuf)> {
     if a.output.is_empty() {
         return Err(BenchError::flag("output", "", "give at least one length"));
     }
-    if let Some(r) = a.arrival_rate {
-        if !(r.is_finite() && r > 0.0) {
-            return Err(BenchError::flag("arrival-rate", r, "requests per second: a positive number"));
-        }
-        // The arrivals' expected span: beyond a day, the run would only wait.
-        let span = a.concurrency as f64 / r;
-        if span > super::arrivals::LONGEST_ARRIVALS_S {
-            return Err(BenchError::flag(
-                "arrival-rate",
-                format!("{r:?}"),
-                format!(
-                    "{} requests would arrive over about {span:.3e} s; arrivals may span at most a day ({} s)",
-                    a.concurrency,
-                    super::arrivals::LONGEST_ARRIVALS_S
-                ),
-            ));
-        }
-    }
+    super::run_engine::check_arrival_rate(a)?;
     for &o in &a.output {
         guard::at_least_one("output", o)?;
     }
@@ -86,7 +69,10 @@ pub fn run(a: &RunArgs) -> Result<(Vec<ModeRun>, PathBuf)> {
         let times = a.arrival_rate.map(|r| super::arrivals::poisson_times(specs.len(), r, a.engine.seed));
         let run = match a.gpus {
             Some(ranks) => super::run_ranks::run_mode(a, mode, ranks, &specs, times.as_deref())?,
-            None => run_mode(a, mode, &specs, times.as_deref(), trace_file.as_mut())?,
+            None => {
+                let mut e = a.engine.engine(mode, request_lengths(a).0, "context")?;
+                super::run_engine::run_mode(a, mode, e.as_mut(), &specs, times.as_deref(), trace_file.as_mut())?
+            }
         };
         runs.push(run);
     }
@@ -123,55 +109,6 @@ fn refuse_a_run_admitting_nothing(a: &RunArgs) -> Result<()> {
         }
     }
     first.map_or(Ok(()), Err)
-}
-
-/// One mode on one engine: `specs` decoded to the end (arriving at `times`), the hisparse run
-/// recorded into `trace` where given.
-fn run_mode(
-    a: &RunArgs,
-    mode: Mode,
-    specs: &[RequestSpec],
-    times: Option<&[f64]>,
-    trace: Option<&mut AtomicFile>,
-) -> Result<ModeRun> {
-    let mut e = a.engine.engine(mode, request_lengths(a).0, "context")?;
-    if mode == Mode::HiSparse
-        && let Some(f) = trace
-    {
-        let clone = f.writer().get_ref().try_clone().map_err(|source| BenchError::Io {
-            path: a.record_trace.as_ref().map_or_else(String::new, |p| p.display().to_string()),
-            source,
-        })?;
-        e.record_trace(Box::new(std::io::BufWriter::new(clone)))?;
-    }
-    let all: u64 = specs.iter().map(|s| s.output_tokens as u64).sum();
-    let bar = progress::bar(all, &format!("{mode} tokens"));
-    let mut summary = RunSummary::default();
-    let (mut steps, mut latencies) = (Vec::new(), Vec::new());
-    let refused = super::arrivals::drive(e.as_mut(), specs, times, None, |r| {
-        interrupt::check(|| format!("decoding the {mode} run (step {})", steps.len() + 1))?;
-        bar.inc(r.metrics.tokens as u64);
-        summary.add(&r.metrics);
-        steps.push(r.metrics);
-        latencies.extend(r.latencies);
-        Ok(())
-    })?;
-    bar.finish_and_clear();
-    e.finish_trace()?;
-    e.check_pools()?;
-    let rejected = rejected_of(e.as_ref());
-    let latency = LatencySummary::of(&latencies);
-    Ok(ModeRun {
-        mode,
-        summary,
-        steps,
-        rejected,
-        refused,
-        latency,
-        gpus: 1,
-        exchange_mb_per_step: 0.0,
-        timing_only: None,
-    })
 }
 
 /// The runs as a table.

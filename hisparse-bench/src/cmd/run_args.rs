@@ -82,6 +82,16 @@ pub struct RunArgs {
     pub source: super::model_source::ModelSource,
 }
 
+impl RunArgs {
+    /// `--score-margin` (0 in a build without the real model's flags).
+    pub fn score_margin(&self) -> usize {
+        #[cfg(feature = "model")]
+        return self.source.score_margin;
+        #[cfg(not(feature = "model"))]
+        0
+    }
+}
+
 /// One mode's result.
 #[derive(Debug, Clone, Serialize)]
 pub struct ModeRun {

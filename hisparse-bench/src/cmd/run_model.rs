@@ -1,18 +1,17 @@
 //! A real model as the input of `hisparse run` and `hisparse sweep` (`--model smollm2` or
 //! `--gguf FILE`): prompts are windows of a text (`--text`), prefilled once each; requests
-//! continue them in turn and decode greedily, served with continuous batching through one cache
-//! per mode (`ModelServer`) on the CPU. The engine flags that describe the cache apply
+//! continue them in turn (request i prompt i modulo `--prompts`) and decode greedily. The model
+//! is the engine's client (`LlamaDecoder`) on the CPU: scheduling, admission, arrivals
+//! (`--arrival-rate`), the waiting queue (`--max-queued`), latencies, traces and metrics are the
+//! engine's, as with the emulated workload. The engine flags that describe the cache apply
 //! (`--device-memory`, `--device-buffer-size`, `--eviction-policy`, `--prefetcher`,
-//! `--prefetch-budget`, `--kv-format`); a device budget makes requests beyond it wait.
+//! `--prefetch-budget`, `--kv-format`, `--index-format`); a device budget makes requests beyond
+//! it wait.
 
 use std::path::PathBuf;
 
-use hisparse_engine::{CpuBackend, KvCache, KvRowFormat, LatencySummary, Mode, RequestId, RunSummary};
-use hisparse_model::{
-    AttentionKind, Llama, ModelServer, PrefillOut, SelectionRecorder, ServeOutcome, ServeRequest, cache_config,
-    cache_config_within,
-};
-use hisparse_policy::trace::TraceWriter;
+use hisparse_engine::{CacheConfig, CpuBackend, Engine, EngineConfig, KvCache, KvRowFormat, Mode, RequestId};
+use hisparse_model::{AttentionKind, Llama, LlamaDecoder, PrefillOut, cache_config, cache_config_within};
 
 use super::common::{BackendKind, EngineArgs, parse_bytes};
 use super::model_args::{CombineArg, ModelArgs, check_selection, read_tokens, window_starts};
@@ -22,6 +21,9 @@ use super::run_output::write_outputs;
 use crate::error::{BenchError, Result};
 use crate::files::OutputDir;
 use crate::{guard, interrupt, progress};
+
+/// The engine of a real model's run: its decoder over the prompts on the CPU backend.
+pub type ModelEngine<'a> = Engine<CpuBackend, LlamaDecoder<'a>>;
 
 /// A loaded model, its prompts and how its caches are made.
 pub struct ModelInput {
@@ -113,15 +115,15 @@ impl ModelInput {
         file.file_stem().map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned())
     }
 
-    /// A cache of `mode` for `requests` requests of at most `max_tokens`: within
+    /// The config of a cache of `mode` for `requests` requests of at most `max_tokens`: within
     /// `--device-memory` when given (more requests wait), else holding them all.
-    pub fn cache(
+    pub fn cache_config(
         &self,
         engine: &EngineArgs,
         mode: Mode,
         max_tokens: usize,
         requests: usize,
-    ) -> Result<KvCache<CpuBackend>> {
+    ) -> Result<CacheConfig> {
         let kind = match mode {
             Mode::Resident => AttentionKind::SparseResident,
             Mode::HiSparse => AttentionKind::HiSparse,
@@ -150,7 +152,45 @@ impl ModelInput {
         if let Some(b) = engine.prefetch_budget {
             cfg.hisparse.prefetch_budget = b;
         }
-        self.args.cache_from(cfg, "device-buffer-size")
+        self.args.with_oracle(cfg)
+    }
+
+    /// [`ModelInput::cache_config`]'s cache.
+    pub fn cache(
+        &self,
+        engine: &EngineArgs,
+        mode: Mode,
+        max_tokens: usize,
+        requests: usize,
+    ) -> Result<KvCache<CpuBackend>> {
+        let cfg = self.cache_config(engine, mode, max_tokens, requests)?;
+        KvCache::with_named_policies(CpuBackend::new(), cfg)
+            .map_err(|e| super::model_args::named(e.into(), "device-buffer-size"))
+    }
+
+    /// An engine of `mode` decoding this model over [`ModelInput::cache_config`]'s cache, with
+    /// `requests` requests made (request i continues prompt i modulo the prompts, decoding
+    /// `output(i)` steps): the engine and their specs, in id order, to submit.
+    pub fn engine(
+        &self,
+        engine: &EngineArgs,
+        mode: Mode,
+        (max_tokens, requests): (usize, usize),
+        output: impl Fn(usize) -> usize,
+    ) -> Result<(ModelEngine<'_>, Vec<hisparse_engine::RequestSpec>)> {
+        let cache = self.cache_config(engine, mode, max_tokens, requests)?;
+        let cfg = EngineConfig {
+            max_queued: guard::at_least_one("max-queued", engine.max_queued)?,
+            stop: interrupt::engine_stop(),
+            ..EngineConfig::with_cache(cache)
+        };
+        let decoder = LlamaDecoder::new(&self.model, &self.prompts);
+        let mut e = Engine::with_model(CpuBackend::new(), cfg, decoder)
+            .map_err(|e| super::model_args::named(e.into(), "device-buffer-size"))?;
+        let specs = (0..requests)
+            .map(|i| e.model_mut().request(RequestId(i as u64), i % self.prompts.len(), output(i)))
+            .collect::<hisparse_model::Result<Vec<_>>>()?;
+        Ok((e, specs))
     }
 
     /// Refuses, before any decoding, a `--device-memory` that holds no request of `max_tokens`
@@ -179,12 +219,10 @@ impl ModelInput {
     }
 }
 
-/// `hisparse run` with a model: each mode's requests served to the end; when both modes ran,
-/// hisparse must have generated resident's tokens, every one (else the run fails).
+/// `hisparse run` with a model: each mode's requests decoded to the end by the engine (at once,
+/// or arriving by `--arrival-rate`); when both modes ran, hisparse must have generated resident's
+/// tokens, every one (else the run fails).
 pub fn run(a: &RunArgs) -> Result<(Vec<ModeRun>, PathBuf)> {
-    if let Some(r) = a.arrival_rate {
-        return Err(BenchError::flag("arrival-rate", r, "a model's requests are submitted at once"));
-    }
     if let Some(n) = a.gpus {
         return Err(BenchError::flag("gpus", n, "a model is served by one CPU engine"));
     }
@@ -195,6 +233,7 @@ pub fn run(a: &RunArgs) -> Result<(Vec<ModeRun>, PathBuf)> {
     for &o in &a.output {
         guard::at_least_one("output", o)?;
     }
+    super::run_engine::check_arrival_rate(a)?;
     let out = OutputDir::prepare("out", a.out.as_deref().unwrap_or(std::path::Path::new("results/run")))?;
     let mut trace_file = trace_file(a)?;
     let mut input = ModelInput::load(&a.source, &a.engine)?;
@@ -212,58 +251,14 @@ pub fn run(a: &RunArgs) -> Result<(Vec<ModeRun>, PathBuf)> {
     let mut runs = Vec::new();
     let mut generated: Vec<Vec<(u64, Vec<u32>)>> = Vec::new();
     for mode in a.mode.modes() {
-        let cache = input.cache(&a.engine, mode, max_tokens, a.concurrency)?;
-        let (row_bytes, geometry) = (cache.layouts().0.row_bytes(), cache.config().geometry.clone());
-        let mut server = ModelServer::new(&input.model, &input.prompts, cache);
-        for i in 0..a.concurrency {
-            let output = a.output[i % a.output.len()];
-            server.submit(ServeRequest { id: RequestId(i as u64), prompt: i % input.prompts.len(), output })?;
-        }
-        let recording = mode == Mode::HiSparse && trace_file.is_some();
-        if recording {
-            server.record(SelectionRecorder::with_scores(a.source.score_margin)?);
-        }
-        let all: u64 = (0..a.concurrency).map(|i| a.output[i % a.output.len()] as u64).sum();
-        let bar = progress::bar(all, &format!("{mode} tokens"));
-        let mut summary = RunSummary::default();
-        let (mut steps, mut latencies) = (Vec::new(), Vec::new());
-        while !server.is_idle() {
-            interrupt::check(|| format!("decoding the {mode} run (step {})", steps.len() + 1))?;
-            let s = server.step()?;
-            bar.inc(s.metrics.tokens as u64);
-            summary.add(&s.metrics);
-            steps.push(s.metrics);
-            latencies.extend(s.latencies);
-        }
-        bar.finish_and_clear();
-        server.cache().check()?;
-        if let (true, Some(file), Some(rec)) = (recording, trace_file.as_mut(), server.take_recorder()) {
-            let mut w = TraceWriter::new(file.writer(), rec.trace_header(&geometry, row_bytes))?;
-            for r in &rec.records {
-                w.write(r)?;
-            }
-            w.finish()?;
-        }
-        let (mut tokens, mut rejected) = (Vec::new(), Vec::new());
-        for (id, o) in server.outcomes() {
-            match o {
-                ServeOutcome::Finished { tokens: t } => tokens.push((id.0, t.clone())),
-                ServeOutcome::Rejected { reason } => rejected.push((id.0, reason.clone())),
-            }
-        }
+        let output = |i: usize| a.output[i % a.output.len()];
+        let (mut e, specs) = input.engine(&a.engine, mode, (max_tokens, a.concurrency), output)?;
+        let times = a.arrival_rate.map(|r| super::arrivals::poisson_times(specs.len(), r, a.engine.seed));
+        let run = super::run_engine::run_mode(a, mode, &mut e, &specs, times.as_deref(), trace_file.as_mut())?;
+        let mut tokens: Vec<(u64, Vec<u32>)> = e.model().finished().iter().map(|(id, t)| (id.0, t.clone())).collect();
         tokens.sort_unstable();
         generated.push(tokens);
-        runs.push(ModeRun {
-            mode,
-            summary,
-            steps,
-            rejected,
-            refused: Vec::new(),
-            latency: LatencySummary::of(&latencies),
-            gpus: 1,
-            exchange_mb_per_step: 0.0,
-            timing_only: None,
-        });
+        runs.push(run);
     }
     // Requests both modes finished (one may have rejected some the other could fit), by id.
     if let [resident, hisparse] = generated.as_slice()

@@ -3,33 +3,17 @@
 //! reported as the median with the min and max (the spread of a noisy machine); outputs are a
 //! table, JSON, CSV and plots (`sweep_output.rs`).
 
-use std::io::Write;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
 
 use hisparse_engine::RequestSpec;
 use hisparse_memory::{Mode, RequestId};
-use hisparse_policy::trace::TraceReader;
 
 use super::common::{AttentionKernel, IndexerKernel};
+use super::sweep_data::SweepMode;
 pub use super::sweep_data::{SweepArgs, SweepReport};
-use super::sweep_data::{SweepMode, Window, point};
 use crate::error::{BenchError, Result};
 use crate::files::OutputDir;
-use crate::{guard, interrupt, progress};
-
-#[derive(Clone, Default)]
-struct SharedBuf(Arc<Mutex<Vec<u8>>>);
-
-impl Write for SharedBuf {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().map_err(|_| std::io::Error::other("poisoned"))?.extend_from_slice(b);
-        Ok(b.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
+use crate::{guard, progress};
 
 /// Checks every flag before any engine starts; returns the sorted levels and the steps per level.
 fn check(a: &SweepArgs) -> Result<(Vec<usize>, usize)> {
@@ -104,7 +88,7 @@ pub fn run(a: &SweepArgs) -> Result<(SweepReport, PathBuf)> {
     let mut measured_misses = Vec::new();
     let mut tier_bytes = Vec::new();
     let mut backend = "cpu";
-    let trace = SharedBuf::default();
+    let trace = super::sweep_measure::SharedBuf::default();
     for &context in &a.context {
         for &mode in &modes {
             if let Some(ranks) = a.gpus {
@@ -130,46 +114,20 @@ pub fn run(a: &SweepArgs) -> Result<(SweepReport, PathBuf)> {
             if !tier_bytes.iter().any(|&(m, _)| m == mode.mode()) {
                 tier_bytes.push((mode.mode(), e.device_tier_bytes() as u64));
             }
-            for i in 0..max_n {
-                e.submit(RequestSpec { id: RequestId(i as u64), prompt_tokens: context, output_tokens: life })?;
-            }
-            let mut per_step = Vec::new();
-            for &n in &levels {
-                bar.set_message(format!("context {context}, {n} requests, {mode}"));
-                let mut rc = e.runtime().get();
-                rc.max_running = n;
-                e.runtime().set(rc)?;
-                let mut windows = vec![Window::default(); a.windows];
-                for s in 0..steps {
-                    interrupt::check(|| format!("measuring context {context}, {n} requests, {mode}"))?;
-                    let r = e.step()?;
-                    bar.inc(n as u64);
-                    let m = &r.metrics;
-                    per_step.push(m.swap.misses as f64 / (m.running * g.layers).max(1) as f64);
-                    if s >= a.warmup {
-                        windows[(s - a.warmup) / a.window].add(m);
-                    }
-                }
-                points.push(point(context, n, mode, &windows));
-            }
+            let specs: Vec<RequestSpec> = (0..max_n)
+                .map(|i| RequestSpec { id: RequestId(i as u64), prompt_tokens: context, output_tokens: life })
+                .collect();
+            let record = (mode == SweepMode::HiSparse && Some(&context) == a.context.first()).then_some(&trace);
+            let (ps, per_step) =
+                super::sweep_measure::measure(a, e.as_mut(), &specs, (context, mode), (&levels, steps), record, &bar)?;
+            points.extend(ps);
             if mode == SweepMode::HiSparse {
                 measured_misses.push((format!("context {context}"), per_step));
-                if Some(&context) == a.context.first() {
-                    // The buffer-size comparison replays selections recorded after the
-                    // measurements (recording slows a step down).
-                    bar.set_message(format!("context {context}: selection trace for the buffer-size plot"));
-                    e.record_trace(Box::new(trace.clone()))?;
-                    for _ in 0..steps {
-                        interrupt::check(|| format!("recording the selection trace of context {context}"))?;
-                        e.step()?;
-                    }
-                    e.finish_trace()?;
-                }
             }
         }
     }
     bar.finish_and_clear();
-    let misses_by_buffer = replay(&trace, g.top_k)?;
+    let misses_by_buffer = super::sweep_measure::replay(&trace, g.top_k)?;
     let mut report = SweepReport {
         preset: g.name.clone(),
         backend: backend.into(),
@@ -210,16 +168,4 @@ pub fn run(a: &SweepArgs) -> Result<(SweepReport, PathBuf)> {
     report.headline = super::sweep_headline::headlines(&report);
     super::sweep_output::write(&report, &out)?;
     Ok((report, out.commit()?))
-}
-
-/// Replays the recorded selections under LRU at 1, 2 and 4 times top-k slots.
-fn replay(trace: &SharedBuf, k: usize) -> Result<Vec<(usize, Vec<f64>)>> {
-    let bytes = trace.0.lock().map_err(|_| BenchError::Check("trace buffer poisoned".into()))?.clone();
-    if bytes.is_empty() {
-        return Ok(Vec::new());
-    }
-    let mut r = TraceReader::new(bytes.as_slice())?;
-    let header = r.header().clone();
-    let records = r.by_ref().collect::<std::result::Result<Vec<_>, _>>()?;
-    super::sweep_data::replay_records(&header, &records, k)
 }

@@ -1,21 +1,18 @@
 //! `hisparse sweep --model` / `--gguf`: the sweep's steady-state throughput over concurrency x
 //! context with a real model's requests (`run_model.rs`) instead of the emulated workload. Per
-//! context and mode one server holds the most requests of the sweep, each decoding longer than
+//! context and mode one engine holds the most requests of the sweep, each decoding longer than
 //! the sweep lasts; each level lets that many run (more wait within a `--device-memory`
-//! budget: the point's `running` shows what fit), measured over the same windows as the
-//! emulated sweep.
+//! budget: the point's `running` shows what fit), measured by the emulated sweep's own loop
+//! (`sweep_measure.rs`).
 
 use std::path::PathBuf;
 
-use hisparse_engine::RequestId;
-use hisparse_model::{ModelServer, SelectionRecorder, ServeRequest};
-use hisparse_policy::trace::{TraceHeader, TraceRecord};
-
 use super::run_model::ModelInput;
-use super::sweep_data::{SweepArgs, SweepMode, SweepReport, Window, point};
+use super::sweep_data::{SweepArgs, SweepMode, SweepReport};
+use super::sweep_measure::{SharedBuf, measure, replay};
 use crate::error::{BenchError, Result};
 use crate::files::OutputDir;
-use crate::{guard, interrupt, progress};
+use crate::{guard, progress};
 
 /// Runs the sweep at `levels` (sorted), `steps` steps per level.
 pub fn run(a: &SweepArgs, levels: &[usize], steps: usize) -> Result<(SweepReport, PathBuf)> {
@@ -24,6 +21,10 @@ pub fn run(a: &SweepArgs, levels: &[usize], steps: usize) -> Result<(SweepReport
     }
     if a.bound {
         return Err(BenchError::flag("bound", true, "the swap-in-free bound is measured on the emulated workload"));
+    }
+    if crate::deferred::given("seed") {
+        let when = "with --model or --gguf (the seed drives the emulated workload; a model's sweep has no arrivals)";
+        return Err(BenchError::Unread { flag: "seed", when: when.into() });
     }
     let life = (levels.len() + 1).checked_mul(steps).and_then(|s| s.checked_add(1)).ok_or_else(|| {
         let (flag, v) = guard::largest(&[("window", a.window, 4), ("windows", a.windows, 3), ("warmup", a.warmup, 3)]);
@@ -47,69 +48,33 @@ pub fn run(a: &SweepArgs, levels: &[usize], steps: usize) -> Result<(SweepReport
     let bar = progress::bar(total as u64, "request-steps");
     let (mut points, mut measured_misses, mut tier_bytes) = (Vec::new(), Vec::new(), Vec::new());
     let (mut hierarchy, mut buffer, mut device_kv, mut host_tier) = (String::new(), 0, 0, 0);
-    let mut trace: Option<(TraceHeader, Vec<TraceRecord>)> = None;
+    let trace = SharedBuf::default();
     for &context in &a.context {
         bar.set_message(format!("context {context}: prefilling"));
         input.prefill(context, "context")?;
         let all: Vec<_> = modes.iter().map(|m| m.mode()).collect();
         input.refuse_a_budget_holding_nothing(&a.engine, &all, context + life, max_n)?;
         for &mode in &modes {
-            let cache = input.cache(&a.engine, mode.mode(), context + life, max_n)?;
-            let hs = &cache.config().hisparse;
+            let (mut e, specs) = input.engine(&a.engine, mode.mode(), (context + life, max_n), |_| life)?;
+            let hs = &e.config().cache.hisparse;
             if !tier_bytes.iter().any(|&(m, _)| m == mode.mode()) {
-                tier_bytes.push((mode.mode(), cache.device_tier_bytes() as u64));
+                tier_bytes.push((mode.mode(), e.device_tier_bytes() as u64));
             }
             // The report's hierarchy is hisparse's; a resident-only sweep shows its own budget.
             if mode == SweepMode::HiSparse || hierarchy.is_empty() {
                 (hierarchy, buffer) = (super::sweep_output::hierarchy(hs, "cpu"), hs.device_buffer_size);
                 (device_kv, host_tier) = (hs.device_kv_bytes, hs.host_bytes());
             }
-            let (layers, row_bytes) = (cache.config().geometry.layers, cache.layouts().0.row_bytes());
-            let geometry = cache.config().geometry.clone();
-            let mut server = ModelServer::new(&input.model, &input.prompts, cache);
-            for i in 0..max_n {
-                let r = ServeRequest { id: RequestId(i as u64), prompt: i % input.prompts.len(), output: life };
-                server.submit(r)?;
-            }
-            let mut per_step = Vec::new();
-            for &n in levels {
-                bar.set_message(format!("context {context}, {n} requests, {mode}"));
-                server.set_max_running(n);
-                let mut windows = vec![Window::default(); a.windows];
-                for s in 0..steps {
-                    interrupt::check(|| format!("measuring context {context}, {n} requests, {mode}"))?;
-                    let m = server.step()?.metrics;
-                    bar.inc(n as u64);
-                    per_step.push(m.swap.misses as f64 / (m.running * layers).max(1) as f64);
-                    if s >= a.warmup {
-                        windows[(s - a.warmup) / a.window].add(&m);
-                    }
-                }
-                points.push(point(context, n, mode, &windows));
-            }
+            let record = (mode == SweepMode::HiSparse && Some(&context) == a.context.first()).then_some(&trace);
+            let (ps, per_step) = measure(a, &mut e, &specs, (context, mode), (levels, steps), record, &bar)?;
+            points.extend(ps);
             if mode == SweepMode::HiSparse {
                 measured_misses.push((format!("context {context}"), per_step));
-                if trace.is_none() {
-                    // The buffer-size comparison replays selections recorded after the
-                    // measurements (recording slows a step down).
-                    bar.set_message(format!("context {context}: selection trace for the buffer-size plot"));
-                    let rec = SelectionRecorder::default();
-                    let header = rec.trace_header(&geometry, row_bytes);
-                    server.record(rec);
-                    for _ in 0..steps {
-                        interrupt::check(|| format!("recording the selection trace of context {context}"))?;
-                        server.step()?;
-                    }
-                    trace = server.take_recorder().map(|r| (header, r.records));
-                }
             }
         }
     }
     bar.finish_and_clear();
-    let misses_by_buffer = match &trace {
-        Some((header, records)) => super::sweep_data::replay_records(header, records, input.top_k())?,
-        None => Vec::new(),
-    };
+    let misses_by_buffer = replay(&trace, input.top_k())?;
     let c = input.model.config();
     let mut report = SweepReport {
         preset: input.name(),

@@ -7,7 +7,7 @@ use std::io::Write;
 use hisparse_kernels::Backend;
 use hisparse_memory::RequestId;
 
-use super::{Engine, EngineConfig, StepReport};
+use super::{DecodeModel, Engine, EngineConfig, StepReport};
 use crate::error::Result;
 use crate::request::{Outcome, RequestSpec};
 
@@ -32,7 +32,7 @@ pub trait DecodeEngine {
     /// See [`Engine::check_pools`].
     fn check_pools(&self) -> Result<()>;
     /// See [`Engine::record_trace`].
-    fn record_trace(&mut self, out: Box<dyn Write + Send>) -> Result<()>;
+    fn record_trace(&mut self, out: Box<dyn Write + Send>, score_margin: usize) -> Result<()>;
     /// See [`Engine::finish_trace`].
     fn finish_trace(&mut self) -> Result<()>;
     /// See [`Engine::capture_next_step`].
@@ -52,7 +52,7 @@ pub trait DecodeEngine {
     fn exchanged_bytes(&self) -> u64;
 }
 
-impl<B: Backend> DecodeEngine for Engine<B>
+impl<B: Backend, D: DecodeModel<B>> DecodeEngine for Engine<B, D>
 where
     B::Memory: Clone,
 {
@@ -92,8 +92,8 @@ where
         Engine::check_pools(self)
     }
 
-    fn record_trace(&mut self, out: Box<dyn Write + Send>) -> Result<()> {
-        Engine::record_trace(self, out)
+    fn record_trace(&mut self, out: Box<dyn Write + Send>, score_margin: usize) -> Result<()> {
+        Engine::record_trace(self, out, score_margin)
     }
 
     fn finish_trace(&mut self) -> Result<()> {
@@ -114,11 +114,7 @@ where
 
     fn join_ranks(&mut self, member: hisparse_kernels::RankMember) -> Result<()> {
         let Some(shape) = self.config().emulated_model.clone() else {
-            return Err(crate::error::EngineError::Config {
-                field: "emulated_model",
-                value: "none".into(),
-                reason: "the ranks' collectives run around the emulated model's FFN: give a model".into(),
-            });
+            return Err(super::model::no_collectives());
         };
         let backend = self.cache().backend();
         let group = backend.join_group(member)?;

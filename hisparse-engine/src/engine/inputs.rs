@@ -17,17 +17,11 @@ use hisparse_kernels::{Backend, NewRows};
 use hisparse_memory::{Admission, DeviceMemory, Element, KvGeometry, RequestId};
 use rayon::prelude::*;
 
+use super::model::BatchEntry;
 use super::observe::LayerTensors;
 use crate::cache::{KvCache, LayerInputs};
 use crate::error::{EngineError, Result};
 use crate::workload::{RequestDrift, Workload};
-
-/// One request of a step: its id and the position of its new token.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct BatchEntry {
-    pub id: RequestId,
-    pub position: usize,
-}
 
 /// One layer's inputs on the host (reused from step to step).
 #[derive(Default)]

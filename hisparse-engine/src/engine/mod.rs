@@ -2,17 +2,20 @@
 //! or the hisparse mode, on any [`Backend`] — our own client of the cache's per-layer API. It is
 //! split along its jobs: the memory hierarchy ([`KvCache`]), scheduling (`scheduler.rs`: the
 //! bounded waiting queue, admission, the running batch, latencies), the step runner
-//! (`runner.rs`: the layer loop, launch graphs), the input source (`inputs.rs`: the synthetic
-//! workload, the emulated model's projections) and the observers (`observe.rs`: traces, dumps,
-//! digests). `step.rs` puts one step together; `dynamic.rs` is the engine as a trait object.
+//! (`runner.rs`: the layer loop, launch graphs), the model it drives (`model.rs`: the
+//! [`DecodeModel`] trait; `synthetic.rs`: the default, the synthetic workload of `inputs.rs` with
+//! the emulated model's GEMMs) and the observers (`observe.rs`: traces, dumps, digests).
+//! `step.rs` puts one step together; `dynamic.rs` is the engine as a trait object.
 
 mod dynamic;
 mod inputs;
+mod model;
 mod observe;
 mod report;
 mod runner;
 mod scheduler;
 mod step;
+mod synthetic;
 
 use std::io::Write;
 use std::sync::Arc;
@@ -30,7 +33,10 @@ use crate::runtime::{Runtime, RuntimeConfig, RuntimeHandle};
 use crate::workload::Workload;
 
 pub use dynamic::DecodeEngine;
+pub use model::{BatchEntry, DecodeModel};
+pub use observe::LayerTensors;
 pub use report::{LayerDump, StepReport};
+pub use synthetic::SyntheticModel;
 
 /// Everything an engine is built from: its KV hierarchy's config, and what the engine adds on
 /// top (the synthetic workload, the emulated model, the queue, launch graphs).
@@ -64,8 +70,13 @@ impl EngineConfig {
     /// A config for `geometry` in `mode` with `device_kv_bytes` of device memory for the KV
     /// cache; defaults elsewhere (LRU, buffer of twice top-k, host = 8 x device).
     pub fn new(geometry: KvGeometry, mode: Mode, device_kv_bytes: u64) -> Self {
+        Self::with_cache(CacheConfig::new(geometry, mode, device_kv_bytes))
+    }
+
+    /// A config of an engine over a cache of `cache`; the engine's own defaults elsewhere.
+    pub fn with_cache(cache: CacheConfig) -> Self {
         Self {
-            cache: CacheConfig::new(geometry, mode, device_kv_bytes),
+            cache,
             workload_seed: 1,
             capture_digests: false,
             launch_graphs: true,
@@ -76,12 +87,13 @@ impl EngineConfig {
     }
 }
 
-/// The engine. See the crate documentation.
-pub struct Engine<B: Backend> {
+/// The engine, driving model `D` (by default the synthetic workload with the emulated model).
+/// See the crate documentation.
+pub struct Engine<B: Backend, D = SyntheticModel<<B as hisparse_kernels::Kernels>::Memory>> {
     /// The memory hierarchy: tiers, admission, swap-in and prefetch state, backups.
     cache: KvCache<B>,
     scheduler: scheduler::Scheduler,
-    runner: runner::StepRunner<B::Memory>,
+    runner: runner::StepRunner<B::Memory, D>,
     runtime: Arc<ArcSwap<Runtime>>,
     last_policy: hisparse_policy::OnlinePolicy,
     step: u64,
@@ -92,10 +104,29 @@ impl<B: Backend> Engine<B>
 where
     B::Memory: Clone,
 {
-    /// Builds an engine: validates the config, plans the tiers from the byte budgets, and
-    /// allocates them.
+    /// Builds an engine of the synthetic workload (with the emulated model when the config
+    /// has one): validates the config, plans the tiers from the byte budgets, and allocates
+    /// them.
     pub fn new(backend: B, cfg: EngineConfig) -> Result<Self> {
-        let (g, h) = (&cfg.cache.geometry, &cfg.cache.hisparse);
+        let (g, shape) = (&cfg.cache.geometry, cfg.emulated_model.as_ref());
+        let model = SyntheticModel::new(&backend, g, cfg.workload_seed, shape, cfg.stop.clone())?;
+        Self::with_model(backend, cfg, model)
+    }
+
+    /// The workload (to inspect or replace its locality before requests arrive).
+    pub fn workload_mut(&mut self) -> &mut Workload {
+        self.runner.model.workload_mut()
+    }
+}
+
+impl<B: Backend, D: DecodeModel<B>> Engine<B, D>
+where
+    B::Memory: Clone,
+{
+    /// Builds an engine driving `model`: validates the config, plans the tiers from the byte
+    /// budgets, and allocates them.
+    pub fn with_model(backend: B, cfg: EngineConfig, model: D) -> Result<Self> {
+        let h = &cfg.cache.hisparse;
         let runtime = Runtime::new(RuntimeConfig {
             eviction_policy: h.eviction_policy,
             policy_seed: h.policy_seed,
@@ -104,19 +135,7 @@ where
         })?;
         let prefetcher = h.prefetcher.make(&h.prefetch());
         let cache = KvCache::new(backend, cfg.cache.clone(), runtime.policy.clone(), prefetcher)?;
-        let model = match &cfg.emulated_model {
-            Some(shape) if shape.layers != g.layers => {
-                return Err(EngineError::Config {
-                    field: "emulated_model.layers",
-                    value: shape.layers.to_string(),
-                    reason: format!("the geometry has {} layers", g.layers),
-                });
-            }
-            Some(shape) => Some(crate::emulated::EmulatedWeights::new(shape.clone(), cache.backend())?),
-            None => None,
-        };
-        let inputs = inputs::SyntheticInputs::new(cache.backend().memory(), g, cfg.workload_seed, cfg.stop.clone())?;
-        let runner = runner::StepRunner::new(inputs, model, cfg.capture_digests, cfg.launch_graphs);
+        let runner = runner::StepRunner::new(model, cfg.capture_digests, cfg.launch_graphs);
         Ok(Self {
             last_policy: runtime.policy.clone(),
             runtime: Arc::new(ArcSwap::from_pointee(runtime)),
@@ -133,9 +152,14 @@ where
         &self.cfg
     }
 
-    /// The workload (to inspect or replace its locality before requests arrive).
-    pub fn workload_mut(&mut self) -> &mut Workload {
-        &mut self.runner.inputs.workload
+    /// The model the engine drives.
+    pub fn model(&self) -> &D {
+        &self.runner.model
+    }
+
+    /// The model the engine drives, to change between steps.
+    pub fn model_mut(&mut self) -> &mut D {
+        &mut self.runner.model
     }
 
     /// A handle to swap the eviction policy and batch cap between steps, from any thread.
@@ -148,10 +172,23 @@ where
         self.cache.capacity()
     }
 
-    /// Records every selection of every later step into a trace written to `out`.
-    pub fn record_trace(&mut self, out: Box<dyn Write + Send>) -> Result<()> {
+    /// Records every selection of every later step into a trace written to `out`, with the
+    /// selected positions' scores and the `score_margin` best unselected ones' when it is not 0
+    /// (a scored trace, what `next-step` prefetch reads; at most
+    /// [`hisparse_policy::trace::MAX_TOP_K`]).
+    pub fn record_trace(&mut self, out: Box<dyn Write + Send>, score_margin: usize) -> Result<()> {
+        let most = hisparse_policy::trace::MAX_TOP_K as usize;
+        if score_margin > most {
+            return Err(EngineError::Input {
+                field: "score_margin".into(),
+                value: score_margin.to_string(),
+                reason: format!("a trace keeps at most {most} candidates"),
+            });
+        }
         let g = &self.cfg.cache.geometry;
         let header = TraceHeader {
+            has_scores: score_margin > 0,
+            score_margin: score_margin as u32,
             top_k: g.top_k as u32,
             layers: g.layers as u32,
             row_bytes: self.cache.layouts().0.row_bytes() as u32,
@@ -160,15 +197,14 @@ where
             } else {
                 (0..g.layers).map(|l| g.index_source(l) as u32).collect()
             },
-            ..TraceHeader::default()
         };
-        self.runner.trace = Some(TraceWriter::new(out, header)?);
+        self.runner.trace = Some((TraceWriter::new(out, header)?, score_margin));
         Ok(())
     }
 
     /// Ends the trace (writes its end marker).
     pub fn finish_trace(&mut self) -> Result<()> {
-        if let Some(t) = self.runner.trace.take() {
+        if let Some((t, _)) = self.runner.trace.take() {
             t.finish()?;
         }
         Ok(())
@@ -197,7 +233,7 @@ where
     pub fn abort(&mut self, id: RequestId) -> Result<()> {
         let Self { scheduler, cache, runner, .. } = self;
         let found = scheduler.abort(id, |id| {
-            runner.inputs.finish(id);
+            runner.model.finish(id);
             cache.abort(id).map(|_| ())
         })?;
         if found {
@@ -253,22 +289,12 @@ where
     /// deployment (one engine per GPU, `crate::ranks`) through `exchange`, from the next step
     /// on. Refused without an emulated model (`emulated_model` in the config).
     pub fn set_exchange(&mut self, exchange: crate::emulated::RankExchange<B::Memory>) -> Result<()> {
-        match self.runner.model.as_mut() {
-            Some(m) => {
-                m.set_exchange(exchange);
-                Ok(())
-            }
-            None => Err(EngineError::Config {
-                field: "emulated_model",
-                value: "none".into(),
-                reason: "the ranks' collectives run around the emulated model's FFN: give an emulated model".into(),
-            }),
-        }
+        self.runner.model.set_exchange(exchange)
     }
 
     /// Bytes this engine's rank sent and received in collectives so far (0 without an exchange).
     pub fn exchanged_bytes(&self) -> u64 {
-        self.runner.model.as_ref().and_then(|m| m.exchange()).map_or(0, |x| x.bytes)
+        self.runner.model.exchanged_bytes()
     }
 
     /// Checks that every pool holds exactly what live requests hold (no leak).

@@ -23,23 +23,35 @@ pub(super) fn digest(a: &[f32], b: &[f32]) -> u64 {
     h
 }
 
-/// Writes the selection of every request of `ids` at layer `l` into the trace.
+/// Writes the selection of every request of `ids` at layer `l` into the trace, with the
+/// scores (every position's, the view's downloaded) of the selected and the `margin` best
+/// unselected positions when `scored` is given.
 pub(super) fn write_trace<W: std::io::Write, M: DeviceMemory>(
     tr: &mut TraceWriter<W>,
     step: u64,
     l: usize,
     ids: &[RequestId],
     view: &LayerView<'_, M>,
+    scored: Option<(&[f32], usize)>,
 ) -> Result<()> {
     for ((id, q), s) in ids.iter().zip(view.requests).zip(view.spans) {
-        tr.write(&TraceRecord {
+        let mut r = TraceRecord {
             step: step as u32,
             request: id.0,
             layer: l as u32,
             seq_len: q.seq_len as u32,
             selected: view.selections[s.offset..s.end()].to_vec(),
             ..TraceRecord::default()
-        })?;
+        };
+        if let Some((scores, margin)) = scored {
+            let all = scores.get(q.score_offset..q.score_offset + q.seq_len).ok_or_else(|| EngineError::Config {
+                field: "scores",
+                value: scores.len().to_string(),
+                reason: "shorter than the batch's positions".into(),
+            })?;
+            r.set_scores(all, margin);
+        }
+        tr.write(&r)?;
     }
     Ok(())
 }
@@ -63,11 +75,16 @@ pub(super) fn push_digests(
 }
 
 /// A layer's query and output tensors, for a dump.
-pub(super) struct LayerTensors<'a, M: DeviceMemory> {
+pub struct LayerTensors<'a, M: DeviceMemory> {
+    /// Indexer queries, `[n, index_heads, index_dim]`.
     pub index_q: &'a M::Buffer<bf16>,
+    /// Indexer head weights, `[n, index_heads]`.
     pub index_w: &'a M::Buffer<f32>,
+    /// Attention queries, `[n, q_heads, d_qk]`.
     pub attn_q: &'a M::Buffer<bf16>,
+    /// The attention's output, `[n, q_heads, d_v]`.
     pub out: &'a M::Buffer<f32>,
+    /// The attention's LSE, `[n, q_heads]`.
     pub lse: &'a M::Buffer<f32>,
 }
 

@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use hisparse_memory::{Admission, RequestId};
 
-use super::inputs::BatchEntry;
+use super::model::BatchEntry;
 use crate::error::{EngineError, Result};
 use crate::latency::TokenLatency;
 use crate::metrics::StepMetrics;

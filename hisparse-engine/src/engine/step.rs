@@ -9,6 +9,7 @@ use hisparse_kernels::Backend;
 use hisparse_memory::{Admission, Mode};
 
 use super::Engine;
+use super::model::DecodeModel;
 use super::report::StepReport;
 use super::runner::StepRunner;
 use super::scheduler::Admit;
@@ -21,7 +22,7 @@ fn secs(t: Instant) -> f64 {
     t.elapsed().as_secs_f64()
 }
 
-impl<B: Backend> Engine<B>
+impl<B: Backend, D: DecodeModel<B>> Engine<B, D>
 where
     B::Memory: Clone,
 {
@@ -43,12 +44,8 @@ where
                 tracing::info_span!("decode_step", step = self.step, batch = self.scheduler.running.len()).entered();
             self.runner.run(&mut self.cache, &self.scheduler, self.step, &mut rep)?;
             rep.latencies = self.scheduler.advance(Instant::now());
-        } else if let Some(m) = self.runner.model.as_mut().filter(|m| m.exchange().is_some()) {
-            // An idle rank of a deployment still meets the others' collectives: its model's
-            // layers run at the batch they pad to (SGLang's idle batch).
-            for l in 0..m.shape().layers {
-                m.launch(l, 0, self.cache.backend())?;
-            }
+        } else {
+            self.runner.model.idle_step(self.cache.backend())?;
         }
         let m = &mut rep.metrics;
         m.tokens = self.scheduler.running.len();
@@ -68,7 +65,7 @@ where
         m.stages.bookkeeping = (m.seconds - counted).max(0.0);
         let Self { scheduler, cache, runner, step, .. } = self;
         scheduler.retire(*step, |id| {
-            runner.inputs.finish(id);
+            runner.model.finish(id);
             cache.free(id).map(|_| ())
         })?;
         let m = &mut rep.metrics;
@@ -101,13 +98,13 @@ where
     }
 }
 
-/// Admission into the cache with the prompt from the input source.
-struct Admitter<'a, B: Backend> {
+/// Admission into the cache with the prompt from the model.
+struct Admitter<'a, B: Backend, D> {
     cache: &'a mut KvCache<B>,
-    runner: &'a mut StepRunner<B::Memory>,
+    runner: &'a mut StepRunner<B::Memory, D>,
 }
 
-impl<B: Backend> Admit for Admitter<'_, B>
+impl<B: Backend, D: DecodeModel<B>> Admit for Admitter<'_, B, D>
 where
     B::Memory: Clone,
 {
@@ -118,7 +115,7 @@ where
     fn start(&mut self, spec: &RequestSpec, total: usize, m: &mut StepMetrics) -> Result<Admission> {
         let (id, prompt) = (spec.id, spec.prompt_tokens);
         let _span = tracing::info_span!("admit", request = id.0, prompt).entered();
-        let got = self.runner.inputs.admit(self.cache, id, prompt, total)?;
+        let got = self.runner.model.admit(self.cache, spec, total)?;
         if got == Admission::Admitted {
             let c = self.cache.config();
             let (g, b) = (&c.geometry, c.hisparse.device_buffer_size);
