@@ -86,7 +86,7 @@ impl ModelInput {
                 hisparse_model::ModelError::Invalid { field, reason, .. } if field == "requests" => {
                     BenchError::flag("prompts", self.count, reason)
                 }
-                e => e.into(),
+                e => super::model_args::named(e, "device-buffer-size"),
             })?;
         let starts = window_starts(self.tokens.len(), context, self.count)?;
         let probe =
