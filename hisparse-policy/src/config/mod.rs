@@ -1,5 +1,6 @@
-//! `HiSparseConfig`: SGLang's `--hisparse-config` keys as they are (`top_k`,
-//! `device_buffer_size`, `host_to_device_ratio`, `swap_in_block_size`) plus ours, from JSON or
+//! `HiSparseConfig`: SGLang's `--hisparse-config` keys as they are (`device_buffer_size`,
+//! `host_to_device_ratio`, `swap_in_block_size`; its `top_k` is the geometry's, the one home of
+//! top-k: a file that gives it is checked against the geometry when read) plus ours, from JSON or
 //! from code, validated against a geometry with typed errors naming the field. The eviction
 //! policy, the prefetcher and the miss-fill form are typed values ([`PolicyChoice`],
 //! [`PrefetcherChoice`], [`MissFill`]); the JSON form keeps their names as flat keys
@@ -27,20 +28,21 @@ use crate::prefetch::PrefetcherConfig;
 ///
 /// ```
 /// use hisparse_policy::HiSparseConfig;
-/// // SGLang's keys as they are, plus any of ours.
-/// let c = HiSparseConfig::from_json(r#"{"top_k": 2048, "device_buffer_size": 4096,
+/// // SGLang's keys as they are, plus any of ours, over a geometry's defaults (its top_k, if
+/// // given, must be the geometry's).
+/// let geometry = hisparse_memory::KvGeometry::preset("glm-5.1")?;
+/// let base = HiSparseConfig::for_geometry(&geometry);
+/// let c = HiSparseConfig::from_json_over(&geometry, &base, r#"{"top_k": 2048, "device_buffer_size": 4096,
 ///     "host_to_device_ratio": 8, "swap_in_block_size": 512, "eviction_policy": "clock"}"#)?;
 /// assert_eq!((c.device_buffer_size, c.eviction_policy.name()), (4096, "clock"));
+/// assert!(HiSparseConfig::from_json_over(&geometry, &base, r#"{"top_k": 1024}"#).is_err());
 /// let bad = HiSparseConfig { device_buffer_size: 1024, ..HiSparseConfig::default() };
-/// let geometry = hisparse_memory::KvGeometry::preset("glm-5.1")?;
 /// assert!(bad.validate(&geometry).unwrap_err().to_string().contains("device_buffer_size = 1024"));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(try_from = "raw::RawConfig", into = "raw::RawConfig")]
 pub struct HiSparseConfig {
-    /// SGLang: tokens selected per request, layer and step (must equal the geometry's).
-    pub top_k: usize,
     /// SGLang: regular hot-buffer slots per request and layer (plus one reserved newest slot).
     pub device_buffer_size: usize,
     /// SGLang: host-tier capacity as a multiple of the device bytes given to the KV cache.
@@ -83,10 +85,10 @@ pub struct HiSparseConfig {
 }
 
 impl Default for HiSparseConfig {
-    /// The LMSYS blog's colocated setting: `{top_k 2048, buffer 4096, ratio 8, block 512}`, LRU.
+    /// The LMSYS blog's colocated setting (for its top-k of 2048): `{buffer 4096, ratio 8, block
+    /// 512}`, LRU.
     fn default() -> Self {
         Self {
-            top_k: 2048,
             device_buffer_size: 4096,
             host_to_device_ratio: 8.0,
             swap_in_block_size: 512,
@@ -126,20 +128,31 @@ pub fn compared_buffer_slots(top_k: usize) -> Vec<usize> {
 }
 
 impl HiSparseConfig {
-    /// Parses JSON (unknown keys are errors; missing keys take their defaults).
+    /// Parses JSON (unknown keys, and SGLang's `top_k`, which only a geometry can check, are
+    /// errors; missing keys take their defaults).
     pub fn from_json(text: &str) -> Result<Self> {
         serde_json::from_str(text).map_err(|e| invalid("hisparse_config", format!("{e}"), "not a valid config (JSON)"))
     }
 
-    /// Parses JSON over `base`: keys present in `text` replace `base`'s, missing ones keep it
-    /// (so a file of SGLang's keys alone, or `{}`, works with any preset when `base` is
-    /// [`HiSparseConfig::for_geometry`]). Unknown keys are errors naming the key.
-    pub fn from_json_over(base: &Self, text: &str) -> Result<Self> {
+    /// Parses JSON over `base` for `geometry`: keys present in `text` replace `base`'s, missing
+    /// ones keep it (so a file of SGLang's keys alone, or `{}`, works with any preset when
+    /// `base` is [`HiSparseConfig::for_geometry`]). SGLang's `top_k` key, when given, must be
+    /// the geometry's (the error names both). Unknown keys are errors naming the key.
+    pub fn from_json_over(geometry: &KvGeometry, base: &Self, text: &str) -> Result<Self> {
         let bad = |e: String| invalid("hisparse_config", e, "not a valid config (JSON)");
         let given: serde_json::Value = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
-        let serde_json::Value::Object(given) = given else {
+        let serde_json::Value::Object(mut given) = given else {
             return Err(bad("not a JSON object".into()));
         };
+        if let Some(k) = given.remove("top_k")
+            && k.as_u64() != Some(geometry.top_k as u64)
+        {
+            return Err(invalid(
+                "top_k",
+                k,
+                format!("the geometry {} selects top_k = {}", geometry.name, geometry.top_k),
+            ));
+        }
         let mut merged = serde_json::to_value(base).map_err(|e| bad(e.to_string()))?;
         if let serde_json::Value::Object(m) = &mut merged {
             m.extend(given);
@@ -147,10 +160,9 @@ impl HiSparseConfig {
         serde_json::from_value(merged).map_err(|e| bad(e.to_string()))
     }
 
-    /// The defaults with `top_k` taken from `geometry` and the default hot buffer for it
-    /// ([`default_buffer_slots`]).
+    /// The defaults with the default hot buffer for `geometry`'s top-k ([`default_buffer_slots`]).
     pub fn for_geometry(geometry: &KvGeometry) -> Self {
-        Self { top_k: geometry.top_k, device_buffer_size: default_buffer_slots(geometry.top_k), ..Self::default() }
+        Self { device_buffer_size: default_buffer_slots(geometry.top_k), ..Self::default() }
     }
 
     /// The policies' config with `policy_seed` as its seed.
@@ -181,7 +193,6 @@ impl HiSparseConfig {
     pub fn validate(&self, geometry: &KvGeometry) -> Result<()> {
         geometry.validate()?;
         for (field, v) in [
-            ("top_k", self.top_k),
             ("device_buffer_size", self.device_buffer_size),
             ("page_tokens", self.page_tokens),
             ("max_request_tokens", self.max_request_tokens),
@@ -190,18 +201,11 @@ impl HiSparseConfig {
                 return Err(invalid(field, v, "must be at least 1"));
             }
         }
-        if self.top_k != geometry.top_k {
-            return Err(invalid(
-                "top_k",
-                self.top_k,
-                format!("the geometry {} selects top_k = {}", geometry.name, geometry.top_k),
-            ));
-        }
-        if self.top_k > self.device_buffer_size {
+        if geometry.top_k > self.device_buffer_size {
             return Err(invalid(
                 "device_buffer_size",
                 self.device_buffer_size,
-                format!("must be at least the top-k ({}) so that a step's selection fits", self.top_k),
+                format!("must be at least the top-k ({}) so that a step's selection fits", geometry.top_k),
             ));
         }
         if self.device_buffer_size > MAX_BUFFER_SLOTS {

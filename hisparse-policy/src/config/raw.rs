@@ -15,7 +15,6 @@ use crate::policy::PolicyConfig;
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub(super) struct RawConfig {
-    top_k: usize,
     device_buffer_size: usize,
     host_to_device_ratio: f64,
     swap_in_block_size: usize,
@@ -53,7 +52,6 @@ impl From<HiSparseConfig> for RawConfig {
             c.miss_fill.copy_engine().unwrap_or((MissFill::DEFAULT_SHARE, 0)),
         );
         Self {
-            top_k: c.top_k,
             device_buffer_size: c.device_buffer_size,
             host_to_device_ratio: c.host_to_device_ratio,
             swap_in_block_size: c.swap_in_block_size,
@@ -82,7 +80,6 @@ impl TryFrom<RawConfig> for HiSparseConfig {
 
     fn try_from(r: RawConfig) -> Result<Self, PolicyError> {
         Ok(Self {
-            top_k: r.top_k,
             device_buffer_size: r.device_buffer_size,
             host_to_device_ratio: r.host_to_device_ratio,
             swap_in_block_size: r.swap_in_block_size,

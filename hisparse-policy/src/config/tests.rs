@@ -19,33 +19,40 @@ fn field_of(e: PolicyError) -> &'static str {
 
 #[test]
 fn sglang_keys_parse_as_they_are() {
-    let c = HiSparseConfig::from_json(
+    let g = glm();
+    let c = HiSparseConfig::from_json_over(
+        &g,
+        &HiSparseConfig::for_geometry(&g),
         r#"{"top_k": 2048, "device_buffer_size": 6144, "host_to_device_ratio": 10, "swap_in_block_size": 960}"#,
     )
     .unwrap();
-    assert_eq!((c.top_k, c.device_buffer_size, c.host_to_device_ratio, c.swap_in_block_size), (2048, 6144, 10.0, 960));
+    assert_eq!((c.device_buffer_size, c.host_to_device_ratio, c.swap_in_block_size), (6144, 10.0, 960));
     assert_eq!(c.eviction_policy.name(), "lru");
-    c.validate(&glm()).unwrap();
+    c.validate(&g).unwrap();
     assert!(HiSparseConfig::from_json(r#"{"topk": 2048}"#).unwrap_err().to_string().contains("topk"));
+    // Without a geometry, SGLang's top_k cannot be checked: refused, naming it.
+    assert!(HiSparseConfig::from_json(r#"{"top_k": 2048}"#).unwrap_err().to_string().contains("top_k"));
 }
 
 #[test]
 fn a_partial_file_keeps_the_presets_values() {
     let small = KvGeometry::preset("cpu-small").unwrap();
     let base = HiSparseConfig::for_geometry(&small);
-    let empty = HiSparseConfig::from_json_over(&base, "{}").unwrap();
+    let empty = HiSparseConfig::from_json_over(&small, &base, "{}").unwrap();
     assert_eq!(empty, base);
     empty.validate(&small).unwrap();
-    let c =
-        HiSparseConfig::from_json_over(&base, r#"{"device_buffer_size": 1024, "swap_in_block_size": 256}"#).unwrap();
-    assert_eq!((c.top_k, c.device_buffer_size, c.swap_in_block_size), (256, 1024, 256));
+    let c = HiSparseConfig::from_json_over(&small, &base, r#"{"device_buffer_size": 1024, "swap_in_block_size": 256}"#)
+        .unwrap();
+    assert_eq!((c.device_buffer_size, c.swap_in_block_size), (1024, 256));
     c.validate(&small).unwrap();
-    // A value the preset fixes, set otherwise in the file: the error names both.
-    let c = HiSparseConfig::from_json_over(&base, r#"{"top_k": 2048}"#).unwrap();
-    let e = c.validate(&small).unwrap_err().to_string();
-    assert!(e.contains("top_k = 2048") && e.contains("cpu-small selects top_k = 256"), "{e}");
-    assert!(HiSparseConfig::from_json_over(&base, r#"{"topk": 1}"#).unwrap_err().to_string().contains("topk"));
-    assert!(HiSparseConfig::from_json_over(&base, "[1, 2]").is_err());
+    // SGLang's top_k, which the preset fixes: the preset's is taken; another is refused naming both.
+    assert_eq!(HiSparseConfig::from_json_over(&small, &base, r#"{"top_k": 256}"#).unwrap(), base);
+    for other in [r#"{"top_k": 2048}"#, r#"{"top_k": "256"}"#, r#"{"top_k": -1}"#] {
+        let e = HiSparseConfig::from_json_over(&small, &base, other).unwrap_err().to_string();
+        assert!(e.contains("top_k = ") && e.contains("cpu-small selects top_k = 256"), "{other}: {e}");
+    }
+    assert!(HiSparseConfig::from_json_over(&small, &base, r#"{"topk": 1}"#).unwrap_err().to_string().contains("topk"));
+    assert!(HiSparseConfig::from_json_over(&small, &base, "[1, 2]").is_err());
 }
 
 #[test]
@@ -54,8 +61,6 @@ fn each_bad_field_is_named() {
     let cases: Vec<(HiSparseConfig, &str)> = vec![
         (HiSparseConfig { device_buffer_size: 2047, ..Default::default() }, "device_buffer_size"),
         (HiSparseConfig { device_buffer_size: 0, ..Default::default() }, "device_buffer_size"),
-        (HiSparseConfig { top_k: 0, ..Default::default() }, "top_k"),
-        (HiSparseConfig { top_k: 1024, ..Default::default() }, "top_k"),
         (HiSparseConfig { swap_in_block_size: 0, ..Default::default() }, "swap_in_block_size"),
         (HiSparseConfig { swap_in_block_size: 1025, ..Default::default() }, "swap_in_block_size"),
         (HiSparseConfig { host_to_device_ratio: 0.0, ..Default::default() }, "host_to_device_ratio"),
@@ -123,7 +128,7 @@ fn each_bad_field_is_named() {
             },
             "mq_queues",
         ),
-        (HiSparseConfig { device_buffer_size: 70_000, top_k: 2048, ..Default::default() }, "device_buffer_size"),
+        (HiSparseConfig { device_buffer_size: 70_000, ..Default::default() }, "device_buffer_size"),
         // 1 MiB of device bytes x 8 cannot hold a 128k-token request of 51 KB per token.
         (HiSparseConfig { device_kv_bytes: 1 << 20, ..Default::default() }, "host_to_device_ratio"),
         (

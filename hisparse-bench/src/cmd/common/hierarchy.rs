@@ -145,7 +145,7 @@ impl EngineArgs {
         let mut c = match self.config_file()? {
             Some((p, text, keys)) => {
                 longest_given = keys.iter().any(|k| k == "max_request_tokens");
-                HiSparseConfig::from_json_over(&base, &text)
+                HiSparseConfig::from_json_over(g, &base, &text)
                     .map_err(|e| BenchError::flag("config", p.display(), e.to_string()))?
             }
             None => base,
