@@ -6,21 +6,27 @@
 //
 // Four launches:
 // - `oracle_chunks` (a block per request): which 16-dim chunks of the key each block of 8 heads'
-//   queries touch (a grouped-query head touches only its group's chunks);
+//   queries touch (a grouped-query head touches only its group's chunks), as a count and a list
+//   per head block; and the queries as the tensor cores take them: each head's scaled by a power
+//   of two 2^s (its largest magnitude into [2^14, 2^15)) and rounded to f16, laid out as each
+//   lane's B fragment of each listed chunk (the chunk's dims permuted so that a lane's four key
+//   bytes are one aligned word), with 2^-s per head beside them;
 // - `oracle_logits` (a block per ORACLE_TILE positions of a request): the tile's keys staged in
-//   shared memory by asynchronous copies, every head's `q_h . codes_t` on bf16 tensor cores (mma.sync m16n8k16: the
-//   e4m3 codes are exact in bf16, the sum in f32), skipping chunks no head of a block touches;
-//   the logit `w_h * (scale_t * dot)` into a row of heads per position, and per head the tile's
-//   largest logit and sum of exponentials below it;
+//   shared memory by asynchronous copies, every head's `q_h . codes_t` on f16 tensor cores
+//   (mma.sync m16n8k16: e4m3 codes are exact in f16, two of them converted by one instruction;
+//   the sum in f32) over its block's listed chunks only; the logit `w_h * (scale_t * (dot * 2^-s))`
+//   into a row of heads per position, and per head the tile's largest logit and sum of
+//   exponentials below it;
 // - `oracle_stats` (a block per request and head): the tiles' partial statistics merged into the
 //   largest logit and the reciprocal of the sum;
 // - `oracle_combine` (a thread per position): the heads' weights in head order.
 // The scores differ from the CPU's by the dot product's order (the tensor cores' sum, the scale
-// applied after it), expf and the sum's order: within 1e-4 of their size (tested). A page id
-// outside the pool raises `fault` and its key reads as zeros.
+// applied after it), a query's parts below 2^-24 of its largest rounded (f16's subnormals), expf
+// and the sum's order: within 1e-4 of their size (tested). A page id outside the pool raises
+// `fault` and its key reads as zeros.
 //
-// IndexerReq, OracleArgs, ORACLE_THREADS, ORACLE_TILE and ORACLE_HEAD_BLOCKS: the generated
-// prelude (src/cuda/facts.rs).
+// IndexerReq, OracleArgs, ORACLE_THREADS, ORACLE_TILE, ORACLE_HEAD_BLOCKS, ORACLE_MAX_HEADS and
+// ORACLE_MAX_CHUNKS: the generated prelude (src/cuda/facts.rs).
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -29,59 +35,103 @@
 #define ORACLE_INF __int_as_float(0x7f800000)
 #define ORACLE_NEG_INF __int_as_float(0xff800000)
 
+// `x` as an f16 pair's bits (the low half first).
+__device__ __forceinline__ unsigned oracle_f16x2(float lo, float hi) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const unsigned*>(&h);
+}
+
 extern "C" __global__ void __launch_bounds__(ORACLE_THREADS) oracle_chunks(
     const __nv_bfloat16* __restrict__ queries,  // [n, heads, dim]
     const OracleArgs a,
-    unsigned char* __restrict__ chunks) {       // [n, head blocks, dim / 16]
-    const unsigned i = blockIdx.x, heads = a.heads, dim = a.dim, dc = dim / 16;
-    const unsigned hbs = (heads + 7) / 8;
+    unsigned char* __restrict__ lists,          // [n, head blocks, chunks + 1]: a count, then chunk ids
+    unsigned* __restrict__ fragments,           // [n, head blocks, chunks, 32 lanes, 2]: f16 pairs
+    float* __restrict__ inverse) {              // [n, heads]: 2^-s
+    __shared__ int shift[ORACLE_MAX_HEADS];
+    __shared__ unsigned char touched[ORACLE_MAX_HEADS / 8 * ORACLE_MAX_CHUNKS];
+    const unsigned i = blockIdx.x, heads = a.heads, dim = a.dim, dc = a.chunks, hbs = (heads + 7) / 8;
+    const unsigned tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const unsigned short* q = reinterpret_cast<const unsigned short*>(queries) + (size_t)i * heads * dim;
-    for (unsigned x = threadIdx.x; x < hbs * dc; x += ORACLE_THREADS) {
+    // Each head's scale: its largest magnitude's exponent e (bf16 bits) gives s = 14 - e.
+    for (unsigned h = warp; h < heads; h += ORACLE_THREADS / 32) {
+        unsigned m = 0;
+        for (unsigned e = lane; e < dim; e += 32) m = max(m, (unsigned)(q[h * dim + e] & 0x7fffu));
+        for (unsigned o = 16; o > 0; o /= 2) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+        const int biased = (int)(m >> 7);
+        const int s = biased == 0 ? 0 : min(100, max(-100, 14 - (biased - 127)));
+        if (lane == 0) {
+            shift[h] = s;
+            inverse[(size_t)i * heads + h] = ldexpf(1.f, -s);
+        }
+    }
+    for (unsigned x = tid; x < hbs * dc; x += ORACLE_THREADS) {
         const unsigned hb = x / dc, c = x % dc;
         unsigned any = 0;
         for (unsigned h = hb * 8; h < hb * 8 + 8 && h < heads; ++h)
             for (unsigned e = 0; e < 16; ++e) any |= q[h * dim + c * 16 + e] & 0x7fffu;  // +-0 is zero
-        chunks[(size_t)i * hbs * dc + x] = any != 0;
+        touched[x] = any != 0;
+    }
+    __syncthreads();
+    for (unsigned hb = tid; hb < hbs; hb += ORACLE_THREADS) {
+        unsigned char* list = lists + ((size_t)i * hbs + hb) * (dc + 1);
+        unsigned count = 0;
+        for (unsigned c = 0; c < dc; ++c)
+            if (touched[hb * dc + c]) list[1 + count++] = (unsigned char)c;
+        list[0] = (unsigned char)count;
+    }
+    // A lane's B fragment of a chunk: head hb * 8 + lane / 4, dims 4t .. 4t + 3 of the chunk
+    // (t = lane % 4) as the k slots 2t, 2t + 1 (b0) and 2t + 8, 2t + 9 (b1).
+    for (unsigned x = tid; x < hbs * dc * 32; x += ORACLE_THREADS) {
+        const unsigned hb = x / (dc * 32), c = (x / 32) % dc, l = x % 32;
+        if (!touched[hb * dc + c]) continue;
+        const unsigned h = hb * 8 + l / 4, e = c * 16 + 4 * (l % 4);
+        float v[4] = {0.f, 0.f, 0.f, 0.f};
+        if (h < heads) {
+            const float sc = ldexpf(1.f, shift[h]);
+            for (unsigned k = 0; k < 4; ++k) v[k] = __bfloat162float(queries[((size_t)i * heads + h) * dim + e + k]) * sc;
+        }
+        unsigned* f = fragments + ((((size_t)i * hbs + hb) * dc + c) * 32 + l) * 2;
+        f[0] = oracle_f16x2(v[0], v[1]);
+        f[1] = oracle_f16x2(v[2], v[3]);
     }
 }
 
-// Two e4m3 codes at `p` as a bf16 pair (exact: every e4m3 value is a bf16 value).
-__device__ __forceinline__ unsigned oracle_bf16x2(const unsigned char* p) {
-    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(*reinterpret_cast<const __nv_fp8x2_storage_t*>(p), __NV_E4M3);
-    const float2 f = __half22float2(__half2(h));
-    const __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
-    return *reinterpret_cast<const unsigned*>(&b);
+// Two e4m3 codes (the low 16 bits of `x`) as an f16 pair (exact: every e4m3 value is an f16).
+__device__ __forceinline__ unsigned oracle_e4m3x2(unsigned x) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(x & 0xffffu), __NV_E4M3);
+    return (unsigned)h.x | ((unsigned)h.y << 16);
 }
 
 __device__ __forceinline__ void oracle_mma(float* c, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
                                            unsigned b1) {
     asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%0,%1,%2,%3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
 extern "C" __global__ void __launch_bounds__(ORACLE_THREADS) oracle_logits(
-    const __nv_bfloat16* __restrict__ queries,  // [n, heads, dim]
     const float* __restrict__ weights,          // [n, heads]
     const unsigned char* __restrict__ keys,     // pool_pages pages of page_tokens keys
     const unsigned* __restrict__ page_table,
     const IndexerReq* __restrict__ reqs,
     const OracleArgs a,
-    const unsigned char* __restrict__ chunks,   // [n, head blocks, dim / 16]
+    const unsigned char* __restrict__ lists,    // [n, head blocks, chunks + 1]
+    const unsigned* __restrict__ fragments,     // [n, head blocks, chunks, 32, 2]
+    const float* __restrict__ inverse,          // [n, heads]
     float* __restrict__ logits,                 // [score positions, heads]
     float* __restrict__ partials,               // [n, tiles, heads, 2]: largest logit, sum below it
     unsigned* __restrict__ fault) {
     extern __shared__ __align__(16) unsigned char oracle_smem[];
+    __shared__ unsigned char list_at[ORACLE_MAX_HEADS / 8 * (ORACLE_MAX_CHUNKS + 1)];
     const unsigned i = blockIdx.y, tile = blockIdx.x, t0 = tile * ORACLE_TILE;
     const IndexerReq r = reqs[i];
     if (t0 >= r.seq_len) return;
-    const unsigned heads = a.heads, dim = a.dim, dc = dim / 16, hbs = (heads + 7) / 8, stride = a.tile_stride;
+    const unsigned heads = a.heads, dim = a.dim, dc = a.chunks, hbs = (heads + 7) / 8, stride = a.tile_stride;
     const unsigned tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    unsigned char* rows = oracle_smem;                    // [ORACLE_TILE, stride]; then the logits
-    unsigned char* flags = oracle_smem + a.flags_at;      // [head blocks, dim / 16]
-    for (unsigned x = tid; x < hbs * dc; x += ORACLE_THREADS) flags[x] = chunks[(size_t)i * hbs * dc + x];
+    unsigned char* rows = oracle_smem;  // [ORACLE_TILE, stride]; then the logits
+    for (unsigned x = tid; x < hbs * (dc + 1); x += ORACLE_THREADS) list_at[x] = lists[(size_t)i * hbs * (dc + 1) + x];
     // Each row's source, looked up by a thread per row at once (a page-table read each); a
     // missing position or a bad page reads as zeros (-1).
     __shared__ long long src_at[ORACLE_TILE];
@@ -111,39 +161,32 @@ extern "C" __global__ void __launch_bounds__(ORACLE_THREADS) oracle_logits(
     }
     asm volatile("cp.async.wait_all;\n" ::);
     __syncthreads();
-    // Warp w: rows (w % 4) * 16 .. + 16, head blocks w / 4, w / 4 + 2, ...
-    const unsigned g = lane / 4, k2 = 2 * (lane % 4), rg = (warp % 4) * 16, set = warp / 4;
-    const unsigned char* ra = rows + (rg + g) * stride;
+    // Warp w: rows (w % 4) * 16 .. + 16, head blocks w / 4, w / 4 + 2, ...; lane: row g (and
+    // g + 8) of the 16, the four key bytes 4t .. 4t + 3 of each chunk.
+    const unsigned g = lane / 4, t = lane % 4, rg = (warp % 4) * 16, set = warp / 4;
+    const unsigned char* ra = rows + (rg + g) * stride + 4 * t;
     const unsigned char* rb = ra + 8 * stride;
-    const __nv_bfloat16* q = queries + (size_t)i * heads * dim;
     float acc[ORACLE_HEAD_BLOCKS][4];
 #pragma unroll
-    for (unsigned j = 0; j < ORACLE_HEAD_BLOCKS; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-    for (unsigned c = 0; c < dc; ++c) {
-        unsigned any = 0;
-#pragma unroll
-        for (unsigned j = 0; j < ORACLE_HEAD_BLOCKS; ++j) {
-            const unsigned hb = set + 2 * j;
-            if (hb < hbs) any |= flags[hb * dc + c];
-        }
-        if (!any) continue;
-        const unsigned e = c * 16 + k2;
-        const unsigned a0 = oracle_bf16x2(ra + e), a1 = oracle_bf16x2(rb + e);
-        const unsigned a2 = oracle_bf16x2(ra + e + 8), a3 = oracle_bf16x2(rb + e + 8);
-#pragma unroll
-        for (unsigned j = 0; j < ORACLE_HEAD_BLOCKS; ++j) {
-            const unsigned hb = set + 2 * j;
-            if (hb >= hbs || !flags[hb * dc + c]) continue;
-            const unsigned h = hb * 8 + g;
-            unsigned b0 = 0, b1 = 0;
-            if (h < heads) {
-                b0 = *reinterpret_cast<const unsigned*>(q + (size_t)h * dim + e);
-                b1 = *reinterpret_cast<const unsigned*>(q + (size_t)h * dim + e + 8);
-            }
-            oracle_mma(acc[j], a0, a1, a2, a3, b0, b1);
+    for (unsigned j = 0; j < ORACLE_HEAD_BLOCKS; ++j) {
+        acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+        const unsigned hb = set + 2 * j;
+        if (hb >= hbs) continue;
+        const unsigned char* list = list_at + hb * (dc + 1);
+        const uint2* frag = reinterpret_cast<const uint2*>(fragments) + ((size_t)i * hbs + hb) * dc * 32 + lane;
+        const unsigned count = list[0];
+#pragma unroll 4
+        for (unsigned k = 0; k < count; ++k) {
+            const unsigned c = list[1 + k];
+            const unsigned x = *reinterpret_cast<const unsigned*>(ra + c * 16);
+            const unsigned y = *reinterpret_cast<const unsigned*>(rb + c * 16);
+            const uint2 b = frag[c * 32];
+            oracle_mma(acc[j], oracle_e4m3x2(x), oracle_e4m3x2(y), oracle_e4m3x2(x >> 16), oracle_e4m3x2(y >> 16),
+                       b.x, b.y);
         }
     }
-    const float sa = *reinterpret_cast<const float*>(ra + dim), sb = *reinterpret_cast<const float*>(rb + dim);
+    const float sa = *reinterpret_cast<const float*>(rows + (rg + g) * stride + dim);
+    const float sb = *reinterpret_cast<const float*>(rows + (rg + g + 8) * stride + dim);
     __syncthreads();  // every warp has read the rows: their space takes the logits
     // [ORACLE_TILE, heads + 1]: a row of heads per position, padded so that a warp reading one
     // head's column meets no bank conflict.
@@ -154,11 +197,11 @@ extern "C" __global__ void __launch_bounds__(ORACLE_THREADS) oracle_logits(
         const unsigned hb = set + 2 * j;
         if (hb >= hbs) continue;
         for (unsigned x = 0; x < 2; ++x) {
-            const unsigned h = hb * 8 + k2 + x;
+            const unsigned h = hb * 8 + 2 * t + x;
             if (h >= heads) continue;
-            const float w = weights[(size_t)i * heads + h];
-            stage[(rg + g) * ss + h] = __fmul_rn(w, __fmul_rn(sa, acc[j][x]));
-            stage[(rg + g + 8) * ss + h] = __fmul_rn(w, __fmul_rn(sb, acc[j][2 + x]));
+            const float w = weights[(size_t)i * heads + h], inv = inverse[(size_t)i * heads + h];
+            stage[(rg + g) * ss + h] = __fmul_rn(w, __fmul_rn(sa, __fmul_rn(acc[j][x], inv)));
+            stage[(rg + g + 8) * ss + h] = __fmul_rn(w, __fmul_rn(sb, __fmul_rn(acc[j][2 + x], inv)));
         }
     }
     __syncthreads();
@@ -168,9 +211,9 @@ extern "C" __global__ void __launch_bounds__(ORACLE_THREADS) oracle_logits(
     // A warp per head: the tile's largest logit and the sum of exponentials below it.
     for (unsigned h = warp; h < heads; h += ORACLE_THREADS / 32) {
         float m = ORACLE_NEG_INF, s = 0.f;
-        for (unsigned t = lane; t < n; t += 32) m = fmaxf(m, stage[t * ss + h]);
+        for (unsigned u = lane; u < n; u += 32) m = fmaxf(m, stage[u * ss + h]);
         for (unsigned o = 16; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-        for (unsigned t = lane; t < n; t += 32) s += expf(stage[t * ss + h] - m);
+        for (unsigned u = lane; u < n; u += 32) s += expf(stage[u * ss + h] - m);
         for (unsigned o = 16; o > 0; o /= 2) s += __shfl_xor_sync(0xffffffffu, s, o);
         if (lane == 0) {
             float* p = partials + (((size_t)i * a.tiles + tile) * heads + h) * 2;

@@ -105,6 +105,8 @@ impl CudaBackend {
             oracle_stats: s.alloc_zeros(1).map_err(a)?,
             oracle_partials: s.alloc_zeros(1).map_err(a)?,
             oracle_chunks: s.alloc_zeros(1).map_err(a)?,
+            oracle_queries: s.alloc_zeros(1).map_err(a)?,
+            oracle_scales: s.alloc_zeros(1).map_err(a)?,
             reqs_c: Vec::new(),
             spans_c: Vec::new(),
             locate_c: Vec::new(),

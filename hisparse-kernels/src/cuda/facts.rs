@@ -178,8 +178,8 @@ hisparse_memory::c_struct! {
         pub(crate) tiles: u32,
         /// Bytes between a tile's key rows in shared memory (`oracle_tile_stride`).
         pub(crate) tile_stride: u32,
-        /// Where the chunk flags start in shared memory.
-        pub(crate) flags_at: u32,
+        /// 16-dim chunks of a key (`dim / 16`, at most `ORACLE_MAX_CHUNKS`).
+        pub(crate) chunks: u32,
     }
 }
 
@@ -195,12 +195,16 @@ pub(crate) const ORACLE_TILE: usize = 64;
 pub(crate) const ORACLE_HEAD_BLOCKS: usize = 8;
 /// The oracle's scores: the most query heads (two sets of `ORACLE_HEAD_BLOCKS` blocks of 8).
 pub(crate) const ORACLE_MAX_HEADS: usize = 2 * ORACLE_HEAD_BLOCKS * 8;
+/// The oracle's scores: the most 16-dim chunks of a key (C `ORACLE_MAX_CHUNKS`; a head block's
+/// list of the chunks it reads has a count byte, then one byte per chunk).
+pub(crate) const ORACLE_MAX_CHUNKS: usize = 80;
 
 /// Bytes between two key rows of the oracle's tile in shared memory: the row's words rounded up
-/// to 2 more than a multiple of 32, so that the tensor-core loads of 8 rows hit 16 banks.
+/// to 4 more than a multiple of 32, so that a warp's 4-byte loads of 8 rows (4 threads a row)
+/// hit 32 banks.
 pub(crate) fn oracle_tile_stride(key_bytes: usize) -> usize {
     let words = key_bytes.div_ceil(4);
-    4 * (words + (2 + 32 - words % 32) % 32)
+    4 * (words + (4 + 32 - words % 32) % 32)
 }
 
 /// The new rows' fill: threads per block (each request's row and key).
@@ -375,6 +379,8 @@ pub fn prelude(module: Module) -> String {
                 define("ORACLE_THREADS", ORACLE_THREADS),
                 define("ORACLE_TILE", ORACLE_TILE),
                 define("ORACLE_HEAD_BLOCKS", ORACLE_HEAD_BLOCKS),
+                define("ORACLE_MAX_HEADS", ORACLE_MAX_HEADS),
+                define("ORACLE_MAX_CHUNKS", ORACLE_MAX_CHUNKS),
             ],
             &[part::<GpuIndexerReq>(), part::<OracleArgs>()],
         ),

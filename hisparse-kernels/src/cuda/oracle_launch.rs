@@ -1,7 +1,8 @@
 //! The oracle's scores on CUDA (`kernels/oracle_index.cu`): the CPU oracle's definition
 //! (`crate::cpu`'s `oracle_index.rs`) for models without an indexer — the host-side checks that
-//! run before the four launches (the heads' key chunks, the logits on tensor cores with their
-//! tiles' statistics, the per-head statistics, the combined score), their arguments and scratch.
+//! run before the four launches (the queries as tensor-core fragments with the key chunks each
+//! block of heads reads, the logits on tensor cores with their tiles' statistics, the per-head
+//! statistics, the combined score), their arguments and scratch.
 
 use std::sync::{Mutex, OnceLock};
 
@@ -12,7 +13,7 @@ use hisparse_memory::cuda::CudaMemory;
 use super::buffers::{lock, room, upload_cached};
 use super::device::CudaDevice;
 use super::driver_error;
-use super::facts::{ORACLE_MAX_HEADS, ORACLE_THREADS, ORACLE_TILE, OracleArgs, oracle_tile_stride};
+use super::facts::{ORACLE_MAX_CHUNKS, ORACLE_MAX_HEADS, ORACLE_THREADS, ORACLE_TILE, OracleArgs, oracle_tile_stride};
 use super::printed_launch::PrintedLaunch;
 use super::scratch::Scratch;
 use crate::IndexerQueries;
@@ -27,7 +28,7 @@ pub(crate) struct OracleKernels {
 }
 
 /// The dynamic shared memory the logits kernel opts into (more than the 48 KiB a block gets
-/// without asking): a tile of 64 keys of up to 1024 dims with the chunk flags of 128 heads fits.
+/// without asking): a tile of 64 keys of up to 1024 dims fits.
 const ORACLE_SMEM_MAX: usize = 80 << 10;
 
 /// `x` as a kernel's 32-bit field, or an error naming `field`.
@@ -75,19 +76,18 @@ impl OracleKernels {
         if n == 0 || max_len == 0 {
             return Ok(());
         }
-        if dim % 16 != 0 || kb % 4 != 0 {
+        if dim % 16 != 0 || kb % 4 != 0 || dim / 16 > ORACLE_MAX_CHUNKS {
             return Err(KernelError::invalid(
                 "key_layout.dim",
                 dim,
-                "the oracle on CUDA takes keys of a multiple of 16 dims",
+                format!("the oracle on CUDA takes keys of a multiple of 16 dims, at most {}", 16 * ORACLE_MAX_CHUNKS),
             ));
         }
         // Shared memory of the logits: the tile's rows, which then hold its logits (a padded row of
-        // heads per position), and the flags.
+        // heads per position).
         let stride = oracle_tile_stride(kb);
         let (hbs, dc) = (heads.div_ceil(8), dim / 16);
-        let flags_at = (ORACLE_TILE * stride).max(ORACLE_TILE * (heads + 1) * 4).next_multiple_of(16);
-        let smem = flags_at + hbs * dc;
+        let smem = (ORACLE_TILE * stride).max(ORACLE_TILE * (heads + 1) * 4);
         if smem > ORACLE_SMEM_MAX {
             return Err(KernelError::invalid(
                 "key_layout.dim",
@@ -109,7 +109,7 @@ impl OracleKernels {
             combine_max: u32::from(oracle.combine == HeadCombine::Max),
             tiles: u32_of("requests.seq_len", tiles)?,
             tile_stride: stride as u32,
-            flags_at: flags_at as u32,
+            chunks: dc as u32,
         };
         let too_big = |what: &'static str| KernelError::invalid("requests.score_offset", score_end, what);
         let logits_len = score_end.checked_mul(heads).ok_or_else(|| too_big("times the heads overflows"))?;
@@ -117,13 +117,26 @@ impl OracleKernels {
             n.checked_mul(tiles).and_then(|x| x.checked_mul(heads * 2)).ok_or_else(|| too_big("partials overflow"))?;
         let [chunks, logits, stats, combine] = self.kernels(dev)?;
         let mut sc = lock(scratch)?;
-        let Scratch { reqs: rd, reqs_c, oracle_logits, oracle_stats, oracle_partials, oracle_chunks, fault, .. } =
-            &mut *sc;
+        let Scratch {
+            reqs: rd,
+            reqs_c,
+            oracle_logits,
+            oracle_stats,
+            oracle_partials,
+            oracle_chunks,
+            oracle_queries,
+            oracle_scales,
+            fault,
+            ..
+        } = &mut *sc;
         upload_cached(dev, rd, reqs_c, &reqs)?;
         room(dev, oracle_logits, logits_len)?;
         room(dev, oracle_stats, n * heads * 2)?;
         room(dev, oracle_partials, partials_len)?;
-        room(dev, oracle_chunks, n * hbs * dc)?;
+        // Each head block's count and list of chunks; its queries, two words per lane and chunk.
+        room(dev, oracle_chunks, n * hbs * (dc + 1))?;
+        room(dev, oracle_queries, n * hbs * dc * 64)?;
+        room(dev, oracle_scales, n * heads)?;
         let s = dev.stream();
         let cfg = |grid: (u32, u32, u32), shared_mem_bytes: u32| LaunchConfig {
             grid_dim: grid,
@@ -131,27 +144,30 @@ impl OracleKernels {
             shared_mem_bytes,
         };
         let mut b = PrintedLaunch::new(&dev.print, s, chunks);
-        b.arg(batch.queries).params(&args).arg_mut(oracle_chunks);
-        // SAFETY: queries hold n requests of heads x dim (checked); the flags hold n x head
-        // blocks x chunks (sized above).
+        b.arg(batch.queries).params(&args).arg_mut(oracle_chunks).arg_mut(oracle_queries).arg_mut(oracle_scales);
+        // SAFETY: queries hold n requests of heads x dim (checked); the lists hold n x head
+        // blocks x (chunks + 1) bytes, the fragments n x head blocks x chunks x 64 words, the
+        // scales n x heads (sized above).
         unsafe { b.launch(cfg((n as u32, 1, 1), 0)) }.map_err(driver_error("oracle chunks launch"))?;
         drop(b);
         let mut b = PrintedLaunch::new(&dev.print, s, logits);
-        b.arg(batch.queries)
-            .arg(batch.weights)
+        b.arg(batch.weights)
             .arg(batch.keys)
             .arg(batch.page_table)
             .arg(&*rd)
             .params(&args)
             .arg(&*oracle_chunks)
+            .arg(&*oracle_queries)
+            .arg(&*oracle_scales)
             .arg_mut(oracle_logits)
             .arg_mut(oracle_partials)
             .arg_mut(fault);
-        // SAFETY: queries and weights hold n requests (checked); every request's page-table
-        // entries and score span lie within their buffers (checked), the logits hold a row of
-        // heads per score position up to the furthest span and the partials n x tiles x heads
-        // pairs (sized above); the shared memory is the size the kernel's layout needs (its
-        // rows, its logits, its flags); page ids are checked in the kernel (fault).
+        // SAFETY: weights hold n requests (checked), the lists, fragments and scales were written
+        // for them by the launch before; every request's page-table entries and score span lie
+        // within their buffers (checked), the logits hold a row of heads per score position up
+        // to the furthest span and the partials n x tiles x heads pairs (sized above); the shared
+        // memory is the size the kernel's layout needs (its rows, then its logits); page ids are
+        // checked in the kernel (fault).
         unsafe { b.launch(cfg((tiles as u32, n as u32, 1), smem as u32)) }
             .map_err(driver_error("oracle logits launch"))?;
         drop(b);

@@ -15,11 +15,14 @@ pub(crate) struct Scratch {
     pub(crate) locate: CudaSlice<LocateReq>,
     pub(crate) seeds: CudaSlice<u64>,
     /// The oracle's logits (a row of heads per scored position), its per-head statistics, its
-    /// tiles' partial statistics and the key chunks each block of heads touches.
+    /// tiles' partial statistics, the list of key chunks each block of heads reads, the
+    /// queries as the tensor cores take them (f16 pairs, scaled per head) and the scales' inverses.
     pub(crate) oracle_logits: CudaSlice<f32>,
     pub(crate) oracle_stats: CudaSlice<f32>,
     pub(crate) oracle_partials: CudaSlice<f32>,
     pub(crate) oracle_chunks: CudaSlice<u8>,
+    pub(crate) oracle_queries: CudaSlice<u32>,
+    pub(crate) oracle_scales: CudaSlice<f32>,
     /// What the per-call arrays above hold (they are the same for every layer of a step).
     pub(crate) reqs_c: Vec<GpuIndexerReq>,
     pub(crate) spans_c: Vec<GpuSpan>,
