@@ -12,7 +12,7 @@ use std::collections::HashMap;
 
 use hisparse_engine::engine::{BatchEntry, DecodeModel, LayerTensors};
 use hisparse_engine::{
-    Admission, Backend, DecodeStep, EmulatedDevice, EngineError, KvCache, LayerInputs, RequestId, RequestSpec,
+    Admission, Backend, DecodeStep, EmulatedDevice, EngineError, KvCache, LayerInputs, Outcome, RequestId, RequestSpec,
 };
 
 use crate::decode::StepState;
@@ -36,6 +36,8 @@ pub struct LlamaDecoder<'a> {
     prompts: &'a [PrefillOut],
     /// Each submitted request's prompt and tokens (the prompt's next token first).
     requests: HashMap<RequestId, (usize, Vec<u32>)>,
+    /// The tokens a teacher-forced request is fed, step by step (`LlamaDecoder::request_forced`).
+    forced: HashMap<RequestId, Vec<u32>>,
     /// The tokens of requests that left, in the order they left.
     finished: Vec<(RequestId, Vec<u32>)>,
     step: StepState,
@@ -53,6 +55,7 @@ impl<'a> LlamaDecoder<'a> {
             model,
             prompts,
             requests: HashMap::new(),
+            forced: HashMap::new(),
             finished: Vec::new(),
             step: StepState::default(),
             generation: 0,
@@ -66,6 +69,26 @@ impl<'a> LlamaDecoder<'a> {
     /// not exist, the id is in use, `output` is 0 or the request would pass the model's
     /// positions.
     pub fn request(&mut self, id: RequestId, prompt: usize, output: usize) -> Result<RequestSpec> {
+        let spec = self.check_request(id, prompt, output)?;
+        let first = argmax(&self.prompts[prompt].logits);
+        self.requests.insert(id, (prompt, vec![first]));
+        Ok(spec)
+    }
+
+    /// Request `id` continuing prompt `prompt` teacher-forced: step `s` feeds `next[s]` (not the
+    /// model's own choice), `next.len()` steps; the logits of step `s` predict `next[s + 1]`.
+    /// Refused as [`LlamaDecoder::request`] is, and when `next` is empty.
+    pub fn request_forced(&mut self, id: RequestId, prompt: usize, next: &[u32]) -> Result<RequestSpec> {
+        let &first =
+            next.first().ok_or_else(|| ModelError::invalid("next", 0, "a request decodes at least one step"))?;
+        let spec = self.check_request(id, prompt, next.len())?;
+        self.requests.insert(id, (prompt, vec![first]));
+        self.forced.insert(id, next.to_vec());
+        Ok(spec)
+    }
+
+    /// The spec of request `id` (prompt `prompt`, `output` steps) if it may be made.
+    fn check_request(&self, id: RequestId, prompt: usize, output: usize) -> Result<RequestSpec> {
         let p = self.prompts.get(prompt).ok_or_else(|| {
             ModelError::invalid("prompt", prompt, format!("the decoder has {} prompts", self.prompts.len()))
         })?;
@@ -87,7 +110,6 @@ impl<'a> LlamaDecoder<'a> {
                 ),
             )
         })?;
-        self.requests.insert(id, (prompt, vec![argmax(&p.logits)]));
         Ok(RequestSpec { id, prompt_tokens: p.tokens, output_tokens: output })
     }
 
@@ -102,8 +124,8 @@ impl<'a> LlamaDecoder<'a> {
         std::mem::take(&mut self.logits)
     }
 
-    /// The tokens of a request that has not left yet: its prompt's next token, then one per
-    /// decode step so far.
+    /// The tokens of a request that has not left yet: its prompt's next token (a forced
+    /// request's first), then one per decode step so far.
     pub fn tokens(&self, id: RequestId) -> Option<&[u32]> {
         self.requests.get(&id).map(|(_, t)| t.as_slice())
     }
@@ -138,6 +160,7 @@ impl<B: Backend<Memory = EmulatedDevice>> DecodeModel<B> for LlamaDecoder<'_> {
     }
 
     fn finish(&mut self, id: RequestId) {
+        self.forced.remove(&id);
         if let Some((_, tokens)) = self.requests.remove(&id) {
             self.finished.push((id, tokens));
         }
@@ -194,7 +217,10 @@ impl<B: Backend<Memory = EmulatedDevice>> DecodeModel<B> for LlamaDecoder<'_> {
         let vocab = self.model.config().vocab;
         for (e, l) in batch.iter().zip(logits.chunks(vocab)) {
             if let Some((_, tokens)) = self.requests.get_mut(&e.id) {
-                tokens.push(argmax(l));
+                // A forced request is fed its text's next token (its last step's logits predict
+                // past the text: the model's own choice ends its tokens).
+                let forced = self.forced.get(&e.id).and_then(|f| f.get(tokens.len()).copied());
+                tokens.push(forced.unwrap_or_else(|| argmax(l)));
             }
             if self.keep_logits {
                 self.logits.push((e.id, l.to_vec()));
@@ -215,5 +241,74 @@ impl<B: Backend<Memory = EmulatedDevice>> DecodeModel<B> for LlamaDecoder<'_> {
     ) -> Option<LayerTensors<'t, EmulatedDevice>> {
         let s = &self.step;
         Some(LayerTensors { index_q: &s.index_q, index_w: &s.weights, attn_q: &s.attn_q, out, lse })
+    }
+}
+
+/// Where an engine writes its selection trace, and its score margin.
+pub type TraceSink = (Box<dyn std::io::Write + Send>, usize);
+
+impl Llama {
+    /// Teacher forcing through the engine: the engine over a cache of `cache` (on the CPU
+    /// backend, observing `stop`) serves one request per prompt of `prompts`, request `i` fed
+    /// `next[i]` (all of one length) one step at a time; every step's logits are scored against
+    /// the true next token. With `trace`, the engine records the run's selections into its
+    /// writer (with the oracle's scores at its margin). What [`Llama::teacher_forced`] measures
+    /// through the cache's own API, here with the engine's admission, scheduling and traces.
+    pub fn teacher_forced_by_engine(
+        &self,
+        cache: hisparse_engine::CacheConfig,
+        prompts: &[PrefillOut],
+        next: &[&[u32]],
+        keep_logits: bool,
+        (stop, trace): (hisparse_engine::StopFlag, Option<TraceSink>),
+    ) -> Result<crate::forced::ForcedOut> {
+        use crate::forced::{ForcedOut, nll};
+        let steps = next.first().map_or(0, |n| n.len());
+        if next.len() != prompts.len() || next.iter().any(|n| n.len() != steps) {
+            return Err(ModelError::invalid("next", next.len(), "one continuation per prompt, all of one length"));
+        }
+        let cfg = hisparse_engine::EngineConfig { stop, ..hisparse_engine::EngineConfig::with_cache(cache) };
+        let mut e = hisparse_engine::Engine::with_model(
+            hisparse_engine::CpuBackend::new(),
+            cfg,
+            LlamaDecoder::new(self, prompts),
+        )?;
+        e.model_mut().keep_logits(true);
+        let n = prompts.len();
+        for (i, nx) in next.iter().enumerate() {
+            let spec = e.model_mut().request_forced(RequestId(i as u64), i, nx)?;
+            e.submit(spec)?;
+        }
+        if let Some((w, margin)) = trace {
+            e.record_trace(w, margin)?;
+        }
+        let mut out = ForcedOut { nll: vec![Vec::new(); n], argmax: vec![Vec::new(); n], ..ForcedOut::default() };
+        out.logits = vec![Vec::new(); if keep_logits { n } else { 0 }];
+        while !e.is_idle() {
+            let r = e.step()?;
+            if r.metrics.tokens > 0 {
+                out.steps += 1;
+            }
+            out.decode_secs += r.metrics.seconds;
+            out.counts += r.metrics.swap;
+            for (id, logits) in e.model_mut().take_logits() {
+                let i = id.0 as usize;
+                let s = out.argmax[i].len();
+                out.argmax[i].push(argmax(&logits));
+                if let Some(&target) = next[i].get(s + 1) {
+                    out.nll[i].push(nll(&logits, target));
+                }
+                if let Some(keep) = out.logits.get_mut(i) {
+                    keep.push(logits);
+                }
+            }
+        }
+        e.finish_trace()?;
+        if let Some((id, Outcome::Rejected { reason })) =
+            e.outcomes().iter().find(|(_, o)| !matches!(o, Outcome::Finished { .. }))
+        {
+            return Err(ModelError::invalid("prompts", n, format!("request {} was not served: {reason}", id.0)));
+        }
+        Ok(out)
     }
 }

@@ -23,10 +23,9 @@ mod model;
 mod prefill;
 pub mod tiny;
 mod tokenizer;
-mod trace;
 mod weights;
 
-pub use client::LlamaDecoder;
+pub use client::{LlamaDecoder, TraceSink};
 pub use config::LlamaConfig;
 pub use decode::{DecodeOut, LayerObserver, StepToken};
 pub use error::{ModelError, Result};
@@ -34,7 +33,6 @@ pub use forced::{ForcedOut, argmax, nll};
 pub use model::{AttentionKind, Llama, cache_config, cache_config_within};
 pub use prefill::PrefillOut;
 pub use tokenizer::TextTokenizer;
-pub use trace::SelectionRecorder;
 pub use weights::{BlockWeights, LlamaWeights};
 
 /// The README's examples, compiled and run as doc-tests.

@@ -149,30 +149,64 @@ fn bad_input_is_named() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+/// A `Write` the test keeps a handle to.
+#[derive(Clone, Default)]
+struct Sink(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Sink {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 #[test]
-fn a_recorded_trace_replays_to_the_engines_hits_and_misses() {
-    use hisparse_model::SelectionRecorder;
+fn teacher_forcing_through_the_engine_equals_the_caches_api_and_its_trace_replays_to_its_counts() {
     use hisparse_policy::simulate::{SimConfig, simulate};
+    use hisparse_policy::trace::TraceReader;
     let (dir, m) = tiny("trace", 6);
     let ids = text_tokens(&m, 320);
     let mut c = cache(&m, AttentionKind::HiSparse, 16, 24, BuiltinPolicy::Lru);
     let (kv, key) = c.layouts();
     let prompts = [m.prefill(&ids[..100], kv, key).unwrap(), m.prefill(&ids[50..200], kv, key).unwrap()];
     let next: [&[u32]; 2] = [&ids[100..220], &ids[200..320]];
-    let mut rec = SelectionRecorder::default();
-    let mut obs = |l: usize, v: &hisparse_engine::LayerView<'_, hisparse_engine::EmulatedDevice>| rec.observe(l, v);
-    let run = m.teacher_forced(&mut c, &prompts, &next, false, Some(&mut obs)).unwrap();
-    let header = SelectionRecorder::header(&c.config().geometry, kv.row_bytes());
-    assert_eq!(rec.records.len(), 2 * 2 * 120);
+    let want = m.teacher_forced(&mut c, &prompts, &next, true, None).unwrap();
+    let sink = Sink::default();
+    let trace: Box<dyn std::io::Write + Send> = Box::new(sink.clone());
+    let stop = hisparse_engine::StopFlag::never();
+    let run = m.teacher_forced_by_engine(c.config().clone(), &prompts, &next, true, (stop, Some((trace, 4)))).unwrap();
+    // The engine's path computes what the cache's own API does, bit for bit.
+    assert_eq!((&run.nll, &run.argmax, &run.logits), (&want.nll, &want.argmax, &want.logits));
+    assert_eq!((run.counts.hits, run.counts.misses, run.steps), (want.counts.hits, want.counts.misses, 120));
+    // Its trace (with scores) replays under LRU to the same hits and misses.
+    let bytes = sink.0.lock().unwrap().clone();
+    let reader = TraceReader::new(bytes.as_slice()).unwrap();
+    let header = reader.header().clone();
+    let records: Vec<_> = reader.collect::<Result<_, _>>().unwrap();
+    assert_eq!(records.len(), 2 * 2 * 120);
+    assert!(header.has_scores && records.iter().all(|r| r.near.as_ref().is_some_and(|n| n.len() == 4)));
     let cfg = SimConfig {
         policies: vec![PolicyChoice::from(BuiltinPolicy::Lru)],
         buffer_sizes: vec![24],
         ..SimConfig::default()
     };
-    let report = simulate(&header, &rec.records, &cfg, &|_| {}).unwrap();
+    let report = simulate(&header, &records, &cfg, &|_| {}).unwrap();
     let lru = report.results.iter().find(|r| r.policy == "lru").unwrap();
     assert_eq!((lru.swap.hits, lru.swap.misses), (run.counts.hits, run.counts.misses), "{:?}", run.counts);
     assert!(run.counts.misses > 100);
+    // Continuations of different lengths are refused, naming them.
+    let short: [&[u32]; 2] = [&ids[100..110], &ids[200..205]];
+    let e = m.teacher_forced_by_engine(
+        c.config().clone(),
+        &prompts,
+        &short,
+        false,
+        (hisparse_engine::StopFlag::never(), None),
+    );
+    assert!(e.unwrap_err().to_string().starts_with("next"));
     std::fs::remove_dir_all(dir).unwrap();
 }
 

@@ -9,9 +9,8 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use clap::Args;
-use hisparse_engine::{EmulatedDevice, IndexKeyLayout, LayerView};
-use hisparse_model::{AttentionKind, ForcedOut, LayerObserver, ModelError, PrefillOut, SelectionRecorder};
-use hisparse_policy::trace::TraceWriter;
+use hisparse_engine::IndexKeyLayout;
+use hisparse_model::{AttentionKind, ForcedOut, ModelError, PrefillOut};
 use serde::Serialize;
 
 use super::model_args::ModelArgs;
@@ -179,8 +178,6 @@ pub fn run(args: &EvalArgs) -> Result<(Vec<EvalRow>, Option<PathBuf>)> {
     let out = args.out.as_ref().map(|d| OutputDir::prepare("out", d)).transpose()?;
     let mut trace =
         args.record_trace.as_ref().map(|p| AtomicFile::create("record-trace", p, args.overwrite)).transpose()?;
-    let mut recorder = SelectionRecorder::with_scores(args.score_margin)?;
-    let mut trace_header = None;
     let tokens = super::model_args::read_tokens(&args.text, &m)?;
     let runs_per_context = 1 + 2 * args.top_k.len();
     let bar = progress::bar((args.contexts.len() * (1 + runs_per_context)) as u64, "prefill and decode");
@@ -211,14 +208,21 @@ pub fn run(args: &EvalArgs) -> Result<(Vec<EvalRow>, Option<PathBuf>)> {
         let mut forced = |kind: AttentionKind, k: usize, keep: bool| -> Result<ForcedOut> {
             interrupt::check(|| "decoding".into())?;
             let buffer = (k as f64 * args.buffer_factor).ceil() as usize;
-            let mut cache = args.model.cache(m.config(), kind, k, ("buffer-factor", buffer), need, args.windows)?;
-            let record = kind == AttentionKind::HiSparse && trace.is_some();
-            if record {
-                trace_header = Some(recorder.trace_header(&cache.config().geometry, kv.row_bytes()));
-            }
-            let mut obs = |l: usize, v: &LayerView<'_, EmulatedDevice>| recorder.observe(l, v);
-            let observer: Option<&mut LayerObserver<'_>> = if record { Some(&mut obs) } else { None };
-            let r = m.teacher_forced(&mut cache, &prompts, &next, keep, observer)?;
+            let cfg = args.model.cache_config(m.config(), kind, k, ("buffer-factor", buffer), need, args.windows)?;
+            // The hisparse run (one context and one top-k with --record-trace) records its
+            // selections through the engine, into a handle on the trace's temporary file.
+            let record = match (kind, trace.as_mut()) {
+                (AttentionKind::HiSparse, Some(f)) => {
+                    let w = f.writer().get_ref().try_clone().map_err(|source| BenchError::Io {
+                        path: args.record_trace.as_ref().map_or_else(String::new, |p| p.display().to_string()),
+                        source,
+                    })?;
+                    let w: Box<dyn std::io::Write + Send> = Box::new(std::io::BufWriter::new(w));
+                    Some((w, args.score_margin))
+                }
+                _ => None,
+            };
+            let r = m.teacher_forced_by_engine(cfg, &prompts, &next, keep, (interrupt::engine_stop(), record))?;
             bar.inc(1);
             Ok(r)
         };
@@ -234,13 +238,6 @@ pub fn run(args: &EvalArgs) -> Result<(Vec<EvalRow>, Option<PathBuf>)> {
         }
     }
     bar.finish_and_clear();
-    if let (Some(file), Some(header)) = (trace.as_mut(), trace_header) {
-        let mut w = TraceWriter::new(file.writer(), header)?;
-        for r in &recorder.records {
-            w.write(r)?;
-        }
-        w.finish()?;
-    }
     if let Some(file) = trace {
         file.commit()?;
     }

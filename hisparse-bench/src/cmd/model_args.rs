@@ -97,17 +97,24 @@ impl ModelArgs {
         max_tokens: usize,
         requests: usize,
     ) -> Result<KvCache<CpuBackend>> {
+        let cfg = self.cache_config(config, kind, top_k, buffer, max_tokens, requests)?;
+        KvCache::with_named_policies(CpuBackend::new(), cfg).map_err(|e| named(e.into(), buffer.0))
+    }
+
+    /// [`ModelArgs::cache`]'s config (what an engine over it is built from).
+    pub fn cache_config(
+        &self,
+        config: &LlamaConfig,
+        kind: AttentionKind,
+        top_k: usize,
+        buffer: (&'static str, usize),
+        max_tokens: usize,
+        requests: usize,
+    ) -> Result<CacheConfig> {
         let mut cfg = cache_config(config, kind, top_k, buffer.1, max_tokens, self.formats(), requests)
             .map_err(|e| named(e, buffer.0))?;
         cfg.hisparse.eviction_policy = PolicyChoice::from(self.policy);
-        self.cache_from(cfg, buffer.0)
-    }
-
-    /// A CPU cache of `cfg` with this command's oracle (`buffer_flag`: the flag that set its hot
-    /// buffer, named in errors).
-    pub fn cache_from(&self, cfg: CacheConfig, buffer_flag: &'static str) -> Result<KvCache<CpuBackend>> {
-        KvCache::with_named_policies(CpuBackend::new(), self.with_oracle(cfg)?)
-            .map_err(|e| named(e.into(), buffer_flag))
+        self.with_oracle(cfg)
     }
 
     /// `cfg` with this command's oracle (its head combination, sink and window).
