@@ -21,10 +21,12 @@ use crate::forced::argmax;
 use crate::model::Llama;
 use crate::prefill::PrefillOut;
 
-/// A model error as the engine carries it (the engine's own errors unwrapped).
+/// A model error as the engine carries it (the engine's own errors unwrapped; the caller's stop
+/// seen by the model is the engine's stop).
 fn engine_error(e: ModelError) -> EngineError {
     match e {
         ModelError::Engine(e) => e,
+        ModelError::Stopped(_) => EngineError::Stopped,
         e => EngineError::Model(hisparse_engine::error::ModelFailure::new(e)),
     }
 }

@@ -125,6 +125,17 @@ fn a_request_that_never_fits_is_rejected_whole_and_bad_requests_are_refused() {
     let err = e.step().unwrap_err().to_string();
     assert!(err.contains("request 7") && err.contains("LlamaDecoder::request"), "{err}");
     assert_eq!(e.cache().device_bytes_in_use(), 0);
+    drop(e);
+    // The caller's stop, seen by the model before a step, is the engine's stop.
+    let mut stopped = m;
+    let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    stopped.set_stop(hisparse_engine::StopFlag::new(flag.clone()));
+    let mut e = engine(&stopped, &ps, config(&stopped, AttentionKind::HiSparse, None));
+    let spec = e.model_mut().request(RequestId(0), 0, 4).unwrap();
+    e.submit(spec).unwrap();
+    e.step().unwrap();
+    flag.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(e.step().unwrap_err(), hisparse_engine::EngineError::Stopped);
     std::fs::remove_dir_all(dir).unwrap();
 }
 
