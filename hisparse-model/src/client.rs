@@ -306,10 +306,8 @@ impl Llama {
             }
         }
         e.finish_trace()?;
-        if let Some((id, Outcome::Rejected { reason })) =
-            e.outcomes().iter().find(|(_, o)| !matches!(o, Outcome::Finished { .. }))
-        {
-            return Err(ModelError::invalid("prompts", n, format!("request {} was not served: {reason}", id.0)));
+        if let Some((id, o)) = e.outcomes().iter().find(|(_, o)| !matches!(o, Outcome::Finished { .. })) {
+            return Err(ModelError::invalid("prompts", n, format!("request {} was not served: {o:?}", id.0)));
         }
         Ok(out)
     }

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{text_tokens, tiny};
+use common::{Sink, text_tokens, tiny};
 use hisparse_engine::{CacheConfig, CpuBackend, Engine, EngineConfig, KvCache, KvRowFormat, Outcome, RequestId};
 use hisparse_model::{AttentionKind, Llama, LlamaDecoder, PrefillOut, StepToken, cache_config, cache_config_within};
 use hisparse_policy::trace::TraceReader;
@@ -137,20 +137,6 @@ fn a_request_that_never_fits_is_rejected_whole_and_bad_requests_are_refused() {
     flag.store(true, std::sync::atomic::Ordering::Relaxed);
     assert_eq!(e.step().unwrap_err(), hisparse_engine::EngineError::Stopped);
     std::fs::remove_dir_all(dir).unwrap();
-}
-
-/// A `Write` the test keeps a handle to.
-#[derive(Clone, Default)]
-struct Sink(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl std::io::Write for Sink {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(b);
-        Ok(b.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
 }
 
 #[test]

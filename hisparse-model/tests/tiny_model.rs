@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{text_tokens, tiny};
+use common::{Sink, text_tokens, tiny};
 use hisparse_engine::{
     BuiltinPolicy, CpuBackend, IndexKeyFormat, KvCache, KvRowFormat, PolicyChoice, PolicyConfig, RequestId,
     StorageFormats,
@@ -147,20 +147,6 @@ fn bad_input_is_named() {
     // The writer refuses to replace a file.
     assert!(write_tiny_gguf(&other, 1).is_err());
     std::fs::remove_dir_all(dir).unwrap();
-}
-
-/// A `Write` the test keeps a handle to.
-#[derive(Clone, Default)]
-struct Sink(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl std::io::Write for Sink {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(b);
-        Ok(b.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
 }
 
 #[test]

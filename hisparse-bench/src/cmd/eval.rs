@@ -212,14 +212,7 @@ pub fn run(args: &EvalArgs) -> Result<(Vec<EvalRow>, Option<PathBuf>)> {
             // The hisparse run (one context and one top-k with --record-trace) records its
             // selections through the engine, into a handle on the trace's temporary file.
             let record = match (kind, trace.as_mut()) {
-                (AttentionKind::HiSparse, Some(f)) => {
-                    let w = f.writer().get_ref().try_clone().map_err(|source| BenchError::Io {
-                        path: args.record_trace.as_ref().map_or_else(String::new, |p| p.display().to_string()),
-                        source,
-                    })?;
-                    let w: Box<dyn std::io::Write + Send> = Box::new(std::io::BufWriter::new(w));
-                    Some((w, args.score_margin))
-                }
+                (AttentionKind::HiSparse, Some(f)) => Some((f.second_writer()?, args.score_margin)),
                 _ => None,
             };
             let r = m.teacher_forced_by_engine(cfg, &prompts, &next, keep, (interrupt::engine_stop(), record))?;

@@ -49,11 +49,7 @@ pub fn run_mode(
     if mode == Mode::HiSparse
         && let Some(f) = trace
     {
-        let clone = f.writer().get_ref().try_clone().map_err(|source| BenchError::Io {
-            path: a.record_trace.as_ref().map_or_else(String::new, |p| p.display().to_string()),
-            source,
-        })?;
-        e.record_trace(Box::new(std::io::BufWriter::new(clone)), a.score_margin())?;
+        e.record_trace(f.second_writer()?, a.score_margin())?;
     }
     let all: u64 = specs.iter().map(|s| s.output_tokens as u64).sum();
     let bar = progress::bar(all, &format!("{mode} tokens"));

@@ -153,6 +153,14 @@ impl AtomicFile {
         &mut self.out
     }
 
+    /// A second buffered writer on the temporary file (another handle, sharing its offset), for
+    /// a writer that must own what it writes to (an engine's trace); this file's own writer stays
+    /// unused meanwhile. Errors name the flag.
+    pub fn second_writer(&mut self) -> Result<Box<dyn Write + Send>> {
+        let file = self.out.get_ref().try_clone().map_err(io(self.flag, &self.dest))?;
+        Ok(Box::new(BufWriter::new(file)))
+    }
+
     /// Flushes, syncs and places the file; returns the destination.
     pub fn commit(mut self) -> Result<PathBuf> {
         self.out.flush().map_err(io(self.flag, &self.dest))?;

@@ -25,3 +25,18 @@ pub fn text_tokens(m: &Llama, n: usize) -> Vec<u32> {
     assert!(ids.len() >= n, "{}", ids.len());
     ids[..n].to_vec()
 }
+
+/// A `Write` the test keeps a handle to (an engine's trace, read back).
+#[derive(Clone, Default)]
+
+pub struct Sink(pub std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Sink {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().map_err(|_| std::io::Error::other("poisoned"))?.extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
