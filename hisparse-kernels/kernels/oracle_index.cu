@@ -5,7 +5,7 @@
 // the first `sink` and last `window` positions (and the newest, with `pin_newest`) scored +inf.
 //
 // Four launches:
-// - `oracle_chunks` (a block per request): which 16-dim chunks of the key each block of 8 heads'
+// - `oracle_chunks` (a block per request and block of 8 heads): which 16-dim chunks of the key each block of 8 heads'
 //   queries touch (a grouped-query head touches only its group's chunks), as a count and a list
 //   per head block; and the queries as the tensor cores take them: each head's scaled by a power
 //   of two 2^s (its largest magnitude into [2^14, 2^15)) and rounded to f16, laid out as each
@@ -19,10 +19,11 @@
 //   exponentials below it;
 // - `oracle_stats` (a block per request and head): the tiles' partial statistics merged into the
 //   largest logit and the reciprocal of the sum;
-// - `oracle_combine` (a thread per position): the heads' weights in head order.
+// - `oracle_combine` (a warp per 32 positions, a lane per head): the heads' weights summed (or
+//   their largest taken) across the warp.
 // The scores differ from the CPU's by the dot product's order (the tensor cores' sum, the scale
 // applied after it), a query's parts below 2^-24 of its largest rounded (f16's subnormals), expf
-// and the sum's order: within 1e-4 of their size (tested). A page id outside the pool raises
+// and the heads' sum's order: within 1e-4 of their size (tested). A page id outside the pool raises
 // `fault` and its key reads as zeros.
 //
 // IndexerReq, OracleArgs, ORACLE_THREADS, ORACLE_TILE, ORACLE_HEAD_BLOCKS, ORACLE_MAX_HEADS and
@@ -47,47 +48,49 @@ extern "C" __global__ void __launch_bounds__(ORACLE_THREADS) oracle_chunks(
     unsigned char* __restrict__ lists,          // [n, head blocks, chunks + 1]: a count, then chunk ids
     unsigned* __restrict__ fragments,           // [n, head blocks, chunks, 32 lanes, 2]: f16 pairs
     float* __restrict__ inverse) {              // [n, heads]: 2^-s
-    __shared__ int shift[ORACLE_MAX_HEADS];
-    __shared__ unsigned char touched[ORACLE_MAX_HEADS / 8 * ORACLE_MAX_CHUNKS];
-    const unsigned i = blockIdx.x, heads = a.heads, dim = a.dim, dc = a.chunks, hbs = (heads + 7) / 8;
-    const unsigned tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    // A block per request and head block.
+    __shared__ int shift[8];
+    __shared__ unsigned char touched[ORACLE_MAX_CHUNKS];
+    const unsigned i = blockIdx.x, hb = blockIdx.y, heads = a.heads, dim = a.dim, dc = a.chunks;
+    const unsigned hbs = (heads + 7) / 8, tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const unsigned short* q = reinterpret_cast<const unsigned short*>(queries) + (size_t)i * heads * dim;
-    // Each head's scale: its largest magnitude's exponent e (bf16 bits) gives s = 14 - e.
-    for (unsigned h = warp; h < heads; h += ORACLE_THREADS / 32) {
+    // A warp per head: its scale from its largest magnitude's exponent e (bf16 bits), s = 14 - e.
+    for (unsigned u = warp; u < 8; u += ORACLE_THREADS / 32) {
+        const unsigned h = hb * 8 + u;
         unsigned m = 0;
-        for (unsigned e = lane; e < dim; e += 32) m = max(m, (unsigned)(q[h * dim + e] & 0x7fffu));
+        if (h < heads)
+            for (unsigned e = lane; e < dim; e += 32) m = max(m, (unsigned)(q[h * dim + e] & 0x7fffu));
         for (unsigned o = 16; o > 0; o /= 2) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
         const int biased = (int)(m >> 7);
         const int s = biased == 0 ? 0 : min(100, max(-100, 14 - (biased - 127)));
         if (lane == 0) {
-            shift[h] = s;
-            inverse[(size_t)i * heads + h] = ldexpf(1.f, -s);
+            shift[u] = s;
+            if (h < heads) inverse[(size_t)i * heads + h] = ldexpf(1.f, -s);
         }
     }
-    for (unsigned x = tid; x < hbs * dc; x += ORACLE_THREADS) {
-        const unsigned hb = x / dc, c = x % dc;
+    for (unsigned c = tid; c < dc; c += ORACLE_THREADS) {
         unsigned any = 0;
         for (unsigned h = hb * 8; h < hb * 8 + 8 && h < heads; ++h)
             for (unsigned e = 0; e < 16; ++e) any |= q[h * dim + c * 16 + e] & 0x7fffu;  // +-0 is zero
-        touched[x] = any != 0;
+        touched[c] = any != 0;
     }
     __syncthreads();
-    for (unsigned hb = tid; hb < hbs; hb += ORACLE_THREADS) {
+    if (tid == 0) {
         unsigned char* list = lists + ((size_t)i * hbs + hb) * (dc + 1);
         unsigned count = 0;
         for (unsigned c = 0; c < dc; ++c)
-            if (touched[hb * dc + c]) list[1 + count++] = (unsigned char)c;
+            if (touched[c]) list[1 + count++] = (unsigned char)c;
         list[0] = (unsigned char)count;
     }
     // A lane's B fragment of a chunk: head hb * 8 + lane / 4, dims 4t .. 4t + 3 of the chunk
     // (t = lane % 4) as the k slots 2t, 2t + 1 (b0) and 2t + 8, 2t + 9 (b1).
-    for (unsigned x = tid; x < hbs * dc * 32; x += ORACLE_THREADS) {
-        const unsigned hb = x / (dc * 32), c = (x / 32) % dc, l = x % 32;
-        if (!touched[hb * dc + c]) continue;
+    for (unsigned x = tid; x < dc * 32; x += ORACLE_THREADS) {
+        const unsigned c = x / 32, l = x % 32;
+        if (!touched[c]) continue;
         const unsigned h = hb * 8 + l / 4, e = c * 16 + 4 * (l % 4);
         float v[4] = {0.f, 0.f, 0.f, 0.f};
         if (h < heads) {
-            const float sc = ldexpf(1.f, shift[h]);
+            const float sc = ldexpf(1.f, shift[l / 4]);
             for (unsigned k = 0; k < 4; ++k) v[k] = __bfloat162float(queries[((size_t)i * heads + h) * dim + e + k]) * sc;
         }
         unsigned* f = fragments + ((((size_t)i * hbs + hb) * dc + c) * 32 + l) * 2;
@@ -261,21 +264,45 @@ extern "C" __global__ void __launch_bounds__(ORACLE_THREADS) oracle_stats(
 extern "C" __global__ void __launch_bounds__(ORACLE_THREADS) oracle_combine(
     const float* __restrict__ logits, const float* __restrict__ stats, const IndexerReq* __restrict__ reqs,
     const OracleArgs a, float* __restrict__ scores) {
-    const unsigned i = blockIdx.y;
+    // A warp per 32 positions: a lane per head (and per head 32 further on) reads one position's
+    // row of logits at a time (one coalesced load), the warp combines the heads' weights, and the
+    // position's lane keeps the result; the warp writes its 32 scores at once.
+    const unsigned i = blockIdx.y, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const IndexerReq r = reqs[i];
-    const unsigned n = r.seq_len;
-    for (unsigned t = blockIdx.x * ORACLE_THREADS + threadIdx.x; t < n; t += gridDim.x * ORACLE_THREADS) {
-        const bool kept = t < a.sink || t + a.window >= n || (a.pin_newest && t + 1 == n);
-        float o = ORACLE_INF;
-        if (!kept) {
-            const float* l = logits + ((size_t)r.score_offset + t) * a.heads;
-            const float* st = stats + (size_t)i * a.heads * 2;
-            o = a.combine_max ? 0.f : -0.f;
-            for (unsigned h = 0; h < a.heads; ++h) {
-                const float p = __fmul_rn(expf(l[h] - st[2 * h]), st[2 * h + 1]);
-                o = a.combine_max ? fmaxf(o, p) : __fadd_rn(o, p);
+    const unsigned n = r.seq_len, heads = a.heads;
+    const float* st = stats + (size_t)i * heads * 2;
+    float m[ORACLE_MAX_HEADS / 32], inv[ORACLE_MAX_HEADS / 32];
+#pragma unroll
+    for (unsigned u = 0; u < ORACLE_MAX_HEADS / 32; ++u) {
+        const unsigned h = lane + 32 * u;
+        m[u] = h < heads ? st[2 * h] : 0.f;
+        inv[u] = h < heads ? st[2 * h + 1] : 0.f;
+    }
+    const unsigned warps = gridDim.x * (ORACLE_THREADS / 32);
+    for (unsigned base = (blockIdx.x * (ORACLE_THREADS / 32) + warp) * 32; base < n; base += warps * 32) {
+        float mine = 0.f;
+        const unsigned end = min(32u, n - base);
+        for (unsigned p = 0; p < end; ++p) {
+            const float* l = logits + ((size_t)r.score_offset + base + p) * heads;
+            float o = a.combine_max ? 0.f : -0.f;
+#pragma unroll
+            for (unsigned u = 0; u < ORACLE_MAX_HEADS / 32; ++u) {
+                const unsigned h = lane + 32 * u;
+                if (h < heads) {
+                    const float w = __fmul_rn(expf(l[h] - m[u]), inv[u]);
+                    o = a.combine_max ? fmaxf(o, w) : __fadd_rn(o, w);
+                }
             }
+            for (unsigned s = 16; s > 0; s /= 2) {
+                const float y = __shfl_xor_sync(0xffffffffu, o, s);
+                o = a.combine_max ? fmaxf(o, y) : __fadd_rn(o, y);
+            }
+            if (lane == p) mine = o;
         }
-        scores[r.score_offset + t] = o;
+        const unsigned t = base + lane;
+        if (t < n) {
+            const bool kept = t < a.sink || t + a.window >= n || (a.pin_newest && t + 1 == n);
+            scores[r.score_offset + t] = kept ? ORACLE_INF : mine;
+        }
     }
 }

@@ -2,7 +2,7 @@
 # Issue 52: the oracle's tensor-core scores and the GQA kernels against their CPU twins, then the
 # Llama-3.1-8B emulation at 32k: sparse resident, hisparse and the swap-in-free bound, and dense
 # resident (--top-k past every request's length: no selection, attention over every position).
-# Usage: DEADLINE_S=540 [KV=fp8] [SKIP_TESTS=1] [TESTS="gpu_oracle gpu_gqa ..."] [ORACLE=1] [NO_SWEEPS=1] bash run.sh [CONTEXT] [LEVELS] [DENSE_LEVELS]
+# Usage: DEADLINE_S=540 [KV=fp8] [SKIP_TESTS=1] [TESTS="gpu_oracle gpu_gqa ..."] [ORACLE=1] [NO_SWEEPS=1] [NO_DENSE=1] bash run.sh [CONTEXT] [LEVELS] [DENSE_LEVELS]
 # ORACLE=1: also time the oracle alone (kernel-bench --only oracle at 1, 8 and 23 requests), then
 # its four launches apart under Nsight Compute where the machine has it.
 cd "$(dirname "$0")/../../.."
@@ -41,7 +41,7 @@ if [ -z "$NO_SWEEPS" ]; then
   timeout $(left) $B/hisparse sweep $common --concurrency $levels --bound --out $R/sweep > $R/sweep.log 2>&1
   echo "sweep rc=$? $(( $(date +%s) - s ))s"; tail -40 $R/sweep.log
   s=$(date +%s)
-  timeout $(left) $B/hisparse sweep $common --concurrency $dense --mode resident --top-k $(( ctx + 4096 )) --out $R/dense > $R/dense.log 2>&1
+  [ -z "$NO_DENSE" ] && timeout $(left) $B/hisparse sweep $common --concurrency $dense --mode resident --top-k $(( ctx + 4096 )) --out $R/dense > $R/dense.log 2>&1
   echo "dense rc=$? $(( $(date +%s) - s ))s"; tail -16 $R/dense.log
 fi
 # At most 8 files come back from the device: the sweeps' outputs travel as one archive.

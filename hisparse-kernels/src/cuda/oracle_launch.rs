@@ -148,7 +148,7 @@ impl OracleKernels {
         // SAFETY: queries hold n requests of heads x dim (checked); the lists hold n x head
         // blocks x (chunks + 1) bytes, the fragments n x head blocks x chunks x 64 words, the
         // scales n x heads (sized above).
-        unsafe { b.launch(cfg((n as u32, 1, 1), 0)) }.map_err(driver_error("oracle chunks launch"))?;
+        unsafe { b.launch(cfg((n as u32, hbs as u32, 1), 0)) }.map_err(driver_error("oracle chunks launch"))?;
         drop(b);
         let mut b = PrintedLaunch::new(&dev.print, s, logits);
         b.arg(batch.weights)
@@ -177,6 +177,7 @@ impl OracleKernels {
         // statistics hold two words per (request, head) (sized above).
         unsafe { b.launch(cfg((heads as u32, n as u32, 1), 0)) }.map_err(driver_error("oracle stats launch"))?;
         drop(b);
+        // A warp per 32 positions: a block covers ORACLE_THREADS / 32 x 32 = ORACLE_THREADS.
         let blocks = max_len.div_ceil(ORACLE_THREADS) as u32;
         let mut b = PrintedLaunch::new(&dev.print, s, combine);
         b.arg(&*oracle_logits).arg(&*oracle_stats).arg(&*rd).params(&args).arg_mut(scores);
