@@ -2,7 +2,7 @@
 # Issue 52: the oracle's tensor-core scores and the GQA kernels against their CPU twins, then the
 # Llama-3.1-8B emulation at 32k: sparse resident, hisparse and the swap-in-free bound, and dense
 # resident (--top-k past every request's length: no selection, attention over every position).
-# Usage: DEADLINE_S=540 [KV=fp8] [SKIP_TESTS=1] [TESTS="gpu_oracle gpu_gqa ..."] [ORACLE=1] [NO_SWEEPS=1] [NO_DENSE=1] bash run.sh [CONTEXT] [LEVELS] [DENSE_LEVELS]
+# Usage: DEADLINE_S=540 [KV=fp8] [SKIP_TESTS=1] [TESTS="gpu_oracle gpu_gqa ..."] [ORACLE=1] [NO_SWEEPS=1] [NO_DENSE=1] [NO_NCU=1] bash run.sh [CONTEXT] [LEVELS] [DENSE_LEVELS]
 # ORACLE=1: also time the oracle alone (kernel-bench --only oracle at 1, 8 and 23 requests), then
 # its four launches apart under Nsight Compute where the machine has it.
 cd "$(dirname "$0")/../../.."
@@ -28,7 +28,7 @@ if [ -n "$ORACLE" ]; then
   # Nsight Compute (its counters read on Firecracker machines; clocks left alone): each of the
   # oracle's four launches at 23 requests, its duration, throughput, occupancy and stalls.
   NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-  if [ -n "$NCU" ]; then
+  if [ -n "$NCU" ] && [ -z "$NO_NCU" ]; then
     LD_LIBRARY_PATH=/usr/local/cuda/lib64 timeout $(left) $NCU --clock-control none --kernel-name regex:oracle_ --launch-count 4 \
       --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis --section SchedulerStats \
       $B/hisparse kernel-bench --only oracle --contexts $ctx --batches 23 --reps 1 --out $R/kb-ncu > $R/oracle-ncu.log 2>&1
