@@ -55,7 +55,7 @@ fn bad_input_prints_one_line_and_exits_2() {
             vec!["simulate".into(), "--trace".into(), dir.join("missing.hstrace").display().to_string()],
             "missing.hstrace",
         ),
-        (vec!["selfcheck".into(), "--preset".into(), "llama".into()], "unknown preset"),
+        (vec!["selfcheck".into(), "--preset".into(), "llama".into()], "--preset <PRESET>': expected one of deepseek-v3.2"),
         (vec!["selfcheck".into(), "--batch".into(), "0".into()], "--batch = 0"),
         (
             vec!["sweep".into(), "--backend".into(), "cpu".into(), "--emulate-model".into(), "on".into()],
@@ -699,4 +699,15 @@ fn check_kernels_refuses_an_unknown_source_by_name() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(err.contains("--only") && err.contains("nope") && err.contains("gqa_attention"), "{err}");
+}
+
+#[test]
+fn every_preset_is_listed_where_a_preset_is_chosen() {
+    for cmd in ["sweep", "run", "selfcheck"] {
+        let o = hisparse(&[cmd, "--help"]);
+        let help = String::from_utf8_lossy(&o.stdout).split_whitespace().collect::<Vec<_>>().join(" ");
+        for p in hisparse_memory::Preset::ALL {
+            assert!(help.contains(p.name()), "{cmd} --help does not name {p}: {help}");
+        }
+    }
 }

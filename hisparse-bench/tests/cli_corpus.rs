@@ -171,7 +171,7 @@ fn corpus() -> Vec<Case> {
     ));
     c.extend(flag_cases(sweep, "host-tier-file", &["existing.bin", "a-folder", "no-such-dir/tier.bin"]));
     c.extend(flag_cases(sweep, "out", &["existing.bin", "/proc/no/such"]));
-    c.push((split(&format!("{sweep} --preset nope")), 2, "unknown preset \"nope\"".into()));
+    c.push((split(&format!("{sweep} --preset nope")), 2, "'nope' for '--preset <PRESET>': expected one of".into()));
     // run
     c.extend(flag_cases(run, "concurrency", &["0", "-1", "65537", OVER]));
     c.extend(flag_cases(run, "context", &["0", "-1", U64_MAX, "4294967295", "NaN"]));
@@ -195,7 +195,7 @@ fn corpus() -> Vec<Case> {
     c.extend(flag_cases(selfc, "context", &["0", "10", "100000000000", U64_MAX]));
     c.extend(flag_cases(selfc, "runs", &["0", "1001", U64_MAX, "-1"]));
     c.extend(flag_cases(selfc, "json", &["existing.bin", "a-folder"]));
-    c.push((split("selfcheck --batch 1 --context 300 --runs 1 --preset nope"), 2, "unknown preset \"nope\"".into()));
+    c.push((split("selfcheck --batch 1 --context 300 --runs 1 --preset nope"), 2, "'nope' for '--preset <PRESET>'".into()));
     // simulate: hostile traces by file, then flags
     for (file, needle) in [
         ("missing.hstrace", "missing.hstrace"),

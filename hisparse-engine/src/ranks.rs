@@ -191,7 +191,7 @@ mod tests {
 
     #[test]
     fn collectives_have_the_deployments_sizes() {
-        let shape = EmulatedModel::preset("glm-5.1").unwrap();
+        let shape = EmulatedModel::preset(hisparse_memory::Preset::Glm51).unwrap();
         assert_eq!(shape.ranks, 8);
         let c = collectives(&shape, &[32; 8]).unwrap();
         let by = |n: &str| c.iter().find(|x| x.name == n).unwrap().clone();

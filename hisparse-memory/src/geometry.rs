@@ -1,10 +1,10 @@
 //! `KvGeometry`: the shape of one model's sparse-attention KV (layers, heads, dims, top-k, row
-//! format, which layers run the indexer), with the named presets `deepseek-v3.2`, `glm-5.1`,
-//! `glm-5.2`, `cpu-small` (MLA) and `smollm2-135m` (grouped-query attention).
+//! format, which layers run the indexer); the named presets' values are [`Preset`]'s.
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::{MemoryError, Result};
+use crate::preset::Preset;
 use crate::row::{IndexKeyFormat, IndexKeyLayout, KvRowFormat, KvRowLayout, RowHeads};
 
 /// The shape of a sparse-attention model's KV cache, as one GPU sees it with data-parallel
@@ -96,57 +96,9 @@ impl IndexerLayout {
 }
 
 impl KvGeometry {
-    /// Names accepted by [`KvGeometry::preset`].
-    pub const PRESETS: [&'static str; 6] =
-        ["deepseek-v3.2", "glm-5.1", "glm-5.2", "cpu-small", "smollm2-135m", "llama-3.1-8b"];
-
-    /// A named preset:
-    ///
-    /// | preset | layers | q heads | indexer | top-k | rows |
-    /// | --- | --- | --- | --- | --- | --- |
-    /// | `deepseek-v3.2` | 61 | 128 | 64 x 128 | 2048 | fp8 (656 B) |
-    /// | `glm-5.1` | 78 | 64 | 32 x 128 | 2048 | fp8 (656 B) |
-    /// | `glm-5.2` | 78 | 64 | 32 x 128 on 21 layers | 2048 | fp8 (656 B) |
-    /// | `cpu-small` | 4 | 16 | 8 x 128 | 256 | fp8 (656 B) |
-    /// | `smollm2-135m` | 30 | 9 (3 KV heads of 64) | oracle, 9 x 192 | 256 | bf16 GQA (768 B) |
-    /// | `llama-3.1-8b` | 32 | 32 (8 KV heads of 128) | oracle, 32 x 1024 | 2048 | bf16 GQA (4096 B) |
-    ///
-    /// Every layer runs its indexer except in `glm-5.2` (IndexShare: layers 0, 1, 2 and then
-    /// every fourth, i.e. 6, 10, ..., 74, are full; the other 57 reuse the nearest preceding full
-    /// layer's selection). `cpu-small` keeps the real row formats and dims but few layers, heads
-    /// and a small top-k, so that the whole engine runs in seconds on a laptop.
+    /// The geometry of the preset named `name` ([`Preset`]'s table).
     pub fn preset(name: &str) -> Result<Self> {
-        match name {
-            "smollm2-135m" => return Self::gqa(name, 30, 9, 3, 64, 256, KvRowFormat::Bf16),
-            "llama-3.1-8b" => return Self::gqa(name, 32, 32, 8, 128, 2048, KvRowFormat::Bf16),
-            _ => {}
-        }
-        let (layers, q_heads, index_heads, top_k) = match name {
-            "deepseek-v3.2" => (61, 128, 64, 2048),
-            "glm-5.1" | "glm-5.2" => (78, 64, 32, 2048),
-            "cpu-small" => (4, 16, 8, 256),
-            _ => {
-                return Err(MemoryError::UnknownPreset { name: name.to_owned(), known: Self::PRESETS.join(", ") });
-            }
-        };
-        Ok(Self {
-            name: name.to_owned(),
-            layers,
-            q_heads,
-            d_latent: 512,
-            d_rope: 64,
-            index_heads,
-            index_dim: 128,
-            top_k,
-            kv_format: KvRowFormat::Fp8,
-            indexers: if name == "glm-5.2" {
-                IndexerLayout::Every { first_full: 3, freq: 4 }
-            } else {
-                IndexerLayout::AllFull
-            },
-            row_heads: RowHeads::Mla,
-            index_format: IndexKeyFormat::Fp8,
-        })
+        Ok(name.parse::<Preset>()?.geometry())
     }
 
     /// A grouped-query geometry: `q_heads` query heads over `kv_heads` KV heads of `head_dim`,
@@ -369,8 +321,7 @@ mod tests {
         assert_eq!((v32.layers, v32.q_heads, v32.index_heads, v32.index_dim, v32.top_k), (61, 128, 64, 128, 2048));
         let glm = KvGeometry::preset("glm-5.1").unwrap();
         assert_eq!((glm.layers, glm.q_heads, glm.index_heads, glm.index_dim, glm.top_k), (78, 64, 32, 128, 2048));
-        for name in KvGeometry::PRESETS.iter().filter(|n| KvGeometry::preset(n).unwrap().kv_heads().is_none()) {
-            let g = KvGeometry::preset(name).unwrap();
+        for g in Preset::ALL.map(Preset::geometry).into_iter().filter(|g| g.kv_heads().is_none()) {
             g.validate().unwrap();
             assert_eq!((g.d_qk(), g.d_v()), (576, 512));
             assert_eq!(g.kv_row().unwrap().row_bytes(), 656);

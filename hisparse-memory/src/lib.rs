@@ -28,6 +28,7 @@ pub mod fp8;
 pub mod geometry;
 pub mod host_tier;
 pub mod page_pool;
+pub mod preset;
 pub mod request;
 pub mod row;
 pub mod slot_table;
@@ -42,6 +43,7 @@ pub use host_tier::{
     HostRowLocation, HostRowReader, HostRowWriter, HostTier, HostTierConfig, HostTierFile, HostTierLayout,
 };
 pub use page_pool::PagePool;
+pub use preset::Preset;
 pub use request::{Mode, RequestId};
 pub use row::{IndexKeyFormat, IndexKeyLayout, KvRowFormat, KvRowLayout, RowHeads, StorageFormats};
 pub use slot_table::SlotTable;

@@ -5,7 +5,6 @@ use hisparse_engine::workload::Workload;
 use std::path::PathBuf;
 
 use hisparse_engine::calibrate::{CalibrationSpec, calibrate, trace_header};
-use hisparse_memory::KvGeometry;
 
 use crate::error::{BenchError, Result};
 use crate::files::AtomicFile;
@@ -15,8 +14,8 @@ use crate::guard;
 #[derive(Debug, Clone, clap::Args)]
 pub struct CalibrateArgs {
     /// Preset (glm-5.1, glm-5.2 with its shared-index layers, or deepseek-v3.2).
-    #[arg(long, default_value = "glm-5.1")]
-    pub preset: String,
+    #[arg(long, default_value = "glm-5.1", value_parser = crate::cmd::common::parse_preset)]
+    pub preset: hisparse_memory::Preset,
     /// Context (prompt tokens).
     #[arg(long, default_value_t = 65_536)]
     pub context: usize,
@@ -47,7 +46,7 @@ pub struct CalibrateArgs {
 
 /// Runs and renders the comparison.
 pub fn run(a: &CalibrateArgs) -> Result<String> {
-    let g = KvGeometry::preset(&a.preset)?;
+    let g = a.preset.geometry();
     let layers = if a.layers.is_empty() {
         let mid = g.layers / 2;
         if g.name == "deepseek-v3.2" { vec![0, 1, mid, mid + 1] } else { vec![mid, mid + 1] }

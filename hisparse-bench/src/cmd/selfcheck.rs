@@ -19,9 +19,10 @@ use crate::timing::{median_secs, memcpy_bandwidth};
 /// Options of `hisparse selfcheck`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct SelfcheckArgs {
-    /// Model geometry preset (deepseek-v3.2, glm-5.1, glm-5.2 with IndexShare, cpu-small).
-    #[arg(long, default_value = "deepseek-v3.2")]
-    pub preset: String,
+    /// Model geometry preset: deepseek-v3.2, glm-5.1, glm-5.2 (with IndexShare), cpu-small,
+    /// smollm2-135m or llama-3.1-8b.
+    #[arg(long, default_value = "deepseek-v3.2", value_parser = crate::cmd::common::parse_preset)]
+    pub preset: hisparse_memory::Preset,
     /// Requests in the batch.
     #[arg(long, default_value_t = 4)]
     pub batch: usize,
@@ -88,7 +89,7 @@ pub struct SelfcheckReport {
 
 /// Runs the self-check; fails if any kernel is out of tolerance.
 pub fn run(args: &SelfcheckArgs) -> Result<SelfcheckReport> {
-    let g = KvGeometry::preset(&args.preset)?;
+    let g = args.preset.geometry();
     guard::at_least_one("batch", args.batch)?;
     guard::within("runs", args.runs, 1, 1000)?;
     if args.context < g.top_k {

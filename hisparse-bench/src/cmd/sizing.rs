@@ -73,7 +73,7 @@ mod tests {
 
     #[test]
     fn an_emulated_model_too_big_for_the_host_is_refused_on_the_cpu() {
-        let glm = hisparse_engine::emulated::EmulatedModel::preset("glm-5.1").unwrap();
+        let glm = hisparse_engine::emulated::EmulatedModel::preset(hisparse_memory::Preset::Glm51).unwrap();
         let e = check_cpu_room(&glm, 128 << 30).unwrap_err().to_string();
         assert!(e.contains("--emulate-model") && e.contains("need a GPU") && e.contains("106.3 GB"), "{e}");
         check_cpu_room(&glm, 1 << 40).unwrap();

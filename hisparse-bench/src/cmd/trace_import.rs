@@ -4,7 +4,6 @@
 
 use std::path::PathBuf;
 
-use hisparse_memory::KvGeometry;
 use hisparse_policy::trace::import::{ImportOptions, RequestSelections, import, parse_npy, parse_safetensors};
 use hisparse_policy::trace::{TraceWriter, jsonl};
 
@@ -35,8 +34,8 @@ pub struct ImportArgs {
     pub row_bytes: u32,
     /// Record the layer structure of this preset (e.g. glm-5.2: which layers share a
     /// selection), so cross-layer prefetch can be simulated.
-    #[arg(long, conflicts_with = "index_source")]
-    pub index_preset: Option<String>,
+    #[arg(long, conflicts_with = "index_source", value_parser = crate::cmd::common::parse_preset)]
+    pub index_preset: Option<hisparse_memory::Preset>,
     /// Record this layer structure: per layer, the layer whose selection it uses.
     #[arg(long, value_delimiter = ',')]
     pub index_source: Vec<u32>,
@@ -62,7 +61,7 @@ pub fn run(a: &ImportArgs) -> Result<String> {
     guard::within("row-bytes", a.row_bytes as usize, 1, 1 << 20)?;
     let index_source = match &a.index_preset {
         Some(p) => {
-            let g = KvGeometry::preset(p).map_err(|e| BenchError::flag("index-preset", p, e.to_string()))?;
+            let g = p.geometry();
             (0..g.layers).map(|l| g.index_source(l) as u32).collect()
         }
         None => a.index_source.clone(),

@@ -13,6 +13,7 @@
 mod exchange;
 mod weights;
 
+use hisparse_memory::Preset;
 use serde::Serialize;
 
 pub use exchange::RankExchange;
@@ -126,12 +127,13 @@ impl PlannedGemm {
 }
 
 impl EmulatedModel {
-    /// Names accepted by [`EmulatedModel::preset`].
-    pub const PRESETS: [&'static str; 4] = ["glm-5.1", "glm-5.2", "deepseek-v3.2", "llama-3.1-8b"];
+    /// The presets that have an emulated model.
+    pub const PRESETS: [Preset; 4] = [Preset::Glm51, Preset::Glm52, Preset::DeepseekV32, Preset::Llama31_8b];
 
     /// Presets: `glm-5.1` (and `glm-5.2`, the same weights) and `deepseek-v3.2`, fp8 weights
     /// over 8 GPUs; `llama-3.1-8b`, bf16 weights on one GPU (see `MODEL.md`).
-    pub fn preset(name: &str) -> Result<Self> {
+    pub fn preset(preset: Preset) -> Result<Self> {
+        let name = preset.name();
         let mla = |q_lora, qk_nope, v_head, index_heads| MlaShape {
             q_lora,
             kv_lora: 512,
@@ -157,11 +159,11 @@ impl EmulatedModel {
             vocab,
             ranks: 8,
         };
-        match name {
+        match preset {
             // GLM-5.2's weights have GLM-5.1's shapes (its IndexShare changes the KV, not them).
-            "glm-5.1" | "glm-5.2" => Ok(moe(name, 78, 6144, 64, mla(2048, 192, 256, 32), 12288, 154_880)),
-            "deepseek-v3.2" => Ok(moe(name, 61, 7168, 128, mla(1536, 128, 128, 64), 18432, 129_280)),
-            "llama-3.1-8b" => Ok(Self {
+            Preset::Glm51 | Preset::Glm52 => Ok(moe(name, 78, 6144, 64, mla(2048, 192, 256, 32), 12288, 154_880)),
+            Preset::DeepseekV32 => Ok(moe(name, 61, 7168, 128, mla(1536, 128, 128, 64), 18432, 129_280)),
+            Preset::Llama31_8b => Ok(Self {
                 name: name.to_owned(),
                 layers: 32,
                 hidden: 4096,
@@ -177,10 +179,13 @@ impl EmulatedModel {
                 vocab: 128_256,
                 ranks: 1,
             }),
-            other => Err(EngineError::Config {
+            Preset::CpuSmall | Preset::Smollm2_135m => Err(EngineError::Config {
                 field: "emulated_model",
-                value: other.to_owned(),
-                reason: format!("no emulated model of that name (known: {})", Self::PRESETS.join(", ")),
+                value: name.to_owned(),
+                reason: format!(
+                    "no emulated model of that name (known: {})",
+                    Self::PRESETS.map(Preset::name).join(", ")
+                ),
             }),
         }
     }
@@ -321,20 +326,20 @@ mod tests {
 
     #[test]
     fn glm_5_1_weighs_what_one_of_eight_gpus_holds() {
-        let m = EmulatedModel::preset("glm-5.1").unwrap();
+        let m = EmulatedModel::preset(Preset::Glm51).unwrap();
         m.validate().unwrap();
         // 744B parameters: attention (~13.6 GB) on every GPU, experts and FFN split 8 ways.
         let gb = m.weight_bytes() as f64 / 1e9;
         assert!((100.0..110.0).contains(&gb), "{gb} GB");
-        let d = EmulatedModel::preset("deepseek-v3.2").unwrap();
+        let d = EmulatedModel::preset(Preset::DeepseekV32).unwrap();
         let gb = d.weight_bytes() as f64 / 1e9;
         assert!((90.0..105.0).contains(&gb), "{gb} GB");
-        assert!(EmulatedModel::preset("llama").unwrap_err().to_string().contains("llama"));
+        assert!(EmulatedModel::preset(Preset::CpuSmall).unwrap_err().to_string().contains("cpu-small"));
     }
 
     #[test]
     fn llama_3_1_8b_weighs_its_bf16_checkpoint() {
-        let m = EmulatedModel::preset("llama-3.1-8b").unwrap();
+        let m = EmulatedModel::preset(Preset::Llama31_8b).unwrap();
         m.validate().unwrap();
         // 8.03B parameters in bf16 (16.06 GB): every one held but the norms', the embedding
         // included.
@@ -356,7 +361,7 @@ mod tests {
 
     #[test]
     fn a_larger_batch_touches_more_experts_and_reads_more_weights() {
-        let m = EmulatedModel::preset("glm-5.1").unwrap();
+        let m = EmulatedModel::preset(Preset::Glm51).unwrap();
         let touched: Vec<usize> = [1, 4, 16, 64].iter().map(|&b| m.experts_touched(b * 8)).collect();
         assert!(touched.windows(2).all(|w| w[0] < w[1]), "{touched:?}");
         assert_eq!(m.experts_touched(8 * 64), 256);

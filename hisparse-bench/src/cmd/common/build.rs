@@ -64,8 +64,8 @@ impl EngineArgs {
         let shape = match self.emulate_model {
             EmulateKind::Off => return Ok(None),
             EmulateKind::Auto if !uses_cuda => return Ok(None),
-            EmulateKind::Auto => return Ok(EmulatedModel::preset(&self.preset).ok()),
-            EmulateKind::On => EmulatedModel::preset(&self.preset).map_err(|_| {
+            EmulateKind::Auto => return Ok(EmulatedModel::preset(self.preset).ok()),
+            EmulateKind::On => EmulatedModel::preset(self.preset).map_err(|_| {
                 BenchError::flag("emulate-model", "on", format!("preset {} is not a real model", self.preset))
             })?,
         };

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use hisparse_kernels::IndexerQueries;
-use hisparse_memory::{IndexKeyFormat, KvGeometry, KvRowFormat, MemoryError};
+use hisparse_memory::{IndexKeyFormat, KvGeometry, KvRowFormat, MemoryError, Preset};
 use hisparse_policy::{BuiltinPolicy, BuiltinPrefetcher, MissFillMode};
 
 use crate::error::{BenchError, Result};
@@ -58,10 +58,10 @@ pub enum IndexerKernel {
 /// Options that build an engine.
 #[derive(Debug, Clone, clap::Args)]
 pub struct EngineArgs {
-    /// Model geometry preset (deepseek-v3.2, glm-5.1, glm-5.2 with IndexShare, llama-3.1-8b,
-    /// cpu-small).
-    #[arg(long, default_value = "cpu-small")]
-    pub preset: String,
+    /// Model geometry preset: deepseek-v3.2, glm-5.1, glm-5.2 (with IndexShare), cpu-small,
+    /// smollm2-135m or llama-3.1-8b.
+    #[arg(long, default_value = "cpu-small", value_parser = parse_preset)]
+    pub preset: Preset,
     /// Positions each layer selects, 1..=65534 (default: the preset's; with --model or --gguf,
     /// 256). At least a request's length, every position is selected and no selection runs:
     /// dense attention.
@@ -195,6 +195,11 @@ pub fn parse_kv_format(s: &str) -> std::result::Result<KvRowFormat, String> {
     s.parse::<KvRowFormat>().map_err(|_| "expected bf16 or fp8".into())
 }
 
+/// `--preset`'s value, parsed once at the edge.
+pub fn parse_preset(s: &str) -> std::result::Result<Preset, String> {
+    s.parse::<Preset>().map_err(|_| format!("expected one of {}", Preset::names()))
+}
+
 /// `--index-format`'s value, parsed once at the edge.
 pub fn parse_index_format(s: &str) -> std::result::Result<IndexKeyFormat, String> {
     s.parse::<IndexKeyFormat>().map_err(|_| "expected fp8, int4 or int4:GROUP".into())
@@ -242,7 +247,7 @@ impl EngineArgs {
     /// The geometry of the preset, in the chosen row and index key formats, with `--top-k`'s
     /// selection.
     pub fn geometry(&self) -> Result<KvGeometry> {
-        let mut g = KvGeometry::preset(&self.preset)?;
+        let mut g = self.preset.geometry();
         if let Some(f) = self.kv_format {
             g = g.with_kv_format(f);
         }
