@@ -2,9 +2,10 @@
 # Issue 52: the oracle's tensor-core scores and the GQA kernels against their CPU twins, then the
 # Llama-3.1-8B emulation at 32k: sparse resident, hisparse and the swap-in-free bound, and dense
 # resident (--top-k past every request's length: no selection, attention over every position).
-# Usage: DEADLINE_S=540 [KV=fp8] [SKIP_TESTS=1] [TESTS="gpu_oracle gpu_gqa ..."] [ORACLE=1] [NO_SWEEPS=1] [NO_DENSE=1] [NO_NCU=1] bash run.sh [CONTEXT] [LEVELS] [DENSE_LEVELS]
+# Usage: DEADLINE_S=540 [KV=fp8] [SKIP_TESTS=1] [TESTS="gpu_oracle gpu_gqa ..."] [ORACLE=1] [NO_SWEEPS=1] [NO_DENSE=1] [NO_NCU=1] [BUFFER=slots] [WARMUP=steps] bash run.sh [CONTEXT] [LEVELS] [DENSE_LEVELS]
 # ORACLE=1: also time the oracle alone (kernel-bench --only oracle at 1, 8 and 23 requests), then
-# its four launches apart under Nsight Compute where the machine has it.
+# its four launches apart under Nsight Compute where the machine has it. BUFFER: hisparse's hot-buffer
+# slots (--device-buffer-size; default twice top-k); WARMUP: steps before each level's windows (4).
 cd "$(dirname "$0")/../../.."
 export HISPARSE_CUDA_INCLUDE=/usr/local/cuda/include RUST_BACKTRACE=1
 R=$OUT; B=.gpu/bin
@@ -36,9 +37,9 @@ if [ -n "$ORACLE" ]; then
   fi
 fi
 if [ -z "$NO_SWEEPS" ]; then
-  common="--backend cuda --preset llama-3.1-8b --kv-format ${KV:-bf16} --context $ctx --warmup 4 --window 6 --windows 3"
+  common="--backend cuda --preset llama-3.1-8b --kv-format ${KV:-bf16} --context $ctx --warmup ${WARMUP:-4} --window 6 --windows 3"
   s=$(date +%s)
-  timeout $(left) $B/hisparse sweep $common --concurrency $levels --bound --out $R/sweep > $R/sweep.log 2>&1
+  timeout $(left) $B/hisparse sweep $common ${BUFFER:+--device-buffer-size $BUFFER} --concurrency $levels --bound --out $R/sweep > $R/sweep.log 2>&1
   echo "sweep rc=$? $(( $(date +%s) - s ))s"; tail -40 $R/sweep.log
   s=$(date +%s)
   [ -z "$NO_DENSE" ] && timeout $(left) $B/hisparse sweep $common --concurrency $dense --mode resident --top-k $(( ctx + 4096 )) --out $R/dense > $R/dense.log 2>&1
