@@ -55,7 +55,10 @@ fn bad_input_prints_one_line_and_exits_2() {
             vec!["simulate".into(), "--trace".into(), dir.join("missing.hstrace").display().to_string()],
             "missing.hstrace",
         ),
-        (vec!["selfcheck".into(), "--preset".into(), "llama".into()], "--preset <PRESET>': expected one of deepseek-v3.2"),
+        (
+            vec!["selfcheck".into(), "--preset".into(), "llama".into()],
+            "--preset <PRESET>': expected one of deepseek-v3.2",
+        ),
         (vec!["selfcheck".into(), "--batch".into(), "0".into()], "--batch = 0"),
         (
             vec!["sweep".into(), "--backend".into(), "cpu".into(), "--emulate-model".into(), "on".into()],

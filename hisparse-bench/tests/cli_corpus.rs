@@ -195,7 +195,11 @@ fn corpus() -> Vec<Case> {
     c.extend(flag_cases(selfc, "context", &["0", "10", "100000000000", U64_MAX]));
     c.extend(flag_cases(selfc, "runs", &["0", "1001", U64_MAX, "-1"]));
     c.extend(flag_cases(selfc, "json", &["existing.bin", "a-folder"]));
-    c.push((split("selfcheck --batch 1 --context 300 --runs 1 --preset nope"), 2, "'nope' for '--preset <PRESET>'".into()));
+    c.push((
+        split("selfcheck --batch 1 --context 300 --runs 1 --preset nope"),
+        2,
+        "'nope' for '--preset <PRESET>'".into(),
+    ));
     // simulate: hostile traces by file, then flags
     for (file, needle) in [
         ("missing.hstrace", "missing.hstrace"),

@@ -43,7 +43,7 @@ pub use hisparse_memory::{
     RequestId, StorageFormats, available_memory,
 };
 pub use hisparse_policy::{
-    BuiltinPolicy, BuiltinPrefetcher, EvictionPolicy, HiSparseConfig, MissFill, MissFillMode, OnlinePolicy,
+    BuiltinPolicy, BuiltinPrefetcher, Eviction, EvictionPolicy, HiSparseConfig, MissFill, MissFillMode, OnlinePolicy,
     PolicyChoice, PolicyConfig, Prefetcher, PrefetcherChoice, PrefetcherConfig,
 };
 

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use hisparse_policy::{OnlinePolicy, PolicyChoice, PolicyConfig};
+use hisparse_policy::{Eviction, OnlinePolicy};
 use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
@@ -12,18 +12,14 @@ use crate::error::Result;
 /// The runtime-swappable part of the configuration.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RuntimeConfig {
-    /// The eviction policy (an online one: refused otherwise when the config is set).
-    pub eviction_policy: PolicyChoice,
-    /// Seed of randomised policies.
-    pub policy_seed: u64,
-    /// The policies' tunables (their seed is `policy_seed`).
-    #[serde(default)]
-    pub policy_config: PolicyConfig,
+    /// The eviction policy with its settings (an online one: refused otherwise when the config
+    /// is set).
+    pub eviction: Eviction,
     /// Most requests decoded together (0: no cap beyond capacity).
     pub max_running: usize,
 }
 
-/// A runtime config with its policy resolved.
+/// A runtime config with its policy made.
 #[derive(Debug)]
 pub struct Runtime {
     /// The config.
@@ -33,10 +29,9 @@ pub struct Runtime {
 }
 
 impl Runtime {
-    /// Resolves `config`; refuses offline policies (they need the future).
+    /// Makes `config`'s policy; refuses offline policies (they need the future).
     pub fn new(config: RuntimeConfig) -> Result<Self> {
-        let cfg = PolicyConfig { seed: config.policy_seed, ..config.policy_config.clone() };
-        let policy = config.eviction_policy.make_online(&cfg)?;
+        let policy = config.eviction.make_online()?;
         Ok(Self { config, policy })
     }
 }
@@ -56,10 +51,9 @@ impl RuntimeHandle {
     }
 
     /// Replaces the eviction policy, keeping the rest.
-    pub fn set_policy(&self, policy: PolicyChoice, seed: u64) -> Result<()> {
+    pub fn set_policy(&self, eviction: Eviction) -> Result<()> {
         let mut c = self.cell.load().config.clone();
-        c.eviction_policy = policy;
-        c.policy_seed = seed;
+        c.eviction = eviction;
         self.set(c)
     }
 

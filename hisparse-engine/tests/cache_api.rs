@@ -163,6 +163,11 @@ fn a_policy_chosen_by_the_caller_is_used() {
         hisparse_policy::policy::make("clock", &PolicyConfig::default()).unwrap();
     c.set_policy(hisparse_policy::OnlinePolicy::new(Arc::clone(&clock)).unwrap()).unwrap();
     assert_eq!(c.policy().name(), "clock");
+    // A policy object carries no description: the config keeps the last one.
+    assert_eq!(c.config().hisparse.eviction, hisparse_policy::Eviction::Lru);
+    // One made from a description is what the config then says.
+    c.set_policy(hisparse_policy::Eviction::Mq { queues: 3, lifetime: 2 }.make_online().unwrap()).unwrap();
+    assert_eq!(c.config().hisparse.eviction, hisparse_policy::Eviction::Mq { queues: 3, lifetime: 2 });
     // An offline policy cannot even be made into one the cache takes.
     let belady = hisparse_policy::policy::make("belady", &PolicyConfig::default()).unwrap();
     assert!(hisparse_policy::OnlinePolicy::new(belady).is_err(), "an offline policy needs the future");
@@ -228,4 +233,17 @@ fn the_host_tier_holds_the_prompt_and_each_new_row() {
     assert_eq!(resident.admit(RequestId(1), &p, 310).unwrap(), Admission::Admitted);
     let err = resident.read_host_row(RequestId(1), 0, 0, &mut got).unwrap_err();
     assert!(matches!(err, EngineError::Config { field: "mode", .. }), "{err}");
+}
+
+#[test]
+fn a_policy_the_miss_fill_cannot_run_is_refused_keeping_the_one_in_use() {
+    let g = geometry(false);
+    let mut cfg = hisparse_engine::CacheConfig::new(g.clone(), Mode::HiSparse, 24 << 20);
+    cfg.hisparse.max_request_tokens = 4096;
+    cfg.hisparse.miss_fill = hisparse_policy::MissFill::Deferred;
+    let mut c = KvCache::with_named_policies(CpuBackend::new(), cfg).unwrap();
+    let score = hisparse_policy::Eviction::Score.make_online().unwrap();
+    let e = c.set_policy(score).unwrap_err().to_string();
+    assert!(e.contains("miss_fill") && e.contains("score"), "{e}");
+    assert_eq!((c.policy().name(), &c.config().hisparse.eviction), ("lru", &hisparse_policy::Eviction::Lru));
 }

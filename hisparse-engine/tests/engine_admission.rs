@@ -101,7 +101,7 @@ fn bad_configs_and_requests_are_named() {
     c.cache.hisparse.device_buffer_size = 100; // below top_k 256
     assert!(field(Engine::new(CpuBackend::new(), c).err().unwrap()).contains("device_buffer_size = 100"));
     let mut c = cfg(Mode::HiSparse, 8 << 20);
-    c.cache.hisparse.eviction_policy = "belady".parse().unwrap();
+    c.cache.hisparse.eviction = hisparse_policy::Eviction::Belady;
     assert!(field(Engine::new(CpuBackend::new(), c).err().unwrap()).contains("eviction_policy = belady"));
     let c = cfg(Mode::Resident, 0);
     assert!(field(Engine::new(CpuBackend::new(), c).err().unwrap()).contains("device_kv_bytes = 0"));
@@ -112,5 +112,21 @@ fn bad_configs_and_requests_are_named() {
     assert!(e.submit(req(1, 10, 0)).unwrap_err().to_string().contains("output_tokens"));
     e.submit(req(1, 10, 1)).unwrap();
     assert!(e.submit(req(1, 10, 1)).unwrap_err().to_string().contains("duplicate"));
-    assert!(e.runtime().set_policy("belady".parse().unwrap(), 0).is_err(), "an offline policy cannot be swapped in");
+    assert!(
+        e.runtime().set_policy(hisparse_policy::Eviction::Belady).is_err(),
+        "an offline policy cannot be swapped in"
+    );
+}
+
+#[test]
+fn a_swapped_policy_is_what_the_configs_then_describe() {
+    let mut e = Engine::new(CpuBackend::new(), cfg(Mode::HiSparse, 8 << 20)).unwrap();
+    e.submit(req(1, 300, 3)).unwrap();
+    e.step().unwrap();
+    let clock = hisparse_policy::Eviction::Clock { bits: 3 };
+    e.runtime().set_policy(clock.clone()).unwrap();
+    assert_eq!(e.config().cache.hisparse.eviction, hisparse_policy::Eviction::Lru, "taken up at the next step");
+    e.step().unwrap();
+    assert_eq!(e.config().cache.hisparse.eviction, clock);
+    assert_eq!(e.runtime().get().eviction, clock);
 }

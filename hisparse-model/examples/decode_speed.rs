@@ -10,7 +10,7 @@
 
 use std::time::Instant;
 
-use hisparse_engine::{BuiltinPolicy, CpuBackend, KvCache, KvRowFormat, PolicyChoice, RequestId};
+use hisparse_engine::{BuiltinPolicy, CpuBackend, KvCache, KvRowFormat, RequestId};
 use hisparse_model::{AttentionKind, Llama, StepToken, cache_config, fetch};
 
 fn main() {
@@ -32,7 +32,7 @@ fn main() {
     for batch in batches {
         for kind in [AttentionKind::Dense, AttentionKind::SparseResident, AttentionKind::HiSparse] {
             let mut cfg = cache_config(c, kind, top_k, 2 * top_k, need, KvRowFormat::Bf16, batch).unwrap();
-            cfg.hisparse.eviction_policy = PolicyChoice::from(BuiltinPolicy::Lru);
+            cfg.hisparse.eviction = BuiltinPolicy::Lru.into();
             let mut cache = KvCache::with_named_policies(CpuBackend::new(), cfg).unwrap();
             let rids: Vec<RequestId> = (0..batch as u64).map(RequestId).collect();
             for &id in &rids {

@@ -18,7 +18,7 @@ fn model() -> (std::path::PathBuf, Llama) {
 
 fn cache(m: &Llama, kind: AttentionKind, top_k: usize, buffer: usize, policy: BuiltinPolicy) -> KvCache<CpuBackend> {
     let mut cfg = cache_config(m.config(), kind, top_k, buffer, 1024, KvRowFormat::Bf16, 2).unwrap();
-    cfg.hisparse.eviction_policy = PolicyChoice::from(policy);
+    cfg.hisparse.eviction = policy.into();
     KvCache::with_named_policies(CpuBackend::new(), cfg).unwrap()
 }
 

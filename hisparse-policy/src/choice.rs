@@ -20,6 +20,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::error::{PolicyError, Result};
+use crate::eviction::Eviction;
 use crate::policy::registry::specs;
 use crate::policy::{BuiltinPolicy, EvictionPolicy, PolicyConfig, PolicySpec};
 use crate::prefetch::{BuiltinPrefetcher, Prefetcher, PrefetcherConfig, PrefetcherSpec, prefetcher_specs};
@@ -56,7 +57,7 @@ impl PolicyChoice {
 
     /// The policy made from `cfg`, refused if it needs the future.
     pub fn make_online(&self, cfg: &PolicyConfig) -> Result<OnlinePolicy> {
-        OnlinePolicy::new(self.make(cfg)?)
+        Eviction::from_parts(*self, cfg).make_online()
     }
 }
 
@@ -107,12 +108,17 @@ impl<'de> Deserialize<'de> for PolicyChoice {
     }
 }
 
-/// A made eviction policy that runs online (it does not need the future): what a swap-in runs.
+/// A made eviction policy that runs online (it does not need the future): what a swap-in runs,
+/// with the [`Eviction`] it was made from where it was made from one.
 #[derive(Clone, Debug)]
-pub struct OnlinePolicy(Arc<dyn EvictionPolicy>);
+pub struct OnlinePolicy {
+    policy: Arc<dyn EvictionPolicy>,
+    described: Option<Eviction>,
+}
 
 impl OnlinePolicy {
-    /// `policy`, refused if it needs the future (Belady's optimum: the simulator's bound).
+    /// `policy` (an object made by the caller), refused if it needs the future (Belady's
+    /// optimum: the simulator's bound).
     pub fn new(policy: Arc<dyn EvictionPolicy>) -> Result<Self> {
         if policy.needs_future() {
             return Err(PolicyError::Invalid {
@@ -121,19 +127,29 @@ impl OnlinePolicy {
                 reason: "an offline policy (it needs the future): use it in `hisparse simulate`".into(),
             });
         }
-        Ok(Self(policy))
+        Ok(Self { policy, described: None })
+    }
+
+    /// `policy`, made from `eviction` (see [`Eviction::make_online`]).
+    pub(crate) fn described(policy: Arc<dyn EvictionPolicy>, eviction: &Eviction) -> Result<Self> {
+        Ok(Self { described: Some(eviction.clone()), ..Self::new(policy)? })
     }
 
     /// The policy.
     pub fn get(&self) -> &Arc<dyn EvictionPolicy> {
-        &self.0
+        &self.policy
+    }
+
+    /// What it was made from (`None` for an object the caller made).
+    pub fn eviction(&self) -> Option<&Eviction> {
+        self.described.as_ref()
     }
 }
 
 impl std::ops::Deref for OnlinePolicy {
     type Target = dyn EvictionPolicy;
     fn deref(&self) -> &Self::Target {
-        self.0.as_ref()
+        self.policy.as_ref()
     }
 }
 

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use clap::Args;
 use hisparse_engine::{
     BuiltinPolicy, CacheConfig, CpuBackend, HeadCombine, IndexKeyFormat, IndexScore, KvCache, KvRowFormat, OracleScore,
-    PolicyChoice, StorageFormats,
+    StorageFormats,
 };
 use hisparse_model::{AttentionKind, Llama, LlamaConfig, ModelError, cache_config, fetch};
 
@@ -113,7 +113,7 @@ impl ModelArgs {
     ) -> Result<CacheConfig> {
         let mut cfg = cache_config(config, kind, top_k, buffer.1, max_tokens, self.formats(), requests)
             .map_err(|e| named(e, buffer.0))?;
-        cfg.hisparse.eviction_policy = PolicyChoice::from(self.policy);
+        cfg.hisparse.eviction = self.policy.into();
         self.with_oracle(cfg)
     }
 

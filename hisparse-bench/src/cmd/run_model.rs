@@ -145,7 +145,7 @@ impl ModelInput {
             }
             e => super::model_args::named(e, "device-buffer-size"),
         })?;
-        cfg.hisparse.eviction_policy = self.args.policy.into();
+        cfg.hisparse.eviction = self.args.policy.into();
         if let Some(p) = engine.prefetcher {
             cfg.hisparse.prefetcher = p.into();
         }

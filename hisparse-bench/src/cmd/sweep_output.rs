@@ -182,10 +182,7 @@ pub fn hierarchy(hs: &hisparse_policy::HiSparseConfig, backend: &str) -> String 
     let reads_scores = hs.online_policy().is_ok_and(|p| p.needs_scores());
     let fill = match (backend == "cuda", hs.miss_fill) {
         (_, MissFill::NoCopies { .. }) => {
-            return format!(
-                "{} eviction, prefetcher {}, misses NOT copied ({NO_COPIES})",
-                hs.eviction_policy, hs.prefetcher
-            );
+            return format!("{} eviction, prefetcher {}, misses NOT copied ({NO_COPIES})", hs.eviction, hs.prefetcher);
         }
         (false, _) | (true, MissFill::SwapIn) => "swap-in".to_owned(),
         (true, MissFill::HitsFirst) => "deferred swap-in, the attention over the hits while the misses are \
@@ -209,7 +206,7 @@ pub fn hierarchy(hs: &hisparse_policy::HiSparseConfig, backend: &str) -> String 
             format!("attention in batches of at most {n} requests, else the swap-in")
         }
     };
-    format!("{} eviction, prefetcher {}, misses filled by the {fill}", hs.eviction_policy, hs.prefetcher)
+    format!("{} eviction, prefetcher {}, misses filled by the {fill}", hs.eviction, hs.prefetcher)
 }
 
 /// The sweep as a table.
@@ -349,7 +346,7 @@ mod tests {
     fn the_hierarchy_line_names_who_fills_the_misses() {
         let with = |fill: &str, policy: &str| HiSparseConfig {
             miss_fill: fill.parse::<hisparse_policy::MissFillMode>().unwrap().into(),
-            eviction_policy: policy.parse().unwrap(),
+            eviction: policy.parse().unwrap(),
             ..HiSparseConfig::default()
         };
         let line = |fill, policy, backend| hierarchy(&with(fill, policy), backend);

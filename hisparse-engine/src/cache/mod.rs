@@ -45,8 +45,10 @@ pub struct CacheConfig {
     pub geometry: KvGeometry,
     /// Serving mode.
     pub mode: Mode,
-    /// Buffer size, page size, byte budgets, host-tier file (`eviction_policy` and `prefetcher`
-    /// are read only by [`KvCache::with_named_policies`]).
+    /// Buffer size, page size, byte budgets, host-tier file, the eviction policy and the
+    /// prefetcher ([`KvCache::with_named_policies`] makes these two from it; [`KvCache::new`]
+    /// takes them made, and a policy made from an [`hisparse_policy::Eviction`] replaces
+    /// `hisparse.eviction`).
     pub hisparse: HiSparseConfig,
     /// Request length the device split (hot buffers against index keys) is sized for
     /// (0: `hisparse.max_request_tokens`).
@@ -123,7 +125,8 @@ pub struct KvCache<B: Backend> {
 }
 
 impl<B: Backend> KvCache<B> {
-    /// The config.
+    /// The config: `hisparse.eviction` describes the policy in use wherever it was made from a
+    /// description (a policy object the caller made itself is [`KvCache::policy`] alone).
     pub fn config(&self) -> &CacheConfig {
         &self.cfg
     }
@@ -150,9 +153,17 @@ where
 {
     /// Plans the tiers from the config's byte budgets and allocates them; `policy` evicts and
     /// `prefetcher` nominates (hisparse mode).
-    pub fn new(backend: B, cfg: CacheConfig, policy: OnlinePolicy, prefetcher: Arc<dyn Prefetcher>) -> Result<Self> {
+    pub fn new(
+        backend: B,
+        mut cfg: CacheConfig,
+        policy: OnlinePolicy,
+        prefetcher: Arc<dyn Prefetcher>,
+    ) -> Result<Self> {
+        if let Some(e) = policy.eviction() {
+            cfg.hisparse.eviction = e.clone();
+        }
         let g = &cfg.geometry;
-        cfg.hisparse.validate(g)?;
+        cfg.hisparse.validate_with(g, &policy)?;
         if cfg.hisparse.device_kv_bytes == 0 {
             return Err(EngineError::Config {
                 field: "device_kv_bytes",
@@ -255,8 +266,8 @@ where
         })
     }
 
-    /// [`KvCache::new`] with the policy and prefetcher named in `cfg.hisparse`
-    /// (`eviction_policy`, `policy_seed`, `policy_config`, `prefetcher`, `prefetch_budget`).
+    /// [`KvCache::new`] with the policy and prefetcher `cfg.hisparse` describes (`eviction`,
+    /// `prefetcher`, `prefetch_budget`), each made once.
     pub fn with_named_policies(backend: B, cfg: CacheConfig) -> Result<Self> {
         let h = &cfg.hisparse;
         let (policy, prefetcher) = (h.online_policy()?, h.prefetcher.make(&h.prefetch()));
@@ -270,9 +281,14 @@ where
 
     /// Replaces the eviction policy between steps: every buffer's records are rebuilt from its
     /// slots' current contents.
+    /// Refused, keeping the policy in use, where the config's miss-fill cannot run it.
     pub fn set_policy(&mut self, policy: OnlinePolicy) -> Result<()> {
+        self.cfg.hisparse.check_policy(&policy)?;
         if let Some(s) = self.swap.as_mut() {
             s.set_policy(policy.clone())?;
+        }
+        if let Some(e) = policy.eviction() {
+            self.cfg.hisparse.eviction = e.clone();
         }
         self.policy = policy;
         Ok(())

@@ -126,15 +126,12 @@ where
     /// Builds an engine driving `model`: validates the config, plans the tiers from the byte
     /// budgets, and allocates them.
     pub fn with_model(backend: B, cfg: EngineConfig, model: D) -> Result<Self> {
-        let h = &cfg.cache.hisparse;
-        let runtime = Runtime::new(RuntimeConfig {
-            eviction_policy: h.eviction_policy,
-            policy_seed: h.policy_seed,
-            policy_config: h.policy_config.clone(),
-            max_running: 0,
-        })?;
-        let prefetcher = h.prefetcher.make(&h.prefetch());
-        let cache = KvCache::new(backend, cfg.cache.clone(), runtime.policy.clone(), prefetcher)?;
+        // The policy is made once, by the cache, from the config's description of it.
+        let cache = KvCache::with_named_policies(backend, cfg.cache.clone())?;
+        let runtime = Runtime {
+            config: RuntimeConfig { eviction: cfg.cache.hisparse.eviction.clone(), max_running: 0 },
+            policy: cache.policy().clone(),
+        };
         let runner = runner::StepRunner::new(model, cfg.capture_digests, cfg.launch_graphs);
         Ok(Self {
             last_policy: runtime.policy.clone(),

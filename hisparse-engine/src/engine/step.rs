@@ -93,6 +93,8 @@ where
         if !std::sync::Arc::ptr_eq(rt.policy.get(), self.last_policy.get()) {
             self.cache.set_policy(rt.policy.clone())?;
             self.last_policy = rt.policy.clone();
+            // The engine's config describes the policy in use, as the cache's does.
+            self.cfg.cache.hisparse.eviction = rt.config.eviction.clone();
         }
         Ok(())
     }

@@ -29,7 +29,7 @@ pub fn requests() -> Vec<RequestSpec> {
 
 pub fn config(mode: Mode, policy: &str) -> EngineConfig {
     let mut c = EngineConfig::new(KvGeometry::preset("cpu-small").unwrap(), mode, 64 << 20);
-    c.cache.hisparse.eviction_policy = policy.parse().unwrap();
+    c.cache.hisparse.eviction = policy.parse().unwrap();
     c.cache.hisparse.max_request_tokens = 4096;
     c.cache.typical_tokens = 2048;
     c.capture_digests = true;
@@ -102,7 +102,7 @@ where
         }
         if step > 0 && step % 7 == 0 && !swap_policies.is_empty() {
             let p = swap_policies[(step / 7) % swap_policies.len()];
-            e.runtime().set_policy(p.parse().unwrap(), 5).unwrap();
+            e.runtime().set_policy(p.parse::<hisparse_policy::Eviction>().unwrap().with_seed(5)).unwrap();
             // The batch cap changes too: 2 requests, then no cap, then 3.
             let mut c = e.runtime().get();
             c.max_running = [2, 0, 3][(step / 7) % 3];

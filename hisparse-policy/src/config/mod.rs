@@ -2,7 +2,7 @@
 //! `host_to_device_ratio`, `swap_in_block_size`; its `top_k` is the geometry's, the one home of
 //! top-k: a file that gives it is checked against the geometry when read) plus ours, from JSON or
 //! from code, validated against a geometry with typed errors naming the field. The eviction
-//! policy, the prefetcher and the miss-fill form are typed values ([`PolicyChoice`],
+//! policy, the prefetcher and the miss-fill form are typed values ([`Eviction`],
 //! [`PrefetcherChoice`], [`MissFill`]); the JSON form keeps their names as flat keys
 //! (`raw.rs`), resolved once when it is read.
 
@@ -19,9 +19,9 @@ use hisparse_memory::KvGeometry;
 use hisparse_memory::slot_table::MAX_BUFFER_SLOTS;
 use serde::{Deserialize, Serialize};
 
-use crate::choice::{OnlinePolicy, PolicyChoice, PrefetcherChoice};
+use crate::choice::{OnlinePolicy, PrefetcherChoice};
 use crate::error::{PolicyError, Result};
-use crate::policy::PolicyConfig;
+use crate::eviction::Eviction;
 use crate::prefetch::PrefetcherConfig;
 
 /// The hierarchy's configuration.
@@ -34,7 +34,7 @@ use crate::prefetch::PrefetcherConfig;
 /// let base = HiSparseConfig::for_geometry(&geometry);
 /// let c = HiSparseConfig::from_json_over(&geometry, &base, r#"{"top_k": 2048, "device_buffer_size": 4096,
 ///     "host_to_device_ratio": 8, "swap_in_block_size": 512, "eviction_policy": "clock"}"#)?;
-/// assert_eq!((c.device_buffer_size, c.eviction_policy.name()), (4096, "clock"));
+/// assert_eq!((c.device_buffer_size, c.eviction.name()), (4096, "clock"));
 /// assert!(HiSparseConfig::from_json_over(&geometry, &base, r#"{"top_k": 1024}"#).is_err());
 /// let bad = HiSparseConfig { device_buffer_size: 1024, ..HiSparseConfig::default() };
 /// assert!(bad.validate(&geometry).unwrap_err().to_string().contains("device_buffer_size = 1024"));
@@ -49,13 +49,11 @@ pub struct HiSparseConfig {
     pub host_to_device_ratio: f64,
     /// SGLang: threads per request block of the swap-in kernel (1..=1024).
     pub swap_in_block_size: usize,
-    /// Ours: the eviction policy (`eviction_policy`: a registered name, `lru`, `clock`, `score`,
-    /// ...; `belady` only in the simulator).
-    pub eviction_policy: PolicyChoice,
-    /// Ours: seed of the `random` policy (it replaces `policy_config.seed`).
-    pub policy_seed: u64,
-    /// Ours: the policies' tunables (CLOCK's counter bits, MQ's queues, ...).
-    pub policy_config: PolicyConfig,
+    /// Ours: the eviction policy with its settings (JSON: `eviction_policy`, a registered name,
+    /// `lru`, `clock`, `score`, ...; `belady` only in the simulator; `policy_seed`, the `random`
+    /// policy's seed; `policy_config`, the tunables the policy reads: CLOCK's counter bits, MQ's
+    /// queues, ...).
+    pub eviction: Eviction,
     /// Ours: the prefetcher (`prefetcher`: `none`, `shared-index`, `adjacent-layer`,
     /// `next-step`).
     pub prefetcher: PrefetcherChoice,
@@ -92,9 +90,7 @@ impl Default for HiSparseConfig {
             device_buffer_size: 4096,
             host_to_device_ratio: 8.0,
             swap_in_block_size: 512,
-            eviction_policy: PolicyChoice::default(),
-            policy_seed: 0,
-            policy_config: PolicyConfig::default(),
+            eviction: Eviction::default(),
             prefetcher: PrefetcherChoice::default(),
             prefetch_budget: 0,
             miss_fill: MissFill::SwapIn,
@@ -165,14 +161,9 @@ impl HiSparseConfig {
         Self { device_buffer_size: default_buffer_slots(geometry.top_k), ..Self::default() }
     }
 
-    /// The policies' config with `policy_seed` as its seed.
-    pub fn policy(&self) -> PolicyConfig {
-        PolicyConfig { seed: self.policy_seed, ..self.policy_config.clone() }
-    }
-
-    /// The eviction policy made from its config, refused if it needs the future.
+    /// The eviction policy made, refused if it needs the future.
     pub fn online_policy(&self) -> Result<OnlinePolicy> {
-        self.eviction_policy.make_online(&self.policy())
+        self.eviction.make_online()
     }
 
     /// The prefetchers' config.
@@ -189,8 +180,32 @@ impl HiSparseConfig {
         }
     }
 
-    /// Checks every field against `geometry`; the error names the first field at fault.
+    /// Checks that `policy` can run under this config (one that reads each layer's scores
+    /// cannot with a miss-fill that always defers the swap-in).
+    pub fn check_policy(&self, policy: &OnlinePolicy) -> Result<()> {
+        let always_deferred = self.miss_fill.deferred() && !matches!(self.miss_fill, MissFill::Auto { .. });
+        if always_deferred && policy.needs_scores() {
+            return Err(invalid(
+                "miss_fill",
+                self.miss_fill.mode(),
+                format!(
+                    "the {} policy reads each layer's scores, which the next layer overwrites before a deferred \
+                     swap-in decides; use auto, swap-in or attention with it",
+                    policy.name()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Checks every field against `geometry` (the eviction policy made from [`Self::eviction`]);
+    /// the error names the first field at fault.
     pub fn validate(&self, geometry: &KvGeometry) -> Result<()> {
+        self.validate_with(geometry, &self.online_policy()?)
+    }
+
+    /// [`Self::validate`] with `policy` as the eviction policy (one already made).
+    pub fn validate_with(&self, geometry: &KvGeometry, policy: &OnlinePolicy) -> Result<()> {
         geometry.validate()?;
         for (field, v) in [
             ("device_buffer_size", self.device_buffer_size),
@@ -225,19 +240,7 @@ impl HiSparseConfig {
                 "must be a finite number above 0",
             ));
         }
-        let policy = self.online_policy()?;
-        let always_deferred = self.miss_fill.deferred() && !matches!(self.miss_fill, MissFill::Auto { .. });
-        if always_deferred && policy.needs_scores() {
-            return Err(invalid(
-                "miss_fill",
-                self.miss_fill.mode(),
-                format!(
-                    "the {} policy reads each layer's scores, which the next layer overwrites before a deferred \
-                     swap-in decides; use auto, swap-in or attention with it",
-                    self.eviction_policy
-                ),
-            ));
-        }
+        self.check_policy(policy)?;
         self.miss_fill.validate()?;
         if self.prefetch_budget > self.device_buffer_size {
             return Err(invalid(

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use super::{HiSparseConfig, MissFill, MissFillMode};
 use crate::choice::{PolicyChoice, PrefetcherChoice};
 use crate::error::PolicyError;
+use crate::eviction::Eviction;
 use crate::policy::PolicyConfig;
 
 /// [`HiSparseConfig`] as JSON has it (missing keys take the defaults; unknown keys are errors).
@@ -44,6 +45,7 @@ impl Default for RawConfig {
 
 impl From<HiSparseConfig> for RawConfig {
     fn from(c: HiSparseConfig) -> Self {
+        let (policy, policy_config) = c.eviction.parts();
         let (max_batch, (share, host_threads)) = (
             match c.miss_fill {
                 MissFill::Auto { max_batch } | MissFill::NoCopies { max_batch } => max_batch,
@@ -55,9 +57,10 @@ impl From<HiSparseConfig> for RawConfig {
             device_buffer_size: c.device_buffer_size,
             host_to_device_ratio: c.host_to_device_ratio,
             swap_in_block_size: c.swap_in_block_size,
-            eviction_policy: c.eviction_policy.name().to_owned(),
-            policy_seed: c.policy_seed,
-            policy_config: c.policy_config,
+            eviction_policy: policy.name().to_owned(),
+            // The seed is written once, as `policy_seed` (it replaces `policy_config.seed`).
+            policy_seed: policy_config.seed,
+            policy_config: PolicyConfig { seed: 0, ..policy_config },
             prefetcher: c.prefetcher.name().to_owned(),
             prefetch_budget: c.prefetch_budget,
             miss_fill: c.miss_fill.mode(),
@@ -83,9 +86,10 @@ impl TryFrom<RawConfig> for HiSparseConfig {
             device_buffer_size: r.device_buffer_size,
             host_to_device_ratio: r.host_to_device_ratio,
             swap_in_block_size: r.swap_in_block_size,
-            eviction_policy: PolicyChoice::parse(&r.eviction_policy)?,
-            policy_seed: r.policy_seed,
-            policy_config: r.policy_config,
+            eviction: Eviction::from_parts(
+                PolicyChoice::parse(&r.eviction_policy)?,
+                &PolicyConfig { seed: r.policy_seed, ..r.policy_config },
+            ),
             prefetcher: PrefetcherChoice::parse(&r.prefetcher)?,
             prefetch_budget: r.prefetch_budget,
             miss_fill: MissFill::new(r.miss_fill, r.miss_fill_max_batch, r.copy_engine_share, r.host_gather_threads),

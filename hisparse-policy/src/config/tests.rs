@@ -27,7 +27,7 @@ fn sglang_keys_parse_as_they_are() {
     )
     .unwrap();
     assert_eq!((c.device_buffer_size, c.host_to_device_ratio, c.swap_in_block_size), (6144, 10.0, 960));
-    assert_eq!(c.eviction_policy.name(), "lru");
+    assert_eq!(c.eviction.name(), "lru");
     c.validate(&g).unwrap();
     assert!(HiSparseConfig::from_json(r#"{"topk": 2048}"#).unwrap_err().to_string().contains("topk"));
     // Without a geometry, SGLang's top_k cannot be checked: refused, naming it.
@@ -68,7 +68,7 @@ fn each_bad_field_is_named() {
         (
             HiSparseConfig {
                 miss_fill: MissFill::Deferred,
-                eviction_policy: BuiltinPolicy::Score.into(),
+                eviction: BuiltinPolicy::Score.into(),
                 ..Default::default()
             },
             "miss_fill",
@@ -76,7 +76,7 @@ fn each_bad_field_is_named() {
         (
             HiSparseConfig {
                 miss_fill: MissFill::DeferredGather,
-                eviction_policy: BuiltinPolicy::Score.into(),
+                eviction: BuiltinPolicy::Score.into(),
                 ..Default::default()
             },
             "miss_fill",
@@ -84,7 +84,7 @@ fn each_bad_field_is_named() {
         (
             HiSparseConfig {
                 miss_fill: MissFill::HitsFirst,
-                eviction_policy: BuiltinPolicy::Score.into(),
+                eviction: BuiltinPolicy::Score.into(),
                 ..Default::default()
             },
             "miss_fill",
@@ -93,7 +93,7 @@ fn each_bad_field_is_named() {
         (
             HiSparseConfig {
                 miss_fill: MissFill::CopyEngine { share: 0.125, host_threads: 0 },
-                eviction_policy: BuiltinPolicy::Score.into(),
+                eviction: BuiltinPolicy::Score.into(),
                 ..Default::default()
             },
             "miss_fill",
@@ -120,14 +120,8 @@ fn each_bad_field_is_named() {
             },
             "host_gather_threads",
         ),
-        (HiSparseConfig { eviction_policy: BuiltinPolicy::Belady.into(), ..Default::default() }, "eviction_policy"),
-        (
-            HiSparseConfig {
-                policy_config: PolicyConfig { mq_queues: 99, ..PolicyConfig::default() },
-                ..Default::default()
-            },
-            "mq_queues",
-        ),
+        (HiSparseConfig { eviction: Eviction::Belady, ..Default::default() }, "eviction_policy"),
+        (HiSparseConfig { eviction: Eviction::Mq { queues: 99, lifetime: 8 }, ..Default::default() }, "mq_queues"),
         (HiSparseConfig { device_buffer_size: 70_000, ..Default::default() }, "device_buffer_size"),
         // 1 MiB of device bytes x 8 cannot hold a 128k-token request of 51 KB per token.
         (HiSparseConfig { device_kv_bytes: 1 << 20, ..Default::default() }, "host_to_device_ratio"),
@@ -168,7 +162,7 @@ fn names_are_resolved_once_when_json_is_read_and_written_back_the_same() {
             "copy_engine_share": 0.25, "host_gather_threads": 6}"#,
     )
     .unwrap();
-    assert_eq!((c.eviction_policy.name(), c.prefetcher.name()), ("s3fifo", "adjacent-layer"));
+    assert_eq!((c.eviction.name(), c.prefetcher.name()), ("s3fifo", "adjacent-layer"));
     assert_eq!(c.miss_fill, MissFill::CopyEngine { share: 0.25, host_threads: 6 });
     let auto = HiSparseConfig::from_json(r#"{"miss_fill": "auto", "miss_fill_max_batch": 3}"#).unwrap();
     assert_eq!(auto.miss_fill, MissFill::Auto { max_batch: 3 });
@@ -199,4 +193,21 @@ fn the_bound_of_a_form_defers_where_it_defers_and_never_copies() {
         assert!(!b.copies() && !b.deferred() && form.copies() == (form != b), "{form:?}");
         assert_eq!(b.fill_max_batch(), max_batch);
     }
+}
+
+#[test]
+fn the_policy_keys_resolve_to_one_typed_value_and_back() {
+    let c = HiSparseConfig::from_json(r#"{"eviction_policy": "random", "policy_seed": 7}"#).unwrap();
+    assert_eq!(c.eviction, Eviction::Random { seed: 7 });
+    let c = HiSparseConfig::from_json(r#"{"eviction_policy": "clock", "policy_config": {"clock_bits": 3}}"#).unwrap();
+    assert_eq!(c.eviction, Eviction::Clock { bits: 3 });
+    let json = serde_json::to_value(&c).unwrap();
+    assert_eq!(
+        (json["eviction_policy"].as_str(), json["policy_config"]["clock_bits"].as_u64()),
+        (Some("clock"), Some(3))
+    );
+    assert_eq!(serde_json::from_value::<HiSparseConfig>(json).unwrap(), c);
+    // `policy_seed` is the seed; `policy_config.seed` is replaced by it, as before.
+    let c = HiSparseConfig::from_json(r#"{"eviction_policy": "random", "policy_config": {"seed": 3}}"#).unwrap();
+    assert_eq!(c.eviction, Eviction::Random { seed: 0 });
 }

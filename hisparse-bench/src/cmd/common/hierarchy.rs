@@ -189,7 +189,7 @@ impl EngineArgs {
             c.swap_in_block_size = v;
         }
         if let Some(v) = self.eviction_policy {
-            c.eviction_policy = v.into();
+            c.eviction = v.into();
         }
         if let Some(v) = self.prefetcher {
             if self.uses_cuda() && v == BuiltinPrefetcher::NextStep {
