@@ -31,7 +31,7 @@ fn generate_streams_text_and_counts_misses() {
         g,
         "--prompt",
         ("the theory of the thing"),
-        "--raw --max-tokens 40 --top-k 8 --buffer 12 --show-misses --temperature 0.8 --seed 3"
+        "--raw --max-tokens 40 --top-k 8 --device-buffer-size 12 --show-misses --temperature 0.8 --seed 3"
     ));
     let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
     assert!(o.status.success(), "{err}");
@@ -44,7 +44,7 @@ fn generate_streams_text_and_counts_misses() {
         g,
         "--prompt",
         ("the theory of the thing"),
-        "--raw --max-tokens 40 --top-k 8 --buffer 12 --temperature 0.8 --seed 3"
+        "--raw --max-tokens 40 --top-k 8 --device-buffer-size 12 --temperature 0.8 --seed 3"
     ));
     assert_eq!(again.stdout, o.stdout);
     let bad = hisparse(&["generate", "--gguf", &g, "--prompt", "x", "--temperature", "-1"]);

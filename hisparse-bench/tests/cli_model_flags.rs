@@ -65,9 +65,12 @@ fn model_flags_are_named_and_unread_ones_refused() {
     let cases = [
         case(format!("{generate} --top-k 0"), &["--top-k"]),
         case(format!("{generate} --top-k 1000"), &["--top-k", "512 positions"]),
-        case(format!("{generate} --buffer 8 --top-k 16"), &["--buffer", "--top-k (16)"]),
+        case(format!("{generate} --device-buffer-size 8 --top-k 16"), &["--device-buffer-size", "--top-k (16)"]),
         case(format!("{generate} --attention dense --top-k 8"), &["--top-k does nothing with --attention dense"]),
-        case(format!("{generate} --attention sparse-resident --buffer 32"), &["--buffer does nothing"]),
+        case(
+            format!("{generate} --attention sparse-resident --device-buffer-size 32"),
+            &["--device-buffer-size does nothing"],
+        ),
         case(format!("{generate} --kv-format fp8"), &["--kv-format", "use bf16"]),
         case(format!("{generate} --kv-format fp9"), &["--kv-format", "bf16 or fp8"]),
         case(format!("{generate} --sink {max}"), &["--sink"]),

@@ -37,9 +37,10 @@ pub struct EvalArgs {
     /// Windows of text per context (decoded together, as one batch).
     #[arg(long, default_value_t = 2)]
     pub windows: usize,
-    /// Hot-buffer slots per request and layer as a multiple of top-k (hisparse).
-    #[arg(long, default_value_t = 2.0)]
-    pub buffer_factor: f64,
+    /// Hot-buffer slots per request and layer as a multiple of top-k (hisparse; default: the
+    /// hot buffer's default, twice top-k).
+    #[arg(long)]
+    pub buffer_factor: Option<f64>,
     /// Folder for eval.json, eval.csv and eval.svg.
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -96,8 +97,10 @@ fn check(args: &EvalArgs, context_max: usize) -> Result<()> {
     if args.windows == 0 {
         return Err(BenchError::flag("windows", 0, "must be at least 1"));
     }
-    if !(args.buffer_factor.is_finite() && args.buffer_factor >= 1.0) {
-        return Err(BenchError::flag("buffer-factor", args.buffer_factor, "must be at least 1"));
+    if let Some(f) = args.buffer_factor
+        && !(f.is_finite() && f >= 1.0)
+    {
+        return Err(BenchError::flag("buffer-factor", f, "must be at least 1"));
     }
     if args.decode >= context_max {
         return Err(BenchError::flag(
@@ -119,12 +122,15 @@ fn check(args: &EvalArgs, context_max: usize) -> Result<()> {
         return Err(BenchError::flag("top-k", k, "must be at least 2"));
     }
     // A hot buffer past the model's positions holds nothing more (and its size must stay finite).
-    if let Some(&k) = args.top_k.iter().find(|&&k| k as f64 * args.buffer_factor > context_max as f64) {
-        return Err(BenchError::flag(
-            "buffer-factor",
-            format!("{:?}", args.buffer_factor),
-            format!("top-k {k} x {:?} passes the model's {context_max} positions", args.buffer_factor),
-        ));
+    if let Some(&k) = args.top_k.iter().find(|&&k| buffer_slots(args, k) > context_max) {
+        let reason = format!(
+            "top-k {k}'s hot buffer of {} slots passes the model's {context_max} positions",
+            buffer_slots(args, k)
+        );
+        return Err(match args.buffer_factor {
+            Some(f) => BenchError::flag("buffer-factor", format!("{f:?}"), reason),
+            None => BenchError::flag("top-k", k, reason),
+        });
     }
     super::model_source::check_score_margin(args.score_margin, args.record_trace.is_some())?;
     if let Some(p) = &args.record_trace
@@ -207,7 +213,7 @@ pub fn run(args: &EvalArgs) -> Result<(Vec<EvalRow>, Option<PathBuf>)> {
         let next: Vec<&[u32]> = starts.iter().map(|&s| &tokens[s + c..s + need]).collect();
         let mut forced = |kind: AttentionKind, k: usize, keep: bool| -> Result<ForcedOut> {
             interrupt::check(|| "decoding".into())?;
-            let buffer = (k as f64 * args.buffer_factor).ceil() as usize;
+            let buffer = buffer_slots(args, k);
             let cfg = args.model.cache_config(m.config(), kind, k, ("buffer-factor", buffer), need, args.windows)?;
             // The hisparse run (one context and one top-k with --record-trace) records its
             // selections through the engine, into a handle on the trace's temporary file.
@@ -335,4 +341,14 @@ pub fn render(rows: &[EvalRow], out: &Option<PathBuf>) -> String {
         let _ = writeln!(s, "wrote {}/eval.json, eval.csv, eval.svg", d.display());
     }
     s
+}
+
+/// The hot buffer's regular slots for top-k `k`: `--buffer-factor` times `k` (rounded up; a
+/// factor past any count saturates, which the model's positions then refuse), else the hot
+/// buffer's default.
+fn buffer_slots(args: &EvalArgs, k: usize) -> usize {
+    match args.buffer_factor {
+        Some(f) => (k as f64 * f).ceil() as usize,
+        None => hisparse_policy::default_buffer_slots(k),
+    }
 }

@@ -53,9 +53,9 @@ pub struct GenerateArgs {
     /// Positions selected per layer and step.
     #[arg(long, default_value_t = 64)]
     pub top_k: usize,
-    /// Hot-buffer slots per request and layer (hisparse; default: twice --top-k).
+    /// Regular hot-buffer slots per request and layer (hisparse; default: twice --top-k).
     #[arg(long)]
-    pub buffer: Option<usize>,
+    pub device_buffer_size: Option<usize>,
     /// Sampling temperature (0: greedy).
     #[arg(long, default_value_t = 0.0)]
     pub temperature: f32,
@@ -108,11 +108,12 @@ pub fn run(args: &GenerateArgs) -> Result<usize> {
         ));
     }
     if kind != AttentionKind::Dense {
-        check_selection(m.config(), ("top-k", args.top_k), buffer.map(|b| ("buffer", b)))?;
+        check_selection(m.config(), ("top-k", args.top_k), buffer.map(|b| ("device-buffer-size", b)))?;
     }
     // Generation stops at the model's last position (--max-tokens may ask for more).
     let max = ids.len().saturating_add(args.max_tokens).min(positions);
-    let mut cache = args.model.cache(m.config(), kind, args.top_k, ("buffer", buffer.unwrap_or(0)), max, 1)?;
+    let mut cache =
+        args.model.cache(m.config(), kind, args.top_k, ("device-buffer-size", buffer.unwrap_or(0)), max, 1)?;
     let (kv, key) = cache.layouts();
     let p = m.prefill(&ids, kv, key)?;
     let id = RequestId(0);
@@ -146,15 +147,17 @@ pub fn run(args: &GenerateArgs) -> Result<usize> {
     Ok(n)
 }
 
-/// The hot buffer `args` ask for (hisparse: `--buffer`, by default twice `--top-k`); a
+/// The hot buffer `args` ask for (hisparse: `--device-buffer-size`, by default twice `--top-k`); a
 /// selection flag the attention does not read is refused by name.
 fn selection_flags(args: &GenerateArgs, kind: AttentionKind) -> Result<Option<usize>> {
     let unread = |flag| Err(BenchError::Unread { flag, when: format!("with --attention {}", kind_name(kind)) });
     match kind {
         AttentionKind::Dense if crate::deferred::given("top_k") => unread("top-k"),
-        AttentionKind::Dense | AttentionKind::SparseResident if args.buffer.is_some() => unread("buffer"),
+        AttentionKind::Dense | AttentionKind::SparseResident if args.device_buffer_size.is_some() => {
+            unread("device-buffer-size")
+        }
         AttentionKind::Dense | AttentionKind::SparseResident => Ok(None),
-        AttentionKind::HiSparse => match args.buffer {
+        AttentionKind::HiSparse => match args.device_buffer_size {
             Some(b) => Ok(Some(b)),
             None => Ok(Some(hisparse_policy::default_buffer_slots(args.top_k))),
         },
