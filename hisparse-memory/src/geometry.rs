@@ -10,12 +10,15 @@ use crate::row::{IndexKeyFormat, IndexKeyLayout, KvRowFormat, KvRowLayout, RowHe
 /// The shape of a sparse-attention model's KV cache, as one GPU sees it with data-parallel
 /// attention (all query heads of the model on every GPU).
 ///
-/// MLA decode runs in MQA form: one KV row per token per layer holds `d_latent` latent values
-/// (which are also the values) and `d_rope` rotary values, so `d_qk = d_latent + d_rope` and
-/// `d_v = d_latent`. A grouped-query model (`row_heads: gqa`) stores per token and layer the keys
-/// and values of its KV heads (`d_latent = 2 * kv_heads * head_dim`, `d_rope = 0`), and
+/// What a row holds is its [`RowShape`]. MLA decode runs in MQA form: one KV row per token per
+/// layer holds `d_latent` latent values (which are also the values) and `d_rope` rotary values,
+/// so `d_qk = d_latent + d_rope` and `d_v = d_latent`. A grouped-query model stores per token and
+/// layer the keys and values of its `kv_heads` KV heads of `head_dim`, and
 /// `d_qk = d_v = head_dim`; its "indexer" is then the oracle over its own keys (index keys are a
 /// token's keys, `index_dim = kv_heads * head_dim`, one index head per query head).
+///
+/// The JSON form keeps the flat keys geometries were written with (`d_latent`, `d_rope`,
+/// `row_heads`; a GQA row's `d_latent` is its `2 * kv_heads * head_dim` values).
 ///
 /// ```
 /// use hisparse_memory::KvGeometry;
@@ -26,7 +29,7 @@ use crate::row::{IndexKeyFormat, IndexKeyLayout, KvRowFormat, KvRowLayout, RowHe
 /// # Ok::<(), hisparse_memory::MemoryError>(())
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(try_from = "RawGeometry", into = "RawGeometry")]
 pub struct KvGeometry {
     /// A name for reports (the preset name, or anything for a custom geometry).
     pub name: String,
@@ -34,10 +37,8 @@ pub struct KvGeometry {
     pub layers: usize,
     /// Query heads per GPU.
     pub q_heads: usize,
-    /// Latent (NoPE) dims of a KV row; also the value dims.
-    pub d_latent: usize,
-    /// Rotary dims of a KV row.
-    pub d_rope: usize,
+    /// What a KV row holds, in its attention's own terms.
+    pub row: RowShape,
     /// Lightning-indexer heads.
     pub index_heads: usize,
     /// Lightning-indexer head dim (the length of one index key).
@@ -48,14 +49,108 @@ pub struct KvGeometry {
     pub kv_format: KvRowFormat,
     /// Which layers run the lightning indexer (IndexShare: the others reuse a full layer's
     /// selection and store no index keys).
-    #[serde(default)]
     pub indexers: IndexerLayout,
-    /// How attention reads a row: MLA (the default) or grouped-query heads.
-    #[serde(default)]
-    pub row_heads: RowHeads,
     /// How index keys are stored (fp8 by default).
-    #[serde(default)]
     pub index_format: IndexKeyFormat,
+}
+
+/// What one KV row holds, named as its attention names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RowShape {
+    /// Multi-head latent attention in MQA form (DeepSeek, GLM): one row every query head reads.
+    Mla {
+        /// Latent (NoPE) dims; also the value dims.
+        d_latent: usize,
+        /// Rotary dims.
+        d_rope: usize,
+    },
+    /// Grouped-query attention: `K_0 .. K_{kv_heads-1}` then `V_0 .. V_{kv_heads-1}`.
+    Gqa {
+        /// KV heads.
+        kv_heads: usize,
+        /// Dims of one head's key (and value).
+        head_dim: usize,
+    },
+}
+
+/// [`KvGeometry`] as JSON has it: the flat keys it was always written with.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawGeometry {
+    name: String,
+    layers: usize,
+    q_heads: usize,
+    d_latent: usize,
+    d_rope: usize,
+    index_heads: usize,
+    index_dim: usize,
+    top_k: usize,
+    kv_format: KvRowFormat,
+    #[serde(default)]
+    indexers: IndexerLayout,
+    #[serde(default)]
+    row_heads: RowHeads,
+    #[serde(default)]
+    index_format: IndexKeyFormat,
+}
+
+impl From<KvGeometry> for RawGeometry {
+    fn from(g: KvGeometry) -> Self {
+        let (d_latent, d_rope, row_heads) = match g.row {
+            RowShape::Mla { d_latent, d_rope } => (d_latent, d_rope, RowHeads::Mla),
+            RowShape::Gqa { kv_heads, head_dim } => {
+                (kv_heads.saturating_mul(head_dim).saturating_mul(2), 0, RowHeads::Gqa { kv_heads, head_dim })
+            }
+        };
+        Self {
+            name: g.name,
+            layers: g.layers,
+            q_heads: g.q_heads,
+            d_latent,
+            d_rope,
+            index_heads: g.index_heads,
+            index_dim: g.index_dim,
+            top_k: g.top_k,
+            kv_format: g.kv_format,
+            indexers: g.indexers,
+            row_heads,
+            index_format: g.index_format,
+        }
+    }
+}
+
+impl TryFrom<RawGeometry> for KvGeometry {
+    type Error = MemoryError;
+    fn try_from(r: RawGeometry) -> Result<Self> {
+        let row = match r.row_heads {
+            RowHeads::Mla => RowShape::Mla { d_latent: r.d_latent, d_rope: r.d_rope },
+            RowHeads::Gqa { kv_heads, head_dim } => {
+                let values = kv_heads.checked_mul(head_dim).and_then(|v| v.checked_mul(2));
+                if (Some(r.d_latent), r.d_rope) != (values, 0) {
+                    return Err(MemoryError::invalid(
+                        "d_latent",
+                        format!("{}+{}", r.d_latent, r.d_rope),
+                        format!(
+                            "a GQA row of {kv_heads} KV heads of {head_dim} holds 2 x {kv_heads} x {head_dim} + 0 values"
+                        ),
+                    ));
+                }
+                RowShape::Gqa { kv_heads, head_dim }
+            }
+        };
+        Ok(Self {
+            name: r.name,
+            layers: r.layers,
+            q_heads: r.q_heads,
+            row,
+            index_heads: r.index_heads,
+            index_dim: r.index_dim,
+            top_k: r.top_k,
+            kv_format: r.kv_format,
+            indexers: r.indexers,
+            index_format: r.index_format,
+        })
+    }
 }
 
 /// Which layers run the lightning indexer (`full`) and which (`shared`) attend over the
@@ -112,19 +207,18 @@ impl KvGeometry {
         top_k: usize,
         kv_format: KvRowFormat,
     ) -> Result<Self> {
-        let row = KvRowLayout::gqa(kv_format, kv_heads, head_dim)?;
+        // Checks the shape (non-zero, no overflow) before any product of it is taken.
+        KvRowLayout::gqa(kv_format, kv_heads, head_dim)?;
         let g = Self {
             name: name.to_owned(),
             layers,
             q_heads,
-            d_latent: row.d_latent(),
-            d_rope: 0,
+            row: RowShape::Gqa { kv_heads, head_dim },
             index_heads: q_heads,
-            index_dim: row.d_latent() / 2,
+            index_dim: kv_heads * head_dim,
             top_k,
             kv_format,
             indexers: IndexerLayout::AllFull,
-            row_heads: row.heads(),
             index_format: IndexKeyFormat::Fp8,
         };
         g.validate()?;
@@ -133,9 +227,9 @@ impl KvGeometry {
 
     /// The KV heads of a grouped-query geometry (`None` for MLA).
     pub fn kv_heads(&self) -> Option<usize> {
-        match self.row_heads {
-            RowHeads::Mla => None,
-            RowHeads::Gqa { kv_heads, .. } => Some(kv_heads),
+        match self.row {
+            RowShape::Mla { .. } => None,
+            RowShape::Gqa { kv_heads, .. } => Some(kv_heads),
         }
     }
 
@@ -180,26 +274,26 @@ impl KvGeometry {
     /// Dims of one query head: `d_latent + d_rope` for MLA (576 for the MLA presets), the head
     /// dim for GQA.
     pub fn d_qk(&self) -> usize {
-        match self.row_heads {
-            RowHeads::Mla => self.d_latent + self.d_rope,
-            RowHeads::Gqa { head_dim, .. } => head_dim,
+        match self.row {
+            RowShape::Mla { d_latent, d_rope } => d_latent + d_rope,
+            RowShape::Gqa { head_dim, .. } => head_dim,
         }
     }
 
     /// Dims of one head's output: `d_latent` for MLA (512 for the MLA presets), the head dim for
     /// GQA.
     pub fn d_v(&self) -> usize {
-        match self.row_heads {
-            RowHeads::Mla => self.d_latent,
-            RowHeads::Gqa { head_dim, .. } => head_dim,
+        match self.row {
+            RowShape::Mla { d_latent, .. } => d_latent,
+            RowShape::Gqa { head_dim, .. } => head_dim,
         }
     }
 
     /// The KV row layout of this geometry.
     pub fn kv_row(&self) -> Result<KvRowLayout> {
-        match self.row_heads {
-            RowHeads::Mla => KvRowLayout::new(self.kv_format, self.d_latent, self.d_rope),
-            RowHeads::Gqa { kv_heads, head_dim } => KvRowLayout::gqa(self.kv_format, kv_heads, head_dim),
+        match self.row {
+            RowShape::Mla { d_latent, d_rope } => KvRowLayout::new(self.kv_format, d_latent, d_rope),
+            RowShape::Gqa { kv_heads, head_dim } => KvRowLayout::gqa(self.kv_format, kv_heads, head_dim),
         }
     }
 
@@ -245,7 +339,6 @@ impl KvGeometry {
         for (field, value) in [
             ("layers", self.layers),
             ("q_heads", self.q_heads),
-            ("d_latent", self.d_latent),
             ("index_heads", self.index_heads),
             ("index_dim", self.index_dim),
             ("top_k", self.top_k),
@@ -280,21 +373,14 @@ impl KvGeometry {
         }
         let row = self.kv_row()?;
         row.check_query_heads(self.q_heads)?;
-        if let RowHeads::Gqa { kv_heads, head_dim } = self.row_heads {
-            if (self.d_latent, self.d_rope) != (row.d_latent(), 0) {
-                return Err(MemoryError::invalid(
-                    "d_latent",
-                    format!("{}+{}", self.d_latent, self.d_rope),
-                    format!("a GQA row of {kv_heads} KV heads of {head_dim} holds {}+0 values", row.d_latent()),
-                ));
-            }
-            if self.index_dim != kv_heads * head_dim {
-                return Err(MemoryError::invalid(
-                    "index_dim",
-                    self.index_dim,
-                    format!("GQA index keys are the token's {kv_heads} keys of {head_dim}"),
-                ));
-            }
+        if let RowShape::Gqa { kv_heads, head_dim } = self.row
+            && self.index_dim != kv_heads * head_dim
+        {
+            return Err(MemoryError::invalid(
+                "index_dim",
+                self.index_dim,
+                format!("GQA index keys are the token's {kv_heads} keys of {head_dim}"),
+            ));
         }
         self.index_key()?;
         Ok(())
@@ -385,17 +471,18 @@ mod tests {
         let mut bad = g.clone();
         bad.q_heads = 8;
         assert!(matches!(bad.validate(), Err(MemoryError::InvalidField { field: "q_heads", .. })));
-        let mut bad = g.clone();
-        bad.d_rope = 64;
-        assert!(matches!(bad.validate(), Err(MemoryError::InvalidField { field: "d_latent", .. })));
         let json = serde_json::to_string(&g).unwrap();
+        assert!(json.contains(r#""d_latent":384,"d_rope":0"#), "{json}");
+        let bad = json.replace(r#""d_rope":0"#, r#""d_rope":64"#);
+        let e = serde_json::from_str::<KvGeometry>(&bad).unwrap_err().to_string();
+        assert!(e.contains("d_latent = 384+64"), "{e}");
         assert!(json.contains(r#""kind":"gqa""#), "{json}");
         assert_eq!(serde_json::from_str::<KvGeometry>(&json).unwrap(), g);
         // MLA geometries written before the field existed still read.
         let mla = serde_json::to_string(&KvGeometry::preset("glm-5.1").unwrap()).unwrap();
         let old = mla.replace(r#","row_heads":{"kind":"mla"}"#, "");
         assert_ne!(old, mla);
-        assert_eq!(serde_json::from_str::<KvGeometry>(&old).unwrap().row_heads, RowHeads::Mla);
+        assert_eq!(serde_json::from_str::<KvGeometry>(&old).unwrap().row, RowShape::Mla { d_latent: 512, d_rope: 64 });
     }
 
     #[test]
@@ -416,7 +503,7 @@ mod tests {
     #[test]
     fn fp8_rows_need_latent_dims_in_blocks_of_128() {
         let mut g = KvGeometry::preset("cpu-small").unwrap();
-        g.d_latent = 500;
+        g.row = RowShape::Mla { d_latent: 500, d_rope: 64 };
         let e = g.validate().unwrap_err();
         assert!(matches!(e, MemoryError::InvalidField { field: "d_latent", .. }), "{e}");
         // bf16 rows take any latent width.

@@ -38,7 +38,7 @@ pub use admission::{Admission, AdmissionControl, CapacityPlan, Resources};
 pub use device_memory::{DeviceMemory, Element, EmulatedDevice};
 pub use device_tier::{DeviceTier, DeviceTierConfig};
 pub use error::{MemoryError, Result};
-pub use geometry::{IndexerLayout, KvGeometry};
+pub use geometry::{IndexerLayout, KvGeometry, RowShape};
 pub use host_tier::{
     HostRowLocation, HostRowReader, HostRowWriter, HostTier, HostTierConfig, HostTierFile, HostTierLayout,
 };

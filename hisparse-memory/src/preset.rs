@@ -2,8 +2,8 @@
 //! config key) and carried as a value from there; each preset's [`KvGeometry`] is written here.
 
 use crate::error::{MemoryError, Result};
-use crate::geometry::{IndexerLayout, KvGeometry};
-use crate::row::{IndexKeyFormat, KvRowFormat, RowHeads};
+use crate::geometry::{IndexerLayout, KvGeometry, RowShape};
+use crate::row::{IndexKeyFormat, KvRowFormat};
 
 /// A named model geometry:
 ///
@@ -86,8 +86,7 @@ impl Preset {
             name: name.to_owned(),
             layers,
             q_heads,
-            d_latent: 512,
-            d_rope: 64,
+            row: RowShape::Mla { d_latent: 512, d_rope: 64 },
             index_heads,
             index_dim: 128,
             top_k,
@@ -97,7 +96,6 @@ impl Preset {
             } else {
                 IndexerLayout::AllFull
             },
-            row_heads: RowHeads::Mla,
             index_format: IndexKeyFormat::Fp8,
         }
     }
