@@ -516,7 +516,7 @@ fn a_buffer_beyond_the_blocks_shared_memory_is_refused_by_name() {
     assert!(GpuSwapInState::new(&dev, Arc::clone(&lru), shape(1, 1, 9600, 512, 2048, 0)).is_ok());
     for slots in [9728, 12288] {
         let err = GpuSwapInState::new(&dev, Arc::clone(&lru), shape(1, 1, slots, 512, 2048, 0)).err().expect("refused");
-        assert!(err.to_string().contains("buffer_slots"), "{err}");
+        assert!(err.to_string().contains("device_buffer_size"), "{err}");
     }
 }
 

@@ -177,9 +177,11 @@ impl CapacityPlan {
                 (pages, pages, 0)
             }
             Mode::HiSparse => {
-                let slots =
-                    self.buffer_slots.checked_add(1).ok_or_else(|| overflow("buffer_slots", self.buffer_slots))?;
-                let seat = mul(mul(slots, kv, "buffer_slots", self.buffer_slots)?, l, "layers", l)?;
+                let slots = self
+                    .buffer_slots
+                    .checked_add(1)
+                    .ok_or_else(|| overflow("device_buffer_size", self.buffer_slots))?;
+                let seat = mul(mul(slots, kv, "device_buffer_size", self.buffer_slots)?, l, "layers", l)?;
                 let page = mul(mul(p, key, "page_tokens", p)?, self.index_layers, "index_layers", self.index_layers)?;
                 let typical = mul(self.typical_tokens.div_ceil(p), page, "typical_tokens", self.typical_tokens)?;
                 let per_request =
@@ -277,7 +279,7 @@ mod tests {
     fn overflowing_plans_are_refused_naming_the_field() {
         let huge = CapacityPlan { buffer_slots: usize::MAX / 2, ..plan(Mode::HiSparse) };
         let e = huge.device_tier().unwrap_err();
-        assert!(matches!(e, MemoryError::InvalidField { field: "buffer_slots", .. }), "{e}");
+        assert!(matches!(e, MemoryError::InvalidField { field: "device_buffer_size", .. }), "{e}");
         let huge = CapacityPlan { typical_tokens: usize::MAX, ..plan(Mode::HiSparse) };
         assert!(matches!(huge.resources().unwrap_err(), MemoryError::InvalidField { field: "typical_tokens", .. }));
         let huge = CapacityPlan { layers: usize::MAX / 8, ..plan(Mode::Resident) };

@@ -96,7 +96,8 @@ pub struct DeviceTier<M: DeviceMemory> {
 impl<M: DeviceMemory> DeviceTier<M> {
     /// Allocates every buffer of `cfg` in `mem`.
     pub fn new(mem: M, cfg: DeviceTierConfig) -> Result<Self> {
-        for (field, v) in [("layers", cfg.layers), ("page_tokens", cfg.page_tokens), ("buffer_slots", cfg.buffer_slots)]
+        for (field, v) in
+            [("layers", cfg.layers), ("page_tokens", cfg.page_tokens), ("device_buffer_size", cfg.buffer_slots)]
         {
             if v == 0 {
                 return Err(MemoryError::invalid(field, v, "must be at least 1"));

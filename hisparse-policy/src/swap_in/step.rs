@@ -157,7 +157,7 @@ impl SwapInState {
         }
         if ctx.buffer_slots as usize != self.buffer_slots() {
             return Err(invalid(
-                "buffer_slots",
+                "device_buffer_size",
                 ctx.buffer_slots,
                 format!("the buffer has {} slots", self.buffer_slots()),
             ));

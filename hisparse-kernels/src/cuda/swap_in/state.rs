@@ -149,7 +149,7 @@ impl GpuSwapInState {
         }
         if max_sel > hot_buffer_rows_of(buffer_slots) || buffer_slots == 0 || seats == 0 || layers == 0 {
             return Err(KernelError::invalid(
-                "buffer_slots",
+                "device_buffer_size",
                 buffer_slots,
                 "need seats, layers and buffer slots, and at most a hot buffer's rows of selected tokens",
             ));
@@ -157,7 +157,7 @@ impl GpuSwapInState {
         let smem = Self::shared_bytes(buffer_slots, max_sel).max(Self::prefetch_shared_bytes(buffer_slots, max_sel));
         if smem > MAX_SHARED_BYTES {
             return Err(KernelError::invalid(
-                "buffer_slots",
+                "device_buffer_size",
                 buffer_slots,
                 format!(
                     "with {max_sel} selected tokens the swap-in needs {smem} bytes of shared memory per block, \
