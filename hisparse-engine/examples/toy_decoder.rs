@@ -12,8 +12,8 @@ use std::error::Error;
 
 use half::bf16;
 use hisparse_engine::{
-    Admission, BuiltinPolicy, BuiltinPrefetcher, CacheConfig, CpuBackend, KvCache, KvGeometry, LayerInputs, Mode,
-    PolicyChoice, PolicyConfig, PrefetcherChoice, Prompt, RequestId, Rows, dense_attention,
+    Admission, BuiltinPrefetcher, CacheConfig, CpuBackend, Eviction, KvCache, KvGeometry, LayerInputs, Mode,
+    PrefetcherChoice, Prompt, RequestId, Rows, dense_attention,
 };
 
 /// SplitMix64: the toy model's random projections.
@@ -47,7 +47,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     cfg.hisparse.max_request_tokens = 2048;
     // The caller picks the policy and the prefetcher (any `EvictionPolicy` / `Prefetcher`; the
     // built-ins here), made once.
-    let policy = PolicyChoice::from(BuiltinPolicy::Lru).make_online(&PolicyConfig::default())?;
+    let policy = Eviction::Lru.make_online()?;
     let prefetcher = PrefetcherChoice::from(BuiltinPrefetcher::AdjacentLayer).make(&cfg.hisparse.prefetch());
     let mut cache = KvCache::new(CpuBackend::new(), cfg, policy, prefetcher)?;
     let (kv_row, key) = cache.layouts();

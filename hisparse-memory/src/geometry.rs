@@ -1,10 +1,9 @@
 //! `KvGeometry`: the shape of one model's sparse-attention KV (layers, heads, dims, top-k, row
-//! format, which layers run the indexer); the named presets' values are [`Preset`]'s.
+//! format, which layers run the indexer); the named presets' values are in `preset.rs`.
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::{MemoryError, Result};
-use crate::preset::Preset;
 use crate::row::{IndexKeyFormat, IndexKeyLayout, KvRowFormat, KvRowLayout, RowHeads};
 
 /// The shape of a sparse-attention model's KV cache, as one GPU sees it with data-parallel
@@ -191,11 +190,6 @@ impl IndexerLayout {
 }
 
 impl KvGeometry {
-    /// The geometry of the preset named `name` ([`Preset`]'s table).
-    pub fn preset(name: &str) -> Result<Self> {
-        Ok(name.parse::<Preset>()?.geometry())
-    }
-
     /// A grouped-query geometry: `q_heads` query heads over `kv_heads` KV heads of `head_dim`,
     /// every layer selecting on its own with the oracle (index keys: the token's keys).
     pub fn gqa(
@@ -400,6 +394,7 @@ impl KvGeometry {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Preset;
 
     #[test]
     fn presets_have_the_published_shapes() {

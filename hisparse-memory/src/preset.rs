@@ -101,6 +101,13 @@ impl Preset {
     }
 }
 
+impl KvGeometry {
+    /// The geometry of the preset named `name` ([`Preset`]'s table).
+    pub fn preset(name: &str) -> Result<Self> {
+        Ok(name.parse::<Preset>()?.geometry())
+    }
+}
+
 impl std::fmt::Display for Preset {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())

@@ -5,7 +5,7 @@
 
 use candle_core::{Device, Tensor};
 use candle_transformers::models::quantized_llama::ModelWeights;
-use hisparse_engine::{BuiltinPolicy, CpuBackend, KvCache, KvRowFormat, PolicyChoice, PolicyConfig};
+use hisparse_engine::{BuiltinPolicy, CpuBackend, KvCache, KvRowFormat};
 use hisparse_model::{AttentionKind, Llama, argmax, cache_config, fetch, nll};
 
 const TEXT: &str = include_str!("data/apache-2.0.txt");
@@ -81,7 +81,7 @@ fn hisparse_equals_sparse_resident_on_real_text_for_every_online_policy() {
     let want = m.teacher_forced(&mut resident, &prompts, &next, true, None).unwrap();
     let mut checked = Vec::new();
     for policy in BuiltinPolicy::ALL {
-        if PolicyChoice::from(policy).make_online(&PolicyConfig::default()).is_err() {
+        if hisparse_policy::Eviction::from(policy).make_online().is_err() {
             continue;
         }
         let mut hs = cache(&m, AttentionKind::HiSparse, 32, 48, policy);

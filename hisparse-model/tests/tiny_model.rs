@@ -9,8 +9,7 @@ mod common;
 
 use common::{Sink, text_tokens, tiny};
 use hisparse_engine::{
-    BuiltinPolicy, CpuBackend, IndexKeyFormat, KvCache, KvRowFormat, PolicyChoice, PolicyConfig, RequestId,
-    StorageFormats,
+    BuiltinPolicy, CpuBackend, IndexKeyFormat, KvCache, KvRowFormat, PolicyChoice, RequestId, StorageFormats,
 };
 use hisparse_model::tiny::write_tiny_gguf;
 use hisparse_model::{AttentionKind, Llama, ModelError, StepToken, cache_config};
@@ -72,7 +71,7 @@ fn hisparse_equals_sparse_resident_for_every_online_policy() {
     let want = m.teacher_forced(&mut resident, &prompts, &nexts, true, None).unwrap();
     let mut checked = 0;
     for policy in BuiltinPolicy::ALL {
-        if PolicyChoice::from(policy).make_online(&PolicyConfig::default()).is_err() {
+        if hisparse_policy::Eviction::from(policy).make_online().is_err() {
             continue; // belady needs the future
         }
         let mut hs = cache(&m, AttentionKind::HiSparse, 16, 24, policy);

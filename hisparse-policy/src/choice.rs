@@ -1,16 +1,13 @@
 //! Choices made at the edge: an eviction policy or a prefetcher named in a config file or on
 //! the command line is resolved against its registry once, into a [`PolicyChoice`] or a
 //! [`PrefetcherChoice`] that carries the registry entry — nothing downstream looks a name up or
-//! compares one again. [`OnlinePolicy`] is a made policy known to run online: the one place
-//! that asks whether a policy needs the future.
+//! compares one again.
 //!
 //! ```
 //! use hisparse_policy::{BuiltinPolicy, PolicyChoice, PolicyConfig};
 //! let lru = PolicyChoice::parse("lru")?;
 //! assert_eq!(lru, PolicyChoice::from(BuiltinPolicy::Lru));
-//! assert!(lru.make_online(&PolicyConfig::default()).is_ok());
-//! let e = PolicyChoice::parse("belady")?.make_online(&PolicyConfig::default()).unwrap_err();
-//! assert!(e.to_string().contains("offline"));
+//! assert_eq!(lru.make(&PolicyConfig::default())?.name(), "lru");
 //! assert!(PolicyChoice::parse("lfu-9000").is_err());
 //! # Ok::<(), hisparse_policy::PolicyError>(())
 //! ```
@@ -20,7 +17,6 @@ use std::sync::Arc;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::error::{PolicyError, Result};
-use crate::eviction::Eviction;
 use crate::policy::registry::specs;
 use crate::policy::{BuiltinPolicy, EvictionPolicy, PolicyConfig, PolicySpec};
 use crate::prefetch::{BuiltinPrefetcher, Prefetcher, PrefetcherConfig, PrefetcherSpec, prefetcher_specs};
@@ -53,11 +49,6 @@ impl PolicyChoice {
     pub fn make(&self, cfg: &PolicyConfig) -> Result<Arc<dyn EvictionPolicy>> {
         cfg.validate()?;
         Ok((self.0.make)(cfg))
-    }
-
-    /// The policy made from `cfg`, refused if it needs the future.
-    pub fn make_online(&self, cfg: &PolicyConfig) -> Result<OnlinePolicy> {
-        Eviction::from_parts(*self, cfg).make_online()
     }
 }
 
@@ -105,51 +96,6 @@ impl<'de> Deserialize<'de> for PolicyChoice {
     fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
         let name = String::deserialize(d)?;
         Self::parse(&name).map_err(serde::de::Error::custom)
-    }
-}
-
-/// A made eviction policy that runs online (it does not need the future): what a swap-in runs,
-/// with the [`Eviction`] it was made from where it was made from one.
-#[derive(Clone, Debug)]
-pub struct OnlinePolicy {
-    policy: Arc<dyn EvictionPolicy>,
-    described: Option<Eviction>,
-}
-
-impl OnlinePolicy {
-    /// `policy` (an object made by the caller), refused if it needs the future (Belady's
-    /// optimum: the simulator's bound).
-    pub fn new(policy: Arc<dyn EvictionPolicy>) -> Result<Self> {
-        if policy.needs_future() {
-            return Err(PolicyError::Invalid {
-                field: "eviction_policy",
-                value: policy.name().to_owned(),
-                reason: "an offline policy (it needs the future): use it in `hisparse simulate`".into(),
-            });
-        }
-        Ok(Self { policy, described: None })
-    }
-
-    /// `policy`, made from `eviction` (see [`Eviction::make_online`]).
-    pub(crate) fn described(policy: Arc<dyn EvictionPolicy>, eviction: &Eviction) -> Result<Self> {
-        Ok(Self { described: Some(eviction.clone()), ..Self::new(policy)? })
-    }
-
-    /// The policy.
-    pub fn get(&self) -> &Arc<dyn EvictionPolicy> {
-        &self.policy
-    }
-
-    /// What it was made from (`None` for an object the caller made).
-    pub fn eviction(&self) -> Option<&Eviction> {
-        self.described.as_ref()
-    }
-}
-
-impl std::ops::Deref for OnlinePolicy {
-    type Target = dyn EvictionPolicy;
-    fn deref(&self) -> &Self::Target {
-        self.policy.as_ref()
     }
 }
 

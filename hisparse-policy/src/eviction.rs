@@ -2,7 +2,8 @@
 //! config it reads (CLOCK its counter bits, MQ its queues and lifetime, ...), or a policy that
 //! embedding code registered, with the shared tunables. What a cache is described with, what
 //! the runtime swaps, and what a config file's flat keys (`eviction_policy`, `policy_seed`,
-//! `policy_config`) resolve to once.
+//! `policy_config`) resolve to once. [`OnlinePolicy`] is a made policy known to run online: the
+//! one place that asks whether a policy needs the future.
 //!
 //! ```
 //! use hisparse_policy::{Eviction, PolicyChoice, PolicyConfig};
@@ -20,8 +21,8 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::choice::{OnlinePolicy, PolicyChoice};
-use crate::error::Result;
+use crate::choice::PolicyChoice;
+use crate::error::{PolicyError, Result};
 use crate::policy::{BuiltinPolicy, EvictionPolicy, PolicyConfig};
 
 /// An eviction policy with its settings (see the module documentation).
@@ -175,7 +176,7 @@ impl std::fmt::Display for Eviction {
 }
 
 impl std::str::FromStr for Eviction {
-    type Err = crate::error::PolicyError;
+    type Err = PolicyError;
     /// A registered name, with the default settings.
     fn from_str(s: &str) -> Result<Self> {
         Self::parse(s)
@@ -201,6 +202,51 @@ impl<'de> Deserialize<'de> for Eviction {
     fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
         let r = RawEviction::deserialize(d)?;
         Ok(Self::from_parts(r.policy, &r.config))
+    }
+}
+
+/// A made eviction policy that runs online (it does not need the future): what a swap-in runs,
+/// with the [`Eviction`] it was made from where it was made from one.
+#[derive(Clone, Debug)]
+pub struct OnlinePolicy {
+    policy: Arc<dyn EvictionPolicy>,
+    described: Option<Eviction>,
+}
+
+impl OnlinePolicy {
+    /// `policy` (an object made by the caller), refused if it needs the future (Belady's
+    /// optimum: the simulator's bound).
+    pub fn new(policy: Arc<dyn EvictionPolicy>) -> Result<Self> {
+        if policy.needs_future() {
+            return Err(PolicyError::Invalid {
+                field: "eviction_policy",
+                value: policy.name().to_owned(),
+                reason: "an offline policy (it needs the future): use it in `hisparse simulate`".into(),
+            });
+        }
+        Ok(Self { policy, described: None })
+    }
+
+    /// `policy`, made from `eviction` (see [`Eviction::make_online`]).
+    pub(crate) fn described(policy: Arc<dyn EvictionPolicy>, eviction: &Eviction) -> Result<Self> {
+        Ok(Self { described: Some(eviction.clone()), ..Self::new(policy)? })
+    }
+
+    /// The policy.
+    pub fn get(&self) -> &Arc<dyn EvictionPolicy> {
+        &self.policy
+    }
+
+    /// What it was made from (`None` for an object the caller made).
+    pub fn eviction(&self) -> Option<&Eviction> {
+        self.described.as_ref()
+    }
+}
+
+impl std::ops::Deref for OnlinePolicy {
+    type Target = dyn EvictionPolicy;
+    fn deref(&self) -> &Self::Target {
+        self.policy.as_ref()
     }
 }
 

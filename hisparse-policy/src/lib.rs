@@ -23,11 +23,11 @@ pub mod swap_in;
 pub mod synth;
 pub mod trace;
 
-pub use choice::{OnlinePolicy, PolicyChoice, PrefetcherChoice};
+pub use choice::{PolicyChoice, PrefetcherChoice};
 pub use config::{HiSparseConfig, MissFill, MissFillMode, compared_buffer_slots, default_buffer_slots};
 pub use counts::SwapCounts;
 pub use error::{PolicyError, Result};
-pub use eviction::Eviction;
+pub use eviction::{Eviction, OnlinePolicy};
 pub use policy::BuiltinPolicy;
 pub use policy::{EvictionPolicy, PolicyConfig, PolicyEnv, PolicyScalars, SlotRecord, StampRule, StepCtx, VictimKey};
 pub use prefetch::BuiltinPrefetcher;

@@ -79,9 +79,9 @@ where
     cfg.hisparse.max_request_tokens = 4096;
     cfg.typical_tokens = 2048;
     cfg.backup_delay = delay;
-    let p = hisparse_policy::PolicyChoice::parse(policy)
-        .unwrap()
-        .make_online(&PolicyConfig { seed: 5, ..PolicyConfig::default() })
+    let choice = hisparse_policy::PolicyChoice::parse(policy).unwrap();
+    let p = hisparse_policy::Eviction::from_parts(choice, &PolicyConfig { seed: 5, ..PolicyConfig::default() })
+        .make_online()
         .unwrap();
     let f = make_prefetcher(prefetcher, &cfg.hisparse.prefetch()).unwrap();
     KvCache::new(backend, cfg, p, f).unwrap()

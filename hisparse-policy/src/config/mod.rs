@@ -19,9 +19,9 @@ use hisparse_memory::KvGeometry;
 use hisparse_memory::slot_table::MAX_BUFFER_SLOTS;
 use serde::{Deserialize, Serialize};
 
-use crate::choice::{OnlinePolicy, PrefetcherChoice};
+use crate::choice::PrefetcherChoice;
 use crate::error::{PolicyError, Result};
-use crate::eviction::Eviction;
+use crate::eviction::{Eviction, OnlinePolicy};
 use crate::prefetch::PrefetcherConfig;
 
 /// The hierarchy's configuration.
