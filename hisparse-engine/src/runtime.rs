@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use hisparse_policy::{Eviction, OnlinePolicy};
+use hisparse_policy::{Eviction, HiSparseConfig, OnlinePolicy};
 use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
@@ -41,12 +41,17 @@ impl Runtime {
 #[derive(Clone, Debug)]
 pub struct RuntimeHandle {
     pub(crate) cell: Arc<ArcSwap<Runtime>>,
+    /// The cache's config (its miss-fill), which a new policy must be able to run under.
+    pub(crate) hierarchy: Arc<HiSparseConfig>,
 }
 
 impl RuntimeHandle {
-    /// Replaces the whole runtime config.
+    /// Replaces the whole runtime config; refused, keeping the one in use, where its policy
+    /// needs the future or cannot run under the cache's miss-fill.
     pub fn set(&self, config: RuntimeConfig) -> Result<()> {
-        self.cell.store(Arc::new(Runtime::new(config)?));
+        let runtime = Runtime::new(config)?;
+        self.hierarchy.check_policy(&runtime.policy)?;
+        self.cell.store(Arc::new(runtime));
         Ok(())
     }
 

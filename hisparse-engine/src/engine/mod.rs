@@ -95,6 +95,9 @@ pub struct Engine<B: Backend, D = SyntheticModel<<B as hisparse_kernels::Kernels
     scheduler: scheduler::Scheduler,
     runner: runner::StepRunner<B::Memory, D>,
     runtime: Arc<ArcSwap<Runtime>>,
+    /// The cache's config as built, shared with runtime handles (they check a new policy
+    /// against its miss-fill before the step takes it up).
+    hierarchy: Arc<hisparse_policy::HiSparseConfig>,
     last_policy: hisparse_policy::OnlinePolicy,
     step: u64,
     cfg: EngineConfig,
@@ -136,6 +139,7 @@ where
         Ok(Self {
             last_policy: runtime.policy.clone(),
             runtime: Arc::new(ArcSwap::from_pointee(runtime)),
+            hierarchy: Arc::new(cfg.cache.hisparse.clone()),
             scheduler: scheduler::Scheduler::new(cfg.max_queued),
             runner,
             cache,
@@ -161,7 +165,7 @@ where
 
     /// A handle to swap the eviction policy and batch cap between steps, from any thread.
     pub fn runtime(&self) -> RuntimeHandle {
-        RuntimeHandle { cell: Arc::clone(&self.runtime) }
+        RuntimeHandle { cell: Arc::clone(&self.runtime), hierarchy: Arc::clone(&self.hierarchy) }
     }
 
     /// Capacities of the tiers (what a request may at most hold).
