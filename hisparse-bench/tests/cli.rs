@@ -694,6 +694,31 @@ fn top_k_sets_the_selection_and_past_every_request_is_dense() {
     assert_eq!(hits, 30 * 64 * 2);
 }
 
+/// Dense attention keeps no index keys: the same device budget holds more resident requests
+/// with a top-k past every request (KV rows alone) than with a real selection (rows and keys).
+#[test]
+fn dense_attention_holds_more_requests_in_the_same_budget() {
+    let running = |k: usize| {
+        let out = tmp(&format!("dense-capacity-{k}"));
+        let o = hisparse(&argv!(
+            "sweep --backend cpu --preset smollm2-135m --context 256 --concurrency 64 --mode resident",
+            "--device-memory 0.3GB --warmup 1 --window 1 --windows 3 --top-k",
+            k.to_string(),
+            "--out",
+            out
+        ));
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let json: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("sweep.json")).unwrap()).unwrap();
+        std::fs::remove_dir_all(&out).unwrap();
+        json["points"][0]["running"].as_f64().unwrap()
+    };
+    // 30 layers of 3 KV heads of 64: 23,040 B of bf16 rows a token, beside 5,760 B of fp8 keys;
+    // 300 MB in pages of 64 positions, 5 pages a request: 203 pages of rows alone (40
+    // requests), 162 of rows and keys (32).
+    let (dense, sparse) = (running(4096), running(64));
+    assert_eq!((dense, sparse), (40.0, 32.0));
+}
+
 /// `check-kernels --only` names a source it does not know, with the known ones, before looking
 /// for NVRTC.
 #[test]

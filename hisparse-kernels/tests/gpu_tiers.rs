@@ -22,6 +22,7 @@ fn the_device_tier_on_cuda_holds_rows_in_both_modes() {
         index_layers: 2,
         kv_row: KvRowLayout::new(KvRowFormat::Fp8, 512, 64).unwrap(),
         index_key: IndexKeyLayout::new(128).unwrap(),
+        keeps_index: true,
         page_tokens: 16,
         kv_pages: 20,
         index_pages: 40,

@@ -21,12 +21,14 @@ pub struct Resources {
 }
 
 impl Resources {
-    /// What a request of `tokens` positions (prompt + output) needs in `mode`.
-    pub fn need(mode: Mode, tokens: usize, page_tokens: usize) -> Self {
+    /// What a request of `tokens` positions (prompt + output) needs in `mode`, with index-key
+    /// pages where the tiers keep an index (`keeps_index`; see [`CapacityPlan::keeps_index`]).
+    pub fn need(mode: Mode, tokens: usize, page_tokens: usize, keeps_index: bool) -> Self {
         let pages = tokens.div_ceil(page_tokens.max(1));
+        let index_pages = if keeps_index { pages } else { 0 };
         match mode {
-            Mode::Resident => Self { kv_pages: pages, index_pages: pages, seats: 0, host_pages: 0 },
-            Mode::HiSparse => Self { kv_pages: 0, index_pages: pages, seats: 1, host_pages: pages },
+            Mode::Resident => Self { kv_pages: pages, index_pages, seats: 0, host_pages: 0 },
+            Mode::HiSparse => Self { kv_pages: 0, index_pages, seats: 1, host_pages: pages },
         }
     }
 
@@ -141,6 +143,12 @@ pub struct CapacityPlan {
     pub kv_row: KvRowLayout,
     /// Index key layout.
     pub index_key: IndexKeyLayout,
+    /// Whether the device keeps index keys. Not where every request attends to all its
+    /// positions (dense attention: resident mode with top-k past every request's length), so a
+    /// dense cache spends its whole budget on KV rows.
+    ///
+    /// Invariant: `keeps_index` is true in hisparse mode (its selection reads the keys).
+    pub keeps_index: bool,
     /// Positions per page.
     pub page_tokens: usize,
     /// Regular hot-buffer slots (`device_buffer_size`).
@@ -160,12 +168,15 @@ fn overflow(field: &'static str, value: usize) -> MemoryError {
 
 impl CapacityPlan {
     /// Device tier capacities: resident mode spends the budget on pages of KV rows plus index
-    /// keys; hisparse mode on as many (seat + index pages of a typical request) as fit, then
+    /// keys (KV rows alone where it keeps no index); hisparse mode on as many (seat + index pages of a typical request) as fit, then
     /// the rest on index pages. Every product is checked: a plan whose sizes overflow is
     /// refused, naming the field.
     pub fn device_tier(&self) -> Result<DeviceTierConfig> {
-        let (kv, key, l, p) =
-            (self.kv_row.row_bytes(), self.index_key.row_bytes(), self.layers, self.page_tokens.max(1));
+        if !self.keeps_index && self.mode == Mode::HiSparse {
+            return Err(MemoryError::invalid("keeps_index", false, "hisparse mode selects through the index keys"));
+        }
+        let (kv, l, p) = (self.kv_row.row_bytes(), self.layers, self.page_tokens.max(1));
+        let key = if self.keeps_index { self.index_key.row_bytes() } else { 0 };
         let mul =
             |a: usize, b: usize, field: &'static str, v: usize| a.checked_mul(b).ok_or_else(|| overflow(field, v));
         let (kv_pages, index_pages, seats) = match self.mode {
@@ -174,7 +185,7 @@ impl CapacityPlan {
                 let keys = mul(mul(p, key, "page_tokens", p)?, self.index_layers, "index_layers", self.index_layers)?;
                 let per_page = rows.checked_add(keys).ok_or_else(|| overflow("page_tokens", p))?;
                 let pages = self.device_bytes / per_page.max(1);
-                (pages, pages, 0)
+                (pages, if self.keeps_index { pages } else { 0 }, 0)
             }
             Mode::HiSparse => {
                 let slots = self
@@ -196,6 +207,7 @@ impl CapacityPlan {
             index_layers: self.index_layers,
             kv_row: self.kv_row,
             index_key: self.index_key,
+            keeps_index: self.keeps_index,
             page_tokens: p,
             kv_pages,
             index_pages,
@@ -244,6 +256,7 @@ mod tests {
             index_layers: 61,
             kv_row: KvRowLayout::new(KvRowFormat::Fp8, 512, 64).unwrap(),
             index_key: IndexKeyLayout::new(128).unwrap(),
+            keeps_index: true,
             page_tokens: 64,
             buffer_slots: 4096,
             device_bytes: 40 << 30,
@@ -256,8 +269,8 @@ mod tests {
     fn hisparse_fits_many_more_requests_than_resident() {
         let res = plan(Mode::Resident).resources().unwrap();
         let hs = plan(Mode::HiSparse).resources().unwrap();
-        let need_res = Resources::need(Mode::Resident, 40 * 1024, 64);
-        let need_hs = Resources::need(Mode::HiSparse, 40 * 1024, 64);
+        let need_res = Resources::need(Mode::Resident, 40 * 1024, 64, true);
+        let need_hs = Resources::need(Mode::HiSparse, 40 * 1024, 64, true);
         let fit = |cap: Resources, need: Resources| {
             let mut a = AdmissionControl::new(cap);
             let mut n = 0;
@@ -273,6 +286,28 @@ mod tests {
         // device, and 40k x 61 x 656 B on the host: 100 GiB of host bytes hold 65.
         assert!(h >= 3 * r, "hisparse {h} vs resident {r}");
         assert_eq!(h, 65.min(plan(Mode::HiSparse).device_tier().unwrap().seats));
+    }
+
+    #[test]
+    fn a_dense_plan_spends_the_budget_on_kv_rows_alone() {
+        let dense = CapacityPlan { keeps_index: false, ..plan(Mode::Resident) };
+        let (d, r) = (dense.device_tier().unwrap(), plan(Mode::Resident).device_tier().unwrap());
+        // 40 GiB over pages of 64 rows of 656 B in 61 layers, against 788 B with the keys.
+        assert_eq!(d.kv_pages, (40usize << 30) / (64 * 656 * 61));
+        assert_eq!(r.kv_pages, (40usize << 30) / (64 * 788 * 61));
+        assert_eq!(d.index_pages, 0);
+        assert!(d.bytes() <= 40 << 30 && d.bytes() > (40 << 30) - 64 * 656 * 61, "{}", d.bytes());
+        let need = Resources::need(Mode::Resident, 40 * 1024, 64, false);
+        assert_eq!((need.kv_pages, need.index_pages), (640, 0));
+        let mut a = AdmissionControl::new(dense.resources().unwrap());
+        let mut n = 0;
+        while a.try_admit(&need) == Admission::Admitted {
+            n += 1;
+        }
+        // 40 GiB / (40k tokens x 61 layers x 656 B): 26 requests, against 21 with the keys.
+        assert_eq!(n, 26);
+        let e = CapacityPlan { keeps_index: false, ..plan(Mode::HiSparse) }.device_tier().unwrap_err();
+        assert!(matches!(e, MemoryError::InvalidField { field: "keeps_index", .. }), "{e}");
     }
 
     #[test]
@@ -292,11 +327,11 @@ mod tests {
     fn wait_then_admit_and_reject_whole() {
         let cap = Resources { kv_pages: 10, index_pages: 10, seats: 0, host_pages: 0 };
         let mut a = AdmissionControl::new(cap);
-        let six = Resources::need(Mode::Resident, 6 * 64, 64);
+        let six = Resources::need(Mode::Resident, 6 * 64, 64, true);
         assert_eq!(a.try_admit(&six), Admission::Admitted);
         assert_eq!(a.try_admit(&six), Admission::Wait { short: "device KV pages" });
         assert_eq!(a.reserved().kv_pages, 6, "a waiting request holds nothing");
-        let huge = Resources::need(Mode::Resident, 11 * 64, 64);
+        let huge = Resources::need(Mode::Resident, 11 * 64, 64, true);
         match a.try_admit(&huge) {
             Admission::Rejected { reason } => {
                 assert!(reason.contains("needs 11 device KV pages") && reason.contains("10 in all"), "{reason}")
@@ -306,7 +341,7 @@ mod tests {
         a.release(&six).unwrap();
         assert_eq!(a.try_admit(&six), Admission::Admitted);
         assert!(a.release(&huge).is_err(), "cannot release more than reserved");
-        let hs = Resources::need(Mode::HiSparse, 100, 64);
+        let hs = Resources::need(Mode::HiSparse, 100, 64, true);
         assert!(matches!(a.decide(&hs), Admission::Rejected { .. }), "no seats in a resident plan");
     }
 }

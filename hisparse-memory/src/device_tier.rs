@@ -44,6 +44,9 @@ pub struct DeviceTierConfig {
     pub kv_row: KvRowLayout,
     /// Index key layout.
     pub index_key: IndexKeyLayout,
+    /// Whether requests hold index keys (`CapacityPlan::keeps_index`): a tier without them
+    /// (dense attention) has no index-key pages and takes resident requests only.
+    pub keeps_index: bool,
     /// Positions per page.
     pub page_tokens: usize,
     /// Pages of full KV rows (for resident requests).
@@ -111,6 +114,13 @@ impl<M: DeviceMemory> DeviceTier<M> {
                 format!("must be in 1..={}", cfg.layers),
             ));
         }
+        if !cfg.keeps_index && (cfg.index_pages > 0 || cfg.seats > 0) {
+            return Err(MemoryError::invalid(
+                "keeps_index",
+                false,
+                "a tier without index keys has neither index-key pages nor hot-buffer seats",
+            ));
+        }
         let pools = |layers: usize, n: usize| -> Result<Vec<M::Buffer<u8>>> {
             (0..layers).map(|_| mem.alloc_zeroed::<u8>(n)).collect()
         };
@@ -163,7 +173,9 @@ impl<M: DeviceMemory> DeviceTier<M> {
         } else {
             None
         };
-        self.index_pages.register(req)?;
+        if self.cfg.keeps_index {
+            self.index_pages.register(req)?;
+        }
         if mode == Mode::Resident {
             self.kv_pages.register(req)?;
         }
@@ -191,7 +203,9 @@ impl<M: DeviceMemory> DeviceTier<M> {
                 });
             }
         }
-        self.index_pages.grow_to(req, pages)?;
+        if self.cfg.keeps_index {
+            self.index_pages.grow_to(req, pages)?;
+        }
         if held.mode == Mode::Resident {
             // Room was checked above, so this cannot fail.
             self.kv_pages.grow_to(req, pages)?;
@@ -202,7 +216,9 @@ impl<M: DeviceMemory> DeviceTier<M> {
     /// Frees everything `req` holds.
     pub fn release(&mut self, req: RequestId) -> Result<()> {
         let held = self.held.remove(&req).ok_or(MemoryError::UnknownRequest { pool: "device tier", request: req.0 })?;
-        self.index_pages.release(req)?;
+        if self.cfg.keeps_index {
+            self.index_pages.release(req)?;
+        }
         if held.mode == Mode::Resident {
             self.kv_pages.release(req)?;
         }
@@ -223,8 +239,12 @@ impl<M: DeviceMemory> DeviceTier<M> {
         Ok(*p as usize * self.cfg.page_tokens + position % self.cfg.page_tokens)
     }
 
-    /// Row of the index-key buffers (any layer) holding `req`'s key at `position`.
+    /// Row of the index-key buffers (any layer) holding `req`'s key at `position`. Refused in a
+    /// tier that keeps no index keys.
     pub fn index_key_row(&self, req: RequestId, position: usize) -> Result<usize> {
+        if !self.cfg.keeps_index {
+            return Err(MemoryError::invalid("keeps_index", false, "this tier holds no index keys"));
+        }
         self.paged_row(&self.index_pages, "device index keys", req, position)
     }
 
@@ -261,8 +281,13 @@ impl<M: DeviceMemory> DeviceTier<M> {
         &mut self.hot
     }
 
-    /// The index-key pages `req` holds, in position order (for the indexer's page table).
+    /// The index-key pages `req` holds, in position order (for the indexer's page table):
+    /// none in a tier that keeps no index keys.
     pub fn index_pages(&self, req: RequestId) -> Result<&[u32]> {
+        if !self.cfg.keeps_index {
+            self.held(req)?;
+            return Ok(&[]);
+        }
         self.index_pages.pages(req)
     }
 
@@ -390,6 +415,7 @@ mod tests {
             index_layers: 2,
             kv_row: KvRowLayout::new(KvRowFormat::Fp8, 512, 64).unwrap(),
             index_key: IndexKeyLayout::new(128).unwrap(),
+            keeps_index: true,
             page_tokens: 4,
             kv_pages: 6,
             index_pages: 8,
@@ -397,6 +423,29 @@ mod tests {
             buffer_slots: 3,
         };
         DeviceTier::new(EmulatedDevice, cfg).unwrap()
+    }
+
+    #[test]
+    fn a_tier_without_index_keys_holds_kv_rows_only() {
+        let dense = DeviceTierConfig { keeps_index: false, index_pages: 0, seats: 0, ..tier().config().clone() };
+        let mut t = DeviceTier::new(EmulatedDevice, dense.clone()).unwrap();
+        let r = RequestId(1);
+        t.register(r, Mode::Resident).unwrap();
+        t.grow(r, 10).unwrap();
+        assert_eq!(t.index_pages(r).unwrap(), &[] as &[u32]);
+        assert!(t.index_pages(RequestId(9)).is_err(), "an unknown request is still refused");
+        let e = t.index_key_row(r, 0).unwrap_err();
+        assert!(matches!(e, MemoryError::InvalidField { field: "keeps_index", .. }), "{e}");
+        assert!(t.write_index_key(r, 0, 0, &[1u8; 132]).is_err());
+        assert_eq!(t.bytes_in_use(), 2 * 3 * 4 * 656, "3 KV pages in 2 layers, no keys");
+        assert!(t.register(RequestId(2), Mode::HiSparse).is_err(), "no seats");
+        t.release(r).unwrap();
+        assert_eq!(t.bytes_in_use(), 0);
+        t.check().unwrap();
+        for bad in [DeviceTierConfig { index_pages: 1, ..dense.clone() }, DeviceTierConfig { seats: 1, ..dense }] {
+            let e = DeviceTier::new(EmulatedDevice, bad).err().unwrap();
+            assert!(matches!(e, MemoryError::InvalidField { field: "keeps_index", .. }), "{e}");
+        }
     }
 
     #[test]

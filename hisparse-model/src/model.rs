@@ -180,11 +180,13 @@ fn base_config(
     Ok(cfg)
 }
 
-/// Bytes of `requests` requests' rows and keys of `max_tokens`, with a quarter to spare.
+/// Bytes of `requests` requests' rows and keys (none where dense attention keeps no index) of
+/// `max_tokens`, with a quarter to spare.
 fn rows_bytes(cfg: &CacheConfig, max_tokens: usize, requests: usize) -> Result<u64> {
     let g = &cfg.geometry;
     let memory = |e: hisparse_engine::MemoryError| ModelError::Engine(e.into());
-    let per_token = g.kv_bytes_per_token().map_err(memory)? + g.index_bytes_per_token().map_err(memory)?;
+    let keys = if cfg.keeps_index() { g.index_bytes_per_token().map_err(memory)? } else { 0 };
+    let per_token = g.kv_bytes_per_token().map_err(memory)? + keys;
     (per_token as u64)
         .checked_mul(requests as u64)
         .and_then(|b| b.checked_mul(max_tokens as u64 + 64))

@@ -98,7 +98,7 @@ pub fn run(a: &DumpStepArgs) -> Result<(PathBuf, usize)> {
     let (flag, value) = if a.step > a.context { ("step", a.step) } else { ("context", a.context) };
     let g = a.engine.geometry()?;
     a.engine.check_request_fits(&g, &a.engine.hisparse(&g)?, Mode::HiSparse, flag, value, total)?;
-    let mut e = a.engine.engine(mode, total, flag)?;
+    let mut e = a.engine.engine(mode, (total, total), flag)?;
     for i in 0..a.concurrency {
         e.submit(RequestSpec { id: RequestId(i as u64), prompt_tokens: a.context, output_tokens: a.step })?;
     }

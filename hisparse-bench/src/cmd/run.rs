@@ -70,7 +70,7 @@ pub fn run(a: &RunArgs) -> Result<(Vec<ModeRun>, PathBuf)> {
         let run = match a.gpus {
             Some(ranks) => super::run_ranks::run_mode(a, mode, ranks, &specs, times.as_deref())?,
             None => {
-                let mut e = a.engine.engine(mode, request_lengths(a).0, "context")?;
+                let mut e = a.engine.engine(mode, request_lengths(a), "context")?;
                 super::run_engine::run_mode(a, mode, e.as_mut(), &specs, times.as_deref(), trace_file.as_mut())?
             }
         };

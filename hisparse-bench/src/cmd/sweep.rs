@@ -108,7 +108,7 @@ pub fn run(a: &SweepArgs) -> Result<(SweepReport, PathBuf)> {
             bar.set_message(format!("context {context}, {mode}: starting the engine"));
             let mut e = match mode {
                 SweepMode::Bound => a.engine.bound_engine(context + life, "context")?,
-                m => a.engine.engine(m.mode(), context + life, "context")?,
+                m => a.engine.engine(m.mode(), (context + life, context + life), "context")?,
             };
             backend = e.backend_name();
             if !tier_bytes.iter().any(|&(m, _)| m == mode.mode()) {

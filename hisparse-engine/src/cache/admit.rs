@@ -80,7 +80,7 @@ where
         F: FnMut(usize, &mut [u8], Option<&mut [u8]>) -> Result<()>,
     {
         self.check_request(id, tokens, reserve_tokens)?;
-        let need = Resources::need(self.cfg.mode, reserve_tokens, self.cfg.hisparse.page_tokens);
+        let need = self.need(reserve_tokens);
         match self.admission.try_admit(&need) {
             Admission::Admitted => {}
             other => return Ok(other),
@@ -118,6 +118,24 @@ where
                 reserve.to_string(),
                 format!("must lie between the prompt's {t} positions and 2^31 - 1"),
             );
+        }
+        self.check_dense_length("reserve_tokens", reserve)
+    }
+
+    /// Refuses `tokens` past top-k in a cache that keeps no index keys (see
+    /// [`CacheConfig::keeps_index`]): such a request would need a selection, and so keys.
+    fn check_dense_length(&self, field: &str, tokens: usize) -> Result<()> {
+        let k = self.cfg.geometry.top_k;
+        if !self.cfg.keeps_index() && tokens > k {
+            return Err(EngineError::Input {
+                field: field.into(),
+                value: tokens.to_string(),
+                reason: format!(
+                    "this cache attends to every position and keeps no index keys (resident, top_k {k} at least \
+                     max_request_tokens {}): at most {k} positions",
+                    self.cfg.hisparse.max_request_tokens
+                ),
+            });
         }
         Ok(())
     }
@@ -163,7 +181,11 @@ where
         let preload = mode == Mode::HiSparse && t < b;
         let (kb, keyb) = (self.kv_row.row_bytes(), self.key.row_bytes());
         // Destination rows of the prompt's keys and KV rows (the same in every layer).
-        let key_rows = (0..t).map(|p| Ok(self.device.index_key_row(id, p)? as u32)).collect::<Result<Vec<_>>>()?;
+        let keeps_index = self.cfg.keeps_index();
+        let key_rows = (0..t)
+            .filter(|_| keeps_index)
+            .map(|p| Ok(self.device.index_key_row(id, p)? as u32))
+            .collect::<Result<Vec<_>>>()?;
         let kv_rows = (0..t)
             .map(|p| {
                 Ok(match mode {
@@ -177,7 +199,7 @@ where
         for l in 0..layers {
             let slot = self.cfg.geometry.index_slot(l);
             fill(l, &mut rows, slot.map(|_| keys.as_mut_slice()))?;
-            if let Some(slot) = slot {
+            if let (Some(slot), true) = (slot, keeps_index) {
                 self.backend.write_rows(self.device.keys_mut(slot), keyb, &key_rows, &keys)?;
             }
             match mode {
@@ -202,7 +224,6 @@ where
     /// [`Admission::Admitted`] when it holds them now (nothing changes when it held as many);
     /// otherwise it keeps what it held.
     pub fn reserve(&mut self, id: RequestId, tokens: usize) -> Result<Admission> {
-        let (mode, page) = (self.cfg.mode, self.cfg.hisparse.page_tokens);
         let r = self.request(id)?;
         if tokens > u32::MAX as usize / 2 {
             return Err(EngineError::Input {
@@ -214,7 +235,8 @@ where
         if tokens <= r.reserved {
             return Ok(Admission::Admitted);
         }
-        let (old, new) = (r.need, Resources::need(mode, tokens, page));
+        self.check_dense_length("tokens", tokens)?;
+        let (old, new) = (r.need, self.need(tokens));
         let more = Resources {
             kv_pages: new.kv_pages - old.kv_pages,
             index_pages: new.index_pages - old.index_pages,

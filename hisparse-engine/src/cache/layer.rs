@@ -159,7 +159,7 @@ where
         }
         let c = &mut *self.cache;
         let sb = &c.scratch;
-        if let (Some(slot), Some(keys)) = (full, inputs.new_index_keys) {
+        if let (Some(slot), Some(keys), true) = (full, inputs.new_index_keys, c.cfg.keeps_index()) {
             c.backend.scatter_rows(c.device.keys_mut(slot), c.key.row_bytes(), &sb.dest_keys, keys)?;
         }
         let pool = if mode == Mode::Resident { c.device.kv_mut(l) } else { c.device.hot_mut(l) };
@@ -169,12 +169,14 @@ where
         // 2–3. Indexer and top-k on a full layer; a shared layer (IndexShare) keeps its full
         // layer's selection (the last one made: layers run in order).
         // The oracle (a model without an indexer) is skipped where every request holds all its
-        // positions and nothing reads the scores: it could only select everything.
+        // positions and nothing reads the scores: it could only select everything. A cache
+        // without index keys (dense attention) scores nothing.
         let c = &*self.cache;
-        let scores_unread = matches!(c.cfg.index_score, hisparse_kernels::IndexScore::Oracle(_))
-            && self.topk_spans.is_empty()
-            && !c.policy.needs_scores()
-            && !c.prefetcher.needs_near();
+        let scores_unread = !c.cfg.keeps_index()
+            || (matches!(c.cfg.index_score, hisparse_kernels::IndexScore::Oracle(_))
+                && self.topk_spans.is_empty()
+                && !c.policy.needs_scores()
+                && !c.prefetcher.needs_near());
         if let (Some(slot), Some(q), Some(w), false) = (full, inputs.index_queries, inputs.index_weights, scores_unread)
         {
             self.stage(KernelStage::Indexer, |s| {

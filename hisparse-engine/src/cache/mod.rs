@@ -88,6 +88,14 @@ impl CacheConfig {
             index_queries: hisparse_kernels::IndexerQueries::Exact,
         }
     }
+
+    /// Whether the device keeps index keys: not where every request attends to all its
+    /// positions — resident mode with a top-k of at least `hisparse.max_request_tokens`, dense
+    /// attention — where nothing is selected, so keys would only take room from KV rows. A
+    /// cache without keys refuses any request longer than its top-k.
+    pub fn keeps_index(&self) -> bool {
+        !(self.mode == Mode::Resident && self.geometry.top_k >= self.hisparse.max_request_tokens)
+    }
 }
 
 /// One admitted request's state.
@@ -187,6 +195,7 @@ where
             index_layers: g.index_layers(),
             kv_row,
             index_key: key,
+            keeps_index: cfg.keeps_index(),
             page_tokens: cfg.hisparse.page_tokens,
             buffer_slots: cfg.hisparse.device_buffer_size,
             device_bytes: usize::try_from(cfg.hisparse.device_kv_bytes).unwrap_or(usize::MAX),
@@ -294,6 +303,11 @@ where
         Ok(())
     }
 
+    /// What a request of `tokens` positions in all reserves in this cache's tiers.
+    pub(crate) fn need(&self, tokens: usize) -> Resources {
+        Resources::need(self.cfg.mode, tokens, self.cfg.hisparse.page_tokens, self.cfg.keeps_index())
+    }
+
     /// What the tiers hold in all.
     pub fn capacity(&self) -> Resources {
         self.admission.capacity()
@@ -307,7 +321,7 @@ where
     /// Whether a request of `tokens` positions in all (prompt and output) would be admitted
     /// now, would wait for others to leave, or can never fit; reserves nothing.
     pub fn decide(&self, tokens: usize) -> Admission {
-        self.admission.decide(&Resources::need(self.cfg.mode, tokens, self.cfg.hisparse.page_tokens))
+        self.admission.decide(&self.need(tokens))
     }
 
     /// Admitted requests, in id order.

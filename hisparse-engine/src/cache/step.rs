@@ -175,9 +175,12 @@ where
         // resident page table or the swap-in's requests and the backup's rows.
         let (mut dest_keys, mut dest_rows) = (Vec::with_capacity(batch.len()), Vec::with_capacity(batch.len()));
         let mut fence = false;
+        let keeps_index = self.cfg.keeps_index();
         for (id, q) in batch.iter().zip(&reqs) {
             let p = q.seq_len - 1;
-            dest_keys.push(self.device.index_key_row(*id, p)? as u32);
+            if keeps_index {
+                dest_keys.push(self.device.index_key_row(*id, p)? as u32);
+            }
             dest_rows.push(match mode {
                 Mode::Resident => self.device.kv_row(*id, p)? as u32,
                 Mode::HiSparse => {
@@ -299,7 +302,9 @@ where
                 host.grow(id, n)?;
             }
             reqs.push(IndexerRequest { first_page: table.len(), seq_len: n, score_offset: total });
-            table.extend_from_slice(&self.device.index_pages(id)?[..n.div_ceil(p_tok)]);
+            // Pages for positions 0..n were grown above (none where the cache keeps no keys).
+            let pages = self.device.index_pages(id)?;
+            table.extend_from_slice(&pages[..n.div_ceil(p_tok).min(pages.len())]);
             total += n;
         }
         Ok((reqs, table))

@@ -119,13 +119,14 @@ where
         })
         .collect::<Result<Vec<_>>>()?
         .concat();
-    // Every position's index key, through the requests' page tables. A shared layer's
-    // selection (and scores) are its full layer's: so are the keys shown.
+    // Every position's index key, through the requests' page tables (none where the cache
+    // keeps no keys). A shared layer's selection (and scores) are its full layer's: so are the
+    // keys shown.
     let slot = g.index_slot(g.index_source(l)).unwrap_or(0);
     let (keys, table) = (mem.download(cache.device.keys(slot))?, mem.download(view.page_table)?);
     let (kb, p) = (key.row_bytes(), cache.config().hisparse.page_tokens);
     let mut index_keys = Vec::new();
-    for r in view.requests {
+    for r in view.requests.iter().filter(|_| cache.config().keeps_index()) {
         for t in 0..r.seq_len {
             let page = *table.get(r.first_page + t / p).ok_or_else(|| bad("a page", t as i64))? as usize;
             let row = page * p + t % p;

@@ -13,15 +13,26 @@ use crate::error::{BenchError, Result};
 use crate::guard;
 
 impl EngineArgs {
-    /// An engine config for `mode`, sized for requests of `typical_tokens` (a length the user
-    /// set with `flag`, named if it cannot fit).
-    pub fn engine_config(&self, mode: Mode, typical_tokens: usize, flag: &'static str) -> Result<EngineConfig> {
+    /// An engine config for `mode`, sized for requests of `typical_tokens` and at most
+    /// `longest_tokens` (lengths the user set with `flag`, named if they cannot fit). A resident
+    /// engine whose top-k holds the longest request attends to every position: its cache takes
+    /// requests up to that length and keeps no index keys (`CacheConfig::keeps_index`).
+    pub fn engine_config(
+        &self,
+        mode: Mode,
+        (typical_tokens, longest_tokens): (usize, usize),
+        flag: &'static str,
+    ) -> Result<EngineConfig> {
         let g = self.geometry()?;
         let mut hs = self.hisparse(&g)?;
         // Checked as hisparse needs it (host tier, hot buffer and keys): a resident engine is
         // still made where its device cannot hold such a request (it rejects them whole).
         self.check_request_fits(&g, &hs, Mode::HiSparse, flag, typical_tokens, typical_tokens)?;
-        hs.max_request_tokens = hs.max_request_tokens.max(typical_tokens);
+        hs.max_request_tokens = if mode == Mode::Resident && g.top_k >= longest_tokens {
+            longest_tokens
+        } else {
+            hs.max_request_tokens.max(typical_tokens)
+        };
         let cache = hisparse_engine::CacheConfig {
             hisparse: hs,
             typical_tokens,
@@ -79,14 +90,14 @@ impl EngineArgs {
     /// Builds an engine for `mode` on the chosen backend: `auto` takes CUDA where a driver is
     /// found (falling back to the CPU with a note if the GPU cannot be opened), `cuda` fails with
     /// a one-line error where it cannot be used.
-    pub fn engine(&self, mode: Mode, typical_tokens: usize, flag: &'static str) -> Result<Box<dyn DecodeEngine>> {
-        self.build(self.engine_config(mode, typical_tokens, flag)?, 0)
+    pub fn engine(&self, mode: Mode, lengths: (usize, usize), flag: &'static str) -> Result<Box<dyn DecodeEngine>> {
+        self.build(self.engine_config(mode, lengths, flag)?, 0)
     }
 
     /// A hisparse engine whose swap-in copies no row (`MissFill::NoCopies`): the timing bound
     /// of `hisparse sweep --bound`, whose outputs are wrong.
     pub fn bound_engine(&self, typical_tokens: usize, flag: &'static str) -> Result<Box<dyn DecodeEngine>> {
-        let mut cfg = self.engine_config(Mode::HiSparse, typical_tokens, flag)?;
+        let mut cfg = self.engine_config(Mode::HiSparse, (typical_tokens, typical_tokens), flag)?;
         cfg.cache.hisparse.miss_fill = cfg.cache.hisparse.miss_fill.bound();
         self.build(cfg, 0)
     }
@@ -102,7 +113,7 @@ impl EngineArgs {
         rank: usize,
         plan: &hisparse_engine::ranks::RankPlan,
     ) -> Result<Box<dyn DecodeEngine>> {
-        let mut cfg = self.engine_config(mode, typical_tokens, flag)?;
+        let mut cfg = self.engine_config(mode, (typical_tokens, longest_tokens), flag)?;
         cfg.cache.hisparse.host_tier_bytes = plan.host_bytes_per_rank;
         // A rank's slice holds the requests it is given, not the longest one the whole
         // machine's tier could.

@@ -63,8 +63,8 @@ pub struct EngineArgs {
     #[arg(long, default_value = "cpu-small", value_parser = parse_preset)]
     pub preset: Preset,
     /// Positions each layer selects, 1..=65534 (default: the preset's; with --model or --gguf,
-    /// 256). At least a request's length, every position is selected and no selection runs:
-    /// dense attention.
+    /// 256). At least every request's length (resident mode), every position is selected and
+    /// no selection runs: dense attention, and the device keeps no index keys.
     #[arg(long)]
     pub top_k: Option<usize>,
     /// Backend: auto (CUDA where a driver is found, else CPU), cpu, or cuda.
