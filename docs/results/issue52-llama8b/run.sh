@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 52: the oracle's tensor-core scores and the GQA kernels against their CPU twins, then the
 # Llama-3.1-8B emulation at 32k: sparse resident, hisparse and the swap-in-free bound, and dense
-# resident (--top-k past every request's length: no selection, attention over every position).
+# resident (--top-k past every request's length: no selection, attention over every position, and
+# no index keys on the device: its whole budget holds KV rows).
 # Usage: DEADLINE_S=540 [KV=fp8] [SKIP_TESTS=1] [TESTS="gpu_oracle gpu_gqa ..."] [ORACLE=1] [NO_SWEEPS=1] [NO_DENSE=1] [NO_NCU=1] [BUFFER=slots] [WARMUP=steps] bash run.sh [CONTEXT] [LEVELS] [DENSE_LEVELS]
 # ORACLE=1: also time the oracle alone (kernel-bench --only oracle at 1, 8 and 23 requests), then
 # its four launches apart under Nsight Compute where the machine has it. BUFFER: hisparse's hot-buffer
