@@ -106,11 +106,11 @@ fn two_writers_of_one_folder_never_mix() {
         let json: serde_json::Value =
             serde_json::from_slice(&std::fs::read(d.join("o/simulate.json")).unwrap()).unwrap();
         let mut from_json: Vec<u64> =
-            json["results"].as_array().unwrap().iter().map(|r| r["buffer_slots"].as_u64().unwrap()).collect();
+            json["results"].as_array().unwrap().iter().map(|r| r["device_buffer_size"].as_u64().unwrap()).collect();
         from_json.sort_unstable();
         from_json.dedup();
         let csv = std::fs::read_to_string(d.join("o/simulate.csv")).unwrap();
-        let col = csv.lines().next().unwrap().split(',').position(|h| h == "buffer_slots").unwrap();
+        let col = csv.lines().next().unwrap().split(',').position(|h| h == "device_buffer_size").unwrap();
         let mut from_csv: Vec<u64> =
             csv.lines().skip(1).map(|l| l.split(',').nth(col).unwrap().parse().unwrap()).collect();
         from_csv.sort_unstable();

@@ -174,7 +174,7 @@ pub fn calibrate(geometry: &KvGeometry, workload: &Workload, spec: &CalibrationS
         policies: [BuiltinPolicy::Lru, BuiltinPolicy::Fifo, BuiltinPolicy::Random, BuiltinPolicy::Belady]
             .map(Into::into)
             .to_vec(),
-        buffer_sizes: hisparse_policy::compared_buffer_slots(k),
+        buffer_sizes: hisparse_policy::compared_device_buffer_sizes(k),
         policy_config: hisparse_policy::PolicyConfig::seeded(1),
         ..SimConfig::default()
     };
@@ -185,7 +185,7 @@ pub fn calibrate(geometry: &KvGeometry, workload: &Workload, spec: &CalibrationS
     };
     // Steady state: leave out each stream's first steps (cold buffer) by subtracting them.
     let ratio = |policy: &str, slots: usize| {
-        let r = report.results.iter().find(|x| x.policy == policy && x.buffer_slots == slots);
+        let r = report.results.iter().find(|x| x.policy == policy && x.device_buffer_size == slots);
         r.map_or(0.0, |x| {
             let warm: Vec<f64> = x.series.iter().skip(x.series.len() / 4).copied().collect();
             warm.iter().sum::<f64>() / warm.len().max(1) as f64 / k as f64

@@ -31,14 +31,14 @@ fn gqa(mode: Mode) -> EngineConfig {
 
 #[test]
 fn dense_attention_keeps_no_keys_and_decodes_as_with_them() {
-    for (name, base) in [("cpu-small (MLA)", common::config(Mode::Resident, "lru")), ("smollm2 (GQA)", gqa(Mode::Resident))] {
+    for (name, base) in
+        [("cpu-small (MLA)", common::config(Mode::Resident, "lru")), ("smollm2 (GQA)", gqa(Mode::Resident))]
+    {
         let layers = base.cache.geometry.layers;
         let (without, with) = (dense(base.clone(), 2048), dense(base, 4096));
         assert!(!without.cache.keeps_index() && with.cache.keeps_index(), "{name}");
-        let (a, b) = (
-            common::run_on(CpuBackend::new(), without, &[], None),
-            common::run_on(CpuBackend::new(), with, &[], None),
-        );
+        let (a, b) =
+            (common::run_on(CpuBackend::new(), without, &[], None), common::run_on(CpuBackend::new(), with, &[], None));
         let tokens: usize = common::requests().iter().map(|r| r.output_tokens).sum();
         assert_eq!(a.len(), tokens * layers, "{name}: every digest recorded");
         assert_eq!(a, b, "{name}: dense attention is the same with and without index keys");

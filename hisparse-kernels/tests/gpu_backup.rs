@@ -32,7 +32,7 @@ fn two_steps(dev: &CudaDevice, host: &mut HostTier, mapped: &MappedHostTier, sea
     let mut gpu = GpuSwapInState::new(
         dev,
         Arc::clone(&lru),
-        GpuSwapInStateShape { seats: 1, layers: 1, buffer_slots: B, block_size: 128, max_sel: 64, max_tokens: 0 },
+        GpuSwapInStateShape { seats: 1, layers: 1, device_buffer_size: B, block_size: 128, max_sel: 64, max_tokens: 0 },
     )
     .unwrap();
     gpu.reset_seat(0, 0).unwrap();

@@ -31,7 +31,7 @@ fn every_gpu_policy_hook_matches_its_rust_form() {
                 step: rng.random_range(1..1_000_000),
                 layer: rng.random_range(0..80),
                 request: rng.random(),
-                buffer_slots: b,
+                device_buffer_size: b,
                 seed: policy.seed(),
             };
             let scalars = PolicyScalars { a: rng.random_range(0..b), b: rng.random() };

@@ -142,7 +142,7 @@ fn compare(z: &Sizes, seed: u64) {
                         step: step as u32,
                         layer: l as u32,
                         request: r as u64 + 1000,
-                        buffer_slots: b as u32,
+                        device_buffer_size: b as u32,
                         seed: policy.seed(),
                     };
                     // Scores of every position (some unknown), for policies that read them.
@@ -524,10 +524,10 @@ fn a_buffer_beyond_the_blocks_shared_memory_is_refused_by_name() {
 fn shape(
     seats: usize,
     layers: usize,
-    buffer_slots: usize,
+    device_buffer_size: usize,
     block_size: usize,
     max_sel: usize,
     max_tokens: usize,
 ) -> GpuSwapInStateShape {
-    GpuSwapInStateShape { seats, layers, buffer_slots, block_size, max_sel, max_tokens }
+    GpuSwapInStateShape { seats, layers, device_buffer_size, block_size, max_sel, max_tokens }
 }

@@ -27,7 +27,7 @@ fn the_device_tier_on_cuda_holds_rows_in_both_modes() {
         kv_pages: 20,
         index_pages: 40,
         seats: 4,
-        buffer_slots: 64,
+        device_buffer_size: 64,
     };
     let mut t = DeviceTier::new(mem.clone(), cfg).unwrap();
     let (res, hs) = (RequestId(1), RequestId(2));

@@ -152,7 +152,7 @@ pub struct CapacityPlan {
     /// Positions per page.
     pub page_tokens: usize,
     /// Regular hot-buffer slots (`device_buffer_size`).
-    pub buffer_slots: usize,
+    pub device_buffer_size: usize,
     /// Device bytes for KV, index keys and hot buffers.
     pub device_bytes: usize,
     /// Host-tier bytes (hisparse mode).
@@ -189,10 +189,10 @@ impl CapacityPlan {
             }
             Mode::HiSparse => {
                 let slots = self
-                    .buffer_slots
+                    .device_buffer_size
                     .checked_add(1)
-                    .ok_or_else(|| overflow("device_buffer_size", self.buffer_slots))?;
-                let seat = mul(mul(slots, kv, "device_buffer_size", self.buffer_slots)?, l, "layers", l)?;
+                    .ok_or_else(|| overflow("device_buffer_size", self.device_buffer_size))?;
+                let seat = mul(mul(slots, kv, "device_buffer_size", self.device_buffer_size)?, l, "layers", l)?;
                 let page = mul(mul(p, key, "page_tokens", p)?, self.index_layers, "index_layers", self.index_layers)?;
                 let typical = mul(self.typical_tokens.div_ceil(p), page, "typical_tokens", self.typical_tokens)?;
                 let per_request =
@@ -212,7 +212,7 @@ impl CapacityPlan {
             kv_pages,
             index_pages,
             seats,
-            buffer_slots: self.buffer_slots,
+            device_buffer_size: self.device_buffer_size,
         })
     }
 
@@ -258,7 +258,7 @@ mod tests {
             index_key: IndexKeyLayout::new(128).unwrap(),
             keeps_index: true,
             page_tokens: 64,
-            buffer_slots: 4096,
+            device_buffer_size: 4096,
             device_bytes: 40 << 30,
             host_bytes: 100 << 30,
             typical_tokens: 40 * 1024,
@@ -312,7 +312,7 @@ mod tests {
 
     #[test]
     fn overflowing_plans_are_refused_naming_the_field() {
-        let huge = CapacityPlan { buffer_slots: usize::MAX / 2, ..plan(Mode::HiSparse) };
+        let huge = CapacityPlan { device_buffer_size: usize::MAX / 2, ..plan(Mode::HiSparse) };
         let e = huge.device_tier().unwrap_err();
         assert!(matches!(e, MemoryError::InvalidField { field: "device_buffer_size", .. }), "{e}");
         let huge = CapacityPlan { typical_tokens: usize::MAX, ..plan(Mode::HiSparse) };

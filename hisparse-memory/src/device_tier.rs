@@ -56,7 +56,7 @@ pub struct DeviceTierConfig {
     /// Hot buffers (for hisparse requests).
     pub seats: usize,
     /// Regular slots per hot buffer (`device_buffer_size`); each seat has one more, reserved.
-    pub buffer_slots: usize,
+    pub device_buffer_size: usize,
 }
 
 impl DeviceTierConfig {
@@ -65,7 +65,7 @@ impl DeviceTierConfig {
     pub fn bytes(&self) -> usize {
         let m = |a: usize, b: usize, c: usize| a.checked_mul(b).and_then(|x| x.checked_mul(c));
         let per_layer = m(self.kv_pages, self.page_tokens, self.kv_row.row_bytes())
-            .zip(m(self.seats, self.buffer_slots.saturating_add(1), self.kv_row.row_bytes()))
+            .zip(m(self.seats, self.device_buffer_size.saturating_add(1), self.kv_row.row_bytes()))
             .and_then(|(a, b)| a.checked_add(b));
         let keys = m(self.index_pages, self.page_tokens, self.index_key.row_bytes())
             .and_then(|k| k.checked_mul(self.index_layers));
@@ -100,7 +100,7 @@ impl<M: DeviceMemory> DeviceTier<M> {
     /// Allocates every buffer of `cfg` in `mem`.
     pub fn new(mem: M, cfg: DeviceTierConfig) -> Result<Self> {
         for (field, v) in
-            [("layers", cfg.layers), ("page_tokens", cfg.page_tokens), ("device_buffer_size", cfg.buffer_slots)]
+            [("layers", cfg.layers), ("page_tokens", cfg.page_tokens), ("device_buffer_size", cfg.device_buffer_size)]
         {
             if v == 0 {
                 return Err(MemoryError::invalid(field, v, "must be at least 1"));
@@ -132,7 +132,7 @@ impl<M: DeviceMemory> DeviceTier<M> {
         };
         let kv = alloc(size("kv_pages", cfg.kv_pages, cfg.page_tokens, kvb)?)?;
         let keys = pools(cfg.index_layers, size("index_pages", cfg.index_pages, cfg.page_tokens, kb)?)?;
-        let hot = alloc(size("seats", cfg.seats, cfg.buffer_slots.saturating_add(1), kvb)?)?;
+        let hot = alloc(size("seats", cfg.seats, cfg.device_buffer_size.saturating_add(1), kvb)?)?;
         Ok(Self {
             kv_pages: PagePool::new("device KV pages", cfg.kv_pages)?,
             index_pages: PagePool::new("device index-key pages", cfg.index_pages)?,
@@ -254,26 +254,26 @@ impl<M: DeviceMemory> DeviceTier<M> {
     }
 
     /// Row of the hot-buffer buffers (any layer) of hisparse `req`'s `slot` (the reserved slot
-    /// is `buffer_slots`).
+    /// is `device_buffer_size`).
     pub fn hot_row(&self, req: RequestId, slot: usize) -> Result<usize> {
         let seat = self
             .held(req)?
             .seat
             .ok_or_else(|| MemoryError::invalid("mode", "resident", format!("request {req} has no hot buffer")))?;
-        if slot > self.cfg.buffer_slots {
+        if slot > self.cfg.device_buffer_size {
             return Err(MemoryError::invalid(
                 "slot",
                 slot,
-                format!("a hot buffer has {} slots", hot_buffer_rows_of(self.cfg.buffer_slots)),
+                format!("a hot buffer has {} slots", hot_buffer_rows_of(self.cfg.device_buffer_size)),
             ));
         }
         // Seats and slots are bounded by the pool, whose rows fit an i32 (KvCache::new).
-        Ok(hot_seat_base(u64::from(seat), self.cfg.buffer_slots as u64) as usize + slot)
+        Ok(hot_seat_base(u64::from(seat), self.cfg.device_buffer_size as u64) as usize + slot)
     }
 
     /// The hot-buffer seat of hisparse `req` (its rows start at [`hot_seat_base`]).
     pub fn seat(&self, req: RequestId) -> Result<usize> {
-        Ok(self.hot_row(req, 0)? / hot_buffer_rows_of(self.cfg.buffer_slots))
+        Ok(self.hot_row(req, 0)? / hot_buffer_rows_of(self.cfg.device_buffer_size))
     }
 
     /// Every layer's hot-buffer pool (a swap-in that prefetches into several layers).
@@ -385,7 +385,7 @@ impl<M: DeviceMemory> DeviceTier<M> {
     pub fn bytes_in_use(&self) -> usize {
         // No overflow: at most what the tier allocated.
         let per_layer = self.kv_pages.used() * self.cfg.page_tokens * self.cfg.kv_row.row_bytes()
-            + self.seats.used() * hot_buffer_rows_of(self.cfg.buffer_slots) * self.cfg.kv_row.row_bytes();
+            + self.seats.used() * hot_buffer_rows_of(self.cfg.device_buffer_size) * self.cfg.kv_row.row_bytes();
         let keys = self.index_pages.used() * self.cfg.page_tokens * self.cfg.index_key.row_bytes();
         per_layer * self.cfg.layers + keys * self.cfg.index_layers
     }
@@ -420,7 +420,7 @@ mod tests {
             kv_pages: 6,
             index_pages: 8,
             seats: 2,
-            buffer_slots: 3,
+            device_buffer_size: 3,
         };
         DeviceTier::new(EmulatedDevice, cfg).unwrap()
     }

@@ -1,6 +1,6 @@
 //! `SlotTable`: which token sits in which slot of one request's hot buffer for one layer, in
 //! both directions: `device_buffer_size` regular slots plus the reserved slot (index
-//! `buffer_slots`) that holds the newest token.
+//! `device_buffer_size`) that holds the newest token.
 //!
 //! Invariant: the map is a bijection between resident tokens and used slots: `slot_of(t) ==
 //! Some(s)` exactly when `token_at(s) == Some(t)`; the reserved slot holds at most the newest
@@ -24,20 +24,20 @@ pub struct SlotTable {
 }
 
 impl SlotTable {
-    /// An empty table of `buffer_slots` regular slots (1..=65534).
-    pub fn new(buffer_slots: usize) -> Result<Self> {
-        if buffer_slots == 0 || buffer_slots > MAX_BUFFER_SLOTS {
+    /// An empty table of `device_buffer_size` regular slots (1..=65534).
+    pub fn new(device_buffer_size: usize) -> Result<Self> {
+        if device_buffer_size == 0 || device_buffer_size > MAX_BUFFER_SLOTS {
             return Err(MemoryError::invalid(
                 "device_buffer_size",
-                buffer_slots,
+                device_buffer_size,
                 format!("must be in 1..={MAX_BUFFER_SLOTS}"),
             ));
         }
-        Ok(Self { slot_token: vec![EMPTY; buffer_slots], token_slot: Vec::new(), newest: None, resident: 0 })
+        Ok(Self { slot_token: vec![EMPTY; device_buffer_size], token_slot: Vec::new(), newest: None, resident: 0 })
     }
 
     /// Regular slots (the reserved slot's index).
-    pub fn buffer_slots(&self) -> usize {
+    pub fn device_buffer_size(&self) -> usize {
         self.slot_token.len()
     }
 
@@ -101,7 +101,7 @@ impl SlotTable {
         }
         self.grow_tokens(token);
         self.slot_token[slot as usize] = token;
-        // slot < buffer_slots <= MAX_BUFFER_SLOTS < u16::MAX.
+        // slot < device_buffer_size <= MAX_BUFFER_SLOTS < u16::MAX.
         self.token_slot[token as usize] = slot as u16;
         self.resident += 1;
         Ok(())
@@ -128,7 +128,7 @@ impl SlotTable {
             self.token_slot[o as usize] = NONE;
         }
         self.grow_tokens(token);
-        // buffer_slots <= MAX_BUFFER_SLOTS < u16::MAX.
+        // device_buffer_size <= MAX_BUFFER_SLOTS < u16::MAX.
         self.token_slot[token as usize] = self.slot_token.len() as u16;
         self.newest = Some(token);
         Ok(old)

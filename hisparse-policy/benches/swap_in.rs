@@ -19,7 +19,7 @@ fn workload() -> (SwapInState, Vec<Vec<u32>>) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(1);
     let mut st = SwapInState::new(B).unwrap();
     let mut plan = SwapInPlan::default();
-    let ctx = |step: usize| StepCtx { step: step as u32, layer: 0, request: 0, buffer_slots: B as u32, seed: 0 };
+    let ctx = |step: usize| StepCtx { step: step as u32, layer: 0, request: 0, device_buffer_size: B as u32, seed: 0 };
     let mut steps = Vec::new();
     let mut warm = Vec::new();
     for step in 1..=STEPS + 50 {
@@ -60,7 +60,8 @@ fn swap_in(c: &mut Criterion) {
                     let mut misses = 0;
                     for (i, sel) in steps.iter().enumerate() {
                         let step = 51 + i;
-                        let ctx = StepCtx { step: step as u32, layer: 0, request: 0, buffer_slots: B as u32, seed: 0 };
+                        let ctx =
+                            StepCtx { step: step as u32, layer: 0, request: 0, device_buffer_size: B as u32, seed: 0 };
                         st.step(
                             p.as_ref(),
                             sel,

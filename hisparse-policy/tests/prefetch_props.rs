@@ -48,7 +48,7 @@ proptest! {
             let (mut fills, mut used) = (0usize, 0usize);
             for (i, (sel, cands, protect, budget)) in steps.iter().enumerate() {
                 let seq_len = start + 1 + i;
-                let ctx = StepCtx { step: i as u32 + 1, layer: 0, request: 1, buffer_slots: slots as u32, seed: p.seed() };
+                let ctx = StepCtx { step: i as u32 + 1, layer: 0, request: 1, device_buffer_size: slots as u32, seed: p.seed() };
                 let inputs = SwapInputs { next_use: Some(&nu), scores: Some(&scores) };
                 let cands: Vec<u32> = cands.iter().map(|c| c % seq_len as u32).collect();
                 let protect = clean(protect.clone(), seq_len, slots);
@@ -85,7 +85,11 @@ proptest! {
 /// Three layers, layer 1 sharing layer 0's selection; layer 2 full.
 /// The result line of `policy` with `prefetcher` at `slots`.
 fn line<'a>(report: &'a SimReport, policy: &str, prefetcher: &str, slots: usize) -> &'a SimResult {
-    report.results.iter().find(|r| r.policy == policy && r.prefetcher == prefetcher && r.buffer_slots == slots).unwrap()
+    report
+        .results
+        .iter()
+        .find(|r| r.policy == policy && r.prefetcher == prefetcher && r.device_buffer_size == slots)
+        .unwrap()
 }
 
 /// Misses of `policy` at `slots` replaying `records` alone, without prefetch.

@@ -64,7 +64,7 @@ proptest! {
             let mut plan = SwapInPlan::default();
             for (i, sel) in steps.iter().enumerate() {
                 let seq_len = start + 1 + i;
-                let ctx = StepCtx { step: i as u32 + 1, layer: 1, request: 5, buffer_slots: slots as u32, seed: p.seed() };
+                let ctx = StepCtx { step: i as u32 + 1, layer: 1, request: 5, device_buffer_size: slots as u32, seed: p.seed() };
                 let nu = next_use(&steps, i, max_len);
                 // Scores for some tokens (others unknown), changing every step.
                 let scores: Vec<f32> = (0..max_len as u64)

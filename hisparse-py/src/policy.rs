@@ -21,7 +21,7 @@ pub struct SlotEnv {
     /// The request id.
     pub request: u64,
     /// Regular slots of the buffer.
-    pub buffer_slots: u32,
+    pub device_buffer_size: u32,
     /// The slot.
     pub slot: u32,
     /// Its token (in `on_insert` the token filling it, in `on_evict` the one leaving).
@@ -41,7 +41,7 @@ impl SlotEnv {
             step: env.ctx.step,
             layer: env.ctx.layer,
             request: env.ctx.request,
-            buffer_slots: env.ctx.buffer_slots,
+            device_buffer_size: env.ctx.device_buffer_size,
             slot: env.slot,
             token: env.token,
             score: env.score,

@@ -93,7 +93,7 @@ fn buffer_sizes(given: Option<Vec<Bound<'_, PyAny>>>, carried: &[usize], top_k: 
             vec![*first]
         }
         (Some(b), []) => b.iter().map(|b| uint::<usize>("buffers", b, u64::from(u32::MAX))).collect::<PyResult<_>>()?,
-        (None, []) => hisparse_policy::compared_buffer_slots(k),
+        (None, []) => hisparse_policy::compared_device_buffer_sizes(k),
     };
     if sizes.is_empty() {
         return Err(value("buffers", "empty; give at least one buffer size"));
@@ -236,7 +236,7 @@ pub fn simulate<'py>(
         report
             .results
             .iter()
-            .find(|b| b.policy == "belady" && b.prefetcher == r.prefetcher && b.buffer_slots == r.buffer_slots)
+            .find(|b| b.policy == "belady" && b.prefetcher == r.prefetcher && b.device_buffer_size == r.device_buffer_size)
             .map(|b| b.swap.misses)
     };
     let mut rows = Vec::new();
@@ -244,7 +244,7 @@ pub fn simulate<'py>(
         let d = PyDict::new(py);
         d.set_item("policy", &r.policy)?;
         d.set_item("prefetcher", &r.prefetcher)?;
-        d.set_item("buffer", r.buffer_slots)?;
+        d.set_item("buffer", r.device_buffer_size)?;
         d.set_item("selected", r.selected)?;
         d.set_item("hits", r.swap.hits)?;
         d.set_item("misses", r.swap.misses)?;

@@ -122,10 +122,10 @@ fn check(args: &EvalArgs, context_max: usize) -> Result<()> {
         return Err(BenchError::flag("top-k", k, "must be at least 2"));
     }
     // A hot buffer past the model's positions holds nothing more (and its size must stay finite).
-    if let Some(&k) = args.top_k.iter().find(|&&k| buffer_slots(args, k) > context_max) {
+    if let Some(&k) = args.top_k.iter().find(|&&k| device_buffer_size(args, k) > context_max) {
         let reason = format!(
             "top-k {k}'s hot buffer of {} slots passes the model's {context_max} positions",
-            buffer_slots(args, k)
+            device_buffer_size(args, k)
         );
         return Err(match args.buffer_factor {
             Some(f) => BenchError::flag("buffer-factor", format!("{f:?}"), reason),
@@ -213,7 +213,7 @@ pub fn run(args: &EvalArgs) -> Result<(Vec<EvalRow>, Option<PathBuf>)> {
         let next: Vec<&[u32]> = starts.iter().map(|&s| &tokens[s + c..s + need]).collect();
         let mut forced = |kind: AttentionKind, k: usize, keep: bool| -> Result<ForcedOut> {
             interrupt::check(|| "decoding".into())?;
-            let buffer = buffer_slots(args, k);
+            let buffer = device_buffer_size(args, k);
             let cfg = args.model.cache_config(m.config(), kind, k, ("buffer-factor", buffer), need, args.windows)?;
             // The hisparse run (one context and one top-k with --record-trace) records its
             // selections through the engine, into a handle on the trace's temporary file.
@@ -346,9 +346,9 @@ pub fn render(rows: &[EvalRow], out: &Option<PathBuf>) -> String {
 /// The hot buffer's regular slots for top-k `k`: `--buffer-factor` times `k` (rounded up; a
 /// factor past any count saturates, which the model's positions then refuse), else the hot
 /// buffer's default.
-fn buffer_slots(args: &EvalArgs, k: usize) -> usize {
+fn device_buffer_size(args: &EvalArgs, k: usize) -> usize {
     match args.buffer_factor {
         Some(f) => (k as f64 * f).ceil() as usize,
-        None => hisparse_policy::default_buffer_slots(k),
+        None => hisparse_policy::default_device_buffer_size(k),
     }
 }

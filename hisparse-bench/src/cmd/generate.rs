@@ -159,7 +159,7 @@ fn selection_flags(args: &GenerateArgs, kind: AttentionKind) -> Result<Option<us
         AttentionKind::Dense | AttentionKind::SparseResident => Ok(None),
         AttentionKind::HiSparse => match args.device_buffer_size {
             Some(b) => Ok(Some(b)),
-            None => Ok(Some(hisparse_policy::default_buffer_slots(args.top_k))),
+            None => Ok(Some(hisparse_policy::default_device_buffer_size(args.top_k))),
         },
     }
 }

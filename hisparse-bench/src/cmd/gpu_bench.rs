@@ -319,7 +319,7 @@ pub fn run(a: &GpuBenchArgs) -> Result<Vec<Figure>> {
                 GpuSwapInStateShape {
                     seats: batch,
                     layers: 1,
-                    buffer_slots: b,
+                    device_buffer_size: b,
                     block_size: 512,
                     max_sel: k,
                     max_tokens: 0,
@@ -364,8 +364,13 @@ pub fn run(a: &GpuBenchArgs) -> Result<Vec<Figure>> {
                         }
                     }
                     sel.sort_unstable();
-                    let ctx =
-                        StepCtx { step: step as u32, layer: 0, request: r as u64, buffer_slots: b as u32, seed: 0 };
+                    let ctx = StepCtx {
+                        step: step as u32,
+                        layer: 0,
+                        request: r as u64,
+                        device_buffer_size: b as u32,
+                        seed: 0,
+                    };
                     m.step(lru.as_ref(), &sel, seq_len, &ctx, SwapInputs::default(), &mut plan)?;
                     want_counts.extend([plan.hits.len() as u32, plan.misses.len() as u32, plan.evictions.len() as u32]);
                     if step > 8 {

@@ -130,7 +130,7 @@ impl ModelInput {
         };
         let buffer = match engine.device_buffer_size {
             Some(b) => b,
-            None => hisparse_policy::default_buffer_slots(self.top_k),
+            None => hisparse_policy::default_device_buffer_size(self.top_k),
         };
         let (c, k, f) = (self.model.config(), self.top_k, self.args.formats());
         let mut cfg = match &engine.device_memory {

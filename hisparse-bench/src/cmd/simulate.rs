@@ -115,7 +115,7 @@ pub fn run(a: &SimulateArgs) -> Result<(SimReport, PathBuf)> {
         ));
     }
     let buffers = if a.buffers.is_empty() {
-        hisparse_policy::compared_buffer_slots(k).into_iter().filter(|&b| b <= max).collect()
+        hisparse_policy::compared_device_buffer_sizes(k).into_iter().filter(|&b| b <= max).collect()
     } else {
         a.buffers.clone()
     };
@@ -185,7 +185,7 @@ pub fn run(a: &SimulateArgs) -> Result<(SimReport, PathBuf)> {
     let mut csv = Csv::new(&[
         "policy",
         "prefetcher",
-        "buffer_slots",
+        "device_buffer_size",
         "selected",
         "misses",
         "miss_ratio",
@@ -207,7 +207,7 @@ pub fn run(a: &SimulateArgs) -> Result<(SimReport, PathBuf)> {
         csv.row([
             r.policy.clone(),
             r.prefetcher.clone(),
-            r.buffer_slots.to_string(),
+            r.device_buffer_size.to_string(),
             r.selected.to_string(),
             r.swap.misses.to_string(),
             format!("{:.6}", r.miss_ratio),
@@ -252,7 +252,7 @@ fn plots(report: &SimReport, buffers: &[usize], trace: &std::path::Path, out: &O
             points: lines
                 .iter()
                 .filter(|r| label(r, any_prefetch) == *n)
-                .map(|r| (r.buffer_slots as f64, 100.0 * r.miss_ratio))
+                .map(|r| (r.device_buffer_size as f64, 100.0 * r.miss_ratio))
                 .collect(),
             dashed: n.starts_with("belady"),
             ..Series::default()
@@ -284,7 +284,7 @@ fn plots(report: &SimReport, buffers: &[usize], trace: &std::path::Path, out: &O
         let over_time = lines
             .iter()
             .filter(|r| r.policy == first.policy && r.prefetcher == first.prefetcher)
-            .map(|r| (format!("{} {} slots", label(r, any_prefetch), r.buffer_slots), r.series.clone()));
+            .map(|r| (format!("{} {} slots", label(r, any_prefetch), r.device_buffer_size), r.series.clone()));
         let title = format!("Misses per step over time: {name}, {}", label(first, any_prefetch));
         out.write("misses_over_time.svg", misses_over_time(&title, over_time, &[])?.as_bytes())?;
     }
@@ -305,20 +305,23 @@ fn prefetch_chart(report: &SimReport, name: &str) -> Result<String> {
         let rs: Vec<_> = report.results.iter().filter(|r| r.policy == policy && r.prefetcher == *p).collect();
         top.push(Series {
             label: (*p).to_string(),
-            points: rs.iter().map(|r| (r.buffer_slots as f64, pct(r.swap.misses, r))).collect(),
+            points: rs.iter().map(|r| (r.device_buffer_size as f64, pct(r.swap.misses, r))).collect(),
             color: Some(i),
             ..Series::default()
         });
         bottom.push(Series {
             label: format!("{p}: all rows"),
-            points: rs.iter().map(|r| (r.buffer_slots as f64, pct(r.swap.misses + r.swap.prefetched, r))).collect(),
+            points: rs
+                .iter()
+                .map(|r| (r.device_buffer_size as f64, pct(r.swap.misses + r.swap.prefetched, r)))
+                .collect(),
             color: Some(i),
             ..Series::default()
         });
         if *p != "none" {
             bottom.push(Series {
                 label: format!("{p}: wasted"),
-                points: rs.iter().map(|r| (r.buffer_slots as f64, pct(r.swap.prefetch_wasted, r))).collect(),
+                points: rs.iter().map(|r| (r.device_buffer_size as f64, pct(r.swap.prefetch_wasted, r))).collect(),
                 color: Some(i),
                 dashed: true,
                 ..Series::default()
@@ -368,11 +371,11 @@ pub fn render(r: &SimReport, out: &std::path::Path) -> String {
         let bel = r
             .results
             .iter()
-            .find(|b| b.policy == "belady" && b.prefetcher == "none" && b.buffer_slots == x.buffer_slots);
+            .find(|b| b.policy == "belady" && b.prefetcher == "none" && b.device_buffer_size == x.device_buffer_size);
         let vs = bel
             .filter(|b| b.swap.misses > 0)
             .map_or("-".to_string(), |b| format!("{:.2}x", x.swap.misses as f64 / b.swap.misses as f64));
-        let slots = if x.buffer_slots == 0 { "inf".to_string() } else { x.buffer_slots.to_string() };
+        let slots = if x.device_buffer_size == 0 { "inf".to_string() } else { x.device_buffer_size.to_string() };
         let pf = if x.swap.prefetched == 0 {
             "-".to_string()
         } else {

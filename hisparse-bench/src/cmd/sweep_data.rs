@@ -310,11 +310,11 @@ pub(super) fn replay_records(
 ) -> Result<Vec<(usize, Vec<f64>)>> {
     let cfg = hisparse_policy::SimConfig {
         policies: vec![hisparse_policy::BuiltinPolicy::Lru.into()],
-        buffer_sizes: hisparse_policy::compared_buffer_slots(k),
+        buffer_sizes: hisparse_policy::compared_device_buffer_sizes(k),
         ..hisparse_policy::SimConfig::default()
     };
     let rep = hisparse_policy::simulate(header, records, &cfg, &|_| {})?;
-    Ok(rep.results.iter().filter(|x| x.policy == "lru").map(|x| (x.buffer_slots, x.series.clone())).collect())
+    Ok(rep.results.iter().filter(|x| x.policy == "lru").map(|x| (x.device_buffer_size, x.series.clone())).collect())
 }
 
 /// One context's headline.

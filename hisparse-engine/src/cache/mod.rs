@@ -197,7 +197,7 @@ where
             index_key: key,
             keeps_index: cfg.keeps_index(),
             page_tokens: cfg.hisparse.page_tokens,
-            buffer_slots: cfg.hisparse.device_buffer_size,
+            device_buffer_size: cfg.hisparse.device_buffer_size,
             device_bytes: usize::try_from(cfg.hisparse.device_kv_bytes).unwrap_or(usize::MAX),
             host_bytes: usize::try_from(cfg.hisparse.host_bytes()).unwrap_or(usize::MAX),
             typical_tokens: if cfg.typical_tokens > 0 { cfg.typical_tokens } else { cfg.hisparse.max_request_tokens },
@@ -208,8 +208,8 @@ where
         let rows = [
             tier.kv_pages.checked_mul(tier.page_tokens),
             tier.index_pages.checked_mul(tier.page_tokens),
-            (tier.buffer_slots < i32::MAX as usize)
-                .then(|| hisparse_memory::device_tier::hot_buffer_rows_of(tier.buffer_slots))
+            (tier.device_buffer_size < i32::MAX as usize)
+                .then(|| hisparse_memory::device_tier::hot_buffer_rows_of(tier.device_buffer_size))
                 .and_then(|rows| tier.seats.checked_mul(rows)),
         ];
         if rows.iter().any(|r| r.is_none_or(|r| r > i32::MAX as usize)) {
@@ -240,7 +240,7 @@ where
                     prefetcher: Arc::clone(&prefetcher),
                     prefetch_budget: cfg.hisparse.prefetch_budget,
                     seats: device.config().seats,
-                    buffer_slots: cfg.hisparse.device_buffer_size,
+                    device_buffer_size: cfg.hisparse.device_buffer_size,
                     block_size: cfg.hisparse.swap_in_block_size,
                     max_tokens: cfg.hisparse.max_request_tokens,
                     serial_prefetch: cfg.serial_prefetch,

@@ -58,7 +58,7 @@ extern "C" __global__ void prefetch_in(const PrefetchArgs a) {
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ unsigned warp_sums[33];
     const SwapReq r = reqs[blockIdx.x];
-    const unsigned B = p.buffer_slots, K = r.sel_len, T = blockDim.x, tid = threadIdx.x;
+    const unsigned B = p.device_buffer_size, K = r.sel_len, T = blockDim.x, tid = threadIdx.x;
     const unsigned budget = r.prefetch_budget;
     if (r.seq_len <= B || budget == 0 || K == 0) {
         if (tid == 0)
@@ -87,7 +87,7 @@ extern "C" __global__ void prefetch_in(const PrefetchArgs a) {
     ctx.step = r.step;
     ctx.layer = p.layer;
     ctx.request = r.request;
-    ctx.buffer_slots = B;
+    ctx.device_buffer_size = B;
     ctx.seed = p.seed;
     HookState hs;
     hs.prefetched = pf;

@@ -48,7 +48,7 @@ __device__ void swap_decide(const SwapArgs& a) {
     __shared__ unsigned warp_sums[33];
 
     const SwapReq r = reqs[blockIdx.x];
-    const unsigned B = p.buffer_slots, K = r.sel_len, T = blockDim.x, tid = threadIdx.x;
+    const unsigned B = p.device_buffer_size, K = r.sel_len, T = blockDim.x, tid = threadIdx.x;
     const unsigned long long state = (unsigned long long)r.seat * p.layers + p.layer;
     int* st = slot_tokens + state * B;
     SlotRecord* rec = records + state * B;
@@ -59,7 +59,7 @@ __device__ void swap_decide(const SwapArgs& a) {
     ctx.step = r.step;
     ctx.layer = p.layer;
     ctx.request = r.request;
-    ctx.buffer_slots = B;
+    ctx.device_buffer_size = B;
     ctx.seed = p.seed;
     unsigned char* pf = prefetched_g + state * B;
     unsigned* words = (words_g && p.word_tokens) ? words_g + state * p.word_tokens : nullptr;
@@ -282,7 +282,7 @@ __device__ void copy_request_misses(const SwapReq& r, unsigned misses, const uns
                                     unsigned char* __restrict__ hot_rows, unsigned* __restrict__ fault,
                                     const SwapParams& p, unsigned first, unsigned stride) {
     const unsigned lane = threadIdx.x & 31;
-    const long long base = (long long)hot_seat_base(r.seat, p.buffer_slots);
+    const long long base = (long long)hot_seat_base(r.seat, p.device_buffer_size);
     const unsigned char* host = reinterpret_cast<const unsigned char*>(p.host_base);
     for (unsigned m = first; m < misses; m += stride) {
         const unsigned tok = __ldcg(miss_tokens + r.sel_offset + m);

@@ -36,7 +36,7 @@ extern "C" __global__ void locate_in_hot(const SwapReq* __restrict__ reqs, const
     const unsigned j0 = blockIdx.y * LOCATE_CHUNK;
     if (j0 >= r.sel_len) return;  // uniform over the block
     const unsigned n = min((unsigned)LOCATE_CHUNK, r.sel_len - j0);
-    const unsigned B = p.buffer_slots, tid = threadIdx.x, T = blockDim.x;
+    const unsigned B = p.device_buffer_size, tid = threadIdx.x, T = blockDim.x;
     const long long base = (long long)hot_seat_base(r.seat, B);
     const unsigned o = r.sel_offset + j0;
     for (unsigned i = tid; i < n; i += T) {
@@ -108,7 +108,7 @@ extern "C" __global__ void copy_staged_misses(const SwapReq* __restrict__ reqs, 
     const SwapReq r = reqs[blockIdx.x];
     const unsigned misses = __ldcg(counts + COUNTS * blockIdx.x + 1);
     const unsigned lane = threadIdx.x & 31, warps = blockDim.x >> 5;
-    const long long base = (long long)hot_seat_base(r.seat, p.buffer_slots);
+    const long long base = (long long)hot_seat_base(r.seat, p.device_buffer_size);
     const unsigned* sel = sel_copy + r.sel_offset;
     for (unsigned m = blockIdx.y * warps + (threadIdx.x >> 5); m < misses; m += gridDim.y * warps) {
         const unsigned tok = __ldcg(miss_tokens + r.sel_offset + m), s = __ldcg(miss_slots + r.sel_offset + m);

@@ -53,7 +53,7 @@ struct RequestRows<'a> {
     /// The request's host page ids.
     pages: &'a [u32],
     req: &'a DeviceSwapReq,
-    buffer_slots: usize,
+    device_buffer_size: usize,
     /// Without copies (a timing bound), only rows never written (all zero) are filled.
     copies: bool,
 }
@@ -68,12 +68,12 @@ fn copy_rows(
     hot: &mut [u8],
     buf: &mut Vec<u8>,
 ) -> hisparse_policy::Result<usize> {
-    let RequestRows { host, layout, pages, req, buffer_slots, copies } = *src;
+    let RequestRows { host, layout, pages, req, device_buffer_size, copies } = *src;
     let rb = layout.row_bytes;
     buf.resize(rb, 0);
     let mut copied = 0;
     // Seats and slots fit the pool, whose rows fit an i32 (KvCache::new).
-    let base = hisparse_memory::device_tier::hot_seat_base(u64::from(req.seat), buffer_slots as u64) as usize;
+    let base = hisparse_memory::device_tier::hot_seat_base(u64::from(req.seat), device_buffer_size as u64) as usize;
     for &(token, slot) in rows {
         let page = pages
             .get(token as usize / layout.page_tokens)
@@ -123,7 +123,7 @@ impl CpuSwapIn {
             request: r.request,
             step: r.step,
             seq_len: r.seq_len as usize,
-            buffer_slots: self.cfg.buffer_slots,
+            device_buffer_size: self.cfg.device_buffer_size,
         }
     }
 
@@ -153,7 +153,7 @@ impl DeviceSwapIn<EmulatedDevice> for CpuSwapIn {
             .ok_or_else(|| KernelError::invalid("seat", seat, format!("the swap-in has {} seats", self.cfg.seats)))?;
         let mut swap = Vec::with_capacity(layers);
         for _ in 0..layers {
-            let mut s = SwapInState::new(self.cfg.buffer_slots)?;
+            let mut s = SwapInState::new(self.cfg.device_buffer_size)?;
             if preload > 0 {
                 s.preload(preload)?;
             }
@@ -214,7 +214,7 @@ impl DeviceSwapIn<EmulatedDevice> for CpuSwapIn {
                 format!("the swap-in has {} layers", self.cfg.geometry.layers),
             ));
         }
-        let (b, layout) = (self.cfg.buffer_slots, self.host.layout());
+        let (b, layout) = (self.cfg.device_buffer_size, self.host.layout());
         let policy = Arc::clone(self.cfg.policy.get());
         let prefetcher = Arc::clone(&self.cfg.prefetcher);
         let scores = scores.map(Vec::as_slice);
@@ -232,7 +232,7 @@ impl DeviceSwapIn<EmulatedDevice> for CpuSwapIn {
             let step = self.step_of(&r);
             let pages = &self.pages[r.page_offset as usize..self.page_end[i]];
             let Self { host, seats, row, plan, copies, .. } = self;
-            let src = RequestRows { host, layout, pages, req: &r, buffer_slots: b, copies: *copies };
+            let src = RequestRows { host, layout, pages, req: &r, device_buffer_size: b, copies: *copies };
             // `begin_step` checked that the seat has a state.
             let Some(seat) = seats.get_mut(r.seat as usize).and_then(Option::as_mut) else { continue };
             // Rows nominated for this layer earlier in the step come in first.
@@ -248,7 +248,7 @@ impl DeviceSwapIn<EmulatedDevice> for CpuSwapIn {
                 step: r.step,
                 layer: layer as u32,
                 request: r.request,
-                buffer_slots: b as u32,
+                device_buffer_size: b as u32,
                 seed: policy.seed(),
             };
             let inputs = SwapInputs { next_use: None, scores: own };
@@ -285,7 +285,7 @@ impl DeviceSwapIn<EmulatedDevice> for CpuSwapIn {
 
     fn end_step(&mut self, hot: &mut [Vec<u8>]) -> Result<SwapCounts> {
         if self.cfg.prefetcher.name() != "none" {
-            let (b, layout) = (self.cfg.buffer_slots, self.host.layout());
+            let (b, layout) = (self.cfg.device_buffer_size, self.host.layout());
             let policy = Arc::clone(self.cfg.policy.get());
             let scores = std::mem::take(&mut self.last_scores);
             for i in 0..self.reqs.len() {
@@ -294,7 +294,7 @@ impl DeviceSwapIn<EmulatedDevice> for CpuSwapIn {
                 let step = self.step_of(&r);
                 let pages = &self.pages[r.page_offset as usize..self.page_end[i]];
                 let Self { host, seats, row, copies, .. } = self;
-                let src = RequestRows { host, layout, pages, req: &r, buffer_slots: b, copies: *copies };
+                let src = RequestRows { host, layout, pages, req: &r, device_buffer_size: b, copies: *copies };
                 let Some(seat) = seats.get_mut(r.seat as usize).and_then(Option::as_mut) else { continue };
                 let mut copy = |target: usize, fills: &[(u32, u32)]| {
                     let pool =

@@ -8,7 +8,7 @@ use crate::error::{KernelError, Result};
 /// Where a selected token is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum HotLocation {
-    /// In this slot of the request's hot buffer (`buffer_slots`: the reserved newest slot).
+    /// In this slot of the request's hot buffer (`device_buffer_size`: the reserved newest slot).
     Slot(u32),
     /// Only in the host tier: a miss, which the deferred swap-in will bring in.
     Host,

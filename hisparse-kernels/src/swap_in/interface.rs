@@ -28,7 +28,7 @@ pub struct DeviceSwapInConfig {
     /// Hot-buffer seats (requests at once).
     pub seats: usize,
     /// Regular slots per hot buffer (the reserved newest slot comes on top).
-    pub buffer_slots: usize,
+    pub device_buffer_size: usize,
     /// Threads per request of the decision kernel (CUDA).
     pub block_size: usize,
     /// Longest request (positions), for policies that keep a word per token.

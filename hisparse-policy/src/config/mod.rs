@@ -112,14 +112,14 @@ fn invalid(field: &'static str, value: impl std::fmt::Display, reason: impl Into
 /// A hot buffer's regular slots when none are given: twice the top-k (the HiSparse blog's 4096
 /// slots for top-k 2048), at most the buffer's limit but never below the top-k, so that a top-k
 /// too large for any buffer is refused by the buffer's own limit.
-pub fn default_buffer_slots(top_k: usize) -> usize {
+pub fn default_device_buffer_size(top_k: usize) -> usize {
     top_k.saturating_mul(2).min(MAX_BUFFER_SLOTS).max(top_k)
 }
 
 /// The buffer sizes a comparison replays when none are given: 1, 2 and 4 times the top-k (the
 /// published miss-rate points, 2048, 4096 and 8192 slots for top-k 2048); a multiple that
 /// overflows is left out.
-pub fn compared_buffer_slots(top_k: usize) -> Vec<usize> {
+pub fn compared_device_buffer_sizes(top_k: usize) -> Vec<usize> {
     [1, 2, 4].into_iter().filter_map(|m| top_k.checked_mul(m)).collect()
 }
 
@@ -156,9 +156,9 @@ impl HiSparseConfig {
         serde_json::from_value(merged).map_err(|e| bad(e.to_string()))
     }
 
-    /// The defaults with the default hot buffer for `geometry`'s top-k ([`default_buffer_slots`]).
+    /// The defaults with the default hot buffer for `geometry`'s top-k ([`default_device_buffer_size`]).
     pub fn for_geometry(geometry: &KvGeometry) -> Self {
-        Self { device_buffer_size: default_buffer_slots(geometry.top_k), ..Self::default() }
+        Self { device_buffer_size: default_device_buffer_size(geometry.top_k), ..Self::default() }
     }
 
     /// The eviction policy made, refused if it needs the future.

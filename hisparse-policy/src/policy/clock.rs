@@ -45,7 +45,7 @@ impl EvictionPolicy for Clock {
     }
 
     fn priority(&self, rec: &SlotRecord, env: &PolicyEnv) -> u64 {
-        u64::from(rec.a) << 32 | u64::from(distance(env.slot, env.scalars.a, env.ctx.buffer_slots))
+        u64::from(rec.a) << 32 | u64::from(distance(env.slot, env.scalars.a, env.ctx.device_buffer_size))
     }
 
     fn on_hit(&self, rec: &mut SlotRecord, _env: &PolicyEnv) {
@@ -59,7 +59,7 @@ impl EvictionPolicy for Clock {
     fn on_keep(&self, rec: &mut SlotRecord, env: &PolicyEnv) {
         let v = &env.victim;
         if v.any && v.occupied {
-            let d = u64::from(distance(env.slot, env.scalars.a, env.ctx.buffer_slots));
+            let d = u64::from(distance(env.slot, env.scalars.a, env.ctx.device_buffer_size));
             let visits = (v.priority >> 32) as u32 + u32::from(d < (v.priority & 0xffff_ffff));
             rec.a -= visits.min(rec.a);
         }
@@ -68,7 +68,7 @@ impl EvictionPolicy for Clock {
     fn finish_step(&self, s: &mut PolicyScalars, env: &PolicyEnv) {
         let v = &env.victim;
         if v.any && v.occupied {
-            s.a = (v.slot + 1) % env.ctx.buffer_slots.max(1);
+            s.a = (v.slot + 1) % env.ctx.device_buffer_size.max(1);
         }
     }
 

@@ -86,7 +86,7 @@ hisparse_memory::c_struct! {
         /// Request id.
         pub request: u64,
         /// Regular slots of the buffer.
-        pub buffer_slots: u32,
+        pub device_buffer_size: u32,
         /// The policy's seed (for randomised policies).
         pub seed: u64,
     }

@@ -10,7 +10,8 @@ fn run(policy: &dyn EvictionPolicy, slots: usize, steps: &[&[u32]]) -> (SwapInSt
     let mut plans = Vec::new();
     for (i, sel) in steps.iter().enumerate() {
         let mut p = SwapInPlan::default();
-        let ctx = StepCtx { step: i as u32 + 1, layer: 0, request: 9, buffer_slots: slots as u32, seed: policy.seed() };
+        let ctx =
+            StepCtx { step: i as u32 + 1, layer: 0, request: 9, device_buffer_size: slots as u32, seed: policy.seed() };
         st.step(policy, sel, 100 + i, &ctx, SwapInputs::default(), &mut p).unwrap();
         plans.push(p);
     }
@@ -104,7 +105,7 @@ fn batched_clock_equals_sequential_clock() {
         let misses = rng.random_range(0..=free);
         let hand0 = rng.random_range(0..b);
         // Batched form.
-        let ctx = StepCtx { step: 3, layer: 0, request: 0, buffer_slots: b, seed: 0 };
+        let ctx = StepCtx { step: 3, layer: 0, request: 0, device_buffer_size: b, seed: 0 };
         let scalars = PolicyScalars { a: hand0, b: 0 };
         let mut keys: Vec<(bool, u64, u32)> = (0..b)
             .filter(|&s| !pinned[s as usize])
@@ -205,7 +206,7 @@ fn names_and_gpu_forms() {
 #[test]
 fn belady_refuses_to_run_without_the_future() {
     let mut st = SwapInState::new(4).unwrap();
-    let ctx = StepCtx { step: 1, layer: 0, request: 0, buffer_slots: 4, seed: 0 };
+    let ctx = StepCtx { step: 1, layer: 0, request: 0, device_buffer_size: 4, seed: 0 };
     let e = st.step(&Belady, &[1, 2], 50, &ctx, SwapInputs::default(), &mut SwapInPlan::default()).unwrap_err();
     assert!(e.to_string().contains("simulator only"), "{e}");
 }

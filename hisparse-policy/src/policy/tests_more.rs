@@ -19,7 +19,7 @@ fn run_scored(policy: &dyn EvictionPolicy, slots: usize, steps: &[Scored<'_>]) -
             scores[t as usize] = v;
         }
         let mut p = SwapInPlan::default();
-        let ctx = StepCtx { step: i as u32 + 1, layer: 0, request: 1, buffer_slots: slots as u32, seed: 0 };
+        let ctx = StepCtx { step: i as u32 + 1, layer: 0, request: 1, device_buffer_size: slots as u32, seed: 0 };
         st.step(policy, sel, 100 + i, &ctx, SwapInputs { next_use: None, scores: Some(&scores) }, &mut p).unwrap();
         out.push(p);
     }
@@ -77,7 +77,7 @@ fn mq_keeps_often_used_tokens_and_remembers_them_after_eviction() {
     let mut st = SwapInState::new(2).unwrap();
     let mut plan = SwapInPlan::default();
     for (i, sel) in [&[1u32][..], &[1], &[1], &[2, 3], &[1]].iter().enumerate() {
-        let ctx = StepCtx { step: i as u32 + 1, layer: 0, request: 1, buffer_slots: 2, seed: 0 };
+        let ctx = StepCtx { step: i as u32 + 1, layer: 0, request: 1, device_buffer_size: 2, seed: 0 };
         st.step(&mq, sel, 100 + i, &ctx, SwapInputs::default(), &mut plan).unwrap();
     }
     assert_eq!(st.token_word(1), 3, "evicted after three uses");
@@ -97,7 +97,7 @@ fn s3fifo_drops_one_time_tokens_first_and_promotes_ghosts() {
     let mut plan = SwapInPlan::default();
     // Step 2 drops token 1 (slot 0) from probation; step 3 brings it back.
     for (i, sel) in [&[1u32, 2][..], &[3], &[1]].iter().enumerate() {
-        let ctx = StepCtx { step: i as u32 + 1, layer: 0, request: 1, buffer_slots: 2, seed: 0 };
+        let ctx = StepCtx { step: i as u32 + 1, layer: 0, request: 1, device_buffer_size: 2, seed: 0 };
         st.step(&s3, sel, 100 + i, &ctx, SwapInputs::default(), &mut plan).unwrap();
     }
     assert_eq!(plan.evictions, vec![(2, 1)]);
@@ -109,7 +109,7 @@ fn s3fifo_drops_one_time_tokens_first_and_promotes_ghosts() {
     let s3 = S3Fifo { ghost_steps: 0 };
     let mut st = SwapInState::new(2).unwrap();
     for (i, sel) in [&[1u32, 2][..], &[3], &[4], &[1]].iter().enumerate() {
-        let ctx = StepCtx { step: i as u32 + 1, layer: 0, request: 1, buffer_slots: 2, seed: 0 };
+        let ctx = StepCtx { step: i as u32 + 1, layer: 0, request: 1, device_buffer_size: 2, seed: 0 };
         st.step(&s3, sel, 100 + i, &ctx, SwapInputs::default(), &mut plan).unwrap();
     }
     let s = st.table().slot_of(1).unwrap();

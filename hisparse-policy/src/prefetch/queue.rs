@@ -68,7 +68,7 @@ pub struct PrefetchStep {
     /// Tokens this step, the newest included.
     pub seq_len: usize,
     /// Regular hot-buffer slots.
-    pub buffer_slots: usize,
+    pub device_buffer_size: usize,
 }
 
 /// A layer's selection as a prefetcher is asked after it ([`PrefetchQueue::nominate`]).
@@ -184,7 +184,7 @@ impl PrefetchQueue {
                 step: step.step,
                 layer: p.target as u32,
                 request: step.request,
-                buffer_slots: step.buffer_slots as u32,
+                device_buffer_size: step.device_buffer_size as u32,
                 seed: policy.seed(),
             };
             let inputs = SwapInputs { next_use: None, scores };

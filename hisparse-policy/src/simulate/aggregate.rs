@@ -14,7 +14,7 @@ use crate::trace::{RecordHead, TraceHeader};
 pub(super) struct Line<'a> {
     pub policy: String,
     pub prefetcher: String,
-    pub buffer_slots: usize,
+    pub device_buffer_size: usize,
     pub misses: Vec<Option<&'a Vec<u32>>>,
     pub prefetch: [u64; 3],
 }
@@ -57,7 +57,7 @@ pub(super) fn results<R: RecordHead>(
             SimResult {
                 policy: line.policy,
                 prefetcher: line.prefetcher,
-                buffer_slots: line.buffer_slots,
+                device_buffer_size: line.device_buffer_size,
                 selected,
                 swap: SwapCounts {
                     hits: selected.saturating_sub(misses),
@@ -102,7 +102,7 @@ pub(super) fn report<'a, R: RecordHead>(
     lines.push(Line {
         policy: "compulsory".into(),
         prefetcher: "none".into(),
-        buffer_slots: 0,
+        device_buffer_size: 0,
         misses: compulsory.iter().map(Some).collect(),
         prefetch: [0; 3],
     });

@@ -91,7 +91,7 @@ pub struct SimResult {
     /// Prefetcher name (`none` for the compulsory bound).
     pub prefetcher: String,
     /// Regular slots (0 for the infinite buffer).
-    pub buffer_slots: usize,
+    pub device_buffer_size: usize,
     /// Selected tokens over the whole trace (the newest included).
     pub selected: u64,
     /// What the replay counted: critical-path misses (rows fetched after their selection was
@@ -308,7 +308,7 @@ pub fn simulate_policies(
         .map(|&(p, f, b)| aggregate::Line {
             policy: policies[p].name().to_string(),
             prefetcher: prefetchers[f].name().to_string(),
-            buffer_slots: b,
+            device_buffer_size: b,
             misses: vec![None; streams.len()],
             prefetch: [0; 3],
         })

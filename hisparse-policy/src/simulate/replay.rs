@@ -95,7 +95,7 @@ pub(super) fn replay(
         step: i as u32 + 1,
         layer: s.layer,
         request: s.request,
-        buffer_slots: slots as u32,
+        device_buffer_size: slots as u32,
         seed: policy.seed(),
     };
     for i in 0..steps {

@@ -93,7 +93,7 @@ pub fn simulate_encoded_policies(
                 lines.push(aggregate::Line {
                     policy: policy.name().to_string(),
                     prefetcher: f.name().to_string(),
-                    buffer_slots: b,
+                    device_buffer_size: b,
                     misses: misses.iter().map(|m: &Vec<Vec<u32>>| Some(&m[c])).collect(),
                     prefetch: [0; 3],
                 });

@@ -24,7 +24,7 @@ use crate::policy::{EvictionPolicy, PolicyEnv, PolicyScalars, SlotRecord, StepCt
 pub struct SwapInPlan {
     /// Whether the short-sequence fast path was taken.
     pub fast_path: bool,
-    /// Slot of every selected token, in selection order (the reserved slot is `buffer_slots`).
+    /// Slot of every selected token, in selection order (the reserved slot is `device_buffer_size`).
     pub locations: Vec<u32>,
     /// `(token, slot)` of every hit, the newest token included.
     pub hits: Vec<(u32, u32)>,
@@ -83,18 +83,18 @@ pub(crate) fn invalid(field: &'static str, value: impl std::fmt::Display, reason
 }
 
 impl SwapInState {
-    /// An empty buffer of `buffer_slots` regular slots.
-    pub fn new(buffer_slots: usize) -> Result<Self> {
+    /// An empty buffer of `device_buffer_size` regular slots.
+    pub fn new(device_buffer_size: usize) -> Result<Self> {
         Ok(Self {
-            table: SlotTable::new(buffer_slots)?,
-            records: vec![SlotRecord::default(); buffer_slots],
+            table: SlotTable::new(device_buffer_size)?,
+            records: vec![SlotRecord::default(); device_buffer_size],
             scalars: PolicyScalars::default(),
             policy_ready: false,
             seq_len: 0,
-            prefetched: vec![false; buffer_slots],
+            prefetched: vec![false; device_buffer_size],
             words: Vec::new(),
-            hit: vec![false; buffer_slots],
-            keys: Vec::with_capacity(buffer_slots),
+            hit: vec![false; device_buffer_size],
+            keys: Vec::with_capacity(device_buffer_size),
         })
     }
 
@@ -114,7 +114,7 @@ impl SwapInState {
     }
 
     /// Regular slots.
-    pub fn buffer_slots(&self) -> usize {
+    pub fn device_buffer_size(&self) -> usize {
         self.records.len()
     }
 
@@ -156,7 +156,7 @@ impl SwapInState {
             return;
         }
         let init = PolicyEnv::of(&StepCtx { step: ctx.step - 1, ..*ctx }, PolicyScalars::default());
-        for s in 0..self.buffer_slots() as u32 {
+        for s in 0..self.device_buffer_size() as u32 {
             let mut rec = SlotRecord::default();
             if let Some(tok) = self.table.token_at(s) {
                 let env = self.env(&init, s, tok, inputs);
@@ -169,13 +169,13 @@ impl SwapInState {
     }
 
     /// Places tokens `0..tokens` in slots `0..tokens` (a prompt that fits the buffer, copied in
-    /// whole at admission). Fails unless `tokens <= buffer_slots` and the buffer is empty.
+    /// whole at admission). Fails unless `tokens <= device_buffer_size` and the buffer is empty.
     pub fn preload(&mut self, tokens: usize) -> Result<()> {
-        if tokens > self.buffer_slots() || self.table.resident() > 0 || self.table.newest().is_some() {
+        if tokens > self.device_buffer_size() || self.table.resident() > 0 || self.table.newest().is_some() {
             return Err(invalid(
                 "tokens",
                 tokens,
-                format!("preload needs an empty buffer of at least that many slots ({})", self.buffer_slots()),
+                format!("preload needs an empty buffer of at least that many slots ({})", self.device_buffer_size()),
             ));
         }
         for t in 0..tokens as u32 {

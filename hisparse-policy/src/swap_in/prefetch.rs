@@ -43,7 +43,7 @@ impl SwapInState {
     /// never evicting a token of `protect` (ascending). When fewer slots may be given up than
     /// there are candidates, the most preferred are taken. Fills in ascending position take their
     /// victims in ascending slot order, as misses do. A buffer on the fast path
-    /// (`seq_len <= buffer_slots`) already holds every token: nothing happens. On error nothing
+    /// (`seq_len <= device_buffer_size`) already holds every token: nothing happens. On error nothing
     /// changes.
     pub fn prefetch(
         &mut self,
@@ -58,7 +58,7 @@ impl SwapInState {
         plan.fills.clear();
         plan.evictions.clear();
         plan.wasted = 0;
-        let b = self.buffer_slots();
+        let b = self.device_buffer_size();
         self.validate(policy, &[], seq_len, ctx, &inputs)?;
         if let Some(&bad) = candidates.iter().find(|&&t| t as usize >= seq_len) {
             return Err(invalid("candidates", bad, format!("not a position of a sequence of {seq_len} tokens")));

@@ -19,7 +19,7 @@ impl SwapInState {
         inputs: SwapInputs<'_>,
         plan: &mut SwapInPlan,
     ) -> Result<()> {
-        let b = self.buffer_slots();
+        let b = self.device_buffer_size();
         self.validate(policy, selection, seq_len, ctx, &inputs)?;
         plan.clear();
         let newest = (seq_len - 1) as u32;
@@ -155,11 +155,11 @@ impl SwapInState {
         if ctx.step == 0 {
             return Err(invalid("step", 0, "steps count from 1"));
         }
-        if ctx.buffer_slots as usize != self.buffer_slots() {
+        if ctx.device_buffer_size as usize != self.device_buffer_size() {
             return Err(invalid(
                 "device_buffer_size",
-                ctx.buffer_slots,
-                format!("the buffer has {} slots", self.buffer_slots()),
+                ctx.device_buffer_size,
+                format!("the buffer has {} slots", self.device_buffer_size()),
             ));
         }
         if let Some(w) = selection.windows(2).find(|w| w[0] >= w[1]) {
@@ -173,14 +173,14 @@ impl SwapInState {
             return Err(invalid("selection", last, format!("not a position of a sequence of {seq_len} tokens")));
         }
         let newest_selected = selection.last() == Some(&((seq_len - 1) as u32));
-        if selection.len() - usize::from(newest_selected) > self.buffer_slots() {
+        if selection.len() - usize::from(newest_selected) > self.device_buffer_size() {
             return Err(invalid(
                 "selection",
                 selection.len(),
-                format!("more tokens than the {} regular slots", self.buffer_slots()),
+                format!("more tokens than the {} regular slots", self.device_buffer_size()),
             ));
         }
-        if policy.needs_future() && inputs.next_use.is_none() && seq_len > self.buffer_slots() {
+        if policy.needs_future() && inputs.next_use.is_none() && seq_len > self.device_buffer_size() {
             return Err(invalid(
                 "eviction_policy",
                 policy.name(),

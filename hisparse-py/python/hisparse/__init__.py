@@ -180,7 +180,7 @@ class PythonPolicy:
     """Base class of an eviction policy written in Python.
 
     The simulator calls, for each (request, layer) buffer, with ``record`` the slot's two 32-bit
-    words ``(a, b)`` and ``env`` a ``SlotEnv`` (step, layer, request, buffer_slots, slot, token,
+    words ``(a, b)`` and ``env`` a ``SlotEnv`` (step, layer, request, device_buffer_size, slot, token,
     score, prefetched, next_use):
 
     - ``priority(record, env) -> int``: of every occupied slot that may be evicted; the lowest

@@ -8,7 +8,7 @@ class SlotEnv:
     step: int
     layer: int
     request: int
-    buffer_slots: int
+    device_buffer_size: int
     slot: int
     token: int
     score: float

@@ -144,7 +144,7 @@ hisparse_memory::c_struct! {
         /// Layers of the state arrays.
         pub layers: u32,
         /// Regular slots per buffer.
-        pub buffer_slots: u32,
+        pub device_buffer_size: u32,
         /// Bytes of a KV row (a multiple of 16).
         pub row_bytes: u32,
         /// Positions per host page.

@@ -65,7 +65,7 @@ impl CudaSwapIn {
         let shape = GpuSwapInStateShape {
             seats: cfg.seats,
             layers: cfg.geometry.layers,
-            buffer_slots: cfg.buffer_slots,
+            device_buffer_size: cfg.device_buffer_size,
             block_size: cfg.block_size,
             max_sel: cfg.geometry.top_k,
             max_tokens: cfg.max_tokens,

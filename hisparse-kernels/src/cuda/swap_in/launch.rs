@@ -75,7 +75,7 @@ impl GpuSwapInState {
         Ok(SwapParams {
             layer: u32_of("layer", layer)?,
             layers: u32_of("layers", self.layers)?,
-            buffer_slots: u32_of("device_buffer_size", self.slots)?,
+            device_buffer_size: u32_of("device_buffer_size", self.slots)?,
             row_bytes: u32_of("row_bytes", row_bytes)?,
             page_tokens: u32_of("page_tokens", lay.page_tokens)?,
             host_pages_per_layer: u32_of("host pages per layer", lay.pages_per_layer)?,

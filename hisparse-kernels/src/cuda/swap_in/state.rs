@@ -70,7 +70,7 @@ pub struct GpuSwapInStateShape {
     /// Layers.
     pub layers: usize,
     /// Regular slots per buffer (each has one more, reserved for the newest token).
-    pub buffer_slots: usize,
+    pub device_buffer_size: usize,
     /// Threads per request (rounded up to a multiple of 32).
     pub block_size: usize,
     /// The most selected tokens per request.
@@ -143,32 +143,33 @@ impl SwapBatch {
 impl GpuSwapInState {
     /// Compiles (once per device) and sets up the swap-in for `policy` in `shape`.
     pub fn new(dev: &CudaDevice, policy: Arc<dyn EvictionPolicy>, shape: GpuSwapInStateShape) -> Result<Self> {
-        let GpuSwapInStateShape { seats, layers, buffer_slots, block_size, max_sel, max_tokens } = shape;
+        let GpuSwapInStateShape { seats, layers, device_buffer_size, block_size, max_sel, max_tokens } = shape;
         if !(1..=1024).contains(&block_size) {
             return Err(KernelError::invalid("swap_in_block_size", block_size, "must be in 1..=1024"));
         }
-        if max_sel > hot_buffer_rows_of(buffer_slots) || buffer_slots == 0 || seats == 0 || layers == 0 {
+        if max_sel > hot_buffer_rows_of(device_buffer_size) || device_buffer_size == 0 || seats == 0 || layers == 0 {
             return Err(KernelError::invalid(
                 "device_buffer_size",
-                buffer_slots,
+                device_buffer_size,
                 "need seats, layers and buffer slots, and at most a hot buffer's rows of selected tokens",
             ));
         }
-        let smem = Self::shared_bytes(buffer_slots, max_sel).max(Self::prefetch_shared_bytes(buffer_slots, max_sel));
+        let smem = Self::shared_bytes(device_buffer_size, max_sel)
+            .max(Self::prefetch_shared_bytes(device_buffer_size, max_sel));
         if smem > MAX_SHARED_BYTES {
             return Err(KernelError::invalid(
                 "device_buffer_size",
-                buffer_slots,
+                device_buffer_size,
                 format!(
                     "with {max_sel} selected tokens the swap-in needs {smem} bytes of shared memory per block, \
                      more than the {MAX_SHARED_BYTES} a Hopper block can have beside its static shared memory"
                 ),
             ));
         }
-        let funcs = SwapFunctions::load(dev, policy.as_ref(), buffer_slots, max_sel)?;
+        let funcs = SwapFunctions::load(dev, policy.as_ref(), device_buffer_size, max_sel)?;
         let s = dev.stream().clone();
         let n = seats * layers;
-        let slot_tokens = s.clone_htod(&vec![-1i32; n * buffer_slots]).map_err(driver_error("slot tables"))?;
+        let slot_tokens = s.clone_htod(&vec![-1i32; n * device_buffer_size]).map_err(driver_error("slot tables"))?;
         let word_tokens = if policy.uses_token_words() { max_tokens } else { 0 };
         let words = match word_tokens {
             0 => None,
@@ -179,10 +180,10 @@ impl GpuSwapInState {
         };
         Ok(Self {
             print: Arc::clone(&dev.print),
-            records: s.alloc_zeros(n * buffer_slots).map_err(driver_error("records"))?,
+            records: s.alloc_zeros(n * device_buffer_size).map_err(driver_error("records"))?,
             scalars: s.alloc_zeros(n).map_err(driver_error("scalars"))?,
             ready: s.alloc_zeros(n).map_err(driver_error("ready flags"))?,
-            prefetched: s.alloc_zeros(n * buffer_slots).map_err(driver_error("prefetched flags"))?,
+            prefetched: s.alloc_zeros(n * device_buffer_size).map_err(driver_error("prefetched flags"))?,
             words,
             word_tokens,
             max_tokens,
@@ -197,7 +198,7 @@ impl GpuSwapInState {
             copies: true,
             seats,
             layers,
-            slots: buffer_slots,
+            slots: device_buffer_size,
             block: block_size.div_ceil(32) as u32 * 32,
             max_sel,
         })
