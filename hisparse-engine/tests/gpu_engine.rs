@@ -185,6 +185,33 @@ fn on_cuda_launch_graphs_replay_what_eager_launches_compute() {
     assert_eq!(Some(&slow), resident_graphs.as_ref(), "slowed backup stream with graphs");
 }
 
+/// Dense attention (top-k past every request: no index keys, nothing selected) under launch
+/// graphs: one graph replayed step after step (no buffer of the step moves), the outputs those
+/// of eager launches and of a cache that keeps the keys.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn on_cuda_dense_attention_replays_one_graph() {
+    let dense = |mut c: EngineConfig, longest: usize| {
+        c.cache.geometry.top_k = 2048;
+        c.cache.hisparse.device_buffer_size = 2048;
+        c.cache.hisparse.max_request_tokens = longest;
+        c
+    };
+    let (graph_d, graph_c) = run_counted(gpu(), dense(config(Mode::Resident, "lru"), 2048), &[], None);
+    let (replays, captures): (u64, u64) =
+        (graph_c.iter().map(|c| c.replays).sum(), graph_c.iter().map(|c| c.captures).sum());
+    assert!(
+        replays >= 10 && captures < replays,
+        "dense: {replays} replays, {captures} captures (one a step: every step moved a buffer)"
+    );
+    let (eager_d, _) = run_counted(gpu(), dense(eager(Mode::Resident, "lru"), 2048), &[], None);
+    let (keys_d, _) = run_counted(gpu(), dense(eager(Mode::Resident, "lru"), 4096), &[], None);
+    assert_eq!(eager_d, keys_d, "dense attention with and without index keys");
+    for (k, d) in &graph_d {
+        assert_eq!(eager_d.get(k), Some(d), "dense: digest {k:?} differs under graphs");
+    }
+}
+
 /// The per-layer API's scenario (caller-made tensors in device memory, arrivals between steps,
 /// an abort mid-run) on the GPU: resident and hisparse bit-identical for every GPU policy, with
 /// shared index layers, and with the backup stream slowed.

@@ -121,8 +121,13 @@ impl<M: DeviceMemory> StepScratch<M> {
 }
 
 /// Writes `src` into `buf` from its start, reallocating it (to exactly `src.len()` with `exact`,
-/// else with headroom) only when it must; `true` when it was reallocated.
+/// else with headroom) only when it must; `true` when it was reallocated. An empty `src` leaves
+/// `buf` as it is: a backend may give a zero-length allocation one element (CUDA does), and
+/// reallocating it every step would make every step's launch graph new.
 fn put<M: DeviceMemory, T: Element>(mem: &M, buf: &mut M::Buffer<T>, src: &[T], exact: bool) -> Result<bool> {
+    if src.is_empty() {
+        return Ok(false);
+    }
     let have = mem.len(buf);
     let moved = if exact { have != src.len() } else { have < src.len() };
     if moved {
