@@ -236,7 +236,9 @@ pub fn simulate<'py>(
         report
             .results
             .iter()
-            .find(|b| b.policy == "belady" && b.prefetcher == r.prefetcher && b.device_buffer_size == r.device_buffer_size)
+            .find(|b| {
+                b.policy == "belady" && b.prefetcher == r.prefetcher && b.device_buffer_size == r.device_buffer_size
+            })
             .map(|b| b.swap.misses)
     };
     let mut rows = Vec::new();
