@@ -12,8 +12,8 @@ use std::error::Error;
 
 use half::bf16;
 use hisparse_engine::{
-    Admission, BuiltinPrefetcher, CacheConfig, CpuBackend, Eviction, KvCache, KvGeometry, LayerInputs, Mode,
-    PrefetcherChoice, Prompt, RequestId, Rows, dense_attention,
+    Admission, BuiltinPrefetcher, CacheConfig, CpuBackend, Eviction, KvCache, KvGeometry, LayerInputs, Mode, Prefetch,
+    Prompt, RequestId, Rows, dense_attention,
 };
 
 /// SplitMix64: the toy model's random projections.
@@ -48,7 +48,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     // The caller picks the policy and the prefetcher (any `EvictionPolicy` / `Prefetcher`; the
     // built-ins here), made once.
     let policy = Eviction::Lru.make_online()?;
-    let prefetcher = PrefetcherChoice::from(BuiltinPrefetcher::AdjacentLayer).make(&cfg.hisparse.prefetch());
+    let prefetcher = Prefetch::from(BuiltinPrefetcher::AdjacentLayer).make();
     let mut cache = KvCache::new(CpuBackend::new(), cfg, policy, prefetcher)?;
     let (kv_row, key) = cache.layouts();
     let (rb, kb, d_qk, d_v) = (kv_row.row_bytes(), key.row_bytes(), g.d_qk(), g.d_v());

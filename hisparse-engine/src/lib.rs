@@ -44,7 +44,7 @@ pub use hisparse_memory::{
 };
 pub use hisparse_policy::{
     BuiltinPolicy, BuiltinPrefetcher, Eviction, EvictionPolicy, HiSparseConfig, MissFill, MissFillMode, OnlinePolicy,
-    PolicyChoice, PolicyConfig, Prefetcher, PrefetcherChoice, PrefetcherConfig,
+    PolicyChoice, PolicyConfig, Prefetch, Prefetcher, PrefetcherChoice, PrefetcherConfig,
 };
 
 /// The README's examples, compiled and run as doc-tests.

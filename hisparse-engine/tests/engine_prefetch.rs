@@ -19,8 +19,8 @@ fn shared(mut c: EngineConfig) -> EngineConfig {
 }
 
 fn with_prefetcher(mut c: EngineConfig, prefetcher: &str, budget: usize) -> EngineConfig {
-    c.cache.hisparse.prefetcher = prefetcher.parse().unwrap();
-    c.cache.hisparse.prefetch_budget = budget;
+    c.cache.hisparse.prefetch = prefetcher.parse().unwrap();
+    c.cache.hisparse.prefetch = c.cache.hisparse.prefetch.with_budget(budget);
     c
 }
 

@@ -241,7 +241,7 @@ fn on_cuda_the_per_layer_api_is_lossless_for_every_gpu_policy() {
 #[ignore = "needs a CUDA GPU"]
 fn on_cuda_next_step_prefetch_is_refused_by_name() {
     let mut cfg = config(Mode::HiSparse, "lru");
-    cfg.cache.hisparse.prefetcher = "next-step".parse().unwrap();
+    cfg.cache.hisparse.prefetch = "next-step".parse().unwrap();
     let e = Engine::new(gpu(), cfg).err().expect("refused");
     assert!(e.to_string().contains("prefetcher") && e.to_string().contains("next-step"), "{e}");
 }
@@ -270,7 +270,7 @@ fn on_cuda_prefetch_on_the_transfer_stream_is_exact() {
             for policy in ["lru", "s3fifo", "score"] {
                 let make = |serial: bool, graphs: bool, delay: Option<Duration>| {
                     let mut c = geo(config(Mode::HiSparse, policy));
-                    c.cache.hisparse.prefetcher = prefetcher.parse().unwrap();
+                    c.cache.hisparse.prefetch = prefetcher.parse().unwrap();
                     c.cache.serial_prefetch = serial;
                     c.launch_graphs = graphs;
                     c.cache.transfer_delay = delay;

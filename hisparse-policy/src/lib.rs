@@ -18,6 +18,7 @@ pub mod error;
 pub mod eviction;
 pub mod policy;
 pub mod prefetch;
+pub mod prefetching;
 pub mod simulate;
 pub mod swap_in;
 pub mod synth;
@@ -32,6 +33,7 @@ pub use policy::BuiltinPolicy;
 pub use policy::{EvictionPolicy, PolicyConfig, PolicyEnv, PolicyScalars, SlotRecord, StampRule, StepCtx, VictimKey};
 pub use prefetch::BuiltinPrefetcher;
 pub use prefetch::{Prefetcher, PrefetcherConfig};
+pub use prefetching::Prefetch;
 pub use simulate::{
     SimConfig, SimReport, SimResult, memory_estimate, memory_estimate_encoded, replays, replays_in_one_pass, simulate,
     simulate_encoded, simulate_encoded_policies, simulate_policies, simulate_with,

@@ -146,12 +146,8 @@ impl ModelInput {
             e => super::model_args::named(e, "device-buffer-size"),
         })?;
         cfg.hisparse.eviction = self.args.policy.into();
-        if let Some(p) = engine.prefetcher {
-            cfg.hisparse.prefetcher = p.into();
-        }
-        if let Some(b) = engine.prefetch_budget {
-            cfg.hisparse.prefetch_budget = b;
-        }
+        cfg.hisparse.prefetch =
+            cfg.hisparse.prefetch.overridden(engine.prefetcher.map(Into::into), engine.prefetch_budget);
         self.args.with_oracle(cfg)
     }
 

@@ -182,7 +182,7 @@ pub fn hierarchy(hs: &hisparse_policy::HiSparseConfig, backend: &str) -> String 
     let reads_scores = hs.online_policy().is_ok_and(|p| p.needs_scores());
     let fill = match (backend == "cuda", hs.miss_fill) {
         (_, MissFill::NoCopies { .. }) => {
-            return format!("{} eviction, prefetcher {}, misses NOT copied ({NO_COPIES})", hs.eviction, hs.prefetcher);
+            return format!("{} eviction, prefetcher {}, misses NOT copied ({NO_COPIES})", hs.eviction, hs.prefetch);
         }
         (false, _) | (true, MissFill::SwapIn) => "swap-in".to_owned(),
         (true, MissFill::HitsFirst) => "deferred swap-in, the attention over the hits while the misses are \
@@ -206,7 +206,7 @@ pub fn hierarchy(hs: &hisparse_policy::HiSparseConfig, backend: &str) -> String 
             format!("attention in batches of at most {n} requests, else the swap-in")
         }
     };
-    format!("{} eviction, prefetcher {}, misses filled by the {fill}", hs.eviction, hs.prefetcher)
+    format!("{} eviction, prefetcher {}, misses filled by the {fill}", hs.eviction, hs.prefetch)
 }
 
 /// The sweep as a table.

@@ -238,7 +238,7 @@ where
                     geometry: g.clone(),
                     policy: policy.clone(),
                     prefetcher: Arc::clone(&prefetcher),
-                    prefetch_budget: cfg.hisparse.prefetch_budget,
+                    prefetch_budget: cfg.hisparse.prefetch.budget().unwrap_or(0),
                     seats: device.config().seats,
                     device_buffer_size: cfg.hisparse.device_buffer_size,
                     block_size: cfg.hisparse.swap_in_block_size,
@@ -276,10 +276,10 @@ where
     }
 
     /// [`KvCache::new`] with the policy and prefetcher `cfg.hisparse` describes (`eviction`,
-    /// `prefetcher`, `prefetch_budget`), each made once.
+    /// `prefetch`), each made once.
     pub fn with_named_policies(backend: B, cfg: CacheConfig) -> Result<Self> {
         let h = &cfg.hisparse;
-        let (policy, prefetcher) = (h.online_policy()?, h.prefetcher.make(&h.prefetch()));
+        let (policy, prefetcher) = (h.online_policy()?, h.prefetch.make());
         Self::new(backend, cfg, policy, prefetcher)
     }
 

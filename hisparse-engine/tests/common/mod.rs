@@ -43,7 +43,7 @@ pub fn prefetcher_configs() -> Vec<(&'static str, EngineConfig)> {
         .into_iter()
         .map(|(prefetcher, share)| {
             let mut c = config(Mode::HiSparse, "clock");
-            c.cache.hisparse.prefetcher = prefetcher.parse().unwrap();
+            c.cache.hisparse.prefetch = prefetcher.parse().unwrap();
             if share {
                 c.cache.geometry =
                     c.cache.geometry.with_indexers(hisparse_memory::IndexerLayout::Every { first_full: 1, freq: 2 });

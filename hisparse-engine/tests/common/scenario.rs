@@ -83,7 +83,7 @@ where
     let p = hisparse_policy::Eviction::from_parts(choice, &PolicyConfig { seed: 5, ..PolicyConfig::default() })
         .make_online()
         .unwrap();
-    let f = make_prefetcher(prefetcher, &cfg.hisparse.prefetch()).unwrap();
+    let f = make_prefetcher(prefetcher, &cfg.hisparse.prefetch.parts().1).unwrap();
     KvCache::new(backend, cfg, p, f).unwrap()
 }
 

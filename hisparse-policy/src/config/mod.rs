@@ -3,7 +3,7 @@
 //! top-k: a file that gives it is checked against the geometry when read) plus ours, from JSON or
 //! from code, validated against a geometry with typed errors naming the field. The eviction
 //! policy, the prefetcher and the miss-fill form are typed values ([`Eviction`],
-//! [`PrefetcherChoice`], [`MissFill`]); the JSON form keeps their names as flat keys
+//! [`Prefetch`], [`MissFill`]); the JSON form keeps their names as flat keys
 //! (`raw.rs`), resolved once when it is read.
 
 mod miss_fill;
@@ -19,10 +19,9 @@ use hisparse_memory::KvGeometry;
 use hisparse_memory::slot_table::MAX_BUFFER_SLOTS;
 use serde::{Deserialize, Serialize};
 
-use crate::choice::PrefetcherChoice;
 use crate::error::{PolicyError, Result};
 use crate::eviction::{Eviction, OnlinePolicy};
-use crate::prefetch::PrefetcherConfig;
+use crate::prefetching::Prefetch;
 
 /// The hierarchy's configuration.
 ///
@@ -54,12 +53,10 @@ pub struct HiSparseConfig {
     /// policy's seed; `policy_config`, the tunables the policy reads: CLOCK's counter bits, MQ's
     /// queues, ...).
     pub eviction: Eviction,
-    /// Ours: the prefetcher (`prefetcher`: `none`, `shared-index`, `adjacent-layer`,
-    /// `next-step`).
-    pub prefetcher: PrefetcherChoice,
-    /// Ours: most rows a speculative prefetcher brings into one buffer per step (0: a quarter
-    /// of top-k).
-    pub prefetch_budget: usize,
+    /// Ours: the prefetcher with its settings (JSON: `prefetcher`, `none`, `shared-index`,
+    /// `adjacent-layer`, `next-step`; `prefetch_budget`, most rows a speculative prefetcher
+    /// brings into one buffer per step, 0: a quarter of top-k).
+    pub prefetch: Prefetch,
     /// Ours: who brings a layer's missed rows into its hot buffer (JSON: `miss_fill` with
     /// `miss_fill_max_batch` for `auto` and `no-copies`, `copy_engine_share` and `host_gather_threads` for
     /// `copy-engine`). CUDA only: the CPU backend copies either way.
@@ -91,8 +88,7 @@ impl Default for HiSparseConfig {
             host_to_device_ratio: 8.0,
             swap_in_block_size: 512,
             eviction: Eviction::default(),
-            prefetcher: PrefetcherChoice::default(),
-            prefetch_budget: 0,
+            prefetch: Prefetch::None,
             miss_fill: MissFill::SwapIn,
             page_tokens: 64,
             device_kv_bytes: 0,
@@ -166,11 +162,6 @@ impl HiSparseConfig {
         self.eviction.make_online()
     }
 
-    /// The prefetchers' config.
-    pub fn prefetch(&self) -> PrefetcherConfig {
-        PrefetcherConfig { budget: self.prefetch_budget }
-    }
-
     /// Host-tier bytes this config gives (explicit, or the ratio times the device bytes).
     pub fn host_bytes(&self) -> u64 {
         if self.host_tier_bytes > 0 {
@@ -242,10 +233,12 @@ impl HiSparseConfig {
         }
         self.check_policy(policy)?;
         self.miss_fill.validate()?;
-        if self.prefetch_budget > self.device_buffer_size {
+        if let Some(budget) = self.prefetch.budget()
+            && budget > self.device_buffer_size
+        {
             return Err(invalid(
                 "prefetch_budget",
-                self.prefetch_budget,
+                budget,
                 format!("at most the hot buffer's {} slots (rows one buffer can take)", self.device_buffer_size),
             ));
         }

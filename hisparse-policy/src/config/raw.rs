@@ -11,6 +11,8 @@ use crate::choice::{PolicyChoice, PrefetcherChoice};
 use crate::error::PolicyError;
 use crate::eviction::Eviction;
 use crate::policy::PolicyConfig;
+use crate::prefetch::PrefetcherConfig;
+use crate::prefetching::Prefetch;
 
 /// [`HiSparseConfig`] as JSON has it (missing keys take the defaults; unknown keys are errors).
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -61,8 +63,8 @@ impl From<HiSparseConfig> for RawConfig {
             // The seed is written once, as `policy_seed` (it replaces `policy_config.seed`).
             policy_seed: policy_config.seed,
             policy_config: PolicyConfig { seed: 0, ..policy_config },
-            prefetcher: c.prefetcher.name().to_owned(),
-            prefetch_budget: c.prefetch_budget,
+            prefetcher: c.prefetch.name().to_owned(),
+            prefetch_budget: c.prefetch.parts().1.budget,
             miss_fill: c.miss_fill.mode(),
             miss_fill_max_batch: max_batch,
             copy_engine_share: share,
@@ -90,8 +92,10 @@ impl TryFrom<RawConfig> for HiSparseConfig {
                 PolicyChoice::parse(&r.eviction_policy)?,
                 &PolicyConfig { seed: r.policy_seed, ..r.policy_config },
             ),
-            prefetcher: PrefetcherChoice::parse(&r.prefetcher)?,
-            prefetch_budget: r.prefetch_budget,
+            prefetch: Prefetch::from_parts(
+                PrefetcherChoice::parse(&r.prefetcher)?,
+                &PrefetcherConfig { budget: r.prefetch_budget },
+            ),
             miss_fill: MissFill::new(r.miss_fill, r.miss_fill_max_batch, r.copy_engine_share, r.host_gather_threads),
             page_tokens: r.page_tokens,
             device_kv_bytes: r.device_kv_bytes,

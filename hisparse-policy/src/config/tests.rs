@@ -89,7 +89,7 @@ fn each_bad_field_is_named() {
             },
             "miss_fill",
         ),
-        (HiSparseConfig { prefetch_budget: 5000, ..Default::default() }, "prefetch_budget"),
+        (HiSparseConfig { prefetch: Prefetch::NextStep { budget: 5000 }, ..Default::default() }, "prefetch_budget"),
         (
             HiSparseConfig {
                 miss_fill: MissFill::CopyEngine { share: 0.125, host_threads: 0 },
@@ -162,7 +162,13 @@ fn names_are_resolved_once_when_json_is_read_and_written_back_the_same() {
             "copy_engine_share": 0.25, "host_gather_threads": 6}"#,
     )
     .unwrap();
-    assert_eq!((c.eviction.name(), c.prefetcher.name()), ("s3fifo", "adjacent-layer"));
+    assert_eq!((c.eviction.name(), c.prefetch.name()), ("s3fifo", "adjacent-layer"));
+    // The prefetcher and its budget are one typed value; the JSON keeps both flat keys.
+    let next = HiSparseConfig::from_json(r#"{"prefetcher": "next-step", "prefetch_budget": 12}"#).unwrap();
+    assert_eq!(next.prefetch, Prefetch::NextStep { budget: 12 });
+    let json = serde_json::to_string(&next).unwrap();
+    assert!(json.contains(r#""prefetcher":"next-step""#) && json.contains(r#""prefetch_budget":12"#), "{json}");
+    assert_eq!(HiSparseConfig::from_json(&json).unwrap(), next);
     assert_eq!(c.miss_fill, MissFill::CopyEngine { share: 0.25, host_threads: 6 });
     let auto = HiSparseConfig::from_json(r#"{"miss_fill": "auto", "miss_fill_max_batch": 3}"#).unwrap();
     assert_eq!(auto.miss_fill, MissFill::Auto { max_batch: 3 });

@@ -11,7 +11,7 @@ use super::{AdjacentLayer, NextStep, NoPrefetch, Prefetcher, SharedIndex};
 use crate::error::{PolicyError, Result};
 
 /// The tunables of every prefetcher (missing keys take their defaults; unknown keys are errors).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PrefetcherConfig {
     /// Most rows a speculative prefetcher brings into one buffer per step (0: a quarter of

@@ -191,22 +191,17 @@ impl EngineArgs {
         if let Some(v) = self.eviction_policy {
             c.eviction = v.into();
         }
-        if let Some(v) = self.prefetcher {
-            if self.uses_cuda() && v == BuiltinPrefetcher::NextStep {
-                return Err(BenchError::flag(
-                    "prefetcher",
-                    "next-step",
-                    "the CUDA backend prefetches a layer's selection into later layers \
-                     (shared-index, adjacent-layer); next-step needs near-cut candidates on the \
-                     device, not built yet: use --backend cpu (or compare prefetchers on a trace \
-                     with `hisparse simulate --prefetchers`)",
-                ));
-            }
-            c.prefetcher = v.into();
+        if self.prefetcher == Some(BuiltinPrefetcher::NextStep) && self.uses_cuda() {
+            return Err(BenchError::flag(
+                "prefetcher",
+                "next-step",
+                "the CUDA backend prefetches a layer's selection into later layers \
+                 (shared-index, adjacent-layer); next-step needs near-cut candidates on the \
+                 device, not built yet: use --backend cpu (or compare prefetchers on a trace \
+                 with `hisparse simulate --prefetchers`)",
+            ));
         }
-        if let Some(v) = self.prefetch_budget {
-            c.prefetch_budget = v;
-        }
+        c.prefetch = c.prefetch.overridden(self.prefetcher.map(Into::into), self.prefetch_budget);
         c.miss_fill = self.miss_fill_over(c.miss_fill)?;
         if let Some(p) = &self.host_tier_file {
             if self.uses_cuda() {
