@@ -1,7 +1,8 @@
 //! `TextTokenizer`: the byte-level BPE tokenizer of a GGUF file (`tokenizer.ggml.model` =
 //! `gpt2`), built from the file's own vocabulary and merges with the `tokenizers` crate: digits
 //! split one by one, then GPT-2's byte-level pre-tokenizer, as SmolLM2's tokenizer does;
-//! control tokens (`<|im_start|>`, ...) are special tokens.
+//! control tokens (`<|im_start|>`, ...) are special tokens. A chat prompt is the file's own
+//! chat template (`tokenizer.chat_template`, Jinja, rendered with `minijinja`) where it has one.
 
 use candle_core::quantized::gguf_file::Content;
 use tokenizers::models::bpe::{BPE, Vocab};
@@ -20,6 +21,8 @@ pub struct TextTokenizer {
     inner: Tokenizer,
     eos: u32,
     vocab: usize,
+    /// The file's chat template, if it has one.
+    chat_template: Option<String>,
 }
 
 fn tok_err(e: impl std::fmt::Display) -> ModelError {
@@ -76,7 +79,11 @@ impl TextTokenizer {
             Some(v) => v.to_u32()?,
             None => 0,
         };
-        Ok(Self { inner, eos, vocab: tokens.len() })
+        let chat_template = match c.metadata.get("tokenizer.chat_template") {
+            Some(v) => Some(v.to_string()?.clone()),
+            None => None,
+        };
+        Ok(Self { inner, eos, vocab: tokens.len(), chat_template })
     }
 
     /// Token ids of `text` (special tokens written in it are recognised).
@@ -99,8 +106,51 @@ impl TextTokenizer {
         self.vocab
     }
 
-    /// A chat prompt in the ChatML form SmolLM2-Instruct was trained on.
-    pub fn chat_prompt(user: &str) -> String {
-        format!("<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n")
+    /// The chat prompt of one user message, ready for the assistant's answer: the file's own
+    /// chat template (its default system prompt included), else plain ChatML.
+    pub fn chat_prompt(&self, user: &str) -> Result<String> {
+        match &self.chat_template {
+            Some(t) => render_chat(t, user, &self.decode(&[self.eos])?),
+            None => Ok(format!("<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n")),
+        }
+    }
+
+    /// The file's chat template, if it has one.
+    pub fn chat_template(&self) -> Option<&str> {
+        self.chat_template.as_deref()
+    }
+}
+
+/// `template` rendered for one user message with the generation prompt (the variables Hugging
+/// Face's templates read: `messages`, `add_generation_prompt`, `eos_token`).
+fn render_chat(template: &str, user: &str, eos: &str) -> Result<String> {
+    let bad = |e: minijinja::Error| ModelError::invalid("tokenizer.chat_template", "(the file's)", e.to_string());
+    let mut env = minijinja::Environment::new();
+    env.add_template("chat", template).map_err(bad)?;
+    let ctx = minijinja::context! {
+        messages => vec![minijinja::context! { role => "user", content => user }],
+        add_generation_prompt => true,
+        eos_token => eos,
+    };
+    env.get_template("chat").and_then(|t| t.render(ctx)).map_err(bad)
+}
+
+#[cfg(test)]
+mod chat_tests {
+    use super::render_chat;
+
+    /// SmolLM2-Instruct's template, as its GGUF file carries it.
+    const SMOLLM2: &str = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+    #[test]
+    fn the_files_template_renders_its_default_system_prompt() {
+        let p = render_chat(SMOLLM2, "Name three primary colors.", "<|im_end|>").unwrap();
+        assert_eq!(
+            p,
+            "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n\
+             <|im_start|>user\nName three primary colors.<|im_end|>\n<|im_start|>assistant\n"
+        );
+        let e = render_chat("{% for %}", "hi", "").unwrap_err().to_string();
+        assert!(e.contains("tokenizer.chat_template"), "{e}");
     }
 }

@@ -22,6 +22,22 @@ fn cache(m: &Llama, kind: AttentionKind, top_k: usize, buffer: usize, policy: Bu
     KvCache::with_named_policies(CpuBackend::new(), cfg).unwrap()
 }
 
+/// `generate`'s chat prompt is the file's own template, its default system prompt included.
+#[test]
+fn the_chat_prompt_is_the_files_own_template() {
+    let (_, m) = model();
+    assert!(m.tokenizer.chat_template().is_some_and(|t| t.contains("{% for message in messages %}")));
+    let p = m.tokenizer.chat_prompt("Name three primary colors.").unwrap();
+    assert!(p.starts_with("<|im_start|>system\nYou are a helpful AI assistant named SmolLM"), "{p}");
+    assert!(p.ends_with("<|im_start|>user\nName three primary colors.<|im_end|>\n<|im_start|>assistant\n"), "{p}");
+    let ids = m.tokenizer.encode(&p).unwrap();
+    assert_eq!(
+        ids.iter().filter(|&&t| m.tokenizer.decode(&[t]).unwrap() == "<|im_start|>").count(),
+        3,
+        "control tokens"
+    );
+}
+
 #[test]
 fn dense_decoding_matches_candle_transformers_quantized_llama() {
     let (path, m) = model();

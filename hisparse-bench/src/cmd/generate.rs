@@ -6,7 +6,7 @@ use std::io::Write;
 
 use clap::Args;
 use hisparse_engine::{Admission, RequestId};
-use hisparse_model::{AttentionKind, StepToken, TextTokenizer, argmax};
+use hisparse_model::{AttentionKind, StepToken, argmax};
 use rand::{Rng, SeedableRng};
 
 use super::model_args::{ModelArgs, check_selection};
@@ -94,7 +94,7 @@ pub fn run(args: &GenerateArgs) -> Result<usize> {
     let kind = AttentionKind::from(args.attention);
     let buffer = selection_flags(args, kind)?;
     let m = args.model.load()?;
-    let text = if args.raw { args.prompt.clone() } else { TextTokenizer::chat_prompt(&args.prompt) };
+    let text = if args.raw { args.prompt.clone() } else { m.tokenizer.chat_prompt(&args.prompt)? };
     let ids = m.tokenizer.encode(&text)?;
     let positions = m.config().context;
     if ids.is_empty() {
