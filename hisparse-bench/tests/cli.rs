@@ -710,6 +710,8 @@ fn dense_attention_holds_more_requests_in_the_same_budget() {
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         let json: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("sweep.json")).unwrap()).unwrap();
         std::fs::remove_dir_all(&out).unwrap();
+        let dense = json["hierarchy"].as_str().unwrap().starts_with("dense attention: top-k 4096 covers every request");
+        assert_eq!(dense, k == 4096, "{}", json["hierarchy"]);
         json["points"][0]["running"].as_f64().unwrap()
     };
     // 30 layers of 3 KV heads of 64: 23,040 B of bf16 rows a token, beside 5,760 B of fp8 keys;

@@ -128,6 +128,13 @@ pub fn run(a: &SweepArgs) -> Result<(SweepReport, PathBuf)> {
     }
     bar.finish_and_clear();
     let misses_by_buffer = super::sweep_measure::replay(&trace, g.top_k)?;
+    // Resident alone, with a top-k that covers every request: the engines attend densely.
+    let dense = modes == [SweepMode::Resident]
+        && a.context.iter().all(|&c| {
+            a.engine
+                .engine_config(Mode::Resident, (c + life, c + life), "context")
+                .is_ok_and(|e| !e.cache.keeps_index())
+        });
     let mut report = SweepReport {
         preset: g.name.clone(),
         backend: backend.into(),
@@ -152,7 +159,11 @@ pub fn run(a: &SweepArgs) -> Result<(SweepReport, PathBuf)> {
         ),
         device_buffer_size: hs.device_buffer_size,
         gpus: a.gpus.unwrap_or(1),
-        hierarchy: super::sweep_output::hierarchy(&hs, backend),
+        hierarchy: if dense {
+            format!("dense attention: top-k {} covers every request (nothing selected, no index keys)", g.top_k)
+        } else {
+            super::sweep_output::hierarchy(&hs, backend)
+        },
         device_kv_bytes: hs.device_kv_bytes,
         device_tier_bytes: tier_bytes,
         host_tier_bytes: hs.host_bytes(),
