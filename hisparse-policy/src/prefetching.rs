@@ -17,7 +17,7 @@
 use std::sync::Arc;
 
 use crate::choice::PrefetcherChoice;
-use crate::error::Result;
+use crate::error::{PolicyError, Result};
 use crate::prefetch::{BuiltinPrefetcher, Prefetcher, PrefetcherConfig};
 
 /// A prefetcher with its settings (see the module documentation).
@@ -59,6 +59,20 @@ impl Prefetch {
             Some(BuiltinPrefetcher::AdjacentLayer) => Self::AdjacentLayer { budget: cfg.budget },
             Some(BuiltinPrefetcher::NextStep) => Self::NextStep { budget: cfg.budget },
         }
+    }
+
+    /// [`Prefetch::from_parts`], refused where `cfg` sets a budget the prefetcher does not read
+    /// (an error naming `prefetch_budget`).
+    pub fn checked_parts(prefetcher: PrefetcherChoice, cfg: &PrefetcherConfig) -> Result<Self> {
+        let p = Self::from_parts(prefetcher, cfg);
+        if cfg.budget != 0 && p.budget().is_none() {
+            return Err(PolicyError::Invalid {
+                field: "prefetch_budget",
+                value: cfg.budget.to_string(),
+                reason: format!("the prefetcher {} reads no budget (adjacent-layer and next-step do)", p.name()),
+            });
+        }
+        Ok(p)
     }
 
     /// Its registry entry and the shared config it stands for (a zero budget where it reads none).
@@ -108,13 +122,20 @@ impl Prefetch {
     }
 
     /// This value with the prefetcher and the budget replaced where given (flags over a config):
-    /// a new prefetcher keeps the budget set so far, a prefetcher that reads none drops it.
-    pub fn overridden(self, prefetcher: Option<PrefetcherChoice>, budget: Option<usize>) -> Self {
-        let (p, mut cfg) = self.parts();
-        if let Some(b) = budget {
-            cfg.budget = b;
+    /// a new prefetcher keeps the budget set so far; a budget given for a prefetcher that reads
+    /// none is refused, naming `prefetch_budget`.
+    pub fn overridden(self, prefetcher: Option<PrefetcherChoice>, budget: Option<usize>) -> Result<Self> {
+        let (choice, cfg) = self.parts();
+        let p = Self::from_parts(prefetcher.unwrap_or(choice), &cfg);
+        let Some(b) = budget else { return Ok(p) };
+        if p.budget().is_none() {
+            return Err(PolicyError::Invalid {
+                field: "prefetch_budget",
+                value: b.to_string(),
+                reason: format!("the prefetcher {} reads no budget (adjacent-layer and next-step do)", p.name()),
+            });
         }
-        Self::from_parts(prefetcher.unwrap_or(p), &cfg)
+        Ok(p.with_budget(b))
     }
 
     /// The prefetcher made.
@@ -143,7 +164,7 @@ impl std::fmt::Display for Prefetch {
 }
 
 impl std::str::FromStr for Prefetch {
-    type Err = crate::PolicyError;
+    type Err = PolicyError;
     fn from_str(s: &str) -> Result<Self> {
         Self::parse(s)
     }
@@ -166,12 +187,16 @@ mod tests {
             assert_eq!(p.with_budget(3).budget(), p.budget().map(|_| 3));
         }
         let adjacent = Some(BuiltinPrefetcher::AdjacentLayer.into());
-        assert_eq!(
-            Prefetch::NextStep { budget: 12 }.overridden(adjacent, None),
-            Prefetch::AdjacentLayer { budget: 12 }
-        );
-        assert_eq!(Prefetch::None.overridden(adjacent, Some(5)), Prefetch::AdjacentLayer { budget: 5 });
-        assert_eq!(Prefetch::None.overridden(None, Some(5)), Prefetch::None, "none reads no budget");
+        let next = Prefetch::NextStep { budget: 12 };
+        assert_eq!(next.overridden(adjacent, None).unwrap(), Prefetch::AdjacentLayer { budget: 12 });
+        assert_eq!(Prefetch::None.overridden(adjacent, Some(5)).unwrap(), Prefetch::AdjacentLayer { budget: 5 });
+        assert_eq!(next.overridden(Some(BuiltinPrefetcher::SharedIndex.into()), None).unwrap(), Prefetch::SharedIndex);
+        for b in [0, 5] {
+            let e = Prefetch::None.overridden(None, Some(b)).unwrap_err().to_string();
+            assert!(e.contains("prefetch_budget") && e.contains("none reads no budget"), "{b}: {e}");
+        }
+        let shared = Prefetch::checked_parts(BuiltinPrefetcher::SharedIndex.into(), &PrefetcherConfig { budget: 3 });
+        assert!(shared.is_err(), "shared-index reads no budget");
         assert!(Prefetch::parse("psychic").unwrap_err().to_string().contains("prefetcher"));
         assert!(Prefetch::default().is_none() && !Prefetch::SharedIndex.is_none());
     }

@@ -147,7 +147,12 @@ impl ModelInput {
         })?;
         cfg.hisparse.eviction = self.args.policy.into();
         cfg.hisparse.prefetch =
-            cfg.hisparse.prefetch.overridden(engine.prefetcher.map(Into::into), engine.prefetch_budget);
+            cfg.hisparse.prefetch.overridden(engine.prefetcher.map(Into::into), engine.prefetch_budget).map_err(
+                |e| {
+                    let e = hisparse_model::ModelError::Engine(hisparse_engine::EngineError::Policy(e));
+                    super::model_args::named(e, "device-buffer-size")
+                },
+            )?;
         self.args.with_oracle(cfg)
     }
 

@@ -92,10 +92,10 @@ impl TryFrom<RawConfig> for HiSparseConfig {
                 PolicyChoice::parse(&r.eviction_policy)?,
                 &PolicyConfig { seed: r.policy_seed, ..r.policy_config },
             ),
-            prefetch: Prefetch::from_parts(
+            prefetch: Prefetch::checked_parts(
                 PrefetcherChoice::parse(&r.prefetcher)?,
                 &PrefetcherConfig { budget: r.prefetch_budget },
-            ),
+            )?,
             miss_fill: MissFill::new(r.miss_fill, r.miss_fill_max_batch, r.copy_engine_share, r.host_gather_threads),
             page_tokens: r.page_tokens,
             device_kv_bytes: r.device_kv_bytes,

@@ -201,7 +201,10 @@ impl EngineArgs {
                  with `hisparse simulate --prefetchers`)",
             ));
         }
-        c.prefetch = c.prefetch.overridden(self.prefetcher.map(Into::into), self.prefetch_budget);
+        c.prefetch = c
+            .prefetch
+            .overridden(self.prefetcher.map(Into::into), self.prefetch_budget)
+            .map_err(|e| self.name_error(e))?;
         c.miss_fill = self.miss_fill_over(c.miss_fill)?;
         if let Some(p) = &self.host_tier_file {
             if self.uses_cuda() {
