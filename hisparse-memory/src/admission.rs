@@ -168,9 +168,9 @@ fn overflow(field: &'static str, value: usize) -> MemoryError {
 
 impl CapacityPlan {
     /// Device tier capacities: resident mode spends the budget on pages of KV rows plus index
-    /// keys (KV rows alone where it keeps no index); hisparse mode on as many (seat + index pages of a typical request) as fit, then
-    /// the rest on index pages. Every product is checked: a plan whose sizes overflow is
-    /// refused, naming the field.
+    /// keys (KV rows alone where it keeps no index); hisparse mode on as many (seat + index
+    /// pages of a typical request) as fit, then the rest on index pages. Every product is
+    /// checked: a plan whose sizes overflow is refused, naming the field.
     pub fn device_tier(&self) -> Result<DeviceTierConfig> {
         if !self.keeps_index && self.mode == Mode::HiSparse {
             return Err(MemoryError::invalid("keeps_index", false, "hisparse mode selects through the index keys"));
