@@ -166,7 +166,63 @@ fn overflow(field: &'static str, value: usize) -> MemoryError {
     MemoryError::invalid(field, value, "the tier sizes computed from it overflow")
 }
 
+/// What one request of a given length takes of each tier's budget, in bytes
+/// ([`CapacityPlan::request_bytes`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RequestBytes {
+    /// Device bytes: its KV rows (resident) or hot-buffer seat (hisparse), with its index keys
+    /// where the plan keeps them.
+    pub device: usize,
+    /// Host-tier bytes: its KV rows in hisparse mode, 0 in resident mode.
+    pub host: usize,
+}
+
 impl CapacityPlan {
+    fn mul(a: usize, b: usize, field: &'static str, v: usize) -> Result<usize> {
+        a.checked_mul(b).ok_or_else(|| overflow(field, v))
+    }
+
+    /// Bytes of one page of KV rows in every layer (a device page in resident mode, a host page
+    /// in hisparse mode).
+    fn kv_page_bytes(&self) -> Result<usize> {
+        let p = self.page_tokens.max(1);
+        Self::mul(Self::mul(p, self.kv_row.row_bytes(), "page_tokens", p)?, self.layers, "layers", self.layers)
+    }
+
+    /// Bytes of one page of index keys in every layer that stores them (0 without keys).
+    fn index_page_bytes(&self) -> Result<usize> {
+        let (p, l) = (self.page_tokens.max(1), self.index_layers);
+        let key = if self.keeps_index { self.index_key.row_bytes() } else { 0 };
+        Self::mul(Self::mul(p, key, "page_tokens", p)?, l, "index_layers", l)
+    }
+
+    /// Bytes of one request's hot-buffer seat in every layer (hisparse mode).
+    fn seat_bytes(&self) -> Result<usize> {
+        let d = self.device_buffer_size;
+        let rows = d.checked_add(1).ok_or_else(|| overflow("device_buffer_size", d))?;
+        Self::mul(
+            Self::mul(rows, self.kv_row.row_bytes(), "device_buffer_size", d)?,
+            self.layers,
+            "layers",
+            self.layers,
+        )
+    }
+
+    /// What one request of `tokens` positions takes of each tier, by the rule
+    /// [`CapacityPlan::device_tier`] and [`CapacityPlan::host_pages`] size the tiers with: whole
+    /// pages of rows and keys, one seat in hisparse mode. Refused, naming the field, where a size
+    /// overflows.
+    pub fn request_bytes(&self, tokens: usize) -> Result<RequestBytes> {
+        let pages = tokens.div_ceil(self.page_tokens.max(1));
+        let keys = Self::mul(pages, self.index_page_bytes()?, "tokens", tokens)?;
+        let rows = Self::mul(pages, self.kv_page_bytes()?, "tokens", tokens)?;
+        let (device, host) = match self.mode {
+            Mode::Resident => (rows.checked_add(keys), 0),
+            Mode::HiSparse => (self.seat_bytes()?.checked_add(keys), rows),
+        };
+        Ok(RequestBytes { device: device.ok_or_else(|| overflow("tokens", tokens))?, host })
+    }
+
     /// Device tier capacities: resident mode spends the budget on pages of KV rows plus index
     /// keys (KV rows alone where it keeps no index); hisparse mode on as many (seat + index
     /// pages of a typical request) as fit, then the rest on index pages. Every product is
@@ -175,40 +231,27 @@ impl CapacityPlan {
         if !self.keeps_index && self.mode == Mode::HiSparse {
             return Err(MemoryError::invalid("keeps_index", false, "hisparse mode selects through the index keys"));
         }
-        let (kv, l, p) = (self.kv_row.row_bytes(), self.layers, self.page_tokens.max(1));
-        let key = if self.keeps_index { self.index_key.row_bytes() } else { 0 };
-        let mul =
-            |a: usize, b: usize, field: &'static str, v: usize| a.checked_mul(b).ok_or_else(|| overflow(field, v));
+        let index_page = self.index_page_bytes()?;
         let (kv_pages, index_pages, seats) = match self.mode {
             Mode::Resident => {
-                let rows = mul(mul(p, kv, "page_tokens", p)?, l, "layers", l)?;
-                let keys = mul(mul(p, key, "page_tokens", p)?, self.index_layers, "index_layers", self.index_layers)?;
-                let per_page = rows.checked_add(keys).ok_or_else(|| overflow("page_tokens", p))?;
-                let pages = self.device_bytes / per_page.max(1);
+                let pages = self.device_bytes / self.request_bytes(self.page_tokens.max(1))?.device.max(1);
                 (pages, if self.keeps_index { pages } else { 0 }, 0)
             }
             Mode::HiSparse => {
-                let slots = self
-                    .device_buffer_size
-                    .checked_add(1)
-                    .ok_or_else(|| overflow("device_buffer_size", self.device_buffer_size))?;
-                let seat = mul(mul(slots, kv, "device_buffer_size", self.device_buffer_size)?, l, "layers", l)?;
-                let page = mul(mul(p, key, "page_tokens", p)?, self.index_layers, "index_layers", self.index_layers)?;
-                let typical = mul(self.typical_tokens.div_ceil(p), page, "typical_tokens", self.typical_tokens)?;
-                let per_request =
-                    seat.checked_add(typical).ok_or_else(|| overflow("typical_tokens", self.typical_tokens))?;
-                let seats = self.device_bytes / per_request.max(1);
+                let (seat, t) = (self.seat_bytes()?, self.typical_tokens);
+                let seats =
+                    self.device_bytes / self.request_bytes(t).map_err(|_| overflow("typical_tokens", t))?.device.max(1);
                 // seats * seat <= device_bytes: no overflow.
-                (0, (self.device_bytes - seats * seat) / page.max(1), seats)
+                (0, (self.device_bytes - seats * seat) / index_page.max(1), seats)
             }
         };
         Ok(DeviceTierConfig {
-            layers: l,
+            layers: self.layers,
             index_layers: self.index_layers,
             kv_row: self.kv_row,
             index_key: self.index_key,
             keeps_index: self.keeps_index,
-            page_tokens: p,
+            page_tokens: self.page_tokens.max(1),
             kv_pages,
             index_pages,
             seats,
@@ -220,15 +263,7 @@ impl CapacityPlan {
     pub fn host_pages(&self) -> Result<usize> {
         match self.mode {
             Mode::Resident => Ok(0),
-            Mode::HiSparse => {
-                let page = self
-                    .page_tokens
-                    .max(1)
-                    .checked_mul(self.kv_row.row_bytes())
-                    .and_then(|b| b.checked_mul(self.layers))
-                    .ok_or_else(|| overflow("page_tokens", self.page_tokens))?;
-                Ok(self.host_bytes / page.max(1))
-            }
+            Mode::HiSparse => Ok(self.host_bytes / self.kv_page_bytes()?.max(1)),
         }
     }
 
@@ -308,6 +343,29 @@ mod tests {
         assert_eq!(n, 26);
         let e = CapacityPlan { keeps_index: false, ..plan(Mode::HiSparse) }.device_tier().unwrap_err();
         assert!(matches!(e, MemoryError::InvalidField { field: "keeps_index", .. }), "{e}");
+    }
+
+    #[test]
+    fn one_request_takes_what_the_tiers_are_sized_by() {
+        let (kv, key) = (656, IndexKeyLayout::new(128).unwrap().row_bytes());
+        let t = 40 * 1024 + 1; // 641 pages
+        let r = plan(Mode::Resident).request_bytes(t).unwrap();
+        assert_eq!(r, RequestBytes { device: 641 * 64 * (kv + key) * 61, host: 0 });
+        let dense = CapacityPlan { keeps_index: false, ..plan(Mode::Resident) }.request_bytes(t).unwrap();
+        assert_eq!(dense.device, 641 * 64 * kv * 61);
+        let h = plan(Mode::HiSparse).request_bytes(t).unwrap();
+        assert_eq!(h, RequestBytes { device: 4097 * kv * 61 + 641 * 64 * key * 61, host: 641 * 64 * kv * 61 });
+        // A device of exactly one request's bytes seats one; a byte less seats none.
+        for (mode, need) in [(Mode::HiSparse, h.device), (Mode::Resident, r.device)] {
+            for (bytes, fits) in [(need, 1), (need - 1, 0)] {
+                let p = CapacityPlan { device_bytes: bytes, typical_tokens: t, host_bytes: h.host, ..plan(mode) };
+                let mut a = AdmissionControl::new(p.resources().unwrap());
+                let admitted = a.try_admit(&Resources::need(mode, t, 64, true)) == Admission::Admitted;
+                assert_eq!(usize::from(admitted), fits, "{mode:?} with {bytes} B");
+            }
+        }
+        let e = plan(Mode::Resident).request_bytes(usize::MAX).unwrap_err();
+        assert!(matches!(e, MemoryError::InvalidField { field: "tokens", .. }), "{e}");
     }
 
     #[test]

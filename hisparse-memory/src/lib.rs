@@ -34,7 +34,7 @@ pub mod row;
 pub mod slot_table;
 mod system;
 
-pub use admission::{Admission, AdmissionControl, CapacityPlan, Resources};
+pub use admission::{Admission, AdmissionControl, CapacityPlan, RequestBytes, Resources};
 pub use device_memory::{DeviceMemory, Element, EmulatedDevice};
 pub use device_tier::{DeviceTier, DeviceTierConfig};
 pub use error::{MemoryError, Result};

@@ -64,15 +64,20 @@ impl Prefetch {
     /// [`Prefetch::from_parts`], refused where `cfg` sets a budget the prefetcher does not read
     /// (an error naming `prefetch_budget`).
     pub fn checked_parts(prefetcher: PrefetcherChoice, cfg: &PrefetcherConfig) -> Result<Self> {
-        let p = Self::from_parts(prefetcher, cfg);
-        if cfg.budget != 0 && p.budget().is_none() {
+        Self::from_parts(prefetcher, cfg).with_read_budget(cfg.budget)
+    }
+
+    /// The same prefetcher with `budget`, refused (naming `prefetch_budget`) where it reads no
+    /// budget and `budget` is not 0 (0 stands for each prefetcher's default).
+    fn with_read_budget(self, budget: usize) -> Result<Self> {
+        if budget != 0 && self.budget().is_none() {
             return Err(PolicyError::Invalid {
                 field: "prefetch_budget",
-                value: cfg.budget.to_string(),
-                reason: format!("the prefetcher {} reads no budget (adjacent-layer and next-step do)", p.name()),
+                value: budget.to_string(),
+                reason: format!("the prefetcher {} reads no budget (adjacent-layer and next-step do)", self.name()),
             });
         }
-        Ok(p)
+        Ok(self.with_budget(budget))
     }
 
     /// Its registry entry and the shared config it stands for (a zero budget where it reads none).
@@ -123,19 +128,14 @@ impl Prefetch {
 
     /// This value with the prefetcher and the budget replaced where given (flags over a config):
     /// a new prefetcher keeps the budget set so far; a budget given for a prefetcher that reads
-    /// none is refused, naming `prefetch_budget`.
+    /// none is refused as [`Prefetch::checked_parts`] refuses it.
     pub fn overridden(self, prefetcher: Option<PrefetcherChoice>, budget: Option<usize>) -> Result<Self> {
         let (choice, cfg) = self.parts();
         let p = Self::from_parts(prefetcher.unwrap_or(choice), &cfg);
-        let Some(b) = budget else { return Ok(p) };
-        if p.budget().is_none() {
-            return Err(PolicyError::Invalid {
-                field: "prefetch_budget",
-                value: b.to_string(),
-                reason: format!("the prefetcher {} reads no budget (adjacent-layer and next-step do)", p.name()),
-            });
+        match budget {
+            Some(b) => p.with_read_budget(b),
+            None => Ok(p),
         }
-        Ok(p.with_budget(b))
     }
 
     /// The prefetcher made.
@@ -191,12 +191,15 @@ mod tests {
         assert_eq!(next.overridden(adjacent, None).unwrap(), Prefetch::AdjacentLayer { budget: 12 });
         assert_eq!(Prefetch::None.overridden(adjacent, Some(5)).unwrap(), Prefetch::AdjacentLayer { budget: 5 });
         assert_eq!(next.overridden(Some(BuiltinPrefetcher::SharedIndex.into()), None).unwrap(), Prefetch::SharedIndex);
-        for b in [0, 5] {
-            let e = Prefetch::None.overridden(None, Some(b)).unwrap_err().to_string();
-            assert!(e.contains("prefetch_budget") && e.contains("none reads no budget"), "{b}: {e}");
-        }
-        let shared = Prefetch::checked_parts(BuiltinPrefetcher::SharedIndex.into(), &PrefetcherConfig { budget: 3 });
-        assert!(shared.is_err(), "shared-index reads no budget");
+        let e = Prefetch::None.overridden(None, Some(5)).unwrap_err().to_string();
+        assert!(e.contains("prefetch_budget") && e.contains("none reads no budget"), "{e}");
+        // A config and a flag follow one rule: 0 is every prefetcher's default, so it passes.
+        assert_eq!(Prefetch::None.overridden(None, Some(0)).unwrap(), Prefetch::None);
+        let shared =
+            |budget| Prefetch::checked_parts(BuiltinPrefetcher::SharedIndex.into(), &PrefetcherConfig { budget });
+        let e = shared(3).unwrap_err().to_string();
+        assert!(e.contains("prefetch_budget") && e.contains("shared-index reads no budget"), "{e}");
+        assert_eq!(shared(0).unwrap(), Prefetch::SharedIndex);
         assert!(Prefetch::parse("psychic").unwrap_err().to_string().contains("prefetcher"));
         assert!(Prefetch::default().is_none() && !Prefetch::SharedIndex.is_none());
     }

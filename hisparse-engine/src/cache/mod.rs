@@ -96,6 +96,44 @@ impl CacheConfig {
     pub fn keeps_index(&self) -> bool {
         !(self.mode == Mode::Resident && self.geometry.top_k >= self.hisparse.max_request_tokens)
     }
+
+    /// This config sized for requests of `typical_tokens` and at most `longest_tokens`: the
+    /// device split is planned for the typical length; a resident cache whose top-k holds the
+    /// longest request takes requests up to that length and so attends densely, keeping no
+    /// index keys ([`CacheConfig::keeps_index`]); any other keeps its `max_request_tokens`, at
+    /// least the typical length.
+    pub fn sized_for(mut self, typical_tokens: usize, longest_tokens: usize) -> Self {
+        self.typical_tokens = typical_tokens;
+        self.hisparse.max_request_tokens = if self.mode == Mode::Resident && self.geometry.top_k >= longest_tokens {
+            longest_tokens
+        } else {
+            self.hisparse.max_request_tokens.max(typical_tokens)
+        };
+        self
+    }
+
+    /// The byte budgets and shapes the tiers are planned from: what [`KvCache::new`] allocates,
+    /// and what one request takes of it ([`CapacityPlan::request_bytes`]).
+    pub fn capacity_plan(&self) -> Result<CapacityPlan> {
+        let g = &self.geometry;
+        Ok(CapacityPlan {
+            mode: self.mode,
+            layers: g.layers,
+            index_layers: g.index_layers(),
+            kv_row: g.kv_row()?,
+            index_key: g.index_key()?,
+            keeps_index: self.keeps_index(),
+            page_tokens: self.hisparse.page_tokens,
+            device_buffer_size: self.hisparse.device_buffer_size,
+            device_bytes: usize::try_from(self.hisparse.device_kv_bytes).unwrap_or(usize::MAX),
+            host_bytes: usize::try_from(self.hisparse.host_bytes()).unwrap_or(usize::MAX),
+            typical_tokens: if self.typical_tokens > 0 {
+                self.typical_tokens
+            } else {
+                self.hisparse.max_request_tokens
+            },
+        })
+    }
 }
 
 /// One admitted request's state.
@@ -189,19 +227,7 @@ where
             });
         }
         let (kv_row, key) = (g.kv_row()?, g.index_key()?);
-        let plan = CapacityPlan {
-            mode: cfg.mode,
-            layers: g.layers,
-            index_layers: g.index_layers(),
-            kv_row,
-            index_key: key,
-            keeps_index: cfg.keeps_index(),
-            page_tokens: cfg.hisparse.page_tokens,
-            device_buffer_size: cfg.hisparse.device_buffer_size,
-            device_bytes: usize::try_from(cfg.hisparse.device_kv_bytes).unwrap_or(usize::MAX),
-            host_bytes: usize::try_from(cfg.hisparse.host_bytes()).unwrap_or(usize::MAX),
-            typical_tokens: if cfg.typical_tokens > 0 { cfg.typical_tokens } else { cfg.hisparse.max_request_tokens },
-        };
+        let plan = cfg.capacity_plan()?;
         let tier = plan.device_tier()?;
         // Invariant relied on by every `as u32`/`as i32` of a row index in a step: the device
         // pools' rows fit an i32 (the kernels' row locations).

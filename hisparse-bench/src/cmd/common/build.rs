@@ -24,22 +24,17 @@ impl EngineArgs {
         flag: &'static str,
     ) -> Result<EngineConfig> {
         let g = self.geometry()?;
-        let mut hs = self.hisparse(&g)?;
+        let hs = self.hisparse(&g)?;
         // Checked as hisparse needs it (host tier, hot buffer and keys): a resident engine is
         // still made where its device cannot hold such a request (it rejects them whole).
         self.check_request_fits(&g, &hs, Mode::HiSparse, flag, typical_tokens, typical_tokens)?;
-        hs.max_request_tokens = if mode == Mode::Resident && g.top_k >= longest_tokens {
-            longest_tokens
-        } else {
-            hs.max_request_tokens.max(typical_tokens)
-        };
         let cache = hisparse_engine::CacheConfig {
             hisparse: hs,
-            typical_tokens,
             serial_prefetch: self.serial_prefetch,
             index_queries: self.index_queries,
             ..hisparse_engine::CacheConfig::new(g, mode, 0)
-        };
+        }
+        .sized_for(typical_tokens, longest_tokens);
         Ok(EngineConfig {
             cache,
             workload_seed: self.seed,

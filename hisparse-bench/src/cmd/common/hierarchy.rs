@@ -4,7 +4,6 @@
 
 use std::path::PathBuf;
 
-use hisparse_memory::device_tier::hot_buffer_rows_of;
 use hisparse_memory::{KvGeometry, MemoryError, Mode};
 use hisparse_policy::{BuiltinPrefetcher, HiSparseConfig, MissFill, MissFillMode, PolicyError};
 
@@ -322,8 +321,9 @@ impl EngineArgs {
     }
 
     /// Checks that one request of `tokens` positions (set by `flag` = `value`) fits the tiers
-    /// of `c` in `mode`: below the kernels' 2^31 positions, and within the host tier (hisparse)
-    /// or the device budget (resident) on its own. Refuses naming the flag otherwise.
+    /// of `c` in `mode` on its own — what the cache's capacity plan says it takes
+    /// ([`hisparse_memory::CapacityPlan::request_bytes`]) — and stays below the kernels' 2^31
+    /// positions. Refuses naming the flag otherwise.
     pub fn check_request_fits(
         &self,
         g: &KvGeometry,
@@ -336,37 +336,32 @@ impl EngineArgs {
         if tokens > u32::MAX as usize / 2 {
             return Err(BenchError::flag(flag, value, "a request must stay below 2^31 positions"));
         }
-        let (kv, key) = (g.kv_row()?.row_bytes(), g.index_key()?.row_bytes());
-        let positions = tokens.div_ceil(c.page_tokens) * c.page_tokens;
-        let keys = guard::product(&[positions, key, g.layers]);
-        let mut needs = vec![];
-        match mode {
-            Mode::HiSparse => {
-                needs.push((
-                    guard::product(&[positions, kv, g.layers]),
-                    c.host_bytes(),
-                    "host tier",
-                    "--host-to-device-ratio",
-                ));
-                let seat = guard::product(&[hot_buffer_rows_of(c.device_buffer_size), kv, g.layers]);
-                let device = seat.zip(keys).and_then(|(a, b)| a.checked_add(b));
-                needs.push((device, c.device_kv_bytes, "device budget (hot buffer and index keys)", "--device-memory"));
-            }
-            Mode::Resident => {
-                let rows = guard::product(&[positions, kv, g.layers]);
-                let device = rows.zip(keys).and_then(|(a, b)| a.checked_add(b));
-                needs.push((device, c.device_kv_bytes, "device budget (KV rows and index keys)", "--device-memory"));
-            }
+        let cache = hisparse_engine::CacheConfig {
+            hisparse: c.clone(),
+            ..hisparse_engine::CacheConfig::new(g.clone(), mode, 0)
         }
+        .sized_for(tokens, tokens);
+        let plan = cache.capacity_plan()?;
+        let too_big = |_| BenchError::flag(flag, value, "one request's bytes overflow");
+        let one = plan.request_bytes(tokens).map_err(too_big)?;
+        let device = match (mode, plan.keeps_index) {
+            (Mode::HiSparse, _) => "device budget (hot buffer and index keys)",
+            (Mode::Resident, true) => "device budget (KV rows and index keys)",
+            (Mode::Resident, false) => "device budget (KV rows)",
+        };
+        let needs = [
+            (one.host, plan.host_bytes, "host tier", "--host-to-device-ratio"),
+            (one.device, plan.device_bytes, device, "--device-memory"),
+        ];
         for (need, have, tier, knob) in needs {
-            if need.is_none_or(|n| n > have) {
+            if need > have {
                 return Err(BenchError::flag(
                     flag,
                     value,
                     format!(
                         "one request of {tokens} tokens needs {} of the {mode} {tier}, which holds {} (raise {knob})",
-                        need.map_or_else(|| "more than 2^64 B".into(), guard::human_bytes),
-                        guard::human_bytes(have)
+                        guard::human_bytes(need as u64),
+                        guard::human_bytes(have as u64)
                     ),
                 ));
             }
@@ -441,4 +436,39 @@ fn check_tier_room(p: &std::path::Path, bytes: u64) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Flags {
+        #[command(flatten)]
+        engine: EngineArgs,
+    }
+
+    /// One request fits as the cache plans it: a dense resident cache (top-k past the request)
+    /// holds rows alone, so a budget between the rows and rows with keys takes it; a sparse one
+    /// does not, naming the flag and what is short.
+    #[test]
+    fn a_request_fits_as_the_cache_plans_it() {
+        // SmolLM2-135M: 30 layers of 3 KV heads of 64 bf16 (23,040 B a token), 5,760 B of fp8
+        // keys. 320 tokens are 5 pages: 7,372,800 B of rows, 9,216,000 B with keys.
+        let fits = |top_k: &str| {
+            let argv = ["t", "--preset", "smollm2-135m", "--device-memory", "8MB", "--top-k", top_k];
+            let e = Flags::try_parse_from(argv).unwrap().engine;
+            let g = e.geometry().unwrap();
+            let c = e.hisparse(&g).unwrap();
+            e.check_request_fits(&g, &c, Mode::Resident, "context", 300, 320)
+        };
+        fits("320").unwrap();
+        let e = fits("64").unwrap_err().to_string();
+        assert!(
+            e.contains("--context") && e.contains("(KV rows and index keys)") && e.contains("--device-memory"),
+            "{e}"
+        );
+    }
 }
