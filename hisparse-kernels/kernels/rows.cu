@@ -137,18 +137,18 @@ extern "C" __global__ void fill_new_rows(NewRowsArgs a, const unsigned long long
     unsigned char* row = rows + (unsigned long long)i * a.row_bytes;
     const unsigned long long seed = kv_seeds[i];
     if (a.fp8) {
-        const unsigned blocks = a.d_latent / 128;
+        const unsigned blocks = a.blocked_dims / 128;
         for (unsigned blk = 0; blk < blocks; ++blk) {
             float v = unit_at(seed, blk * 128 + t, a.step, a.half_width);
             float s = quantize(v, true, row + blk * 128, red);
-            if (t == 0) reinterpret_cast<float*>(row + a.d_latent)[blk] = s;
+            if (t == 0) reinterpret_cast<float*>(row + a.blocked_dims)[blk] = s;
         }
-        __nv_bfloat16* rope = reinterpret_cast<__nv_bfloat16*>(row + a.d_latent + 4 * blocks);
-        for (unsigned e = t; e < a.d_rope; e += blockDim.x)
-            rope[e] = __float2bfloat16_rn(unit_at(seed, a.d_latent + e, a.step, a.half_width));
+        __nv_bfloat16* rope = reinterpret_cast<__nv_bfloat16*>(row + a.blocked_dims + 4 * blocks);
+        for (unsigned e = t; e < a.bf16_dims; e += blockDim.x)
+            rope[e] = __float2bfloat16_rn(unit_at(seed, a.blocked_dims + e, a.step, a.half_width));
     } else {
         __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(row);
-        for (unsigned e = t; e < a.d_latent + a.d_rope; e += blockDim.x)
+        for (unsigned e = t; e < a.blocked_dims + a.bf16_dims; e += blockDim.x)
             out[e] = __float2bfloat16_rn(unit_at(seed, e, a.step, a.half_width));
     }
     if (a.key_dim == 0) return;

@@ -41,7 +41,7 @@ pub fn fill_new_rows_host(
     let (rb, kb) = (kv_layout.row_bytes(), key_layout.row_bytes());
     check_len("rows", n * rb, rows.len())?;
     rows.par_chunks_mut(rb.max(1)).zip(kv_seeds.par_iter()).try_for_each(|(row, &s)| -> Result<()> {
-        let mut v = vec![0f32; kv_layout.d_qk()];
+        let mut v = vec![0f32; kv_layout.row_dims()];
         crate::unit_stream::fill_unit(s, &mut v);
         Ok(kv_layout.encode(&v, row)?)
     })?;

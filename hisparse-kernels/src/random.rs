@@ -27,10 +27,10 @@ pub fn normal_bf16(rng: &mut StdRng, n: usize, std: f32) -> Vec<bf16> {
 /// A pool of `rows` KV rows with normal values (latent std 1, rope std 0.5), encoded in
 /// `layout`, and the same values before encoding (`[rows, d_qk]`).
 pub fn kv_pool(rng: &mut StdRng, layout: KvRowLayout, rows: usize) -> Result<(Vec<u8>, Vec<f32>)> {
-    let d = layout.d_qk();
+    let d = layout.row_dims();
     let mut values = normal(rng, rows * d, 1.0);
     for row in values.chunks_mut(d) {
-        row[layout.d_latent()..].iter_mut().for_each(|x| *x *= 0.5);
+        row[layout.blocked_dims()..].iter_mut().for_each(|x| *x *= 0.5);
     }
     let pool = encode_kv_rows(layout, &values)?;
     Ok((pool, values))
@@ -39,9 +39,9 @@ pub fn kv_pool(rng: &mut StdRng, layout: KvRowLayout, rows: usize) -> Result<(Ve
 /// Encodes `[rows, d_qk]` values as a pool of rows in `layout`.
 pub fn encode_kv_rows(layout: KvRowLayout, values: &[f32]) -> Result<Vec<u8>> {
     let rb = layout.row_bytes();
-    let rows = values.len() / layout.d_qk();
+    let rows = values.len() / layout.row_dims();
     let mut pool = vec![0u8; rows * rb];
-    for (v, r) in values.chunks(layout.d_qk()).zip(pool.chunks_mut(rb)) {
+    for (v, r) in values.chunks(layout.row_dims()).zip(pool.chunks_mut(rb)) {
         layout.encode(v, r)?;
     }
     Ok(pool)
@@ -50,8 +50,8 @@ pub fn encode_kv_rows(layout: KvRowLayout, values: &[f32]) -> Result<Vec<u8>> {
 /// Decodes a pool of rows in `layout` to `[rows, d_qk]` f32.
 pub fn decode_kv_rows(layout: KvRowLayout, pool: &[u8]) -> Result<Vec<f32>> {
     let rb = layout.row_bytes();
-    let mut out = vec![0f32; pool.len() / rb * layout.d_qk()];
-    for (r, o) in pool.chunks(rb).zip(out.chunks_mut(layout.d_qk())) {
+    let mut out = vec![0f32; pool.len() / rb * layout.row_dims()];
+    for (r, o) in pool.chunks(rb).zip(out.chunks_mut(layout.row_dims())) {
         layout.decode(r, o)?;
     }
     Ok(out)

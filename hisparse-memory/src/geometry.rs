@@ -311,13 +311,13 @@ impl KvGeometry {
         }
         Err(MemoryError::invalid(
             "kv_format",
-            format!("{} ({}+{} dims)", layout.format(), layout.d_latent(), layout.d_rope()),
+            format!("{} ({}+{} dims)", layout.format(), layout.blocked_dims(), layout.bf16_dims()),
             format!(
                 "geometry {} stores {} rows of {}+{} dims",
                 self.name,
                 mine.format(),
-                mine.d_latent(),
-                mine.d_rope()
+                mine.blocked_dims(),
+                mine.bf16_dims()
             ),
         ))
     }

@@ -123,7 +123,7 @@ impl Llama {
         let c = self.config();
         let kvd = c.kv_heads * c.head_dim;
         let (kv_row, key) = cache.layouts();
-        if kv_row.d_qk() != 2 * kvd || key.dim() != kvd || cache.config().geometry.layers != c.layers {
+        if kv_row.row_dims() != 2 * kvd || key.dim() != kvd || cache.config().geometry.layers != c.layers {
             return Err(ModelError::invalid(
                 "cache",
                 &cache.config().geometry.name,

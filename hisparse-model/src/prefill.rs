@@ -42,10 +42,10 @@ impl Llama {
         self.check_position(n - 1)?;
         let (hd, heads, kvh) = (c.head_dim, c.heads, c.kv_heads);
         let kvd = kvh * hd;
-        if kv_row.d_qk() != 2 * kvd || key.dim() != kvd {
+        if kv_row.row_dims() != 2 * kvd || key.dim() != kvd {
             return Err(ModelError::invalid(
                 "kv_row",
-                kv_row.d_qk(),
+                kv_row.row_dims(),
                 format!("this model's rows hold {} values", 2 * kvd),
             ));
         }

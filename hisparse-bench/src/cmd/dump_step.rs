@@ -126,8 +126,8 @@ pub fn run(a: &DumpStepArgs) -> Result<(PathBuf, usize)> {
         let total: usize = d.selection_lens.iter().map(|&x| x as usize).sum();
         let l = d.layer;
         let i32s = |v: &[u32]| bytes_of(&v.iter().map(|&x| x as i32).collect::<Vec<_>>());
-        let mut decoded = vec![0f32; total * layout.d_qk()];
-        for (row, o) in d.selected_rows.chunks(layout.row_bytes()).zip(decoded.chunks_mut(layout.d_qk())) {
+        let mut decoded = vec![0f32; total * layout.row_dims()];
+        for (row, o) in d.selected_rows.chunks(layout.row_bytes()).zip(decoded.chunks_mut(layout.row_dims())) {
             layout.decode(row, o)?;
         }
         tensors.push((
@@ -166,7 +166,12 @@ pub fn run(a: &DumpStepArgs) -> Result<(PathBuf, usize)> {
             vec![total, layout.row_bytes()],
             d.selected_rows.clone(),
         ));
-        tensors.push((format!("L{l}.selected_rows_f32"), Dtype::F32, vec![total, layout.d_qk()], bytes_of(&decoded)));
+        tensors.push((
+            format!("L{l}.selected_rows_f32"),
+            Dtype::F32,
+            vec![total, layout.row_dims()],
+            bytes_of(&decoded),
+        ));
         tensors.push((format!("L{l}.out"), Dtype::F32, vec![b, g.q_heads, g.d_v()], bytes_of(&d.out)));
         tensors.push((format!("L{l}.lse"), Dtype::F32, vec![b, g.q_heads], bytes_of(&d.lse)));
     }

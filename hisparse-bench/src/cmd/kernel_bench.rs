@@ -69,7 +69,7 @@ fn random_rows(rng: &mut rand::rngs::StdRng, layout: KvRowLayout, rows: usize) -
     let mut v = vec![0u8; rows * rb];
     rng.fill_bytes(&mut v);
     for r in v.chunks_mut(rb) {
-        let rope = layout.rope_offset();
+        let rope = layout.bf16_offset();
         if let Some(at) = layout.scales_offset() {
             r[..at].iter_mut().for_each(|c| *c &= 0xb7);
             for s in r[at..rope].chunks_mut(4) {

@@ -150,7 +150,7 @@ impl<M: DeviceMemory> SyntheticInputs<M> {
             // A long prompt's prefill observes a stop between rows (then the admission is undone).
             rows.par_chunks_mut(kb).enumerate().try_for_each(|(t, r)| {
                 stop.check()?;
-                let mut v = vec![0f32; kv_row.d_qk()];
+                let mut v = vec![0f32; kv_row.row_dims()];
                 wl.kv_row(id.0, l, t, &mut v);
                 kv_row.encode(&v, r).map_err(EngineError::from)
             })?;

@@ -21,7 +21,8 @@ pub(super) fn sparse_attention(
     let heads = batch.heads;
     let layout = batch.layout;
     // A decoded row holds `row_dims` values; a query head `d_q`, an output head `d_v`.
-    let (row_dims, d_q, d_v, row_bytes) = (layout.d_qk(), layout.query_dim(), layout.value_dim(), layout.row_bytes());
+    let (row_dims, d_q, d_v, row_bytes) =
+        (layout.row_dims(), layout.query_dim(), layout.value_dim(), layout.row_bytes());
     let n = batch.selections.len();
     if heads == 0 {
         return Err(KernelError::invalid("heads", heads, "must be at least 1"));
@@ -64,7 +65,7 @@ pub(super) fn sparse_attention(
         for s in batch.selections {
             for &loc in &batch.locations[s.offset..s.end()] {
                 let row = loc as usize * row_bytes;
-                for (b, sc) in batch.rows[row + at..row + layout.rope_offset()].chunks_exact(4).enumerate() {
+                for (b, sc) in batch.rows[row + at..row + layout.bf16_offset()].chunks_exact(4).enumerate() {
                     let v = f32::from_le_bytes([sc[0], sc[1], sc[2], sc[3]]);
                     if !(v.is_finite() && v > 0.0) {
                         return Err(MemoryError::BadScale { field: "kv_row", index: b, value: v }.into());

@@ -302,10 +302,11 @@ pub(crate) fn check_query(
             "the attention that fills the swap-in's misses reads MLA rows only: let the swap-in copy grouped-query rows (miss_fill)",
         ));
     }
-    if layout.d_latent() != super::facts::MLA_D_LATENT || layout.d_rope() != super::facts::MLA_D_ROPE {
+    let (d_latent, d_rope) = (layout.blocked_dims(), layout.bf16_dims());
+    if (d_latent, d_rope) != (super::facts::MLA_D_LATENT, super::facts::MLA_D_ROPE) {
         return Err(KernelError::invalid(
             "layout",
-            format!("{}+{}", layout.d_latent(), layout.d_rope()),
+            format!("{d_latent}+{d_rope}"),
             "the CUDA attention is built for 512 latent + 64 rope dims",
         ));
     }

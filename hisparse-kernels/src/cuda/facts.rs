@@ -57,8 +57,8 @@ hisparse_memory::c_struct! {
     pub(crate) struct NewRowsArgs {
         pub(crate) n: u32,
         pub(crate) fp8: u32,
-        pub(crate) d_latent: u32,
-        pub(crate) d_rope: u32,
+        pub(crate) blocked_dims: u32,
+        pub(crate) bf16_dims: u32,
         pub(crate) row_bytes: u32,
         pub(crate) key_dim: u32,
         pub(crate) key_c: f32,

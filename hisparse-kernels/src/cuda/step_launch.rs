@@ -118,8 +118,8 @@ impl StepLaunch<'_> {
         let n = fill.kv_seeds.len();
         check_len("rows", n * kv.row_bytes(), rows.len())?;
         let fp8 = kv.format() == hisparse_memory::KvRowFormat::Fp8;
-        if fp8 && !kv.d_latent().is_multiple_of(128) {
-            return Err(KernelError::invalid("d_latent", kv.d_latent(), "fp8 rows need a multiple of 128"));
+        if fp8 && !kv.blocked_dims().is_multiple_of(128) {
+            return Err(KernelError::invalid("blocked_dims", kv.blocked_dims(), "fp8 rows need a multiple of 128"));
         }
         if key.dim() > super::facts::NEW_ROWS_MAX_KEY_DIM {
             return Err(KernelError::invalid(
@@ -143,8 +143,8 @@ impl StepLaunch<'_> {
         let a = NewRowsArgs {
             n: n as u32,
             fp8: u32::from(fp8),
-            d_latent: kv.d_latent() as u32,
-            d_rope: kv.d_rope() as u32,
+            blocked_dims: kv.blocked_dims() as u32,
+            bf16_dims: kv.bf16_dims() as u32,
             row_bytes: kv.row_bytes() as u32,
             key_dim: if with_keys { key.dim() as u32 } else { 0 },
             key_c: fill.key_mix.0,

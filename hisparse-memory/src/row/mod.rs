@@ -10,11 +10,13 @@
 //! | index key (dim 128), fp8 | 132 | `[0, 128)`: e4m3; `[128, 132)`: one fp32 scale |
 //! | index key (dim `d`), int4 in groups of `g` | `d/2 + 4d/g` | `[0, d/2)`: 4-bit codes, two per byte (low nibble first); then one fp32 scale per group |
 //! | GQA row (`h` KV heads of dim `d`), bf16 | `4hd` | the `2hd` values `K_0 .. K_{h-1}, V_0 .. V_{h-1}`, bf16 |
-//! | GQA row, fp8 | `2hd + 4 * 2hd / 128` | the same values as fp8 latent blocks of 128 with their scales, no rope |
+//! | GQA row, fp8 | `2hd + 4 * 2hd / 128` | the same values in e4m3 blocks of 128, then their fp32 scales |
 //!
-//! A GQA row is stored as a latent-only row of `2hd` values (`d_latent = 2hd`, `d_rope = 0`); its
-//! [`RowHeads`] say how attention reads it: query head `q` of `H` reads the key `K_g` and the
-//! value `V_g` of its group `g = q / (H / h)`.
+//! Every row is `blocked_dims` values (fp8 rows keep them in e4m3 blocks of 128 with a scale
+//! each) then `bf16_dims` values kept bf16 in every format: an MLA row's latent and rope parts; a
+//! GQA row's `2hd` keys and values, and nothing after them. Its [`RowHeads`] say how attention
+//! reads it: query head `q` of `H` reads the key `K_g` and the value `V_g` of its group
+//! `g = q / (H / h)`.
 //!
 //! Our encoders write power-of-two scales (UE8M0-style, as FlashMLA does): the smallest power of
 //! two `s` with `amax / s <= 448`, so that decoding (`e4m3 * s`) is exact in f32. Decoders accept any
@@ -105,8 +107,12 @@ impl From<KvRowFormat> for StorageFormats {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct KvRowLayout {
     format: KvRowFormat,
-    d_latent: usize,
-    d_rope: usize,
+    /// Values an fp8 row keeps in blocks of 128 with a scale each: MLA's latent part, every
+    /// value of a GQA row.
+    blocked_dims: usize,
+    /// Values every format keeps as bf16, after the blocked ones: MLA's rotary part; none in a
+    /// GQA row.
+    bf16_dims: usize,
     heads: RowHeads,
 }
 
@@ -129,8 +135,8 @@ pub enum RowHeads {
 }
 
 impl KvRowLayout {
-    /// A layout for `d_latent + d_rope` values in `format`. Fp8 rows need `d_latent` to be a
-    /// non-zero multiple of 128.
+    /// An MLA row of `d_latent` latent values (blocked) then `d_rope` rotary values (bf16) in
+    /// `format`. Fp8 rows need `d_latent` to be a non-zero multiple of 128.
     pub fn new(format: KvRowFormat, d_latent: usize, d_rope: usize) -> Result<Self> {
         if d_latent == 0 {
             return Err(MemoryError::invalid("d_latent", d_latent, "must be at least 1"));
@@ -142,17 +148,18 @@ impl KvRowLayout {
                 format!("fp8 rows keep their values in blocks of {FP8_BLOCK}"),
             ));
         }
-        Ok(Self { format, d_latent, d_rope, heads: RowHeads::Mla })
+        Ok(Self { format, blocked_dims: d_latent, bf16_dims: d_rope, heads: RowHeads::Mla })
     }
 
-    /// A grouped-query row: the keys and values of `kv_heads` heads of `head_dim` values, as a
-    /// latent-only row of `2 * kv_heads * head_dim` values (fp8 needs that to be a multiple of 128).
+    /// A grouped-query row: the keys and values of `kv_heads` heads of `head_dim` values, all
+    /// `2 * kv_heads * head_dim` of them blocked (fp8 needs that to be a multiple of 128).
     ///
     /// ```
     /// use hisparse_memory::{KvRowFormat, KvRowLayout};
     /// let gqa = KvRowLayout::gqa(KvRowFormat::Bf16, 3, 64)?; // SmolLM2: 3 KV heads of 64 dims
     /// assert_eq!((gqa.row_bytes(), gqa.query_dim(), gqa.value_dim()), (768, 64, 64));
     /// assert_eq!(gqa.head_offsets(9, 4), (64, 3 * 64 + 64)); // query head 4 reads group 1
+    /// assert_eq!((gqa.row_dims(), gqa.bf16_dims(), gqa.mla_dims()), (384, 0, None));
     /// # Ok::<(), hisparse_memory::MemoryError>(())
     /// ```
     pub fn gqa(format: KvRowFormat, kv_heads: usize, head_dim: usize) -> Result<Self> {
@@ -166,8 +173,14 @@ impl KvRowLayout {
             .checked_mul(head_dim)
             .and_then(|x| x.checked_mul(2))
             .ok_or_else(|| MemoryError::invalid("head_dim", head_dim, format!("{kv_heads} KV heads overflow")))?;
-        let mla = Self::new(format, d, 0)?;
-        Ok(Self { heads: RowHeads::Gqa { kv_heads, head_dim }, ..mla })
+        if format == KvRowFormat::Fp8 && !d.is_multiple_of(FP8_BLOCK) {
+            return Err(MemoryError::invalid(
+                "head_dim",
+                head_dim,
+                format!("fp8 rows keep their values in blocks of {FP8_BLOCK}"),
+            ));
+        }
+        Ok(Self { format, blocked_dims: d, bf16_dims: 0, heads: RowHeads::Gqa { kv_heads, head_dim } })
     }
 
     /// How attention reads the row.
@@ -175,10 +188,10 @@ impl KvRowLayout {
         self.heads
     }
 
-    /// Dims of one query head (and of one key): `d_qk` for MLA, `head_dim` for GQA.
+    /// Dims of one query head (and of one key): `d_latent + d_rope` for MLA, `head_dim` for GQA.
     pub fn query_dim(&self) -> usize {
         match self.heads {
-            RowHeads::Mla => self.d_qk(),
+            RowHeads::Mla => self.row_dims(),
             RowHeads::Gqa { head_dim, .. } => head_dim,
         }
     }
@@ -186,7 +199,7 @@ impl KvRowLayout {
     /// Dims of one head's output (and of one value): `d_latent` for MLA, `head_dim` for GQA.
     pub fn value_dim(&self) -> usize {
         match self.heads {
-            RowHeads::Mla => self.d_latent,
+            RowHeads::Mla => self.blocked_dims,
             RowHeads::Gqa { head_dim, .. } => head_dim,
         }
     }
@@ -227,90 +240,98 @@ impl KvRowLayout {
         self.format
     }
 
-    /// Latent (value) dims.
-    pub fn d_latent(&self) -> usize {
-        self.d_latent
+    /// An MLA row's `(d_latent, d_rope)`; `None` for a GQA row.
+    pub fn mla_dims(&self) -> Option<(usize, usize)> {
+        (self.heads == RowHeads::Mla).then_some((self.blocked_dims, self.bf16_dims))
     }
 
-    /// Rotary dims.
-    pub fn d_rope(&self) -> usize {
-        self.d_rope
+    /// Values an fp8 row keeps in blocks of 128 with a scale each (MLA's latent part, every value
+    /// of a GQA row); they come first in the decoded row.
+    pub fn blocked_dims(&self) -> usize {
+        self.blocked_dims
     }
 
-    /// All dims of the row: `d_latent + d_rope`.
-    pub fn d_qk(&self) -> usize {
-        self.d_latent + self.d_rope
+    /// Values every format keeps as bf16, after the blocked ones (MLA's rotary part; 0 for GQA).
+    pub fn bf16_dims(&self) -> usize {
+        self.bf16_dims
+    }
+
+    /// All values of a row: `blocked_dims + bf16_dims` (MLA: `d_latent + d_rope`; GQA: keys and
+    /// values of every KV head).
+    pub fn row_dims(&self) -> usize {
+        self.blocked_dims + self.bf16_dims
     }
 
     /// Bytes of one row.
     pub fn row_bytes(&self) -> usize {
         match self.format {
-            KvRowFormat::Bf16 => 2 * self.d_qk(),
-            KvRowFormat::Fp8 => self.d_latent + 4 * (self.d_latent / FP8_BLOCK) + 2 * self.d_rope,
+            KvRowFormat::Bf16 => 2 * self.row_dims(),
+            KvRowFormat::Fp8 => self.blocked_dims + 4 * (self.blocked_dims / FP8_BLOCK) + 2 * self.bf16_dims,
         }
     }
 
     /// Byte offset of the fp32 scales inside an fp8 row (`None` for bf16 rows).
     pub fn scales_offset(&self) -> Option<usize> {
-        (self.format == KvRowFormat::Fp8).then_some(self.d_latent)
+        (self.format == KvRowFormat::Fp8).then_some(self.blocked_dims)
     }
 
-    /// Byte offset of the rope values inside a row.
-    pub fn rope_offset(&self) -> usize {
+    /// Byte offset of the bf16 values (MLA's rope) inside a row.
+    pub fn bf16_offset(&self) -> usize {
         match self.format {
-            KvRowFormat::Bf16 => 2 * self.d_latent,
-            KvRowFormat::Fp8 => self.d_latent + 4 * (self.d_latent / FP8_BLOCK),
+            KvRowFormat::Bf16 => 2 * self.blocked_dims,
+            KvRowFormat::Fp8 => self.blocked_dims + 4 * (self.blocked_dims / FP8_BLOCK),
         }
     }
 
-    /// Encodes `values` (`d_qk` finite f32: latent then rope) into `row` (`row_bytes`).
+    /// Encodes `values` (`row_dims` finite f32: blocked then bf16) into `row` (`row_bytes`).
     pub fn encode(&self, values: &[f32], row: &mut [u8]) -> Result<()> {
-        check_len("values", self.d_qk(), values.len())?;
+        check_len("values", self.row_dims(), values.len())?;
         check_len("row", self.row_bytes(), row.len())?;
         if let Some((index, &value)) = values.iter().enumerate().find(|(_, v)| !v.is_finite()) {
             return Err(MemoryError::NonFinite { field: "values", index, value });
         }
-        let (latent, rope) = values.split_at(self.d_latent);
-        let rope_at = self.rope_offset();
+        let (blocked, plain) = values.split_at(self.blocked_dims);
+        let plain_at = self.bf16_offset();
         match self.format {
             KvRowFormat::Bf16 => encode_bf16_into(values, row),
             KvRowFormat::Fp8 => {
-                let (codes, rest) = row.split_at_mut(self.d_latent);
-                let (scales, _) = rest.split_at_mut(rope_at - self.d_latent);
-                for (b, (block, out)) in latent.chunks(FP8_BLOCK).zip(codes.chunks_mut(FP8_BLOCK)).enumerate() {
+                let (codes, rest) = row.split_at_mut(self.blocked_dims);
+                let (scales, _) = rest.split_at_mut(plain_at - self.blocked_dims);
+                for (b, (block, out)) in blocked.chunks(FP8_BLOCK).zip(codes.chunks_mut(FP8_BLOCK)).enumerate() {
                     let s = quantize_block(block, out);
                     scales[4 * b..4 * b + 4].copy_from_slice(&s.to_le_bytes());
                 }
-                encode_bf16_into(rope, &mut row[rope_at..]);
+                encode_bf16_into(plain, &mut row[plain_at..]);
             }
         }
         Ok(())
     }
 
-    /// Decodes `row` (`row_bytes`) into `out` (`d_qk` f32: latent then rope). Fails on a scale
+    /// Decodes `row` (`row_bytes`) into `out` (`row_dims` f32: blocked then bf16). Fails on a scale
     /// that is not finite and positive.
     pub fn decode(&self, row: &[u8], out: &mut [f32]) -> Result<()> {
         check_len("row", self.row_bytes(), row.len())?;
-        check_len("out", self.d_qk(), out.len())?;
+        check_len("out", self.row_dims(), out.len())?;
         match self.format {
             KvRowFormat::Bf16 => decode_bf16_into(row, out),
             KvRowFormat::Fp8 => {
-                let (latent, rope) = out.split_at_mut(self.d_latent);
-                fp8::decode_blocks(&row[..self.rope_offset()], latent, "kv_row")?;
-                decode_bf16_into(&row[self.rope_offset()..], rope);
+                let (blocked, plain) = out.split_at_mut(self.blocked_dims);
+                fp8::decode_blocks(&row[..self.bf16_offset()], blocked, "kv_row")?;
+                decode_bf16_into(&row[self.bf16_offset()..], plain);
             }
         }
         Ok(())
     }
 
     /// The largest error [`KvRowLayout::encode`] then [`KvRowLayout::decode`] may make on `x`,
-    /// a value of a block (of 128 latent values, for fp8) whose largest magnitude is `amax`:
+    /// a value of a block (of 128 blocked values, for fp8) whose largest magnitude is `amax`
+    /// (`is_bf16`: one of the values every format keeps as bf16):
     ///
     /// * bf16: half a unit in the last place, `|x| * 2^-8`;
-    /// * fp8 latent: `max(|x| * 2^-4, s * 2^-10)` with `s` the block's power-of-two scale
+    /// * fp8 blocked: `max(|x| * 2^-4, s * 2^-10)` with `s` the block's power-of-two scale
     ///   (`s < amax / 224`), i.e. half an e4m3 ulp for normals and half the smallest subnormal.
-    pub fn error_bound(&self, x: f32, amax: f32, is_rope: bool) -> f32 {
-        if is_rope || self.format == KvRowFormat::Bf16 {
+    pub fn error_bound(&self, x: f32, amax: f32, is_bf16: bool) -> f32 {
+        if is_bf16 || self.format == KvRowFormat::Bf16 {
             return x.abs() * 2f32.powi(-8);
         }
         let s = fp8::pow2_scale(amax);

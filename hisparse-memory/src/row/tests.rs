@@ -20,7 +20,7 @@ fn ramp(n: usize) -> Vec<f32> {
 #[test]
 fn fp8_row_byte_layout() {
     let l = fp8();
-    assert_eq!((l.row_bytes(), l.scales_offset(), l.rope_offset()), (656, Some(512), 528));
+    assert_eq!((l.row_bytes(), l.scales_offset(), l.bf16_offset()), (656, Some(512), 528));
     let values = ramp(576);
     let mut row = vec![0u8; 656];
     l.encode(&values, &mut row).unwrap();
@@ -46,7 +46,7 @@ fn fp8_row_byte_layout() {
 #[test]
 fn bf16_row_byte_layout() {
     let l = bf16_layout();
-    assert_eq!((l.row_bytes(), l.scales_offset(), l.rope_offset()), (1152, None, 1024));
+    assert_eq!((l.row_bytes(), l.scales_offset(), l.bf16_offset()), (1152, None, 1024));
     let values = ramp(576);
     let mut row = vec![0u8; 1152];
     l.encode(&values, &mut row).unwrap();
@@ -219,4 +219,25 @@ fn a_block_at_exactly_448_times_a_power_of_two_keeps_its_values() {
     let mut back2 = vec![0f32; 576];
     l.decode(&row2, &mut back2).unwrap();
     assert_eq!(back, back2);
+}
+
+/// A GQA row is named in its own terms: every value blocked (fp8), none kept bf16 after them,
+/// no MLA dims; a format that cannot hold its values is refused naming `head_dim`.
+#[test]
+fn gqa_rows_are_blocked_values_named_by_their_heads() {
+    let l = KvRowLayout::gqa(KvRowFormat::Fp8, 8, 128).unwrap();
+    assert_eq!((l.blocked_dims(), l.bf16_dims(), l.row_dims(), l.mla_dims()), (2048, 0, 2048, None));
+    assert_eq!((l.row_bytes(), l.scales_offset(), l.bf16_offset()), (2048 + 4 * 16, Some(2048), 2048 + 64));
+    assert_eq!(fp8().mla_dims(), Some((512, 64)));
+    let values = ramp(2048);
+    let (mut row, mut back) = (vec![0u8; l.row_bytes()], vec![0f32; 2048]);
+    l.encode(&values, &mut row).unwrap();
+    l.decode(&row, &mut back).unwrap();
+    let amax = |i: usize| values[i / 128 * 128..][..128].iter().fold(0f32, |m, v| m.max(v.abs()));
+    for (i, (v, b)) in values.iter().zip(&back).enumerate() {
+        assert!((v - b).abs() <= l.error_bound(*v, amax(i), false), "value {i}: {v} against {b}");
+    }
+    let e = KvRowLayout::gqa(KvRowFormat::Fp8, 3, 32).unwrap_err(); // 192 values
+    assert!(matches!(e, MemoryError::InvalidField { field: "head_dim", .. }), "{e}");
+    assert!(KvRowLayout::gqa(KvRowFormat::Bf16, 3, 64).is_ok());
 }
