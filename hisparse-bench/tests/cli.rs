@@ -445,7 +445,7 @@ fn check_scores_and_selections(st: &safetensors::SafeTensors<'_>, layer: usize) 
 }
 
 #[test]
-fn the_copy_engine_flags_reach_the_config_and_bad_values_are_named_by_flag() {
+fn the_copy_engine_flags_reach_the_backend_and_bad_values_are_named_by_flag() {
     let dir = tmp("copy-engine-flags");
     let base = [
         "sweep",
@@ -479,6 +479,17 @@ fn the_copy_engine_flags_reach_the_config_and_bad_values_are_named_by_flag() {
         assert!(!o.status.success(), "{flag} {}: accepted", bad[1]);
         assert!(err.contains(flag) && err.contains(bad[1]), "{err}");
     }
+    // A policy the form cannot run is refused naming the flag; the form is the backend's
+    // option, so a config file that sets it is refused naming the key.
+    let (score_out, keyed_out) = (dir.join("score"), dir.join("keyed"));
+    let score = ["--eviction-policy", "score", "--out", score_out.to_str().unwrap()];
+    let err = String::from_utf8_lossy(&hisparse(&[&base[..], &score[..]].concat()).stderr).into_owned();
+    assert!(err.contains("--miss-fill = copy-engine") && err.contains("score policy"), "{err}");
+    let config = dir.join("fill.json");
+    std::fs::write(&config, r#"{"miss_fill": "auto"}"#).unwrap();
+    let keyed = ["--config", config.to_str().unwrap(), "--out", keyed_out.to_str().unwrap()];
+    let err = String::from_utf8_lossy(&hisparse(&[&base[..], &keyed[..]].concat()).stderr).into_owned();
+    assert!(err.contains("--config") && err.contains("unknown field `miss_fill`"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

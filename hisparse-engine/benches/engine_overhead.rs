@@ -59,7 +59,7 @@ impl Backend for NullBackend {
     type Backup = CpuRowBackup;
 
     fn device_swap_in(&self, cfg: &DeviceSwapInConfig, host: &mut HostTier) -> Result<CpuSwapIn> {
-        CpuSwapIn::new(cfg, host)
+        CpuSwapIn::new(cfg, host, hisparse_kernels::MissFill::SwapIn)
     }
 
     fn row_backup(&self, cfg: &RowBackupConfig, host: &mut HostTier) -> Result<CpuRowBackup> {

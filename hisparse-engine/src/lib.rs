@@ -36,15 +36,16 @@ pub use tensors::{TensorInputs, TensorOutputs};
 
 // What an embedder holds to run the hierarchy from its own model, from this crate alone.
 pub use hisparse_kernels::{
-    Backend, CpuBackend, HeadCombine, IndexScore, KernelStage, OracleScore, SwapCounts, dense_attention,
+    Backend, CpuBackend, HeadCombine, IndexScore, KernelStage, MissFill, MissFillMode, OracleScore, SwapCounts,
+    dense_attention,
 };
 pub use hisparse_memory::{
     Admission, EmulatedDevice, IndexKeyFormat, IndexKeyLayout, KvGeometry, KvRowFormat, KvRowLayout, MemoryError, Mode,
     RequestId, StorageFormats, available_memory,
 };
 pub use hisparse_policy::{
-    BuiltinPolicy, BuiltinPrefetcher, Eviction, EvictionPolicy, HiSparseConfig, MissFill, MissFillMode, OnlinePolicy,
-    PolicyChoice, PolicyConfig, Prefetch, Prefetcher, PrefetcherChoice, PrefetcherConfig,
+    BuiltinPolicy, BuiltinPrefetcher, Eviction, EvictionPolicy, HiSparseConfig, OnlinePolicy, PolicyChoice,
+    PolicyConfig, Prefetch, Prefetcher, PrefetcherChoice, PrefetcherConfig,
 };
 
 /// The README's examples, compiled and run as doc-tests.

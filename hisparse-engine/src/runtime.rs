@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use hisparse_policy::{Eviction, HiSparseConfig, OnlinePolicy};
+use hisparse_policy::{Eviction, OnlinePolicy};
 use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
@@ -41,8 +41,8 @@ impl Runtime {
 #[derive(Clone, Debug)]
 pub struct RuntimeHandle {
     pub(crate) cell: Arc<ArcSwap<Runtime>>,
-    /// The cache's config (its miss-fill), which a new policy must be able to run under.
-    pub(crate) hierarchy: Arc<HiSparseConfig>,
+    /// The backend's miss-fill form, which a new policy must be able to run under.
+    pub(crate) miss_fill: hisparse_kernels::MissFill,
 }
 
 impl RuntimeHandle {
@@ -50,7 +50,7 @@ impl RuntimeHandle {
     /// needs the future or cannot run under the cache's miss-fill.
     pub fn set(&self, config: RuntimeConfig) -> Result<()> {
         let runtime = Runtime::new(config)?;
-        self.hierarchy.check_policy(&runtime.policy)?;
+        self.miss_fill.check_policy(&runtime.policy)?;
         self.cell.store(Arc::new(runtime));
         Ok(())
     }

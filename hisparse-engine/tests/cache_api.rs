@@ -240,10 +240,15 @@ fn a_policy_the_miss_fill_cannot_run_is_refused_keeping_the_one_in_use() {
     let g = geometry(false);
     let mut cfg = hisparse_engine::CacheConfig::new(g.clone(), Mode::HiSparse, 24 << 20);
     cfg.hisparse.max_request_tokens = 4096;
-    cfg.hisparse.miss_fill = hisparse_policy::MissFill::Deferred;
-    let mut c = KvCache::with_named_policies(CpuBackend::new(), cfg).unwrap();
+    let backend = CpuBackend::new().with_miss_fill(hisparse_engine::MissFill::Deferred).unwrap();
+    let mut c = KvCache::with_named_policies(backend, cfg.clone()).unwrap();
     let score = hisparse_policy::Eviction::Score.make_online().unwrap();
     let e = c.set_policy(score).unwrap_err().to_string();
     assert!(e.contains("miss_fill") && e.contains("score"), "{e}");
     assert_eq!((c.policy().name(), &c.config().hisparse.eviction), ("lru", &hisparse_policy::Eviction::Lru));
+    // The backend's form refuses such a policy when the cache is made, as well.
+    cfg.hisparse.eviction = hisparse_policy::Eviction::Score;
+    let backend = CpuBackend::new().with_miss_fill(hisparse_engine::MissFill::Deferred).unwrap();
+    let e = KvCache::with_named_policies(backend, cfg).err().expect("refused").to_string();
+    assert!(e.contains("miss_fill") && e.contains("score"), "{e}");
 }

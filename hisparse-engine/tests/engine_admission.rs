@@ -133,9 +133,9 @@ fn a_swapped_policy_is_what_the_configs_then_describe() {
 
 #[test]
 fn a_policy_the_miss_fill_cannot_run_is_refused_by_the_handle_and_the_engine_goes_on() {
-    let mut c = cfg(Mode::HiSparse, 8 << 20);
-    c.cache.hisparse.miss_fill = hisparse_policy::MissFill::Deferred;
-    let mut e = Engine::new(CpuBackend::new(), c).unwrap();
+    let c = cfg(Mode::HiSparse, 8 << 20);
+    let backend = CpuBackend::new().with_miss_fill(hisparse_engine::MissFill::Deferred).unwrap();
+    let mut e = Engine::new(backend, c).unwrap();
     e.submit(req(1, 300, 3)).unwrap();
     let err = e.runtime().set_policy(hisparse_policy::Eviction::Score).unwrap_err().to_string();
     assert!(err.contains("miss_fill") && err.contains("score"), "{err}");

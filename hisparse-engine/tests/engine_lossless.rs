@@ -64,9 +64,9 @@ fn misses_left_to_the_attention_on_the_cpu_are_still_copied_and_lossless() {
         ("copy-engine", "lru"),
         ("auto", "score"),
     ] {
-        let mut cfg = config(Mode::HiSparse, policy);
-        cfg.cache.hisparse.miss_fill = fill.parse::<hisparse_policy::MissFillMode>().unwrap().into();
-        assert_eq!(run(cfg, &[], None), resident, "{fill} / {policy}");
+        let form = fill.parse::<hisparse_engine::MissFillMode>().unwrap().into();
+        let backend = CpuBackend::new().with_miss_fill(form).unwrap();
+        assert_eq!(run_on(backend, config(Mode::HiSparse, policy), &[], None), resident, "{fill} / {policy}");
     }
 }
 
@@ -89,8 +89,8 @@ fn fp8_index_queries_stay_lossless() {
 }
 
 /// Two long requests decoded together: per step, hits, misses and host-to-device bytes.
-fn long_counts(cfg: EngineConfig) -> Vec<(u64, u64, u64)> {
-    let mut e = hisparse_engine::Engine::new(CpuBackend::new(), cfg).unwrap();
+fn long_counts(backend: CpuBackend, cfg: EngineConfig) -> Vec<(u64, u64, u64)> {
+    let mut e = hisparse_engine::Engine::new(backend, cfg).unwrap();
     for (i, prompt_tokens) in [1500, 1900].into_iter().enumerate() {
         let id = hisparse_memory::RequestId(i as u64);
         e.submit(hisparse_engine::RequestSpec { id, prompt_tokens, output_tokens: 150 }).unwrap();
@@ -109,9 +109,9 @@ fn long_counts(cfg: EngineConfig) -> Vec<(u64, u64, u64)> {
 /// the resident ones.
 #[test]
 fn the_no_copies_bound_decides_alike_copies_only_cold_slots_and_is_wrong() {
-    let mut bound_cfg = config(Mode::HiSparse, "lru");
-    bound_cfg.cache.hisparse.miss_fill = hisparse_policy::MissFill::NoCopies { max_batch: 8 };
-    let (hs, bound) = (long_counts(config(Mode::HiSparse, "lru")), long_counts(bound_cfg.clone()));
+    let bound_backend = CpuBackend::new().with_miss_fill(hisparse_engine::MissFill::NoCopies { max_batch: 8 }).unwrap();
+    let cfg = config(Mode::HiSparse, "lru");
+    let (hs, bound) = (long_counts(CpuBackend::new(), cfg.clone()), long_counts(bound_backend, cfg.clone()));
     assert_eq!(hs.len(), 150);
     let decisions = |c: &[(u64, u64, u64)]| c.iter().map(|c| (c.0, c.1)).collect::<Vec<_>>();
     assert_eq!(decisions(&bound), decisions(&hs), "the bound decides as hisparse does");
@@ -119,7 +119,7 @@ fn the_no_copies_bound_decides_alike_copies_only_cold_slots_and_is_wrong() {
     assert!(late(&hs) > 0 && hs[20..].iter().map(|c| c.1).sum::<u64>() > 0, "misses after the buffers filled");
     assert_eq!(late(&bound), 0, "bytes copied into warm slots");
     let resident = run(config(Mode::Resident, "lru"), &[], None);
-    let outputs = run(bound_cfg, &[], None);
+    let outputs = run_on(bound_backend, cfg, &[], None);
     assert_eq!(outputs.len(), resident.len());
     let same = outputs.iter().filter(|(k, d)| resident.get(k) == Some(d)).count();
     assert!(same < outputs.len(), "every output equals the resident one");

@@ -14,13 +14,18 @@ use std::time::Duration;
 use common::scenario::{self, expected};
 use common::{config, expected_count, requests, run_counted, run_on};
 use hisparse_engine::{Engine, EngineConfig, LayerDump};
-use hisparse_kernels::CpuBackend;
 use hisparse_kernels::cuda::CudaBackend;
+use hisparse_kernels::{CpuBackend, MissFill, MissFillMode};
 use hisparse_memory::Mode;
 
 /// A fixed split count: outputs then do not depend on the batch size in their last bits.
 fn gpu() -> CudaBackend {
     CudaBackend::new(0).expect("a CUDA GPU").with_splits(3)
+}
+
+/// `backend` filling its misses as `fill`.
+fn filling(backend: CudaBackend, fill: MissFill) -> CudaBackend {
+    backend.with_miss_fill(fill).expect("a valid miss-fill form")
 }
 
 /// `config` with every layer launched one by one (every layer's digest is then recorded).
@@ -55,9 +60,8 @@ fn on_cuda_grouped_query_rows_are_lossless() {
     let distinct: std::collections::HashSet<u64> = resident.values().copied().collect();
     assert!(distinct.len() > resident.len() / 2, "outputs are not trivial");
     // A miss-fill form that leaves misses to the attention is refused by name.
-    let mut c = gqa(Mode::HiSparse, "lru");
-    c.cache.hisparse.miss_fill = hisparse_policy::MissFill::Auto { max_batch: 8 };
-    let e = Engine::new(gpu(), c).err().expect("refused");
+    let auto = filling(gpu(), MissFill::Auto { max_batch: 8 });
+    let e = Engine::new(auto, gqa(Mode::HiSparse, "lru")).err().expect("refused");
     assert!(e.to_string().contains("miss_fill"), "{e}");
 }
 
@@ -306,18 +310,14 @@ fn on_cuda_prefetch_on_the_transfer_stream_is_exact() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn on_cuda_misses_filled_by_the_attention_are_lossless() {
-    let fill = |mut c: EngineConfig| {
-        c.cache.hisparse.miss_fill = hisparse_policy::MissFill::Attention;
-        c
-    };
+    let fill = || filling(gpu(), MissFill::Attention);
     let resident = run_on(gpu(), eager(Mode::Resident, "lru"), &[], None);
     let policies: Vec<_> =
         hisparse_policy::policy::builtin(0).into_iter().filter(|p| p.cuda().is_some() && !p.needs_future()).collect();
     for policy in &policies {
-        let hs = run_on(gpu(), fill(eager(Mode::HiSparse, policy.name())), &[], None);
+        let hs = run_on(fill(), eager(Mode::HiSparse, policy.name()), &[], None);
         assert_eq!(hs, resident, "{}: outputs differ from the resident baseline", policy.name());
-        let mut copy = eager(Mode::HiSparse, policy.name());
-        copy.cache.hisparse.miss_fill = hisparse_policy::MissFill::SwapIn;
+        let copy = eager(Mode::HiSparse, policy.name());
         assert_eq!(run_on(gpu(), copy, &[], None), resident, "{}: the copying swap-in differs", policy.name());
     }
     // `auto` at batches of at most 3 under a policy that reads scores (where `auto` lets the
@@ -326,26 +326,25 @@ fn on_cuda_misses_filled_by_the_attention_are_lossless() {
     for graphs in [false, true] {
         let mut c = eager(Mode::HiSparse, "score");
         c.launch_graphs = graphs;
-        c.cache.hisparse.miss_fill = hisparse_policy::MissFill::Auto { max_batch: 3 };
-        assert_eq!(run_on(gpu(), c, &[], None), resident, "auto (graphs: {graphs})");
+        let auto = filling(gpu(), MissFill::Auto { max_batch: 3 });
+        assert_eq!(run_on(auto, c, &[], None), resident, "auto (graphs: {graphs})");
     }
     matches_the_copying_swap_in("attention", fill);
     // The mma.sync attention (the default is warpgroup MMA) fills alike.
     let mma = || gpu().with_wgmma_attention(false);
     let resident = run_on(mma(), eager(Mode::Resident, "lru"), &[], None);
-    assert_eq!(run_on(mma(), fill(eager(Mode::HiSparse, "lru")), &[], None), resident, "mma.sync attention fills");
+    let mma_fill = filling(mma(), MissFill::Attention);
+    assert_eq!(run_on(mma_fill, eager(Mode::HiSparse, "lru"), &[], None), resident, "mma.sync attention fills");
 }
 
-/// With launch graphs and each prefetcher (IndexShare layers for shared-index), a run made by
-/// `make` computes what the copying swap-in does: the same hits, misses and prefetches at every
-/// step, the same outputs.
-fn matches_the_copying_swap_in(what: &str, make: impl Fn(EngineConfig) -> EngineConfig) {
+/// With launch graphs and each prefetcher (IndexShare layers for shared-index), a run on a
+/// backend made by `make` computes what the copying swap-in does: the same hits, misses and
+/// prefetches at every step, the same outputs.
+fn matches_the_copying_swap_in(what: &str, make: impl Fn() -> CudaBackend) {
     let strip = |c: &[common::StepCounts]| c.iter().map(|c| (c.hits, c.misses, c.prefetched)).collect::<Vec<_>>();
     for (prefetcher, c) in common::prefetcher_configs() {
-        let mut copy = c.clone();
-        copy.cache.hisparse.miss_fill = hisparse_policy::MissFill::SwapIn;
-        let (copied, cc) = run_counted(gpu(), copy, &[], None);
-        let (made, mc) = run_counted(gpu(), make(c), &[], None);
+        let (copied, cc) = run_counted(gpu(), c.clone(), &[], None);
+        let (made, mc) = run_counted(make(), c, &[], None);
         assert!(mc.iter().map(|c| c.replays).sum::<u64>() >= 10, "{what} / {prefetcher}: graphs replayed");
         assert!(mc.iter().map(|c| c.misses).sum::<u64>() > 0, "{what} / {prefetcher}: the run must miss");
         assert_eq!(strip(&mc), strip(&cc), "{what} / {prefetcher}: hits, misses and prefetches differ");
@@ -372,50 +371,53 @@ fn on_cuda_a_deferred_swap_in_is_lossless() {
     for graphs in [false, true] {
         let mut c = eager(Mode::HiSparse, "lru");
         c.launch_graphs = graphs;
-        c.cache.hisparse.miss_fill = hisparse_policy::MissFill::CopyEngine { share: 1e-6, host_threads: 2 };
-        assert_eq!(run_on(gpu(), c, &[], None), resident, "copy-engine, 64 landing rows (graphs: {graphs})");
+        let few = filling(gpu(), MissFill::CopyEngine { share: 1e-6, host_threads: 2 });
+        assert_eq!(run_on(few, c, &[], None), resident, "copy-engine, 64 landing rows (graphs: {graphs})");
     }
 }
 
 fn deferred_swap_in_is_lossless(fill: &str) {
-    let defer = |mut c: EngineConfig| {
-        c.cache.hisparse.miss_fill = fill.parse::<hisparse_policy::MissFillMode>().unwrap().into();
-        c
-    };
+    let form: MissFill = fill.parse::<MissFillMode>().unwrap().into();
+    let defer = || filling(gpu(), form);
     let resident = run_on(gpu(), eager(Mode::Resident, "lru"), &[], None);
     let policies: Vec<_> =
         hisparse_policy::policy::builtin(0).into_iter().filter(|p| p.cuda().is_some() && !p.needs_future()).collect();
     let mut refused = 0;
     for policy in &policies {
-        let cfg = defer(eager(Mode::HiSparse, policy.name()));
+        let cfg = eager(Mode::HiSparse, policy.name());
         if policy.needs_scores() {
-            let e = Engine::new(gpu(), cfg).err().map(|e| e.to_string()).unwrap_or_default();
+            let e = Engine::new(defer(), cfg).err().map(|e| e.to_string()).unwrap_or_default();
             assert!(e.contains("miss_fill") && e.contains(policy.name()), "{}: {e}", policy.name());
             refused += 1;
             // `auto` takes it: the attention fills its misses in small batches instead.
-            let mut auto = eager(Mode::HiSparse, policy.name());
-            auto.cache.hisparse.miss_fill = hisparse_policy::MissFill::from(hisparse_policy::MissFillMode::Auto);
-            assert_eq!(run_on(gpu(), auto, &[], None), resident, "{}: auto", policy.name());
+            let auto = filling(gpu(), MissFill::from(MissFillMode::Auto));
+            assert_eq!(
+                run_on(auto, eager(Mode::HiSparse, policy.name()), &[], None),
+                resident,
+                "{}: auto",
+                policy.name()
+            );
             continue;
         }
-        let hs = run_on(gpu(), cfg, &[], None);
+        let hs = run_on(defer(), cfg, &[], None);
         assert_eq!(hs, resident, "{fill} / {}: outputs differ from the resident baseline", policy.name());
     }
     assert!(refused > 0 && refused < policies.len(), "{refused} of {} policies refused", policies.len());
-    let mut slow = defer(eager(Mode::HiSparse, "s3fifo"));
+    let mut slow = eager(Mode::HiSparse, "s3fifo");
     slow.cache.transfer_delay = Some(Duration::from_micros(300));
-    assert_eq!(run_on(gpu(), slow, &[], None), resident, "{fill}: deferred stream slowed");
+    assert_eq!(run_on(defer(), slow, &[], None), resident, "{fill}: deferred stream slowed");
     // The mma.sync attention (the default is warpgroup MMA) reads the misses alike.
     let mma = || gpu().with_wgmma_attention(false);
     let mma_resident = run_on(mma(), eager(Mode::Resident, "lru"), &[], None);
-    assert_eq!(run_on(mma(), defer(eager(Mode::HiSparse, "lru")), &[], None), mma_resident, "{fill}: mma.sync");
+    let mma_defer = filling(mma(), form);
+    assert_eq!(run_on(mma_defer, eager(Mode::HiSparse, "lru"), &[], None), mma_resident, "{fill}: mma.sync");
     // `auto` at batches of at most 3: deferred and copying swap-ins from step to step, eager and
     // replayed, with a mid-run switch to a policy that reads scores and back.
     for graphs in [false, true] {
         let mut c = eager(Mode::HiSparse, "lru");
         c.launch_graphs = graphs;
-        c.cache.hisparse.miss_fill = hisparse_policy::MissFill::Auto { max_batch: 3 };
-        assert_eq!(run_on(gpu(), c, &["score", "lru"], None), resident, "auto (graphs: {graphs})");
+        let auto = filling(gpu(), MissFill::Auto { max_batch: 3 });
+        assert_eq!(run_on(auto, c, &["score", "lru"], None), resident, "auto (graphs: {graphs})");
     }
     matches_the_copying_swap_in(fill, defer);
 }
@@ -463,20 +465,15 @@ fn on_cuda_the_split_top_k_inside_launch_graphs_selects_like_one_block() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn on_cuda_the_bound_decides_as_the_form_it_bounds() {
-    use hisparse_policy::MissFill;
     let strip = |c: &[common::StepCounts]| c.iter().map(|c| (c.hits, c.misses)).collect::<Vec<_>>();
     let resident = run_on(gpu(), eager(Mode::Resident, "lru"), &[], None);
     for (graphs, form) in
         [(false, MissFill::Auto { max_batch: 3 }), (true, MissFill::Auto { max_batch: 3 }), (true, MissFill::SwapIn)]
     {
-        let with = |fill| {
-            let mut c = eager(Mode::HiSparse, "lru");
-            c.launch_graphs = graphs;
-            c.cache.hisparse.miss_fill = fill;
-            c
-        };
-        let (real, rc) = run_counted(gpu(), with(form), &[], None);
-        let (bound, bc) = run_counted(gpu(), with(form.bound()), &[], None);
+        let mut c = eager(Mode::HiSparse, "lru");
+        c.launch_graphs = graphs;
+        let (real, rc) = run_counted(filling(gpu(), form), c.clone(), &[], None);
+        let (bound, bc) = run_counted(filling(gpu(), form.bound()), c, &[], None);
         assert_eq!(real, resident, "{form:?} (graphs: {graphs}) is lossless");
         assert!(rc.iter().map(|c| c.misses).sum::<u64>() > 0, "{form:?}: the run must miss");
         assert_eq!(strip(&bc), strip(&rc), "{form:?} (graphs: {graphs}): the bound decides otherwise");

@@ -23,9 +23,9 @@ fn gpu() -> CudaBackend {
     CudaBackend::new(0).expect("a CUDA GPU").with_splits(3)
 }
 
-fn hits_first(mut c: EngineConfig) -> EngineConfig {
-    c.cache.hisparse.miss_fill = hisparse_policy::MissFill::HitsFirst;
-    c
+/// `backend` running the attention over the hits first.
+fn hits_first(backend: CudaBackend) -> CudaBackend {
+    backend.with_miss_fill(hisparse_kernels::MissFill::HitsFirst).expect("a valid miss-fill form")
 }
 
 fn eager(mode: Mode, policy: &str) -> EngineConfig {
@@ -33,8 +33,8 @@ fn eager(mode: Mode, policy: &str) -> EngineConfig {
 }
 
 /// Every layer's dump at steps 1, 6 and 12 of the requests decoded together, and the misses.
-fn dumps(cfg: EngineConfig) -> (Vec<LayerDump>, u64) {
-    let mut e = Engine::new(gpu(), cfg).unwrap();
+fn dumps(backend: CudaBackend, cfg: EngineConfig) -> (Vec<LayerDump>, u64) {
+    let mut e = Engine::new(backend, cfg).unwrap();
     for r in common::requests() {
         e.submit(r).unwrap();
     }
@@ -73,19 +73,19 @@ fn max_out_diff(resident: &[LayerDump], hs: &[LayerDump], what: &str) -> f32 {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn on_cuda_hits_first_equals_resident_within_bf16_tolerance() {
-    let (resident, _) = dumps(eager(Mode::Resident, "lru"));
+    let (resident, _) = dumps(gpu(), eager(Mode::Resident, "lru"));
     let policies: Vec<_> =
         hisparse_policy::policy::builtin(0).into_iter().filter(|p| p.cuda().is_some() && !p.needs_future()).collect();
     let mut refused = 0;
     for policy in &policies {
-        let cfg = hits_first(eager(Mode::HiSparse, policy.name()));
+        let cfg = eager(Mode::HiSparse, policy.name());
         if policy.needs_scores() {
-            let e = Engine::new(gpu(), cfg).err().map(|e| e.to_string()).unwrap_or_default();
+            let e = Engine::new(hits_first(gpu()), cfg).err().map(|e| e.to_string()).unwrap_or_default();
             assert!(e.contains("miss_fill") && e.contains(policy.name()), "{}: {e}", policy.name());
             refused += 1;
             continue;
         }
-        let (hs, misses) = dumps(cfg);
+        let (hs, misses) = dumps(hits_first(gpu()), cfg);
         assert!(misses > 0, "{}: the run must miss", policy.name());
         let worst = max_out_diff(&resident, &hs, policy.name());
         println!("hits-first, {}: largest output difference {worst:.3e} of the largest output", policy.name());
@@ -93,7 +93,7 @@ fn on_cuda_hits_first_equals_resident_within_bf16_tolerance() {
     }
     assert!(refused > 0 && refused < policies.len(), "{refused} of {} policies refused", policies.len());
     // The mma.sync attention has no skip mode: refused by name.
-    let e = Engine::new(gpu().with_wgmma_attention(false), hits_first(eager(Mode::HiSparse, "lru")));
+    let e = Engine::new(hits_first(gpu().with_wgmma_attention(false)), eager(Mode::HiSparse, "lru"));
     let e = e.err().map(|e| e.to_string()).unwrap_or_default();
     assert!(e.contains("miss_fill") && e.contains("mma-sync"), "{e}");
 }
@@ -101,20 +101,18 @@ fn on_cuda_hits_first_equals_resident_within_bf16_tolerance() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn on_cuda_hits_first_is_reproducible_slowed_and_replayed() {
-    let base = run_on(gpu(), hits_first(eager(Mode::HiSparse, "s3fifo")), &[], None);
-    assert_eq!(run_on(gpu(), hits_first(eager(Mode::HiSparse, "s3fifo")), &[], None), base, "run again");
-    let mut slow = hits_first(eager(Mode::HiSparse, "s3fifo"));
+    let base = run_on(hits_first(gpu()), eager(Mode::HiSparse, "s3fifo"), &[], None);
+    assert_eq!(run_on(hits_first(gpu()), eager(Mode::HiSparse, "s3fifo"), &[], None), base, "run again");
+    let mut slow = eager(Mode::HiSparse, "s3fifo");
     slow.cache.transfer_delay = Some(Duration::from_micros(300));
-    assert_eq!(run_on(gpu(), slow, &[], None), base, "the transfer stream slowed by 300 us");
+    assert_eq!(run_on(hits_first(gpu()), slow, &[], None), base, "the transfer stream slowed by 300 us");
     // Launch graphs (fork and join through events) against eager launches, with each prefetcher
     // (IndexShare layers for shared-index); the counts against the copying swap-in's.
     let strip = |c: &[common::StepCounts]| c.iter().map(|c| (c.hits, c.misses, c.prefetched)).collect::<Vec<_>>();
     for (prefetcher, c) in common::prefetcher_configs() {
-        let mut copy = c.clone();
-        copy.cache.hisparse.miss_fill = hisparse_policy::MissFill::SwapIn;
-        let (_, cc) = run_counted(gpu(), copy, &[], None);
-        let (replayed, hc) = run_counted(gpu(), hits_first(c.clone()), &[], None);
-        let (launched, _) = run_counted(gpu(), hits_first(EngineConfig { launch_graphs: false, ..c }), &[], None);
+        let (_, cc) = run_counted(gpu(), c.clone(), &[], None);
+        let (replayed, hc) = run_counted(hits_first(gpu()), c.clone(), &[], None);
+        let (launched, _) = run_counted(hits_first(gpu()), EngineConfig { launch_graphs: false, ..c }, &[], None);
         assert!(hc.iter().map(|c| c.replays).sum::<u64>() >= 10, "{prefetcher}: graphs replayed");
         assert!(hc.iter().map(|c| c.misses).sum::<u64>() > 0, "{prefetcher}: the run must miss");
         assert_eq!(strip(&hc), strip(&cc), "{prefetcher}: hits, misses and prefetches differ from the copy's");

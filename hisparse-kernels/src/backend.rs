@@ -231,6 +231,11 @@ pub trait Backend: Kernels + StepControl + ModelKernels {
     /// The swap-in over `host` (registered with the device here where the backend needs it):
     /// selections, scores, hot buffers and locations stay in the backend's memory.
     fn device_swap_in(&self, cfg: &DeviceSwapInConfig, host: &mut HostTier) -> Result<Self::SwapIn>;
+    /// Who brings each layer's missed rows into its hot buffer in this backend's swap-in (the
+    /// backend's option; [`crate::MissFill::SwapIn`], the swap-in's own copies, unless set).
+    fn miss_fill(&self) -> crate::MissFill {
+        crate::MissFill::SwapIn
+    }
     /// The backup of new rows from the hot buffers into `host`.
     fn row_backup(&self, cfg: &RowBackupConfig, host: &mut HostTier) -> Result<Self::Backup>;
 }

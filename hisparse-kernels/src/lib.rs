@@ -61,8 +61,8 @@ pub use new_rows::{NewRows, fill_new_rows_host};
 pub use oracle::dense_attention;
 pub use row_backup::{RowBackup, RowBackupConfig};
 pub use swap_in::{
-    AttentionQuery, DeviceSwapIn, DeviceSwapInConfig, DeviceSwapReq, HotLocation, SWAP_COUNTS, SwapCounts,
-    locate_in_hot,
+    AttentionQuery, DeviceSwapIn, DeviceSwapInConfig, DeviceSwapReq, HotLocation, MissFill, MissFillMode, SWAP_COUNTS,
+    SwapCounts, locate_in_hot,
 };
 
 /// The README's examples, compiled and run as doc-tests.

@@ -25,7 +25,7 @@ pub mod synth;
 pub mod trace;
 
 pub use choice::{PolicyChoice, PrefetcherChoice};
-pub use config::{HiSparseConfig, MissFill, MissFillMode, compared_device_buffer_sizes, default_device_buffer_size};
+pub use config::{HiSparseConfig, compared_device_buffer_sizes, default_device_buffer_size};
 pub use counts::SwapCounts;
 pub use error::{PolicyError, Result};
 pub use eviction::{Eviction, OnlinePolicy};

@@ -77,7 +77,7 @@ pub fn run(a: &RunArgs) -> Result<(Vec<ModeRun>, PathBuf)> {
         runs.push(run);
     }
     let g = a.engine.geometry()?;
-    if !a.engine.hisparse(&g)?.miss_fill.copies() {
+    if !a.engine.miss_fill(&a.engine.hisparse(&g)?)?.copies() {
         for r in runs.iter_mut().filter(|r| r.mode == Mode::HiSparse) {
             r.timing_only = Some(super::common::NO_COPIES);
         }

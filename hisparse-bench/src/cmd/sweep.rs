@@ -162,7 +162,7 @@ pub fn run(a: &SweepArgs) -> Result<(SweepReport, PathBuf)> {
         hierarchy: if dense {
             format!("dense attention: top-k {} covers every request (nothing selected, no index keys)", g.top_k)
         } else {
-            super::sweep_output::hierarchy(&hs, backend)
+            super::sweep_output::hierarchy(&hs, a.engine.miss_fill(&hs)?, backend)
         },
         device_kv_bytes: hs.device_kv_bytes,
         device_tier_bytes: tier_bytes,

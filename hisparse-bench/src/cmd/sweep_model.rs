@@ -62,7 +62,10 @@ pub fn run(a: &SweepArgs, levels: &[usize], steps: usize) -> Result<(SweepReport
             }
             // The report's hierarchy is hisparse's; a resident-only sweep shows its own budget.
             if mode == SweepMode::HiSparse || hierarchy.is_empty() {
-                (hierarchy, buffer) = (super::sweep_output::hierarchy(hs, "cpu"), hs.device_buffer_size);
+                (hierarchy, buffer) = (
+                    super::sweep_output::hierarchy(hs, hisparse_kernels::MissFill::SwapIn, "cpu"),
+                    hs.device_buffer_size,
+                );
                 (device_kv, host_tier) = (hs.device_kv_bytes, hs.host_bytes());
             }
             let record = (mode == SweepMode::HiSparse && Some(&context) == a.context.first()).then_some(&trace);

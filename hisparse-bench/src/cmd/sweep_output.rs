@@ -175,12 +175,13 @@ fn transfers_svg(r: &SweepReport) -> Result<String> {
     line_chart(&chart, &series)
 }
 
-/// The hierarchy's policies in a line: eviction, prefetcher, who fills the misses.
-pub fn hierarchy(hs: &hisparse_policy::HiSparseConfig, backend: &str) -> String {
-    use hisparse_policy::MissFill;
+/// The hierarchy's policies in a line: eviction, prefetcher, who fills the misses (`fill`, the
+/// backend's form).
+pub fn hierarchy(hs: &hisparse_policy::HiSparseConfig, fill: hisparse_kernels::MissFill, backend: &str) -> String {
+    use hisparse_kernels::MissFill;
     // Under a policy that reads scores `auto` lets the attention fill instead of deferring.
     let reads_scores = hs.online_policy().is_ok_and(|p| p.needs_scores());
-    let fill = match (backend == "cuda", hs.miss_fill) {
+    let fill = match (backend == "cuda", fill) {
         (_, MissFill::NoCopies { .. }) => {
             return format!("{} eviction, prefetcher {}, misses NOT copied ({NO_COPIES})", hs.eviction, hs.prefetch);
         }
@@ -344,12 +345,9 @@ mod tests {
 
     #[test]
     fn the_hierarchy_line_names_who_fills_the_misses() {
-        let with = |fill: &str, policy: &str| HiSparseConfig {
-            miss_fill: fill.parse::<hisparse_policy::MissFillMode>().unwrap().into(),
-            eviction: policy.parse().unwrap(),
-            ..HiSparseConfig::default()
-        };
-        let line = |fill, policy, backend| hierarchy(&with(fill, policy), backend);
+        let with = |policy: &str| HiSparseConfig { eviction: policy.parse().unwrap(), ..HiSparseConfig::default() };
+        let form = |fill: &str| fill.parse::<hisparse_kernels::MissFillMode>().unwrap().into();
+        let line = |fill, policy, backend| hierarchy(&with(policy), form(fill), backend);
         assert!(line("auto", "lru", "cuda").ends_with("deferred swap-in in batches of at most 8 requests (the attention reads them from the host tier), else the swap-in"));
         assert!(
             line("auto", "score", "cuda").ends_with("attention in batches of at most 8 requests, else the swap-in")

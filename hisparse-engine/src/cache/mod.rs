@@ -209,7 +209,8 @@ where
             cfg.hisparse.eviction = e.clone();
         }
         let g = &cfg.geometry;
-        cfg.hisparse.validate_with(g, &policy)?;
+        cfg.hisparse.validate_sizes(g)?;
+        backend.miss_fill().check_policy(&policy)?;
         if cfg.hisparse.device_kv_bytes == 0 {
             return Err(EngineError::Config {
                 field: "device_kv_bytes",
@@ -271,7 +272,6 @@ where
                     max_tokens: cfg.hisparse.max_request_tokens,
                     serial_prefetch: cfg.serial_prefetch,
                     transfer_delay: cfg.transfer_delay,
-                    miss_fill: cfg.hisparse.miss_fill,
                 };
                 let swap = backend.device_swap_in(&dcfg, &mut host)?;
                 let backup =
@@ -316,9 +316,9 @@ where
 
     /// Replaces the eviction policy between steps: every buffer's records are rebuilt from its
     /// slots' current contents.
-    /// Refused, keeping the policy in use, where the config's miss-fill cannot run it.
+    /// Refused, keeping the policy in use, where the backend's miss-fill cannot run it.
     pub fn set_policy(&mut self, policy: OnlinePolicy) -> Result<()> {
-        self.cfg.hisparse.check_policy(&policy)?;
+        self.backend.miss_fill().check_policy(&policy)?;
         if let Some(s) = self.swap.as_mut() {
             s.set_policy(policy.clone())?;
         }

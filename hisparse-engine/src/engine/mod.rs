@@ -95,9 +95,9 @@ pub struct Engine<B: Backend, D = SyntheticModel<<B as hisparse_kernels::Kernels
     scheduler: scheduler::Scheduler,
     runner: runner::StepRunner<B::Memory, D>,
     runtime: Arc<ArcSwap<Runtime>>,
-    /// The cache's config as built, shared with runtime handles (they check a new policy
-    /// against its miss-fill before the step takes it up).
-    hierarchy: Arc<hisparse_policy::HiSparseConfig>,
+    /// The backend's miss-fill form, given to runtime handles (they check a new policy against
+    /// it before the step takes it up).
+    miss_fill: hisparse_kernels::MissFill,
     last_policy: hisparse_policy::OnlinePolicy,
     step: u64,
     cfg: EngineConfig,
@@ -139,7 +139,7 @@ where
         Ok(Self {
             last_policy: runtime.policy.clone(),
             runtime: Arc::new(ArcSwap::from_pointee(runtime)),
-            hierarchy: Arc::new(cfg.cache.hisparse.clone()),
+            miss_fill: cache.backend().miss_fill(),
             scheduler: scheduler::Scheduler::new(cfg.max_queued),
             runner,
             cache,
@@ -165,7 +165,7 @@ where
 
     /// A handle to swap the eviction policy and batch cap between steps, from any thread.
     pub fn runtime(&self) -> RuntimeHandle {
-        RuntimeHandle { cell: Arc::clone(&self.runtime), hierarchy: Arc::clone(&self.hierarchy) }
+        RuntimeHandle { cell: Arc::clone(&self.runtime), miss_fill: self.miss_fill }
     }
 
     /// Capacities of the tiers (what a request may at most hold).

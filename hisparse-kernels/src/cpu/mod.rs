@@ -25,18 +25,28 @@ use crate::backend::{Backend, Kernels, ModelKernels, StepControl};
 use crate::batch::{AttentionBatch, IndexerBatch, Span};
 use crate::error::{KernelError, Result};
 use crate::row_backup::RowBackupConfig;
-use crate::swap_in::DeviceSwapInConfig;
+use crate::swap_in::{DeviceSwapInConfig, MissFill};
 
 /// The CPU backend. Its device memory is host memory ([`EmulatedDevice`]).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CpuBackend {
     memory: EmulatedDevice,
+    miss_fill: MissFill,
 }
 
 impl CpuBackend {
     /// A CPU backend using rayon's global thread pool.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// This backend with `fill` as its miss-fill form. The CPU swap-in copies the misses itself
+    /// in every form but [`MissFill::NoCopies`] (the timing bound), whose swap-in copies nothing;
+    /// a policy the form cannot run is refused as on CUDA ([`MissFill::check_policy`]).
+    pub fn with_miss_fill(mut self, fill: MissFill) -> Result<Self> {
+        fill.validate()?;
+        self.miss_fill = fill;
+        Ok(self)
     }
 }
 
@@ -91,7 +101,11 @@ impl Backend for CpuBackend {
     type Backup = CpuRowBackup;
 
     fn device_swap_in(&self, cfg: &DeviceSwapInConfig, host: &mut HostTier) -> Result<CpuSwapIn> {
-        CpuSwapIn::new(cfg, host)
+        CpuSwapIn::new(cfg, host, self.miss_fill)
+    }
+
+    fn miss_fill(&self) -> MissFill {
+        self.miss_fill
     }
 
     fn row_backup(&self, cfg: &RowBackupConfig, host: &mut HostTier) -> Result<CpuRowBackup> {

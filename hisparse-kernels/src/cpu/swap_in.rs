@@ -94,7 +94,7 @@ fn copy_rows(
 
 impl CpuSwapIn {
     /// A swap-in over `host` for `cfg`'s seats and layers.
-    pub fn new(cfg: &DeviceSwapInConfig, host: &HostTier) -> Result<Self> {
+    pub fn new(cfg: &DeviceSwapInConfig, host: &HostTier, fill: crate::MissFill) -> Result<Self> {
         if host.layers() != cfg.geometry.layers {
             return Err(KernelError::invalid(
                 "layers",
@@ -114,7 +114,7 @@ impl CpuSwapIn {
             row: Vec::new(),
             counts: SwapCounts::default(),
             next_layer: 0,
-            copies: cfg.miss_fill.copies(),
+            copies: fill.copies(),
         })
     }
 

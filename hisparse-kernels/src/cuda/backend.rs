@@ -64,6 +64,8 @@ pub struct CudaBackend {
     pub(crate) blas: std::sync::OnceLock<super::gemm_launch::Blas>,
     /// The launch sequence last captured, and its key.
     pub(crate) graph: Mutex<Option<(u64, LaunchGraph)>>,
+    /// Who brings each layer's missed rows into its hot buffer ([`CudaBackend::with_miss_fill`]).
+    miss_fill: crate::MissFill,
 }
 
 impl CudaBackend {
@@ -128,8 +130,17 @@ impl CudaBackend {
             timer: Mutex::new(Timer::default()),
             graph: Mutex::new(None),
             blas: std::sync::OnceLock::new(),
+            miss_fill: crate::MissFill::SwapIn,
             dev,
         })
+    }
+
+    /// This backend with `fill` as its miss-fill form (the swap-in's own copies by default);
+    /// refused, naming the field, where its parameters are out of range.
+    pub fn with_miss_fill(mut self, fill: crate::MissFill) -> Result<Self> {
+        fill.validate()?;
+        self.miss_fill = fill;
+        Ok(self)
     }
 
     /// The device.
@@ -432,7 +443,11 @@ impl Backend for CudaBackend {
         cfg: &crate::DeviceSwapInConfig,
         host: &mut hisparse_memory::HostTier,
     ) -> Result<Self::SwapIn> {
-        crate::cuda::swap_in::CudaSwapIn::new(&self.dev, cfg, host, self.attention.clone())
+        crate::cuda::swap_in::CudaSwapIn::new(&self.dev, cfg, host, self.attention.clone(), self.miss_fill)
+    }
+
+    fn miss_fill(&self) -> crate::MissFill {
+        self.miss_fill
     }
 
     fn row_backup(&self, cfg: &crate::RowBackupConfig, host: &mut hisparse_memory::HostTier) -> Result<Self::Backup> {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use half::bf16;
 use hisparse_memory::{DeviceMemory, KvGeometry, KvRowLayout};
-use hisparse_policy::{MissFill, OnlinePolicy, Prefetcher, SwapCounts};
+use hisparse_policy::{OnlinePolicy, Prefetcher, SwapCounts};
 
 use crate::batch::Span;
 use crate::error::{KernelError, Result};
@@ -39,9 +39,6 @@ pub struct DeviceSwapInConfig {
     /// Test hook: delay every transfer of prefetched rows, and every deferred swap-in, by this
     /// much (CUDA).
     pub transfer_delay: Option<std::time::Duration>,
-    /// Who brings each layer's missed rows into its hot buffer (CUDA; a swap-in that cannot
-    /// follow it copies them itself, as the CPU backend's does).
-    pub miss_fill: MissFill,
 }
 
 /// What [`DeviceSwapIn::attend`] attends with besides the hot rows: [`crate::AttentionBatch`]

@@ -21,7 +21,9 @@
 
 mod hot_locate;
 mod interface;
+mod miss_fill;
 
 pub use hisparse_policy::SwapCounts;
 pub use hot_locate::{HotLocation, locate_in_hot};
 pub use interface::{AttentionQuery, DeviceSwapIn, DeviceSwapInConfig, DeviceSwapReq, SWAP_COUNTS};
+pub use miss_fill::{MissFill, MissFillMode};

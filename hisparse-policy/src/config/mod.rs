@@ -2,16 +2,13 @@
 //! `host_to_device_ratio`, `swap_in_block_size`; its `top_k` is the geometry's, the one home of
 //! top-k: a file that gives it is checked against the geometry when read) plus ours, from JSON or
 //! from code, validated against a geometry with typed errors naming the field. The eviction
-//! policy, the prefetcher and the miss-fill form are typed values ([`Eviction`],
-//! [`Prefetch`], [`MissFill`]); the JSON form keeps their names as flat keys
-//! (`raw.rs`), resolved once when it is read.
+//! policy and the prefetcher are typed values ([`Eviction`], [`Prefetch`]); the JSON form keeps
+//! their names as flat keys (`raw.rs`), resolved once when it is read. Who fills a step's misses
+//! is the backend's option (`hisparse_kernels::MissFill`), not the cache's.
 
-mod miss_fill;
 mod raw;
 #[cfg(test)]
 mod tests;
-
-pub use miss_fill::{MissFill, MissFillMode};
 
 use std::path::PathBuf;
 
@@ -57,10 +54,6 @@ pub struct HiSparseConfig {
     /// `adjacent-layer`, `next-step`; `prefetch_budget`, most rows a speculative prefetcher
     /// brings into one buffer per step, 0: a quarter of top-k).
     pub prefetch: Prefetch,
-    /// Ours: who brings a layer's missed rows into its hot buffer (JSON: `miss_fill` with
-    /// `miss_fill_max_batch` for `auto` and `no-copies`, `copy_engine_share` and `host_gather_threads` for
-    /// `copy-engine`). CUDA only: the CPU backend copies either way.
-    pub miss_fill: MissFill,
     /// Ours: positions per page of the host tier and the device pools.
     pub page_tokens: usize,
     /// Ours: device bytes for KV rows, index keys and hot buffers (0: decided by the engine).
@@ -89,7 +82,6 @@ impl Default for HiSparseConfig {
             swap_in_block_size: 512,
             eviction: Eviction::default(),
             prefetch: Prefetch::None,
-            miss_fill: MissFill::SwapIn,
             page_tokens: 64,
             device_kv_bytes: 0,
             host_tier_bytes: 0,
@@ -171,32 +163,16 @@ impl HiSparseConfig {
         }
     }
 
-    /// Checks that `policy` can run under this config (one that reads each layer's scores
-    /// cannot with a miss-fill that always defers the swap-in).
-    pub fn check_policy(&self, policy: &OnlinePolicy) -> Result<()> {
-        let always_deferred = self.miss_fill.deferred() && !matches!(self.miss_fill, MissFill::Auto { .. });
-        if always_deferred && policy.needs_scores() {
-            return Err(invalid(
-                "miss_fill",
-                self.miss_fill.mode(),
-                format!(
-                    "the {} policy reads each layer's scores, which the next layer overwrites before a deferred \
-                     swap-in decides; use auto, swap-in or attention with it",
-                    policy.name()
-                ),
-            ));
-        }
-        Ok(())
-    }
-
     /// Checks every field against `geometry` (the eviction policy made from [`Self::eviction`]);
     /// the error names the first field at fault.
     pub fn validate(&self, geometry: &KvGeometry) -> Result<()> {
-        self.validate_with(geometry, &self.online_policy()?)
+        self.online_policy()?;
+        self.validate_sizes(geometry)
     }
 
-    /// [`Self::validate`] with `policy` as the eviction policy (one already made).
-    pub fn validate_with(&self, geometry: &KvGeometry, policy: &OnlinePolicy) -> Result<()> {
+    /// [`Self::validate`] but the eviction policy (for a cache given one already made): the
+    /// sizes, budgets and the prefetcher against `geometry`.
+    pub fn validate_sizes(&self, geometry: &KvGeometry) -> Result<()> {
         geometry.validate()?;
         for (field, v) in [
             ("device_buffer_size", self.device_buffer_size),
@@ -231,8 +207,6 @@ impl HiSparseConfig {
                 "must be a finite number above 0",
             ));
         }
-        self.check_policy(policy)?;
-        self.miss_fill.validate()?;
         if let Some(budget) = self.prefetch.budget()
             && budget > self.device_buffer_size
         {

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use super::{HiSparseConfig, MissFill, MissFillMode};
+use super::HiSparseConfig;
 use crate::choice::{PolicyChoice, PrefetcherChoice};
 use crate::error::PolicyError;
 use crate::eviction::Eviction;
@@ -26,10 +26,6 @@ pub(super) struct RawConfig {
     policy_config: PolicyConfig,
     prefetcher: String,
     prefetch_budget: usize,
-    miss_fill: MissFillMode,
-    miss_fill_max_batch: usize,
-    copy_engine_share: f64,
-    host_gather_threads: usize,
     page_tokens: usize,
     device_kv_bytes: u64,
     host_tier_bytes: u64,
@@ -48,13 +44,6 @@ impl Default for RawConfig {
 impl From<HiSparseConfig> for RawConfig {
     fn from(c: HiSparseConfig) -> Self {
         let (policy, policy_config) = c.eviction.parts();
-        let (max_batch, (share, host_threads)) = (
-            match c.miss_fill {
-                MissFill::Auto { max_batch } | MissFill::NoCopies { max_batch } => max_batch,
-                _ => MissFill::DEFAULT_MAX_BATCH,
-            },
-            c.miss_fill.copy_engine().unwrap_or((MissFill::DEFAULT_SHARE, 0)),
-        );
         Self {
             device_buffer_size: c.device_buffer_size,
             host_to_device_ratio: c.host_to_device_ratio,
@@ -65,10 +54,6 @@ impl From<HiSparseConfig> for RawConfig {
             policy_config: PolicyConfig { seed: 0, ..policy_config },
             prefetcher: c.prefetch.name().to_owned(),
             prefetch_budget: c.prefetch.parts().1.budget,
-            miss_fill: c.miss_fill.mode(),
-            miss_fill_max_batch: max_batch,
-            copy_engine_share: share,
-            host_gather_threads: host_threads,
             page_tokens: c.page_tokens,
             device_kv_bytes: c.device_kv_bytes,
             host_tier_bytes: c.host_tier_bytes,
@@ -96,7 +81,6 @@ impl TryFrom<RawConfig> for HiSparseConfig {
                 PrefetcherChoice::parse(&r.prefetcher)?,
                 &PrefetcherConfig { budget: r.prefetch_budget },
             )?,
-            miss_fill: MissFill::new(r.miss_fill, r.miss_fill_max_batch, r.copy_engine_share, r.host_gather_threads),
             page_tokens: r.page_tokens,
             device_kv_bytes: r.device_kv_bytes,
             host_tier_bytes: r.host_tier_bytes,

@@ -4,7 +4,7 @@
 
 use hisparse_engine::emulated::EmulatedModel;
 use hisparse_engine::{DecodeEngine, Engine, EngineConfig};
-use hisparse_kernels::CpuBackend;
+use hisparse_kernels::{CpuBackend, MissFill};
 use hisparse_memory::{KvGeometry, Mode};
 use hisparse_policy::HiSparseConfig;
 
@@ -86,15 +86,17 @@ impl EngineArgs {
     /// found (falling back to the CPU with a note if the GPU cannot be opened), `cuda` fails with
     /// a one-line error where it cannot be used.
     pub fn engine(&self, mode: Mode, lengths: (usize, usize), flag: &'static str) -> Result<Box<dyn DecodeEngine>> {
-        self.build(self.engine_config(mode, lengths, flag)?, 0)
+        let cfg = self.engine_config(mode, lengths, flag)?;
+        let fill = self.miss_fill(&cfg.cache.hisparse)?;
+        self.build(cfg, 0, fill)
     }
 
     /// A hisparse engine whose swap-in copies no row (`MissFill::NoCopies`): the timing bound
     /// of `hisparse sweep --bound`, whose outputs are wrong.
     pub fn bound_engine(&self, typical_tokens: usize, flag: &'static str) -> Result<Box<dyn DecodeEngine>> {
-        let mut cfg = self.engine_config(Mode::HiSparse, (typical_tokens, typical_tokens), flag)?;
-        cfg.cache.hisparse.miss_fill = cfg.cache.hisparse.miss_fill.bound();
-        self.build(cfg, 0)
+        let cfg = self.engine_config(Mode::HiSparse, (typical_tokens, typical_tokens), flag)?;
+        let fill = self.miss_fill(&cfg.cache.hisparse)?.bound();
+        self.build(cfg, 0, fill)
     }
 
     /// The engine of rank `rank` of `ranks` (one per GPU, `hisparse sweep --gpus`, `run
@@ -113,7 +115,8 @@ impl EngineArgs {
         // A rank's slice holds the requests it is given, not the longest one the whole
         // machine's tier could.
         cfg.cache.hisparse.max_request_tokens = longest_tokens;
-        self.build(cfg, rank)
+        let fill = self.miss_fill(&cfg.cache.hisparse)?;
+        self.build(cfg, rank, fill)
     }
 
     /// The host memory divided between `ranks` engines, refused naming `--gpus` where a rank's
@@ -147,21 +150,23 @@ impl EngineArgs {
             .ok_or_else(|| BenchError::flag("config", "page_tokens", "a host page's bytes overflow"))
     }
 
-    fn build(&self, cfg: EngineConfig, ordinal: usize) -> Result<Box<dyn DecodeEngine>> {
+    /// The engine of `cfg` on GPU `ordinal` (or the CPU), its backend filling misses as `fill`.
+    fn build(&self, cfg: EngineConfig, ordinal: usize, fill: MissFill) -> Result<Box<dyn DecodeEngine>> {
         let driver = cuda_driver_present();
+        let cpu = || CpuBackend::new().with_miss_fill(fill);
         match self.backend {
-            BackendKind::Cpu => Ok(Box::new(Engine::new(CpuBackend::new(), cfg)?)),
-            BackendKind::Auto if !driver => Ok(Box::new(Engine::new(CpuBackend::new(), cfg)?)),
+            BackendKind::Cpu => Ok(Box::new(Engine::new(cpu()?, cfg)?)),
+            BackendKind::Auto if !driver => Ok(Box::new(Engine::new(cpu()?, cfg)?)),
             BackendKind::Cuda if !driver => {
                 Err(BenchError::flag("backend", "cuda", "no CUDA driver (libcuda.so) on this machine"))
             }
-            BackendKind::Auto | BackendKind::Cuda => match cuda_engine(cfg.clone(), ordinal, self.cuda_knobs()) {
+            BackendKind::Auto | BackendKind::Cuda => match cuda_engine(cfg.clone(), ordinal, self.cuda_knobs(), fill) {
                 Ok(e) => Ok(e),
                 Err(e) if self.backend == BackendKind::Auto => {
                     crate::console::note(&format!(
                         "hisparse: the CUDA backend could not start ({e}); running on the CPU"
                     ));
-                    Ok(Box::new(Engine::new(CpuBackend::new(), cfg)?))
+                    Ok(Box::new(Engine::new(cpu()?, cfg)?))
                 }
                 Err(e) => Err(BenchError::flag("backend", "cuda", e.to_string())),
             },
@@ -184,12 +189,15 @@ fn cuda_engine(
     cfg: EngineConfig,
     ordinal: usize,
     knobs: CudaKnobs,
+    fill: MissFill,
 ) -> std::result::Result<Box<dyn DecodeEngine>, String> {
     let be = hisparse_kernels::cuda::CudaBackend::new(ordinal)
         .map_err(|e| e.to_string())?
         .with_top_k_blocks(knobs.top_k_blocks)
         .with_wgmma_attention(knobs.wgmma_attention)
-        .with_wgmma_indexer(knobs.wgmma_indexer);
+        .with_wgmma_indexer(knobs.wgmma_indexer)
+        .with_miss_fill(fill)
+        .map_err(|e| e.to_string())?;
     Ok(Box::new(Engine::new(be, cfg).map_err(|e| e.to_string())?))
 }
 
@@ -198,6 +206,7 @@ fn cuda_engine(
     _cfg: EngineConfig,
     _ordinal: usize,
     _knobs: CudaKnobs,
+    _fill: MissFill,
 ) -> std::result::Result<Box<dyn DecodeEngine>, String> {
     Err("this build has no CUDA support (feature `cuda`)".into())
 }

@@ -4,8 +4,9 @@
 
 use std::path::PathBuf;
 
+use hisparse_kernels::{KernelError, MissFill, MissFillMode};
 use hisparse_memory::{KvGeometry, MemoryError, Mode};
-use hisparse_policy::{BuiltinPrefetcher, HiSparseConfig, MissFill, MissFillMode, PolicyError};
+use hisparse_policy::{BuiltinPrefetcher, HiSparseConfig, PolicyError};
 
 use super::{EngineArgs, parse_bytes};
 use crate::error::{BenchError, Result};
@@ -20,9 +21,6 @@ fn flag_of(field: &str) -> Option<&'static str> {
         "eviction_policy" => "eviction-policy",
         "prefetcher" => "prefetcher",
         "prefetch_budget" => "prefetch-budget",
-        "miss_fill" => "miss-fill",
-        "copy_engine_share" => "copy-engine-share",
-        "host_gather_threads" => "host-gather-threads",
         "host_tier_file" | "host_tier_path" => "host-tier-file",
         _ => return None,
     })
@@ -38,25 +36,17 @@ impl EngineArgs {
             "eviction_policy" => self.eviction_policy.is_some(),
             "prefetcher" => self.prefetcher.is_some(),
             "prefetch_budget" => self.prefetch_budget.is_some(),
-            "miss_fill" => self.miss_fill.is_some(),
-            "miss_fill_max_batch" => self.miss_fill_max_batch.is_some(),
-            "copy_engine_share" => self.copy_engine_share.is_some(),
-            "host_gather_threads" => self.host_gather_threads.is_some(),
             "host_tier_file" | "host_tier_path" => self.host_tier_file.is_some(),
             _ => false,
         }
     }
 
-    /// The miss-fill form of the flags over `base` (the preset's or the config file's): the mode
-    /// and each parameter the flags give, the rest from `base`; a parameter of another mode is
-    /// refused naming its flag.
-    fn miss_fill_over(&self, base: MissFill) -> Result<MissFill> {
-        let mode = self.miss_fill.unwrap_or(base.mode());
-        let max_batch = match base {
-            MissFill::Auto { max_batch } | MissFill::NoCopies { max_batch } => max_batch,
-            _ => MissFill::DEFAULT_MAX_BATCH,
-        };
-        let (share, threads) = base.copy_engine().unwrap_or((MissFill::DEFAULT_SHARE, 0));
+    /// The backend's miss-fill form from the flags (`--miss-fill` and its parameters, each
+    /// parameter's default where not given), checked against `hs`'s eviction policy; a parameter
+    /// of another mode, or out of range, is refused naming its flag.
+    pub fn miss_fill(&self, hs: &HiSparseConfig) -> Result<MissFill> {
+        let mode = self.miss_fill.unwrap_or(MissFill::default().mode());
+        let (max_batch, share, threads) = (MissFill::DEFAULT_MAX_BATCH, MissFill::DEFAULT_SHARE, 0);
         let (batched, engine) = (&[MissFillMode::Auto, MissFillMode::NoCopies][..], &[MissFillMode::CopyEngine][..]);
         for (flag, given, of) in [
             ("miss-fill-max-batch", self.miss_fill_max_batch.map(|v| v.to_string()), batched),
@@ -68,12 +58,26 @@ impl EngineArgs {
                 return Err(BenchError::flag(flag, v, format!("applies to --miss-fill {of}, not {mode}")));
             }
         }
-        Ok(MissFill::new(
+        let fill = MissFill::new(
             mode,
             self.miss_fill_max_batch.unwrap_or(max_batch),
             self.copy_engine_share.unwrap_or(share),
             self.host_gather_threads.unwrap_or(threads),
-        ))
+        );
+        let named = |e: KernelError| match e {
+            KernelError::InvalidArgument { field, value, reason } => {
+                let flag = match field {
+                    "copy_engine_share" => "copy-engine-share",
+                    "host_gather_threads" => "host-gather-threads",
+                    _ => "miss-fill",
+                };
+                BenchError::flag(flag, value, reason)
+            }
+            e => BenchError::flag("miss-fill", mode, e.to_string()),
+        };
+        fill.validate().map_err(named)?;
+        fill.check_policy(&hs.online_policy().map_err(|e| self.name_error(e))?).map_err(named)?;
+        Ok(fill)
     }
 
     /// The `--config` file's text (read on first use) and the keys it sets.
@@ -204,7 +208,6 @@ impl EngineArgs {
             .prefetch
             .overridden(self.prefetcher.map(Into::into), self.prefetch_budget)
             .map_err(|e| self.name_error(e))?;
-        c.miss_fill = self.miss_fill_over(c.miss_fill)?;
         if let Some(p) = &self.host_tier_file {
             if self.uses_cuda() {
                 return Err(BenchError::flag(

@@ -6,8 +6,9 @@
 use std::path::PathBuf;
 
 use hisparse_kernels::IndexerQueries;
+use hisparse_kernels::MissFillMode;
 use hisparse_memory::{IndexKeyFormat, KvGeometry, KvRowFormat, MemoryError, Preset};
-use hisparse_policy::{BuiltinPolicy, BuiltinPrefetcher, MissFillMode};
+use hisparse_policy::{BuiltinPolicy, BuiltinPrefetcher};
 
 use crate::error::{BenchError, Result};
 

@@ -10,7 +10,9 @@ use cudarc::driver::CudaSlice;
 use hisparse_memory::HostTier;
 use hisparse_memory::cuda::CudaMemory;
 use hisparse_memory::host_tier::MappedHostTier;
-use hisparse_policy::{MissFill, OnlinePolicy};
+use hisparse_policy::OnlinePolicy;
+
+use crate::MissFill;
 
 use super::deferred::{DeferredFill, DeferredSwapStream, DeferredTargets};
 use super::io::{LayerLaunch, MissSource, Selections, SwapTargets};
@@ -52,12 +54,14 @@ pub struct CudaSwapIn {
 
 impl CudaSwapIn {
     /// Registers `host` with the device and sets up the swap-in state; `attention` (the
-    /// backend's, with its split count) attends when the misses are left to it.
+    /// backend's, with its split count) attends when the misses are left to it, as `fill` (the
+    /// backend's miss-fill form) says.
     pub(crate) fn new(
         dev: &Arc<CudaDevice>,
         cfg: &DeviceSwapInConfig,
         host: &mut HostTier,
         attention: AttentionKernels,
+        fill: MissFill,
     ) -> Result<Self> {
         let delay_ns = cfg.transfer_delay.map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
         let prefetch = GpuPrefetch::new(dev, cfg, cfg.serial_prefetch, delay_ns)?;
@@ -71,11 +75,11 @@ impl CudaSwapIn {
             max_tokens: cfg.max_tokens,
         };
         let mut gpu = GpuSwapInState::new(dev, Arc::clone(cfg.policy.get()), shape)?;
-        let fill = cfg.miss_fill;
+        fill.check_policy(&cfg.policy)?;
         if fill.hits_first() && !attention.wgmma {
             return Err(KernelError::invalid(
                 "miss_fill",
-                hisparse_policy::MissFillMode::HitsFirst,
+                crate::MissFillMode::HitsFirst,
                 "needs the warpgroup-MMA attention (not --attention-kernel mma-sync)",
             ));
         }

@@ -58,7 +58,7 @@ impl AttentionKernels {
         if !self.wgmma {
             return Err(KernelError::invalid(
                 "miss_fill",
-                hisparse_policy::MissFillMode::HitsFirst,
+                crate::MissFillMode::HitsFirst,
                 "needs the warpgroup-MMA attention (not --attention-kernel mma-sync)",
             ));
         }

@@ -1,13 +1,15 @@
-//! Who brings a layer's missed rows into its hot buffer ([`MissFill`]): one enum, its
-//! parameters inside its variants, chosen once at the config or command-line edge. The CPU
-//! backend copies the misses whatever the choice but `no-copies`; the CUDA swap-in follows it.
+//! Who brings a layer's missed rows into its hot buffer ([`MissFill`]): an option of the backend
+//! (`CudaBackend::with_miss_fill`, [`crate::CpuBackend::with_miss_fill`]), not of the cache or
+//! its policy — one enum, its parameters inside its variants, chosen once at the command-line
+//! edge. The CPU backend copies the misses whatever the choice but `no-copies`; the CUDA swap-in
+//! follows it.
 
-use serde::{Deserialize, Serialize};
+use hisparse_policy::OnlinePolicy;
 
-use crate::error::{PolicyError, Result};
+use crate::error::{KernelError, Result};
 
 /// The name of a miss-fill form, as configs and the command line write it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "kebab-case")]
 pub enum MissFillMode {
@@ -173,22 +175,36 @@ impl MissFill {
         }
     }
 
-    /// Checks the parameters; the error names the config key.
+    /// Checks that `policy` can run under this form: one that reads each layer's scores cannot
+    /// where the swap-in is always deferred (the next layer overwrites the scores first).
+    pub fn check_policy(&self, policy: &OnlinePolicy) -> Result<()> {
+        let always_deferred = self.deferred() && !matches!(self, Self::Auto { .. });
+        if always_deferred && policy.needs_scores() {
+            return Err(KernelError::invalid(
+                "miss_fill",
+                self.mode(),
+                format!(
+                    "the {} policy reads each layer's scores, which the next layer overwrites before a deferred \
+                     swap-in decides; use auto, swap-in or attention with it",
+                    policy.name()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Checks the parameters; the error names the field.
     pub fn validate(&self) -> Result<()> {
         if let Self::CopyEngine { share, host_threads } = *self {
             if !(share > 0.0 && share <= 1.0) {
-                return Err(PolicyError::Invalid {
-                    field: "copy_engine_share",
-                    value: format!("{share:?}"),
-                    reason: "must be in (0, 1] (a share of the selection entries)".into(),
-                });
+                return Err(KernelError::invalid(
+                    "copy_engine_share",
+                    format!("{share:?}"),
+                    "must be in (0, 1] (a share of the selection entries)",
+                ));
             }
             if host_threads > 256 {
-                return Err(PolicyError::Invalid {
-                    field: "host_gather_threads",
-                    value: host_threads.to_string(),
-                    reason: "must be at most 256".into(),
-                });
+                return Err(KernelError::invalid("host_gather_threads", host_threads, "must be at most 256"));
             }
         }
         Ok(())
@@ -196,13 +212,11 @@ impl MissFill {
 }
 
 impl std::str::FromStr for MissFillMode {
-    type Err = PolicyError;
+    type Err = KernelError;
     fn from_str(s: &str) -> Result<Self> {
-        serde_json::from_value(serde_json::Value::String(s.to_owned())).map_err(|e| PolicyError::Invalid {
-            field: "miss_fill",
-            value: s.to_owned(),
-            reason: e.to_string(),
-        })
+        // The serde name (kebab-case) is the name everywhere.
+        serde_json::from_value(serde_json::Value::String(s.to_owned()))
+            .map_err(|e| KernelError::invalid("miss_fill", s, e.to_string()))
     }
 }
 
@@ -218,5 +232,87 @@ impl std::fmt::Display for MissFillMode {
         // The serde name (kebab-case) is the name everywhere.
         let v = serde_json::to_value(self).map_err(|_| std::fmt::Error)?;
         f.write_str(v.as_str().unwrap_or("?"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use hisparse_policy::{BuiltinPolicy, Eviction};
+
+    use super::*;
+
+    fn field_of(e: KernelError) -> &'static str {
+        match e {
+            KernelError::InvalidArgument { field, .. } => field,
+            e => panic!("not a field error: {e}"),
+        }
+    }
+
+    /// Every form's name parses back to it; an unknown one is refused naming `miss_fill` and the
+    /// known names.
+    #[test]
+    fn every_form_is_named_once() {
+        for name in
+            ["auto", "swap-in", "attention", "deferred", "deferred-gather", "hits-first", "copy-engine", "no-copies"]
+        {
+            let m = name.parse::<MissFillMode>().unwrap();
+            assert_eq!((m.to_string(), MissFill::from(m).mode()), (name.to_owned(), m));
+        }
+        let e = "dma".parse::<MissFillMode>().unwrap_err().to_string();
+        assert!(e.contains("miss_fill") && e.contains("dma") && e.contains("hits-first"), "{e}");
+    }
+
+    /// The parameters out of range, and a policy that reads scores under a form that always
+    /// defers, are refused naming the field.
+    #[test]
+    fn bad_parameters_and_unrunnable_policies_are_named() {
+        for (share, threads, field) in [
+            (0.0, 0, "copy_engine_share"),
+            (1.5, 0, "copy_engine_share"),
+            (f64::NAN, 0, "copy_engine_share"),
+            (0.125, 1000, "host_gather_threads"),
+        ] {
+            let e = MissFill::CopyEngine { share, host_threads: threads }.validate().unwrap_err();
+            assert_eq!(field_of(e), field, "{share} / {threads}");
+        }
+        MissFill::CopyEngine { share: 0.125, host_threads: 256 }.validate().unwrap();
+        let score = Eviction::from(BuiltinPolicy::Score).make_online().unwrap();
+        let lru = Eviction::Lru.make_online().unwrap();
+        let deferred =
+            [MissFill::Deferred, MissFill::DeferredGather, MissFill::HitsFirst, MissFillMode::CopyEngine.into()];
+        for fill in deferred {
+            let e = fill.check_policy(&score).unwrap_err();
+            assert!(e.to_string().contains("score"), "{e}");
+            assert_eq!(field_of(e), "miss_fill");
+            fill.check_policy(&lru).unwrap();
+        }
+        let taking = [
+            MissFill::SwapIn,
+            MissFill::Attention,
+            MissFill::Auto { max_batch: 8 },
+            MissFill::NoCopies { max_batch: 8 },
+        ];
+        for fill in taking {
+            fill.check_policy(&score).unwrap();
+        }
+    }
+
+    /// The bound of a form places its decisions where that form does: deferred at the batches
+    /// `auto` defers, on the main stream for every other form; it never copies.
+    #[test]
+    fn the_bound_of_a_form_defers_where_it_defers_and_never_copies() {
+        let share = MissFill::DEFAULT_SHARE;
+        for (form, max_batch) in [
+            (MissFill::Auto { max_batch: 6 }, 6),
+            (MissFill::NoCopies { max_batch: 3 }, 3),
+            (MissFill::SwapIn, 0),
+            (MissFill::Deferred, 0),
+            (MissFill::CopyEngine { share, host_threads: 2 }, 0),
+        ] {
+            let b = form.bound();
+            assert_eq!(b, MissFill::NoCopies { max_batch }, "{form:?}");
+            assert!(!b.copies() && !b.deferred() && form.copies() == (form != b), "{form:?}");
+            assert_eq!(b.fill_max_batch(), max_batch);
+        }
     }
 }
