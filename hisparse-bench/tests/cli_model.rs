@@ -161,6 +161,10 @@ fn the_index_format_is_chosen_by_flag_and_refused_where_it_cannot_be_read() {
     assert!(head4.contains("int4:16: 24 B per token and layer"), "{head4}");
     assert!(fp8.contains("yes") && int4.contains("yes"), "{fp8}\n{int4}");
     assert!(fp8 != int4, "4-bit keys select otherwise: {fp8}\n{int4}");
+    // 2-bit keys: 32 values in 8 B of codes and two scales.
+    let (head2, int2) = run(&["--index-format", "int2:16"]);
+    assert!(head2.contains("int2:16: 16 B per token and layer"), "{head2}");
+    assert!(int2.contains("yes"), "{int2}");
     for (args, flag) in
         [(vec!["--index-format", "int4:5"], "--index-format"), (vec!["--index-format", "int8"], "--index-format")]
     {

@@ -94,7 +94,13 @@ fn gqa_attention_reads_each_heads_group() {
 
 #[test]
 fn oracle_scores_are_the_heads_softmax_weights() {
-    for format in [IndexKeyFormat::Fp8, IndexKeyFormat::Int4 { group: 16 }, IndexKeyFormat::Int4 { group: 96 }] {
+    for format in [
+        IndexKeyFormat::Fp8,
+        IndexKeyFormat::Int4 { group: 16 },
+        IndexKeyFormat::Int4 { group: 96 },
+        IndexKeyFormat::Int2 { group: 16 },
+        IndexKeyFormat::Int2 { group: 96 },
+    ] {
         oracle_scores_of(format);
     }
 }

@@ -28,8 +28,9 @@ pub struct ModelArgs {
     #[arg(long, default_value = "bf16", value_parser = super::common::parse_kv_format)]
     pub kv_format: KvRowFormat,
     /// Index key format, what the device keeps per token to select by: fp8 (the keys as e4m3
-    /// with one scale per token), int4 (4-bit integers with a scale per 32 values) or int4:GROUP
-    /// (a scale per GROUP values). The oracle scores the keys as stored.
+    /// with one scale per token), int4 or int2 (4-bit or 2-bit integers with a scale per 32
+    /// values), int4:GROUP or int2:GROUP (a scale per GROUP values). The oracle scores the keys
+    /// as stored.
     #[arg(long, default_value = "fp8", value_parser = super::common::parse_index_format)]
     pub index_format: IndexKeyFormat,
     /// Eviction policy of the hot buffers (hisparse).

@@ -1,6 +1,7 @@
-//! The index key: what the device keeps per token for selection. Two formats ([`IndexKeyFormat`]):
-//! `dim` e4m3 values and one fp32 scale (132 B for dim 128, as DeepGEMM's fp8 indexer cache
-//! stores it per token), or `dim` 4-bit integers with an fp32 scale per group of values.
+//! The index key: what the device keeps per token for selection. Three formats
+//! ([`IndexKeyFormat`]): `dim` e4m3 values and one fp32 scale (132 B for dim 128, as DeepGEMM's
+//! fp8 indexer cache stores it per token), or `dim` 4-bit or 2-bit integers with an fp32 scale
+//! per group of values.
 
 use serde::{Deserialize, Serialize};
 
@@ -17,12 +18,19 @@ use crate::row::fp8::{quantize_block, read_scale};
 ///   values. A value decodes to `(c - 8) * scale`; the encoder writes `scale = amax / 7` and codes
 ///   `8 + round(v / scale)` in `1..=15` (a group whose `amax / 7` is not a positive f32, all
 ///   zeros or subnormal: scale 1, codes 8).
+/// - `int2` with `group`: `[0, dim / 4)` the values as 2-bit codes, four per byte (value `4i + j`
+///   in bits `2j..2j + 2`), code `c` standing for `c - 1.5` (no zero: the four levels
+///   `±0.5, ±1.5` times the scale); then one fp32 scale per group. The encoder writes
+///   `scale = amax / 1.5` and the nearest level's code, `clamp(floor(v / scale + 2), 0, 3)` (a
+///   group whose `amax / 1.5` is not a positive f32: the smallest normal f32 as its scale).
 ///
 /// ```
 /// use hisparse_memory::{IndexKeyFormat, IndexKeyLayout};
 /// let key = IndexKeyLayout::with_format(192, IndexKeyFormat::Int4 { group: 32 })?;
 /// assert_eq!(key.row_bytes(), 96 + 6 * 4);
 /// assert_eq!("int4:32".parse::<IndexKeyFormat>()?, IndexKeyFormat::Int4 { group: 32 });
+/// let two = IndexKeyLayout::with_format(192, "int2".parse()?)?;
+/// assert_eq!(two.row_bytes(), 48 + 6 * 4);
 /// # Ok::<(), hisparse_memory::MemoryError>(())
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -36,17 +44,32 @@ pub enum IndexKeyFormat {
         /// Values per scale (even, and dividing the key's dims).
         group: usize,
     },
+    /// 2-bit integers (four levels, no zero) with one fp32 scale per `group` values.
+    Int2 {
+        /// Values per scale (a multiple of 4, dividing the key's dims).
+        group: usize,
+    },
 }
 
 impl IndexKeyFormat {
-    /// The 4-bit format's group when none is given.
+    /// The 4-bit and 2-bit formats' group when none is given.
     pub const DEFAULT_INT4_GROUP: usize = 32;
 
-    /// Its name on the command line (`fp8`, `int4:GROUP`).
+    /// Its name on the command line (`fp8`, `int4:GROUP`, `int2:GROUP`).
     pub fn name(&self) -> String {
         match self {
             Self::Fp8 => "fp8".to_owned(),
             Self::Int4 { group } => format!("int4:{group}"),
+            Self::Int2 { group } => format!("int2:{group}"),
+        }
+    }
+
+    /// Bits per value of an integer format, with its group (`None` for fp8).
+    fn int_bits(&self) -> Option<(usize, usize)> {
+        match *self {
+            Self::Fp8 => None,
+            Self::Int4 { group } => Some((4, group)),
+            Self::Int2 { group } => Some((2, group)),
         }
     }
 }
@@ -59,13 +82,18 @@ impl std::fmt::Display for IndexKeyFormat {
 
 impl std::str::FromStr for IndexKeyFormat {
     type Err = MemoryError;
-    /// `fp8`, `int4` (groups of [`Self::DEFAULT_INT4_GROUP`]) or `int4:GROUP`.
+    /// `fp8`, `int4` or `int2` (groups of [`Self::DEFAULT_INT4_GROUP`]), `int4:GROUP` or
+    /// `int2:GROUP`.
     fn from_str(s: &str) -> Result<Self> {
-        let bad = || MemoryError::invalid("index_format", s, "expected fp8, int4 or int4:GROUP");
-        match s.split_once(':') {
-            None if s == "fp8" => Ok(Self::Fp8),
-            None if s == "int4" => Ok(Self::Int4 { group: Self::DEFAULT_INT4_GROUP }),
-            Some(("int4", g)) => Ok(Self::Int4 { group: g.parse().map_err(|_| bad())? }),
+        let bad = || MemoryError::invalid("index_format", s, "expected fp8, int4, int4:GROUP, int2 or int2:GROUP");
+        let (name, group) = match s.split_once(':') {
+            None => (s, Self::DEFAULT_INT4_GROUP),
+            Some((name, g)) => (name, g.parse().map_err(|_| bad())?),
+        };
+        match name {
+            "fp8" if !s.contains(':') => Ok(Self::Fp8),
+            "int4" => Ok(Self::Int4 { group }),
+            "int2" => Ok(Self::Int2 { group }),
             _ => Err(bad()),
         }
     }
@@ -92,19 +120,20 @@ impl IndexKeyLayout {
     }
 
     /// A layout of `format` for keys of `dim` values: `dim >= 1`; for `int4`, `group` even and
-    /// dividing `dim`.
+    /// dividing `dim`; for `int2`, `group` a multiple of 4 dividing `dim` (whole bytes of codes).
     pub fn with_format(dim: usize, format: IndexKeyFormat) -> Result<Self> {
         if dim == 0 {
             return Err(MemoryError::invalid("index_dim", dim, "must be at least 1"));
         }
-        if let IndexKeyFormat::Int4 { group } = format
-            && (group == 0 || !group.is_multiple_of(2) || !dim.is_multiple_of(group))
-        {
-            return Err(MemoryError::invalid(
-                "index_format",
-                format,
-                format!("an int4 group must be even and divide the key's {dim} dims"),
-            ));
+        if let Some((bits, group)) = format.int_bits() {
+            let per_byte = 8 / bits;
+            if group == 0 || !group.is_multiple_of(per_byte) || !dim.is_multiple_of(group) {
+                return Err(MemoryError::invalid(
+                    "index_format",
+                    format,
+                    format!("an int{bits} group must be a multiple of {per_byte} and divide the key's {dim} dims"),
+                ));
+            }
         }
         Ok(Self { dim, format })
     }
@@ -119,12 +148,17 @@ impl IndexKeyLayout {
         self.format
     }
 
-    /// Bytes per key: `dim + 4` (fp8), `dim / 2 + 4 * dim / group` (int4).
+    /// Bytes per key: `dim + 4` (fp8), `dim * bits / 8 + 4 * dim / group` (int4, int2).
     pub fn row_bytes(&self) -> usize {
-        match self.format {
-            IndexKeyFormat::Fp8 => self.dim + 4,
-            IndexKeyFormat::Int4 { group } => self.dim / 2 + 4 * (self.dim / group),
+        match self.format.int_bits() {
+            None => self.dim + 4,
+            Some((bits, group)) => self.codes_bytes(bits) + 4 * (self.dim / group),
         }
+    }
+
+    /// Bytes of an integer key's codes (whole bytes: the group divides into them).
+    fn codes_bytes(&self, bits: usize) -> usize {
+        self.dim * bits / 8
     }
 
     /// Encodes `values` (`dim` finite f32) into `row` (`row_bytes`).
@@ -157,6 +191,24 @@ impl IndexKeyLayout {
                     }
                 }
             }
+            IndexKeyFormat::Int2 { group } => {
+                let (codes, scales) = row.split_at_mut(self.dim / 4);
+                codes.fill(0);
+                for (g, vals) in values.chunks(group).enumerate() {
+                    let amax = vals.iter().fold(0f32, |m, v| m.max(v.abs()));
+                    // No level is zero: a group too small for its step to be a positive f32
+                    // takes the smallest normal scale, so its values decode to about 6e-39.
+                    let step = amax / 1.5;
+                    let s = if step > 0.0 { step } else { f32::MIN_POSITIVE };
+                    scales[4 * g..4 * g + 4].copy_from_slice(&s.to_le_bytes());
+                    for (j, v) in vals.iter().enumerate() {
+                        // The nearest of the levels -1.5, -0.5, 0.5, 1.5 (boundaries -1, 0, 1).
+                        let c = (v / s + 2.0).floor().clamp(0.0, 3.0) as u8;
+                        let i = g * group + j;
+                        codes[i / 4] |= c << (2 * (i % 4));
+                    }
+                }
+            }
         }
         Ok(())
     }
@@ -171,13 +223,14 @@ impl IndexKeyLayout {
         read_scale(&row[self.dim..], "index_key", 0)
     }
 
-    /// Checks every scale of `row` (one for fp8, one per group for int4) is finite and positive.
+    /// Checks every scale of `row` (one for fp8, one per group for int4 and int2) is finite and
+    /// positive.
     pub fn check_scales(&self, row: &[u8]) -> Result<()> {
         check_len("row", self.row_bytes(), row.len())?;
-        match self.format {
-            IndexKeyFormat::Fp8 => self.scale(row).map(|_| ()),
-            IndexKeyFormat::Int4 { group } => {
-                let scales = &row[self.dim / 2..];
+        match self.format.int_bits() {
+            None => self.scale(row).map(|_| ()),
+            Some((bits, group)) => {
+                let scales = &row[self.codes_bytes(bits)..];
                 (0..self.dim / group).try_for_each(|g| read_scale(&scales[4 * g..], "index_key", g).map(|_| ()))
             }
         }
@@ -210,6 +263,17 @@ impl IndexKeyLayout {
                         let i = g * group + j;
                         let c = (row[i / 2] >> (4 * (i % 2))) & 0xf;
                         *o = (f32::from(c) - 8.0) * s;
+                    }
+                }
+            }
+            IndexKeyFormat::Int2 { group } => {
+                let quarter = self.dim / 4;
+                for (g, chunk) in out.chunks_mut(group).enumerate() {
+                    let s = scale_at(quarter + 4 * g);
+                    for (j, o) in chunk.iter_mut().enumerate() {
+                        let i = g * group + j;
+                        let c = (row[i / 4] >> (2 * (i % 4))) & 0x3;
+                        *o = (f32::from(c) - 1.5) * s;
                     }
                 }
             }

@@ -9,6 +9,7 @@
 //! | fp8 KV row (FlashMLA) | 656 | `[0, 512)`: latent e4m3; `[512, 528)`: 4 fp32 scales, one per 128 latent values; `[528, 656)`: 64 rope values, bf16 |
 //! | index key (dim 128), fp8 | 132 | `[0, 128)`: e4m3; `[128, 132)`: one fp32 scale |
 //! | index key (dim `d`), int4 in groups of `g` | `d/2 + 4d/g` | `[0, d/2)`: 4-bit codes, two per byte (low nibble first); then one fp32 scale per group |
+//! | index key (dim `d`), int2 in groups of `g` | `d/4 + 4d/g` | `[0, d/4)`: 2-bit codes, four per byte (lowest bits first), code `c` standing for `c - 1.5`; then one fp32 scale per group |
 //! | GQA row (`h` KV heads of dim `d`), bf16 | `4hd` | the `2hd` values `K_0 .. K_{h-1}, V_0 .. V_{h-1}`, bf16 |
 //! | GQA row, fp8 | `2hd + 4 * 2hd / 128` | the same values in e4m3 blocks of 128, then their fp32 scales |
 //!
@@ -25,6 +26,8 @@
 mod bf16;
 mod fp8;
 mod index_key;
+#[cfg(test)]
+mod tests_int2;
 #[cfg(test)]
 mod tests_int4;
 
