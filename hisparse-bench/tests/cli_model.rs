@@ -184,6 +184,47 @@ fn the_index_format_is_chosen_by_flag_and_refused_where_it_cannot_be_read() {
     std::fs::remove_dir_all(d).unwrap();
 }
 
+/// `eval --index-format` with several formats: one prefill, each format's rows what an eval of
+/// that format alone gives, the table naming each row's keys, and a plot of perplexity against
+/// the index's bytes; a command that decodes with one format refuses a list by flag.
+#[test]
+fn eval_compares_index_formats_in_one_run() {
+    let (d, g) = tiny("index-formats");
+    let text = concat!(env!("CARGO_MANIFEST_DIR"), "/../hisparse-model/tests/data/apache-2.0.txt");
+    let base = ["eval", "--gguf", &g, "--text", text, "--contexts", "120", "--top-k", "16", "--decode", "16"];
+    let out = d.join("out");
+    let o = hisparse(&[&base[..], &["--index-format", "fp8,int4:16,int2:16", "--out", out.to_str().unwrap()]].concat());
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let table = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(
+        table.starts_with("sparse runs select by index keys of fp8 (36 B), int4:16 (24 B), int2:16 (16 B)"),
+        "{table}"
+    );
+    let sparse: Vec<&str> =
+        table.lines().filter(|l| l.trim_start().starts_with("120") && !l.contains("dense")).collect();
+    assert_eq!(sparse.len(), 6, "{table}");
+    for f in ["fp8", "int4:16", "int2:16"] {
+        assert_eq!(sparse.iter().filter(|l| l.ends_with(f)).count(), 2, "{f}: {table}");
+    }
+    assert!(out.join("eval-bytes.svg").is_file() && out.join("eval.svg").is_file());
+    // Each format's rows equal an eval of that format alone (perplexity and agreement).
+    let rows: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("eval.json")).unwrap()).unwrap();
+    let alone = hisparse(&[&base[..], &["--index-format", "int2:16"]].concat());
+    let alone = String::from_utf8_lossy(&alone.stdout).to_string();
+    let hs2 = alone.lines().find(|l| l.contains("hisparse")).unwrap();
+    let row2 = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["attention"] == "hisparse" && r["index_format"] == "int2:16")
+        .unwrap();
+    assert!(hs2.contains(&format!("{:.3}", row2["perplexity"].as_f64().unwrap())), "{hs2} against {row2}");
+    let e = hisparse(&["generate", "--gguf", &g, "--index-format", "fp8,int2", "--prompt", "hi"]);
+    let e = String::from_utf8_lossy(&e.stderr);
+    assert!(e.contains("--index-format") && e.contains("one index format"), "{e}");
+    std::fs::remove_dir_all(d).unwrap();
+}
+
 #[test]
 fn run_serves_a_model_within_a_device_budget_and_records_scores() {
     let (d, g) = tiny("run");

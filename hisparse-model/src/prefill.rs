@@ -34,6 +34,23 @@ pub struct PrefillOut {
 impl Llama {
     /// Runs `tokens` through the model for a cache whose rows are `kv_row` and keys `key`.
     pub fn prefill(&self, tokens: &[u32], kv_row: KvRowLayout, key: IndexKeyLayout) -> Result<PrefillOut> {
+        let mut outs = self.prefill_keyed(tokens, kv_row, &[key])?;
+        // One layout in, one prefill out.
+        Ok(outs.remove(0))
+    }
+
+    /// [`Llama::prefill`] once for several key layouts: one [`PrefillOut`] per layout of
+    /// `keys`, in order, each as `prefill` with that layout makes it (the forward pass is the
+    /// same; only the keys' encoding differs). `keys` must not be empty.
+    pub fn prefill_keyed(
+        &self,
+        tokens: &[u32],
+        kv_row: KvRowLayout,
+        keys: &[IndexKeyLayout],
+    ) -> Result<Vec<PrefillOut>> {
+        if keys.is_empty() {
+            return Err(ModelError::invalid("keys", 0, "prefill needs at least one key layout"));
+        }
         let c = self.config();
         let n = tokens.len();
         if n == 0 {
@@ -42,7 +59,7 @@ impl Llama {
         self.check_position(n - 1)?;
         let (hd, heads, kvh) = (c.head_dim, c.heads, c.kv_heads);
         let kvd = kvh * hd;
-        if kv_row.row_dims() != 2 * kvd || key.dim() != kvd {
+        if kv_row.row_dims() != 2 * kvd || keys.iter().any(|k| k.dim() != kvd) {
             return Err(ModelError::invalid(
                 "kv_row",
                 kv_row.row_dims(),
@@ -53,7 +70,8 @@ impl Llama {
         // through the quantized kernel.
         let mm = if n >= PROMPT_GEMM_ROWS { matmul_f32 } else { matmul };
         let mut x = self.embed(tokens)?;
-        let (mut all_rows, mut all_keys) = (Vec::with_capacity(c.layers), Vec::with_capacity(c.layers));
+        let mut all_rows = Vec::with_capacity(c.layers);
+        let mut all_keys: Vec<Vec<Vec<u8>>> = keys.iter().map(|_| Vec::with_capacity(c.layers)).collect();
         for b in &self.weights.blocks {
             self.check_stop()?;
             let h = rms_norm(&x, &b.attn_norm, c.rms_eps);
@@ -63,7 +81,8 @@ impl Llama {
                 self.rope.apply(&mut k[t * kvd..][..kvd], t);
             }
             // The rows as stored, and the keys and values decoded back from them.
-            let (mut rows, mut keys) = (vec![0u8; n * kv_row.row_bytes()], vec![0u8; n * key.row_bytes()]);
+            let mut rows = vec![0u8; n * kv_row.row_bytes()];
+            let mut layer_keys: Vec<Vec<u8>> = keys.iter().map(|k| vec![0u8; n * k.row_bytes()]).collect();
             let (mut ks, mut vs) = (vec![0f32; n * kvd], vec![0f32; n * kvd]);
             let mut vals = vec![0f32; 2 * kvd];
             for t in 0..n {
@@ -71,8 +90,10 @@ impl Llama {
                 vals[kvd..].copy_from_slice(&v[t * kvd..][..kvd]);
                 let row = &mut rows[t * kv_row.row_bytes()..][..kv_row.row_bytes()];
                 kv_row.encode(&vals, row).map_err(|e| ModelError::Engine(e.into()))?;
-                key.encode(&k[t * kvd..][..kvd], &mut keys[t * key.row_bytes()..][..key.row_bytes()])
-                    .map_err(|e| ModelError::Engine(e.into()))?;
+                for (key, out) in keys.iter().zip(&mut layer_keys) {
+                    key.encode(&k[t * kvd..][..kvd], &mut out[t * key.row_bytes()..][..key.row_bytes()])
+                        .map_err(|e| ModelError::Engine(e.into()))?;
+                }
                 kv_row.decode(row, &mut vals).map_err(|e| ModelError::Engine(e.into()))?;
                 ks[t * kvd..][..kvd].copy_from_slice(&vals[..kvd]);
                 vs[t * kvd..][..kvd].copy_from_slice(&vals[kvd..]);
@@ -82,11 +103,16 @@ impl Llama {
             x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
             self.mlp_with(b, &mut x, n, mm)?;
             all_rows.push(rows);
-            all_keys.push(keys);
+            for (all, layer) in all_keys.iter_mut().zip(layer_keys) {
+                all.push(layer);
+            }
         }
         let last = &x[(n - 1) * c.hidden..];
         let logits = matmul(&self.weights.output, &rms_norm(last, &self.weights.norm, c.rms_eps), 1)?;
-        Ok(PrefillOut { tokens: n, kv_rows: all_rows, index_keys: all_keys, logits })
+        Ok(all_keys
+            .into_iter()
+            .map(|index_keys| PrefillOut { tokens: n, kv_rows: all_rows.clone(), index_keys, logits: logits.clone() })
+            .collect())
     }
 
     /// Admits a prefilled prompt into `cache` as request `id`, reserving room for

@@ -38,6 +38,29 @@ fn the_tokenizer_merges_splits_digits_and_round_trips() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+/// One prefill for several key layouts gives, for each, what a prefill with that layout alone
+/// gives: the same rows and logits, the keys in its own encoding.
+#[test]
+fn a_prefill_for_several_key_layouts_is_each_ones_prefill() {
+    let (dir, m) = tiny("keyed", 2);
+    let ids = text_tokens(&m, 90);
+    let c = cache(&m, AttentionKind::Dense, 0, 0, BuiltinPolicy::Lru);
+    let (kv, fp8) = c.layouts();
+    let with = |f| hisparse_engine::IndexKeyLayout::with_format(fp8.dim(), f).unwrap();
+    let keys = [fp8, with(IndexKeyFormat::Int4 { group: 16 }), with(IndexKeyFormat::Int2 { group: 16 })];
+    let all = m.prefill_keyed(&ids, kv, &keys).unwrap();
+    assert_eq!(all.len(), 3);
+    for (key, got) in keys.iter().zip(&all) {
+        let alone = m.prefill(&ids, kv, *key).unwrap();
+        assert_eq!((got.tokens, &got.kv_rows, &got.logits), (alone.tokens, &alone.kv_rows, &alone.logits));
+        assert_eq!(got.index_keys, alone.index_keys, "{:?}", key.format());
+        assert_eq!(got.index_keys[0].len(), 90 * key.row_bytes());
+    }
+    assert_ne!(all[1].index_keys, all[2].index_keys, "4-bit and 2-bit keys are encoded apart");
+    assert!(m.prefill_keyed(&ids, kv, &[]).is_err());
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
 #[test]
 fn prefill_and_decode_agree() {
     let (dir, m) = tiny("agree", 2);

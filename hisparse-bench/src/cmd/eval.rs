@@ -1,9 +1,10 @@
 //! `hisparse eval`: a real model's perplexity over real text, and its next-token agreement with
-//! dense attention, for dense, sparse resident and hisparse attention at several contexts and
-//! top-k; hisparse is checked bit for bit against sparse resident on the way. Each window of
-//! text is prefilled densely to the context, then its next `--decode` tokens are fed one step at
-//! a time (teacher forcing) and scored. Table on standard output; JSON, CSV and an SVG plot with
-//! `--out`.
+//! dense attention, for dense, sparse resident and hisparse attention at several contexts, top-k
+//! and index formats; hisparse is checked bit for bit against sparse resident on the way. Each
+//! window of text is prefilled densely to the context once (its keys encoded in every format),
+//! then its next `--decode` tokens are fed one step at a time (teacher forcing) and scored.
+//! Table on standard output; JSON, CSV and an SVG plot with `--out` (with several formats, a
+//! second plot: perplexity against the index's bytes per token).
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -134,12 +135,12 @@ fn check(args: &EvalArgs, context_max: usize) -> Result<()> {
     }
     super::model_source::check_score_margin(args.score_margin, args.record_trace.is_some())?;
     if let Some(p) = &args.record_trace
-        && (args.contexts.len() != 1 || args.top_k.len() != 1)
+        && (args.contexts.len() != 1 || args.top_k.len() != 1 || args.model.index_format.len() != 1)
     {
         return Err(BenchError::flag(
             "record-trace",
             p.display(),
-            "records one run: give one --contexts and one --top-k",
+            "records one run: give one --contexts, one --top-k and one --index-format",
         ));
     }
     Ok(())
@@ -185,7 +186,8 @@ pub fn run(args: &EvalArgs) -> Result<(Vec<EvalRow>, Option<PathBuf>)> {
     let mut trace =
         args.record_trace.as_ref().map(|p| AtomicFile::create("record-trace", p, args.overwrite)).transpose()?;
     let tokens = super::model_args::read_tokens(&args.text, &m)?;
-    let runs_per_context = 1 + 2 * args.top_k.len();
+    let formats = &args.model.index_format;
+    let runs_per_context = 1 + 2 * args.top_k.len() * formats.len();
     let bar = progress::bar((args.contexts.len() * (1 + runs_per_context)) as u64, "prefill and decode");
     let mut rows = Vec::new();
     for &c in &args.contexts {
@@ -202,38 +204,51 @@ pub fn run(args: &EvalArgs) -> Result<(Vec<EvalRow>, Option<PathBuf>)> {
             })?;
         let starts = super::model_args::window_starts(tokens.len(), need, args.windows)?;
 
-        let (kv, key) = probe.layouts();
+        let (kv, first) = probe.layouts();
         drop(probe);
-        let mut prompts: Vec<PrefillOut> = Vec::new();
+        let keys = formats
+            .iter()
+            .map(|&f| {
+                IndexKeyLayout::with_format(first.dim(), f)
+                    .map_err(|e| BenchError::flag("index-format", f, e.to_string()))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        // Per format, each window's prompt (one forward pass for all formats).
+        let mut prompts: Vec<Vec<PrefillOut>> = keys.iter().map(|_| Vec::new()).collect();
         for &s in &starts {
             interrupt::check(|| "prefilling".into())?;
-            prompts.push(m.prefill(&tokens[s..s + c], kv, key)?);
+            for (of_format, p) in prompts.iter_mut().zip(m.prefill_keyed(&tokens[s..s + c], kv, &keys)?) {
+                of_format.push(p);
+            }
         }
         bar.inc(1);
         let next: Vec<&[u32]> = starts.iter().map(|&s| &tokens[s + c..s + need]).collect();
-        let mut forced = |kind: AttentionKind, k: usize, keep: bool| -> Result<ForcedOut> {
+        let mut forced = |kind: AttentionKind, k: usize, keep: bool, f: usize| -> Result<ForcedOut> {
             interrupt::check(|| "decoding".into())?;
             let buffer = device_buffer_size(args, k);
-            let cfg = args.model.cache_config(m.config(), kind, k, ("buffer-factor", buffer), need, args.windows)?;
+            let model = args.model.with_index_format(formats[f]);
+            let cfg = model.cache_config(m.config(), kind, k, ("buffer-factor", buffer), need, args.windows)?;
             // The hisparse run (one context and one top-k with --record-trace) records its
             // selections through the engine, into a handle on the trace's temporary file.
             let record = match (kind, trace.as_mut()) {
                 (AttentionKind::HiSparse, Some(f)) => Some((f.second_writer()?, args.score_margin)),
                 _ => None,
             };
-            let r = m.teacher_forced_by_engine(cfg, &prompts, &next, keep, (interrupt::engine_stop(), record))?;
+            let r = m.teacher_forced_by_engine(cfg, &prompts[f], &next, keep, (interrupt::engine_stop(), record))?;
             bar.inc(1);
             Ok(r)
         };
-        let dense = forced(AttentionKind::Dense, 0, false)?;
-        rows.push(row(c, AttentionKind::Dense, (0, key), &dense, None));
-        for &k in &args.top_k {
-            let resident = forced(AttentionKind::SparseResident, k, true)?;
-            let hs = forced(AttentionKind::HiSparse, k, true)?;
-            rows.push(row(c, AttentionKind::SparseResident, (k, key), &resident, Some(&dense)));
-            let mut r = row(c, AttentionKind::HiSparse, (k, key), &hs, Some(&dense));
-            r.identical_to_resident = Some(hs.logits == resident.logits);
-            rows.push(r);
+        let dense = forced(AttentionKind::Dense, 0, false, 0)?;
+        rows.push(row(c, AttentionKind::Dense, (0, first), &dense, None));
+        for (f, &key) in keys.iter().enumerate() {
+            for &k in &args.top_k {
+                let resident = forced(AttentionKind::SparseResident, k, true, f)?;
+                let hs = forced(AttentionKind::HiSparse, k, true, f)?;
+                rows.push(row(c, AttentionKind::SparseResident, (k, key), &resident, Some(&dense)));
+                let mut r = row(c, AttentionKind::HiSparse, (k, key), &hs, Some(&dense));
+                r.identical_to_resident = Some(hs.logits == resident.logits);
+                rows.push(r);
+            }
         }
     }
     bar.finish_and_clear();
@@ -245,6 +260,9 @@ pub fn run(args: &EvalArgs) -> Result<(Vec<EvalRow>, Option<PathBuf>)> {
             dir.write_json("eval.json", &rows)?;
             dir.write("eval.csv", csv(&rows).as_bytes())?;
             dir.write("eval.svg", plot(&rows)?.as_bytes())?;
+            if formats.len() > 1 {
+                dir.write("eval-bytes.svg", plot_bytes(&rows)?.as_bytes())?;
+            }
             Some(dir.commit()?)
         }
         None => None,
@@ -270,31 +288,45 @@ fn csv(rows: &[EvalRow]) -> String {
     s
 }
 
-/// Perplexity against top-k, one line per context, dense as a dashed reference.
+/// The index formats of the sparse rows, in order of first appearance.
+fn formats_of(rows: &[EvalRow]) -> Vec<&str> {
+    let mut fs: Vec<&str> = Vec::new();
+    for f in rows.iter().filter_map(|r| r.index_format.as_deref()) {
+        if !fs.contains(&f) {
+            fs.push(f);
+        }
+    }
+    fs
+}
+
+/// Perplexity against top-k, one line per context (and index format, where several), dense as
+/// a dashed reference.
 fn plot(rows: &[EvalRow]) -> Result<String> {
     let mut series = Vec::new();
     let mut contexts: Vec<usize> = rows.iter().map(|r| r.context).collect();
     contexts.dedup();
+    let formats = formats_of(rows);
     let ks: Vec<f64> = rows.iter().filter(|r| r.top_k > 0).map(|r| r.top_k as f64).collect();
     let (lo, hi) = ks.iter().fold((f64::MAX, 0f64), |(a, b), &k| (a.min(k), b.max(k)));
     for (i, &c) in contexts.iter().enumerate() {
-        let pts: Vec<(f64, f64)> = rows
-            .iter()
-            .filter(|r| r.context == c && r.attention == "hisparse")
-            .map(|r| (r.top_k as f64, r.perplexity))
-            .collect();
-        series.push(Series {
-            label: format!("hisparse, context {c}"),
-            points: pts,
-            color: Some(i),
-            ..Default::default()
-        });
+        for (j, &f) in formats.iter().enumerate() {
+            let pts: Vec<(f64, f64)> = rows
+                .iter()
+                .filter(|r| r.context == c && r.attention == "hisparse" && r.index_format.as_deref() == Some(f))
+                .map(|r| (r.top_k as f64, r.perplexity))
+                .collect();
+            let label = match formats.len() {
+                1 => format!("hisparse, context {c}"),
+                _ => format!("hisparse, context {c}, keys {f}"),
+            };
+            series.push(Series { label, points: pts, color: Some(i * formats.len() + j), ..Default::default() });
+        }
         if let Some(d) = rows.iter().find(|r| r.context == c && r.top_k == 0) {
             series.push(Series {
                 label: format!("dense, context {c}"),
                 points: vec![(lo, d.perplexity), (hi, d.perplexity)],
                 dashed: true,
-                color: Some(i),
+                color: Some(i * formats.len()),
                 ..Default::default()
             });
         }
@@ -309,14 +341,77 @@ fn plot(rows: &[EvalRow]) -> Result<String> {
     line_chart(&chart, &series)
 }
 
+/// Perplexity against the index's device bytes per token and layer, one line per context and
+/// top-k (hisparse, which equals sparse resident), dense as a dashed reference per context.
+fn plot_bytes(rows: &[EvalRow]) -> Result<String> {
+    let mut series = Vec::new();
+    let mut lines: Vec<(usize, usize)> = Vec::new();
+    for r in rows.iter().filter(|r| r.attention == "hisparse") {
+        if !lines.contains(&(r.context, r.top_k)) {
+            lines.push((r.context, r.top_k));
+        }
+    }
+    let bytes: Vec<f64> = rows.iter().filter_map(|r| r.index_bytes).map(|b| b as f64).collect();
+    let (lo, hi) = bytes.iter().fold((f64::MAX, 0f64), |(a, b), &x| (a.min(x), b.max(x)));
+    for (i, &(c, k)) in lines.iter().enumerate() {
+        let mut pts: Vec<(f64, f64)> = rows
+            .iter()
+            .filter(|r| (r.context, r.top_k) == (c, k) && r.attention == "hisparse")
+            .filter_map(|r| Some((r.index_bytes? as f64, r.perplexity)))
+            .collect();
+        pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+        series.push(Series {
+            label: format!("context {c}, top-k {k}"),
+            points: pts,
+            color: Some(i),
+            ..Default::default()
+        });
+    }
+    let mut contexts: Vec<usize> = rows.iter().map(|r| r.context).collect();
+    contexts.dedup();
+    for (i, &c) in contexts.iter().enumerate() {
+        if let Some(d) = rows.iter().find(|r| r.context == c && r.top_k == 0) {
+            series.push(Series {
+                label: format!("dense, context {c} (no index)"),
+                points: vec![(lo, d.perplexity), (hi, d.perplexity)],
+                dashed: true,
+                color: Some(lines.len() + i),
+                ..Default::default()
+            });
+        }
+    }
+    let chart = Chart {
+        title: "Perplexity against the index's bytes (real text)",
+        x_label: "index bytes per token and layer",
+        y_label: "perplexity",
+        log_x: false,
+        markers: &[],
+    };
+    line_chart(&chart, &series)
+}
+
 /// The table, after a line naming the sparse runs' index keys.
 pub fn render(rows: &[EvalRow], out: &Option<PathBuf>) -> String {
     let mut s = String::new();
-    if let Some(r) = rows.iter().find(|r| r.index_format.is_some()) {
-        let (f, b) = (r.index_format.as_deref().unwrap_or_default(), r.index_bytes.unwrap_or_default());
-        let _ = writeln!(s, "sparse runs select by index keys of {f}: {b} B per token and layer");
+    let formats = formats_of(rows);
+    let bytes_of = |f: &str| rows.iter().find(|r| r.index_format.as_deref() == Some(f)).and_then(|r| r.index_bytes);
+    match formats.as_slice() {
+        [] => {}
+        [f] => {
+            let _ = writeln!(
+                s,
+                "sparse runs select by index keys of {f}: {} B per token and layer",
+                bytes_of(f).unwrap_or(0)
+            );
+        }
+        fs => {
+            let each: Vec<String> = fs.iter().map(|f| format!("{f} ({} B)", bytes_of(f).unwrap_or(0))).collect();
+            let _ = writeln!(s, "sparse runs select by index keys of {} per token and layer", each.join(", "));
+        }
     }
-    s.push_str("context  attention        top-k  perplexity  agreement  identical  tokens/s     hits   misses\n");
+    let several = formats.len() > 1;
+    s.push_str("context  attention        top-k  perplexity  agreement  identical  tokens/s     hits   misses");
+    s.push_str(if several { "  keys\n" } else { "\n" });
     for r in rows {
         let id = match r.identical_to_resident {
             Some(true) => "yes",
@@ -336,9 +431,15 @@ pub fn render(rows: &[EvalRow], out: &Option<PathBuf>) -> String {
             r.hits,
             r.misses
         );
+        if several {
+            // The row's line without its newline, then its keys.
+            s.pop();
+            let _ = writeln!(s, "  {}", r.index_format.as_deref().unwrap_or("-"));
+        }
     }
     if let Some(d) = out {
-        let _ = writeln!(s, "wrote {}/eval.json, eval.csv, eval.svg", d.display());
+        let plots = if several { "eval.svg, eval-bytes.svg" } else { "eval.svg" };
+        let _ = writeln!(s, "wrote {}/eval.json, eval.csv, {plots}", d.display());
     }
     s
 }

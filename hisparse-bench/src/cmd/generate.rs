@@ -93,6 +93,7 @@ pub fn run(args: &GenerateArgs) -> Result<usize> {
     }
     let kind = AttentionKind::from(args.attention);
     let buffer = selection_flags(args, kind)?;
+    args.model.one_index_format("generate")?;
     let m = args.model.load()?;
     let text = if args.raw { args.prompt.clone() } else { m.tokenizer.chat_prompt(&args.prompt)? };
     let ids = m.tokenizer.encode(&text)?;

@@ -30,9 +30,9 @@ pub struct ModelArgs {
     /// Index key format, what the device keeps per token to select by: fp8 (the keys as e4m3
     /// with one scale per token), int4 or int2 (4-bit or 2-bit integers with a scale per 32
     /// values), int4:GROUP or int2:GROUP (a scale per GROUP values). The oracle scores the keys
-    /// as stored.
-    #[arg(long, default_value = "fp8", value_parser = super::common::parse_index_format)]
-    pub index_format: IndexKeyFormat,
+    /// as stored. `eval` compares several, comma-separated (one prefill for all).
+    #[arg(long, default_value = "fp8", value_delimiter = ',', value_parser = super::common::parse_index_format)]
+    pub index_format: Vec<IndexKeyFormat>,
     /// Eviction policy of the hot buffers (hisparse).
     #[arg(long, value_enum, default_value_t = BuiltinPolicy::Lru)]
     pub policy: BuiltinPolicy,
@@ -57,9 +57,28 @@ pub enum CombineArg {
 }
 
 impl ModelArgs {
-    /// What the caches store per token: `--kv-format` rows, `--index-format` keys.
+    /// What the caches store per token: `--kv-format` rows, `--index-format` keys (the first
+    /// where several are given: see [`ModelArgs::one_index_format`]).
     pub fn formats(&self) -> StorageFormats {
-        StorageFormats { kv: self.kv_format, index: self.index_format }
+        StorageFormats { kv: self.kv_format, index: self.index_format.first().copied().unwrap_or_default() }
+    }
+
+    /// These flags with `format` as the one index format.
+    pub fn with_index_format(&self, format: IndexKeyFormat) -> Self {
+        Self { index_format: vec![format], ..self.clone() }
+    }
+
+    /// Refuses, naming `--index-format`, more than one format (a command that decodes with one).
+    pub fn one_index_format(&self, command: &str) -> Result<()> {
+        if self.index_format.len() > 1 {
+            let list: Vec<String> = self.index_format.iter().map(ToString::to_string).collect();
+            return Err(BenchError::flag(
+                "index-format",
+                list.join(","),
+                format!("{command} decodes with one index format (eval compares several)"),
+            ));
+        }
+        Ok(())
     }
 
     /// Loads the model (fetching SmolLM2 first when no file is given).

@@ -55,7 +55,7 @@ impl ModelInput {
         let args = ModelArgs {
             gguf: source.gguf.clone(),
             kv_format,
-            index_format: engine.index_format.unwrap_or_default(),
+            index_format: vec![engine.index_format.unwrap_or_default()],
             policy: engine.eviction_policy.unwrap_or(hisparse_engine::BuiltinPolicy::Lru),
             combine: CombineArg::Sum,
             sink: 0,
