@@ -319,6 +319,52 @@ fn run_with_poisson_arrivals_reports_latencies_and_the_queue_refuses_beyond_its_
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// `--arrival-rate` with several rates is a load sweep: every mode at every load with the same
+/// requests, `load.csv` with the latency percentiles of each, `latency.svg`, and where each mode
+/// first made requests wait; `--record-trace` records one run, so a sweep with it is refused.
+#[test]
+fn run_sweeps_offered_loads_with_the_same_requests() {
+    let dir = tmp("load-sweep");
+    let out = dir.join("out");
+    let o = hisparse(&argv!(
+        "run --backend cpu --preset cpu-small --concurrency 6 --context 600 --output 8 --device-memory 8MB",
+        "--arrival-rate 2,1000 --out",
+        out
+    ));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let table = String::from_utf8_lossy(&o.stdout);
+    for label in ["resident@2/s", "hisparse@2/s", "resident@1000/s", "hisparse@1000/s"] {
+        assert!(table.contains(label), "{label}: {table}");
+    }
+    let csv = std::fs::read_to_string(out.join("load.csv")).unwrap();
+    let rows: Vec<Vec<&str>> = csv.lines().skip(1).map(|l| l.split(',').collect()).collect();
+    assert_eq!(rows.len(), 4, "{csv}");
+    for r in &rows {
+        // The same six requests at every load and mode, each with its 8 tokens' latencies.
+        assert_eq!((r[2], r[3], r[4]), ("6", "0", "0"), "{csv}");
+        let (p50, p99): (f64, f64) = (r[7].parse().unwrap(), r[9].parse().unwrap());
+        assert!(p50 > 0.0 && p50 <= p99, "{csv}");
+    }
+    // At 1000 requests/s they all arrive within a few ms, more than 8 MB holds: some wait, and
+    // the table names the load where each mode first made requests wait.
+    let waited = |rate: &str| rows.iter().filter(|r| r[0] == rate).map(|r| r[5].parse::<usize>().unwrap()).min();
+    assert!(waited("1000") > Some(0), "{csv}");
+    assert!(table.contains("resident: requests first waited for capacity at"), "{table}");
+    assert!(std::fs::read_to_string(out.join("latency.svg")).unwrap().contains("time to first decode, P99"));
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("run.json")).unwrap()).unwrap();
+    assert_eq!(json[3]["arrival_rate"], 1000.0);
+    let o = hisparse(&argv!(
+        "run --backend cpu --preset cpu-small --concurrency 6 --context 600 --output 8 --device-memory 8MB",
+        "--arrival-rate 2,4 --record-trace",
+        dir.join("t.bin"),
+        "--out",
+        dir.join("o2")
+    ));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("--record-trace") && err.contains("one --arrival-rate"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn dump_step_writes_tensors_that_reproduce_the_attention() {
     use hisparse_kernels::dense_attention;

@@ -58,7 +58,7 @@ pub fn run(a: &RunArgs) -> Result<(Vec<ModeRun>, PathBuf)> {
     let out = OutputDir::prepare("out", a.out.as_deref().unwrap_or(std::path::Path::new("results/run")))?;
     let mut trace_file = trace_file(a)?;
     let mut runs = Vec::new();
-    for mode in a.mode.modes() {
+    for (rate, mode) in a.loads().into_iter().flat_map(|r| a.mode.modes().into_iter().map(move |m| (r, m))) {
         let specs: Vec<RequestSpec> = (0..a.concurrency)
             .map(|i| RequestSpec {
                 id: RequestId(i as u64),
@@ -66,14 +66,15 @@ pub fn run(a: &RunArgs) -> Result<(Vec<ModeRun>, PathBuf)> {
                 output_tokens: a.output[i % a.output.len()],
             })
             .collect();
-        let times = a.arrival_rate.map(|r| super::arrivals::poisson_times(specs.len(), r, a.engine.seed));
-        let run = match a.gpus {
+        let times = rate.map(|r| super::arrivals::poisson_times(specs.len(), r, a.engine.seed));
+        let mut run = match a.gpus {
             Some(ranks) => super::run_ranks::run_mode(a, mode, ranks, &specs, times.as_deref())?,
             None => {
                 let mut e = a.engine.engine(mode, request_lengths(a), "context")?;
                 super::run_engine::run_mode(a, mode, e.as_mut(), &specs, times.as_deref(), trace_file.as_mut())?
             }
         };
+        run.arrival_rate = rate;
         runs.push(run);
     }
     let g = a.engine.geometry()?;
@@ -113,8 +114,9 @@ fn refuse_a_run_admitting_nothing(a: &RunArgs) -> Result<()> {
 
 /// The runs as a table.
 pub fn render(runs: &[ModeRun], out: &std::path::Path) -> String {
+    let w = runs.iter().map(|r| r.label().len()).max().unwrap_or(0).max(9);
     let mut s = format!(
-        "{:<9} {:>6} {:>8} {:>10} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>10} {:>10}\n",
+        "{:<w$} {:>6} {:>8} {:>10} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>10} {:>10}\n",
         "mode",
         "steps",
         "tokens",
@@ -134,8 +136,8 @@ pub fn render(runs: &[ModeRun], out: &std::path::Path) -> String {
         let x = &r.summary;
         let d = x.stages.decode().max(1e-12);
         s += &format!(
-            "{:<9} {:>6} {:>8} {:>10.1} {:>8} {:>7.1}% {:>7.1}% {:>7.1}% {:>7.1}% {:>7.1}% {:>7.1}% {:>7.2}% {:>10.1} {:>10.1}\n",
-            r.mode.to_string(),
+            "{:<w$} {:>6} {:>8} {:>10.1} {:>8} {:>7.1}% {:>7.1}% {:>7.1}% {:>7.1}% {:>7.1}% {:>7.1}% {:>7.2}% {:>10.1} {:>10.1}\n",
+            r.label(),
             x.steps,
             x.tokens,
             x.tokens_per_s,
@@ -155,7 +157,7 @@ pub fn render(runs: &[ModeRun], out: &std::path::Path) -> String {
         let x = &r.summary;
         s += &format!(
             "{}: prefetched {} rows ({:.1} MB of {:.1} MB host → device), {} used by a selection ({:.1}%), {} evicted unused\n",
-            r.mode,
+            r.label(),
             x.swap.prefetched,
             x.swap.bytes_h2d_prefetch as f64 / 1e6,
             x.swap.bytes_h2d as f64 / 1e6,
@@ -170,7 +172,7 @@ pub fn render(runs: &[ModeRun], out: &std::path::Path) -> String {
             "{}: {} GPUs, one engine each (requests round robin, host tier divided); a step is the slowest rank's, \
              tokens summed; collectives {:.2} MB per rank and step, {:.1}% of the decode time (in layers launched \
              one by one)\n",
-            r.mode,
+            r.label(),
             r.gpus,
             r.exchange_mb_per_step,
             100.0 * x.exchange / x.decode().max(1e-12)
@@ -180,7 +182,7 @@ pub fn render(runs: &[ModeRun], out: &std::path::Path) -> String {
         let (f, t) = (&r.latency.first_decode, &r.latency.per_token);
         s += &format!(
             "{}: time to first decode p50 {:.1} ms, p99 {:.1} ms (max {:.1}); per token p50 {:.1} ms, p99 {:.1} ms (max {:.1})\n",
-            r.mode,
+            r.label(),
             1e3 * f.p50,
             1e3 * f.p99,
             1e3 * f.max,
@@ -189,15 +191,25 @@ pub fn render(runs: &[ModeRun], out: &std::path::Path) -> String {
             1e3 * t.max
         );
         for (id, reason) in &r.rejected {
-            s += &format!("{}: request {id} rejected: {reason}\n", r.mode);
+            s += &format!("{}: request {id} rejected: {reason}\n", r.label());
         }
         if !r.refused.is_empty() {
-            s += &format!("{}: {} requests refused by the full waiting queue\n", r.mode, r.refused.len());
+            s += &format!("{}: {} requests refused by the full waiting queue\n", r.label(), r.refused.len());
         }
         if let Some(note) = r.timing_only {
-            s += &format!("{}: {note}\n", r.mode);
+            s += &format!("{}: {note}\n", r.label());
         }
     }
-    s += &format!("\nwrote {}/{{run.json, steps.csv}}\n", out.display());
+    if super::run_output::is_load_sweep(runs) {
+        for (mode, load) in super::run_output::first_waiting_load(runs) {
+            s += &match load {
+                Some(l) => format!("{mode}: requests first waited for capacity at {l} requests/s\n"),
+                None => format!("{mode}: no request waited for capacity at any load\n"),
+            };
+        }
+        s += &format!("\nwrote {}/{{run.json, steps.csv, load.csv, latency.svg}}\n", out.display());
+    } else {
+        s += &format!("\nwrote {}/{{run.json, steps.csv}}\n", out.display());
+    }
     s
 }

@@ -48,9 +48,11 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 8)]
     pub concurrency: usize,
     /// Requests arrive by a Poisson process of this many per second (seeded by --seed) instead
-    /// of all at once; time to first decode counts from each one's arrival.
-    #[arg(long)]
-    pub arrival_rate: Option<f64>,
+    /// of all at once; time to first decode counts from each one's arrival. A comma-separated
+    /// list is a load sweep: every mode at every rate, the same requests arriving in the same
+    /// order (the gaps scaled), with load.csv and latency.svg (latency against offered load).
+    #[arg(long, value_delimiter = ',')]
+    pub arrival_rate: Vec<f64>,
     /// Prompt tokens per request; a comma-separated list is cycled through (request i gets
     /// entry i modulo the list's length).
     #[arg(long, value_delimiter = ',', default_value = "4096")]
@@ -83,6 +85,15 @@ pub struct RunArgs {
 }
 
 impl RunArgs {
+    /// The offered loads to run, in requests per second: each `--arrival-rate`, or `None` (all
+    /// at once) without one.
+    pub fn loads(&self) -> Vec<Option<f64>> {
+        match self.arrival_rate.as_slice() {
+            [] => vec![None],
+            rates => rates.iter().map(|&r| Some(r)).collect(),
+        }
+    }
+
     /// `--score-margin` (0 in a build without the real model's flags).
     pub fn score_margin(&self) -> usize {
         #[cfg(feature = "model")]
@@ -114,6 +125,19 @@ pub struct ModeRun {
     /// Set when the run copied no rows (`--miss-fill no-copies`): timing only, outputs wrong.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub timing_only: Option<&'static str>,
+    /// The offered load it ran at (requests per second, `--arrival-rate`); none: all at once.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub arrival_rate: Option<f64>,
+}
+
+impl ModeRun {
+    /// Its name in tables: the mode, with its load in a load sweep.
+    pub fn label(&self) -> String {
+        match self.arrival_rate {
+            Some(r) => format!("{}@{r}/s", self.mode),
+            None => self.mode.to_string(),
+        }
+    }
 }
 
 /// The shortest and the longest request of `a` (prompt + output tokens).

@@ -12,9 +12,16 @@ use crate::files::AtomicFile;
 use crate::{interrupt, progress};
 
 /// Refuses an `--arrival-rate` that is not a positive rate, or whose arrivals would span more
-/// than a day.
+/// than a day; a load sweep (several rates) with `--record-trace`, which records one run.
 pub fn check_arrival_rate(a: &RunArgs) -> Result<()> {
-    if let Some(r) = a.arrival_rate {
+    if let (Some(p), [_, _, ..]) = (&a.record_trace, a.arrival_rate.as_slice()) {
+        return Err(BenchError::flag(
+            "record-trace",
+            p.display(),
+            "records one run: give one --arrival-rate (or none)",
+        ));
+    }
+    for &r in &a.arrival_rate {
         if !(r.is_finite() && r > 0.0) {
             return Err(BenchError::flag("arrival-rate", r, "requests per second: a positive number"));
         }
@@ -78,5 +85,6 @@ pub fn run_mode(
         gpus: 1,
         exchange_mb_per_step: 0.0,
         timing_only: None,
+        arrival_rate: None,
     })
 }

@@ -251,25 +251,30 @@ pub fn run(a: &RunArgs) -> Result<(Vec<ModeRun>, PathBuf)> {
     input.refuse_a_budget_holding_nothing(&a.engine, &a.mode.modes(), max_tokens, a.concurrency)?;
     let mut runs = Vec::new();
     let mut generated: Vec<Vec<(u64, Vec<u32>)>> = Vec::new();
-    for mode in a.mode.modes() {
+    let modes = a.mode.modes();
+    for (rate, mode) in a.loads().into_iter().flat_map(|r| modes.iter().map(move |&m| (r, m))) {
         let output = |i: usize| a.output[i % a.output.len()];
         let (mut e, specs) = input.engine(&a.engine, mode, (max_tokens, a.concurrency), output)?;
-        let times = a.arrival_rate.map(|r| super::arrivals::poisson_times(specs.len(), r, a.engine.seed));
-        let run = super::run_engine::run_mode(a, mode, &mut e, &specs, times.as_deref(), trace_file.as_mut())?;
+        let times = rate.map(|r| super::arrivals::poisson_times(specs.len(), r, a.engine.seed));
+        let mut run = super::run_engine::run_mode(a, mode, &mut e, &specs, times.as_deref(), trace_file.as_mut())?;
+        run.arrival_rate = rate;
         let mut tokens: Vec<(u64, Vec<u32>)> = e.model().finished().iter().map(|(id, t)| (id.0, t.clone())).collect();
         tokens.sort_unstable();
         generated.push(tokens);
         runs.push(run);
     }
-    // Requests both modes finished (one may have rejected some the other could fit), by id.
-    if let [resident, hisparse] = generated.as_slice()
-        && let Some((id, _)) = hisparse
-            .iter()
-            .find(|(id, t)| resident.binary_search_by_key(id, |(r, _)| *r).is_ok_and(|i| resident[i].1 != *t))
-    {
-        return Err(BenchError::Check(format!(
-            "request {id}: hisparse generated other tokens than sparse resident (the attention is not lossless)"
-        )));
+    // At each load, requests both modes finished (one may have rejected some the other could
+    // fit), by id.
+    for pair in generated.chunks(modes.len()) {
+        if let [resident, hisparse] = pair
+            && let Some((id, _)) = hisparse
+                .iter()
+                .find(|(id, t)| resident.binary_search_by_key(id, |(r, _)| *r).is_ok_and(|i| resident[i].1 != *t))
+        {
+            return Err(BenchError::Check(format!(
+                "request {id}: hisparse generated other tokens than sparse resident (the attention is not lossless)"
+            )));
+        }
     }
     write_outputs(&out, &runs)?;
     if let Some(f) = trace_file {

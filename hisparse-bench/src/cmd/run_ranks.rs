@@ -93,6 +93,7 @@ pub(super) fn run_mode(
         exchange_mb_per_step: exchanged as f64 / 1e6 / steps.len().max(1) as f64,
         steps,
         timing_only: None,
+        arrival_rate: None,
     })
 }
 
