@@ -64,12 +64,68 @@ impl IndexKeyFormat {
         }
     }
 
-    /// Bits per value of an integer format, with its group (`None` for fp8).
-    fn int_bits(&self) -> Option<(usize, usize)> {
+    /// An integer format's codes and group (`None` for fp8).
+    fn int_codes(&self) -> Option<(IntCodes, usize)> {
         match *self {
             Self::Fp8 => None,
-            Self::Int4 { group } => Some((4, group)),
-            Self::Int2 { group } => Some((2, group)),
+            Self::Int4 { group } => Some((IntCodes::INT4, group)),
+            Self::Int2 { group } => Some((IntCodes::INT2, group)),
+        }
+    }
+}
+
+/// How an integer format codes a value: `bits` a code, code `c` standing for `(c - offset) *
+/// scale`, the encoder's scale `amax / top` (the largest magnitude on the level `top`) and its
+/// codes `clamp(round(v / scale + offset), lo, hi)` — the nearest level. A group whose `amax /
+/// top` is not a positive f32 takes `tiny_scale`.
+#[derive(Clone, Copy)]
+struct IntCodes {
+    bits: usize,
+    offset: f32,
+    top: f32,
+    lo: f32,
+    hi: f32,
+    tiny_scale: f32,
+}
+
+impl IntCodes {
+    /// Levels -7..=7 (code 0, for -8, unused); a tiny group's codes round to zero, unit scale.
+    const INT4: Self = Self { bits: 4, offset: 8.0, top: 7.0, lo: 1.0, hi: 15.0, tiny_scale: 1.0 };
+    /// Levels ±0.5, ±1.5 (no zero); a tiny group decodes to about 6e-39.
+    const INT2: Self = Self { bits: 2, offset: 1.5, top: 1.5, lo: 0.0, hi: 3.0, tiny_scale: f32::MIN_POSITIVE };
+
+    /// Codes per byte.
+    fn per_byte(self) -> usize {
+        8 / self.bits
+    }
+
+    /// Encodes `values` in groups of `group` into `codes` (zeroed here) and `scales`.
+    fn encode(self, values: &[f32], group: usize, codes: &mut [u8], scales: &mut [u8]) {
+        codes.fill(0);
+        for (g, vals) in values.chunks(group).enumerate() {
+            let amax = vals.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let step = amax / self.top;
+            let s = if step > 0.0 { step } else { self.tiny_scale };
+            scales[4 * g..4 * g + 4].copy_from_slice(&s.to_le_bytes());
+            for (j, v) in vals.iter().enumerate() {
+                // In 0..=hi after the clamp: the cast is exact.
+                let c = (v / s + self.offset).round().clamp(self.lo, self.hi) as u8;
+                let i = g * group + j;
+                codes[i / self.per_byte()] |= c << (self.bits * (i % self.per_byte()));
+            }
+        }
+    }
+
+    /// Decodes `out` (groups of `group`) from `codes` and the checked `scales`.
+    fn decode(self, codes: &[u8], scales: &[u8], group: usize, out: &mut [f32]) {
+        let mask = (1u8 << self.bits) - 1;
+        for (g, chunk) in out.chunks_mut(group).enumerate() {
+            let s = f32::from_le_bytes([scales[4 * g], scales[4 * g + 1], scales[4 * g + 2], scales[4 * g + 3]]);
+            for (j, o) in chunk.iter_mut().enumerate() {
+                let i = g * group + j;
+                let c = (codes[i / self.per_byte()] >> (self.bits * (i % self.per_byte()))) & mask;
+                *o = (f32::from(c) - self.offset) * s;
+            }
         }
     }
 }
@@ -125,8 +181,8 @@ impl IndexKeyLayout {
         if dim == 0 {
             return Err(MemoryError::invalid("index_dim", dim, "must be at least 1"));
         }
-        if let Some((bits, group)) = format.int_bits() {
-            let per_byte = 8 / bits;
+        if let Some((codes, group)) = format.int_codes() {
+            let (bits, per_byte) = (codes.bits, codes.per_byte());
             if group == 0 || !group.is_multiple_of(per_byte) || !dim.is_multiple_of(group) {
                 return Err(MemoryError::invalid(
                     "index_format",
@@ -150,15 +206,15 @@ impl IndexKeyLayout {
 
     /// Bytes per key: `dim + 4` (fp8), `dim * bits / 8 + 4 * dim / group` (int4, int2).
     pub fn row_bytes(&self) -> usize {
-        match self.format.int_bits() {
+        match self.format.int_codes() {
             None => self.dim + 4,
-            Some((bits, group)) => self.codes_bytes(bits) + 4 * (self.dim / group),
+            Some((codes, group)) => self.codes_bytes(codes) + 4 * (self.dim / group),
         }
     }
 
     /// Bytes of an integer key's codes (whole bytes: the group divides into them).
-    fn codes_bytes(&self, bits: usize) -> usize {
-        self.dim * bits / 8
+    fn codes_bytes(&self, codes: IntCodes) -> usize {
+        self.dim / codes.per_byte()
     }
 
     /// Encodes `values` (`dim` finite f32) into `row` (`row_bytes`).
@@ -168,46 +224,15 @@ impl IndexKeyLayout {
         if let Some((index, &value)) = values.iter().enumerate().find(|(_, v)| !v.is_finite()) {
             return Err(MemoryError::NonFinite { field: "values", index, value });
         }
-        match self.format {
-            IndexKeyFormat::Fp8 => {
+        match self.format.int_codes() {
+            None => {
                 let (codes, scale) = row.split_at_mut(self.dim);
                 let s = quantize_block(values, codes);
                 scale.copy_from_slice(&s.to_le_bytes());
             }
-            IndexKeyFormat::Int4 { group } => {
-                let (codes, scales) = row.split_at_mut(self.dim / 2);
-                codes.fill(0);
-                for (g, vals) in values.chunks(group).enumerate() {
-                    let amax = vals.iter().fold(0f32, |m, v| m.max(v.abs()));
-                    // A group too small for its step to be a positive f32 (all zeros, or a
-                    // subnormal largest value) keeps unit scale: its codes round to zero.
-                    let step = amax / 7.0;
-                    let s = if step > 0.0 { step } else { 1.0 };
-                    scales[4 * g..4 * g + 4].copy_from_slice(&s.to_le_bytes());
-                    for (j, v) in vals.iter().enumerate() {
-                        let c = (8.0 + (v / s).round()).clamp(1.0, 15.0) as u8;
-                        let i = g * group + j;
-                        codes[i / 2] |= c << (4 * (i % 2));
-                    }
-                }
-            }
-            IndexKeyFormat::Int2 { group } => {
-                let (codes, scales) = row.split_at_mut(self.dim / 4);
-                codes.fill(0);
-                for (g, vals) in values.chunks(group).enumerate() {
-                    let amax = vals.iter().fold(0f32, |m, v| m.max(v.abs()));
-                    // No level is zero: a group too small for its step to be a positive f32
-                    // takes the smallest normal scale, so its values decode to about 6e-39.
-                    let step = amax / 1.5;
-                    let s = if step > 0.0 { step } else { f32::MIN_POSITIVE };
-                    scales[4 * g..4 * g + 4].copy_from_slice(&s.to_le_bytes());
-                    for (j, v) in vals.iter().enumerate() {
-                        // The nearest of the levels -1.5, -0.5, 0.5, 1.5 (boundaries -1, 0, 1).
-                        let c = (v / s + 2.0).floor().clamp(0.0, 3.0) as u8;
-                        let i = g * group + j;
-                        codes[i / 4] |= c << (2 * (i % 4));
-                    }
-                }
+            Some((int, group)) => {
+                let (codes, scales) = row.split_at_mut(self.codes_bytes(int));
+                int.encode(values, group, codes, scales);
             }
         }
         Ok(())
@@ -227,10 +252,10 @@ impl IndexKeyLayout {
     /// positive.
     pub fn check_scales(&self, row: &[u8]) -> Result<()> {
         check_len("row", self.row_bytes(), row.len())?;
-        match self.format.int_bits() {
+        match self.format.int_codes() {
             None => self.scale(row).map(|_| ()),
-            Some((bits, group)) => {
-                let scales = &row[self.codes_bytes(bits)..];
+            Some((codes, group)) => {
+                let scales = &row[self.codes_bytes(codes)..];
                 (0..self.dim / group).try_for_each(|g| read_scale(&scales[4 * g..], "index_key", g).map(|_| ()))
             }
         }
@@ -247,35 +272,17 @@ impl IndexKeyLayout {
     /// [`Self::decode`] of a row whose length and scales were checked ([`Self::check_scales`]):
     /// the kernels' form, which decodes the same key many times. `out` holds `dim` values.
     pub fn decode_checked(&self, row: &[u8], out: &mut [f32]) {
-        let scale_at = |at: usize| f32::from_le_bytes([row[at], row[at + 1], row[at + 2], row[at + 3]]);
-        match self.format {
-            IndexKeyFormat::Fp8 => {
-                let s = scale_at(self.dim);
+        match self.format.int_codes() {
+            None => {
+                let at = self.dim;
+                let s = f32::from_le_bytes([row[at], row[at + 1], row[at + 2], row[at + 3]]);
                 for (o, &c) in out.iter_mut().zip(&row[..self.dim]) {
                     *o = E4M3_TABLE[usize::from(c)] * s;
                 }
             }
-            IndexKeyFormat::Int4 { group } => {
-                let half = self.dim / 2;
-                for (g, chunk) in out.chunks_mut(group).enumerate() {
-                    let s = scale_at(half + 4 * g);
-                    for (j, o) in chunk.iter_mut().enumerate() {
-                        let i = g * group + j;
-                        let c = (row[i / 2] >> (4 * (i % 2))) & 0xf;
-                        *o = (f32::from(c) - 8.0) * s;
-                    }
-                }
-            }
-            IndexKeyFormat::Int2 { group } => {
-                let quarter = self.dim / 4;
-                for (g, chunk) in out.chunks_mut(group).enumerate() {
-                    let s = scale_at(quarter + 4 * g);
-                    for (j, o) in chunk.iter_mut().enumerate() {
-                        let i = g * group + j;
-                        let c = (row[i / 4] >> (2 * (i % 4))) & 0x3;
-                        *o = (f32::from(c) - 1.5) * s;
-                    }
-                }
+            Some((int, group)) => {
+                let (codes, scales) = row.split_at(self.codes_bytes(int));
+                int.decode(codes, scales, group, out);
             }
         }
     }
