@@ -362,6 +362,9 @@ fn run_sweeps_offered_loads_with_the_same_requests() {
     ));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("--record-trace") && err.contains("one --arrival-rate"), "{err}");
+    let o = hisparse(&argv!("run --backend cpu --arrival-rate 2,4,2 --out", dir.join("o3")));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("--arrival-rate = 2") && err.contains("twice"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

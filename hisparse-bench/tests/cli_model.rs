@@ -219,6 +219,9 @@ fn eval_compares_index_formats_in_one_run() {
         .find(|r| r["attention"] == "hisparse" && r["index_format"] == "int2:16")
         .unwrap();
     assert!(hs2.contains(&format!("{:.3}", row2["perplexity"].as_f64().unwrap())), "{hs2} against {row2}");
+    let twice = hisparse(&[&base[..], &["--index-format", "int4:16,fp8,int4:16"]].concat());
+    let e = String::from_utf8_lossy(&twice.stderr);
+    assert!(e.contains("--index-format = int4:16") && e.contains("twice"), "{e}");
     let e = hisparse(&["generate", "--gguf", &g, "--index-format", "fp8,int2", "--prompt", "hi"]);
     let e = String::from_utf8_lossy(&e.stderr);
     assert!(e.contains("--index-format") && e.contains("one index format"), "{e}");

@@ -119,6 +119,10 @@ fn check(args: &EvalArgs, context_max: usize) -> Result<()> {
             ));
         }
     }
+    let formats = &args.model.index_format;
+    if let Some(f) = formats.iter().enumerate().find_map(|(i, f)| formats[..i].contains(f).then_some(f)) {
+        return Err(BenchError::flag("index-format", f, "is given twice"));
+    }
     if let Some(&k) = args.top_k.iter().find(|&&k| k < 2) {
         return Err(BenchError::flag("top-k", k, "must be at least 2"));
     }

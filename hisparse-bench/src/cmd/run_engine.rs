@@ -21,6 +21,10 @@ pub fn check_arrival_rate(a: &RunArgs) -> Result<()> {
             "records one run: give one --arrival-rate (or none)",
         ));
     }
+    let rates = &a.arrival_rate;
+    if let Some(r) = rates.iter().enumerate().find_map(|(i, r)| rates[..i].contains(r).then_some(r)) {
+        return Err(BenchError::flag("arrival-rate", r, "is given twice (a load sweep runs each load once)"));
+    }
     for &r in &a.arrival_rate {
         if !(r.is_finite() && r > 0.0) {
             return Err(BenchError::flag("arrival-rate", r, "requests per second: a positive number"));
