@@ -22,6 +22,14 @@ pub fn within(flag: &'static str, v: usize, lo: usize, hi: usize) -> Result<usiz
     if (lo..=hi).contains(&v) { Ok(v) } else { Err(BenchError::flag(flag, v, format!("must be in {lo}..={hi}"))) }
 }
 
+/// A list flag's values, refused (naming the flag and the value) where one is given twice.
+pub fn once_each<T: PartialEq + Display>(flag: &'static str, values: &[T]) -> Result<()> {
+    match values.iter().enumerate().find_map(|(i, v)| values[..i].contains(v).then_some(v)) {
+        Some(v) => Err(BenchError::flag(flag, v, "is given twice")),
+        None => Ok(()),
+    }
+}
+
 /// The product of `factors`, `None` if it overflows a u64.
 pub fn product(factors: &[usize]) -> Option<u64> {
     factors.iter().try_fold(1u64, |acc, &f| acc.checked_mul(u64::try_from(f).ok()?))
@@ -92,6 +100,13 @@ pub fn human_bytes(b: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_list_giving_a_value_twice_is_refused_naming_it() {
+        once_each("arrival-rate", &[2.0, 4.0, 8.0]).unwrap();
+        let e = once_each("arrival-rate", &[2.0, 4.0, 2.0]).unwrap_err().to_string();
+        assert!(e.contains("--arrival-rate = 2") && e.contains("twice"), "{e}");
+    }
 
     #[test]
     fn memory_beyond_the_machine_or_overflowing_is_refused_by_flag() {

@@ -199,7 +199,11 @@ impl CapacityPlan {
     /// Bytes of one request's hot-buffer seat in every layer (hisparse mode).
     fn seat_bytes(&self) -> Result<usize> {
         let d = self.device_buffer_size;
-        let rows = d.checked_add(1).ok_or_else(|| overflow("device_buffer_size", d))?;
+        // The hot buffer's rows by its one rule (regular slots and the reserved one), for any
+        // count below usize::MAX (a u64 sum that cannot wrap).
+        let rows = (d < usize::MAX)
+            .then(|| crate::device_tier::hot_buffer_rows_of(d))
+            .ok_or_else(|| overflow("device_buffer_size", d))?;
         Self::mul(
             Self::mul(rows, self.kv_row.row_bytes(), "device_buffer_size", d)?,
             self.layers,

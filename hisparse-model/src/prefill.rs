@@ -108,11 +108,21 @@ impl Llama {
             }
         }
         let last = &x[(n - 1) * c.hidden..];
-        let logits = matmul(&self.weights.output, &rms_norm(last, &self.weights.norm, c.rms_eps), 1)?;
-        Ok(all_keys
-            .into_iter()
-            .map(|index_keys| PrefillOut { tokens: n, kv_rows: all_rows.clone(), index_keys, logits: logits.clone() })
-            .collect())
+        let mut logits = matmul(&self.weights.output, &rms_norm(last, &self.weights.norm, c.rms_eps), 1)?;
+        // Every layout but the last gets a copy of the rows and logits; the last takes them (one
+        // layout, `prefill`'s case, copies nothing).
+        let mut outs: Vec<PrefillOut> = Vec::with_capacity(all_keys.len());
+        // `keys` is not empty (checked above): there is a last layout.
+        let final_layout = all_keys.len() - 1;
+        for (i, index_keys) in all_keys.into_iter().enumerate() {
+            let (kv_rows, logits) = if i == final_layout {
+                (std::mem::take(&mut all_rows), std::mem::take(&mut logits))
+            } else {
+                (all_rows.clone(), logits.clone())
+            };
+            outs.push(PrefillOut { tokens: n, kv_rows, index_keys, logits });
+        }
+        Ok(outs)
     }
 
     /// Admits a prefilled prompt into `cache` as request `id`, reserving room for

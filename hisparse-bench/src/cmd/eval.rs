@@ -119,10 +119,7 @@ fn check(args: &EvalArgs, context_max: usize) -> Result<()> {
             ));
         }
     }
-    let formats = &args.model.index_format;
-    if let Some(f) = formats.iter().enumerate().find_map(|(i, f)| formats[..i].contains(f).then_some(f)) {
-        return Err(BenchError::flag("index-format", f, "is given twice"));
-    }
+    guard::once_each("index-format", &args.model.index_format)?;
     if let Some(&k) = args.top_k.iter().find(|&&k| k < 2) {
         return Err(BenchError::flag("top-k", k, "must be at least 2"));
     }
@@ -196,20 +193,27 @@ pub fn run(args: &EvalArgs) -> Result<(Vec<EvalRow>, Option<PathBuf>)> {
     let mut rows = Vec::new();
     for &c in &args.contexts {
         let need = c + args.decode;
-        // The windows' rows must fit the machine (the flag the user gave is --windows).
+        // The windows' rows must fit the machine, a copy of each window's prompt per index
+        // format (checked by the config, before anything is allocated; the flag the user gave is
+        // --windows).
+        let held = args.windows.saturating_mul(formats.len());
         let probe = args
             .model
-            .cache(m.config(), AttentionKind::Dense, 0, ("buffer-factor", 0), need, args.windows)
+            .cache_config(m.config(), AttentionKind::Dense, 0, ("buffer-factor", 0), need, held)
             .map_err(|e| match e {
                 BenchError::Model(ModelError::Invalid { field, reason, .. }) if field == "requests" => {
-                    BenchError::flag("windows", args.windows, reason)
+                    let per = if formats.len() > 1 {
+                        format!(" (its prompts once per index format: {held})")
+                    } else {
+                        String::new()
+                    };
+                    BenchError::flag("windows", args.windows, format!("{reason}{per}"))
                 }
                 e => e,
             })?;
         let starts = super::model_args::window_starts(tokens.len(), need, args.windows)?;
 
-        let (kv, first) = probe.layouts();
-        drop(probe);
+        let (kv, first) = (probe.geometry.kv_row()?, probe.geometry.index_key()?);
         let keys = formats
             .iter()
             .map(|&f| {

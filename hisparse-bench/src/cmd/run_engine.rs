@@ -9,7 +9,7 @@ use hisparse_memory::Mode;
 use super::run_args::{ModeRun, RunArgs, rejected_of};
 use crate::error::{BenchError, Result};
 use crate::files::AtomicFile;
-use crate::{interrupt, progress};
+use crate::{guard, interrupt, progress};
 
 /// Refuses an `--arrival-rate` that is not a positive rate, or whose arrivals would span more
 /// than a day; a load sweep (several rates) with `--record-trace`, which records one run.
@@ -21,10 +21,7 @@ pub fn check_arrival_rate(a: &RunArgs) -> Result<()> {
             "records one run: give one --arrival-rate (or none)",
         ));
     }
-    let rates = &a.arrival_rate;
-    if let Some(r) = rates.iter().enumerate().find_map(|(i, r)| rates[..i].contains(r).then_some(r)) {
-        return Err(BenchError::flag("arrival-rate", r, "is given twice (a load sweep runs each load once)"));
-    }
+    guard::once_each("arrival-rate", &a.arrival_rate)?;
     for &r in &a.arrival_rate {
         if !(r.is_finite() && r > 0.0) {
             return Err(BenchError::flag("arrival-rate", r, "requests per second: a positive number"));

@@ -227,8 +227,8 @@ where
                 reason: format!("always-kept positions and the newest token must fit in top_k {}", g.top_k),
             });
         }
-        let (kv_row, key) = (g.kv_row()?, g.index_key()?);
         let plan = cfg.capacity_plan()?;
+        let (kv_row, key) = (plan.kv_row, plan.index_key);
         let tier = plan.device_tier()?;
         // Invariant relied on by every `as u32`/`as i32` of a row index in a step: the device
         // pools' rows fit an i32 (the kernels' row locations).

@@ -91,6 +91,8 @@ impl MissFill {
     pub const DEFAULT_MAX_BATCH: usize = 8;
     /// `CopyEngine`'s default share of the selection entries.
     pub const DEFAULT_SHARE: f64 = 0.125;
+    /// `CopyEngine`'s default host threads (0: the cores less two, [`MissFill::gather_threads`]).
+    pub const DEFAULT_HOST_THREADS: usize = 0;
 
     /// The form named `mode`, with the parameters its variant takes.
     pub fn new(mode: MissFillMode, max_batch: usize, share: f64, host_threads: usize) -> Self {
@@ -223,7 +225,7 @@ impl std::str::FromStr for MissFillMode {
 impl From<MissFillMode> for MissFill {
     /// The form with its default parameters.
     fn from(mode: MissFillMode) -> Self {
-        Self::new(mode, Self::DEFAULT_MAX_BATCH, Self::DEFAULT_SHARE, 0)
+        Self::new(mode, Self::DEFAULT_MAX_BATCH, Self::DEFAULT_SHARE, Self::DEFAULT_HOST_THREADS)
     }
 }
 

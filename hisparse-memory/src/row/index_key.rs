@@ -21,7 +21,7 @@ use crate::row::fp8::{quantize_block, read_scale};
 /// - `int2` with `group`: `[0, dim / 4)` the values as 2-bit codes, four per byte (value `4i + j`
 ///   in bits `2j..2j + 2`), code `c` standing for `c - 1.5` (no zero: the four levels
 ///   `±0.5, ±1.5` times the scale); then one fp32 scale per group. The encoder writes
-///   `scale = amax / 1.5` and the nearest level's code, `clamp(floor(v / scale + 2), 0, 3)` (a
+///   `scale = amax / 1.5` and the nearest level's code, `clamp(round(v / scale + 1.5), 0, 3)` (a
 ///   group whose `amax / 1.5` is not a positive f32: the smallest normal f32 as its scale).
 ///
 /// ```

@@ -46,7 +46,8 @@ impl EngineArgs {
     /// of another mode, or out of range, is refused naming its flag.
     pub fn miss_fill(&self, hs: &HiSparseConfig) -> Result<MissFill> {
         let mode = self.miss_fill.unwrap_or(MissFill::default().mode());
-        let (max_batch, share, threads) = (MissFill::DEFAULT_MAX_BATCH, MissFill::DEFAULT_SHARE, 0);
+        let (max_batch, share, threads) =
+            (MissFill::DEFAULT_MAX_BATCH, MissFill::DEFAULT_SHARE, MissFill::DEFAULT_HOST_THREADS);
         let (batched, engine) = (&[MissFillMode::Auto, MissFillMode::NoCopies][..], &[MissFillMode::CopyEngine][..]);
         for (flag, given, of) in [
             ("miss-fill-max-batch", self.miss_fill_max_batch.map(|v| v.to_string()), batched),

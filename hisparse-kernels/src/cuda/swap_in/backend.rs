@@ -75,7 +75,6 @@ impl CudaSwapIn {
             max_tokens: cfg.max_tokens,
         };
         let mut gpu = GpuSwapInState::new(dev, Arc::clone(cfg.policy.get()), shape)?;
-        fill.check_policy(&cfg.policy)?;
         if fill.hits_first() && !attention.wgmma {
             return Err(KernelError::invalid(
                 "miss_fill",
