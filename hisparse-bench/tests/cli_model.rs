@@ -165,9 +165,15 @@ fn the_index_format_is_chosen_by_flag_and_refused_where_it_cannot_be_read() {
     let (head2, int2) = run(&["--index-format", "int2:16"]);
     assert!(head2.contains("int2:16: 16 B per token and layer"), "{head2}");
     assert!(int2.contains("yes"), "{int2}");
-    for (args, flag) in
-        [(vec!["--index-format", "int4:5"], "--index-format"), (vec!["--index-format", "int8"], "--index-format")]
-    {
+    // Page summaries of 8 positions: 32 bf16 minima and maxima, 128 B for 8 positions.
+    let (head_pages, pages) = run(&["--index-format", "pages:8"]);
+    assert!(head_pages.contains("pages:8: 16 B per token and layer"), "{head_pages}");
+    assert!(pages.contains("yes") && pages != fp8, "{pages}\n{fp8}");
+    for (args, flag) in [
+        (vec!["--index-format", "int4:5"], "--index-format"),
+        (vec!["--index-format", "int8"], "--index-format"),
+        (vec!["--index-format", "pages:3"], "--index-format"),
+    ] {
         let bad = hisparse(&[&base[..], &args].concat());
         assert_eq!(bad.status.code(), Some(2), "{args:?}");
         assert!(

@@ -57,12 +57,21 @@ pub fn decode_kv_rows(layout: KvRowLayout, pool: &[u8]) -> Result<Vec<f32>> {
     Ok(out)
 }
 
-/// A pool of `rows` index keys with normal values.
-pub fn index_key_pool(rng: &mut StdRng, layout: IndexKeyLayout, rows: usize) -> Result<Vec<u8>> {
-    let values = normal(rng, rows * layout.dim(), 1.0);
-    let mut pool = vec![0u8; rows * layout.row_bytes()];
-    for (v, r) in values.chunks(layout.dim()).zip(pool.chunks_mut(layout.row_bytes())) {
-        layout.encode(v, r)?;
+/// A pool of `positions` positions' index keys with normal values (a page summary's row is the
+/// fold of its positions' keys).
+pub fn index_key_pool(rng: &mut StdRng, layout: IndexKeyLayout, positions: usize) -> Result<Vec<u8>> {
+    let (q, rb) = (layout.positions_per_row(), layout.row_bytes());
+    let values = normal(rng, positions * layout.dim(), 1.0);
+    let mut pool = vec![0u8; positions.div_ceil(q) * rb];
+    let mut one = vec![0u8; rb];
+    for (t, v) in values.chunks(layout.dim()).enumerate() {
+        let row = &mut pool[(t / q) * rb..][..rb];
+        if t % q == 0 {
+            layout.encode(v, row)?;
+        } else {
+            layout.encode(v, &mut one)?;
+            layout.fold(row, &one)?;
+        }
     }
     Ok(pool)
 }

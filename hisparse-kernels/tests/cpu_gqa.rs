@@ -100,12 +100,16 @@ fn oracle_scores_are_the_heads_softmax_weights() {
         IndexKeyFormat::Int4 { group: 96 },
         IndexKeyFormat::Int2 { group: 16 },
         IndexKeyFormat::Int2 { group: 96 },
+        IndexKeyFormat::Pages { tokens: 8 },
+        IndexKeyFormat::Pages { tokens: 16 },
     ] {
         oracle_scores_of(format);
     }
 }
 
-/// The oracle over keys stored as `format` against f64 softmaxes of the decoded keys.
+/// The oracle over keys stored as `format` against f64 softmaxes of the decoded keys (of a page
+/// summary's position: the largest product over its page's box, the box's corner on the side
+/// of each query value's sign).
 fn oracle_scores_of(format: IndexKeyFormat) {
     let mut rng = random::rng(12);
     let (heads, dim, page) = (6usize, 96usize, 16usize);
@@ -154,11 +158,24 @@ fn oracle_scores_of(format: IndexKeyFormat) {
         for (i, r) in reqs.iter().enumerate() {
             let mut logits = vec![vec![0f64; r.seq_len]; heads];
             for t in 0..r.seq_len {
-                let row = table[r.first_page + t / page] as usize * page + t % page;
-                key.decode(&keys[row * key.row_bytes()..(row + 1) * key.row_bytes()], &mut kv).unwrap();
+                let q_rows = key.positions_per_row();
+                let row = (table[r.first_page + t / page] as usize * page + t % page) / q_rows;
+                let bytes = &keys[row * key.row_bytes()..(row + 1) * key.row_bytes()];
+                let mut hi = vec![0f32; dim];
+                if q_rows == 1 {
+                    key.decode(bytes, &mut kv).unwrap();
+                } else {
+                    key.bounds(bytes, &mut kv, &mut hi).unwrap();
+                }
                 for (h, lh) in logits.iter_mut().enumerate() {
                     let qh = &q[(i * heads + h) * dim..][..dim];
-                    let x: f64 = qh.iter().zip(&kv).map(|(a, b)| f64::from(a.to_f32()) * f64::from(*b)).sum();
+                    let x: f64 = (0..dim)
+                        .map(|j| {
+                            let a = f64::from(qh[j].to_f32());
+                            let k = if q_rows > 1 && a > 0.0 { hi[j] } else { kv[j] };
+                            a * f64::from(k)
+                        })
+                        .sum();
                     lh[t] = f64::from(w[i * heads + h]) * x;
                 }
             }

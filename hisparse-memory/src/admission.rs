@@ -191,9 +191,9 @@ impl CapacityPlan {
 
     /// Bytes of one page of index keys in every layer that stores them (0 without keys).
     fn index_page_bytes(&self) -> Result<usize> {
-        let (p, l) = (self.page_tokens.max(1), self.index_layers);
-        let key = if self.keeps_index { self.index_key.row_bytes() } else { 0 };
-        Self::mul(Self::mul(p, key, "page_tokens", p)?, l, "index_layers", l)
+        let l = self.index_layers;
+        let page = if self.keeps_index { self.index_key.page_bytes(self.page_tokens.max(1))? } else { 0 };
+        Self::mul(page, l, "index_layers", l)
     }
 
     /// Bytes of one request's hot-buffer seat in every layer (hisparse mode).

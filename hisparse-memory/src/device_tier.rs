@@ -67,7 +67,11 @@ impl DeviceTierConfig {
         let per_layer = m(self.kv_pages, self.page_tokens, self.kv_row.row_bytes())
             .zip(m(self.seats, self.device_buffer_size.saturating_add(1), self.kv_row.row_bytes()))
             .and_then(|(a, b)| a.checked_add(b));
-        let keys = m(self.index_pages, self.page_tokens, self.index_key.row_bytes())
+        let keys = self
+            .index_key
+            .page_bytes(self.page_tokens)
+            .ok()
+            .and_then(|page| page.checked_mul(self.index_pages))
             .and_then(|k| k.checked_mul(self.index_layers));
         per_layer
             .and_then(|p| p.checked_mul(self.layers))
@@ -106,7 +110,8 @@ impl<M: DeviceMemory> DeviceTier<M> {
                 return Err(MemoryError::invalid(field, v, "must be at least 1"));
             }
         }
-        let (kvb, kb) = (cfg.kv_row.row_bytes(), cfg.index_key.row_bytes());
+        let kvb = cfg.kv_row.row_bytes();
+        let key_page = cfg.index_key.page_bytes(cfg.page_tokens)?;
         if cfg.index_layers == 0 || cfg.index_layers > cfg.layers {
             return Err(MemoryError::invalid(
                 "index_layers",
@@ -131,7 +136,7 @@ impl<M: DeviceMemory> DeviceTier<M> {
                 .ok_or_else(|| MemoryError::invalid(field, v, "its buffer size overflows"))
         };
         let kv = alloc(size("kv_pages", cfg.kv_pages, cfg.page_tokens, kvb)?)?;
-        let keys = pools(cfg.index_layers, size("index_pages", cfg.index_pages, cfg.page_tokens, kb)?)?;
+        let keys = pools(cfg.index_layers, size("index_pages", cfg.index_pages, 1, key_page)?)?;
         let hot = alloc(size("seats", cfg.seats, cfg.device_buffer_size.saturating_add(1), kvb)?)?;
         Ok(Self {
             kv_pages: PagePool::new("device KV pages", cfg.kv_pages)?,
@@ -239,13 +244,16 @@ impl<M: DeviceMemory> DeviceTier<M> {
         Ok(*p as usize * self.cfg.page_tokens + position % self.cfg.page_tokens)
     }
 
-    /// Row of the index-key buffers (any layer) holding `req`'s key at `position`. Refused in a
-    /// tier that keeps no index keys.
+    /// Row of the index-key buffers (any layer) holding `req`'s key at `position` (of
+    /// `index_key.row_bytes()`; a page summary's row holds the positions that share it). Refused
+    /// in a tier that keeps no index keys.
     pub fn index_key_row(&self, req: RequestId, position: usize) -> Result<usize> {
         if !self.cfg.keeps_index {
             return Err(MemoryError::invalid("keeps_index", false, "this tier holds no index keys"));
         }
-        self.paged_row(&self.index_pages, "device index keys", req, position)
+        // Summaries divide the page (checked when the tier was sized): a page's rows are whole.
+        Ok(self.paged_row(&self.index_pages, "device index keys", req, position)?
+            / self.cfg.index_key.positions_per_row())
     }
 
     /// Row of the KV buffers (any layer) holding resident `req`'s row at `position`.
@@ -305,7 +313,8 @@ impl<M: DeviceMemory> DeviceTier<M> {
     }
 
     /// Writes `req`'s index key at `position` of key pool `pool` (the index slot of a full
-    /// layer, `KvGeometry::index_slot`).
+    /// layer, `KvGeometry::index_slot`). A page summary's key (a box of one point) starts its
+    /// row at the row's first position and is folded into it at the others.
     pub fn write_index_key(&mut self, req: RequestId, pool: usize, position: usize, key: &[u8]) -> Result<()> {
         if pool >= self.cfg.index_layers {
             return Err(MemoryError::invalid(
@@ -317,7 +326,13 @@ impl<M: DeviceMemory> DeviceTier<M> {
         let b = self.cfg.index_key.row_bytes();
         check_len("key", b, key.len())?;
         let row = self.index_key_row(req, position)?;
-        self.mem.write(&mut self.keys[pool], row * b, key)
+        if position.is_multiple_of(self.cfg.index_key.positions_per_row()) {
+            return self.mem.write(&mut self.keys[pool], row * b, key);
+        }
+        let mut summary = vec![0u8; b];
+        self.mem.read(&self.keys[pool], row * b, &mut summary)?;
+        self.cfg.index_key.fold(&mut summary, key)?;
+        self.mem.write(&mut self.keys[pool], row * b, &summary)
     }
 
     /// Writes resident `req`'s KV row at `position` of `layer`.
@@ -386,7 +401,7 @@ impl<M: DeviceMemory> DeviceTier<M> {
         // No overflow: at most what the tier allocated.
         let per_layer = self.kv_pages.used() * self.cfg.page_tokens * self.cfg.kv_row.row_bytes()
             + self.seats.used() * hot_buffer_rows_of(self.cfg.device_buffer_size) * self.cfg.kv_row.row_bytes();
-        let keys = self.index_pages.used() * self.cfg.page_tokens * self.cfg.index_key.row_bytes();
+        let keys = self.index_pages.used() * self.cfg.index_key.page_bytes(self.cfg.page_tokens).unwrap_or(0);
         per_layer * self.cfg.layers + keys * self.cfg.index_layers
     }
 

@@ -385,9 +385,10 @@ impl KvGeometry {
         Ok(self.kv_row()?.row_bytes() * self.layers)
     }
 
-    /// Device bytes of one token's index keys over all layers (only full layers store keys).
+    /// Device bytes of one token's index keys over all layers (only full layers store keys; a
+    /// page summary's bytes shared by its positions).
     pub fn index_bytes_per_token(&self) -> Result<usize> {
-        Ok(self.index_key()?.row_bytes() * self.index_layers())
+        Ok(self.index_key()?.bytes_per_position() * self.index_layers())
     }
 }
 

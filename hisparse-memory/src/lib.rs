@@ -45,7 +45,7 @@ pub use host_tier::{
 pub use page_pool::PagePool;
 pub use preset::Preset;
 pub use request::{Mode, RequestId};
-pub use row::{IndexKeyFormat, IndexKeyLayout, KvRowFormat, KvRowLayout, RowHeads, StorageFormats};
+pub use row::{IndexKeyFormat, IndexKeyLayout, KvRowFormat, KvRowLayout, RowHeads, StorageFormats, page_upper_bound};
 pub use slot_table::SlotTable;
 pub use system::available_memory;
 

@@ -169,7 +169,7 @@ fn row(
         attention: kind.name(),
         top_k,
         index_format: (top_k > 0).then(|| key.format().name()),
-        index_bytes: (top_k > 0).then(|| key.row_bytes()),
+        index_bytes: (top_k > 0).then(|| key.bytes_per_position()),
         perplexity: (nll.iter().sum::<f64>() / nll.len().max(1) as f64).exp(),
         agreement: agree,
         identical_to_resident: None,

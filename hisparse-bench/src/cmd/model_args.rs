@@ -27,10 +27,12 @@ pub struct ModelArgs {
     /// 128 with a scale).
     #[arg(long, default_value = "bf16", value_parser = super::common::parse_kv_format)]
     pub kv_format: KvRowFormat,
-    /// Index key format, what the device keeps per token to select by: fp8 (the keys as e4m3
-    /// with one scale per token), int4 or int2 (4-bit or 2-bit integers with a scale per 32
-    /// values), int4:GROUP or int2:GROUP (a scale per GROUP values). The oracle scores the keys
-    /// as stored. `eval` compares several, comma-separated (one prefill for all).
+    /// Index key format, what the device keeps to select by: fp8 (the keys as e4m3 with one
+    /// scale per token), int4 or int2 (4-bit or 2-bit integers with a scale per 32 values),
+    /// int4:GROUP or int2:GROUP (a scale per GROUP values), pages or pages:TOKENS (Quest's page
+    /// summaries: the bf16 minimum and maximum of every 16 or TOKENS positions' keys, each
+    /// position scored by the largest product over its page's box). The oracle scores the
+    /// keys as stored. `eval` compares several, comma-separated (one prefill for all).
     #[arg(long, default_value = "fp8", value_delimiter = ',', value_parser = super::common::parse_index_format)]
     pub index_format: Vec<IndexKeyFormat>,
     /// Eviction policy of the hot buffers (hisparse).

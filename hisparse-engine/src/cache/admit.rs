@@ -182,7 +182,10 @@ where
         let (kb, keyb) = (self.kv_row.row_bytes(), self.key.row_bytes());
         // Destination rows of the prompt's keys and KV rows (the same in every layer).
         let keeps_index = self.cfg.keeps_index();
+        // A page summary's row holds several positions: one destination per row.
+        let summaries = self.key.positions_per_row() > 1;
         let key_rows = (0..t)
+            .step_by(self.key.positions_per_row())
             .filter(|_| keeps_index)
             .map(|p| Ok(self.device.index_key_row(id, p)? as u32))
             .collect::<Result<Vec<_>>>()?;
@@ -200,7 +203,13 @@ where
             let slot = self.cfg.geometry.index_slot(l);
             fill(l, &mut rows, slot.map(|_| keys.as_mut_slice()))?;
             if let (Some(slot), true) = (slot, keeps_index) {
-                self.backend.write_rows(self.device.keys_mut(slot), keyb, &key_rows, &keys)?;
+                let folded = if summaries { Some(self.key.fold_positions(&keys)?) } else { None };
+                self.backend.write_rows(
+                    self.device.keys_mut(slot),
+                    keyb,
+                    &key_rows,
+                    folded.as_deref().unwrap_or(&keys),
+                )?;
             }
             match mode {
                 Mode::Resident => self.backend.write_rows(self.device.kv_mut(l), kb, &kv_rows, &rows)?,

@@ -160,7 +160,17 @@ where
         let c = &mut *self.cache;
         let sb = &c.scratch;
         if let (Some(slot), Some(keys), true) = (full, inputs.new_index_keys, c.cfg.keeps_index()) {
-            c.backend.scatter_rows(c.device.keys_mut(slot), c.key.row_bytes(), &sb.dest_keys, keys)?;
+            if sb.key_positions.is_empty() {
+                c.backend.scatter_rows(c.device.keys_mut(slot), c.key.row_bytes(), &sb.dest_keys, keys)?;
+            } else {
+                // Page summaries: each key folds into the row its page's earlier positions
+                // wrote (on the host, through the tier).
+                let keys = c.backend.memory().download(keys)?;
+                let rb = c.key.row_bytes();
+                for ((id, &p), k) in self.ids.iter().zip(&sb.key_positions).zip(keys.chunks_exact(rb)) {
+                    c.device.write_index_key(*id, slot, p, k)?;
+                }
+            }
         }
         let pool = if mode == Mode::Resident { c.device.kv_mut(l) } else { c.device.hot_mut(l) };
         c.backend.scatter_rows(pool, c.kv_row.row_bytes(), &sb.dest_rows, inputs.new_kv_rows)?;

@@ -30,6 +30,9 @@ pub(crate) struct StepScratch<M: DeviceMemory> {
     pub sel: M::Buffer<i32>,
     pub locs: M::Buffer<i32>,
     pub dest_keys: M::Buffer<u32>,
+    /// The new keys' positions, in the batch's order, where a row summarises several positions
+    /// (page summaries: a key folds into its row; empty otherwise).
+    pub key_positions: Vec<usize>,
     pub dest_rows: M::Buffer<u32>,
     pub kv_table: M::Buffer<u32>,
     /// Bumped whenever a buffer above is reallocated.
@@ -109,6 +112,7 @@ impl<M: DeviceMemory> StepScratch<M> {
             sel: mem.alloc_zeroed(0)?,
             locs: mem.alloc_zeroed(0)?,
             dest_keys: mem.alloc_zeroed(0)?,
+            key_positions: Vec::new(),
             dest_rows: mem.alloc_zeroed(0)?,
             kv_table: mem.alloc_zeroed(0)?,
             generation: 0,
@@ -181,10 +185,15 @@ where
         let (mut dest_keys, mut dest_rows) = (Vec::with_capacity(batch.len()), Vec::with_capacity(batch.len()));
         let mut fence = false;
         let keeps_index = self.cfg.keeps_index();
+        let summaries = self.key.positions_per_row() > 1;
+        self.scratch.key_positions.clear();
         for (id, q) in batch.iter().zip(&reqs) {
             let p = q.seq_len - 1;
             if keeps_index {
                 dest_keys.push(self.device.index_key_row(*id, p)? as u32);
+            }
+            if keeps_index && summaries {
+                self.scratch.key_positions.push(p);
             }
             dest_rows.push(match mode {
                 Mode::Resident => self.device.kv_row(*id, p)? as u32,

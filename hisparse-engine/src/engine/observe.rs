@@ -129,7 +129,7 @@ where
     for r in view.requests.iter().filter(|_| cache.config().keeps_index()) {
         for t in 0..r.seq_len {
             let page = *table.get(r.first_page + t / p).ok_or_else(|| bad("a page", t as i64))? as usize;
-            let row = page * p + t % p;
+            let row = (page * p + t % p) / key.positions_per_row();
             index_keys
                 .extend_from_slice(keys.get(row * kb..(row + 1) * kb).ok_or_else(|| bad("a key row", row as i64))?);
         }

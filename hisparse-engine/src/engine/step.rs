@@ -123,7 +123,8 @@ where
             let (g, b) = (&c.geometry, c.hisparse.device_buffer_size);
             let (kv_row, key) = self.cache.layouts();
             let rows = (g.layers * prompt * kv_row.row_bytes()) as u64;
-            m.bytes_prompt_device += (g.index_layers() * prompt * key.row_bytes()) as u64;
+            let key_rows = prompt.div_ceil(key.positions_per_row());
+            m.bytes_prompt_device += (g.index_layers() * key_rows * key.row_bytes()) as u64;
             match c.mode {
                 Mode::Resident => m.bytes_prompt_device += rows,
                 Mode::HiSparse => {

@@ -20,8 +20,8 @@ const BLOCK: usize = 256;
 
 /// Checks the batch's shapes, pages and stored scales; returns nothing but errors.
 fn validate(batch: &IndexerBatch<'_, EmulatedDevice>) -> Result<()> {
-    let (heads, dim, key_bytes, p) =
-        (batch.heads, batch.key_layout.dim(), batch.key_layout.row_bytes(), batch.page_tokens);
+    let (heads, dim, p) = (batch.heads, batch.key_layout.dim(), batch.page_tokens);
+    let key_bytes = batch.key_layout.row_bytes();
     let n = batch.requests.len();
     if heads == 0 {
         return Err(KernelError::invalid("heads", heads, "must be at least 1"));
@@ -31,14 +31,15 @@ fn validate(batch: &IndexerBatch<'_, EmulatedDevice>) -> Result<()> {
     }
     check_len("queries", n * heads * dim, batch.queries.len())?;
     check_len("weights", n * heads, batch.weights.len())?;
-    if !batch.keys.len().is_multiple_of(key_bytes * p) {
+    let page_bytes = batch.key_layout.page_bytes(p)?;
+    if !batch.keys.len().is_multiple_of(page_bytes) {
         return Err(KernelError::invalid(
             "keys",
             batch.keys.len(),
-            format!("key pool length is not a whole number of pages of {p} keys of {key_bytes} B"),
+            format!("key pool length is not a whole number of pages of {p} positions ({page_bytes} B)"),
         ));
     }
-    let pool_pages = batch.keys.len() / (key_bytes * p);
+    let pool_pages = batch.keys.len() / page_bytes;
     for (i, r) in batch.requests.iter().enumerate() {
         let pages = r.seq_len.div_ceil(p);
         let table = r

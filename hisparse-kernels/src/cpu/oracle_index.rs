@@ -1,7 +1,8 @@
 //! The oracle selection of a model without an indexer ([`IndexScore::Oracle`](crate::IndexScore)):
 //! per head the softmax over a request's positions of `w_h * q_h . k_t` (the model's own
 //! attention weights, its keys stored as index keys), combined over heads by sum or max; the
-//! first `sink` and last `window` positions scored `+inf`. A head's product runs over its
+//! first `sink` and last `window` positions scored `+inf`. With page summaries (Quest) a
+//! position's `q_h . k_t` is the largest product over its page's box, shared by the page. A head's product runs over its
 //! query's non-zero span only (a GQA head's query fills its group's part of the key), so a
 //! head costs its own dims, not the whole key's. Every sum runs in a fixed order, so the scores
 //! are the same bits on every run.
@@ -9,9 +10,9 @@
 use rayon::prelude::*;
 
 use super::dot;
-use super::index_keys::key_values;
+use super::index_keys::{key_bounds, key_row, key_values};
 use crate::batch::{HeadCombine, IndexerBatch, OracleScore};
-use hisparse_memory::EmulatedDevice;
+use hisparse_memory::{EmulatedDevice, page_upper_bound};
 
 /// Positions whose logits one rayon task computes.
 const BLOCK: usize = 256;
@@ -40,13 +41,24 @@ pub(super) fn oracle_scores(
         let n = r.seq_len;
         // logits[t * heads + h] = w_h * q_h . k_t, in blocks of positions.
         let mut logits = vec![0f32; n * heads];
+        let summaries = batch.key_layout.positions_per_row() > 1;
         logits.par_chunks_mut(BLOCK * heads).enumerate().for_each(|(b, chunk)| {
-            let mut key = vec![0f32; dim];
+            let (mut key, mut maxs) = (vec![0f32; dim], vec![0f32; if summaries { dim } else { 0 }]);
+            // The pool row whose bounds `key` and `maxs` hold (a page summary's positions share one).
+            let mut held = usize::MAX;
             for (j, lt) in chunk.chunks_mut(heads).enumerate() {
-                key_values(batch, r, b * BLOCK + j, &mut key);
+                let t = b * BLOCK + j;
+                if !summaries {
+                    key_values(batch, r, t, &mut key);
+                } else if key_row(batch, r, t) != held {
+                    held = key_row(batch, r, t);
+                    key_bounds(batch, held, &mut key, &mut maxs);
+                }
                 for (h, l) in lt.iter_mut().enumerate() {
                     let (a, b) = spans[h];
-                    *l = w[h] * dot(&q[h * dim + a..h * dim + b], &key[a..b]);
+                    let qh = &q[h * dim + a..h * dim + b];
+                    *l = w[h]
+                        * if summaries { page_upper_bound(qh, &key[a..b], &maxs[a..b]) } else { dot(qh, &key[a..b]) };
                 }
             }
         });

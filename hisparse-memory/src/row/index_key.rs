@@ -1,13 +1,15 @@
-//! The index key: what the device keeps per token for selection. Three formats
-//! ([`IndexKeyFormat`]): `dim` e4m3 values and one fp32 scale (132 B for dim 128, as DeepGEMM's
-//! fp8 indexer cache stores it per token), or `dim` 4-bit or 2-bit integers with an fp32 scale
-//! per group of values.
+//! The index key: what the device keeps for selection. Four formats ([`IndexKeyFormat`]), three
+//! with a row per position: `dim` e4m3 values and one fp32 scale (132 B for dim 128, as
+//! DeepGEMM's fp8 indexer cache stores it per token), or `dim` 4-bit or 2-bit integers with an
+//! fp32 scale per group of values; and page summaries, a row per `tokens` positions
+//! (`page_summary.rs`).
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::{MemoryError, Result, check_len};
 use crate::fp8::E4M3_TABLE;
 use crate::row::fp8::{quantize_block, read_scale};
+use crate::row::page_summary;
 
 /// How an index key is stored.
 ///
@@ -23,6 +25,12 @@ use crate::row::fp8::{quantize_block, read_scale};
 ///   `±0.5, ±1.5` times the scale); then one fp32 scale per group. The encoder writes
 ///   `scale = amax / 1.5` and the nearest level's code, `clamp(round(v / scale + 1.5), 0, 3)` (a
 ///   group whose `amax / 1.5` is not a positive f32: the smallest normal f32 as its scale).
+/// - `pages` with `tokens` (Quest's page summaries): one row per `tokens` consecutive positions
+///   (a page of the key pool holds `page_tokens / tokens` of them), `[0, 2 dim)` the element-wise
+///   minima of their keys, `[2 dim, 4 dim)` the maxima, bf16 rounded outward. A key is written
+///   as a box of one point and folded into its page's box ([`IndexKeyLayout::fold`]); a query
+///   scores every position of a page by the largest product over the box
+///   ([`page_upper_bound`](crate::page_upper_bound)).
 ///
 /// ```
 /// use hisparse_memory::{IndexKeyFormat, IndexKeyLayout};
@@ -49,25 +57,42 @@ pub enum IndexKeyFormat {
         /// Values per scale (a multiple of 4, dividing the key's dims).
         group: usize,
     },
+    /// The bf16 minimum and maximum of every `tokens` positions' keys (Quest's page summaries).
+    Pages {
+        /// Positions per summary (at least 2, dividing `4 * dim` and the pool's page).
+        tokens: usize,
+    },
 }
 
 impl IndexKeyFormat {
     /// The 4-bit and 2-bit formats' group when none is given.
     pub const DEFAULT_INT4_GROUP: usize = 32;
 
-    /// Its name on the command line (`fp8`, `int4:GROUP`, `int2:GROUP`).
+    /// Positions per page summary when none is given.
+    pub const DEFAULT_PAGE_SUMMARY_TOKENS: usize = 16;
+
+    /// Its name on the command line (`fp8`, `int4:GROUP`, `int2:GROUP`, `pages:TOKENS`).
     pub fn name(&self) -> String {
         match self {
             Self::Fp8 => "fp8".to_owned(),
             Self::Int4 { group } => format!("int4:{group}"),
             Self::Int2 { group } => format!("int2:{group}"),
+            Self::Pages { tokens } => format!("pages:{tokens}"),
+        }
+    }
+
+    /// Positions one stored row describes: `tokens` for page summaries, 1 otherwise.
+    pub fn positions_per_row(&self) -> usize {
+        match *self {
+            Self::Pages { tokens } => tokens,
+            _ => 1,
         }
     }
 
     /// An integer format's codes and group (`None` for fp8).
     fn int_codes(&self) -> Option<(IntCodes, usize)> {
         match *self {
-            Self::Fp8 => None,
+            Self::Fp8 | Self::Pages { .. } => None,
             Self::Int4 { group } => Some((IntCodes::INT4, group)),
             Self::Int2 { group } => Some((IntCodes::INT2, group)),
         }
@@ -138,18 +163,26 @@ impl std::fmt::Display for IndexKeyFormat {
 
 impl std::str::FromStr for IndexKeyFormat {
     type Err = MemoryError;
-    /// `fp8`, `int4` or `int2` (groups of [`Self::DEFAULT_INT4_GROUP`]), `int4:GROUP` or
-    /// `int2:GROUP`.
+    /// `fp8`, `int4` or `int2` (groups of [`Self::DEFAULT_INT4_GROUP`]), `int4:GROUP`,
+    /// `int2:GROUP`, `pages` ([`Self::DEFAULT_PAGE_SUMMARY_TOKENS`] positions) or `pages:TOKENS`.
     fn from_str(s: &str) -> Result<Self> {
-        let bad = || MemoryError::invalid("index_format", s, "expected fp8, int4, int4:GROUP, int2 or int2:GROUP");
-        let (name, group) = match s.split_once(':') {
-            None => (s, Self::DEFAULT_INT4_GROUP),
-            Some((name, g)) => (name, g.parse().map_err(|_| bad())?),
+        let bad = || {
+            MemoryError::invalid(
+                "index_format",
+                s,
+                "expected fp8, int4, int4:GROUP, int2, int2:GROUP, pages or pages:TOKENS",
+            )
         };
+        let (name, n) = match s.split_once(':') {
+            None => (s, None),
+            Some((name, g)) => (name, Some(g.parse().map_err(|_| bad())?)),
+        };
+        let group = n.unwrap_or(Self::DEFAULT_INT4_GROUP);
         match name {
-            "fp8" if !s.contains(':') => Ok(Self::Fp8),
+            "fp8" if n.is_none() => Ok(Self::Fp8),
             "int4" => Ok(Self::Int4 { group }),
             "int2" => Ok(Self::Int2 { group }),
+            "pages" => Ok(Self::Pages { tokens: n.unwrap_or(Self::DEFAULT_PAGE_SUMMARY_TOKENS) }),
             _ => Err(bad()),
         }
     }
@@ -176,10 +209,24 @@ impl IndexKeyLayout {
     }
 
     /// A layout of `format` for keys of `dim` values: `dim >= 1`; for `int4`, `group` even and
-    /// dividing `dim`; for `int2`, `group` a multiple of 4 dividing `dim` (whole bytes of codes).
+    /// dividing `dim`; for `int2`, `group` a multiple of 4 dividing `dim` (whole bytes of codes);
+    /// for `pages`, `tokens` at least 2 and dividing the summary's `4 * dim` bytes (whole bytes
+    /// per position).
     pub fn with_format(dim: usize, format: IndexKeyFormat) -> Result<Self> {
         if dim == 0 {
             return Err(MemoryError::invalid("index_dim", dim, "must be at least 1"));
+        }
+        if let IndexKeyFormat::Pages { tokens } = format
+            && (tokens < 2 || !page_summary::row_bytes(dim).is_multiple_of(tokens))
+        {
+            return Err(MemoryError::invalid(
+                "index_format",
+                format,
+                format!(
+                    "a page summary covers at least 2 positions, dividing its {} bytes (keys of {dim} dims)",
+                    page_summary::row_bytes(dim)
+                ),
+            ));
         }
         if let Some((codes, group)) = format.int_codes() {
             let (bits, per_byte) = (codes.bits, codes.per_byte());
@@ -204,12 +251,42 @@ impl IndexKeyLayout {
         self.format
     }
 
-    /// Bytes per key: `dim + 4` (fp8), `dim * bits / 8 + 4 * dim / group` (int4, int2).
+    /// Bytes per stored row: `dim + 4` (fp8), `dim * bits / 8 + 4 * dim / group` (int4, int2),
+    /// `4 * dim` (a page summary, for [`IndexKeyFormat::positions_per_row`] positions). A key
+    /// handed to the cache is one row of this size (a page summary's: a box of one point).
     pub fn row_bytes(&self) -> usize {
-        match self.format.int_codes() {
-            None => self.dim + 4,
-            Some((codes, group)) => self.codes_bytes(codes) + 4 * (self.dim / group),
+        match (self.format, self.format.int_codes()) {
+            (IndexKeyFormat::Pages { .. }, _) => page_summary::row_bytes(self.dim),
+            (_, None) => self.dim + 4,
+            (_, Some((codes, group))) => self.codes_bytes(codes) + 4 * (self.dim / group),
         }
+    }
+
+    /// Positions one stored row describes ([`IndexKeyFormat::positions_per_row`]).
+    pub fn positions_per_row(&self) -> usize {
+        self.format.positions_per_row()
+    }
+
+    /// Device bytes per position: `row_bytes / positions_per_row` (exact: `with_format` checks
+    /// the division).
+    pub fn bytes_per_position(&self) -> usize {
+        self.row_bytes() / self.positions_per_row()
+    }
+
+    /// Bytes of a pool page of `page_tokens` positions; refused where a page summary's
+    /// positions do not divide the page.
+    pub fn page_bytes(&self, page_tokens: usize) -> Result<usize> {
+        let q = self.positions_per_row();
+        if !page_tokens.is_multiple_of(q) {
+            return Err(MemoryError::invalid(
+                "index_format",
+                self.format,
+                format!("its summaries of {q} positions must divide a page of {page_tokens}"),
+            ));
+        }
+        (page_tokens / q)
+            .checked_mul(self.row_bytes())
+            .ok_or_else(|| MemoryError::invalid("page_tokens", page_tokens, "its key bytes overflow"))
     }
 
     /// Bytes of an integer key's codes (whole bytes: the group divides into them).
@@ -224,18 +301,68 @@ impl IndexKeyLayout {
         if let Some((index, &value)) = values.iter().enumerate().find(|(_, v)| !v.is_finite()) {
             return Err(MemoryError::NonFinite { field: "values", index, value });
         }
-        match self.format.int_codes() {
-            None => {
+        match (self.format, self.format.int_codes()) {
+            (IndexKeyFormat::Pages { .. }, _) => page_summary::encode(values, row),
+            (_, None) => {
                 let (codes, scale) = row.split_at_mut(self.dim);
                 let s = quantize_block(values, codes);
                 scale.copy_from_slice(&s.to_le_bytes());
             }
-            Some((int, group)) => {
+            (_, Some((int, group))) => {
                 let (codes, scales) = row.split_at_mut(self.codes_bytes(int));
                 int.encode(values, group, codes, scales);
             }
         }
         Ok(())
+    }
+
+    /// Widens the page summary `into` to hold the summary `from` (a key's box of one point, or
+    /// another page's): the box of both. Refused for the formats with a row per position.
+    pub fn fold(&self, into: &mut [u8], from: &[u8]) -> Result<()> {
+        check_len("into", self.row_bytes(), into.len())?;
+        check_len("from", self.row_bytes(), from.len())?;
+        if !matches!(self.format, IndexKeyFormat::Pages { .. }) {
+            return Err(MemoryError::invalid("index_format", self.format, "keeps a row per position: nothing folds"));
+        }
+        page_summary::fold(self.dim, into, from);
+        Ok(())
+    }
+
+    /// The page summaries of consecutive positions' keys (`keys`: one row each, the first at a
+    /// summary's first position): a row per `positions_per_row` of them, the last maybe partial.
+    pub fn fold_positions(&self, keys: &[u8]) -> Result<Vec<u8>> {
+        let (rb, q) = (self.row_bytes(), self.positions_per_row());
+        if !keys.len().is_multiple_of(rb) {
+            return Err(MemoryError::invalid("keys", keys.len(), format!("not a whole number of {rb}-byte rows")));
+        }
+        let mut out = Vec::with_capacity(keys.len().div_ceil(rb * q) * rb);
+        for page in keys.chunks(rb * q) {
+            let mut sum = page[..rb].to_vec();
+            for k in page[rb..].chunks_exact(rb) {
+                self.fold(&mut sum, k)?;
+            }
+            out.extend_from_slice(&sum);
+        }
+        Ok(out)
+    }
+
+    /// The box of a page summary whose row was checked ([`Self::check_scales`]): `mins` and
+    /// `maxs` hold `dim` values each. Refused for the formats with a row per position.
+    pub fn bounds(&self, row: &[u8], mins: &mut [f32], maxs: &mut [f32]) -> Result<()> {
+        check_len("row", self.row_bytes(), row.len())?;
+        check_len("mins", self.dim, mins.len())?;
+        check_len("maxs", self.dim, maxs.len())?;
+        if !matches!(self.format, IndexKeyFormat::Pages { .. }) {
+            return Err(MemoryError::invalid("index_format", self.format, "stores keys, not bounds"));
+        }
+        self.bounds_checked(row, mins, maxs);
+        Ok(())
+    }
+
+    /// [`Self::bounds`] of a page summary's row whose length and bounds were checked
+    /// ([`Self::check_scales`]): the kernels' form. `mins` and `maxs` hold `dim` values.
+    pub fn bounds_checked(&self, row: &[u8], mins: &mut [f32], maxs: &mut [f32]) {
+        page_summary::bounds(row, mins, maxs);
     }
 
     /// The fp8 key's scale, checked to be finite and positive (an int4 key has one per group:
@@ -249,38 +376,52 @@ impl IndexKeyLayout {
     }
 
     /// Checks every scale of `row` (one for fp8, one per group for int4 and int2) is finite and
-    /// positive.
+    /// positive; a page summary's bounds, that they are numbers and each minimum at most its
+    /// maximum.
     pub fn check_scales(&self, row: &[u8]) -> Result<()> {
         check_len("row", self.row_bytes(), row.len())?;
-        match self.format.int_codes() {
-            None => self.scale(row).map(|_| ()),
-            Some((codes, group)) => {
+        match (self.format, self.format.int_codes()) {
+            (IndexKeyFormat::Pages { .. }, _) => page_summary::check(self.dim, row),
+            (_, None) => self.scale(row).map(|_| ()),
+            (_, Some((codes, group))) => {
                 let scales = &row[self.codes_bytes(codes)..];
                 (0..self.dim / group).try_for_each(|g| read_scale(&scales[4 * g..], "index_key", g).map(|_| ()))
             }
         }
     }
 
-    /// Decodes `row` into `out` (`dim` f32): code value times its scale; every scale checked.
+    /// Decodes `row` into `out` (`dim` f32): code value times its scale; every scale checked. A
+    /// page summary holds bounds, not a key: refused ([`Self::bounds`] reads it).
     pub fn decode(&self, row: &[u8], out: &mut [f32]) -> Result<()> {
         check_len("out", self.dim, out.len())?;
+        if matches!(self.format, IndexKeyFormat::Pages { .. }) {
+            return Err(MemoryError::invalid("index_format", self.format, "holds bounds, not keys: read its bounds"));
+        }
         self.check_scales(row)?;
         self.decode_checked(row, out);
         Ok(())
     }
 
     /// [`Self::decode`] of a row whose length and scales were checked ([`Self::check_scales`]):
-    /// the kernels' form, which decodes the same key many times. `out` holds `dim` values.
+    /// the kernels' form, which decodes the same key many times. `out` holds `dim` values; a page
+    /// summary decodes to its box's centre.
     pub fn decode_checked(&self, row: &[u8], out: &mut [f32]) {
-        match self.format.int_codes() {
-            None => {
+        match (self.format, self.format.int_codes()) {
+            (IndexKeyFormat::Pages { .. }, _) => {
+                let mut maxs = vec![0f32; self.dim];
+                page_summary::bounds(row, out, &mut maxs);
+                for (o, m) in out.iter_mut().zip(&maxs) {
+                    *o = 0.5 * *o + 0.5 * m;
+                }
+            }
+            (_, None) => {
                 let at = self.dim;
                 let s = f32::from_le_bytes([row[at], row[at + 1], row[at + 2], row[at + 3]]);
                 for (o, &c) in out.iter_mut().zip(&row[..self.dim]) {
                     *o = E4M3_TABLE[usize::from(c)] * s;
                 }
             }
-            Some((int, group)) => {
+            (_, Some((int, group))) => {
                 let (codes, scales) = row.split_at(self.codes_bytes(int));
                 int.decode(codes, scales, group, out);
             }
