@@ -169,10 +169,15 @@ fn the_index_format_is_chosen_by_flag_and_refused_where_it_cannot_be_read() {
     let (head_pages, pages) = run(&["--index-format", "pages:8"]);
     assert!(head_pages.contains("pages:8: 16 B per token and layer"), "{head_pages}");
     assert!(pages.contains("yes") && pages != fp8, "{pages}\n{fp8}");
+    // Top-channel keys, 4 of every 16 values: 8 places, 8 codes and a scale.
+    let (head_channels, top) = run(&["--index-format", "channels:4:16"]);
+    assert!(head_channels.contains("channels:4:16: 20 B per token and layer"), "{head_channels}");
+    assert!(top.contains("yes"), "{top}");
     for (args, flag) in [
         (vec!["--index-format", "int4:5"], "--index-format"),
         (vec!["--index-format", "int8"], "--index-format"),
         (vec!["--index-format", "pages:3"], "--index-format"),
+        (vec!["--index-format", "channels:4:5"], "--index-format"),
     ] {
         let bad = hisparse(&[&base[..], &args].concat());
         assert_eq!(bad.status.code(), Some(2), "{args:?}");

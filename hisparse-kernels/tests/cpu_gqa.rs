@@ -102,6 +102,8 @@ fn oracle_scores_are_the_heads_softmax_weights() {
         IndexKeyFormat::Int2 { group: 96 },
         IndexKeyFormat::Pages { tokens: 8 },
         IndexKeyFormat::Pages { tokens: 16 },
+        IndexKeyFormat::Channels { keep: 8, group: 32 },
+        IndexKeyFormat::Channels { keep: 40, group: 96 },
     ] {
         oracle_scores_of(format);
     }

@@ -1,7 +1,7 @@
 //! The loader, tokenizer and decode paths on a tiny GGUF file the test writes itself (random
 //! weights, a byte-level vocabulary with three merges): the tokenizer's merges and round trip,
 //! prefill against decode, hisparse against sparse resident bit for bit for every online policy
-//! with buffers that miss and evict (over fp8 and 4-bit index keys and page summaries), top-k at least the context
+//! with buffers that miss and evict (over fp8 and 4-bit index keys, page summaries and top-channel keys), top-k at least the context
 //! against dense, and bad input.
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
@@ -274,26 +274,35 @@ fn four_bit_index_keys_select_losslessly_and_are_counted_at_their_size() {
 }
 
 #[test]
-fn page_summaries_select_losslessly_and_are_counted_at_their_size() {
-    let (dir, m) = tiny("pages", 6);
+fn page_summaries_and_top_channel_keys_select_losslessly_and_are_counted_at_their_size() {
+    // 2 KV heads of 16: 32 values. Pages of 8: a bf16 minimum and maximum each for 8 positions,
+    // 16 B a position; 4 of every 16 channels: 8 places, 8 codes and a scale, 20 B.
+    for (format, row, per_position) in
+        [(IndexKeyFormat::Pages { tokens: 8 }, 128, 16), (IndexKeyFormat::Channels { keep: 4, group: 16 }, 20, 20)]
+    {
+        compact_keys_select_losslessly(format, row, per_position);
+    }
+}
+
+fn compact_keys_select_losslessly(format: IndexKeyFormat, row: usize, per_position: usize) {
+    let (dir, m) = tiny(&format.name().replace(':', "-"), 6);
     let ids = text_tokens(&m, 300);
-    let pages = StorageFormats { kv: KvRowFormat::Bf16, index: IndexKeyFormat::Pages { tokens: 8 } };
+    let pages = StorageFormats { kv: KvRowFormat::Bf16, index: format };
     let make = |kind| {
         let cfg = cache_config(m.config(), kind, 16, 24, 400, pages, 2).unwrap();
         KvCache::with_named_policies(CpuBackend::new(), cfg).unwrap()
     };
-    // 2 KV heads of 16: 32 values, a bf16 minimum and maximum each, for 8 positions: 16 B each.
     let probe = make(AttentionKind::HiSparse);
     let (kv, key) = probe.layouts();
-    assert_eq!((key.row_bytes(), key.bytes_per_position()), (128, 16));
-    assert_eq!(probe.config().geometry.index_bytes_per_token().unwrap(), 2 * 16, "two layers' summaries");
+    assert_eq!((key.row_bytes(), key.bytes_per_position()), (row, per_position), "{format}");
+    assert_eq!(probe.config().geometry.index_bytes_per_token().unwrap(), 2 * per_position, "two layers' keys");
     let prompts = [m.prefill(&ids[..120], kv, key).unwrap(), m.prefill(&ids[..100], kv, key).unwrap()];
     let nexts: [&[u32]; 2] = [&ids[120..300], &ids[100..280]];
     let mut resident = make(AttentionKind::SparseResident);
     let want = m.teacher_forced(&mut resident, &prompts, &nexts, true, None).unwrap();
     let mut hs = make(AttentionKind::HiSparse);
     let got = m.teacher_forced(&mut hs, &prompts, &nexts, true, None).unwrap();
-    assert!(got.logits == want.logits, "hisparse differs from sparse resident over page summaries");
+    assert!(got.logits == want.logits, "hisparse differs from sparse resident over {format}");
     assert!(got.counts.misses > 500, "{:?}", got.counts);
     hs.check().unwrap();
     // The selection reads the summaries: another selection than fp8 keys make.
@@ -304,6 +313,6 @@ fn page_summaries_select_losslessly_and_are_counted_at_their_size() {
     let (kv8, key8) = fp8.layouts();
     let prompts8 = [m.prefill(&ids[..120], kv8, key8).unwrap(), m.prefill(&ids[..100], kv8, key8).unwrap()];
     let other = m.teacher_forced(&mut fp8, &prompts8, &nexts, true, None).unwrap();
-    assert!(other.logits != want.logits, "page summaries selected as fp8 keys do");
+    assert!(other.logits != want.logits, "{format} selected as fp8 keys do");
     std::fs::remove_dir_all(dir).unwrap();
 }

@@ -31,8 +31,9 @@ pub struct ModelArgs {
     /// scale per token), int4 or int2 (4-bit or 2-bit integers with a scale per 32 values),
     /// int4:GROUP or int2:GROUP (a scale per GROUP values), pages or pages:TOKENS (Quest's page
     /// summaries: the bf16 minimum and maximum of every 16 or TOKENS positions' keys, each
-    /// position scored by the largest product over its page's box). The oracle scores the
-    /// keys as stored. `eval` compares several, comma-separated (one prefill for all).
+    /// position scored by the largest product over its page's box), channels, channels:KEEP or
+    /// channels:KEEP:GROUP (each key's KEEP largest-magnitude values of every GROUP, 16 of 64 by
+    /// default, with their places; the rest read as zero). The oracle scores the keys as stored. `eval` compares several, comma-separated (one prefill for all).
     #[arg(long, default_value = "fp8", value_delimiter = ',', value_parser = super::common::parse_index_format)]
     pub index_format: Vec<IndexKeyFormat>,
     /// Eviction policy of the hot buffers (hisparse).

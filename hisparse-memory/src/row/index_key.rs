@@ -1,8 +1,8 @@
-//! The index key: what the device keeps for selection. Four formats ([`IndexKeyFormat`]), three
+//! The index key: what the device keeps for selection. Five formats ([`IndexKeyFormat`]), four
 //! with a row per position: `dim` e4m3 values and one fp32 scale (132 B for dim 128, as
-//! DeepGEMM's fp8 indexer cache stores it per token), or `dim` 4-bit or 2-bit integers with an
-//! fp32 scale per group of values; and page summaries, a row per `tokens` positions
-//! (`page_summary.rs`).
+//! DeepGEMM's fp8 indexer cache stores it per token), `dim` 4-bit or 2-bit integers with an
+//! fp32 scale per group of values, or each group's largest values and their places
+//! (`top_channels.rs`); and page summaries, a row per `tokens` positions (`page_summary.rs`).
 
 use serde::{Deserialize, Serialize};
 
@@ -10,6 +10,7 @@ use crate::error::{MemoryError, Result, check_len};
 use crate::fp8::E4M3_TABLE;
 use crate::row::fp8::{quantize_block, read_scale};
 use crate::row::page_summary;
+use crate::row::top_channels::TopChannels;
 
 /// How an index key is stored.
 ///
@@ -31,6 +32,10 @@ use crate::row::page_summary;
 ///   as a box of one point and folded into its page's box ([`IndexKeyLayout::fold`]); a query
 ///   scores every position of a page by the largest product over the box
 ///   ([`page_upper_bound`](crate::page_upper_bound)).
+/// - `channels` with `keep` and `group`: of every `group` values the `keep` of largest
+///   magnitude (ties to the lower place); per group their places (u8, ascending), then per group
+///   their e4m3 codes, then one fp32 scale for the key (a power of two); the other values read
+///   as zero, so a query's product is over the kept ones.
 ///
 /// ```
 /// use hisparse_memory::{IndexKeyFormat, IndexKeyLayout};
@@ -62,6 +67,14 @@ pub enum IndexKeyFormat {
         /// Positions per summary (at least 2, dividing `4 * dim` and the pool's page).
         tokens: usize,
     },
+    /// Of every `group` values of a key, the `keep` of largest magnitude (their places and e4m3
+    /// codes, one fp32 scale); the rest read as zero.
+    Channels {
+        /// Values kept per group (1..=group).
+        keep: usize,
+        /// Values per group (1..=256, dividing the key's dims).
+        group: usize,
+    },
 }
 
 impl IndexKeyFormat {
@@ -71,6 +84,9 @@ impl IndexKeyFormat {
     /// Positions per page summary when none is given.
     pub const DEFAULT_PAGE_SUMMARY_TOKENS: usize = 16;
 
+    /// Top-channel keys' `(keep, group)` when none is given.
+    pub const DEFAULT_CHANNELS: (usize, usize) = (16, 64);
+
     /// Its name on the command line (`fp8`, `int4:GROUP`, `int2:GROUP`, `pages:TOKENS`).
     pub fn name(&self) -> String {
         match self {
@@ -78,6 +94,7 @@ impl IndexKeyFormat {
             Self::Int4 { group } => format!("int4:{group}"),
             Self::Int2 { group } => format!("int2:{group}"),
             Self::Pages { tokens } => format!("pages:{tokens}"),
+            Self::Channels { keep, group } => format!("channels:{keep}:{group}"),
         }
     }
 
@@ -92,7 +109,7 @@ impl IndexKeyFormat {
     /// An integer format's codes and group (`None` for fp8).
     fn int_codes(&self) -> Option<(IntCodes, usize)> {
         match *self {
-            Self::Fp8 | Self::Pages { .. } => None,
+            Self::Fp8 | Self::Pages { .. } | Self::Channels { .. } => None,
             Self::Int4 { group } => Some((IntCodes::INT4, group)),
             Self::Int2 { group } => Some((IntCodes::INT2, group)),
         }
@@ -164,15 +181,27 @@ impl std::fmt::Display for IndexKeyFormat {
 impl std::str::FromStr for IndexKeyFormat {
     type Err = MemoryError;
     /// `fp8`, `int4` or `int2` (groups of [`Self::DEFAULT_INT4_GROUP`]), `int4:GROUP`,
-    /// `int2:GROUP`, `pages` ([`Self::DEFAULT_PAGE_SUMMARY_TOKENS`] positions) or `pages:TOKENS`.
+    /// `int2:GROUP`, `pages` ([`Self::DEFAULT_PAGE_SUMMARY_TOKENS`] positions), `pages:TOKENS`,
+    /// `channels` ([`Self::DEFAULT_CHANNELS`]), `channels:KEEP` (of 64) or
+    /// `channels:KEEP:GROUP`.
     fn from_str(s: &str) -> Result<Self> {
         let bad = || {
             MemoryError::invalid(
                 "index_format",
                 s,
-                "expected fp8, int4, int4:GROUP, int2, int2:GROUP, pages or pages:TOKENS",
+                "expected fp8, int4, int4:GROUP, int2, int2:GROUP, pages, pages:TOKENS, channels, channels:KEEP                  or channels:KEEP:GROUP",
             )
         };
+        if let Some(rest) = s.strip_prefix("channels") {
+            let (keep, group) = Self::DEFAULT_CHANNELS;
+            let num = |x: &str| x.parse::<usize>().map_err(|_| bad());
+            return match rest.strip_prefix(':').map(|r| r.split_once(':')) {
+                None if rest.is_empty() => Ok(Self::Channels { keep, group }),
+                Some(None) => Ok(Self::Channels { keep: num(&rest[1..])?, group }),
+                Some(Some((k, g))) => Ok(Self::Channels { keep: num(k)?, group: num(g)? }),
+                None => Err(bad()),
+            };
+        }
         let (name, n) = match s.split_once(':') {
             None => (s, None),
             Some((name, g)) => (name, Some(g.parse().map_err(|_| bad())?)),
@@ -228,6 +257,17 @@ impl IndexKeyLayout {
                 ),
             ));
         }
+        if let IndexKeyFormat::Channels { keep, group } = format
+            && !(group > 0 && group <= 256 && dim.is_multiple_of(group) && keep > 0 && keep <= group)
+        {
+            return Err(MemoryError::invalid(
+                "index_format",
+                format,
+                format!(
+                    "a channel group holds 1 to 256 values, dividing the key's {dim} dims, and keeps 1 to all of them"
+                ),
+            ));
+        }
         if let Some((codes, group)) = format.int_codes() {
             let (bits, per_byte) = (codes.bits, codes.per_byte());
             if group == 0 || !group.is_multiple_of(per_byte) || !dim.is_multiple_of(group) {
@@ -257,6 +297,7 @@ impl IndexKeyLayout {
     pub fn row_bytes(&self) -> usize {
         match (self.format, self.format.int_codes()) {
             (IndexKeyFormat::Pages { .. }, _) => page_summary::row_bytes(self.dim),
+            (IndexKeyFormat::Channels { keep, group }, _) => TopChannels { dim: self.dim, keep, group }.row_bytes(),
             (_, None) => self.dim + 4,
             (_, Some((codes, group))) => self.codes_bytes(codes) + 4 * (self.dim / group),
         }
@@ -303,6 +344,9 @@ impl IndexKeyLayout {
         }
         match (self.format, self.format.int_codes()) {
             (IndexKeyFormat::Pages { .. }, _) => page_summary::encode(values, row),
+            (IndexKeyFormat::Channels { keep, group }, _) => {
+                TopChannels { dim: self.dim, keep, group }.encode(values, row)
+            }
             (_, None) => {
                 let (codes, scale) = row.split_at_mut(self.dim);
                 let s = quantize_block(values, codes);
@@ -382,6 +426,7 @@ impl IndexKeyLayout {
         check_len("row", self.row_bytes(), row.len())?;
         match (self.format, self.format.int_codes()) {
             (IndexKeyFormat::Pages { .. }, _) => page_summary::check(self.dim, row),
+            (IndexKeyFormat::Channels { keep, group }, _) => TopChannels { dim: self.dim, keep, group }.check(row),
             (_, None) => self.scale(row).map(|_| ()),
             (_, Some((codes, group))) => {
                 let scales = &row[self.codes_bytes(codes)..];
@@ -413,6 +458,9 @@ impl IndexKeyLayout {
                 for (o, m) in out.iter_mut().zip(&maxs) {
                     *o = 0.5 * *o + 0.5 * m;
                 }
+            }
+            (IndexKeyFormat::Channels { keep, group }, _) => {
+                TopChannels { dim: self.dim, keep, group }.decode(row, out)
             }
             (_, None) => {
                 let at = self.dim;

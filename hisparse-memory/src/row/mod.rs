@@ -11,6 +11,7 @@
 //! | index key (dim `d`), int4 in groups of `g` | `d/2 + 4d/g` | `[0, d/2)`: 4-bit codes, two per byte (low nibble first); then one fp32 scale per group |
 //! | index key (dim `d`), int2 in groups of `g` | `d/4 + 4d/g` | `[0, d/4)`: 2-bit codes, four per byte (lowest bits first), code `c` standing for `c - 1.5`; then one fp32 scale per group |
 //! | page summary of `q` positions' keys (dim `d`) | `4d` (`4d/q` a position) | `[0, 2d)`: the minima, `[2d, 4d)`: the maxima, bf16 rounded outward |
+//! | top-channel key (dim `d`), `k` of every `g` values | `2kd/g + 4` | per group `k` places (u8, ascending), then per group `k` e4m3 codes, then one fp32 scale |
 //! | GQA row (`h` KV heads of dim `d`), bf16 | `4hd` | the `2hd` values `K_0 .. K_{h-1}, V_0 .. V_{h-1}`, bf16 |
 //! | GQA row, fp8 | `2hd + 4 * 2hd / 128` | the same values in e4m3 blocks of 128, then their fp32 scales |
 //!
@@ -29,11 +30,14 @@ mod fp8;
 mod index_key;
 mod page_summary;
 #[cfg(test)]
+mod tests_channels;
+#[cfg(test)]
 mod tests_int2;
 #[cfg(test)]
 mod tests_int4;
 #[cfg(test)]
 mod tests_pages;
+mod top_channels;
 
 pub use self::bf16::{decode_bf16_into, encode_bf16_into};
 pub use self::fp8::{FP8_BLOCK, quantize_block};

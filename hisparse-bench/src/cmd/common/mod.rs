@@ -159,8 +159,9 @@ pub struct EngineArgs {
     pub kv_format: Option<KvRowFormat>,
     /// Index key format of a grouped-query geometry (the oracle selecting): fp8 (default), int4
     /// or int2 (4-bit or 2-bit integers, a scale per 32 values), int4:GROUP or int2:GROUP,
-    /// pages or pages:TOKENS (page summaries of 16 or TOKENS positions); the CPU backend reads
-    /// all, CUDA fp8 only.
+    /// pages or pages:TOKENS (page summaries of 16 or TOKENS positions), channels,
+    /// channels:KEEP or channels:KEEP:GROUP (each key's KEEP largest of every GROUP values; 16
+    /// of 64 by default); the CPU backend reads all, CUDA fp8 only.
     #[arg(long, value_parser = parse_index_format)]
     pub index_format: Option<IndexKeyFormat>,
     /// Device memory for the KV cache, index keys and hot buffers, e.g. 48MiB, 80GiB
@@ -204,8 +205,11 @@ pub fn parse_preset(s: &str) -> std::result::Result<Preset, String> {
 
 /// `--index-format`'s value, parsed once at the edge.
 pub fn parse_index_format(s: &str) -> std::result::Result<IndexKeyFormat, String> {
-    s.parse::<IndexKeyFormat>()
-        .map_err(|_| "expected fp8, int4, int4:GROUP, int2, int2:GROUP, pages or pages:TOKENS".into())
+    s.parse::<IndexKeyFormat>().map_err(|_| {
+        "expected fp8, int4, int4:GROUP, int2, int2:GROUP, pages, pages:TOKENS, channels, channels:KEEP or \
+         channels:KEEP:GROUP"
+            .into()
+    })
 }
 
 /// `--index-queries`' value, parsed once at the edge.

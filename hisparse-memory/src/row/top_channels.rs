@@ -1,0 +1,83 @@
+//! Top-channel keys: of every `group` consecutive values of a key, the `keep` of largest
+//! magnitude, stored as their places in the group and their e4m3 codes under one fp32 scale for
+//! the key; the rest read as zero. A few channels carry most of a key's mass (the observation
+//! behind SparQ Attention's and Double Sparsity's channel selection); this keeps each key's own.
+//!
+//! A row is, for each group in order, `keep` places (u8, ascending, each below `group`), then
+//! for each group in order its `keep` e4m3 codes, then the fp32 scale (little-endian, a power of
+//! two written by [`encode`]).
+
+use crate::error::{MemoryError, Result};
+use crate::fp8::E4M3_TABLE;
+use crate::row::fp8::{quantize_block, read_scale};
+
+/// The shape of a top-channel key: `keep` of every `group` values of `dim`.
+#[derive(Clone, Copy)]
+pub(super) struct TopChannels {
+    pub dim: usize,
+    pub keep: usize,
+    pub group: usize,
+}
+
+impl TopChannels {
+    /// Values kept per key.
+    fn kept(self) -> usize {
+        self.dim / self.group * self.keep
+    }
+
+    /// Bytes of a row: a place and a code per kept value, and the scale.
+    pub fn row_bytes(self) -> usize {
+        2 * self.kept() + 4
+    }
+
+    /// Writes `values` (`dim`, finite) into `row`: per group the places of its `keep` largest
+    /// magnitudes (ties to the lower place), ascending, and their codes.
+    pub fn encode(self, values: &[f32], row: &mut [u8]) {
+        let n = self.kept();
+        let mut kept = Vec::with_capacity(n);
+        let mut order: Vec<usize> = Vec::with_capacity(self.group);
+        for (g, vals) in values.chunks(self.group).enumerate() {
+            order.clear();
+            order.extend(0..vals.len());
+            order.sort_by(|&a, &b| vals[b].abs().total_cmp(&vals[a].abs()).then(a.cmp(&b)));
+            order.truncate(self.keep);
+            order.sort_unstable();
+            for (j, &i) in order.iter().enumerate() {
+                // Below `group`, at most 256 (`with_format` checks): fits a byte.
+                row[g * self.keep + j] = i as u8;
+                kept.push(vals[i]);
+            }
+        }
+        let (codes, scale) = row[n..].split_at_mut(n);
+        let s = quantize_block(&kept, codes);
+        scale.copy_from_slice(&s.to_le_bytes());
+    }
+
+    /// Checks the scale (finite, positive) and that each group's places ascend below `group`.
+    pub fn check(self, row: &[u8]) -> Result<()> {
+        let n = self.kept();
+        read_scale(&row[2 * n..], "index_key", 0)?;
+        for (g, places) in row[..n].chunks(self.keep).enumerate() {
+            let ascending = places.windows(2).all(|w| w[0] < w[1]);
+            if !ascending || places.iter().any(|&p| usize::from(p) >= self.group) {
+                return Err(MemoryError::invalid(
+                    "index_key",
+                    format!("{places:?}"),
+                    format!("group {g}: places must ascend below the group's {} values", self.group),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Decodes a checked `row` into `out` (`dim` values): the kept values, zeros elsewhere.
+    pub fn decode(self, row: &[u8], out: &mut [f32]) {
+        let n = self.kept();
+        let at = 2 * n;
+        let s = f32::from_le_bytes([row[at], row[at + 1], row[at + 2], row[at + 3]]);
+        out.fill(0.0);
+        for (k, (&place, &code)) in row[..n].iter().zip(&row[n..2 * n]).enumerate() {
+            out[(k / self.keep) * self.group + usize::from(place)] = E4M3_TABLE[usize::from(code)] * s;
+        }
+    }
+}
