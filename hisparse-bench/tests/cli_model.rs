@@ -73,6 +73,11 @@ fn eval_writes_its_outputs_and_finds_hisparse_identical() {
     let rows = json.as_array().unwrap();
     assert_eq!(rows.len(), 2 * (1 + 2 * 2));
     assert!(rows.iter().all(|r| r["perplexity"].as_f64().unwrap() > 1.0));
+    // Sparse rows spend time selecting; dense attention selects nothing.
+    for r in rows {
+        let (dense, ms) = (r["attention"] == "dense", r["select_ms"].as_f64().unwrap());
+        assert!(if dense { ms == 0.0 } else { ms > 0.0 }, "{r}");
+    }
     assert!(std::fs::read_to_string(out.join("eval.svg")).unwrap().contains("<svg"));
     assert_eq!(std::fs::read_to_string(out.join("eval.csv")).unwrap().lines().count(), 1 + rows.len());
     // More windows than the machine's memory holds are refused by name before any prefill.

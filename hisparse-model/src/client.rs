@@ -292,6 +292,7 @@ impl Llama {
                 out.steps += 1;
             }
             out.decode_secs += r.metrics.seconds;
+            out.select_secs += r.metrics.stages.indexer + r.metrics.stages.top_k;
             out.counts += r.metrics.swap;
             for (id, logits) in e.model_mut().take_logits() {
                 let i = id.0 as usize;

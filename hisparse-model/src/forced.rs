@@ -25,6 +25,8 @@ pub struct ForcedOut {
     pub counts: SwapCounts,
     /// Seconds spent in decode steps.
     pub decode_secs: f64,
+    /// Seconds of those spent selecting: the index's scores and the top-k, every layer.
+    pub select_secs: f64,
     /// Decode steps run.
     pub steps: usize,
 }
@@ -107,6 +109,7 @@ impl Llama {
             out.decode_secs += t.elapsed().as_secs_f64();
             out.steps += 1;
             out.counts += d.metrics.swap;
+            out.select_secs += d.metrics.stages.indexer + d.metrics.stages.top_k;
             for (i, logits) in d.logits.chunks(vocab).enumerate() {
                 out.argmax[i].push(argmax(logits));
                 if let Some(&target) = next[i].get(s + 1) {

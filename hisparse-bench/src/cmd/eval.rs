@@ -81,6 +81,9 @@ pub struct EvalRow {
     pub identical_to_resident: Option<bool>,
     /// Tokens decoded per second (all windows together).
     pub tokens_per_s: f64,
+    /// Milliseconds per decode step spent selecting (the index's scores and the top-k over every
+    /// layer, for the step's whole batch of windows); 0 for dense.
+    pub select_ms: f64,
     /// Selected rows found in the hot buffers (hisparse).
     pub hits: u64,
     /// Selected rows brought from the host tier (hisparse).
@@ -174,6 +177,7 @@ fn row(
         agreement: agree,
         identical_to_resident: None,
         tokens_per_s: steps as f64 / run.decode_secs.max(1e-9),
+        select_ms: 1e3 * run.select_secs / run.steps.max(1) as f64,
         hits: run.counts.hits,
         misses: run.counts.misses,
     }
@@ -281,7 +285,7 @@ pub fn run(args: &EvalArgs) -> Result<(Vec<EvalRow>, Option<PathBuf>)> {
 fn csv(rows: &[EvalRow]) -> String {
     let mut s = String::from(
         "context,attention,top_k,perplexity,agreement,identical_to_resident,tokens_per_s,hits,misses,index_format,\
-         index_bytes\n",
+         index_bytes,select_ms\n",
     );
     for r in rows {
         let id = r.identical_to_resident.map_or(String::new(), |b| b.to_string());
@@ -289,8 +293,8 @@ fn csv(rows: &[EvalRow]) -> String {
             (r.index_format.clone().unwrap_or_default(), r.index_bytes.map_or(String::new(), |b| b.to_string()));
         let _ = writeln!(
             s,
-            "{},{},{},{:.4},{:.4},{id},{:.2},{},{},{f},{b}",
-            r.context, r.attention, r.top_k, r.perplexity, r.agreement, r.tokens_per_s, r.hits, r.misses
+            "{},{},{},{:.4},{:.4},{id},{:.2},{},{},{f},{b},{:.3}",
+            r.context, r.attention, r.top_k, r.perplexity, r.agreement, r.tokens_per_s, r.hits, r.misses, r.select_ms
         );
     }
     s
@@ -418,7 +422,9 @@ pub fn render(rows: &[EvalRow], out: &Option<PathBuf>) -> String {
         }
     }
     let several = formats.len() > 1;
-    s.push_str("context  attention        top-k  perplexity  agreement  identical  tokens/s     hits   misses");
+    s.push_str(
+        "context  attention        top-k  perplexity  agreement  identical  tokens/s  select ms     hits   misses",
+    );
     s.push_str(if several { "  keys\n" } else { "\n" });
     for r in rows {
         let id = match r.identical_to_resident {
@@ -428,7 +434,7 @@ pub fn render(rows: &[EvalRow], out: &Option<PathBuf>) -> String {
         };
         let _ = writeln!(
             s,
-            "{:>7}  {:<15} {:>6}  {:>10.3}  {:>8.1}%  {:>9}  {:>8.1}  {:>7}  {:>7}",
+            "{:>7}  {:<15} {:>6}  {:>10.3}  {:>8.1}%  {:>9}  {:>8.1}  {:>9.2}  {:>7}  {:>7}",
             r.context,
             r.attention,
             if r.top_k == 0 { "all".to_string() } else { r.top_k.to_string() },
@@ -436,6 +442,7 @@ pub fn render(rows: &[EvalRow], out: &Option<PathBuf>) -> String {
             100.0 * r.agreement,
             id,
             r.tokens_per_s,
+            r.select_ms,
             r.hits,
             r.misses
         );
