@@ -172,12 +172,13 @@ fn base_config(
     };
     let g = config.geometry(k, formats)?;
     let mut cfg = CacheConfig::new(g, mode, 0);
-    cfg.typical_tokens = max_tokens;
+    // No request is longer than the positions asked for; the cache's own rule then sizes it
+    // (and keeps no index keys where top-k holds every position).
     cfg.hisparse.max_request_tokens = max_tokens;
     if kind == AttentionKind::HiSparse {
         cfg.hisparse.device_buffer_size = buffer;
     }
-    Ok(cfg)
+    Ok(cfg.sized_for(max_tokens, max_tokens))
 }
 
 /// Bytes of `requests` requests' rows and keys (none where dense attention keeps no index) of
