@@ -21,6 +21,7 @@ mod gguf_header;
 mod math;
 mod model;
 mod prefill;
+mod projection;
 pub mod tiny;
 mod tokenizer;
 mod weights;

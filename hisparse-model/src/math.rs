@@ -1,12 +1,12 @@
 //! The transformer's arithmetic outside attention, on f32 slices: RMSNorm, interleaved RoPE
-//! (GGUF's llama convention: pairs `(2i, 2i+1)`), SiLU, and the quantized matmuls through
-//! candle's `QMatMul`.
+//! (GGUF's llama convention: pairs `(2i, 2i+1)`), SiLU, and the matmuls through a
+//! [`Projection`] (quantized) or its weight dequantized (long prompts).
 
 use candle_core::quantized::QMatMul;
-use candle_core::{Device, Module, Tensor};
-use rayon::prelude::*;
+use candle_core::{Device, Tensor};
 
 use crate::error::Result;
+use crate::projection::Projection;
 
 /// `out = x / rms(x) * w` for each row of `x` (`[rows, w.len()]`).
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
@@ -67,36 +67,18 @@ pub fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
 }
 
-/// `x @ w^T` for `rows` rows of `x` through a quantized weight (`[out, in]`). candle's CPU
-/// kernel for quantized weights runs on one thread, so blocks of rows go to rayon's threads;
-/// each row's result does not depend on the others (candle quantizes and multiplies row by
-/// row), so the bits are the same however the rows are split.
-pub fn matmul(w: &QMatMul, x: &[f32], rows: usize) -> Result<Vec<f32>> {
-    let cols = x.len() / rows.max(1);
-    let one = |x: &[f32]| -> Result<Vec<f32>> {
-        let t = Tensor::from_slice(x, (x.len() / cols.max(1), cols), &Device::Cpu)?;
-        Ok(w.forward(&t)?.flatten_all()?.to_vec1::<f32>()?)
-    };
-    let threads = rayon::current_num_threads();
-    if rows < 2 || threads < 2 {
-        return one(x);
-    }
-    let per = rows.div_ceil(threads.min(rows));
-    let parts: Vec<Result<Vec<f32>>> = x.par_chunks(per * cols).map(one).collect();
-    let mut out = Vec::new();
-    for p in parts {
-        out.extend(p?);
-    }
-    Ok(out)
+/// `x @ w^T` for `rows` rows of `x` (`Projection::matmul`: for decoding and short prompts).
+pub fn matmul(w: &Projection, x: &[f32], rows: usize) -> Result<Vec<f32>> {
+    w.matmul(x, rows)
 }
 
 /// `x @ w^T` for `rows` rows through the weight dequantized to f32 and candle's multi-threaded
 /// GEMM: for prompts, where the quantized kernel's row-by-row products would take minutes. The
 /// activations stay f32 (the quantized kernel rounds them to 8 bits), so the result differs from
 /// [`matmul`]'s in the last digits.
-pub fn matmul_f32(w: &QMatMul, x: &[f32], rows: usize) -> Result<Vec<f32>> {
+pub fn matmul_f32(w: &Projection, x: &[f32], rows: usize) -> Result<Vec<f32>> {
     let cols = x.len() / rows.max(1);
-    let wt = match w {
+    let wt = match w.qmatmul() {
         QMatMul::QTensor(q) => q.dequantize(&Device::Cpu)?,
         QMatMul::Tensor(t) => t.clone(),
         QMatMul::TensorF16(t) => t.to_dtype(candle_core::DType::F32)?,

@@ -10,7 +10,7 @@ use crate::error::{ModelError, Result};
 use crate::math::{matmul, matmul_f32, rms_norm, silu};
 
 /// A matmul of `rows` rows through a weight.
-type MatMul = fn(&candle_core::quantized::QMatMul, &[f32], usize) -> Result<Vec<f32>>;
+type MatMul = fn(&crate::projection::Projection, &[f32], usize) -> Result<Vec<f32>>;
 use crate::model::Llama;
 
 /// Query positions whose attention one matmul computes (bounds the score matrix).

@@ -11,6 +11,8 @@ use candle_core::Device;
 use candle_core::quantized::gguf_file::Content;
 use candle_core::quantized::{QMatMul, QTensor};
 
+use crate::projection::Projection;
+
 use crate::config::LlamaConfig;
 use crate::error::{ModelError, Result};
 
@@ -19,21 +21,21 @@ pub struct BlockWeights {
     /// RMSNorm before attention.
     pub attn_norm: Vec<f32>,
     /// Query projection `[heads * head_dim, hidden]`.
-    pub wq: QMatMul,
+    pub wq: Projection,
     /// Key projection `[kv_heads * head_dim, hidden]`.
-    pub wk: QMatMul,
+    pub wk: Projection,
     /// Value projection `[kv_heads * head_dim, hidden]`.
-    pub wv: QMatMul,
+    pub wv: Projection,
     /// Output projection `[hidden, heads * head_dim]`.
-    pub wo: QMatMul,
+    pub wo: Projection,
     /// RMSNorm before the MLP.
     pub ffn_norm: Vec<f32>,
     /// Gate `[ffn, hidden]`.
-    pub gate: QMatMul,
+    pub gate: Projection,
     /// Up `[ffn, hidden]`.
-    pub up: QMatMul,
+    pub up: Projection,
     /// Down `[hidden, ffn]`.
-    pub down: QMatMul,
+    pub down: Projection,
 }
 
 /// A whole model's weights.
@@ -47,7 +49,7 @@ pub struct LlamaWeights {
     /// The final RMSNorm.
     pub norm: Vec<f32>,
     /// The LM head `[vocab, hidden]` (the embedding's tensor when the file ties them).
-    pub output: QMatMul,
+    pub output: Projection,
 }
 
 /// The file's metadata and an open reader positioned anywhere.
@@ -92,8 +94,8 @@ impl Reader<'_> {
         Ok(self.content.tensor(self.r, name, &Device::Cpu)?)
     }
 
-    fn matrix(&mut self, name: &str, shape: &[usize]) -> Result<QMatMul> {
-        Ok(QMatMul::from_qtensor(self.tensor(name, shape)?)?)
+    fn matrix(&mut self, name: &str, shape: &[usize]) -> Result<Projection> {
+        Projection::new(QMatMul::from_qtensor(self.tensor(name, shape)?)?)
     }
 
     fn vector(&mut self, name: &str, len: usize) -> Result<Vec<f32>> {
@@ -145,7 +147,7 @@ impl LlamaWeights {
         let output = if content.tensor_infos.contains_key("output.weight") {
             rd.matrix("output.weight", &[c.vocab, c.hidden])?
         } else {
-            QMatMul::from_qtensor(embed_q)?
+            Projection::new(QMatMul::from_qtensor(embed_q)?)?
         };
         Ok(Self { config, embed, blocks, norm, output })
     }
