@@ -44,44 +44,65 @@ pub(super) fn oracle_scores(
         let summaries = batch.key_layout.positions_per_row() > 1;
         logits.par_chunks_mut(BLOCK * heads).enumerate().for_each(|(b, chunk)| {
             let (mut key, mut maxs) = (vec![0f32; dim], vec![0f32; if summaries { dim } else { 0 }]);
-            // The pool row whose bounds `key` and `maxs` hold (a page summary's positions share one).
-            let mut held = usize::MAX;
+            // The pool row whose logits `row` holds: a page summary's positions share them.
+            let (mut held, mut row) = (usize::MAX, vec![0f32; heads]);
             for (j, lt) in chunk.chunks_mut(heads).enumerate() {
                 let t = b * BLOCK + j;
                 if !summaries {
                     key_values(batch, r, t, &mut key);
-                } else if key_row(batch, r, t) != held {
-                    held = key_row(batch, r, t);
-                    key_bounds(batch, held, &mut key, &mut maxs);
+                    for (h, l) in lt.iter_mut().enumerate() {
+                        let (a, b) = spans[h];
+                        *l = w[h] * dot(&q[h * dim + a..h * dim + b], &key[a..b]);
+                    }
+                    continue;
                 }
-                for (h, l) in lt.iter_mut().enumerate() {
-                    let (a, b) = spans[h];
-                    let qh = &q[h * dim + a..h * dim + b];
-                    *l = w[h]
-                        * if summaries { page_upper_bound(qh, &key[a..b], &maxs[a..b]) } else { dot(qh, &key[a..b]) };
+                let at = key_row(batch, r, t);
+                if at != held {
+                    held = at;
+                    key_bounds(batch, at, &mut key, &mut maxs);
+                    for (h, l) in row.iter_mut().enumerate() {
+                        let (a, b) = spans[h];
+                        *l = w[h] * page_upper_bound(&q[h * dim + a..h * dim + b], &key[a..b], &maxs[a..b]);
+                    }
+                }
+                lt.copy_from_slice(&row);
+            }
+        });
+        // Per head: the largest logit (in parallel blocks: a maximum is the same in any order),
+        // every exponential below it (in parallel, in place), then their sum in position order.
+        let max = logits
+            .par_chunks(BLOCK * heads)
+            .map(|chunk| {
+                let mut m = vec![f32::NEG_INFINITY; heads];
+                for lt in chunk.chunks(heads) {
+                    for (m, &l) in m.iter_mut().zip(lt) {
+                        *m = m.max(l);
+                    }
+                }
+                m
+            })
+            .reduce(|| vec![f32::NEG_INFINITY; heads], |a, b| a.iter().zip(&b).map(|(x, y)| x.max(*y)).collect());
+        logits.par_chunks_mut(BLOCK * heads).for_each(|chunk| {
+            for lt in chunk.chunks_mut(heads) {
+                for (l, &m) in lt.iter_mut().zip(&max) {
+                    *l = (*l - m).exp();
                 }
             }
         });
-        // Per head: the largest logit, then the sum of exponentials, in position order.
-        let mut max = vec![f32::NEG_INFINITY; heads];
-        for lt in logits.chunks(heads) {
-            for (m, &l) in max.iter_mut().zip(lt) {
-                *m = m.max(l);
-            }
-        }
+        let exps = logits;
         let mut sum = vec![0f32; heads];
-        for lt in logits.chunks(heads) {
-            for ((s, &l), &m) in sum.iter_mut().zip(lt).zip(&max) {
-                *s += (l - m).exp();
+        for et in exps.chunks(heads) {
+            for (s, &e) in sum.iter_mut().zip(et) {
+                *s += e;
             }
         }
         let inv: Vec<f32> = sum.iter().map(|s| 1.0 / s).collect();
-        out.par_iter_mut().zip(logits.par_chunks(heads)).enumerate().for_each(|(t, (o, lt))| {
+        out.par_iter_mut().zip(exps.par_chunks(heads)).enumerate().for_each(|(t, (o, et))| {
             let kept = t < oracle.sink || t + oracle.window >= n || (batch.pin_newest && t + 1 == n);
             *o = if kept {
                 f32::INFINITY
             } else {
-                let p = lt.iter().zip(&max).zip(&inv).map(|((&l, &m), &iv)| (l - m).exp() * iv);
+                let p = et.iter().zip(&inv).map(|(&e, &iv)| e * iv);
                 match oracle.combine {
                     HeadCombine::Sum => p.sum(),
                     HeadCombine::Max => p.fold(0f32, f32::max),
