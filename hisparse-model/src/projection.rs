@@ -1,11 +1,11 @@
 //! A weight matrix of the model and its products with rows of activations (`x @ w^T`). Q4_1
-//! weights (the default GGUF's) go through our own kernel, parallel over output features on
-//! rayon's workers: the same arithmetic as candle's `k_quants` (each activation row quantised to
-//! Q8_1 per 32 values; each output the blocks' integer dot products, each block's
-//! `sumi * d_w * d_x + m_w * s_x` summed in block order), so its outputs are candle's bit for
-//! bit (tested). Candle runs that product on one scalar loop behind a pool whose threads spin
-//! while they wait, most of a decode step on two cores. Every other weight type goes through
-//! candle's `QMatMul`.
+//! and Q8_0 weights (the default GGUF's projections and its output head) go through our own
+//! kernels, parallel over output features on rayon's workers, with the arithmetic of candle's
+//! `k_quants` on this machine (each activation row quantised to Q8_1 or Q8_0 per 32 values; each
+//! output the blocks' integer dot products scaled and summed in candle's order: Q4_1's scalar
+//! loop, Q8_0's AVX2 lanes), so its outputs are candle's bit for bit (tested). Candle runs those
+//! products behind a pool whose threads spin while they wait, most of a decode step on two
+//! cores. Every other weight type goes through candle's `QMatMul`.
 
 use candle_core::quantized::{GgmlDType, QMatMul};
 use candle_core::{Device, Module, Tensor};
@@ -14,16 +14,29 @@ use rayon::prelude::*;
 
 use crate::error::{ModelError, Result};
 
-/// Values per Q4_1 and Q8_1 block.
+/// Values per block of every format here.
 const BLOCK: usize = 32;
-/// Bytes of one Q4_1 block: an f16 scale, an f16 minimum, 16 bytes of nibbles.
-const Q4_1_BYTES: usize = 20;
 /// Output features one rayon task computes.
 const FEATURES_PER_TASK: usize = 64;
 
+fn f16_at(b: &[u8], i: usize) -> f32 {
+    f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
+}
+
+/// A weight block format: its bytes, the activation blocks it multiplies, and their dot product.
+trait BlockFormat: Sized + Send + Sync {
+    /// Bytes of one weight block in the file.
+    const BYTES: usize;
+    /// An activation block.
+    type Act: Send + Sync;
+    fn read(bytes: &[u8]) -> Self;
+    fn quantize(x: &[f32]) -> Self::Act;
+    /// `w . x` over one row of blocks.
+    fn dot(w: &[Self], x: &[Self::Act]) -> f32;
+}
+
 /// One Q4_1 block, its f16 fields widened (exactly) to f32.
-#[derive(Clone, Copy)]
-struct Q4_1Block {
+struct Q4_1 {
     d: f32,
     m: f32,
     /// Value `j` in the low nibble of byte `j`, value `j + 16` in its high nibble.
@@ -31,76 +44,202 @@ struct Q4_1Block {
 }
 
 /// One activation block quantised as ggml's `quantize_row_q8_1` does.
-#[derive(Clone, Copy)]
-struct Q8_1Block {
+struct Q8_1 {
     d: f32,
     /// `f16(sum of the codes) * f16(d)`, rounded to f16.
     s: f32,
     qs: [i8; BLOCK],
 }
 
-impl Q8_1Block {
-    fn quantize(x: &[f32]) -> Self {
-        let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let d = amax / 127.0;
-        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-        let d16 = f16::from_f32(d);
-        let mut qs = [0i8; BLOCK];
-        let mut sum = 0i32;
-        for (q, v) in qs.iter_mut().zip(x) {
-            // |v * id| <= 127 (rounded): the cast saturates nothing.
-            *q = (v * id).round() as i8;
-            sum += i32::from(*q);
+/// Codes of `x` under `quantize_row_q8_0/1`'s scale (`amax / 127`), and the scale as f16.
+fn q8_codes(x: &[f32]) -> (f16, [i8; BLOCK]) {
+    let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let d = amax / 127.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    let mut qs = [0i8; BLOCK];
+    for (q, v) in qs.iter_mut().zip(x) {
+        // |v * id| <= 127 (rounded): the cast saturates nothing.
+        *q = (v * id).round() as i8;
+    }
+    (f16::from_f32(d), qs)
+}
+
+impl BlockFormat for Q4_1 {
+    const BYTES: usize = 20;
+    type Act = Q8_1;
+
+    fn read(b: &[u8]) -> Self {
+        let mut qs = [0u8; 16];
+        qs.copy_from_slice(&b[4..20]);
+        Self { d: f16_at(b, 0), m: f16_at(b, 2), qs }
+    }
+
+    fn quantize(x: &[f32]) -> Q8_1 {
+        let (d, qs) = q8_codes(x);
+        let sum: i32 = qs.iter().map(|&q| i32::from(q)).sum();
+        let s = f16::from_f32(f16::from_f32(sum as f32).to_f32() * d.to_f32());
+        Q8_1 { d: d.to_f32(), s: s.to_f32(), qs }
+    }
+
+    /// Candle's scalar loop: per block `sumi * d_w * d_x + m_w * s_x`, summed in block order.
+    fn dot(w: &[Self], x: &[Q8_1]) -> f32 {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: this CPU has AVX2 (just checked), the feature `q4_1_dot_avx2` is compiled
+            // for.
+            return unsafe { q4_1_dot_avx2(w, x) };
         }
-        let s = f16::from_f32(f16::from_f32(sum as f32).to_f32() * d16.to_f32());
-        Self { d: d16.to_f32(), s: s.to_f32(), qs }
+        q4_1_dot(w, x)
     }
 }
 
-/// `w . x` over one row of blocks, in candle's order.
-fn dot(w: &[Q4_1Block], x: &[Q8_1Block]) -> f32 {
+/// [`Q4_1::dot`]'s arithmetic (the integer sums in any order; the floats, never contracted, in
+/// candle's).
+#[inline(always)]
+fn q4_1_dot(w: &[Q4_1], x: &[Q8_1]) -> f32 {
     let mut sum = 0f32;
     for (w, x) in w.iter().zip(x) {
-        let mut sumi = 0i32;
-        for j in 0..16 {
-            sumi += i32::from(w.qs[j] & 15) * i32::from(x.qs[j]) + i32::from(w.qs[j] >> 4) * i32::from(x.qs[j + 16]);
+        let mut p = [0i32; 16];
+        for (j, p) in p.iter_mut().enumerate() {
+            *p = i32::from(w.qs[j] & 15) * i32::from(x.qs[j]) + i32::from(w.qs[j] >> 4) * i32::from(x.qs[j + 16]);
         }
+        let sumi: i32 = p.iter().sum();
         sum += sumi as f32 * w.d * x.d + w.m * x.s;
     }
     sum
 }
 
-/// A Q4_1 matrix of `features` rows of `blocks` blocks each.
-struct Q4_1Rows {
-    features: usize,
-    blocks: usize,
-    data: Vec<Q4_1Block>,
+/// [`q4_1_dot`] on AVX2: a block's 32 nibbles against its 32 codes by `maddubs` (unsigned times
+/// signed, pairs summed exactly in 16 bits: at most 2 * 15 * 127) and `madd`, the eight lanes
+/// summed to the block's exact integer; the floats as [`q4_1_dot`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn q4_1_dot_avx2(w: &[Q4_1], x: &[Q8_1]) -> f32 {
+    use std::arch::x86_64::*;
+    let (low, ones) = (_mm256_set1_epi8(15), _mm256_set1_epi16(1));
+    let mut sum = 0f32;
+    for (w, x) in w.iter().zip(x) {
+        // SAFETY: `qs` holds 16 and 32 readable bytes; the loads are unaligned.
+        let (packed, codes) =
+            unsafe { (_mm_loadu_si128(w.qs.as_ptr().cast()), _mm256_loadu_si256(x.qs.as_ptr().cast())) };
+        // Values 0..16 from the low nibbles, 16..32 from the high ones.
+        let nibbles = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), low);
+        let lanes = _mm256_madd_epi16(_mm256_maddubs_epi16(nibbles, codes), ones);
+        let mut l = [0i32; 8];
+        // SAFETY: `l` holds 32 writable bytes.
+        unsafe { _mm256_storeu_si256(l.as_mut_ptr().cast(), lanes) };
+        let sumi: i32 = l.iter().sum();
+        sum += sumi as f32 * w.d * x.d + w.m * x.s;
+    }
+    sum
 }
 
-impl Q4_1Rows {
-    fn from_bytes(features: usize, cols: usize, bytes: &[u8]) -> Option<Self> {
-        let blocks = cols / BLOCK;
-        if !cols.is_multiple_of(BLOCK) || bytes.len() != features.checked_mul(blocks)?.checked_mul(Q4_1_BYTES)? {
-            return None;
+/// One Q8_0 block (weights or activations), its f16 scale widened to f32.
+struct Q8_0 {
+    d: f32,
+    qs: [i8; BLOCK],
+}
+
+impl BlockFormat for Q8_0 {
+    const BYTES: usize = 34;
+    type Act = Q8_0;
+
+    fn read(b: &[u8]) -> Self {
+        let mut qs = [0i8; BLOCK];
+        for (q, &c) in qs.iter_mut().zip(&b[2..34]) {
+            *q = c as i8;
         }
-        let f16_at = |b: &[u8], i: usize| f16::from_le_bytes([b[i], b[i + 1]]).to_f32();
-        let data = bytes
-            .chunks_exact(Q4_1_BYTES)
-            .map(|b| {
-                let mut qs = [0u8; 16];
-                qs.copy_from_slice(&b[4..20]);
-                Q4_1Block { d: f16_at(b, 0), m: f16_at(b, 2), qs }
-            })
-            .collect();
-        Some(Self { features, blocks, data })
+        Self { d: f16_at(b, 0), qs }
     }
 
+    fn quantize(x: &[f32]) -> Q8_0 {
+        let (d, qs) = q8_codes(x);
+        Q8_0 { d: d.to_f32(), qs }
+    }
+
+    /// Candle's AVX2 kernel's order: eight lanes, lane `m` the integer dot of values
+    /// `4m..4m + 4`, each block's `d_w * d_x` times it fused into the lane's sum; then
+    /// `((l4 + l0) + (l6 + l2)) + ((l5 + l1) + (l7 + l3))`.
+    fn dot(w: &[Self], x: &[Q8_0]) -> f32 {
+        #[cfg(target_arch = "x86_64")]
+        if candle_q8_0_is_avx2() {
+            // SAFETY: this CPU has AVX2 and FMA (just checked), the features `q8_0_dot_fma`
+            // is compiled for.
+            return unsafe { q8_0_dot_fma(w, x) };
+        }
+        q8_0_dot(w, x)
+    }
+}
+
+/// [`Q8_0::dot`]'s arithmetic (`mul_add`: one rounding, as the FMA instruction).
+#[inline(always)]
+fn q8_0_dot(w: &[Q8_0], x: &[Q8_0]) -> f32 {
+    let mut acc = [0f32; 8];
+    for (w, x) in w.iter().zip(x) {
+        let d = w.d * x.d;
+        let mut p = [0i32; BLOCK];
+        for ((p, &a), &b) in p.iter_mut().zip(&w.qs).zip(&x.qs) {
+            *p = i32::from(a) * i32::from(b);
+        }
+        let mut q = [0f32; 8];
+        for (q, p) in q.iter_mut().zip(p.chunks_exact(4)) {
+            // Exact: at most 4 * 127 * 127 in magnitude.
+            *q = (p[0] + p[1] + p[2] + p[3]) as f32;
+        }
+        for (a, q) in acc.iter_mut().zip(q) {
+            *a = d.mul_add(q, *a);
+        }
+    }
+    ((acc[4] + acc[0]) + (acc[6] + acc[2])) + ((acc[5] + acc[1]) + (acc[7] + acc[3]))
+}
+
+/// [`q8_0_dot`] on AVX2 and FMA, candle's kernel: each block's products by `maddubs` of the
+/// weights' magnitudes and the codes signed by them (exact: at most 2 * 128 * 127 a pair), the
+/// eight lanes by `madd`, fused into the lanes' sums; the same horizontal sum.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn q8_0_dot_fma(w: &[Q8_0], x: &[Q8_0]) -> f32 {
+    use std::arch::x86_64::*;
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = _mm256_setzero_ps();
+    for (w, x) in w.iter().zip(x) {
+        let d = _mm256_set1_ps(w.d * x.d);
+        // SAFETY: `qs` holds 32 readable bytes; the loads are unaligned.
+        let (bw, bx) = unsafe { (_mm256_loadu_si256(w.qs.as_ptr().cast()), _mm256_loadu_si256(x.qs.as_ptr().cast())) };
+        let pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(bw, bw), _mm256_sign_epi8(bx, bw));
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_madd_epi16(ones, pairs)), acc);
+    }
+    let mut a = [0f32; 8];
+    // SAFETY: `a` holds 32 writable bytes.
+    unsafe { _mm256_storeu_ps(a.as_mut_ptr(), acc) };
+    ((a[4] + a[0]) + (a[6] + a[2])) + ((a[5] + a[1]) + (a[7] + a[3]))
+}
+
+/// A matrix of `features` rows of `blocks` blocks of format `F`.
+struct BlockRows<F> {
+    features: usize,
+    blocks: usize,
+    data: Vec<F>,
+}
+
+impl<F: BlockFormat> BlockRows<F> {
+    fn from_bytes(features: usize, cols: usize, bytes: &[u8]) -> Option<Self> {
+        let blocks = cols / BLOCK;
+        if !cols.is_multiple_of(BLOCK) || bytes.len() != features.checked_mul(blocks)?.checked_mul(F::BYTES)? {
+            return None;
+        }
+        Some(Self { features, blocks, data: bytes.chunks_exact(F::BYTES).map(F::read).collect() })
+    }
+
+    fn cols(&self) -> usize {
+        self.blocks * BLOCK
+    }
+
+    /// `x @ w^T` for `rows` rows of `cols` values.
     fn matmul(&self, x: &[f32], rows: usize) -> Vec<f32> {
-        let cols = self.blocks * BLOCK;
-        let xq: Vec<Q8_1Block> = x.chunks_exact(BLOCK).map(Q8_1Block::quantize).collect();
-        let mut out = vec![0f32; rows * self.features];
-        // Output features in tasks; each task writes its features of every row.
-        let per_task: Vec<Vec<f32>> = self
+        let xq: Vec<F::Act> = x.chunks_exact(BLOCK).map(F::quantize).collect();
+        // Output features in tasks; each task computes its features of every row.
+        let parts: Vec<Vec<f32>> = self
             .data
             .par_chunks(FEATURES_PER_TASK * self.blocks)
             .map(|ws| {
@@ -109,40 +248,52 @@ impl Q4_1Rows {
                 for r in 0..rows {
                     let xr = &xq[r * self.blocks..(r + 1) * self.blocks];
                     for (f, w) in ws.chunks_exact(self.blocks).enumerate() {
-                        part[r * n + f] = dot(w, xr);
+                        part[r * n + f] = F::dot(w, xr);
                     }
                 }
                 part
             })
             .collect();
-        for (t, part) in per_task.iter().enumerate() {
+        let mut out = vec![0f32; rows * self.features];
+        for (t, part) in parts.iter().enumerate() {
             let (first, n) = (t * FEATURES_PER_TASK, part.len() / rows.max(1));
             for r in 0..rows {
                 out[r * self.features + first..][..n].copy_from_slice(&part[r * n..(r + 1) * n]);
             }
         }
-        debug_assert_eq!(x.len(), rows * cols);
         out
     }
+}
+
+/// Our kernel of a weight, by its format.
+enum Kernel {
+    Q4_1(BlockRows<Q4_1>),
+    Q8_0(BlockRows<Q8_0>),
 }
 
 /// A weight matrix: see the module documentation.
 pub struct Projection {
     q: QMatMul,
-    q4_1: Option<Q4_1Rows>,
+    kernel: Option<Kernel>,
 }
 
 impl Projection {
-    /// `q`, with its Q4_1 blocks read for our kernel where it is a Q4_1 tensor of whole blocks.
+    /// `q`, with its blocks read for our kernel where it is a Q4_1 or Q8_0 matrix of whole
+    /// blocks (Q8_0 only where candle's AVX2 kernel is the one to match).
     pub fn new(q: QMatMul) -> Result<Self> {
-        let q4_1 = match &q {
-            QMatMul::QTensor(t) if t.dtype() == GgmlDType::Q4_1 => match t.shape().dims() {
-                &[features, cols] => Q4_1Rows::from_bytes(features, cols, &t.data()?),
+        let kernel = match &q {
+            QMatMul::QTensor(t) => match (t.dtype(), t.shape().dims()) {
+                (GgmlDType::Q4_1, &[features, cols]) => {
+                    BlockRows::from_bytes(features, cols, &t.data()?).map(Kernel::Q4_1)
+                }
+                (GgmlDType::Q8_0, &[features, cols]) if candle_q8_0_is_avx2() => {
+                    BlockRows::from_bytes(features, cols, &t.data()?).map(Kernel::Q8_0)
+                }
                 _ => None,
             },
             _ => None,
         };
-        Ok(Self { q, q4_1 })
+        Ok(Self { q, kernel })
     }
 
     /// The candle weight.
@@ -152,13 +303,19 @@ impl Projection {
 
     /// `x @ w^T` for `rows` rows of `x` (the weight's columns each).
     pub fn matmul(&self, x: &[f32], rows: usize) -> Result<Vec<f32>> {
-        if let Some(w) = &self.q4_1 {
-            if x.len() != rows * w.blocks * BLOCK {
-                return Err(ModelError::invalid("x", x.len(), format!("{rows} rows of {} values", w.blocks * BLOCK)));
-            }
-            return Ok(w.matmul(x, rows));
+        let cols = match &self.kernel {
+            Some(Kernel::Q4_1(w)) => w.cols(),
+            Some(Kernel::Q8_0(w)) => w.cols(),
+            None => return self.candle_matmul(x, rows),
+        };
+        if rows.checked_mul(cols) != Some(x.len()) {
+            return Err(ModelError::invalid("x", x.len(), format!("{rows} rows of {cols} values")));
         }
-        self.candle_matmul(x, rows)
+        Ok(match &self.kernel {
+            Some(Kernel::Q4_1(w)) => w.matmul(x, rows),
+            Some(Kernel::Q8_0(w)) => w.matmul(x, rows),
+            None => unreachable!("returned above"),
+        })
     }
 
     /// `x @ w^T` through candle's `QMatMul`, rows split over rayon's workers.
@@ -182,35 +339,69 @@ impl Projection {
     }
 }
 
+/// Whether candle multiplies Q8_0 blocks with its AVX2 kernel here (its choice at run time);
+/// elsewhere its scalar loop sums in another order, and candle keeps the product.
+fn candle_q8_0_is_avx2() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma");
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
 #[cfg(test)]
 mod tests {
     use candle_core::quantized::QTensor;
 
     use super::*;
 
-    /// A Q4_1 weight of `features x cols` pseudo-random values, as candle quantises it (an even number of blocks a row: candle asserts it in debug builds).
-    fn weight(features: usize, cols: usize, seed: u32) -> Projection {
+    /// A weight of `features x cols` pseudo-random values in `dtype`, as candle quantises it (an
+    /// even number of blocks a row: candle asserts it in debug builds).
+    fn weight(dtype: GgmlDType, features: usize, cols: usize, seed: u32) -> Projection {
         let v: Vec<f32> = (0..features * cols)
             .map(|i| ((i as u32).wrapping_mul(2_654_435_761) ^ seed) as f32 / u32::MAX as f32 - 0.47)
             .collect();
         let t = Tensor::from_vec(v, (features, cols), &Device::Cpu).unwrap();
-        Projection::new(QMatMul::from_qtensor(QTensor::quantize(&t, GgmlDType::Q4_1).unwrap()).unwrap()).unwrap()
+        Projection::new(QMatMul::from_qtensor(QTensor::quantize(&t, dtype).unwrap()).unwrap()).unwrap()
     }
 
     #[test]
-    fn our_q4_1_products_are_candles_bit_for_bit() {
+    fn our_products_are_candles_bit_for_bit() {
+        let q8_0 = if candle_q8_0_is_avx2() { Some(GgmlDType::Q8_0) } else { None };
         // Features past one task and not a multiple of it; rows of one (decoding) and several.
-        for (features, cols, rows) in [(150, 64, 1), (150, 128, 3), (7, 64, 2), (1, 320, 1)] {
-            let w = weight(features, cols, features as u32);
-            assert!(w.q4_1.is_some(), "read as Q4_1");
+        for (dtype, (features, cols, rows)) in [GgmlDType::Q4_1]
+            .into_iter()
+            .chain(q8_0)
+            .flat_map(|d| [(150, 64, 1), (150, 128, 3), (7, 64, 2), (1, 320, 1)].map(|s| (d, s)))
+        {
+            let w = weight(dtype, features, cols, features as u32);
+            assert!(w.kernel.is_some(), "read as {dtype:?}");
             let x: Vec<f32> = (0..rows * cols).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.013 + 0.001).collect();
             let (ours, candles) = (w.matmul(&x, rows).unwrap(), w.candle_matmul(&x, rows).unwrap());
             assert_eq!(ours.len(), rows * features);
             let differ = ours.iter().zip(&candles).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
-            assert_eq!(differ, 0, "{features}x{cols}, {rows} rows: {differ} outputs differ");
+            assert_eq!(differ, 0, "{dtype:?} {features}x{cols}, {rows} rows: {differ} outputs differ");
             assert!(ours.iter().any(|v| *v != 0.0));
         }
-        let w = weight(8, 64, 1);
+        // The vectorised kernels against their portable twins, on codes of both extremes.
+        #[cfg(target_arch = "x86_64")]
+        if candle_q8_0_is_avx2() {
+            let xs: Vec<f32> = (0..256).map(|i| ((i * 53 % 97) as f32 - 48.0) * 0.21).collect();
+            let (a8, a1): (Vec<Q8_0>, Vec<Q8_1>) =
+                (xs.chunks(BLOCK).map(Q8_0::quantize).collect(), xs.chunks(BLOCK).map(Q4_1::quantize).collect());
+            let w8: Vec<Q8_0> = (0..8)
+                .map(|b| Q8_0 {
+                    d: 0.01 * (b + 1) as f32,
+                    qs: std::array::from_fn(|i| (i as i32 * 37 - 128 + b) as i8),
+                })
+                .collect();
+            let w4: Vec<Q4_1> = (0..8)
+                .map(|b| Q4_1 { d: 0.02, m: -0.1 * b as f32, qs: std::array::from_fn(|i| (i * 29 + b * 7) as u8) })
+                .collect();
+            // SAFETY: AVX2 and FMA are present (checked above).
+            let (v8, v4) = unsafe { (q8_0_dot_fma(&w8, &a8), q4_1_dot_avx2(&w4, &a1)) };
+            assert_eq!((v8.to_bits(), v4.to_bits()), (q8_0_dot(&w8, &a8).to_bits(), q4_1_dot(&w4, &a1).to_bits()));
+        }
+        let w = weight(GgmlDType::Q4_1, 8, 64, 1);
         let e = w.matmul(&[0.5; 63], 1).unwrap_err().to_string();
         assert!(e.contains('x') && e.contains("64"), "{e}");
     }
