@@ -16,6 +16,7 @@ import statistics
 import time
 
 import llama_cpp
+import numpy as np
 
 
 def main() -> None:
@@ -44,8 +45,9 @@ def main() -> None:
     prefill = time.perf_counter() - t0
     times = []
     for _ in range(a.decode):
-        logits = llm.scores[llm.n_tokens - 1]
-        tok = int(max(range(len(logits)), key=logits.__getitem__))
+        # The last token's logits, as llama.cpp left them (greedy: the largest).
+        logits = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))
+        tok = int(np.argmax(logits))
         t = time.perf_counter()
         llm.eval([tok])
         times.append(time.perf_counter() - t)
