@@ -21,6 +21,6 @@ done
   | grep -E "^resident|per token" | tee "$out/hisparse-dense-8k.txt"
 IFS=, read -ra formats <<< "${FORMATS:-fp8,int4:32}"
 for f in "${formats[@]}"; do
-  "$hs" run $common --context 8000 --top-k 256 --mode hisparse --index-format "$f" --out "$out/hisparse-8k-${f/:/-}" \
-    | grep -E "^hisparse|per token" | tee "$out/hisparse-8k-${f/:/-}.txt"
+  "$hs" run $common --context 8000 --top-k 256 --mode hisparse --index-format "$f" --out "$out/hisparse-8k-${f//:/-}" \
+    | grep -E "^hisparse|per token" | tee "$out/hisparse-8k-${f//:/-}.txt"
 done

@@ -90,14 +90,16 @@ pub(super) fn sparse_attention(
             let locs = &batch.locations[sel.offset..sel.end()];
             let mut kv = vec![0f32; locs.len() * row_dims];
             // In blocks of rows on rayon's workers (each row's values are its own).
-            kv.par_chunks_mut(DECODE_ROWS * row_dims).zip(locs.par_chunks(DECODE_ROWS)).try_for_each(|(dst, locs)| {
-                for (dst, &loc) in dst.chunks_mut(row_dims).zip(locs) {
-                    // Locations were checked to be rows of the pool above.
-                    let at = loc as usize * row_bytes;
-                    layout.decode(&batch.rows[at..at + row_bytes], dst)?;
-                }
-                Ok::<(), MemoryError>(())
-            })?;
+            kv.par_chunks_mut(DECODE_ROWS * row_dims).zip(locs.par_chunks(DECODE_ROWS)).try_for_each(
+                |(dst, locs)| {
+                    for (dst, &loc) in dst.chunks_mut(row_dims).zip(locs) {
+                        // Locations were checked to be rows of the pool above.
+                        let at = loc as usize * row_bytes;
+                        layout.decode(&batch.rows[at..at + row_bytes], dst)?;
+                    }
+                    Ok::<(), MemoryError>(())
+                },
+            )?;
             let q = &queries[i * heads * d_q..(i + 1) * heads * d_q];
             out.par_chunks_mut(d_v).zip(lse.par_iter_mut()).enumerate().for_each(|(h, (o, l))| {
                 let (k_at, v_at) = layout.head_offsets(heads, h);
