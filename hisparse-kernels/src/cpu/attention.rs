@@ -1,20 +1,27 @@
 //! CPU sparse decode attention: for each request and head, a softmax over `scale * q . k_i` of
 //! the selected rows, then the weighted sum of their values — for MLA rows the key is the whole
 //! row and the value its first `d_v` values; for GQA rows each query head reads its group's key
-//! and value ([`KvRowLayout::head_offsets`](hisparse_memory::KvRowLayout::head_offsets)). Rows are
-//! decoded to f32 once per request; every sum runs in selection order, so the result depends only
-//! on the selected rows' bytes and their order — not on where the rows live.
+//! and value ([`KvRowLayout::head_offsets`](hisparse_memory::KvRowLayout::head_offsets)). A row's
+//! key is decoded once per group of heads that share it, its value once per piece of the output
+//! (in parallel blocks, without a decoded copy of every row); every sum runs in selection order,
+//! so the result depends only on the selected rows' bytes and their order — not on where the
+//! rows live.
 
 use half::bf16;
-use hisparse_memory::{EmulatedDevice, MemoryError};
+use std::ops::Range;
+
+use hisparse_memory::{EmulatedDevice, KvRowLayout, MemoryError};
 use rayon::prelude::*;
 
 use super::dot;
 use crate::batch::AttentionBatch;
 use crate::error::{KernelError, Result, check_len};
 
-/// Rows one rayon task decodes.
-const DECODE_ROWS: usize = 128;
+/// Rows whose logits one rayon task computes.
+const ROWS: usize = 128;
+
+/// Output dims of one group whose weighted values one rayon task sums.
+const DIMS: usize = 32;
 
 pub(super) fn sparse_attention(
     batch: &AttentionBatch<'_, EmulatedDevice>,
@@ -23,9 +30,8 @@ pub(super) fn sparse_attention(
 ) -> Result<()> {
     let heads = batch.heads;
     let layout = batch.layout;
-    // A decoded row holds `row_dims` values; a query head `d_q`, an output head `d_v`.
-    let (row_dims, d_q, d_v, row_bytes) =
-        (layout.row_dims(), layout.query_dim(), layout.value_dim(), layout.row_bytes());
+    // A query head holds `d_q` values, an output head `d_v`.
+    let (d_q, d_v, row_bytes) = (layout.query_dim(), layout.value_dim(), layout.row_bytes());
     let n = batch.selections.len();
     if heads == 0 {
         return Err(KernelError::invalid("heads", heads, "must be at least 1"));
@@ -82,64 +88,189 @@ pub(super) fn sparse_attention(
         return Err(MemoryError::NonFinite { field: "queries", index, value }.into());
     }
 
+    let groups = head_groups(layout, heads);
     out.par_chunks_mut(heads * d_v)
         .zip(lse.par_chunks_mut(heads))
         .zip(batch.selections.par_iter())
         .enumerate()
         .try_for_each(|(i, ((out, lse), sel))| {
-            let locs = &batch.locations[sel.offset..sel.end()];
-            let mut kv = vec![0f32; locs.len() * row_dims];
-            // In blocks of rows on rayon's workers (each row's values are its own).
-            kv.par_chunks_mut(DECODE_ROWS * row_dims).zip(locs.par_chunks(DECODE_ROWS)).try_for_each(
-                |(dst, locs)| {
-                    for (dst, &loc) in dst.chunks_mut(row_dims).zip(locs) {
-                        // Locations were checked to be rows of the pool above.
-                        let at = loc as usize * row_bytes;
-                        layout.decode(&batch.rows[at..at + row_bytes], dst)?;
-                    }
-                    Ok::<(), MemoryError>(())
-                },
-            )?;
-            let q = &queries[i * heads * d_q..(i + 1) * heads * d_q];
-            out.par_chunks_mut(d_v).zip(lse.par_iter_mut()).enumerate().for_each(|(h, (o, l))| {
-                let (k_at, v_at) = layout.head_offsets(heads, h);
-                let rows = RowView { kv: &kv, stride: row_dims, k_at, v_at };
-                *l = attend_one_head(&q[h * d_q..(h + 1) * d_q], rows, batch.softmax_scale, o);
-            });
-            Ok::<(), KernelError>(())
+            let req = RequestRows {
+                pool: batch.rows,
+                layout,
+                locs: &batch.locations[sel.offset..sel.end()],
+                q: &queries[i * heads * d_q..(i + 1) * heads * d_q],
+                heads,
+                groups: &groups,
+                scale: batch.softmax_scale,
+            };
+            attend_request(req, out, lse)
         })
 }
 
-/// Decoded rows (`[n, stride]`) as one head reads them: its key from value `k_at` (as long as the
-/// query), its value from `v_at` (as long as the output).
-#[derive(Clone, Copy)]
-pub(crate) struct RowView<'a> {
-    pub kv: &'a [f32],
-    pub stride: usize,
-    pub k_at: usize,
-    pub v_at: usize,
+/// Query heads that read the same key and value of a row: a GQA group, or every head of an
+/// MLA row.
+struct HeadGroup {
+    /// Where the group's key and value start in a decoded row.
+    k_at: usize,
+    v_at: usize,
+    heads: Range<usize>,
 }
 
-/// One head over decoded rows: writes the output to `o` (`d_v`) and returns the log-sum-exp
-/// (`-inf` and a zero output for no rows).
-pub(crate) fn attend_one_head(q: &[f32], rows: RowView<'_>, scale: f32, o: &mut [f32]) -> f32 {
-    o.fill(0.0);
-    if rows.kv.is_empty() {
-        return f32::NEG_INFINITY;
-    }
-    let (d_q, d_v) = (q.len(), o.len());
-    let logits: Vec<f32> =
-        rows.kv.chunks(rows.stride).map(|r| scale * dot(q, &r[rows.k_at..rows.k_at + d_q])).collect();
-    let m = logits.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
-    let mut sum = 0f32;
-    for (r, &l) in rows.kv.chunks(rows.stride).zip(&logits) {
-        let p = (l - m).exp();
-        sum += p;
-        for (acc, v) in o.iter_mut().zip(&r[rows.v_at..rows.v_at + d_v]) {
-            *acc += p * v;
+fn head_groups(layout: KvRowLayout, heads: usize) -> Vec<HeadGroup> {
+    let mut groups: Vec<HeadGroup> = Vec::new();
+    for h in 0..heads {
+        let (k_at, v_at) = layout.head_offsets(heads, h);
+        match groups.last_mut() {
+            Some(g) if (g.k_at, g.v_at) == (k_at, v_at) => g.heads.end = h + 1,
+            _ => groups.push(HeadGroup { k_at, v_at, heads: h..h + 1 }),
         }
     }
-    let inv = 1.0 / sum;
-    o.iter_mut().for_each(|x| *x *= inv);
-    m + sum.ln()
+    groups
+}
+
+/// One request's selected rows in the pool (locations checked to be rows of it), its queries
+/// (f32, `[heads, d_q]`) and the heads' groups.
+#[derive(Clone, Copy)]
+struct RequestRows<'a> {
+    pool: &'a [u8],
+    layout: KvRowLayout,
+    locs: &'a [i32],
+    q: &'a [f32],
+    heads: usize,
+    groups: &'a [HeadGroup],
+    scale: f32,
+}
+
+/// Every head of one request: `out` `[heads, d_v]`, `lse` `[heads]`. Per head, as a softmax over
+/// `scale * q . k_j` of its selected rows in selection order: the logits (a row's key decoded
+/// once for its group), the largest, each `p_j = exp(l_j - max)`, their sum in row order, and
+/// `sum_j p_j v_j` accumulated in row order (a group's values decoded once per piece of the
+/// output) times `1 / sum` — so the result depends only on the rows' bytes and their order.
+fn attend_request(r: RequestRows<'_>, out: &mut [f32], lse: &mut [f32]) -> Result<()> {
+    let (n, heads, d_v) = (r.locs.len(), r.heads, r.layout.value_dim());
+    if n == 0 {
+        out.fill(0.0);
+        lse.fill(f32::NEG_INFINITY);
+        return Ok(());
+    }
+    // probs[j * heads + h]: first the logits, then the exponentials.
+    let mut probs = vec![0f32; n * heads];
+    probs.par_chunks_mut(ROWS * heads).enumerate().try_for_each(|(b, chunk)| logits(r, b * ROWS, chunk))?;
+    let mut max = vec![f32::NEG_INFINITY; heads];
+    for lt in probs.chunks(heads) {
+        for (m, &l) in max.iter_mut().zip(lt) {
+            *m = m.max(l);
+        }
+    }
+    probs.par_chunks_mut(ROWS * heads).for_each(|chunk| {
+        for lt in chunk.chunks_mut(heads) {
+            for (p, &m) in lt.iter_mut().zip(&max) {
+                *p = (*p - m).exp();
+            }
+        }
+    });
+    let mut sum = vec![0f32; heads];
+    for pt in probs.chunks(heads) {
+        for (s, &p) in sum.iter_mut().zip(pt) {
+            *s += p;
+        }
+    }
+    // The weighted values, a piece of `DIMS` output dims of one group per task.
+    let pieces: Vec<(usize, Range<usize>)> =
+        (0..r.groups.len()).flat_map(|g| (0..d_v).step_by(DIMS).map(move |c| (g, c..(c + DIMS).min(d_v)))).collect();
+    let sums: Vec<Vec<f32>> = pieces
+        .par_iter()
+        .map(|(g, dims)| weighted_values(r, &r.groups[*g], dims.clone(), &probs))
+        .collect::<Result<_>>()?;
+    for ((g, dims), acc) in pieces.iter().zip(&sums) {
+        let group = &r.groups[*g];
+        for (h, a) in group.heads.clone().zip(acc.chunks(dims.len())) {
+            out[h * d_v + dims.start..h * d_v + dims.end].copy_from_slice(a);
+        }
+    }
+    for (h, (o, l)) in out.chunks_mut(d_v).zip(lse.iter_mut()).enumerate() {
+        let inv = 1.0 / sum[h];
+        o.iter_mut().for_each(|x| *x *= inv);
+        *l = max[h] + sum[h].ln();
+    }
+    Ok(())
+}
+
+/// `chunk[j * heads + h] = scale * q_h . k` for the rows `first + j`, each row's key decoded
+/// once per group; with AVX2 where the CPU has it (the same sums in the same order).
+fn logits(r: RequestRows<'_>, first: usize, chunk: &mut [f32]) -> Result<()> {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2 (checked just above).
+        return unsafe { logits_avx2(r, first, chunk) };
+    }
+    logits_any(r, first, chunk)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn logits_avx2(r: RequestRows<'_>, first: usize, chunk: &mut [f32]) -> Result<()> {
+    logits_any(r, first, chunk)
+}
+
+#[inline(always)]
+fn logits_any(r: RequestRows<'_>, first: usize, chunk: &mut [f32]) -> Result<()> {
+    let (d_q, n) = (r.layout.query_dim(), chunk.len() / r.heads);
+    let locs = &r.locs[first..first + n];
+    // The block's keys of one group at a time, row after row.
+    let mut keys = vec![0f32; n * d_q];
+    for g in r.groups {
+        r.layout.decode_ranges_checked(r.pool, locs, g.k_at, d_q, &mut keys)?;
+        for (lt, key) in chunk.chunks_mut(r.heads).zip(keys.chunks_exact(d_q)) {
+            for h in g.heads.clone() {
+                lt[h] = r.scale * dot(&r.q[h * d_q..(h + 1) * d_q], key);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `sum_j p_j v_j` over dims `dims` of the group's value for each of its heads (`[heads of the
+/// group, dims]`), rows in selection order; with AVX2 where the CPU has it (each output dim its
+/// own products and sums: the same bits).
+fn weighted_values(r: RequestRows<'_>, group: &HeadGroup, dims: Range<usize>, probs: &[f32]) -> Result<Vec<f32>> {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2 (checked just above).
+        return unsafe { weighted_values_avx2(r, group, dims, probs) };
+    }
+    weighted_values_any(r, group, dims, probs)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn weighted_values_avx2(
+    r: RequestRows<'_>,
+    group: &HeadGroup,
+    dims: Range<usize>,
+    probs: &[f32],
+) -> Result<Vec<f32>> {
+    weighted_values_any(r, group, dims, probs)
+}
+
+#[inline(always)]
+fn weighted_values_any(r: RequestRows<'_>, group: &HeadGroup, dims: Range<usize>, probs: &[f32]) -> Result<Vec<f32>> {
+    let w = dims.len();
+    let mut acc = vec![0f32; group.heads.len() * w];
+    // The values' pieces of a block of rows at a time, then summed row after row.
+    let mut vals = vec![0f32; ROWS * w];
+    for (b, locs) in r.locs.chunks(ROWS).enumerate() {
+        let vals = &mut vals[..locs.len() * w];
+        r.layout.decode_ranges_checked(r.pool, locs, group.v_at + dims.start, w, vals)?;
+        for (j, v) in vals.chunks_exact(w).enumerate() {
+            let pt = &probs[(b * ROWS + j) * r.heads..][..r.heads];
+            for (acc, h) in acc.chunks_mut(w).zip(group.heads.clone()) {
+                let p = pt[h];
+                for (a, v) in acc.iter_mut().zip(v) {
+                    *a += p * v;
+                }
+            }
+        }
+    }
+    Ok(acc)
 }

@@ -13,14 +13,6 @@ pub(super) fn key_row(batch: &IndexerBatch<'_, EmulatedDevice>, r: &IndexerReque
     (batch.page_table[r.first_page + t / p] as usize * p + t % p) / batch.key_layout.positions_per_row()
 }
 
-/// The key of position `t` of request `r` as f32 (its codes times their scales; the batch's
-/// scales were checked by `validate`).
-pub(super) fn key_values(batch: &IndexerBatch<'_, EmulatedDevice>, r: &IndexerRequest, t: usize, key: &mut [f32]) {
-    let key_bytes = batch.key_layout.row_bytes();
-    let row = key_row(batch, r, t) * key_bytes;
-    batch.key_layout.decode_checked(&batch.keys[row..row + key_bytes], key);
-}
-
 /// The bounds of page summary `row` of the pool (`mins`, `maxs`: `dim` values; the batch's
 /// summaries were checked by `validate`).
 pub(super) fn key_bounds(batch: &IndexerBatch<'_, EmulatedDevice>, row: usize, mins: &mut [f32], maxs: &mut [f32]) {

@@ -70,10 +70,17 @@ fn validate(batch: &IndexerBatch<'_, EmulatedDevice>) -> Result<()> {
     }
     // Stored scales too, so that a bad key fails the call before anything is written.
     // (A page summary's row once, not once per position it holds.)
+    // A page's rows at a time (its positions' rows are consecutive), the pages in parallel, the
+    // first bad row (by request, then position) reported.
+    let (p, per_row) = (batch.page_tokens, batch.key_layout.positions_per_row());
     for r in batch.requests {
-        for t in (0..r.seq_len).step_by(batch.key_layout.positions_per_row()) {
-            let row = key_row(batch, r, t) * key_bytes;
-            batch.key_layout.check_scales(&batch.keys[row..row + key_bytes])?;
+        let bad = (0..r.seq_len.div_ceil(p)).into_par_iter().with_min_len(16).find_map_first(|page| {
+            let rows = (r.seq_len - page * p).min(p).div_ceil(per_row);
+            let first = key_row(batch, r, page * p) * key_bytes;
+            batch.key_layout.check_scales_of_rows(&batch.keys[first..first + rows * key_bytes]).err()
+        });
+        if let Some(e) = bad {
+            return Err(e.into());
         }
     }
     Ok(())

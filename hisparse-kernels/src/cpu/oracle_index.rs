@@ -9,8 +9,8 @@
 
 use rayon::prelude::*;
 
-use super::dot;
-use super::index_keys::{key_bounds, key_row, key_values};
+use super::index_keys::{key_bounds, key_row};
+use super::oracle_keys::{KeyBlock, key_logits};
 use crate::batch::{HeadCombine, IndexerBatch, OracleScore};
 use hisparse_memory::{EmulatedDevice, page_upper_bound};
 
@@ -46,16 +46,12 @@ pub(super) fn oracle_scores(
             let (mut key, mut maxs) = (vec![0f32; dim], vec![0f32; if summaries { dim } else { 0 }]);
             // The pool row whose logits `row` holds: a page summary's positions share them.
             let (mut held, mut row) = (usize::MAX, vec![0f32; heads]);
+            if !summaries {
+                key_logits(KeyBlock { batch, r, first: b * BLOCK, q, w, spans: &spans }, chunk, &mut key);
+                return;
+            }
             for (j, lt) in chunk.chunks_mut(heads).enumerate() {
                 let t = b * BLOCK + j;
-                if !summaries {
-                    key_values(batch, r, t, &mut key);
-                    for (h, l) in lt.iter_mut().enumerate() {
-                        let (a, b) = spans[h];
-                        *l = w[h] * dot(&q[h * dim + a..h * dim + b], &key[a..b]);
-                    }
-                    continue;
-                }
                 let at = key_row(batch, r, t);
                 if at != held {
                     held = at;

@@ -2,7 +2,7 @@
 //! and index keys.
 
 use crate::error::{MemoryError, Result};
-use crate::fp8::{E4M3_MAX, E4M3_TABLE, encode_e4m3};
+use crate::fp8::{E4M3_MAX, decode_e4m3_scaled, encode_e4m3};
 
 /// Latent values per fp32 scale in an fp8 KV row.
 pub const FP8_BLOCK: usize = 128;
@@ -53,10 +53,7 @@ pub(crate) fn decode_blocks(bytes: &[u8], out: &mut [f32], field: &'static str) 
     let block = FP8_BLOCK.min(n);
     let (codes, scales) = bytes.split_at(n);
     for (b, (chunk, codes)) in out.chunks_mut(block).zip(codes.chunks(block)).enumerate() {
-        let s = read_scale(&scales[4 * b..], field, b)?;
-        for (o, &c) in chunk.iter_mut().zip(codes) {
-            *o = E4M3_TABLE[usize::from(c)] * s;
-        }
+        decode_e4m3_scaled(codes, read_scale(&scales[4 * b..], field, b)?, chunk);
     }
     Ok(())
 }

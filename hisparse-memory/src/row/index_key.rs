@@ -7,7 +7,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::{MemoryError, Result, check_len};
-use crate::fp8::E4M3_TABLE;
+use crate::fp8::decode_e4m3_scaled;
 use crate::row::fp8::{quantize_block, read_scale};
 use crate::row::page_summary;
 use crate::row::top_channels::TopChannels;
@@ -435,6 +435,22 @@ impl IndexKeyLayout {
         }
     }
 
+    /// [`Self::check_scales`] of every row of `rows` (whole rows, one after another), the format
+    /// matched once: for fp8 keys a loop over their scales alone.
+    pub fn check_scales_of_rows(&self, rows: &[u8]) -> Result<()> {
+        let rb = self.row_bytes();
+        if !rows.len().is_multiple_of(rb) {
+            return Err(MemoryError::invalid("rows", rows.len(), format!("not whole rows of {rb} bytes")));
+        }
+        if self.format != IndexKeyFormat::Fp8 {
+            return rows.chunks_exact(rb).try_for_each(|row| self.check_scales(row));
+        }
+        match rows.chunks_exact(rb).find(|row| read_scale(&row[self.dim..], "index_key", 0).is_err()) {
+            Some(row) => read_scale(&row[self.dim..], "index_key", 0).map(|_| ()),
+            None => Ok(()),
+        }
+    }
+
     /// Decodes `row` into `out` (`dim` f32): code value times its scale; every scale checked. A
     /// page summary holds bounds, not a key: refused ([`Self::bounds`] reads it).
     pub fn decode(&self, row: &[u8], out: &mut [f32]) -> Result<()> {
@@ -465,9 +481,7 @@ impl IndexKeyLayout {
             (_, None) => {
                 let at = self.dim;
                 let s = f32::from_le_bytes([row[at], row[at + 1], row[at + 2], row[at + 3]]);
-                for (o, &c) in out.iter_mut().zip(&row[..self.dim]) {
-                    *o = E4M3_TABLE[usize::from(c)] * s;
-                }
+                decode_e4m3_scaled(&row[..self.dim], s, out);
             }
             (_, Some((int, group))) => {
                 let (codes, scales) = row.split_at(self.codes_bytes(int));

@@ -335,6 +335,77 @@ impl KvRowLayout {
         Ok(())
     }
 
+    /// Decodes values `start .. start + out.len()` of `row` into `out`: the same values as
+    /// [`KvRowLayout::decode`] gives them, without checking the scales (the kernels check a
+    /// batch's rows once, then read each row's pieces many times). Fails on a row of the wrong
+    /// length or a range past the row's values.
+    #[inline]
+    pub fn decode_range_checked(&self, row: &[u8], start: usize, out: &mut [f32]) -> Result<()> {
+        check_len("row", self.row_bytes(), row.len())?;
+        let end = start.checked_add(out.len()).filter(|&e| e <= self.row_dims()).ok_or_else(|| {
+            MemoryError::invalid(
+                "start",
+                start,
+                format!("{} values from it pass the row's {}", out.len(), self.row_dims()),
+            )
+        })?;
+        if self.format == KvRowFormat::Bf16 {
+            decode_bf16_into(&row[2 * start..2 * end], out);
+            return Ok(());
+        }
+        // Fp8: the blocked values a block's piece at a time, then any bf16 ones.
+        let (mut at, mut o) = (start, 0);
+        while at < end.min(self.blocked_dims) {
+            let b = at / FP8_BLOCK;
+            let stop = ((b + 1) * FP8_BLOCK).min(end);
+            let sc = self.blocked_dims + 4 * b;
+            let s = f32::from_le_bytes([row[sc], row[sc + 1], row[sc + 2], row[sc + 3]]);
+            crate::fp8::decode_e4m3_scaled(&row[at..stop], s, &mut out[o..o + stop - at]);
+            (o, at) = (o + stop - at, stop);
+        }
+        if end > at {
+            let plain = self.bf16_offset() + 2 * (at - self.blocked_dims);
+            decode_bf16_into(&row[plain..plain + 2 * (end - at)], &mut out[o..]);
+        }
+        Ok(())
+    }
+
+    /// [`KvRowLayout::decode_range_checked`] of rows `rows` of `pool` (rows of this layout, one
+    /// after another): row `rows[i]`'s values `start ..` into `out[i * width ..][..width]`. Fails,
+    /// writing nothing, on a row not in the pool, or a range past the row's values.
+    pub fn decode_ranges_checked(
+        &self,
+        pool: &[u8],
+        rows: &[i32],
+        start: usize,
+        width: usize,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let rb = self.row_bytes();
+        let pool_rows = pool.len() / rb;
+        check_len("out", rows.len() * width, out.len())?;
+        if let Some(&bad) = rows.iter().find(|&&r| r < 0 || r as usize >= pool_rows) {
+            return Err(MemoryError::invalid("rows", bad, format!("not a row of the pool of {pool_rows} rows")));
+        }
+        if start.checked_add(width).is_none_or(|e| e > self.row_dims()) {
+            return Err(MemoryError::invalid(
+                "start",
+                start,
+                format!("{width} values from it pass the row's {}", self.row_dims()),
+            ));
+        }
+        if self.format == KvRowFormat::Bf16 {
+            // Every row was checked to be in the pool, and the range to be in a row.
+            bf16::decode_bf16_rows(pool, rows, rb, 2 * start, out, width);
+            return Ok(());
+        }
+        for (&r, o) in rows.iter().zip(out.chunks_exact_mut(width.max(1))) {
+            let at = r as usize * rb;
+            self.decode_range_checked(&pool[at..at + rb], start, o)?;
+        }
+        Ok(())
+    }
+
     /// The largest error [`KvRowLayout::encode`] then [`KvRowLayout::decode`] may make on `x`,
     /// a value of a block (of 128 blocked values, for fp8) whose largest magnitude is `amax`
     /// (`is_bf16`: one of the values every format keeps as bf16):

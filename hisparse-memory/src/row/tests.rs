@@ -241,3 +241,28 @@ fn gqa_rows_are_blocked_values_named_by_their_heads() {
     assert!(matches!(e, MemoryError::InvalidField { field: "head_dim", .. }), "{e}");
     assert!(KvRowLayout::gqa(KvRowFormat::Bf16, 3, 64).is_ok());
 }
+
+proptest! {
+    /// Any piece of a row decodes to the same bits as that piece of the whole row's decoding,
+    /// for MLA and GQA rows in both formats.
+    #[test]
+    fn a_rows_piece_decodes_as_the_whole_row_does(seed in 0u32..1000, start in 0usize..700, len in 0usize..700) {
+        for layout in [fp8(), bf16_layout(), KvRowLayout::gqa(KvRowFormat::Fp8, 2, 64).unwrap(), KvRowLayout::gqa(KvRowFormat::Bf16, 3, 64).unwrap()] {
+            let n = layout.row_dims();
+            let values: Vec<f32> = (0..n).map(|i| ((i as f32 + seed as f32) * 0.731).sin() * (1.0 + (i % 130) as f32)).collect();
+            let mut row = vec![0u8; layout.row_bytes()];
+            layout.encode(&values, &mut row).unwrap();
+            let mut whole = vec![0f32; n];
+            layout.decode(&row, &mut whole).unwrap();
+            let mut piece = vec![0f32; len];
+            let got = layout.decode_range_checked(&row, start, &mut piece);
+            if start + len > n {
+                prop_assert!(got.is_err());
+                continue;
+            }
+            got.unwrap();
+            let same = piece.iter().zip(&whole[start..start + len]).all(|(a, b)| a.to_bits() == b.to_bits());
+            prop_assert!(same, "{layout:?} {start}+{len}");
+        }
+    }
+}
