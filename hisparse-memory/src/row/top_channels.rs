@@ -76,14 +76,17 @@ impl TopChannels {
         let at = 2 * n;
         let s = f32::from_le_bytes([row[at], row[at + 1], row[at + 2], row[at + 3]]);
         out.fill(0.0);
-        // The kept values decoded 64 at a time, then placed.
-        let mut buf = [0f32; 64];
-        for (b, (places, codes)) in row[..n].chunks(buf.len()).zip(row[n..2 * n].chunks(buf.len())).enumerate() {
+        // A group's kept values decoded together (at most 256: `with_format` checks), then
+        // placed in the group.
+        let mut buf = [0f32; 256];
+        let (places, codes) = row[..2 * n].split_at(n);
+        for ((group, places), codes) in
+            out.chunks_mut(self.group).zip(places.chunks(self.keep)).zip(codes.chunks(self.keep))
+        {
             let vals = &mut buf[..codes.len()];
             decode_e4m3_scaled(codes, s, vals);
-            for (j, (&place, &v)) in places.iter().zip(vals.iter()).enumerate() {
-                let k = b * 64 + j;
-                out[(k / self.keep) * self.group + usize::from(place)] = v;
+            for (&place, &v) in places.iter().zip(vals.iter()) {
+                group[usize::from(place)] = v;
             }
         }
     }
