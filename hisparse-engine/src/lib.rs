@@ -40,8 +40,8 @@ pub use hisparse_kernels::{
     dense_attention,
 };
 pub use hisparse_memory::{
-    Admission, EmulatedDevice, IndexKeyFormat, IndexKeyLayout, KvGeometry, KvRowFormat, KvRowLayout, MemoryError, Mode,
-    RequestId, StorageFormats, available_memory,
+    Admission, DeviceMemory, EmulatedDevice, IndexKeyFormat, IndexKeyLayout, KvGeometry, KvRowFormat, KvRowLayout,
+    MemoryError, Mode, RequestId, StorageFormats, available_memory,
 };
 pub use hisparse_policy::{
     BuiltinPolicy, BuiltinPrefetcher, Eviction, EvictionPolicy, HiSparseConfig, OnlinePolicy, PolicyChoice,

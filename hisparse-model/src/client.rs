@@ -10,9 +10,11 @@
 
 use std::collections::HashMap;
 
+use half::bf16;
 use hisparse_engine::engine::{BatchEntry, DecodeModel, LayerTensors};
 use hisparse_engine::{
-    Admission, Backend, DecodeStep, EmulatedDevice, EngineError, KvCache, LayerInputs, Outcome, RequestId, RequestSpec,
+    Admission, Backend, DecodeStep, DeviceMemory, EmulatedDevice, EngineError, KvCache, LayerInputs, Outcome,
+    RequestId, RequestSpec,
 };
 
 use crate::decode::StepState;
@@ -33,7 +35,7 @@ fn engine_error(e: ModelError) -> EngineError {
 
 /// The real model decoding requests that continue its prefilled prompts; see the module
 /// documentation.
-pub struct LlamaDecoder<'a> {
+pub struct LlamaDecoder<'a, M: DeviceMemory = EmulatedDevice> {
     model: &'a Llama,
     prompts: &'a [PrefillOut],
     /// Each submitted request's prompt and tokens (the prompt's next token first).
@@ -47,9 +49,63 @@ pub struct LlamaDecoder<'a> {
     generation: u64,
     keep_logits: bool,
     logits: Vec<(RequestId, Vec<f32>)>,
+    /// The layer's inputs as the cache's backend reads them (copied from `step` each layer).
+    device: Option<DeviceInputs<M>>,
+    /// The attention's output as the model reads it (copied from the backend's each layer).
+    out: Vec<f32>,
 }
 
-impl<'a> LlamaDecoder<'a> {
+/// A layer's inputs in the backend's memory.
+struct DeviceInputs<M: DeviceMemory> {
+    index_q: M::Buffer<bf16>,
+    weights: M::Buffer<f32>,
+    keys: M::Buffer<u8>,
+    attn_q: M::Buffer<bf16>,
+    rows: M::Buffer<u8>,
+}
+
+impl<M: DeviceMemory> DeviceInputs<M> {
+    /// Writes `st`'s inputs into `dev`, made (again) where a length changed; returns the
+    /// inputs and whether they moved.
+    fn write<'d>(dev: &'d mut Option<Self>, mem: &M, st: &StepState) -> hisparse_engine::Result<(&'d Self, bool)> {
+        let fits = dev.as_ref().is_some_and(|d| {
+            mem.len(&d.index_q) == st.index_q.len()
+                && mem.len(&d.weights) == st.weights.len()
+                && mem.len(&d.keys) == st.keys.len()
+                && mem.len(&d.attn_q) == st.attn_q.len()
+                && mem.len(&d.rows) == st.rows.len()
+        });
+        let d = match dev.take() {
+            Some(d) if fits => d,
+            _ => Self {
+                index_q: mem.alloc_zeroed(st.index_q.len())?,
+                weights: mem.alloc_zeroed(st.weights.len())?,
+                keys: mem.alloc_zeroed(st.keys.len())?,
+                attn_q: mem.alloc_zeroed(st.attn_q.len())?,
+                rows: mem.alloc_zeroed(st.rows.len())?,
+            },
+        };
+        let d = dev.insert(d);
+        mem.write(&mut d.index_q, 0, &st.index_q)?;
+        mem.write(&mut d.weights, 0, &st.weights)?;
+        mem.write(&mut d.keys, 0, &st.keys)?;
+        mem.write(&mut d.attn_q, 0, &st.attn_q)?;
+        mem.write(&mut d.rows, 0, &st.rows)?;
+        Ok((d, !fits))
+    }
+
+    fn inputs(&self) -> LayerInputs<'_, M> {
+        LayerInputs {
+            index_queries: Some(&self.index_q),
+            index_weights: Some(&self.weights),
+            new_index_keys: Some(&self.keys),
+            attention_queries: &self.attn_q,
+            new_kv_rows: &self.rows,
+        }
+    }
+}
+
+impl<'a, M: DeviceMemory> LlamaDecoder<'a, M> {
     /// A decoder of `model` for requests continuing `prompts` (prefilled with the cache's
     /// layouts).
     pub fn new(model: &'a Llama, prompts: &'a [PrefillOut]) -> Self {
@@ -63,6 +119,8 @@ impl<'a> LlamaDecoder<'a> {
             generation: 0,
             keep_logits: false,
             logits: Vec::new(),
+            device: None,
+            out: Vec::new(),
         }
     }
 
@@ -138,7 +196,10 @@ impl<'a> LlamaDecoder<'a> {
     }
 }
 
-impl<B: Backend<Memory = EmulatedDevice>> DecodeModel<B> for LlamaDecoder<'_> {
+impl<B: Backend> DecodeModel<B> for LlamaDecoder<'_, B::Memory>
+where
+    B::Memory: Clone,
+{
     fn admit(
         &mut self,
         cache: &mut KvCache<B>,
@@ -182,35 +243,26 @@ impl<B: Backend<Memory = EmulatedDevice>> DecodeModel<B> for LlamaDecoder<'_> {
         Ok(false)
     }
 
-    fn project(&mut self, cache: &KvCache<B>, l: usize) -> hisparse_engine::Result<LayerInputs<'_, EmulatedDevice>> {
-        let st = &mut self.step;
-        let before = [
-            st.index_q.as_ptr() as usize,
-            st.keys.as_ptr() as usize,
-            st.rows.as_ptr() as usize,
-            st.attn_q.as_ptr() as usize,
-        ];
-        self.model.project_layer(st, l, cache.layouts()).map_err(engine_error)?;
-        let after = [
-            st.index_q.as_ptr() as usize,
-            st.keys.as_ptr() as usize,
-            st.rows.as_ptr() as usize,
-            st.attn_q.as_ptr() as usize,
-        ];
-        self.generation += u64::from(before != after);
-        Ok(st.inputs())
+    fn project(&mut self, cache: &KvCache<B>, l: usize) -> hisparse_engine::Result<LayerInputs<'_, B::Memory>> {
+        self.model.project_layer(&mut self.step, l, cache.layouts()).map_err(engine_error)?;
+        let (d, moved) = DeviceInputs::write(&mut self.device, cache.backend().memory(), &self.step)?;
+        self.generation += u64::from(moved);
+        Ok(d.inputs())
     }
 
     fn after_attention(
         &mut self,
         step: &mut DecodeStep<'_, B>,
         l: usize,
-        out: &Vec<f32>,
-        _lse: &Vec<f32>,
+        out: &<B::Memory as DeviceMemory>::Buffer<f32>,
+        _lse: &<B::Memory as DeviceMemory>::Buffer<f32>,
     ) -> hisparse_engine::Result<()> {
-        let (model, st) = (self.model, &mut self.step);
-        step.time_stages(hisparse_engine::KernelStage::Model, |_, _| {
-            model.after_attention(st, l, out).map_err(engine_error)
+        let (model, st, host) = (self.model, &mut self.step, &mut self.out);
+        step.time_stages(hisparse_engine::KernelStage::Model, |b, _| {
+            let mem = b.memory();
+            host.resize(mem.len(out), 0.0);
+            mem.read(out, 0, host)?;
+            model.after_attention(st, l, host).map_err(engine_error)
         })
     }
 
@@ -238,11 +290,11 @@ impl<B: Backend<Memory = EmulatedDevice>> DecodeModel<B> for LlamaDecoder<'_> {
     fn tensors<'t>(
         &'t self,
         _l: usize,
-        out: &'t Vec<f32>,
-        lse: &'t Vec<f32>,
-    ) -> Option<LayerTensors<'t, EmulatedDevice>> {
-        let s = &self.step;
-        Some(LayerTensors { index_q: &s.index_q, index_w: &s.weights, attn_q: &s.attn_q, out, lse })
+        out: &'t <B::Memory as DeviceMemory>::Buffer<f32>,
+        lse: &'t <B::Memory as DeviceMemory>::Buffer<f32>,
+    ) -> Option<LayerTensors<'t, B::Memory>> {
+        let d = self.device.as_ref()?;
+        Some(LayerTensors { index_q: &d.index_q, index_w: &d.weights, attn_q: &d.attn_q, out, lse })
     }
 }
 

@@ -127,13 +127,16 @@ impl Llama {
 
     /// Admits a prefilled prompt into `cache` as request `id`, reserving room for
     /// `reserve_tokens` in all.
-    pub fn admit<B: Backend<Memory = hisparse_engine::EmulatedDevice>>(
+    pub fn admit<B: Backend>(
         &self,
         cache: &mut KvCache<B>,
         id: RequestId,
         p: &PrefillOut,
         reserve_tokens: usize,
-    ) -> Result<Admission> {
+    ) -> Result<Admission>
+    where
+        B::Memory: Clone,
+    {
         let prompt = Prompt {
             tokens: p.tokens,
             kv_rows: p.kv_rows.iter().map(|r| Rows::Host(r)).collect(),
