@@ -1,7 +1,8 @@
 //! A real model as the input of `hisparse run` and `hisparse sweep` (`--model smollm2` or
 //! `--gguf FILE`): prompts are windows of a text (`--text`), prefilled once each; requests
 //! continue them in turn (request i prompt i modulo `--prompts`) and decode greedily. The model
-//! is the engine's client (`LlamaDecoder`) on the CPU: scheduling, admission, arrivals
+//! is the engine's client (`LlamaDecoder`), its projections on the host and its cache on the CPU
+//! backend or, with `--backend cuda`, on the GPU: scheduling, admission, arrivals
 //! (`--arrival-rate`), the waiting queue (`--max-queued`), latencies, traces and metrics are the
 //! engine's, as with the emulated workload. The engine flags that describe the cache apply
 //! (`--device-memory`, `--device-buffer-size`, `--eviction-policy`, `--prefetcher`,
@@ -10,7 +11,9 @@
 
 use std::path::PathBuf;
 
-use hisparse_engine::{CacheConfig, CpuBackend, Engine, EngineConfig, KvCache, KvRowFormat, Mode, RequestId};
+use hisparse_engine::{
+    CacheConfig, CpuBackend, Engine, EngineConfig, KvCache, KvRowFormat, Mode, RequestId, RequestSpec,
+};
 use hisparse_model::{AttentionKind, Llama, LlamaDecoder, PrefillOut, cache_config, cache_config_within};
 
 use super::common::{BackendKind, EngineArgs, parse_bytes};
@@ -22,8 +25,43 @@ use crate::error::{BenchError, Result};
 use crate::files::OutputDir;
 use crate::{guard, interrupt, progress};
 
-/// The engine of a real model's run: its decoder over the prompts on the CPU backend.
-pub type ModelEngine<'a> = Engine<CpuBackend, LlamaDecoder<'a>>;
+/// The engine of a real model's run: its decoder over the prompts, on the CPU backend or, with
+/// `--backend cuda`, the cache on the CUDA backend (the projections on the host).
+pub enum ModelEngine<'a> {
+    /// On the CPU backend.
+    Cpu(Engine<CpuBackend, LlamaDecoder<'a>>),
+    /// The cache on the CUDA backend.
+    #[cfg(feature = "cuda")]
+    Cuda(Engine<hisparse_kernels::cuda::CudaBackend, LlamaDecoder<'a, hisparse_memory::cuda::CudaMemory>>),
+}
+
+impl ModelEngine<'_> {
+    /// The engine, as the runs drive it.
+    pub fn engine(&mut self) -> &mut dyn hisparse_engine::DecodeEngine {
+        match self {
+            Self::Cpu(e) => e,
+            #[cfg(feature = "cuda")]
+            Self::Cuda(e) => e,
+        }
+    }
+
+    /// The tokens of every request that left, in the order they left.
+    pub fn finished(&self) -> &[(RequestId, Vec<u32>)] {
+        match self {
+            Self::Cpu(e) => e.model().finished(),
+            #[cfg(feature = "cuda")]
+            Self::Cuda(e) => e.model().finished(),
+        }
+    }
+
+    fn request(&mut self, id: RequestId, prompt: usize, output: usize) -> hisparse_model::Result<RequestSpec> {
+        match self {
+            Self::Cpu(e) => e.model_mut().request(id, prompt, output),
+            #[cfg(feature = "cuda")]
+            Self::Cuda(e) => e.model_mut().request(id, prompt, output),
+        }
+    }
+}
 
 /// A loaded model, its prompts and how its caches are made.
 pub struct ModelInput {
@@ -43,12 +81,8 @@ impl ModelInput {
         if source.text.is_empty() {
             return Err(BenchError::flag("text", "", "a model's prompts are windows of a text: give --text FILE"));
         }
-        if engine.backend == BackendKind::Cuda {
-            return Err(BenchError::flag(
-                "backend",
-                "cuda",
-                "a real model runs on the CPU backend (GQA rows have no CUDA kernels yet)",
-            ));
+        if engine.backend == BackendKind::Cuda && !cfg!(feature = "cuda") {
+            return Err(BenchError::flag("backend", "cuda", "this build has no CUDA support (feature `cuda`)"));
         }
         guard::within("prompts", source.prompts, 1, hisparse_engine::DEFAULT_MAX_QUEUED)?;
         let kv_format = engine.kv_format.unwrap_or(KvRowFormat::Bf16);
@@ -178,18 +212,28 @@ impl ModelInput {
         mode: Mode,
         (max_tokens, requests): (usize, usize),
         output: impl Fn(usize) -> usize,
-    ) -> Result<(ModelEngine<'_>, Vec<hisparse_engine::RequestSpec>)> {
+    ) -> Result<(ModelEngine<'_>, Vec<RequestSpec>)> {
         let cache = self.cache_config(engine, mode, max_tokens, requests)?;
         let cfg = EngineConfig {
             max_queued: guard::at_least_one("max-queued", engine.max_queued)?,
             stop: interrupt::engine_stop(),
             ..EngineConfig::with_cache(cache)
         };
-        let decoder = LlamaDecoder::new(&self.model, &self.prompts);
-        let mut e = Engine::with_model(CpuBackend::new(), cfg, decoder)
-            .map_err(|e| super::model_args::named(e.into(), "device-buffer-size"))?;
+        let named = |e: hisparse_engine::EngineError| super::model_args::named(e.into(), "device-buffer-size");
+        let mut e = match engine.backend {
+            #[cfg(feature = "cuda")]
+            BackendKind::Cuda => {
+                let backend = engine.cuda_backend(&cfg.cache.hisparse)?;
+                let decoder = LlamaDecoder::new(&self.model, &self.prompts);
+                ModelEngine::Cuda(Engine::with_model(backend, cfg, decoder).map_err(named)?)
+            }
+            _ => {
+                let decoder = LlamaDecoder::new(&self.model, &self.prompts);
+                ModelEngine::Cpu(Engine::with_model(CpuBackend::new(), cfg, decoder).map_err(named)?)
+            }
+        };
         let specs = (0..requests)
-            .map(|i| e.model_mut().request(RequestId(i as u64), i % self.prompts.len(), output(i)))
+            .map(|i| e.request(RequestId(i as u64), i % self.prompts.len(), output(i)))
             .collect::<hisparse_model::Result<Vec<_>>>()?;
         Ok((e, specs))
     }
@@ -256,9 +300,9 @@ pub fn run(a: &RunArgs) -> Result<(Vec<ModeRun>, PathBuf)> {
         let output = |i: usize| a.output[i % a.output.len()];
         let (mut e, specs) = input.engine(&a.engine, mode, (max_tokens, a.concurrency), output)?;
         let times = rate.map(|r| super::arrivals::poisson_times(specs.len(), r, a.engine.seed));
-        let mut run = super::run_engine::run_mode(a, mode, &mut e, &specs, times.as_deref(), trace_file.as_mut())?;
+        let mut run = super::run_engine::run_mode(a, mode, e.engine(), &specs, times.as_deref(), trace_file.as_mut())?;
         run.arrival_rate = rate;
-        let mut tokens: Vec<(u64, Vec<u32>)> = e.model().finished().iter().map(|(id, t)| (id.0, t.clone())).collect();
+        let mut tokens: Vec<(u64, Vec<u32>)> = e.finished().iter().map(|(id, t)| (id.0, t.clone())).collect();
         tokens.sort_unstable();
         generated.push(tokens);
         runs.push(run);

@@ -48,6 +48,7 @@ pub fn run(a: &SweepArgs, levels: &[usize], steps: usize) -> Result<(SweepReport
     let bar = progress::bar(total as u64, "request-steps");
     let (mut points, mut measured_misses, mut tier_bytes) = (Vec::new(), Vec::new(), Vec::new());
     let (mut hierarchy, mut buffer, mut device_kv, mut host_tier) = (String::new(), 0, 0, 0);
+    let mut backend = "cpu";
     let trace = SharedBuf::default();
     for &context in &a.context {
         bar.set_message(format!("context {context}: prefilling"));
@@ -55,7 +56,9 @@ pub fn run(a: &SweepArgs, levels: &[usize], steps: usize) -> Result<(SweepReport
         let all: Vec<_> = modes.iter().map(|m| m.mode()).collect();
         input.refuse_a_budget_holding_nothing(&a.engine, &all, context + life, max_n)?;
         for &mode in &modes {
-            let (mut e, specs) = input.engine(&a.engine, mode.mode(), (context + life, max_n), |_| life)?;
+            let (mut model_engine, specs) = input.engine(&a.engine, mode.mode(), (context + life, max_n), |_| life)?;
+            let e = model_engine.engine();
+            backend = e.backend_name();
             let hs = &e.config().cache.hisparse;
             if !tier_bytes.iter().any(|&(m, _)| m == mode.mode()) {
                 tier_bytes.push((mode.mode(), e.device_tier_bytes() as u64));
@@ -63,13 +66,13 @@ pub fn run(a: &SweepArgs, levels: &[usize], steps: usize) -> Result<(SweepReport
             // The report's hierarchy is hisparse's; a resident-only sweep shows its own budget.
             if mode == SweepMode::HiSparse || hierarchy.is_empty() {
                 (hierarchy, buffer) = (
-                    super::sweep_output::hierarchy(hs, hisparse_kernels::MissFill::SwapIn, "cpu"),
+                    super::sweep_output::hierarchy(hs, hisparse_kernels::MissFill::SwapIn, backend),
                     hs.device_buffer_size,
                 );
                 (device_kv, host_tier) = (hs.device_kv_bytes, hs.host_bytes());
             }
             let record = (mode == SweepMode::HiSparse && Some(&context) == a.context.first()).then_some(&trace);
-            let (ps, per_step) = measure(a, &mut e, &specs, (context, mode), (levels, steps), record, &bar)?;
+            let (ps, per_step) = measure(a, e, &specs, (context, mode), (levels, steps), record, &bar)?;
             points.extend(ps);
             if mode == SweepMode::HiSparse {
                 measured_misses.push((format!("context {context}"), per_step));
@@ -81,7 +84,7 @@ pub fn run(a: &SweepArgs, levels: &[usize], steps: usize) -> Result<(SweepReport
     let c = input.model.config();
     let mut report = SweepReport {
         preset: input.name(),
-        backend: "cpu".into(),
+        backend: backend.into(),
         emulation: format!(
             "a real model, nothing emulated ({} layers, {} query heads over {} KV heads of {}), oracle top-{} \
              over its own attention weights, {} prompts of the text",

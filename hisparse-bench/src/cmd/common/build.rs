@@ -191,14 +191,36 @@ fn cuda_engine(
     knobs: CudaKnobs,
     fill: MissFill,
 ) -> std::result::Result<Box<dyn DecodeEngine>, String> {
-    let be = hisparse_kernels::cuda::CudaBackend::new(ordinal)
+    let be = cuda_backend(ordinal, knobs, fill)?;
+    Ok(Box::new(Engine::new(be, cfg).map_err(|e| e.to_string())?))
+}
+
+/// The CUDA backend on GPU `ordinal` with the command line's kernel choices and miss-fill form.
+#[cfg(feature = "cuda")]
+fn cuda_backend(
+    ordinal: usize,
+    knobs: CudaKnobs,
+    fill: MissFill,
+) -> std::result::Result<hisparse_kernels::cuda::CudaBackend, String> {
+    hisparse_kernels::cuda::CudaBackend::new(ordinal)
         .map_err(|e| e.to_string())?
         .with_top_k_blocks(knobs.top_k_blocks)
         .with_wgmma_attention(knobs.wgmma_attention)
         .with_wgmma_indexer(knobs.wgmma_indexer)
         .with_miss_fill(fill)
-        .map_err(|e| e.to_string())?;
-    Ok(Box::new(Engine::new(be, cfg).map_err(|e| e.to_string())?))
+        .map_err(|e| e.to_string())
+}
+
+#[cfg(feature = "cuda")]
+impl EngineArgs {
+    /// The CUDA backend of GPU 0 for a cache of `hs` (`--backend cuda`; a real model's engine),
+    /// failing with a message naming `--backend`.
+    pub fn cuda_backend(&self, hs: &HiSparseConfig) -> Result<hisparse_kernels::cuda::CudaBackend> {
+        if !cuda_driver_present() {
+            return Err(BenchError::flag("backend", "cuda", "no CUDA driver (libcuda.so) on this machine"));
+        }
+        cuda_backend(0, self.cuda_knobs(), self.miss_fill(hs)?).map_err(|e| BenchError::flag("backend", "cuda", e))
+    }
 }
 
 #[cfg(not(feature = "cuda"))]
