@@ -29,19 +29,19 @@ use crate::{guard, interrupt, progress};
 /// `--backend cuda`, the cache on the CUDA backend (the projections on the host).
 pub enum ModelEngine<'a> {
     /// On the CPU backend.
-    Cpu(Engine<CpuBackend, LlamaDecoder<'a>>),
+    Cpu(Box<Engine<CpuBackend, LlamaDecoder<'a>>>),
     /// The cache on the CUDA backend.
     #[cfg(feature = "cuda")]
-    Cuda(Engine<hisparse_kernels::cuda::CudaBackend, LlamaDecoder<'a, hisparse_memory::cuda::CudaMemory>>),
+    Cuda(Box<Engine<hisparse_kernels::cuda::CudaBackend, LlamaDecoder<'a, hisparse_memory::cuda::CudaMemory>>>),
 }
 
 impl ModelEngine<'_> {
     /// The engine, as the runs drive it.
     pub fn engine(&mut self) -> &mut dyn hisparse_engine::DecodeEngine {
         match self {
-            Self::Cpu(e) => e,
+            Self::Cpu(e) => e.as_mut(),
             #[cfg(feature = "cuda")]
-            Self::Cuda(e) => e,
+            Self::Cuda(e) => e.as_mut(),
         }
     }
 
@@ -225,11 +225,11 @@ impl ModelInput {
             BackendKind::Cuda => {
                 let backend = engine.cuda_backend(&cfg.cache.hisparse)?;
                 let decoder = LlamaDecoder::new(&self.model, &self.prompts);
-                ModelEngine::Cuda(Engine::with_model(backend, cfg, decoder).map_err(named)?)
+                ModelEngine::Cuda(Box::new(Engine::with_model(backend, cfg, decoder).map_err(named)?))
             }
             _ => {
                 let decoder = LlamaDecoder::new(&self.model, &self.prompts);
-                ModelEngine::Cpu(Engine::with_model(CpuBackend::new(), cfg, decoder).map_err(named)?)
+                ModelEngine::Cpu(Box::new(Engine::with_model(CpuBackend::new(), cfg, decoder).map_err(named)?))
             }
         };
         let specs = (0..requests)
