@@ -385,3 +385,37 @@ fn sweep_measures_a_model_at_each_level_within_a_device_budget() {
     assert!(!json["misses_by_buffer"].as_array().unwrap().is_empty());
     std::fs::remove_dir_all(d).unwrap();
 }
+
+/// `eval --backend cuda` runs the cache on the GPU (`gpu_model` tests the path there); on a
+/// machine without a CUDA driver it is refused on one line naming the flag, nothing written.
+#[test]
+fn eval_on_cuda_without_a_driver_is_refused_by_name() {
+    if std::path::Path::new("/dev/nvidiactl").exists() {
+        return; // a GPU machine runs it instead
+    }
+    let (d, g) = tiny("eval-cuda");
+    let text = concat!(env!("CARGO_MANIFEST_DIR"), "/../hisparse-model/tests/data/apache-2.0.txt");
+    let out = d.join("out");
+    let o = hisparse(&[
+        "eval",
+        "--gguf",
+        &g,
+        "--text",
+        text,
+        "--contexts",
+        "120",
+        "--top-k",
+        "16",
+        "--decode",
+        "8",
+        "--backend",
+        "cuda",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("--backend") && err.contains("cuda"), "{err}");
+    assert!(!out.exists(), "nothing is written");
+    std::fs::remove_dir_all(d).unwrap();
+}

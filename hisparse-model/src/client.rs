@@ -302,31 +302,31 @@ where
 pub type TraceSink = (Box<dyn std::io::Write + Send>, usize);
 
 impl Llama {
-    /// Teacher forcing through the engine: the engine over a cache of `cache` (on the CPU
-    /// backend, observing `stop`) serves one request per prompt of `prompts`, request `i` fed
+    /// Teacher forcing through the engine: the engine over a cache of `cache` (on `backend`,
+    /// observing `stop`) serves one request per prompt of `prompts`, request `i` fed
     /// `next[i]` (all of one length) one step at a time; every step's logits are scored against
     /// the true next token. With `trace`, the engine records the run's selections into its
     /// writer (with the oracle's scores at its margin). What [`Llama::teacher_forced`] measures
     /// through the cache's own API, here with the engine's admission, scheduling and traces.
-    pub fn teacher_forced_by_engine(
+    pub fn teacher_forced_by_engine<B: Backend>(
         &self,
+        backend: B,
         cache: hisparse_engine::CacheConfig,
         prompts: &[PrefillOut],
         next: &[&[u32]],
         keep_logits: bool,
         (stop, trace): (hisparse_engine::StopFlag, Option<TraceSink>),
-    ) -> Result<crate::forced::ForcedOut> {
+    ) -> Result<crate::forced::ForcedOut>
+    where
+        B::Memory: Clone,
+    {
         use crate::forced::{ForcedOut, nll};
         let steps = next.first().map_or(0, |n| n.len());
         if next.len() != prompts.len() || next.iter().any(|n| n.len() != steps) {
             return Err(ModelError::invalid("next", next.len(), "one continuation per prompt, all of one length"));
         }
         let cfg = hisparse_engine::EngineConfig { stop, ..hisparse_engine::EngineConfig::with_cache(cache) };
-        let mut e = hisparse_engine::Engine::with_model(
-            hisparse_engine::CpuBackend::new(),
-            cfg,
-            LlamaDecoder::new(self, prompts),
-        )?;
+        let mut e = hisparse_engine::Engine::with_model(backend, cfg, LlamaDecoder::<B::Memory>::new(self, prompts))?;
         e.model_mut().keep_logits(true);
         let n = prompts.len();
         for (i, nx) in next.iter().enumerate() {

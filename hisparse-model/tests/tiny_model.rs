@@ -185,7 +185,16 @@ fn teacher_forcing_through_the_engine_equals_the_caches_api_and_its_trace_replay
     let sink = Sink::default();
     let trace: Box<dyn std::io::Write + Send> = Box::new(sink.clone());
     let stop = hisparse_engine::StopFlag::never();
-    let run = m.teacher_forced_by_engine(c.config().clone(), &prompts, &next, true, (stop, Some((trace, 4)))).unwrap();
+    let run = m
+        .teacher_forced_by_engine(
+            CpuBackend::new(),
+            c.config().clone(),
+            &prompts,
+            &next,
+            true,
+            (stop, Some((trace, 4))),
+        )
+        .unwrap();
     // The engine's path computes what the cache's own API does, bit for bit.
     assert_eq!((&run.nll, &run.argmax, &run.logits), (&want.nll, &want.argmax, &want.logits));
     assert_eq!((run.counts.hits, run.counts.misses, run.steps), (want.counts.hits, want.counts.misses, 120));
@@ -208,6 +217,7 @@ fn teacher_forcing_through_the_engine_equals_the_caches_api_and_its_trace_replay
     // Continuations of different lengths are refused, naming them.
     let short: [&[u32]; 2] = [&ids[100..110], &ids[200..205]];
     let e = m.teacher_forced_by_engine(
+        CpuBackend::new(),
         c.config().clone(),
         &prompts,
         &short,

@@ -56,8 +56,21 @@ pub struct EvalArgs {
     /// Replace an existing --record-trace file.
     #[arg(long)]
     pub overwrite: bool,
+    /// Where the cache runs: the CPU backend, or the CUDA backend of GPU 0 (the model's
+    /// projections stay on the host either way).
+    #[arg(long, value_enum, default_value_t = EvalBackend::Cpu)]
+    pub backend: EvalBackend,
     #[command(flatten)]
     pub model: ModelArgs,
+}
+
+/// `eval`'s backends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum EvalBackend {
+    /// The CPU backend.
+    Cpu,
+    /// The CUDA backend of GPU 0.
+    Cuda,
 }
 
 /// One measured configuration.
@@ -183,6 +196,31 @@ fn row(
     }
 }
 
+/// [`hisparse_model::Llama::teacher_forced_by_engine`] on the CUDA backend of GPU 0.
+#[cfg(feature = "cuda")]
+fn forced_on_cuda(
+    m: &hisparse_model::Llama,
+    cfg: hisparse_engine::CacheConfig,
+    (prompts, next): (&[PrefillOut], &[&[u32]]),
+    keep: bool,
+    how: (hisparse_engine::StopFlag, Option<hisparse_model::TraceSink>),
+) -> Result<ForcedOut> {
+    let backend = hisparse_kernels::cuda::CudaBackend::new(0)
+        .map_err(|e| BenchError::flag("backend", "cuda", format!("the CUDA backend could not start: {e}")))?;
+    Ok(m.teacher_forced_by_engine(backend, cfg, prompts, next, keep, how)?)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn forced_on_cuda(
+    _m: &hisparse_model::Llama,
+    _cfg: hisparse_engine::CacheConfig,
+    _prompts: (&[PrefillOut], &[&[u32]]),
+    _keep: bool,
+    _how: (hisparse_engine::StopFlag, Option<hisparse_model::TraceSink>),
+) -> Result<ForcedOut> {
+    Err(BenchError::flag("backend", "cuda", "this build has no CUDA support (feature `cuda`)"))
+}
+
 /// Runs the evaluation; returns the rows and the output folder, if any.
 pub fn run(args: &EvalArgs) -> Result<(Vec<EvalRow>, Option<PathBuf>)> {
     let m = args.model.load()?;
@@ -246,7 +284,13 @@ pub fn run(args: &EvalArgs) -> Result<(Vec<EvalRow>, Option<PathBuf>)> {
                 (AttentionKind::HiSparse, Some(f)) => Some((f.second_writer()?, args.score_margin)),
                 _ => None,
             };
-            let r = m.teacher_forced_by_engine(cfg, &prompts[f], &next, keep, (interrupt::engine_stop(), record))?;
+            let how = (interrupt::engine_stop(), record);
+            let r = match args.backend {
+                EvalBackend::Cpu => {
+                    m.teacher_forced_by_engine(hisparse_engine::CpuBackend::new(), cfg, &prompts[f], &next, keep, how)?
+                }
+                EvalBackend::Cuda => forced_on_cuda(&m, cfg, (&prompts[f], &next), keep, how)?,
+            };
             bar.inc(1);
             Ok(r)
         };
