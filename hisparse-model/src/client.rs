@@ -173,6 +173,23 @@ impl<'a, M: DeviceMemory> LlamaDecoder<'a, M> {
         Ok(RequestSpec { id, prompt_tokens: p.tokens, output_tokens: output })
     }
 
+    /// Makes `token` the one request `id` feeds at its next step, in place of the decoder's
+    /// greedy choice at the last step's end (a caller sampling from the kept logits). Refused by
+    /// name for a request the decoder does not hold.
+    pub fn choose(&mut self, id: RequestId, token: u32) -> Result<()> {
+        let vocab = self.model.config().vocab;
+        if token as usize >= vocab {
+            return Err(ModelError::invalid("token", token, format!("the vocabulary has {vocab} tokens")));
+        }
+        match self.requests.get_mut(&id).and_then(|(_, t)| t.last_mut()) {
+            Some(last) => {
+                *last = token;
+                Ok(())
+            }
+            None => Err(ModelError::invalid("id", id.0, "not a request of this decoder")),
+        }
+    }
+
     /// Keeps every step's logits (a vocabulary of floats per request), taken by
     /// [`LlamaDecoder::take_logits`].
     pub fn keep_logits(&mut self, keep: bool) {

@@ -14,7 +14,7 @@ use hisparse_engine::IndexKeyLayout;
 use hisparse_model::{AttentionKind, ForcedOut, ModelError, PrefillOut};
 use serde::Serialize;
 
-use super::model_args::ModelArgs;
+use super::model_args::{ModelArgs, ModelBackend};
 use crate::error::{BenchError, Result};
 use crate::files::output::{AtomicFile, OutputDir};
 use crate::report::plot::{Chart, Series, line_chart};
@@ -56,21 +56,8 @@ pub struct EvalArgs {
     /// Replace an existing --record-trace file.
     #[arg(long)]
     pub overwrite: bool,
-    /// Where the cache runs: the CPU backend, or the CUDA backend of GPU 0 (the model's
-    /// projections stay on the host either way).
-    #[arg(long, value_enum, default_value_t = EvalBackend::Cpu)]
-    pub backend: EvalBackend,
     #[command(flatten)]
     pub model: ModelArgs,
-}
-
-/// `eval`'s backends.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum EvalBackend {
-    /// The CPU backend.
-    Cpu,
-    /// The CUDA backend of GPU 0.
-    Cuda,
 }
 
 /// One measured configuration.
@@ -205,9 +192,7 @@ fn forced_on_cuda(
     keep: bool,
     how: (hisparse_engine::StopFlag, Option<hisparse_model::TraceSink>),
 ) -> Result<ForcedOut> {
-    let backend = hisparse_kernels::cuda::CudaBackend::new(0)
-        .map_err(|e| BenchError::flag("backend", "cuda", format!("the CUDA backend could not start: {e}")))?;
-    Ok(m.teacher_forced_by_engine(backend, cfg, prompts, next, keep, how)?)
+    Ok(m.teacher_forced_by_engine(super::model_args::cuda_backend()?, cfg, prompts, next, keep, how)?)
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -285,11 +270,11 @@ pub fn run(args: &EvalArgs) -> Result<(Vec<EvalRow>, Option<PathBuf>)> {
                 _ => None,
             };
             let how = (interrupt::engine_stop(), record);
-            let r = match args.backend {
-                EvalBackend::Cpu => {
+            let r = match args.model.backend {
+                ModelBackend::Cpu => {
                     m.teacher_forced_by_engine(hisparse_engine::CpuBackend::new(), cfg, &prompts[f], &next, keep, how)?
                 }
-                EvalBackend::Cuda => forced_on_cuda(&m, cfg, (&prompts[f], &next), keep, how)?,
+                ModelBackend::Cuda => forced_on_cuda(&m, cfg, (&prompts[f], &next), keep, how)?,
             };
             bar.inc(1);
             Ok(r)

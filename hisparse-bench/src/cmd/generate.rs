@@ -1,15 +1,16 @@
 //! `hisparse generate`: a real model's text, streamed as it is decoded through the KV hierarchy
 //! (greedy, or sampled with a temperature and a seed), with each step's hits and misses on
-//! request.
+//! request. The model is the engine's client (`LlamaDecoder`), its cache on `--backend`'s
+//! backend; each step's logits are sampled into the token the next step feeds.
 
 use std::io::Write;
 
 use clap::Args;
-use hisparse_engine::{Admission, RequestId};
-use hisparse_model::{AttentionKind, StepToken, argmax};
+use hisparse_engine::{Backend, Engine, EngineConfig, RequestId};
+use hisparse_model::{AttentionKind, Llama, LlamaDecoder, PrefillOut, argmax};
 use rand::{Rng, SeedableRng};
 
-use super::model_args::{ModelArgs, check_selection};
+use super::model_args::{ModelArgs, ModelBackend, check_selection};
 use crate::console;
 use crate::error::{BenchError, Result};
 use crate::interrupt;
@@ -113,39 +114,84 @@ pub fn run(args: &GenerateArgs) -> Result<usize> {
     }
     // Generation stops at the model's last position (--max-tokens may ask for more).
     let max = ids.len().saturating_add(args.max_tokens).min(positions);
-    let mut cache =
-        args.model.cache(m.config(), kind, args.top_k, ("device-buffer-size", buffer.unwrap_or(0)), max, 1)?;
-    let (kv, key) = cache.layouts();
-    let p = m.prefill(&ids, kv, key)?;
-    let id = RequestId(0);
-    if m.admit(&mut cache, id, &p, max)? != Admission::Admitted {
-        return Err(BenchError::flag("max-tokens", args.max_tokens, "the request does not fit the cache"));
+    let buffer = ("device-buffer-size", buffer.unwrap_or(0));
+    let cfg = args.model.cache_config(m.config(), kind, args.top_k, buffer, max, 1)?;
+    let (kv, key) = args.model.cache(m.config(), kind, args.top_k, buffer, max, 1)?.layouts();
+    let prompts = [m.prefill(&ids, kv, key)?];
+    let steps = max - ids.len();
+    if args.max_tokens == 0 || steps == 0 {
+        console::out("\n")?;
+        return Ok(0);
     }
-    let mut rng = rand::rngs::StdRng::seed_from_u64(args.seed);
-    let mut token = sample(&p.logits, args.temperature, &mut rng);
-    let (mut out, mut shown, mut n) = (Vec::new(), 0usize, 0usize);
-    let stdout = std::io::stdout();
-    while n < args.max_tokens && token != m.tokenizer.eos() && ids.len() + n < max {
-        interrupt::check(|| "generating".into())?;
-        out.push(token);
-        n += 1;
-        // Print what is complete so far (a multi-byte character may span tokens).
-        let text = m.tokenizer.decode(&out)?;
-        if text.len() > shown && !text.ends_with('\u{fffd}') {
-            let mut lock = stdout.lock();
-            lock.write_all(&text.as_bytes()[shown..]).and_then(|()| lock.flush()).map_err(BenchError::Stdout)?;
-            shown = text.len();
+    let input = Generation { m: &m, prompts: &prompts, args, steps, cache: cfg };
+    match args.model.backend {
+        ModelBackend::Cpu => input.on(hisparse_engine::CpuBackend::new()),
+        #[cfg(feature = "cuda")]
+        ModelBackend::Cuda => input.on(super::model_args::cuda_backend()?),
+        #[cfg(not(feature = "cuda"))]
+        ModelBackend::Cuda => {
+            Err(BenchError::flag("backend", "cuda", "this build has no CUDA support (feature `cuda`)"))
         }
-        let d = m.decode_step(&mut cache, &[StepToken { id, token }])?;
-        if args.show_misses {
-            let c = d.metrics.swap;
-            console::note(&format!("[step {n}: {} hits, {} misses]", c.hits, c.misses));
-        }
-        token = sample(&d.logits, args.temperature, &mut rng);
     }
-    console::out("\n")?;
-    cache.free(id)?;
-    Ok(n)
+}
+
+/// One prompt generated from, through the engine (the model its client).
+struct Generation<'a> {
+    m: &'a Llama,
+    prompts: &'a [PrefillOut],
+    args: &'a GenerateArgs,
+    /// Decode steps the request may take (to the model's last position or `--max-tokens`).
+    steps: usize,
+    cache: hisparse_engine::CacheConfig,
+}
+
+impl Generation<'_> {
+    /// Generates on `backend`: each step's logits sampled into the token the next step feeds.
+    fn on<B: Backend>(&self, backend: B) -> Result<usize>
+    where
+        B::Memory: Clone,
+    {
+        let (m, args) = (self.m, self.args);
+        let cfg = EngineConfig { stop: interrupt::engine_stop(), ..EngineConfig::with_cache(self.cache.clone()) };
+        let mut e = Engine::with_model(backend, cfg, LlamaDecoder::<B::Memory>::new(m, self.prompts))
+            .map_err(|e| super::model_args::named(e.into(), "device-buffer-size"))?;
+        e.model_mut().keep_logits(true);
+        let id = RequestId(0);
+        let spec = e.model_mut().request(id, 0, self.steps)?;
+        e.submit(spec)?;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(args.seed);
+        let mut token = sample(&self.prompts[0].logits, args.temperature, &mut rng);
+        let (mut out, mut shown, mut n) = (Vec::new(), 0usize, 0usize);
+        let stdout = std::io::stdout();
+        while n < args.max_tokens && token != m.tokenizer.eos() && n < self.steps {
+            interrupt::check(|| "generating".into())?;
+            e.model_mut().choose(id, token)?;
+            out.push(token);
+            n += 1;
+            // Print what is complete so far (a multi-byte character may span tokens).
+            let text = m.tokenizer.decode(&out)?;
+            if text.len() > shown && !text.ends_with('\u{fffd}') {
+                let mut lock = stdout.lock();
+                lock.write_all(&text.as_bytes()[shown..]).and_then(|()| lock.flush()).map_err(BenchError::Stdout)?;
+                shown = text.len();
+            }
+            let r = e.step()?;
+            if r.metrics.running == 0 {
+                return Err(BenchError::flag("max-tokens", args.max_tokens, "the request does not fit the cache"));
+            }
+            if args.show_misses {
+                let c = r.metrics.swap;
+                console::note(&format!("[step {n}: {} hits, {} misses]", c.hits, c.misses));
+            }
+            let logits = e.model_mut().take_logits();
+            token = logits.last().map_or(token, |(_, l)| sample(l, args.temperature, &mut rng));
+        }
+        console::out("\n")?;
+        if !e.is_idle() {
+            e.abort(id)?;
+        }
+        Ok(n)
+    }
 }
 
 /// The hot buffer `args` ask for (hisparse: `--device-buffer-size`, by default twice `--top-k`); a

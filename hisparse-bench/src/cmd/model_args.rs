@@ -48,6 +48,27 @@ pub struct ModelArgs {
     /// Always select the last N positions (a local window).
     #[arg(long, default_value_t = 0)]
     pub window: usize,
+    /// Where the cache runs: the CPU backend, or the CUDA backend of GPU 0 (the model's
+    /// projections stay on the host either way).
+    #[arg(long, value_enum, default_value_t = ModelBackend::Cpu)]
+    pub backend: ModelBackend,
+}
+
+/// Where a model command's cache runs (`--backend`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ModelBackend {
+    /// The CPU backend.
+    Cpu,
+    /// The CUDA backend of GPU 0.
+    Cuda,
+}
+
+/// The CUDA backend of GPU 0 for `--backend cuda`, refused naming the flag where it cannot
+/// start (or the build has no CUDA support).
+#[cfg(feature = "cuda")]
+pub fn cuda_backend() -> Result<hisparse_kernels::cuda::CudaBackend> {
+    hisparse_kernels::cuda::CudaBackend::new(0)
+        .map_err(|e| BenchError::flag("backend", "cuda", format!("the CUDA backend could not start: {e}")))
 }
 
 /// [`HeadCombine`] on the command line.

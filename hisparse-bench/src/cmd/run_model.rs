@@ -94,6 +94,7 @@ impl ModelInput {
             combine: CombineArg::Sum,
             sink: 0,
             window: 0,
+            backend: super::model_args::ModelBackend::Cpu,
         };
         let model = args.load()?;
         let buffer = engine.device_buffer_size.map(|b| ("device-buffer-size", b));
