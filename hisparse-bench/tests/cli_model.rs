@@ -386,12 +386,12 @@ fn sweep_measures_a_model_at_each_level_within_a_device_budget() {
     std::fs::remove_dir_all(d).unwrap();
 }
 
-/// `eval --backend cuda` runs the cache on the GPU (`gpu_model` tests the path there); on a
-/// machine without a CUDA driver it is refused on one line naming the flag, nothing written.
+/// `eval --backend cuda` runs the cache on the GPU (the engine path `gpu_model` tests there); on
+/// a machine without a CUDA driver it is refused on one line naming the flag, nothing written.
 #[test]
 fn eval_on_cuda_without_a_driver_is_refused_by_name() {
     if std::path::Path::new("/dev/nvidiactl").exists() {
-        return; // a GPU machine runs it instead
+        return; // with a driver the command would run: this test checks the refusal only
     }
     let (d, g) = tiny("eval-cuda");
     let text = concat!(env!("CARGO_MANIFEST_DIR"), "/../hisparse-model/tests/data/apache-2.0.txt");

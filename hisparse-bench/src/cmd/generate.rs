@@ -116,7 +116,10 @@ pub fn run(args: &GenerateArgs) -> Result<usize> {
     let max = ids.len().saturating_add(args.max_tokens).min(positions);
     let buffer = ("device-buffer-size", buffer.unwrap_or(0));
     let cfg = args.model.cache_config(m.config(), kind, args.top_k, buffer, max, 1)?;
-    let (kv, key) = args.model.cache(m.config(), kind, args.top_k, buffer, max, 1)?.layouts();
+    // The rows' and keys' layouts the cache will have (its geometry's), without making one.
+    let layouts = cfg.geometry.kv_row().and_then(|kv| Ok((kv, cfg.geometry.index_key()?)));
+    let (kv, key) =
+        layouts.map_err(|e| super::model_args::named(hisparse_model::ModelError::Engine(e.into()), buffer.0))?;
     let prompts = [m.prefill(&ids, kv, key)?];
     let steps = max - ids.len();
     if args.max_tokens == 0 || steps == 0 {

@@ -6,8 +6,8 @@ use std::path::PathBuf;
 
 use clap::Args;
 use hisparse_engine::{
-    BuiltinPolicy, CacheConfig, CpuBackend, HeadCombine, IndexKeyFormat, IndexScore, KvCache, KvRowFormat, OracleScore,
-    StorageFormats,
+    BuiltinPolicy, CacheConfig, HeadCombine, IndexKeyFormat, IndexKeyLayout, IndexScore, KvRowFormat, KvRowLayout,
+    OracleScore, StorageFormats,
 };
 use hisparse_model::{AttentionKind, Llama, LlamaConfig, ModelError, cache_config, fetch};
 
@@ -129,23 +129,16 @@ impl ModelArgs {
         Ok(m)
     }
 
-    /// A CPU cache for `requests` requests of at most `max_tokens` in `kind` (sized by
-    /// [`cache_config`]), with this command's policy and oracle; `buffer` is the hot buffer's
-    /// size and the flag it came from (errors name it).
-    pub fn cache(
-        &self,
-        config: &LlamaConfig,
-        kind: AttentionKind,
-        top_k: usize,
-        buffer: (&'static str, usize),
-        max_tokens: usize,
-        requests: usize,
-    ) -> Result<KvCache<CpuBackend>> {
-        let cfg = self.cache_config(config, kind, top_k, buffer, max_tokens, requests)?;
-        KvCache::with_named_policies(CpuBackend::new(), cfg).map_err(|e| named(e.into(), buffer.0))
+    /// The KV rows' and index keys' layouts of a cache of `cfg` (its geometry's: what the
+    /// prompts are prefilled in), without making the cache; `flag` names the flag at fault.
+    pub fn layouts(cfg: &CacheConfig, flag: &'static str) -> Result<(KvRowLayout, IndexKeyLayout)> {
+        let g = &cfg.geometry;
+        g.kv_row().and_then(|kv| Ok((kv, g.index_key()?))).map_err(|e| named(ModelError::Engine(e.into()), flag))
     }
 
-    /// [`ModelArgs::cache`]'s config (what an engine over it is built from).
+    /// The config of a cache for `requests` requests of at most `max_tokens` in `kind` (sized by
+    /// [`cache_config`]), with this command's policy and oracle; `buffer` is the hot buffer's
+    /// size and the flag it came from (errors name it).
     pub fn cache_config(
         &self,
         config: &LlamaConfig,

@@ -124,10 +124,15 @@ impl ModelInput {
                 e => super::model_args::named(e, "device-buffer-size"),
             })?;
         let starts = window_starts(self.tokens.len(), context, self.count)?;
-        let probe =
-            self.args.cache(self.model.config(), AttentionKind::Dense, 0, ("device-buffer-size", 0), context, 1)?;
-        let (kv, key) = probe.layouts();
-        drop(probe);
+        let probe = self.args.cache_config(
+            self.model.config(),
+            AttentionKind::Dense,
+            0,
+            ("device-buffer-size", 0),
+            context,
+            1,
+        )?;
+        let (kv, key) = ModelArgs::layouts(&probe, "device-buffer-size")?;
         self.prompts.clear();
         let bar = progress::bar(self.count as u64, &format!("prefilling prompts of {context} tokens"));
         for s in starts {
