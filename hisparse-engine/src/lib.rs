@@ -23,7 +23,9 @@ pub mod stop;
 pub mod tensors;
 pub mod workload;
 
-pub use cache::{CacheConfig, Captured, DecodeStep, KvCache, LayerInputs, LayerView, Prompt, Rows};
+pub use cache::{
+    CacheConfig, Captured, DecodeStep, DemotionOrder, KvCache, LayerInputs, LayerView, PlacementCounters, Prompt, Rows,
+};
 pub use engine::{DEFAULT_MAX_QUEUED, DecodeEngine, Engine, EngineConfig, LayerDump, StepReport};
 pub use error::{EngineError, Result};
 pub use latency::{LatencySummary, Percentiles, TokenLatency};

@@ -28,6 +28,7 @@ fn the_device_tier_on_cuda_holds_rows_in_both_modes() {
         index_pages: 40,
         seats: 4,
         device_buffer_size: 64,
+        shared_pool: false,
     };
     let mut t = DeviceTier::new(mem.clone(), cfg).unwrap();
     let (res, hs) = (RequestId(1), RequestId(2));

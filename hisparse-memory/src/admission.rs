@@ -28,7 +28,9 @@ impl Resources {
         let index_pages = if keeps_index { pages } else { 0 };
         match mode {
             Mode::Resident => Self { kv_pages: pages, index_pages, seats: 0, host_pages: 0 },
-            Mode::HiSparse => Self { kv_pages: 0, index_pages, seats: 1, host_pages: pages },
+            // Hybrid placement reserves hisparse's whole-life resources: a request can always be
+            // demoted, so the device's KV pages it may use meanwhile are not reserved.
+            Mode::HiSparse | Mode::Hybrid => Self { kv_pages: 0, index_pages, seats: 1, host_pages: pages },
         }
     }
 
@@ -222,7 +224,7 @@ impl CapacityPlan {
         let rows = Self::mul(pages, self.kv_page_bytes()?, "tokens", tokens)?;
         let (device, host) = match self.mode {
             Mode::Resident => (rows.checked_add(keys), 0),
-            Mode::HiSparse => (self.seat_bytes()?.checked_add(keys), rows),
+            Mode::HiSparse | Mode::Hybrid => (self.seat_bytes()?.checked_add(keys), rows),
         };
         Ok(RequestBytes { device: device.ok_or_else(|| overflow("tokens", tokens))?, host })
     }
@@ -232,7 +234,7 @@ impl CapacityPlan {
     /// pages of a typical request) as fit, then the rest on index pages. Every product is
     /// checked: a plan whose sizes overflow is refused, naming the field.
     pub fn device_tier(&self) -> Result<DeviceTierConfig> {
-        if !self.keeps_index && self.mode == Mode::HiSparse {
+        if !self.keeps_index && self.mode.has_host_tier() {
             return Err(MemoryError::invalid("keeps_index", false, "hisparse mode selects through the index keys"));
         }
         let index_page = self.index_page_bytes()?;
@@ -241,12 +243,20 @@ impl CapacityPlan {
                 let pages = self.device_bytes / self.request_bytes(self.page_tokens.max(1))?.device.max(1);
                 (pages, if self.keeps_index { pages } else { 0 }, 0)
             }
-            Mode::HiSparse => {
+            Mode::HiSparse | Mode::Hybrid => {
                 let (seat, t) = (self.seat_bytes()?, self.typical_tokens);
                 let seats =
                     self.device_bytes / self.request_bytes(t).map_err(|_| overflow("typical_tokens", t))?.device.max(1);
+                // Hybrid: the seats' rows are also cut in pages of full KV rows (one pool).
+                let shared = if self.mode == Mode::Hybrid {
+                    let rows = crate::device_tier::hot_buffer_rows_of(self.device_buffer_size);
+                    seats.checked_mul(rows).ok_or_else(|| overflow("device_buffer_size", self.device_buffer_size))?
+                        / self.page_tokens.max(1)
+                } else {
+                    0
+                };
                 // seats * seat <= device_bytes: no overflow.
-                (0, (self.device_bytes - seats * seat) / index_page.max(1), seats)
+                (shared, (self.device_bytes - seats * seat) / index_page.max(1), seats)
             }
         };
         Ok(DeviceTierConfig {
@@ -260,6 +270,7 @@ impl CapacityPlan {
             index_pages,
             seats,
             device_buffer_size: self.device_buffer_size,
+            shared_pool: self.mode == Mode::Hybrid,
         })
     }
 
@@ -267,7 +278,7 @@ impl CapacityPlan {
     pub fn host_pages(&self) -> Result<usize> {
         match self.mode {
             Mode::Resident => Ok(0),
-            Mode::HiSparse => Ok(self.host_bytes / self.kv_page_bytes()?.max(1)),
+            Mode::HiSparse | Mode::Hybrid => Ok(self.host_bytes / self.kv_page_bytes()?.max(1)),
         }
     }
 
@@ -275,7 +286,8 @@ impl CapacityPlan {
     pub fn resources(&self) -> Result<Resources> {
         let d = self.device_tier()?;
         Ok(Resources {
-            kv_pages: d.kv_pages,
+            // Hybrid: KV pages are the seats' rows, placed but never reserved.
+            kv_pages: if d.shared_pool { 0 } else { d.kv_pages },
             index_pages: d.index_pages,
             seats: d.seats,
             host_pages: self.host_pages()?,

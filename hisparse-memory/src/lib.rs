@@ -31,6 +31,7 @@ pub mod page_pool;
 pub mod preset;
 pub mod request;
 pub mod row;
+pub mod shared_pool;
 pub mod slot_table;
 mod system;
 
@@ -46,6 +47,7 @@ pub use page_pool::PagePool;
 pub use preset::Preset;
 pub use request::{Mode, RequestId};
 pub use row::{IndexKeyFormat, IndexKeyLayout, KvRowFormat, KvRowLayout, RowHeads, StorageFormats, page_upper_bound};
+pub use shared_pool::SharedPool;
 pub use slot_table::SlotTable;
 pub use system::available_memory;
 

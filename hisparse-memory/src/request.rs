@@ -23,6 +23,12 @@ pub enum Mode {
     /// `device_buffer_size + 1` slots per layer and the index keys.
     #[serde(rename = "hisparse")]
     HiSparse,
+    /// Hybrid placement: each request's whole KV on the device (read by position, as resident)
+    /// while the device has room, demoted to a hot buffer plus the host tier (as hisparse) when
+    /// admitting others needs the room, promoted back when it frees. Admission is hisparse's
+    /// (a seat and host pages for every request), so capacity is hisparse's; the seats and the
+    /// KV pages share one pool of rows per layer.
+    Hybrid,
 }
 
 impl Mode {
@@ -31,7 +37,14 @@ impl Mode {
         match self {
             Self::Resident => "resident",
             Self::HiSparse => "hisparse",
+            Self::Hybrid => "hybrid",
         }
+    }
+
+    /// Whether requests in this mode hold a hot-buffer seat and host-tier pages for their whole
+    /// life (hisparse and hybrid: the host tier, the swap-in and the backup exist).
+    pub fn has_host_tier(self) -> bool {
+        self != Self::Resident
     }
 }
 

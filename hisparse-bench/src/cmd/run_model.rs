@@ -167,6 +167,13 @@ impl ModelInput {
         let kind = match mode {
             Mode::Resident => AttentionKind::SparseResident,
             Mode::HiSparse => AttentionKind::HiSparse,
+            Mode::Hybrid => {
+                return Err(BenchError::flag(
+                    "mode",
+                    "hybrid",
+                    "hybrid placement runs the emulated model only, for now",
+                ));
+            }
         };
         let buffer = match engine.device_buffer_size {
             Some(b) => b,

@@ -68,6 +68,9 @@ pub enum SweepMode {
     /// The hierarchy.
     #[serde(rename = "hisparse")]
     HiSparse,
+    /// Hybrid placement: whole KV on the device while it has room, demoted to the hierarchy
+    /// when admitting others needs it.
+    Hybrid,
     /// The hisparse step with the swap-in's copies taken out (`--bound`): timing only, its
     /// outputs are wrong.
     Bound,
@@ -79,6 +82,7 @@ impl SweepMode {
         match self {
             Self::Resident => Mode::Resident,
             Self::HiSparse | Self::Bound => Mode::HiSparse,
+            Self::Hybrid => Mode::Hybrid,
         }
     }
 }
@@ -88,6 +92,7 @@ impl From<Mode> for SweepMode {
         match m {
             Mode::Resident => Self::Resident,
             Mode::HiSparse => Self::HiSparse,
+            Mode::Hybrid => Self::Hybrid,
         }
     }
 }
@@ -97,6 +102,7 @@ impl std::fmt::Display for SweepMode {
         f.write_str(match self {
             Self::Resident => "resident",
             Self::HiSparse => "hisparse",
+            Self::Hybrid => "hybrid",
             Self::Bound => "bound",
         })
     }

@@ -85,9 +85,18 @@ where
             Admission::Admitted => {}
             other => return Ok(other),
         }
-        match self.start(id, tokens, fill) {
+        match self.start(id, tokens, reserve_tokens, fill) {
             Ok(()) => {
-                let r = CachedRequest { seq_len: tokens, reserved: reserve_tokens, need, steps: 0, broken: false };
+                let admitted = self.admissions;
+                self.admissions += 1;
+                let r = CachedRequest {
+                    seq_len: tokens,
+                    reserved: reserve_tokens,
+                    need,
+                    steps: 0,
+                    broken: false,
+                    admitted,
+                };
                 self.requests.insert(id, r);
                 Ok(Admission::Admitted)
             }
@@ -165,14 +174,26 @@ where
         Ok(())
     }
 
-    /// Registers `id` in the tiers, writes its prompt and makes its swap-in seat fresh.
-    fn start<F>(&mut self, id: RequestId, t: usize, mut fill: F) -> Result<()>
+    /// Registers `id` in the tiers, writes its prompt and makes its swap-in seat fresh. In
+    /// hybrid placement the seat's rows are cleared first, and the request goes on the device
+    /// (its rows written as resident mode's) where pages for `reserve` positions can be had.
+    fn start<F>(&mut self, id: RequestId, t: usize, reserve: usize, mut fill: F) -> Result<()>
     where
         F: FnMut(usize, &mut [u8], Option<&mut [u8]>) -> Result<()>,
     {
-        let mode = self.cfg.mode;
         let (layers, b) = (self.cfg.geometry.layers, self.cfg.hisparse.device_buffer_size);
-        self.device.register(id, mode)?;
+        if self.cfg.mode == Mode::Hybrid {
+            self.clear_next_seat()?;
+        }
+        self.device.register(id, self.cfg.mode)?;
+        // Where this request's rows go: hybrid placement picks by room.
+        let mode = match self.cfg.mode {
+            Mode::Hybrid => match self.place_new(id, reserve)? {
+                true => Mode::Resident,
+                false => Mode::HiSparse,
+            },
+            m => m,
+        };
         self.device.grow(id, t)?;
         if let Some(h) = self.host.as_mut() {
             h.register(id)?;
@@ -193,8 +214,8 @@ where
             .map(|p| {
                 Ok(match mode {
                     Mode::Resident => self.device.kv_row(id, p)? as u32,
-                    Mode::HiSparse if preload => self.device.hot_row(id, p)? as u32,
-                    Mode::HiSparse => 0,
+                    Mode::HiSparse | Mode::Hybrid if preload => self.device.hot_row(id, p)? as u32,
+                    Mode::HiSparse | Mode::Hybrid => 0,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -213,7 +234,7 @@ where
             }
             match mode {
                 Mode::Resident => self.backend.write_rows(self.device.kv_mut(l), kb, &kv_rows, &rows)?,
-                Mode::HiSparse => {
+                Mode::HiSparse | Mode::Hybrid => {
                     if let Some(h) = self.host.as_mut() {
                         h.write_rows(id, l, 0, &rows)?;
                     }
@@ -258,6 +279,13 @@ where
             if let Some(r) = self.requests.get_mut(&id) {
                 r.reserved = tokens;
                 r.need = new;
+            }
+            // Hybrid: a request on the device holds pages for its whole reservation, or leaves.
+            if self.cfg.mode == Mode::Hybrid
+                && self.device.holds_pages(id)?
+                && self.device.place_pages(id, tokens).is_err()
+            {
+                self.demote(id)?;
             }
         }
         Ok(got)

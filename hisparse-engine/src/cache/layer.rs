@@ -218,16 +218,15 @@ where
         self.stage(KernelStage::SwapIn, |s| {
             let c = &mut *s.cache;
             let sb = &mut c.scratch;
-            match (mode, c.swap.as_mut()) {
-                (Mode::HiSparse, Some(swap)) => {
-                    let scores = (c.policy.needs_scores() || c.prefetcher.needs_near()).then_some(&sb.scores);
-                    swap.launch(l, &sb.sel, scores, c.device.hot_pools_mut(), &mut sb.locs)?;
-                }
-                (Mode::HiSparse, None) => return Err(EngineError::Worker("hisparse mode without a swap-in".into())),
-                (Mode::Resident, _) => {
-                    let p_tok = c.cfg.hisparse.page_tokens;
-                    c.backend.locate_rows(&sb.sel, &s.sel_spans, &sb.kv_table, &s.kv_first, p_tok, &mut sb.locs)?;
-                }
+            if s.swaps {
+                let swap =
+                    c.swap.as_mut().ok_or_else(|| EngineError::Worker(format!("{mode} mode without a swap-in")))?;
+                let scores = (c.policy.needs_scores() || c.prefetcher.needs_near()).then_some(&sb.scores);
+                swap.launch(l, &sb.sel, scores, c.device.hot_pools_mut(), &mut sb.locs)?;
+            }
+            if !s.kv_spans.is_empty() {
+                let p_tok = c.cfg.hisparse.page_tokens;
+                c.backend.locate_rows(&sb.sel, &s.kv_spans, &sb.kv_table, &s.kv_first, p_tok, &mut sb.locs)?;
             }
             Ok(())
         })?;
@@ -244,12 +243,13 @@ where
                 locations: &c.scratch.locs,
                 selections: &s.sel_spans,
             };
-            if let (Mode::HiSparse, Some(swap)) = (mode, c.swap.as_mut())
+            if let (true, Some(swap)) = (s.swaps, c.swap.as_mut())
                 && swap.fills_in_attention()
             {
                 return Ok(swap.attend(l, &q, c.device.hot_pools_mut(), out, lse)?);
             }
-            let rows = if mode == Mode::HiSparse { c.device.hot(l) } else { c.device.kv(l) };
+            // Hybrid placement's pages live in the hot buffers' pool: one pool either way.
+            let rows = if mode == Mode::Resident { c.device.kv(l) } else { c.device.hot(l) };
             Ok(c.backend.sparse_attention(&q.with_rows(rows), out, lse)?)
         })?;
 

@@ -18,6 +18,7 @@
 mod admit;
 mod graph;
 mod layer;
+mod placement;
 mod step;
 
 use std::collections::BTreeMap;
@@ -36,6 +37,7 @@ use crate::error::{EngineError, Result};
 
 pub use admit::{Prompt, Rows};
 pub use graph::Captured;
+pub use placement::{DemotionOrder, PlacementCounters};
 pub use step::{DecodeStep, LayerInputs, LayerView};
 
 /// What a cache is built from.
@@ -65,6 +67,8 @@ pub struct CacheConfig {
     /// How the indexer scores positions: the lightning indexer for MLA geometries, the oracle
     /// (sum of the heads' attention weights, no always-kept positions) for GQA ones.
     pub index_score: hisparse_kernels::IndexScore,
+    /// Hybrid placement: which requests on the device are demoted first.
+    pub demotion: DemotionOrder,
 }
 
 impl CacheConfig {
@@ -86,6 +90,7 @@ impl CacheConfig {
             serial_prefetch: false,
             transfer_delay: None,
             index_queries: hisparse_kernels::IndexerQueries::Exact,
+            demotion: DemotionOrder::default(),
         }
     }
 
@@ -148,6 +153,8 @@ pub(crate) struct CachedRequest {
     pub steps: u32,
     /// A step that included it did not end: its newest position is incomplete.
     pub broken: bool,
+    /// Its admission's number (admissions counted from 0): the order of arrival in the cache.
+    pub admitted: u64,
 }
 
 /// The KV hierarchy of one device: see the module documentation.
@@ -168,6 +175,10 @@ pub struct KvCache<B: Backend> {
     pub(crate) requests: BTreeMap<RequestId, CachedRequest>,
     /// Buffers a step reuses from the last one.
     pub(crate) scratch: step::StepScratch<B::Memory>,
+    /// Admissions so far (the next request's `admitted`).
+    pub(crate) admissions: u64,
+    /// Hybrid placement's copies so far.
+    pub(crate) placement: PlacementCounters,
 }
 
 impl<B: Backend> KvCache<B> {
@@ -249,7 +260,7 @@ where
         let device = DeviceTier::new(backend.memory().clone(), tier)?;
         let (host, swap, backup) = match cfg.mode {
             Mode::Resident => (None, None, None),
-            Mode::HiSparse => {
+            Mode::HiSparse | Mode::Hybrid => {
                 let mut host = HostTier::new(&HostTierConfig {
                     bytes: plan.host_bytes,
                     layers: g.layers,
@@ -274,6 +285,15 @@ where
                     transfer_delay: cfg.transfer_delay,
                 };
                 let swap = backend.device_swap_in(&dcfg, &mut host)?;
+                if cfg.mode == Mode::Hybrid && swap.fills_in_attention() {
+                    return Err(EngineError::Config {
+                        field: "miss_fill",
+                        value: "in the attention".into(),
+                        reason: "hybrid placement reads rows by position beside the hot buffers: choose the \
+                                 swap-in's own miss fill"
+                            .into(),
+                    });
+                }
                 let backup =
                     backend.row_backup(&RowBackupConfig { layers: g.layers, delay: cfg.backup_delay }, &mut host)?;
                 (Some(host), Some(swap), Some(backup))
@@ -298,6 +318,8 @@ where
             requests: BTreeMap::new(),
             scratch,
             cfg,
+            admissions: 0,
+            placement: PlacementCounters::default(),
         })
     }
 

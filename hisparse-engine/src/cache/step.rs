@@ -16,7 +16,7 @@ use std::collections::HashSet;
 
 use half::bf16;
 use hisparse_kernels::{Backend, DeviceSwapIn, DeviceSwapReq, IndexerRequest, RowBackup, Span};
-use hisparse_memory::{DeviceMemory, Element, Mode, RequestId};
+use hisparse_memory::{DeviceMemory, Element, RequestId};
 
 use super::KvCache;
 use crate::error::{EngineError, Result};
@@ -91,8 +91,12 @@ where
     pub(super) topk_spans: Vec<Span>,
     /// Each request's span of the selection buffer (and of the locations).
     pub(super) sel_spans: Vec<Span>,
-    /// Resident mode: each request's first entry of the KV page table.
+    /// The requests read by position (resident mode; hybrid placement's requests on the
+    /// device): each one's first entry of the KV page table, and its span of the selections.
     pub(super) kv_first: Vec<usize>,
+    pub(super) kv_spans: Vec<Span>,
+    /// Some request of the batch reads its hot buffer (hisparse, or demoted in hybrid).
+    pub(super) swaps: bool,
     /// Some request rewrites its reserved slot this step (hisparse): layers fence first.
     pub(super) fence: bool,
     pub(super) next_layer: usize,
@@ -159,9 +163,10 @@ where
     /// naming the request that cannot take part.
     pub fn begin_step(&mut self, batch: &[RequestId]) -> Result<DecodeStep<'_, B>> {
         self.check_batch(batch)?;
+        self.promote_where_room()?;
+        let on_device = batch.iter().map(|&id| self.on_device(id)).collect::<Result<Vec<bool>>>()?;
         let (reqs, table) = self.grow_for_step(batch)?;
         let (k, b) = (self.cfg.geometry.top_k, self.cfg.hisparse.device_buffer_size);
-        let mode = self.cfg.mode;
         let long: Vec<usize> = (0..reqs.len()).filter(|&i| reqs[i].seq_len > k).collect();
         let topk_spans: Vec<Span> = long.iter().map(|&i| Span::new(reqs[i].score_offset, reqs[i].seq_len)).collect();
 
@@ -187,7 +192,7 @@ where
         let keeps_index = self.cfg.keeps_index();
         let summaries = self.key.positions_per_row() > 1;
         self.scratch.key_positions.clear();
-        for (id, q) in batch.iter().zip(&reqs) {
+        for ((id, q), &by_position) in batch.iter().zip(&reqs).zip(&on_device) {
             let p = q.seq_len - 1;
             if keeps_index {
                 dest_keys.push(self.device.index_key_row(*id, p)? as u32);
@@ -195,12 +200,11 @@ where
             if keeps_index && summaries {
                 self.scratch.key_positions.push(p);
             }
-            dest_rows.push(match mode {
-                Mode::Resident => self.device.kv_row(*id, p)? as u32,
-                Mode::HiSparse => {
-                    fence |= p >= b;
-                    self.device.hot_row(*id, p.min(b))? as u32
-                }
+            dest_rows.push(if by_position {
+                self.device.kv_row(*id, p)? as u32
+            } else {
+                fence |= p >= b;
+                self.device.hot_row(*id, p.min(b))? as u32
             });
         }
         let mem = self.backend.memory().clone();
@@ -216,17 +220,26 @@ where
         }
         moved |= put(&mem, &mut sb.dest_keys, &dest_keys, true)?;
         moved |= put(&mem, &mut sb.dest_rows, &dest_rows, true)?;
-        let mut kv_first = Vec::new();
-        match mode {
-            Mode::Resident => {
-                let mut kv_table = Vec::new();
-                for id in batch {
-                    kv_first.push(kv_table.len());
-                    kv_table.extend_from_slice(self.device.kv_pages(*id)?);
-                }
-                moved |= put(&mem, &mut self.scratch.kv_table, &kv_table, false)?;
+        let (mut kv_first, mut kv_spans, mut kv_table) = (Vec::new(), Vec::new(), Vec::new());
+        let mut hot = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for (i, id) in batch.iter().enumerate() {
+            if on_device[i] {
+                kv_first.push(kv_table.len());
+                kv_spans.push(sel_spans[i]);
+                kv_table.extend_from_slice(self.device.kv_pages(*id)?);
+            } else {
+                hot.0.push(*id);
+                hot.1.push(reqs[i]);
+                hot.2.push(sel_spans[i]);
+                hot.3.push(dest_rows[i]);
             }
-            Mode::HiSparse => self.plan_hisparse(batch, &reqs, &sel_spans, &dest_rows)?,
+        }
+        moved |= put(&mem, &mut self.scratch.kv_table, &kv_table, false)?;
+        let swaps = !hot.0.is_empty();
+        if self.cfg.mode.has_host_tier() {
+            // Every step begins the swap-in's and the backup's (an empty plan where every
+            // request of a hybrid batch is on the device).
+            self.plan_hisparse(&hot.0, &hot.1, &hot.2, &hot.3)?;
         }
         self.scratch.generation += u64::from(moved);
         Ok(DecodeStep {
@@ -236,6 +249,8 @@ where
             topk_spans,
             sel_spans,
             kv_first,
+            kv_spans,
+            swaps,
             fence,
             next_layer: 0,
             metrics: StepMetrics::default(),
@@ -409,10 +424,11 @@ where
             let counts = swap.end_step(c.device.hot_pools_mut())?;
             backup.join()?;
             m.swap += counts;
-            m.bytes_d2h += (self.ids.len() * layers * c.kv_row.row_bytes()) as u64;
-        } else {
-            m.swap.hits += (self.sel_spans.iter().map(|s| s.len).sum::<usize>() * layers) as u64;
+            let backed_up = self.ids.len() - self.kv_spans.len();
+            m.bytes_d2h += (backed_up * layers * c.kv_row.row_bytes()) as u64;
         }
+        // Rows read by position are hits: they are on the device.
+        m.swap.hits += (self.kv_spans.iter().map(|s| s.len).sum::<usize>() * layers) as u64;
         if let Some(s) = c.backend.finish_step()? {
             m.stages.indexer = s.indexer;
             m.stages.top_k = s.top_k;

@@ -6,7 +6,7 @@
 use std::time::Instant;
 
 use hisparse_kernels::Backend;
-use hisparse_memory::{Admission, Mode};
+use hisparse_memory::Admission;
 
 use super::Engine;
 use super::model::DecodeModel;
@@ -125,13 +125,13 @@ where
             let rows = (g.layers * prompt * kv_row.row_bytes()) as u64;
             let key_rows = prompt.div_ceil(key.positions_per_row());
             m.bytes_prompt_device += (g.index_layers() * key_rows * key.row_bytes()) as u64;
-            match c.mode {
-                Mode::Resident => m.bytes_prompt_device += rows,
-                Mode::HiSparse => {
-                    m.bytes_prompt_host += rows;
-                    if prompt < b {
-                        m.bytes_prompt_device += rows;
-                    }
+            // Where admission wrote the prompt's rows (hybrid placement: by room).
+            if self.cache.on_device(spec.id)? {
+                m.bytes_prompt_device += rows;
+            } else {
+                m.bytes_prompt_host += rows;
+                if prompt < b {
+                    m.bytes_prompt_device += rows;
                 }
             }
         }

@@ -39,6 +39,7 @@ pub fn digest(a: &[f32], b: &[f32]) -> u64 {
 }
 
 /// A request of the scenario: arrival step, prompt, output tokens, abort after this many tokens.
+#[derive(Clone, Debug)]
 pub struct Req {
     pub id: u64,
     pub arrive: usize,
@@ -130,8 +131,17 @@ where
 {
     let g = geometry(shared);
     let mut c = cache(backend, mode, &g, policy, prefetcher, delay);
+    run_requests(&mut c, &g, &scenario())
+}
+
+/// Runs `reqs` through the API on cache `c` (admission in arrival order, the first that must
+/// wait holding back the rest); returns every digest and the hisparse misses. The cache ends
+/// empty.
+pub fn run_requests<B: Backend>(c: &mut KvCache<B>, g: &KvGeometry, reqs: &[Req]) -> (Digests, u64)
+where
+    B::Memory: Clone,
+{
     let (kv_row, key) = c.layouts();
-    let reqs = scenario();
     let (mut waiting, mut running, mut out) = (Vec::new(), Vec::<(usize, usize)>::new(), Digests::new());
     let mut misses = 0;
     let (mut step, mut done) = (0, 0);
@@ -140,7 +150,7 @@ where
         // Admission in arrival order; the first that must wait holds back the rest.
         while let Some(&i) = waiting.first() {
             let r = &reqs[i];
-            let (rows, keys) = prompt_rows(&c, &g, r);
+            let (rows, keys) = prompt_rows(c, g, r);
             let prompt = Prompt {
                 tokens: r.prompt,
                 kv_rows: rows.iter().map(|b| Rows::Host(b)).collect(),

@@ -63,6 +63,7 @@ fn a_tier_folds_a_pages_keys_into_its_summary() {
         index_pages: 4,
         seats: 0,
         device_buffer_size: 1,
+        shared_pool: false,
     };
     let mut t = DeviceTier::new(EmulatedDevice, cfg.clone()).unwrap();
     assert_eq!(t.config().bytes(), 4 * p * 16 + 4 * (p / q) * 4 * dim, "KV pages, then 2 summaries a key page");

@@ -349,7 +349,7 @@ impl EngineArgs {
         let too_big = |_| BenchError::flag(flag, value, "one request's bytes overflow");
         let one = plan.request_bytes(tokens).map_err(too_big)?;
         let device = match (mode, plan.keeps_index) {
-            (Mode::HiSparse, _) => "device budget (hot buffer and index keys)",
+            (Mode::HiSparse | Mode::Hybrid, _) => "device budget (hot buffer and index keys)",
             (Mode::Resident, true) => "device budget (KV rows and index keys)",
             (Mode::Resident, false) => "device budget (KV rows)",
         };

@@ -3,7 +3,9 @@
 //! the hot buffers of hisparse requests (`device_buffer_size`
 //! regular slots plus the reserved newest slot, one "seat" per request), and the full KV rows of
 //! resident requests. Pages of `page_tokens` positions are shared across layers: a request holds
-//! the same page ids (and seat) in every layer's buffer.
+//! the same page ids (and seat) in every layer's buffer. In hybrid placement (`shared_pool`) the
+//! KV pages are cut from the hot buffers' rows, one pool per layer ([`SharedPool`]); `hybrid.rs`
+//! places a request's pages, drops them and moves them.
 
 use std::collections::HashMap;
 
@@ -12,6 +14,9 @@ use crate::error::{MemoryError, Result, check_len};
 use crate::page_pool::PagePool;
 use crate::request::{Mode, RequestId};
 use crate::row::{IndexKeyLayout, KvRowLayout};
+use crate::shared_pool::SharedPool;
+
+mod hybrid;
 
 crate::c_fn! {
     /// Rows of one hot buffer of `slots` regular slots: those, then the newest token's reserved
@@ -57,6 +62,9 @@ pub struct DeviceTierConfig {
     pub seats: usize,
     /// Regular slots per hot buffer (`device_buffer_size`); each seat has one more, reserved.
     pub device_buffer_size: usize,
+    /// Hybrid placement: the `kv_pages` are cut from the seats' rows (one pool per layer, no KV
+    /// buffer of their own), and every request holds a seat.
+    pub shared_pool: bool,
 }
 
 impl DeviceTierConfig {
@@ -64,7 +72,8 @@ impl DeviceTierConfig {
     /// allocation can give, so such a tier is refused when allocated).
     pub fn bytes(&self) -> usize {
         let m = |a: usize, b: usize, c: usize| a.checked_mul(b).and_then(|x| x.checked_mul(c));
-        let per_layer = m(self.kv_pages, self.page_tokens, self.kv_row.row_bytes())
+        let kv_pages = if self.shared_pool { 0 } else { self.kv_pages };
+        let per_layer = m(kv_pages, self.page_tokens, self.kv_row.row_bytes())
             .zip(m(self.seats, self.device_buffer_size.saturating_add(1), self.kv_row.row_bytes()))
             .and_then(|(a, b)| a.checked_add(b));
         let keys = self
@@ -97,6 +106,8 @@ pub struct DeviceTier<M: DeviceMemory> {
     kv_pages: PagePool,
     index_pages: PagePool,
     seats: PagePool,
+    /// Hybrid placement's pool of seats and KV pages (`shared_pool`).
+    shared: Option<SharedPool>,
     held: HashMap<RequestId, Held>,
 }
 
@@ -135,13 +146,19 @@ impl<M: DeviceMemory> DeviceTier<M> {
                 .and_then(|x| x.checked_mul(b))
                 .ok_or_else(|| MemoryError::invalid(field, v, "its buffer size overflows"))
         };
-        let kv = alloc(size("kv_pages", cfg.kv_pages, cfg.page_tokens, kvb)?)?;
+        let own_kv = if cfg.shared_pool { 0 } else { cfg.kv_pages };
+        let kv = if cfg.shared_pool { Vec::new() } else { alloc(size("kv_pages", own_kv, cfg.page_tokens, kvb)?)? };
         let keys = pools(cfg.index_layers, size("index_pages", cfg.index_pages, 1, key_page)?)?;
         let hot = alloc(size("seats", cfg.seats, cfg.device_buffer_size.saturating_add(1), kvb)?)?;
+        let shared = match cfg.shared_pool {
+            true => Some(SharedPool::new(cfg.seats, cfg.device_buffer_size, cfg.page_tokens)?),
+            false => None,
+        };
         Ok(Self {
-            kv_pages: PagePool::new("device KV pages", cfg.kv_pages)?,
+            kv_pages: PagePool::new("device KV pages", own_kv)?,
             index_pages: PagePool::new("device index-key pages", cfg.index_pages)?,
-            seats: PagePool::new("device hot-buffer seats", cfg.seats)?,
+            seats: PagePool::new("device hot-buffer seats", if cfg.shared_pool { 0 } else { cfg.seats })?,
+            shared,
             mem,
             cfg,
             kv,
@@ -166,7 +183,12 @@ impl<M: DeviceMemory> DeviceTier<M> {
         if self.held.contains_key(&req) {
             return Err(MemoryError::DuplicateRequest { pool: "device tier", request: req.0 });
         }
-        let seat = if mode == Mode::HiSparse {
+        if (mode == Mode::Hybrid) != self.shared.is_some() {
+            return Err(MemoryError::invalid("mode", mode, "hybrid placement and a shared pool go together"));
+        }
+        let seat = if let Some(shared) = self.shared.as_mut() {
+            Some(shared.take_seat(req)?)
+        } else if mode == Mode::HiSparse {
             self.seats.register(req)?;
             match self.seats.grow_to(req, 1) {
                 Ok(s) => Some(s[0]),
@@ -178,8 +200,13 @@ impl<M: DeviceMemory> DeviceTier<M> {
         } else {
             None
         };
-        if self.cfg.keeps_index {
-            self.index_pages.register(req)?;
+        if self.cfg.keeps_index
+            && let Err(e) = self.index_pages.register(req)
+        {
+            if let Some(shared) = self.shared.as_mut() {
+                shared.release_seat(req);
+            }
+            return Err(e);
         }
         if mode == Mode::Resident {
             self.kv_pages.register(req)?;
@@ -208,12 +235,29 @@ impl<M: DeviceMemory> DeviceTier<M> {
                 });
             }
         }
+        if let Some(shared) = self.shared.as_ref() {
+            let more = pages.saturating_sub(shared.pages(req).len());
+            if !shared.pages(req).is_empty() && more > shared.usable_free_pages() {
+                return Err(MemoryError::CapacityExhausted {
+                    pool: "shared pool KV pages",
+                    needed: more,
+                    free: shared.usable_free_pages(),
+                    unit: "pages",
+                });
+            }
+        }
         if self.cfg.keeps_index {
             self.index_pages.grow_to(req, pages)?;
         }
         if held.mode == Mode::Resident {
             // Room was checked above, so this cannot fail.
             self.kv_pages.grow_to(req, pages)?;
+        }
+        if let Some(shared) = self.shared.as_mut()
+            && !shared.pages(req).is_empty()
+        {
+            // A request placed on the device grows its pages; room was checked above.
+            shared.take_pages(req, pages)?;
         }
         Ok(())
     }
@@ -227,7 +271,10 @@ impl<M: DeviceMemory> DeviceTier<M> {
         if held.mode == Mode::Resident {
             self.kv_pages.release(req)?;
         }
-        if held.seat.is_some() {
+        if let Some(shared) = self.shared.as_mut() {
+            shared.release_pages(req);
+            shared.release_seat(req);
+        } else if held.seat.is_some() {
             self.seats.release(req)?;
         }
         Ok(())
@@ -258,6 +305,17 @@ impl<M: DeviceMemory> DeviceTier<M> {
 
     /// Row of the KV buffers (any layer) holding resident `req`'s row at `position`.
     pub fn kv_row(&self, req: RequestId, position: usize) -> Result<usize> {
+        if let Some(shared) = self.shared.as_ref() {
+            self.held(req)?;
+            let pages = shared.pages(req);
+            let p = pages.get(position / self.cfg.page_tokens).ok_or(MemoryError::PositionOutOfRange {
+                pool: "device KV",
+                request: req.0,
+                position,
+                capacity: pages.len() * self.cfg.page_tokens,
+            })?;
+            return Ok(*p as usize * self.cfg.page_tokens + position % self.cfg.page_tokens);
+        }
         self.paged_row(&self.kv_pages, "device KV", req, position)
     }
 
@@ -301,7 +359,13 @@ impl<M: DeviceMemory> DeviceTier<M> {
 
     /// The KV pages resident `req` holds, in position order.
     pub fn kv_pages(&self, req: RequestId) -> Result<&[u32]> {
-        self.kv_pages.pages(req)
+        match self.shared.as_ref() {
+            Some(shared) => {
+                self.held(req)?;
+                Ok(shared.pages(req))
+            }
+            None => self.kv_pages.pages(req),
+        }
     }
 
     fn layer(&self, layer: usize) -> Result<()> {
@@ -341,7 +405,8 @@ impl<M: DeviceMemory> DeviceTier<M> {
         let b = self.cfg.kv_row.row_bytes();
         check_len("row", b, bytes.len())?;
         let row = self.kv_row(req, position)?;
-        self.mem.write(&mut self.kv[layer], row * b, bytes)
+        let buf = if self.shared.is_some() { &mut self.hot[layer] } else { &mut self.kv[layer] };
+        self.mem.write(buf, row * b, bytes)
     }
 
     /// Writes hisparse `req`'s hot-buffer `slot` of `layer`.
@@ -368,8 +433,11 @@ impl<M: DeviceMemory> DeviceTier<M> {
         &self.keys[pool.min(self.cfg.index_layers - 1)]
     }
 
-    /// The resident KV buffer of `layer`.
+    /// The resident KV buffer of `layer` (in hybrid placement, the shared pool: the hot buffer).
     pub fn kv(&self, layer: usize) -> &M::Buffer<u8> {
+        if self.shared.is_some() {
+            return self.hot(layer);
+        }
         &self.kv[layer.min(self.cfg.layers - 1)]
     }
 
@@ -387,6 +455,9 @@ impl<M: DeviceMemory> DeviceTier<M> {
     /// The resident KV buffer of `layer`, writable (for batched writes).
     pub fn kv_mut(&mut self, layer: usize) -> &mut M::Buffer<u8> {
         let l = layer.min(self.cfg.layers - 1);
+        if self.shared.is_some() {
+            return &mut self.hot[l];
+        }
         &mut self.kv[l]
     }
 
@@ -399,8 +470,12 @@ impl<M: DeviceMemory> DeviceTier<M> {
     /// Device bytes held by live requests (all layers).
     pub fn bytes_in_use(&self) -> usize {
         // No overflow: at most what the tier allocated.
-        let per_layer = self.kv_pages.used() * self.cfg.page_tokens * self.cfg.kv_row.row_bytes()
-            + self.seats.used() * hot_buffer_rows_of(self.cfg.device_buffer_size) * self.cfg.kv_row.row_bytes();
+        let (kv_pages, seats) = match self.shared.as_ref() {
+            Some(s) => (s.pages_used(), s.seats_used()),
+            None => (self.kv_pages.used(), self.seats.used()),
+        };
+        let per_layer = kv_pages * self.cfg.page_tokens * self.cfg.kv_row.row_bytes()
+            + seats * hot_buffer_rows_of(self.cfg.device_buffer_size) * self.cfg.kv_row.row_bytes();
         let keys = self.index_pages.used() * self.cfg.index_key.page_bytes(self.cfg.page_tokens).unwrap_or(0);
         per_layer * self.cfg.layers + keys * self.cfg.index_layers
     }
@@ -414,100 +489,12 @@ impl<M: DeviceMemory> DeviceTier<M> {
     pub fn check(&self) -> Result<()> {
         self.kv_pages.check()?;
         self.index_pages.check()?;
+        if let Some(s) = self.shared.as_ref() {
+            s.check()?;
+        }
         self.seats.check()
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::device_memory::EmulatedDevice;
-    use crate::row::KvRowFormat;
-
-    fn tier() -> DeviceTier<EmulatedDevice> {
-        let cfg = DeviceTierConfig {
-            layers: 2,
-            index_layers: 2,
-            kv_row: KvRowLayout::new(KvRowFormat::Fp8, 512, 64).unwrap(),
-            index_key: IndexKeyLayout::new(128).unwrap(),
-            keeps_index: true,
-            page_tokens: 4,
-            kv_pages: 6,
-            index_pages: 8,
-            seats: 2,
-            device_buffer_size: 3,
-        };
-        DeviceTier::new(EmulatedDevice, cfg).unwrap()
-    }
-
-    #[test]
-    fn a_tier_without_index_keys_holds_kv_rows_only() {
-        let dense = DeviceTierConfig { keeps_index: false, index_pages: 0, seats: 0, ..tier().config().clone() };
-        let mut t = DeviceTier::new(EmulatedDevice, dense.clone()).unwrap();
-        let r = RequestId(1);
-        t.register(r, Mode::Resident).unwrap();
-        t.grow(r, 10).unwrap();
-        assert_eq!(t.index_pages(r).unwrap(), &[] as &[u32]);
-        assert!(t.index_pages(RequestId(9)).is_err(), "an unknown request is still refused");
-        let e = t.index_key_row(r, 0).unwrap_err();
-        assert!(matches!(e, MemoryError::InvalidField { field: "keeps_index", .. }), "{e}");
-        assert!(t.write_index_key(r, 0, 0, &[1u8; 132]).is_err());
-        assert_eq!(t.bytes_in_use(), 2 * 3 * 4 * 656, "3 KV pages in 2 layers, no keys");
-        assert!(t.register(RequestId(2), Mode::HiSparse).is_err(), "no seats");
-        t.release(r).unwrap();
-        assert_eq!(t.bytes_in_use(), 0);
-        t.check().unwrap();
-        for bad in [DeviceTierConfig { index_pages: 1, ..dense.clone() }, DeviceTierConfig { seats: 1, ..dense }] {
-            let e = DeviceTier::new(EmulatedDevice, bad).err().unwrap();
-            assert!(matches!(e, MemoryError::InvalidField { field: "keeps_index", .. }), "{e}");
-        }
-    }
-
-    #[test]
-    fn both_modes_hold_their_rows_and_free_them() {
-        let mut t = tier();
-        let (res, hs) = (RequestId(1), RequestId(2));
-        t.register(res, Mode::Resident).unwrap();
-        t.register(hs, Mode::HiSparse).unwrap();
-        t.grow(res, 10).unwrap();
-        t.grow(hs, 17).unwrap();
-        assert!(matches!(t.hot_row(res, 0), Err(MemoryError::InvalidField { field: "mode", .. })));
-        assert!(matches!(t.kv_row(hs, 0), Err(MemoryError::UnknownRequest { .. })));
-        let row: Vec<u8> = (0..656).map(|i| (i % 251) as u8).collect();
-        t.write_kv_row(res, 1, 9, &row).unwrap();
-        t.write_hot_row(hs, 1, 3, &row).unwrap();
-        t.write_index_key(hs, 0, 16, &row[..132]).unwrap();
-        let mut out = vec![0u8; 656];
-        t.read_hot_row(hs, 1, 3, &mut out).unwrap();
-        assert_eq!(out, row);
-        let at = t.kv_row(res, 9).unwrap() * 656;
-        assert_eq!(&t.kv(1)[at..at + 656], row.as_slice());
-        assert!(t.write_kv_row(res, 0, 12, &row).is_err(), "position beyond the grown pages");
-        assert!(t.write_hot_row(hs, 0, 4, &row).is_err(), "3 regular slots + the reserved slot 3");
-        // 3 KV pages + 3 index pages for the resident request, 5 index pages + 1 seat for the other.
-        let want = 2 * (3 * 4 * 656 + 8 * 4 * 132 + 4 * 656);
-        assert_eq!(t.bytes_in_use(), want);
-        t.release(res).unwrap();
-        t.release(hs).unwrap();
-        assert_eq!(t.bytes_in_use(), 0);
-        t.check().unwrap();
-    }
-
-    #[test]
-    fn a_failed_grow_or_register_leaks_nothing() {
-        let mut t = tier();
-        let (a, b, c) = (RequestId(1), RequestId(2), RequestId(3));
-        t.register(a, Mode::Resident).unwrap();
-        t.grow(a, 20).unwrap(); // 5 KV pages, 5 index pages
-        t.register(b, Mode::Resident).unwrap();
-        let e = t.grow(b, 8).unwrap_err(); // needs 2 KV pages, 1 free
-        assert!(matches!(e, MemoryError::CapacityExhausted { pool: "device KV pages", .. }), "{e}");
-        assert_eq!(t.index_pages(b).unwrap().len(), 0, "index pages untouched by the failed grow");
-        t.register(c, Mode::HiSparse).unwrap();
-        t.register(RequestId(4), Mode::HiSparse).unwrap();
-        let e = t.register(RequestId(5), Mode::HiSparse).unwrap_err();
-        assert!(matches!(e, MemoryError::CapacityExhausted { pool: "device hot-buffer seats", .. }), "{e}");
-        assert!(t.grow(RequestId(5), 1).is_err(), "the refused request holds nothing");
-        t.check().unwrap();
-    }
-}
+mod tests;

@@ -1,0 +1,125 @@
+//! Hybrid placement through the per-layer API: requests on the device while pages are free,
+//! demoted to a hot buffer and the host tier when admitting others needs the pages, promoted
+//! back when pages free. Every step's outputs equal sparse resident's bit for bit through any
+//! sequence of demotions and promotions; capacity is hisparse's; nothing leaks.
+#![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
+
+mod common;
+
+use common::scenario::{Digests, Req, geometry, run_requests, scenario};
+use hisparse_engine::{CacheConfig, DemotionOrder, KvCache};
+use hisparse_kernels::CpuBackend;
+use hisparse_memory::{KvGeometry, Mode};
+use hisparse_policy::PolicyConfig;
+
+fn cache(mode: Mode, g: &KvGeometry, budget: u64, policy: &str, order: DemotionOrder) -> KvCache<CpuBackend> {
+    let mut cfg = CacheConfig::new(g.clone(), mode, budget);
+    cfg.hisparse.max_request_tokens = 4096;
+    cfg.typical_tokens = 2048;
+    cfg.demotion = order;
+    let choice = hisparse_policy::PolicyChoice::parse(policy).unwrap();
+    let p = hisparse_policy::Eviction::from_parts(choice, &PolicyConfig { seed: 5, ..PolicyConfig::default() })
+        .make_online()
+        .unwrap();
+    let f = hisparse_policy::prefetch::make_prefetcher("none", &cfg.hisparse.prefetch.parts().1).unwrap();
+    KvCache::new(CpuBackend::new(), cfg, p, f).unwrap()
+}
+
+fn resident(g: &KvGeometry, reqs: &[Req]) -> Digests {
+    let mut c = cache(Mode::Resident, g, 64 << 20, "lru", DemotionOrder::Oldest);
+    run_requests(&mut c, g, reqs).0
+}
+
+#[test]
+fn hybrid_equals_sparse_resident_through_demotions_and_promotions() {
+    let g = geometry(false);
+    let want = resident(&g, &scenario());
+    for (mb, policy, order) in [
+        (24, "lru", DemotionOrder::Oldest),
+        (12, "score", DemotionOrder::Largest),
+        (24, "clock", DemotionOrder::Largest),
+    ] {
+        let mut c = cache(Mode::Hybrid, &g, mb << 20, policy, order);
+        let (got, misses) = run_requests(&mut c, &g, &scenario());
+        let moved = c.placement();
+        assert_eq!(got, want, "{mb} MiB, {policy}, {order:?}: outputs differ from sparse resident");
+        assert!(moved.demotions > 0 && moved.bytes_demoted > 0, "{mb} MiB, {policy}: {moved:?}");
+        // The largest request demoted first stays demoted here until it ends.
+        if order == DemotionOrder::Oldest {
+            assert!(moved.promotions > 0 && moved.bytes_promoted > 0, "{moved:?}");
+            // Seats taken past the pages in use moved pages out of their rows.
+            assert!(moved.moved_pages > 0 && moved.bytes_moved > 0, "{moved:?}");
+        }
+        assert!(misses > 0, "demoted requests read their hot buffers");
+    }
+}
+
+#[test]
+fn one_request_stays_on_the_device_and_never_swaps() {
+    let g = geometry(true);
+    let reqs = vec![Req { id: 1, arrive: 0, prompt: 1500, output: 12, abort_after: None }];
+    let mut c = cache(Mode::Hybrid, &g, 24 << 20, "lru", DemotionOrder::Oldest);
+    let (got, misses) = run_requests(&mut c, &g, &reqs);
+    assert_eq!(got, resident(&g, &reqs));
+    assert_eq!(misses, 0, "a request on the device reads its rows by position");
+    assert_eq!(c.placement(), Default::default(), "nothing moved");
+}
+
+#[test]
+fn capacity_is_hisparse_s() {
+    let g = geometry(false);
+    for mb in [8u64, 24] {
+        let (hy, hs) = (
+            cache(Mode::Hybrid, &g, mb << 20, "lru", DemotionOrder::Oldest),
+            cache(Mode::HiSparse, &g, mb << 20, "lru", DemotionOrder::Oldest),
+        );
+        assert_eq!(hy.capacity(), hs.capacity(), "{mb} MiB");
+        assert_eq!(hy.device_tier_bytes(), hs.device_tier_bytes(), "the pages live in the seats' rows");
+    }
+}
+
+mod random {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn requests() -> impl Strategy<Value = Vec<Req>> {
+        prop::collection::vec((0usize..8, 20usize..2500, 1usize..12, prop::option::weighted(0.2, 0usize..6)), 2..7)
+            .prop_map(|v| {
+                v.into_iter()
+                    .enumerate()
+                    .map(|(i, (arrive, prompt, output, abort))| Req {
+                        id: i as u64 + 1,
+                        arrive,
+                        prompt,
+                        output,
+                        abort_after: abort.filter(|&a| a < output),
+                    })
+                    .collect()
+            })
+    }
+
+    /// Random arrivals, lengths and aborts under a tight budget: every token's outputs equal
+    /// sparse resident's whatever was demoted and promoted, and the cache ends empty; across
+    /// the cases, requests were demoted and promoted.
+    #[test]
+    fn random_arrivals_stay_bit_identical() {
+        let mut runner =
+            proptest::test_runner::TestRunner::new(ProptestConfig { cases: 10, ..ProptestConfig::default() });
+        let moved = std::cell::Cell::new((0u64, 0u64));
+        runner
+            .run(&(requests(), 10u64..20, any::<bool>()), |(reqs, mb, largest)| {
+                let g = geometry(false);
+                let order = if largest { DemotionOrder::Largest } else { DemotionOrder::Oldest };
+                let mut c = cache(Mode::Hybrid, &g, mb << 20, "lru", order);
+                let (got, _) = run_requests(&mut c, &g, &reqs);
+                prop_assert_eq!(got, resident(&g, &reqs));
+                prop_assert_eq!(c.device_bytes_in_use(), 0);
+                let (d, p) = moved.get();
+                moved.set((d + c.placement().demotions, p + c.placement().promotions));
+                Ok(())
+            })
+            .unwrap();
+        let (d, p) = moved.get();
+        assert!(d > 0 && p > 0, "the random cases demoted {d} and promoted {p} requests");
+    }
+}

@@ -1,0 +1,74 @@
+//! Hybrid placement in the device tier: a request's KV pages placed in the shared pool (above
+//! the seats in use), dropped when it is demoted, and moved when a seat about to be taken lies
+//! under them. The rows' contents are the caller's to copy in and out (host tier, prompt),
+//! except for a moved page, which the tier copies itself in every layer.
+
+use super::DeviceTier;
+use crate::device_memory::DeviceMemory;
+use crate::error::{MemoryError, Result};
+use crate::request::RequestId;
+use crate::shared_pool::SharedPool;
+
+impl<M: DeviceMemory> DeviceTier<M> {
+    fn shared(&self) -> Result<&SharedPool> {
+        self.shared.as_ref().ok_or_else(|| MemoryError::invalid("mode", "not hybrid", "the tier has no shared pool"))
+    }
+
+    fn shared_mut(&mut self) -> Result<&mut SharedPool> {
+        self.shared.as_mut().ok_or_else(|| MemoryError::invalid("mode", "not hybrid", "the tier has no shared pool"))
+    }
+
+    /// Hybrid: whether `req` holds KV pages (its whole KV is on the device, read by position).
+    pub fn holds_pages(&self, req: RequestId) -> Result<bool> {
+        self.held(req)?;
+        Ok(!self.shared()?.pages(req).is_empty())
+    }
+
+    /// Hybrid: pages of the shared pool free above every seat in use.
+    pub fn usable_free_pages(&self) -> Result<usize> {
+        Ok(self.shared()?.usable_free_pages())
+    }
+
+    /// Hybrid: pages that would hold positions `0..tokens`.
+    pub fn pages_for(&self, tokens: usize) -> usize {
+        tokens.div_ceil(self.cfg.page_tokens)
+    }
+
+    /// Hybrid: places registered `req`'s KV on the device: pages for positions `0..tokens`
+    /// (all or nothing). Its rows are the caller's to write.
+    pub fn place_pages(&mut self, req: RequestId, tokens: usize) -> Result<()> {
+        self.held(req)?;
+        let pages = self.pages_for(tokens).max(1);
+        self.shared_mut()?.take_pages(req, pages)?;
+        Ok(())
+    }
+
+    /// Hybrid: frees `req`'s KV pages (its rows must be elsewhere first); returns how many.
+    pub fn drop_pages(&mut self, req: RequestId) -> Result<usize> {
+        self.held(req)?;
+        Ok(self.shared_mut()?.release_pages(req))
+    }
+
+    /// Hybrid: the held pages over the seat the next registration takes, as (owner, index in
+    /// its pages); they must be moved ([`DeviceTier::move_page`]) or dropped first.
+    pub fn pages_over_next_seat(&self) -> Result<Vec<(RequestId, usize)>> {
+        let s = self.shared()?;
+        Ok(s.next_seat()
+            .map(|seat| s.pages_over_seat(seat).into_iter().map(|(r, i, _)| (r, i)).collect())
+            .unwrap_or_default())
+    }
+
+    /// Hybrid: moves `req`'s page number `index` to the highest usable free page, copying its
+    /// rows in every layer; returns the bytes copied.
+    pub fn move_page(&mut self, req: RequestId, index: usize) -> Result<usize> {
+        self.held(req)?;
+        let (from, to) = self.shared_mut()?.move_page(req, index)?;
+        let bytes = self.cfg.page_tokens * self.cfg.kv_row.row_bytes();
+        let mut page = vec![0u8; bytes];
+        for l in 0..self.cfg.layers {
+            self.mem.read(&self.hot[l], from as usize * bytes, &mut page)?;
+            self.mem.write(&mut self.hot[l], to as usize * bytes, &page)?;
+        }
+        Ok(bytes * self.cfg.layers)
+    }
+}
