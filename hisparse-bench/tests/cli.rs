@@ -801,3 +801,36 @@ fn every_preset_is_listed_where_a_preset_is_chosen() {
         }
     }
 }
+
+/// `--mode all` runs hybrid placement beside resident and hisparse: `run` says what it moved,
+/// `sweep` tables it against both, its points in the JSON and the plot.
+#[test]
+fn hybrid_placement_runs_beside_the_other_modes() {
+    let dir = tmp("hybrid");
+    let (run, sweep) = (dir.join("run"), dir.join("sweep"));
+    let o = hisparse(&argv!(
+        "run --backend cpu --preset cpu-small --context 1024,2048 --device-memory 12MiB --mode all",
+        "--concurrency 6 --output 8 --out",
+        run
+    ));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = String::from_utf8_lossy(&o.stdout);
+    let moved = text.lines().find(|l| l.starts_with("hybrid: ") && l.contains("demotions")).expect("placement line");
+    assert!(!moved.starts_with("hybrid: 0 demotions"), "6 requests in 12 MiB demote some: {text}");
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(run.join("run.json")).unwrap()).unwrap();
+    let text_runs = json.to_string();
+    assert!(text_runs.contains("\"bytes_demoted\"") && text_runs.contains("\"hybrid\""), "{text_runs:.400}");
+    let o = hisparse(&argv!(
+        "sweep --backend cpu --preset cpu-small --context 1024,2048 --device-memory 12MiB --mode all",
+        "--concurrency 1,4 --warmup 1 --window 2 --out",
+        sweep
+    ));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let table = String::from_utf8_lossy(&o.stdout);
+    assert!(table.contains("hybrid placement") && table.contains("vs hisparse"), "{table}");
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(sweep.join("sweep.json")).unwrap()).unwrap();
+    let hybrid = json["points"].as_array().unwrap().iter().filter(|p| p["mode"] == "hybrid").count();
+    assert_eq!(hybrid, 4, "2 contexts x 2 levels");
+    assert!(std::fs::read_to_string(sweep.join("throughput.svg")).unwrap().contains("hybrid, context 1024"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

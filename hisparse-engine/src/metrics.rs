@@ -2,6 +2,8 @@
 //! bytes moved per tier, bytes in use, and the request counts.
 
 use hisparse_policy::SwapCounts;
+
+use crate::cache::PlacementCounters;
 use serde::{Deserialize, Serialize};
 
 /// Seconds spent per stage of a decode step (summed over layers). Kernel stages time the
@@ -124,6 +126,10 @@ pub struct StepMetrics {
     pub rejected: usize,
     /// Requests finished so far.
     pub finished: usize,
+    /// Hybrid placement's demotions, promotions and moved pages in this step (admission
+    /// included); left out of the JSON where nothing moved.
+    #[serde(skip_serializing_if = "PlacementCounters::is_zero")]
+    pub placement: PlacementCounters,
 }
 
 impl StepMetrics {
@@ -168,6 +174,9 @@ pub struct RunSummary {
     pub rejected: usize,
     /// Requests finished.
     pub finished: usize,
+    /// Hybrid placement's copies over the run (left out of the JSON where nothing moved).
+    #[serde(skip_serializing_if = "PlacementCounters::is_zero")]
+    pub placement: PlacementCounters,
 }
 
 impl RunSummary {
@@ -186,5 +195,6 @@ impl RunSummary {
         self.peak_host_bytes = self.peak_host_bytes.max(s.host_bytes_in_use);
         self.rejected = s.rejected;
         self.finished = s.finished;
+        self.placement += s.placement;
     }
 }

@@ -66,6 +66,13 @@ fn one_request_stays_on_the_device_and_never_swaps() {
 }
 
 #[test]
+fn the_engine_in_hybrid_placement_equals_resident() {
+    let cpu = CpuBackend::new;
+    let resident = common::run_on(cpu(), common::config(Mode::Resident, "lru"), &[], None);
+    assert_eq!(common::run_on(cpu(), common::config(Mode::Hybrid, "lru"), &[], None), resident);
+}
+
+#[test]
 fn capacity_is_hisparse_s() {
     let g = geometry(false);
     for mb in [8u64, 24] {

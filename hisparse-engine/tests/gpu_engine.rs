@@ -240,6 +240,25 @@ fn on_cuda_the_per_layer_api_is_lossless_for_every_gpu_policy() {
     }
 }
 
+/// Hybrid placement on the GPU: the per-layer API's scenario in a budget where requests are
+/// demoted, promoted and their pages moved, bit-identical to resident; the engine in hybrid
+/// placement bit-identical to resident too; the attention's miss fill refused by name.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn on_cuda_hybrid_placement_equals_resident() {
+    let g = scenario::geometry(false);
+    let (resident, _) = scenario::run_on(gpu(), Mode::Resident, false, "lru", "none", None);
+    let mut c = scenario::cache(gpu(), Mode::Hybrid, &g, "lru", "none", None);
+    let (hybrid, misses) = scenario::run_requests(&mut c, &g, &scenario::scenario());
+    assert_eq!(hybrid, resident, "the per-layer API in hybrid placement");
+    let moved = c.placement();
+    assert!(misses > 0 && moved.demotions > 0 && moved.promotions > 0 && moved.moved_pages > 0, "{moved:?}");
+    let res = run_on(gpu(), eager(Mode::Resident, "lru"), &[], None);
+    assert_eq!(run_on(gpu(), eager(Mode::Hybrid, "lru"), &[], None), res, "the engine in hybrid placement");
+    let e = Engine::new(filling(gpu(), MissFill::Attention), eager(Mode::Hybrid, "lru")).err().expect("refused");
+    assert!(e.to_string().contains("miss_fill"), "{e}");
+}
+
 /// Next-step prefetch (near-cut candidates) is not on the GPU yet: refused, naming it.
 #[test]
 #[ignore = "needs a CUDA GPU"]

@@ -79,8 +79,10 @@ pub fn run(a: &DumpStepArgs) -> Result<(PathBuf, usize)> {
     let mode = match a.mode {
         ModeArg::Resident => Mode::Resident,
         ModeArg::Hisparse => Mode::HiSparse,
-        ModeArg::Both => {
-            return Err(BenchError::flag("mode", "both", "dump-step dumps one mode: resident or hisparse"));
+        ModeArg::Hybrid => Mode::Hybrid,
+        many @ (ModeArg::Both | ModeArg::All) => {
+            let name = if many == ModeArg::All { "all" } else { "both" };
+            return Err(BenchError::flag("mode", name, "dump-step dumps one mode: resident, hisparse or hybrid"));
         }
     };
     guard::within("concurrency", a.concurrency, 1, hisparse_engine::DEFAULT_MAX_QUEUED)?;

@@ -199,6 +199,20 @@ pub fn render(runs: &[ModeRun], out: &std::path::Path) -> String {
         if let Some(note) = r.timing_only {
             s += &format!("{}: {note}\n", r.label());
         }
+        if r.mode == Mode::Hybrid {
+            let p = &r.summary.placement;
+            let mb = |b: u64| b as f64 / 1e6;
+            s += &format!(
+                "{}: {} demotions ({:.1} MB to the host tier), {} promotions ({:.1} MB back), {} pages moved ({:.1} MB)\n",
+                r.label(),
+                p.demotions,
+                mb(p.bytes_demoted),
+                p.promotions,
+                mb(p.bytes_promoted),
+                p.moved_pages,
+                mb(p.bytes_moved)
+            );
+        }
     }
     if super::run_output::is_load_sweep(runs) {
         for (mode, load) in super::run_output::first_waiting_load(runs) {

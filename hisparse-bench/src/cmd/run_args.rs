@@ -22,6 +22,11 @@ pub enum ModeArg {
     Resident,
     /// Full KV on the host, a hot buffer on the device.
     Hisparse,
+    /// Hybrid placement: a request's whole KV on the device while it has room, demoted to a hot
+    /// buffer and the host tier when admitting others needs it, promoted back when it frees.
+    Hybrid,
+    /// Resident, hisparse and hybrid, in that order.
+    All,
 }
 
 impl ModeArg {
@@ -31,6 +36,8 @@ impl ModeArg {
             Self::Both => vec![Mode::Resident, Mode::HiSparse],
             Self::Resident => vec![Mode::Resident],
             Self::Hisparse => vec![Mode::HiSparse],
+            Self::Hybrid => vec![Mode::Hybrid],
+            Self::All => vec![Mode::Resident, Mode::HiSparse, Mode::Hybrid],
         }
     }
 }

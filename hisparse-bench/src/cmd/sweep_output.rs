@@ -95,12 +95,13 @@ pub fn write(r: &SweepReport, out: &OutputDir) -> Result<()> {
 fn throughput_svg(r: &SweepReport) -> Result<String> {
     let (mut tput, mut running) = (Vec::new(), Vec::new());
     for (ci, &c) in contexts(r).iter().enumerate() {
-        for (mi, mode) in [SweepMode::Resident, SweepMode::HiSparse, SweepMode::Bound].into_iter().enumerate() {
+        let modes = [SweepMode::Resident, SweepMode::HiSparse, SweepMode::Bound, SweepMode::Hybrid];
+        for (mi, mode) in modes.into_iter().enumerate() {
             let pts: Vec<_> = r.points.iter().filter(|p| p.context == c && p.mode == mode).collect();
             if pts.is_empty() {
                 continue; // a sweep of one mode, or without the bound
             }
-            let color = Some(3 * ci + mi);
+            let color = Some(modes.len() * ci + mi);
             let label = match mode {
                 SweepMode::Bound => format!("bound (no swap-in copies; timing only), context {c}"),
                 m => format!("{m}, context {c}"),
@@ -109,13 +110,13 @@ fn throughput_svg(r: &SweepReport) -> Result<String> {
                 label: label.clone(),
                 points: pts.iter().map(|p| (p.concurrency as f64, p.tokens_per_s)).collect(),
                 spread: pts.iter().map(|p| (p.tokens_per_s_min, p.tokens_per_s_max)).collect(),
-                dashed: mode != SweepMode::HiSparse,
+                dashed: !matches!(mode, SweepMode::HiSparse | SweepMode::Hybrid),
                 color,
             });
             running.push(Series {
                 label,
                 points: pts.iter().map(|p| (p.concurrency as f64, p.running)).collect(),
-                dashed: mode != SweepMode::HiSparse,
+                dashed: !matches!(mode, SweepMode::HiSparse | SweepMode::Hybrid),
                 color,
                 ..Series::default()
             });
@@ -283,6 +284,7 @@ pub fn render(r: &SweepReport, out: &std::path::Path) -> String {
         );
     }
     s += "\n(resident / hisparse: requests decoding at once; the rest waited for capacity)\n";
+    s += &hybrid_table(r);
     s += &super::sweep_headline::render_bound(r);
     s += &super::sweep_headline::render_headline(r);
     if has_hisparse(r) {
@@ -300,6 +302,39 @@ pub fn render(r: &SweepReport, out: &std::path::Path) -> String {
     .map(|(f, _)| format!("{}/{f}", out.display()))
     .collect();
     s += &format!("wrote {}/sweep.json, sweep.csv\nplots: {}\n", out.display(), plots.join(", "));
+    s
+}
+
+/// Hybrid placement's points (`--mode hybrid` or `all`) against both other modes at the same
+/// concurrency; empty where the sweep did not run it.
+fn hybrid_table(r: &SweepReport) -> String {
+    let hybrid: Vec<&Point> = r.points.iter().filter(|p| p.mode == SweepMode::Hybrid).collect();
+    if hybrid.is_empty() {
+        return String::new();
+    }
+    let mut s = format!(
+        "\nhybrid placement (whole KV on the device while it has room):\n{:>8} {:>11} {:>8} {:>26} {:>12} {:>12} {:>8}\n",
+        "context", "concurrency", "running", "hybrid tok/s", "vs resident", "vs hisparse", "miss %"
+    );
+    for h in hybrid {
+        let vs = |m: SweepMode| {
+            r.points
+                .iter()
+                .find(|p| p.mode == m && p.context == h.context && p.concurrency == h.concurrency)
+                .filter(|p| p.tokens_per_s > 0.0)
+                .map_or_else(|| "-".into(), |p| format!("{:.2}x", h.tokens_per_s / p.tokens_per_s))
+        };
+        s += &format!(
+            "{:>8} {:>11} {:>8.1} {:>26} {:>12} {:>12} {:>7.2}%\n",
+            h.context,
+            h.concurrency,
+            h.running,
+            format!("{:.1} [{:.1}-{:.1}]", h.tokens_per_s, h.tokens_per_s_min, h.tokens_per_s_max),
+            vs(SweepMode::Resident),
+            vs(SweepMode::HiSparse),
+            100.0 * h.miss_ratio
+        );
+    }
     s
 }
 

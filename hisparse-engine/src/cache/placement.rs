@@ -42,7 +42,7 @@ impl DemotionOrder {
     }
 }
 
-/// What hybrid placement moved so far.
+/// What hybrid placement moved (so far, in a cache; in one step, in its metrics).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PlacementCounters {
     /// Requests moved from device pages to a hot buffer and the host tier.
@@ -57,6 +57,36 @@ pub struct PlacementCounters {
     pub bytes_promoted: u64,
     /// Bytes copied device → device by moved pages.
     pub bytes_moved: u64,
+}
+
+impl PlacementCounters {
+    /// Whether nothing moved (every mode but hybrid, and hybrid while the device has room).
+    pub fn is_zero(&self) -> bool {
+        *self == Self::default()
+    }
+
+    /// What moved since `earlier` (a snapshot of the same cache's counters).
+    pub fn since(&self, earlier: &Self) -> Self {
+        Self {
+            demotions: self.demotions - earlier.demotions,
+            promotions: self.promotions - earlier.promotions,
+            moved_pages: self.moved_pages - earlier.moved_pages,
+            bytes_demoted: self.bytes_demoted - earlier.bytes_demoted,
+            bytes_promoted: self.bytes_promoted - earlier.bytes_promoted,
+            bytes_moved: self.bytes_moved - earlier.bytes_moved,
+        }
+    }
+}
+
+impl std::ops::AddAssign for PlacementCounters {
+    fn add_assign(&mut self, o: Self) {
+        self.demotions += o.demotions;
+        self.promotions += o.promotions;
+        self.moved_pages += o.moved_pages;
+        self.bytes_demoted += o.bytes_demoted;
+        self.bytes_promoted += o.bytes_promoted;
+        self.bytes_moved += o.bytes_moved;
+    }
 }
 
 impl<B: Backend> KvCache<B>
@@ -134,21 +164,28 @@ where
         Ok(true)
     }
 
+    /// Request `id`'s positions `0..t` as runs of consecutive pool rows: (first position, first
+    /// row, rows), one run per page (a page's rows are consecutive in every layer's pool).
+    fn page_runs(&self, id: RequestId, t: usize) -> Result<Vec<(usize, usize, usize)>> {
+        let pt = self.cfg.hisparse.page_tokens;
+        (0..t.div_ceil(pt)).map(|j| Ok((j * pt, self.device.kv_row(id, j * pt)?, pt.min(t - j * pt)))).collect()
+    }
+
     /// Moves request `id` from device pages to its hot buffer and the host tier: every row it
-    /// has copied to the host, a prompt-sized KV (shorter than the buffer) also into its slots as
-    /// admission does, its seat made fresh, its pages freed.
+    /// has copied to the host a page at a time, a KV shorter than the buffer also into its slots
+    /// as admission does, its seat made fresh, its pages freed.
     pub(crate) fn demote(&mut self, id: RequestId) -> Result<()> {
         let t = self.request(id)?.seq_len;
         let (layers, b, rb) = (self.cfg.geometry.layers, self.cfg.hisparse.device_buffer_size, self.kv_row.row_bytes());
         let preload = t < b;
-        let positions = (0..t).map(|p| Ok(self.device.kv_row(id, p)? as u32)).collect::<Result<Vec<_>>>()?;
+        let runs = self.page_runs(id, t)?;
         let slots =
             (0..t).filter(|_| preload).map(|p| Ok(self.device.hot_row(id, p)? as u32)).collect::<Result<Vec<_>>>()?;
         let mem = self.backend.memory().clone();
         let mut rows = vec![0u8; t * rb];
         for l in 0..layers {
-            for (&r, out) in positions.iter().zip(rows.chunks_exact_mut(rb)) {
-                mem.read(self.device.kv(l), r as usize * rb, out)?;
+            for &(first, row, n) in &runs {
+                mem.read(self.device.kv(l), row * rb, &mut rows[first * rb..(first + n) * rb])?;
             }
             let host =
                 self.host.as_mut().ok_or_else(|| EngineError::Worker("hybrid mode without a host tier".into()))?;
@@ -198,7 +235,8 @@ where
         }
         let (layers, rb) = (self.cfg.geometry.layers, self.kv_row.row_bytes());
         self.device.place_pages(id, reserved)?;
-        let positions = (0..t).map(|p| Ok(self.device.kv_row(id, p)? as u32)).collect::<Result<Vec<_>>>()?;
+        let runs = self.page_runs(id, t)?;
+        let mem = self.backend.memory().clone();
         let mut rows = vec![0u8; t * rb];
         for l in 0..layers {
             let host =
@@ -206,7 +244,9 @@ where
             for (p, out) in rows.chunks_exact_mut(rb).enumerate() {
                 host.read_row(id, l, p, out)?;
             }
-            self.backend.write_rows(self.device.kv_mut(l), rb, &positions, &rows)?;
+            for &(first, row, n) in &runs {
+                mem.write(self.device.kv_mut(l), row * rb, &rows[first * rb..(first + n) * rb])?;
+            }
         }
         self.placement.promotions += 1;
         self.placement.bytes_promoted += (t * rb * layers) as u64;

@@ -32,6 +32,7 @@ where
         self.step += 1;
         let mut rep = StepReport::default();
         rep.metrics.step = self.step;
+        let placed = self.cache.placement();
         let t = Instant::now();
         let max_running = self.runtime.load().config.max_running;
         let Self { scheduler, cache, runner, step, .. } = self;
@@ -75,6 +76,7 @@ where
         let outcomes = &self.scheduler.outcomes;
         m.rejected = outcomes.iter().filter(|o| matches!(o.1, Outcome::Rejected { .. })).count();
         m.finished = outcomes.iter().filter(|o| matches!(o.1, Outcome::Finished { .. })).count();
+        m.placement = self.cache.placement().since(&placed);
         Ok(rep)
     }
 
