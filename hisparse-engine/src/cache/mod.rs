@@ -284,16 +284,18 @@ where
                     serial_prefetch: cfg.serial_prefetch,
                     transfer_delay: cfg.transfer_delay,
                 };
-                let swap = backend.device_swap_in(&dcfg, &mut host)?;
-                if cfg.mode == Mode::Hybrid && swap.fills_in_attention() {
+                // The attention's miss fill reads every request of a batch as the swap-in's:
+                // hybrid batches also hold requests read by position.
+                if cfg.mode == Mode::Hybrid && backend.miss_fill().fill_max_batch() > 0 {
                     return Err(EngineError::Config {
                         field: "miss_fill",
-                        value: "in the attention".into(),
+                        value: format!("{:?}", backend.miss_fill().mode()).to_lowercase(),
                         reason: "hybrid placement reads rows by position beside the hot buffers: choose the \
-                                 swap-in's own miss fill"
+                                 swap-in's own miss fill (swap-in)"
                             .into(),
                     });
                 }
+                let swap = backend.device_swap_in(&dcfg, &mut host)?;
                 let backup =
                     backend.row_backup(&RowBackupConfig { layers: g.layers, delay: cfg.backup_delay }, &mut host)?;
                 (Some(host), Some(swap), Some(backup))
