@@ -25,7 +25,7 @@ for root in sys.argv[1:]:
 if not points:
     sys.exit("no rate<R>-<mode>/run.json under " + " ".join(sys.argv[1:]))
 fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-colors = {"resident": "tab:blue", "hisparse": "tab:orange"}
+colors = {"resident": "tab:blue", "hisparse": "tab:orange", "hybrid": "tab:green"}
 titles = {"first_decode": "time to first decode", "per_token": "per-token latency"}
 for ax, metric in zip(axes, ("first_decode", "per_token")):
     for (mode, met, pct), xy in sorted(points.items()):
@@ -41,7 +41,7 @@ for ax, metric in zip(axes, ("first_decode", "per_token")):
     ax.set_title(titles[metric])
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-fig.suptitle("GLM-5.1 emulation, 32k fp8, H200: resident against hisparse under load")
+fig.suptitle("GLM-5.1 emulation, 32k fp8, H200: the modes under load")
 fig.tight_layout()
 common = os.path.commonpath([os.path.abspath(a) for a in sys.argv[1:]])
 out = os.path.join(common if len(sys.argv) > 2 else sys.argv[1], "latency.svg")
