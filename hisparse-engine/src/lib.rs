@@ -23,13 +23,11 @@ pub mod stop;
 pub mod tensors;
 pub mod workload;
 
-pub use cache::{
-    CacheConfig, Captured, DecodeStep, DemotionOrder, KvCache, LayerInputs, LayerView, PlacementCounters, Prompt, Rows,
-};
+pub use cache::{CacheConfig, Captured, DecodeStep, DemotionOrder, KvCache, LayerInputs, LayerView, Prompt, Rows};
 pub use engine::{DEFAULT_MAX_QUEUED, DecodeEngine, Engine, EngineConfig, LayerDump, StepReport};
 pub use error::{EngineError, Result};
 pub use latency::{LatencySummary, Percentiles, TokenLatency};
-pub use metrics::{RunSummary, StageTimes, StepMetrics};
+pub use metrics::{PlacementCounters, RunSummary, StageTimes, StepMetrics};
 pub use request::{Outcome, RequestSpec};
 pub use runtime::{RuntimeConfig, RuntimeHandle};
 pub use stop::StopFlag;

@@ -31,13 +31,12 @@ pub mod page_pool;
 pub mod preset;
 pub mod request;
 pub mod row;
-pub mod shared_pool;
 pub mod slot_table;
 mod system;
 
 pub use admission::{Admission, AdmissionControl, CapacityPlan, RequestBytes, Resources};
 pub use device_memory::{DeviceMemory, Element, EmulatedDevice};
-pub use device_tier::{DeviceTier, DeviceTierConfig};
+pub use device_tier::{DeviceTier, DeviceTierConfig, SharedPool};
 pub use error::{MemoryError, Result};
 pub use geometry::{IndexerLayout, KvGeometry, RowShape};
 pub use host_tier::{
@@ -47,7 +46,6 @@ pub use page_pool::PagePool;
 pub use preset::Preset;
 pub use request::{Mode, RequestId};
 pub use row::{IndexKeyFormat, IndexKeyLayout, KvRowFormat, KvRowLayout, RowHeads, StorageFormats, page_upper_bound};
-pub use shared_pool::SharedPool;
 pub use slot_table::SlotTable;
 pub use system::available_memory;
 

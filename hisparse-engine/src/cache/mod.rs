@@ -37,7 +37,7 @@ use crate::error::{EngineError, Result};
 
 pub use admit::{Prompt, Rows};
 pub use graph::Captured;
-pub use placement::{DemotionOrder, PlacementCounters};
+pub use placement::DemotionOrder;
 pub use step::{DecodeStep, LayerInputs, LayerView};
 
 /// What a cache is built from.
@@ -178,7 +178,7 @@ pub struct KvCache<B: Backend> {
     /// Admissions so far (the next request's `admitted`).
     pub(crate) admissions: u64,
     /// Hybrid placement's copies so far.
-    pub(crate) placement: PlacementCounters,
+    pub(crate) placement: crate::metrics::PlacementCounters,
 }
 
 impl<B: Backend> KvCache<B> {
@@ -321,7 +321,7 @@ where
             scratch,
             cfg,
             admissions: 0,
-            placement: PlacementCounters::default(),
+            placement: crate::metrics::PlacementCounters::default(),
         })
     }
 

@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use super::KvCache;
 use crate::error::{EngineError, Result};
+use crate::metrics::PlacementCounters;
 
 /// Which requests on the device are demoted first when admitting another needs their pages.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -39,53 +40,6 @@ impl DemotionOrder {
             "largest" => Some(Self::Largest),
             _ => None,
         }
-    }
-}
-
-/// What hybrid placement moved (so far, in a cache; in one step, in its metrics).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PlacementCounters {
-    /// Requests moved from device pages to a hot buffer and the host tier.
-    pub demotions: u64,
-    /// Requests moved from the host tier back to device pages.
-    pub promotions: u64,
-    /// Pages moved within the device to free a seat's rows.
-    pub moved_pages: u64,
-    /// Bytes copied device → host by demotions.
-    pub bytes_demoted: u64,
-    /// Bytes copied host → device by promotions.
-    pub bytes_promoted: u64,
-    /// Bytes copied device → device by moved pages.
-    pub bytes_moved: u64,
-}
-
-impl PlacementCounters {
-    /// Whether nothing moved (every mode but hybrid, and hybrid while the device has room).
-    pub fn is_zero(&self) -> bool {
-        *self == Self::default()
-    }
-
-    /// What moved since `earlier` (a snapshot of the same cache's counters).
-    pub fn since(&self, earlier: &Self) -> Self {
-        Self {
-            demotions: self.demotions - earlier.demotions,
-            promotions: self.promotions - earlier.promotions,
-            moved_pages: self.moved_pages - earlier.moved_pages,
-            bytes_demoted: self.bytes_demoted - earlier.bytes_demoted,
-            bytes_promoted: self.bytes_promoted - earlier.bytes_promoted,
-            bytes_moved: self.bytes_moved - earlier.bytes_moved,
-        }
-    }
-}
-
-impl std::ops::AddAssign for PlacementCounters {
-    fn add_assign(&mut self, o: Self) {
-        self.demotions += o.demotions;
-        self.promotions += o.promotions;
-        self.moved_pages += o.moved_pages;
-        self.bytes_demoted += o.bytes_demoted;
-        self.bytes_promoted += o.bytes_promoted;
-        self.bytes_moved += o.bytes_moved;
     }
 }
 

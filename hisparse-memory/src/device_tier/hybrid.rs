@@ -4,10 +4,10 @@
 //! except for a moved page, which the tier copies itself in every layer.
 
 use super::DeviceTier;
+use super::SharedPool;
 use crate::device_memory::DeviceMemory;
 use crate::error::{MemoryError, Result};
 use crate::request::RequestId;
-use crate::shared_pool::SharedPool;
 
 impl<M: DeviceMemory> DeviceTier<M> {
     fn shared(&self) -> Result<&SharedPool> {

@@ -14,9 +14,10 @@ use crate::error::{MemoryError, Result, check_len};
 use crate::page_pool::PagePool;
 use crate::request::{Mode, RequestId};
 use crate::row::{IndexKeyLayout, KvRowLayout};
-use crate::shared_pool::SharedPool;
-
 mod hybrid;
+mod shared_pool;
+
+pub use shared_pool::SharedPool;
 
 crate::c_fn! {
     /// Rows of one hot buffer of `slots` regular slots: those, then the newest token's reserved

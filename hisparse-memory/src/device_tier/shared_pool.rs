@@ -10,7 +10,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use crate::device_tier::{hot_buffer_rows_of, hot_seat_base};
+use super::{hot_buffer_rows_of, hot_seat_base};
 use crate::error::{MemoryError, Result};
 use crate::request::RequestId;
 
