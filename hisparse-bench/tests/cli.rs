@@ -810,7 +810,7 @@ fn hybrid_placement_runs_beside_the_other_modes() {
     let (run, sweep) = (dir.join("run"), dir.join("sweep"));
     let o = hisparse(&argv!(
         "run --backend cpu --preset cpu-small --context 1024,2048 --device-memory 12MiB --mode all",
-        "--concurrency 6 --output 8 --out",
+        "--concurrency 6 --output 8 --demotion largest --out",
         run
     ));
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -832,5 +832,9 @@ fn hybrid_placement_runs_beside_the_other_modes() {
     let hybrid = json["points"].as_array().unwrap().iter().filter(|p| p["mode"] == "hybrid").count();
     assert_eq!(hybrid, 4, "2 contexts x 2 levels");
     assert!(std::fs::read_to_string(sweep.join("throughput.svg")).unwrap().contains("hybrid, context 1024"));
+    let o = hisparse(&argv!("run --backend cpu --mode hybrid --demotion newest --out", dir.join("bad")));
+    assert_eq!(o.status.code(), Some(2));
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(e.contains("--demotion") && e.contains("oldest or largest"), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -58,6 +58,7 @@ const REFUSED: &[(&str, &str)] = &[
     ("swap-in-block-size", "256"),
     ("serial-prefetch", ""),
     ("index-queries", "fp8"),
+    ("demotion", "largest"),
     ("miss-fill", "attention"),
     ("miss-fill-max-batch", "4"),
     ("copy-engine-share", "0.5"),

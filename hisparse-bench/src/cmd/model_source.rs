@@ -41,7 +41,7 @@ pub enum ModelName {
 /// The engine's flags a real model's run does not read (the emulated workload's, the CUDA
 /// backend's and the host tier's): refused when given with a model. (`--seed` is read by a
 /// model's `run` for its arrival times; `sweep` refuses it with a model itself.)
-const NOT_READ_WITH_A_MODEL: [&str; 18] = [
+const NOT_READ_WITH_A_MODEL: [&str; 19] = [
     "preset",
     "no-graphs",
     "top-k-blocks",
@@ -60,6 +60,7 @@ const NOT_READ_WITH_A_MODEL: [&str; 18] = [
     "host-tier-file",
     "overwrite-host-tier-file",
     "keep-host-tier-file",
+    "demotion",
 ];
 
 /// The flags only a real model's run reads: refused when given without one.

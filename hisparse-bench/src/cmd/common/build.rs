@@ -32,6 +32,7 @@ impl EngineArgs {
             hisparse: hs,
             serial_prefetch: self.serial_prefetch,
             index_queries: self.index_queries,
+            demotion: self.demotion,
             ..hisparse_engine::CacheConfig::new(g, mode, 0)
         }
         .sized_for(typical_tokens, longest_tokens);

@@ -124,6 +124,11 @@ pub struct EngineArgs {
     /// cores). Both backends score the same quantised values.
     #[arg(long, default_value = "exact", value_parser = parse_index_queries)]
     pub index_queries: IndexerQueries,
+    /// Hybrid placement (`--mode hybrid` or `all`): which requests on the device are demoted
+    /// first when admitting another needs their pages — oldest (the earliest admitted) or
+    /// largest (the largest reservation).
+    #[arg(long, default_value = "oldest", value_parser = parse_demotion)]
+    pub demotion: hisparse_engine::DemotionOrder,
     /// Most rows a speculative prefetcher brings into one hot buffer per step (default: a
     /// quarter of top_k).
     #[arg(long)]
@@ -213,6 +218,11 @@ pub fn parse_index_format(s: &str) -> std::result::Result<IndexKeyFormat, String
 }
 
 /// `--index-queries`' value, parsed once at the edge.
+fn parse_demotion(s: &str) -> std::result::Result<hisparse_engine::DemotionOrder, String> {
+    hisparse_engine::DemotionOrder::parse(s)
+        .ok_or_else(|| format!("expected {}", hisparse_engine::DemotionOrder::NAMES.join(" or ")))
+}
+
 fn parse_index_queries(s: &str) -> std::result::Result<IndexerQueries, String> {
     IndexerQueries::from_name(s).ok_or_else(|| format!("expected {}", IndexerQueries::NAMES.join(" or ")))
 }
