@@ -827,7 +827,7 @@ fn hybrid_placement_runs_beside_the_other_modes() {
     ));
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let table = String::from_utf8_lossy(&o.stdout);
-    assert!(table.contains("hybrid placement") && table.contains("vs hisparse"), "{table}");
+    assert!(table.contains("hybrid placement") && table.contains("vs better"), "{table}");
     let json: serde_json::Value = serde_json::from_slice(&std::fs::read(sweep.join("sweep.json")).unwrap()).unwrap();
     let hybrid = json["points"].as_array().unwrap().iter().filter(|p| p["mode"] == "hybrid").count();
     assert_eq!(hybrid, 4, "2 contexts x 2 levels");
