@@ -156,7 +156,8 @@ fn on_cuda_the_engine_matches_the_cpu_backend() {
 #[ignore = "needs a CUDA GPU"]
 fn on_cuda_launch_graphs_replay_what_eager_launches_compute() {
     let mut resident_graphs = None;
-    for (mode, policy) in [(Mode::Resident, "lru"), (Mode::HiSparse, "lru"), (Mode::HiSparse, "clock")] {
+    let modes = [(Mode::Resident, "lru"), (Mode::HiSparse, "lru"), (Mode::HiSparse, "clock"), (Mode::Hybrid, "lru")];
+    for (mode, policy) in modes {
         let (eager_d, eager_c) = run_counted(gpu(), eager(mode, policy), &[], None);
         let (graph_d, graph_c) = run_counted(gpu(), config(mode, policy), &[], None);
         let replays: u64 = graph_c.iter().map(|c| c.replays).sum();
@@ -172,7 +173,7 @@ fn on_cuda_launch_graphs_replay_what_eager_launches_compute() {
         }
         match (&resident_graphs, mode) {
             (None, Mode::Resident) => resident_graphs = Some(graph_d),
-            (Some(r), _) => assert_eq!(&graph_d, r, "{policy}: hisparse with graphs differs from resident"),
+            (Some(r), _) => assert_eq!(&graph_d, r, "{mode} {policy}: with graphs differs from resident"),
             _ => {}
         }
     }
