@@ -180,7 +180,7 @@ pub fn trace_file(a: &RunArgs) -> Result<Option<AtomicFile>> {
             Ok(Some(AtomicFile::create("record-trace", p, a.overwrite)?))
         }
         Some(p) => {
-            Err(BenchError::flag("record-trace", p.display(), "records the hisparse run: use --mode hisparse or both"))
+            Err(BenchError::flag("record-trace", p.display(), "records the hisparse run: use --mode hisparse, both or all"))
         }
         None => Ok(None),
     }
