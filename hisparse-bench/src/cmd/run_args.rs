@@ -179,9 +179,11 @@ pub fn trace_file(a: &RunArgs) -> Result<Option<AtomicFile>> {
         Some(p) if a.mode.modes().contains(&Mode::HiSparse) => {
             Ok(Some(AtomicFile::create("record-trace", p, a.overwrite)?))
         }
-        Some(p) => {
-            Err(BenchError::flag("record-trace", p.display(), "records the hisparse run: use --mode hisparse, both or all"))
-        }
+        Some(p) => Err(BenchError::flag(
+            "record-trace",
+            p.display(),
+            "records the hisparse run: use --mode hisparse, both or all",
+        )),
         None => Ok(None),
     }
 }

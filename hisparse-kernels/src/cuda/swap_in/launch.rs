@@ -75,7 +75,7 @@ impl GpuSwapInState {
         Ok(SwapParams {
             layer: u32_of("layer", layer)?,
             layers: u32_of("layers", self.layers)?,
-            device_buffer_size: u32_of("device_buffer_size", self.slots)?,
+            device_buffer_size: u32_of("device_buffer_size", self.device_buffer_size)?,
             row_bytes: u32_of("row_bytes", row_bytes)?,
             page_tokens: u32_of("page_tokens", lay.page_tokens)?,
             host_pages_per_layer: u32_of("host pages per layer", lay.pages_per_layer)?,
@@ -95,8 +95,10 @@ impl GpuSwapInState {
         row_bytes: u32,
     ) -> Result<()> {
         let sel_end = batch.selection_end();
-        let hot_need =
-            self.seats.checked_mul(hot_buffer_rows_of(self.slots)).and_then(|n| n.checked_mul(row_bytes as usize));
+        let hot_need = self
+            .seats
+            .checked_mul(hot_buffer_rows_of(self.device_buffer_size))
+            .and_then(|n| n.checked_mul(row_bytes as usize));
         if [out.locations.len(), out.miss_tokens.len(), out.miss_slots.len(), out.evicted.len(), out.fills.len()]
             .iter()
             .any(|&n| n < sel_end)
@@ -166,7 +168,7 @@ impl GpuSwapInState {
         let cfg = LaunchConfig {
             grid_dim: (u32_of("requests", n)?, per_request, 1),
             block_dim: (self.block, 1, 1),
-            shared_mem_bytes: Self::shared_bytes(self.slots, self.max_sel) as u32,
+            shared_mem_bytes: Self::shared_bytes(self.device_buffer_size, self.max_sel) as u32,
         };
         let GpuSwapInState {
             print, funcs, slot_tokens, records, scalars, ready, prefetched, words, fault, sync, ..
@@ -278,7 +280,7 @@ impl GpuSwapInState {
         let cfg = LaunchConfig {
             grid_dim: (u32_of("requests", n)?, 1, 1),
             block_dim: (self.block, 1, 1),
-            shared_mem_bytes: Self::prefetch_shared_bytes(self.slots, self.max_sel) as u32,
+            shared_mem_bytes: Self::prefetch_shared_bytes(self.device_buffer_size, self.max_sel) as u32,
         };
         let GpuSwapInState { print, funcs, slot_tokens, records, scalars, ready, prefetched, words, fault, .. } =
             &mut *self;

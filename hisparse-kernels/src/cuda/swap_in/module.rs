@@ -103,7 +103,12 @@ pub(crate) struct SwapFunctions {
 }
 
 impl SwapFunctions {
-    pub(crate) fn load(dev: &CudaDevice, policy: &dyn EvictionPolicy, slots: usize, max_sel: usize) -> Result<Self> {
+    pub(crate) fn load(
+        dev: &CudaDevice,
+        policy: &dyn EvictionPolicy,
+        device_buffer_size: usize,
+        max_sel: usize,
+    ) -> Result<Self> {
         let src = swap_in_source(policy)
             .ok_or_else(|| KernelError::invalid("eviction_policy", policy.name(), "has no GPU form"))?;
         let name = src.name.clone();
@@ -122,7 +127,7 @@ impl SwapFunctions {
             func.set_attribute(CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes as i32)
                 .map_err(driver_error("shared memory opt-in"))
         };
-        let (b, k) = (slots as u64, max_sel as u64);
+        let (b, k) = (device_buffer_size as u64, max_sel as u64);
         opt_in(&f.prefetch, prefetch_smem_bytes(b, k.next_power_of_two(), k) as usize)?;
         opt_in(&f.decide, swap_smem_bytes(b, k) as usize)?;
         opt_in(&f.fused, swap_smem_bytes(b, k) as usize)?;

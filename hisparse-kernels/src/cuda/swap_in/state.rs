@@ -97,7 +97,7 @@ pub struct GpuSwapInState {
     pub(crate) sync: CudaSlice<u32>,
     pub(crate) seats: usize,
     pub(crate) layers: usize,
-    pub(crate) slots: usize,
+    pub(crate) device_buffer_size: usize,
     pub(crate) block: u32,
     pub(crate) max_sel: usize,
     pub(crate) slot_tokens: CudaSlice<i32>,
@@ -198,7 +198,7 @@ impl GpuSwapInState {
             copies: true,
             seats,
             layers,
-            slots: device_buffer_size,
+            device_buffer_size,
             block: block_size.div_ceil(32) as u32 * 32,
             max_sel,
         })
@@ -262,12 +262,16 @@ impl GpuSwapInState {
     /// slots `0..preload` (a prompt that fits its buffer).
     pub fn reset_seat(&mut self, seat: usize, preload: usize) -> Result<()> {
         let r = self.state_range(seat)?;
-        if preload > self.slots {
-            return Err(KernelError::invalid("preload", preload, format!("the buffer has {} slots", self.slots)));
+        if preload > self.device_buffer_size {
+            return Err(KernelError::invalid(
+                "preload",
+                preload,
+                format!("the buffer has {} slots", self.device_buffer_size),
+            ));
         }
-        let table: Vec<i32> = (0..self.slots).map(|s| if s < preload { s as i32 } else { -1 }).collect();
-        let all: Vec<i32> = table.iter().copied().cycle().take(self.layers * self.slots).collect();
-        let b = self.slots;
+        let table: Vec<i32> = (0..self.device_buffer_size).map(|s| if s < preload { s as i32 } else { -1 }).collect();
+        let all: Vec<i32> = table.iter().copied().cycle().take(self.layers * self.device_buffer_size).collect();
+        let b = self.device_buffer_size;
         self.stream
             .memcpy_htod(&all, &mut self.slot_tokens.slice_mut(r.start * b..r.end * b))
             .map_err(driver_error("reset slot tables"))?;
@@ -288,7 +292,7 @@ impl GpuSwapInState {
 
     /// Forgets every buffer's policy records (after a policy change the records are rebuilt).
     pub fn reset_policy(&mut self, policy: Arc<dyn EvictionPolicy>, dev: &CudaDevice) -> Result<()> {
-        self.funcs = SwapFunctions::load(dev, policy.as_ref(), self.slots, self.max_sel)?;
+        self.funcs = SwapFunctions::load(dev, policy.as_ref(), self.device_buffer_size, self.max_sel)?;
         // Token words start afresh with the policy (an old policy's history means nothing).
         self.word_tokens = if policy.uses_token_words() { self.max_tokens } else { 0 };
         self.words = match self.word_tokens {
@@ -310,7 +314,7 @@ impl GpuSwapInState {
     /// The prefetched flags of `(seat, layer)`'s slots (for tests).
     pub fn read_prefetched(&self, seat: usize, layer: usize) -> Result<Vec<u8>> {
         let st = self.state_range(seat)?.start + layer;
-        let b = self.slots;
+        let b = self.device_buffer_size;
         let mut f = vec![0u8; b];
         self.stream
             .memcpy_dtoh(&self.prefetched.slice(st * b..(st + 1) * b), &mut f)
@@ -388,7 +392,7 @@ impl GpuSwapInState {
     pub fn read_state(&self, seat: usize, layer: usize) -> Result<(Vec<i32>, Vec<SlotRecord>, PolicyScalars)> {
         let r = self.state_range(seat)?;
         let st = r.start + layer;
-        let b = self.slots;
+        let b = self.device_buffer_size;
         let mut t = vec![0i32; b];
         self.stream
             .memcpy_dtoh(&self.slot_tokens.slice(st * b..(st + 1) * b), &mut t)
