@@ -184,8 +184,8 @@ pub fn calibrate(geometry: &KvGeometry, workload: &Workload, spec: &CalibrationS
         r => r?,
     };
     // Steady state: leave out each stream's first steps (cold buffer) by subtracting them.
-    let ratio = |policy: &str, slots: usize| {
-        let r = report.results.iter().find(|x| x.policy == policy && x.device_buffer_size == slots);
+    let ratio = |policy: &str, device_buffer_size: usize| {
+        let r = report.results.iter().find(|x| x.policy == policy && x.device_buffer_size == device_buffer_size);
         r.map_or(0.0, |x| {
             let warm: Vec<f64> = x.series.iter().skip(x.series.len() / 4).copied().collect();
             warm.iter().sum::<f64>() / warm.len().max(1) as f64 / k as f64
