@@ -86,15 +86,14 @@ where
     /// free pages allow, else requests on the device are demoted in order.
     pub(super) fn clear_next_seat(&mut self) -> Result<()> {
         while let Some(&(owner, index)) = self.device.pages_over_next_seat()?.first() {
-            match self.device.move_page(owner, index) {
-                Ok(bytes) => {
-                    self.placement.moved_pages += 1;
-                    self.placement.bytes_moved += bytes as u64;
-                }
-                Err(_) => {
-                    let victim = self.next_victim(None)?.unwrap_or(owner);
-                    self.demote(victim)?;
-                }
+            if self.device.can_move_page()? {
+                let bytes = self.device.move_page(owner, index)?;
+                self.placement.moved_pages += 1;
+                self.placement.bytes_moved += bytes as u64;
+            } else {
+                // A request on the device holds the page over the seat: there is a victim.
+                let victim = self.next_victim(None)?.unwrap_or(owner);
+                self.demote(victim)?;
             }
         }
         Ok(())

@@ -58,6 +58,11 @@ impl<M: DeviceMemory> DeviceTier<M> {
             .unwrap_or_default())
     }
 
+    /// Hybrid: whether a page can move out of the next seat's way (a page above it is free).
+    pub fn can_move_page(&self) -> Result<bool> {
+        Ok(self.shared()?.free_pages_past_next_seat() > 0)
+    }
+
     /// Hybrid: moves `req`'s page number `index` to the highest usable free page, copying its
     /// rows in every layer; returns the bytes copied.
     pub fn move_page(&mut self, req: RequestId, index: usize) -> Result<usize> {

@@ -168,13 +168,23 @@ impl SharedPool {
         Ok(held)
     }
 
+    /// The first page above both the held seats and the next seat.
+    fn first_page_past_next_seat(&self) -> u32 {
+        let next_end = self.next_seat().map_or(0, |s| self.seat_rows(s).end.div_ceil(self.page_rows));
+        // Below 2^32: a page index of the pool's rows.
+        self.first_free_page().max(next_end as u32)
+    }
+
+    /// Free pages a page can move to ([`SharedPool::move_page`]).
+    pub fn free_pages_past_next_seat(&self) -> usize {
+        self.free_pages.range(self.first_page_past_next_seat()..).count()
+    }
+
     /// Moves `req`'s page number `index` to the highest free page above both the held seats
     /// and the next seat (out of the way of [`SharedPool::take_seat`]); returns the page it left
     /// and the page it now holds. Refused where no such page is free.
     pub fn move_page(&mut self, req: RequestId, index: usize) -> Result<(u32, u32)> {
-        let next_end = self.next_seat().map_or(0, |s| self.seat_rows(s).end.div_ceil(self.page_rows));
-        // Below 2^32: a page index of the pool's rows.
-        let first = self.first_free_page().max(next_end as u32);
+        let first = self.first_page_past_next_seat();
         let to = *self.free_pages.range(first..).next_back().ok_or(MemoryError::CapacityExhausted {
             pool: "shared pool KV pages",
             needed: 1,
@@ -311,7 +321,10 @@ mod tests {
                         let got = p.take_pages(r, have + n);
                         prop_assert_eq!(got.is_ok(), n <= free);
                     }
-                    2 => { let _ = p.move_page(r, n); }
+                    2 => {
+                        let (can, held) = (p.free_pages_past_next_seat() > 0, n < p.pages(r).len());
+                        prop_assert_eq!(p.move_page(r, n).is_ok(), can && held);
+                    }
                     3 => { p.release_pages(r); }
                     _ => p.release_seat(r),
                 }
