@@ -132,19 +132,22 @@ where
         let (layers, b, rb) = (self.cfg.geometry.layers, self.cfg.hisparse.device_buffer_size, self.kv_row.row_bytes());
         let preload = t < b;
         let runs = self.page_runs(id, t)?;
-        let slots =
-            (0..t).filter(|_| preload).map(|p| Ok(self.device.hot_row(id, p)? as u32)).collect::<Result<Vec<_>>>()?;
         let mem = self.backend.memory().clone();
-        let mut rows = vec![0u8; t * rb];
+        // One page's rows at a time (a page is `page_tokens` rows: bounded by the config).
+        let mut page = vec![0u8; self.cfg.hisparse.page_tokens * rb];
         for l in 0..layers {
             for &(first, row, n) in &runs {
-                mem.read(self.device.kv(l), row * rb, &mut rows[first * rb..(first + n) * rb])?;
-            }
-            let host =
-                self.host.as_mut().ok_or_else(|| EngineError::Worker("hybrid mode without a host tier".into()))?;
-            host.write_rows(id, l, 0, &rows)?;
-            if preload {
-                self.backend.write_rows(self.device.hot_mut(l), rb, &slots, &rows)?;
+                let rows = &mut page[..n * rb];
+                mem.read(self.device.kv(l), row * rb, rows)?;
+                let host =
+                    self.host.as_mut().ok_or_else(|| EngineError::Worker("hybrid mode without a host tier".into()))?;
+                host.write_rows(id, l, first, rows)?;
+                if preload {
+                    // A KV shorter than the buffer: position p in slot p, as admission places it.
+                    let slots = (first..first + n).map(|p| Ok(self.device.hot_row(id, p)? as u32));
+                    let slots = slots.collect::<Result<Vec<_>>>()?;
+                    self.backend.write_rows(self.device.hot_mut(l), rb, &slots, rows)?;
+                }
             }
         }
         if let Some(swap) = self.swap.as_mut() {
@@ -190,15 +193,16 @@ where
         self.device.place_pages(id, reserved)?;
         let runs = self.page_runs(id, t)?;
         let mem = self.backend.memory().clone();
-        let mut rows = vec![0u8; t * rb];
+        let mut page = vec![0u8; self.cfg.hisparse.page_tokens * rb];
         for l in 0..layers {
-            let host =
-                self.host.as_ref().ok_or_else(|| EngineError::Worker("hybrid mode without a host tier".into()))?;
-            for (p, out) in rows.chunks_exact_mut(rb).enumerate() {
-                host.read_row(id, l, p, out)?;
-            }
             for &(first, row, n) in &runs {
-                mem.write(self.device.kv_mut(l), row * rb, &rows[first * rb..(first + n) * rb])?;
+                let rows = &mut page[..n * rb];
+                let host =
+                    self.host.as_ref().ok_or_else(|| EngineError::Worker("hybrid mode without a host tier".into()))?;
+                for (p, out) in rows.chunks_exact_mut(rb).enumerate() {
+                    host.read_row(id, l, first + p, out)?;
+                }
+                mem.write(self.device.kv_mut(l), row * rb, rows)?;
             }
         }
         self.placement.promotions += 1;
