@@ -6,23 +6,14 @@
 
 mod common;
 
-use common::scenario::{Digests, Req, geometry, run_requests, scenario};
+use common::scenario::{self, Digests, Req, geometry, run_requests, scenario};
 use hisparse_engine::{CacheConfig, DemotionOrder, KvCache};
 use hisparse_kernels::CpuBackend;
 use hisparse_memory::{KvGeometry, Mode};
-use hisparse_policy::PolicyConfig;
 
 fn cache(mode: Mode, g: &KvGeometry, budget: u64, policy: &str, order: DemotionOrder) -> KvCache<CpuBackend> {
-    let mut cfg = CacheConfig::new(g.clone(), mode, budget);
-    cfg.hisparse.max_request_tokens = 4096;
-    cfg.typical_tokens = 2048;
-    cfg.demotion = order;
-    let choice = hisparse_policy::PolicyChoice::parse(policy).unwrap();
-    let p = hisparse_policy::Eviction::from_parts(choice, &PolicyConfig { seed: 5, ..PolicyConfig::default() })
-        .make_online()
-        .unwrap();
-    let f = hisparse_policy::prefetch::make_prefetcher("none", &cfg.hisparse.prefetch.parts().1).unwrap();
-    KvCache::new(CpuBackend::new(), cfg, p, f).unwrap()
+    let cfg = CacheConfig { demotion: order, ..scenario::config(mode, g, budget) };
+    scenario::cache_with(CpuBackend::new(), cfg, policy, "none")
 }
 
 fn resident(g: &KvGeometry, reqs: &[Req]) -> Digests {

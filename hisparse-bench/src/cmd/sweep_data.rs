@@ -161,6 +161,13 @@ pub struct Point {
     pub copy_engine_share_of_misses: f64,
 }
 
+impl Point {
+    /// Its tokens/s as the tables print it: the median, then the windows' range.
+    pub fn tokens_per_s_cell(&self) -> String {
+        format!("{:.1} [{:.1}-{:.1}]", self.tokens_per_s, self.tokens_per_s_min, self.tokens_per_s_max)
+    }
+}
+
 /// The sweep's output.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SweepReport {

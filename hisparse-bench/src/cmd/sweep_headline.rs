@@ -72,7 +72,7 @@ pub fn render_bound(r: &SweepReport) -> String {
             b.context,
             b.concurrency,
             b.running,
-            format!("{:.1} [{:.1}-{:.1}]", b.tokens_per_s, b.tokens_per_s_min, b.tokens_per_s_max),
+            b.tokens_per_s_cell(),
             eff
         );
     }

@@ -261,7 +261,7 @@ pub fn render(r: &SweepReport, out: &std::path::Path) -> String {
     let mut keys: Vec<(usize, usize)> = r.points.iter().map(|p| (p.context, p.concurrency)).collect();
     keys.sort_unstable();
     keys.dedup();
-    let cell = |p: &Point| format!("{:.1} [{:.1}-{:.1}]", p.tokens_per_s, p.tokens_per_s_min, p.tokens_per_s_max);
+    let cell = Point::tokens_per_s_cell;
     for (c, n) in keys {
         let get = |m: SweepMode| r.points.iter().find(|p| p.context == c && p.concurrency == n && p.mode == m);
         let (res, hs) = (get(SweepMode::Resident), get(SweepMode::HiSparse));
@@ -333,7 +333,7 @@ fn hybrid_table(r: &SweepReport) -> String {
             h.context,
             h.concurrency,
             h.running,
-            format!("{:.1} [{:.1}-{:.1}]", h.tokens_per_s, h.tokens_per_s_min, h.tokens_per_s_max),
+            h.tokens_per_s_cell(),
             ratio(res),
             ratio(hs),
             ratio(better),

@@ -117,31 +117,31 @@ where
         Ok(true)
     }
 
-    /// Request `id`'s positions `0..t` as runs of consecutive pool rows: (first position, first
-    /// row, rows), one run per page (a page's rows are consecutive in every layer's pool).
-    fn page_runs(&self, id: RequestId, t: usize) -> Result<Vec<(usize, usize, usize)>> {
-        let pt = self.cfg.hisparse.page_tokens;
-        (0..t.div_ceil(pt)).map(|j| Ok((j * pt, self.device.kv_row(id, j * pt)?, pt.min(t - j * pt)))).collect()
-    }
-
-    /// Moves request `id` from device pages to its hot buffer and the host tier: every row it
-    /// has copied to the host a page at a time, a KV shorter than the buffer also into its slots
-    /// as admission does, its seat made fresh, its pages freed.
-    pub(crate) fn demote(&mut self, id: RequestId) -> Result<()> {
-        let t = self.request(id)?.seq_len;
-        let (layers, b, rb) = (self.cfg.geometry.layers, self.cfg.hisparse.device_buffer_size, self.kv_row.row_bytes());
-        let preload = t < b;
-        let runs = self.page_runs(id, t)?;
+    /// Copies request `id`'s rows of positions `0..t` between its device pages and the host
+    /// tier, in every layer, one page's rows at a time (a page's rows are consecutive in every
+    /// layer's pool; the staging is bounded by the page): to the host, then also into its hot
+    /// buffer's slots by position where `preload`, or back to the device. Returns the bytes.
+    fn copy_pages(&mut self, id: RequestId, t: usize, to_host: bool, preload: bool) -> Result<u64> {
+        let (layers, pt, rb) = (self.cfg.geometry.layers, self.cfg.hisparse.page_tokens, self.kv_row.row_bytes());
+        let runs = (0..t.div_ceil(pt))
+            .map(|j| Ok((j * pt, self.device.kv_row(id, j * pt)?, pt.min(t - j * pt))))
+            .collect::<Result<Vec<_>>>()?;
         let mem = self.backend.memory().clone();
-        // One page's rows at a time (a page is `page_tokens` rows: bounded by the config).
-        let mut page = vec![0u8; self.cfg.hisparse.page_tokens * rb];
+        let mut page = vec![0u8; pt * rb];
+        let no_host = || EngineError::Worker("hybrid mode without a host tier".into());
         for l in 0..layers {
             for &(first, row, n) in &runs {
                 let rows = &mut page[..n * rb];
+                if !to_host {
+                    let host = self.host.as_ref().ok_or_else(no_host)?;
+                    for (p, out) in rows.chunks_exact_mut(rb).enumerate() {
+                        host.read_row(id, l, first + p, out)?;
+                    }
+                    mem.write(self.device.kv_mut(l), row * rb, rows)?;
+                    continue;
+                }
                 mem.read(self.device.kv(l), row * rb, rows)?;
-                let host =
-                    self.host.as_mut().ok_or_else(|| EngineError::Worker("hybrid mode without a host tier".into()))?;
-                host.write_rows(id, l, first, rows)?;
+                self.host.as_mut().ok_or_else(no_host)?.write_rows(id, l, first, rows)?;
                 if preload {
                     // A KV shorter than the buffer: position p in slot p, as admission places it.
                     let slots = (first..first + n).map(|p| Ok(self.device.hot_row(id, p)? as u32));
@@ -150,12 +150,22 @@ where
                 }
             }
         }
+        Ok((t * rb * layers) as u64)
+    }
+
+    /// Moves request `id` from device pages to its hot buffer and the host tier: every row it
+    /// has copied to the host a page at a time, a KV shorter than the buffer also into its slots
+    /// as admission does, its seat made fresh, its pages freed.
+    pub(crate) fn demote(&mut self, id: RequestId) -> Result<()> {
+        let t = self.request(id)?.seq_len;
+        let preload = t < self.cfg.hisparse.device_buffer_size;
+        let bytes = self.copy_pages(id, t, true, preload)?;
         if let Some(swap) = self.swap.as_mut() {
             swap.reset_seat(self.device.seat(id)?, if preload { t } else { 0 })?;
         }
         self.device.drop_pages(id)?;
         self.placement.demotions += 1;
-        self.placement.bytes_demoted += (t * rb * layers) as u64;
+        self.placement.bytes_demoted += bytes;
         Ok(())
     }
 
@@ -189,24 +199,10 @@ where
         if let Some(bk) = self.backup.as_mut() {
             bk.wait_all()?;
         }
-        let (layers, rb) = (self.cfg.geometry.layers, self.kv_row.row_bytes());
         self.device.place_pages(id, reserved)?;
-        let runs = self.page_runs(id, t)?;
-        let mem = self.backend.memory().clone();
-        let mut page = vec![0u8; self.cfg.hisparse.page_tokens * rb];
-        for l in 0..layers {
-            for &(first, row, n) in &runs {
-                let rows = &mut page[..n * rb];
-                let host =
-                    self.host.as_ref().ok_or_else(|| EngineError::Worker("hybrid mode without a host tier".into()))?;
-                for (p, out) in rows.chunks_exact_mut(rb).enumerate() {
-                    host.read_row(id, l, first + p, out)?;
-                }
-                mem.write(self.device.kv_mut(l), row * rb, rows)?;
-            }
-        }
+        let bytes = self.copy_pages(id, t, false, false)?;
         self.placement.promotions += 1;
-        self.placement.bytes_promoted += (t * rb * layers) as u64;
+        self.placement.bytes_promoted += bytes;
         Ok(())
     }
 }

@@ -76,10 +76,24 @@ pub fn cache<B: Backend>(
 where
     B::Memory: Clone,
 {
-    let mut cfg = CacheConfig::new(g.clone(), mode, 24 << 20);
+    let mut cfg = config(mode, g, 24 << 20);
+    cfg.backup_delay = delay;
+    cache_with(backend, cfg, policy, prefetcher)
+}
+
+/// The scenario's cache config for `mode` over `budget` bytes of device memory.
+pub fn config(mode: Mode, g: &KvGeometry, budget: u64) -> CacheConfig {
+    let mut cfg = CacheConfig::new(g.clone(), mode, budget);
     cfg.hisparse.max_request_tokens = 4096;
     cfg.typical_tokens = 2048;
-    cfg.backup_delay = delay;
+    cfg
+}
+
+/// A cache of `cfg` with the eviction policy and the prefetcher named `policy` and `prefetcher`.
+pub fn cache_with<B: Backend>(backend: B, cfg: CacheConfig, policy: &str, prefetcher: &str) -> KvCache<B>
+where
+    B::Memory: Clone,
+{
     let choice = hisparse_policy::PolicyChoice::parse(policy).unwrap();
     let p = hisparse_policy::Eviction::from_parts(choice, &PolicyConfig { seed: 5, ..PolicyConfig::default() })
         .make_online()
