@@ -14,6 +14,8 @@
 //! Invariant: every request goes to exactly one rank, and the ranks' host slices are disjoint,
 //! whole pages, and together no larger than the host memory given.
 
+use hisparse_policy::HiSparseConfig;
+
 use crate::emulated::EmulatedModel;
 use crate::error::{EngineError, Result};
 
@@ -51,6 +53,17 @@ impl RankPlan {
         }
         // per * page_bytes <= host_bytes / ranks: no overflow.
         Ok(Self { ranks, host_bytes_per_rank: per * page_bytes })
+    }
+
+    /// One rank's share of `whole` (the machine's hierarchy): its slice of the host tier, holding
+    /// requests of at most `longest_tokens` (the requests it is given, not the longest one the
+    /// whole machine's tier could hold).
+    pub fn share(&self, whole: &HiSparseConfig, longest_tokens: usize) -> HiSparseConfig {
+        HiSparseConfig {
+            host_tier_bytes: self.host_bytes_per_rank,
+            max_request_tokens: longest_tokens,
+            ..whole.clone()
+        }
     }
 
     /// The rank of each of `requests` requests in arrival order: round robin, so that ranks
@@ -187,6 +200,19 @@ mod tests {
             let e = RankPlan::new(ranks, host, page).unwrap_err().to_string();
             assert!(e.contains("gpus") || e.contains("page_bytes"), "{e}");
         }
+    }
+
+    #[test]
+    fn a_share_is_the_ranks_slice_of_the_host_tier_for_its_longest_request() {
+        let whole = HiSparseConfig { host_tier_bytes: 94 << 30, max_request_tokens: 131_072, ..Default::default() };
+        let p = RankPlan::new(8, whole.host_tier_bytes, 16 * 656).unwrap();
+        let s = p.share(&whole, 40_000);
+        assert_eq!((s.host_tier_bytes, s.max_request_tokens), (p.host_bytes_per_rank, 40_000));
+        assert!(s.host_tier_bytes < whole.host_tier_bytes);
+        assert_eq!(
+            (s.device_buffer_size, s.page_tokens, s.device_kv_bytes),
+            (whole.device_buffer_size, whole.page_tokens, whole.device_kv_bytes)
+        );
     }
 
     #[test]

@@ -112,10 +112,7 @@ impl EngineArgs {
         plan: &hisparse_engine::ranks::RankPlan,
     ) -> Result<Box<dyn DecodeEngine>> {
         let mut cfg = self.engine_config(mode, (typical_tokens, longest_tokens), flag)?;
-        cfg.cache.hisparse.host_tier_bytes = plan.host_bytes_per_rank;
-        // A rank's slice holds the requests it is given, not the longest one the whole
-        // machine's tier could.
-        cfg.cache.hisparse.max_request_tokens = longest_tokens;
+        cfg.cache.hisparse = plan.share(&cfg.cache.hisparse, longest_tokens);
         let fill = self.miss_fill(&cfg.cache.hisparse)?;
         self.build(cfg, rank, fill)
     }
@@ -131,8 +128,7 @@ impl EngineArgs {
     ) -> Result<hisparse_engine::ranks::RankPlan> {
         let plan = hisparse_engine::ranks::RankPlan::new(ranks, hs.host_bytes(), self.host_page_bytes(g, hs)?)
             .map_err(|e| BenchError::flag("gpus", ranks, e.to_string()))?;
-        let mut share = hs.clone();
-        share.host_tier_bytes = plan.host_bytes_per_rank;
+        let share = plan.share(hs, longest);
         self.check_request_fits(g, &share, Mode::HiSparse, "gpus", ranks, longest).map_err(|e| match e {
             BenchError::Flag { reason, .. } => {
                 BenchError::flag("gpus", ranks, format!("a GPU's share of the host memory is too small: {reason}"))
