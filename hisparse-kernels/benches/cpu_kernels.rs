@@ -1,5 +1,6 @@
-//! Criterion benches of the CPU kernels, each at two sizes, with throughput in bytes (indexer,
-//! attention: bytes of keys or rows read) or elements (top-k: scores scanned).
+//! Criterion benches of the CPU kernels, each at two sizes (the oracle at a real model's one, per
+//! index format), with throughput in bytes (indexer, oracle, attention: bytes of keys or rows
+//! read) or elements (top-k: scores scanned).
 #![allow(missing_docs, clippy::unwrap_used)]
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
@@ -39,6 +40,51 @@ fn indexer(c: &mut Criterion) {
                     pin_newest: false,
                     queries_as: hisparse_kernels::IndexerQueries::Exact,
                     score: hisparse_kernels::IndexScore::Lightning,
+                };
+                cpu.indexer_scores(&b, &mut scores).unwrap();
+            })
+        });
+    }
+    g.finish();
+}
+
+/// The oracle selection of a dense GQA model: SmolLM2-135M's layer (9 query heads in 3 groups of
+/// 64 dims over 192-dim keys), one request of 8,000 positions, each index format.
+fn oracle(c: &mut Criterion) {
+    let mut g = c.benchmark_group("oracle");
+    g.sample_size(20);
+    let (len, heads, dim) = (8000usize, 9usize, 192usize);
+    let cpu = CpuBackend::new();
+    for format in ["fp8", "int4:32", "channels:16:64"] {
+        let key = IndexKeyLayout::with_format(dim, format.parse().unwrap()).unwrap();
+        let mut rng = random::rng(2);
+        let keys = random::index_key_pool(&mut rng, key, len.next_multiple_of(64)).unwrap();
+        let mut q = random::normal_bf16(&mut rng, heads * dim, 1.0);
+        // A GQA head's query fills its group's 64 dims of the key.
+        for (j, x) in q.iter_mut().enumerate() {
+            if (j % dim) / 64 != (j / dim) / 3 {
+                *x = half::bf16::ZERO;
+            }
+        }
+        let w = vec![0.125f32; heads];
+        let page_table: Vec<u32> = (0..len.div_ceil(64) as u32).collect();
+        let requests = [IndexerRequest { first_page: 0, seq_len: len, score_offset: 0 }];
+        let mut scores = vec![0f32; len];
+        g.throughput(Throughput::Bytes((len * key.row_bytes()) as u64));
+        g.bench_function(BenchmarkId::from_parameter(format!("{format}_L{len}xH{heads}")), |bch| {
+            bch.iter(|| {
+                let b = IndexerBatch {
+                    heads,
+                    key_layout: key,
+                    queries: &q,
+                    weights: &w,
+                    keys: &keys,
+                    page_tokens: 64,
+                    page_table: &page_table,
+                    requests: &requests,
+                    pin_newest: true,
+                    queries_as: hisparse_kernels::IndexerQueries::Exact,
+                    score: hisparse_kernels::IndexScore::Oracle(Default::default()),
                 };
                 cpu.indexer_scores(&b, &mut scores).unwrap();
             })
@@ -95,5 +141,5 @@ fn sparse_attention(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, indexer, top_k, sparse_attention);
+criterion_group!(benches, indexer, oracle, top_k, sparse_attention);
 criterion_main!(benches);

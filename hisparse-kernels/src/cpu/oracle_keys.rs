@@ -1,8 +1,8 @@
 //! The oracle's logits `w_h * q_h . k_t` for a block of positions over stored index keys (not
-//! page summaries): each key decoded, then a [`dot`] per head over its query's non-zero span;
-//! with AVX2 where the CPU has it, and for fp8 keys with F16C the codes converted in registers
-//! and multiplied there by every head that reads them — the same products summed in the same
-//! order as `dot` sums them, so every path gives the same bits.
+//! page summaries): each key decoded, then a [`dot`] per head over its query's non-zero span.
+//! Where the CPU has AVX2 and F16C, the heads reading the same span share each eight values of
+//! the key (fp8 codes converted in registers, other formats decoded once per key) — the same
+//! products summed in the same order as `dot` sums them, so every path gives the same bits.
 
 use super::dot;
 use super::index_keys::key_row;
@@ -41,26 +41,17 @@ fn key_rows(kb: KeyBlock<'_, '_>, n: usize) -> impl Iterator<Item = usize> {
 /// (`logits` holds `[positions, heads]`); `key` holds a decoded key (`dim` values).
 pub(super) fn key_logits(kb: KeyBlock<'_, '_>, logits: &mut [f32], key: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        if kb.batch.key_layout.format() == hisparse_memory::IndexKeyFormat::Fp8
-            && std::arch::is_x86_feature_detected!("f16c")
-        {
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("f16c") {
+        if kb.batch.key_layout.format() == hisparse_memory::IndexKeyFormat::Fp8 {
             // SAFETY: the CPU has AVX2 and F16C (checked just above).
-            return unsafe { fp8::logits(kb, logits) };
+            return unsafe { grouped::fp8_logits(kb, logits) };
         }
-        // SAFETY: the CPU has AVX2 (checked just above).
-        return unsafe { key_logits_avx2(kb, logits, key) };
+        // SAFETY: the CPU has AVX2 and F16C (checked just above).
+        return unsafe { grouped::decoded_logits(kb, logits, key) };
     }
     key_logits_any(kb, logits, key)
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn key_logits_avx2(kb: KeyBlock<'_, '_>, logits: &mut [f32], key: &mut [f32]) {
-    key_logits_any(kb, logits, key)
-}
-
-#[inline(always)]
 fn key_logits_any(kb: KeyBlock<'_, '_>, logits: &mut [f32], key: &mut [f32]) {
     let (batch, heads, dim) = (kb.batch, kb.batch.heads, kb.batch.key_layout.dim());
     let key_bytes = batch.key_layout.row_bytes();
@@ -74,8 +65,12 @@ fn key_logits_any(kb: KeyBlock<'_, '_>, logits: &mut [f32], key: &mut [f32]) {
     }
 }
 
+/// The AVX2 paths: heads grouped by the span of their query (a GQA group's heads read the same
+/// part of the key), each eight values of the key loaded once and multiplied by every head of
+/// the group (a product rounded, then added: `dot`'s lanes), the tail and the lanes' sum as
+/// `dot` makes them.
 #[cfg(target_arch = "x86_64")]
-mod fp8 {
+mod grouped {
     use std::arch::x86_64::*;
 
     use hisparse_memory::fp8::{E4M3_TABLE, e4m3x8_scaled};
@@ -91,16 +86,9 @@ mod fp8 {
         tail: &'a [f32],
     }
 
-    /// [`super::key_logits`] over fp8 keys: per group of heads with the same span (at most four
-    /// at a time), eight codes at a time converted once and multiplied by each head's query (a
-    /// product rounded, then added: `dot`'s lanes), the tail and the lanes' sum as `dot` makes
-    /// them.
-    #[target_feature(enable = "avx2,f16c")]
-    pub(super) unsafe fn logits(kb: KeyBlock<'_, '_>, logits: &mut [f32]) {
-        let (batch, heads, dim) = (kb.batch, kb.batch.heads, kb.batch.key_layout.dim());
-        let key_bytes = batch.key_layout.row_bytes();
-        // Heads by span, in head order, each with its query's span split for the loop.
-        let mut groups: Vec<((usize, usize), Vec<SpanQuery<'_>>)> = Vec::new();
+    /// The heads of `kb`, grouped by span in head order.
+    fn span_groups<'a>(kb: KeyBlock<'a, '_>, dim: usize) -> Vec<((usize, usize), Vec<SpanQuery<'a>>)> {
+        let mut groups: Vec<((usize, usize), Vec<SpanQuery<'a>>)> = Vec::new();
         for (h, &(a, b)) in kb.spans.iter().enumerate() {
             let (chunks, tail) = kb.q[h * dim + a..h * dim + b].as_chunks::<8>();
             let sq = SpanQuery { head: h, chunks, tail };
@@ -109,6 +97,66 @@ mod fp8 {
                 None => groups.push(((a, b), vec![sq])),
             }
         }
+        groups
+    }
+
+    /// One key over one span, eight values at a time.
+    trait SpanKey: Copy {
+        /// Values `8i .. 8i + 8` of the span.
+        ///
+        /// # Safety
+        /// The CPU must have AVX2 and F16C; `i` is below the span's whole groups of eight.
+        unsafe fn chunk(self, i: usize) -> __m256;
+        /// Value `j` past the span's whole groups of eight.
+        fn tail(self, j: usize) -> f32;
+    }
+
+    /// An fp8 key's codes over one span and the key's scale.
+    #[derive(Clone, Copy)]
+    struct Fp8Key<'a> {
+        chunks: &'a [[u8; 8]],
+        tail: &'a [u8],
+        s: f32,
+    }
+
+    impl SpanKey for Fp8Key<'_> {
+        #[inline(always)]
+        unsafe fn chunk(self, i: usize) -> __m256 {
+            // SAFETY: the caller's CPU has AVX2 and F16C.
+            unsafe { e4m3x8_scaled(self.chunks[i], self.s) }
+        }
+        #[inline(always)]
+        fn tail(self, j: usize) -> f32 {
+            E4M3_TABLE[usize::from(self.tail[j])] * self.s
+        }
+    }
+
+    /// A decoded key's values over one span.
+    #[derive(Clone, Copy)]
+    struct DecodedKey<'a> {
+        chunks: &'a [[f32; 8]],
+        tail: &'a [f32],
+    }
+
+    impl SpanKey for DecodedKey<'_> {
+        #[inline(always)]
+        unsafe fn chunk(self, i: usize) -> __m256 {
+            // SAFETY: a chunk holds exactly eight f32; the load is unaligned.
+            unsafe { _mm256_loadu_ps(self.chunks[i].as_ptr()) }
+        }
+        #[inline(always)]
+        fn tail(self, j: usize) -> f32 {
+            self.tail[j]
+        }
+    }
+
+    /// [`super::key_logits`] over fp8 keys: the codes converted in registers, never decoded to
+    /// memory.
+    #[target_feature(enable = "avx2,f16c")]
+    pub(super) unsafe fn fp8_logits(kb: KeyBlock<'_, '_>, logits: &mut [f32]) {
+        let (batch, heads, dim) = (kb.batch, kb.batch.heads, kb.batch.key_layout.dim());
+        let key_bytes = batch.key_layout.row_bytes();
+        let groups = span_groups(kb, dim);
         let n = logits.len() / heads;
         for (lt, row) in logits.chunks_mut(heads).zip(key_rows(kb, n)) {
             let bytes = &batch.keys[row * key_bytes..][..key_bytes];
@@ -116,27 +164,43 @@ mod fp8 {
             let (codes, scale) = bytes.split_at(dim);
             let s = f32::from_le_bytes([scale[0], scale[1], scale[2], scale[3]]);
             for ((a, b), qs) in &groups {
-                let key = Key { chunks: codes[*a..*b].as_chunks::<8>().0, tail: codes[*a..*b].as_chunks::<8>().1, s };
-                for qs in qs.chunks(4) {
-                    // (`dots` needs AVX2 and F16C, which this function runs with.)
-                    match qs {
-                        [q0] => put(lt, kb.w, qs, &dots([*q0], key)),
-                        [q0, q1] => put(lt, kb.w, qs, &dots([*q0, *q1], key)),
-                        [q0, q1, q2] => put(lt, kb.w, qs, &dots([*q0, *q1, *q2], key)),
-                        [q0, q1, q2, q3] => put(lt, kb.w, qs, &dots([*q0, *q1, *q2, *q3], key)),
-                        _ => {}
-                    }
-                }
+                let (chunks, tail) = codes[*a..*b].as_chunks::<8>();
+                // (`heads_dots` needs AVX2 and F16C, which this function runs with.)
+                heads_dots(lt, kb.w, qs, Fp8Key { chunks, tail, s });
             }
         }
     }
 
-    /// A key's codes over one span: whole groups of eight, the rest, and the key's scale.
-    #[derive(Clone, Copy)]
-    struct Key<'a> {
-        chunks: &'a [[u8; 8]],
-        tail: &'a [u8],
-        s: f32,
+    /// [`super::key_logits`] over keys of any other format: each key decoded once into `key`,
+    /// then read by every group of heads.
+    #[target_feature(enable = "avx2,f16c")]
+    pub(super) unsafe fn decoded_logits(kb: KeyBlock<'_, '_>, logits: &mut [f32], key: &mut [f32]) {
+        let (batch, heads, dim) = (kb.batch, kb.batch.heads, kb.batch.key_layout.dim());
+        let key_bytes = batch.key_layout.row_bytes();
+        let groups = span_groups(kb, dim);
+        let n = logits.len() / heads;
+        for (lt, row) in logits.chunks_mut(heads).zip(key_rows(kb, n)) {
+            batch.key_layout.decode_checked(&batch.keys[row * key_bytes..][..key_bytes], key);
+            for ((a, b), qs) in &groups {
+                let (chunks, tail) = key[*a..*b].as_chunks::<8>();
+                heads_dots(lt, kb.w, qs, DecodedKey { chunks, tail });
+            }
+        }
+    }
+
+    /// `lt[h] = w_h * q_h . key` for the heads `qs` (one span), at most four at a time.
+    #[target_feature(enable = "avx2,f16c")]
+    #[inline]
+    fn heads_dots(lt: &mut [f32], w: &[f32], qs: &[SpanQuery<'_>], key: impl SpanKey) {
+        for qs in qs.chunks(4) {
+            match qs {
+                [q0] => put(lt, w, qs, &dots([*q0], key)),
+                [q0, q1] => put(lt, w, qs, &dots([*q0, *q1], key)),
+                [q0, q1, q2] => put(lt, w, qs, &dots([*q0, *q1, *q2], key)),
+                [q0, q1, q2, q3] => put(lt, w, qs, &dots([*q0, *q1, *q2, *q3], key)),
+                _ => {}
+            }
+        }
     }
 
     fn put(lt: &mut [f32], w: &[f32], qs: &[SpanQuery<'_>], dots: &[f32]) {
@@ -148,11 +212,13 @@ mod fp8 {
     /// `N` heads' dot products with one key, each as `dot` sums it.
     #[target_feature(enable = "avx2,f16c")]
     #[inline]
-    fn dots<const N: usize>(qs: [SpanQuery<'_>; N], key: Key<'_>) -> [f32; N] {
+    fn dots<const N: usize>(qs: [SpanQuery<'_>; N], key: impl SpanKey) -> [f32; N] {
         let mut acc = [_mm256_setzero_ps(); N];
-        for (i, c8) in key.chunks.iter().enumerate() {
-            // SAFETY: this function runs only where the CPU has AVX2 and F16C.
-            let k = unsafe { e4m3x8_scaled(*c8, key.s) };
+        // Every head of `qs` has the key's span: as many whole groups of eight.
+        for i in 0..qs[0].chunks.len() {
+            // SAFETY: this function runs only where the CPU has AVX2 and F16C; `i` is below the
+            // span's whole groups.
+            let k = unsafe { key.chunk(i) };
             for (acc, q) in acc.iter_mut().zip(&qs) {
                 // SAFETY: a chunk holds exactly eight f32; the load is unaligned.
                 *acc = _mm256_add_ps(*acc, _mm256_mul_ps(unsafe { _mm256_loadu_ps(q.chunks[i].as_ptr()) }, k));
@@ -161,12 +227,98 @@ mod fp8 {
         let mut out = [0f32; N];
         for ((o, acc), q) in out.iter_mut().zip(acc).zip(&qs) {
             let mut tail = 0f32;
-            for (x, &c) in q.tail.iter().zip(key.tail) {
-                tail += x * (E4M3_TABLE[usize::from(c)] * key.s);
+            for (j, x) in q.tail.iter().enumerate() {
+                tail += x * key.tail(j);
             }
             // SAFETY: this function runs only where the CPU has AVX2.
             *o = unsafe { sum_lanes(acc, tail) };
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
+    use half::bf16;
+    use hisparse_memory::{IndexKeyFormat, IndexKeyLayout};
+
+    use super::*;
+    use crate::IndexerQueries;
+    use crate::batch::IndexScore;
+
+    /// Every path of `key_logits` (fp8 in registers, other formats decoded once per key, heads
+    /// grouped by span) gives the bits of the portable per-head `dot`s, for spans shared by
+    /// one to five heads, spans with a tail, and an empty span.
+    #[test]
+    fn every_key_path_gives_the_portable_bits() {
+        let (dim, page, n) = (192usize, 16usize, 77usize);
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+        };
+        // Heads 0-2, 3-7 and 8-10 share the three 64-value groups; 11 a span with a tail; 12 an
+        // empty query.
+        let spans: Vec<(usize, usize)> = (0..13)
+            .map(|h| match h {
+                0..=2 => (0, 64),
+                3..=7 => (64, 128),
+                8..=10 => (128, 192),
+                11 => (5, 131),
+                _ => (0, 0),
+            })
+            .collect();
+        let heads = spans.len();
+        let mut q = vec![0f32; heads * dim];
+        for (h, &(a, b)) in spans.iter().enumerate() {
+            for x in &mut q[h * dim + a..h * dim + b] {
+                *x = next();
+            }
+        }
+        let w: Vec<f32> = (0..heads).map(|h| 0.125 + 0.01 * h as f32).collect();
+        let pages = n.div_ceil(page);
+        let table: Vec<u32> = (0..pages as u32).rev().collect();
+        let formats = [
+            IndexKeyFormat::Fp8,
+            IndexKeyFormat::Int4 { group: 32 },
+            IndexKeyFormat::Int2 { group: 32 },
+            IndexKeyFormat::Channels { keep: 16, group: 64 },
+            IndexKeyFormat::Channels { keep: 3, group: 8 },
+        ];
+        for format in formats {
+            let layout = IndexKeyLayout::with_format(dim, format).unwrap();
+            let rb = layout.row_bytes();
+            let mut keys = vec![0u8; pages * page * rb];
+            let mut values = vec![0f32; dim];
+            for row in keys.chunks_exact_mut(rb) {
+                values.iter_mut().for_each(|v| *v = 3.0 * next());
+                layout.encode(&values, row).unwrap();
+            }
+            let (qb, wb) = (vec![bf16::ZERO; heads * dim], w.clone());
+            let requests = [IndexerRequest { first_page: 0, seq_len: n, score_offset: 0 }];
+            let batch = IndexerBatch::<EmulatedDevice> {
+                heads,
+                key_layout: layout,
+                queries: &qb,
+                weights: &wb,
+                keys: &keys,
+                page_tokens: page,
+                page_table: &table,
+                requests: &requests,
+                pin_newest: false,
+                queries_as: IndexerQueries::Exact,
+                score: IndexScore::Lightning,
+            };
+            let kb = KeyBlock { batch: &batch, r: &requests[0], first: 3, q: &q, w: &w, spans: &spans };
+            let (mut got, mut want, mut key) = (vec![0f32; 70 * heads], vec![0f32; 70 * heads], vec![0f32; dim]);
+            key_logits(kb, &mut got, &mut key);
+            key_logits_any(kb, &mut want, &mut key);
+            assert!(want.iter().any(|&x| x != 0.0), "{format}: the logits are not all zero");
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "{format}");
+        }
     }
 }

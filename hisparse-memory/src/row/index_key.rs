@@ -442,6 +442,14 @@ impl IndexKeyLayout {
         if !rows.len().is_multiple_of(rb) {
             return Err(MemoryError::invalid("rows", rows.len(), format!("not whole rows of {rb} bytes")));
         }
+        if let IndexKeyFormat::Channels { keep, group } = self.format {
+            // The first row that fails, if any, checked again for its error.
+            let shape = TopChannels { dim: self.dim, keep, group };
+            return match rows.chunks_exact(rb).find(|row| !shape.is_valid(row)) {
+                Some(row) => shape.check(row),
+                None => Ok(()),
+            };
+        }
         if self.format != IndexKeyFormat::Fp8 {
             return rows.chunks_exact(rb).try_for_each(|row| self.check_scales(row));
         }

@@ -101,3 +101,30 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    /// The pool-wide check (a branch-free test per row) refuses exactly the pools with a row
+    /// `check_scales` refuses, with that first row's error.
+    #[test]
+    fn a_pools_check_finds_the_first_bad_row(
+        values in proptest::collection::vec(-100.0f32..100.0, 4 * 32),
+        keep in 1usize..=8,
+        hits in proptest::collection::vec((0usize..4, 0usize..64, any::<u8>()), 0..3),
+    ) {
+        let l = channels(32, keep, 8);
+        let rb = l.row_bytes();
+        let mut rows = vec![0u8; 4 * rb];
+        for (row, v) in rows.chunks_exact_mut(rb).zip(values.chunks(32)) {
+            l.encode(v, row).unwrap();
+        }
+        for (r, at, v) in hits {
+            rows[r * rb + at % rb] = v;
+        }
+        let want = rows.chunks_exact(rb).map(|row| l.check_scales(row)).find(|c| c.is_err());
+        match (l.check_scales_of_rows(&rows), want) {
+            (Ok(()), None) => {}
+            (Err(got), Some(Err(want))) => prop_assert_eq!(got.to_string(), want.to_string()),
+            (got, want) => prop_assert!(false, "pool {:?}, first bad row {:?}", got, want),
+        }
+    }
+}

@@ -53,6 +53,22 @@ impl TopChannels {
         scale.copy_from_slice(&s.to_le_bytes());
     }
 
+    /// Whether [`Self::check`] passes `row`: the kernels' per-step test of a pool's keys, without
+    /// branches on the data (a group's places ascend exactly when each exceeds the one before,
+    /// and then they are all below `group` exactly when the last one is).
+    pub fn is_valid(self, row: &[u8]) -> bool {
+        let n = self.kept();
+        let at = 2 * n;
+        let s = f32::from_le_bytes([row[at], row[at + 1], row[at + 2], row[at + 3]]);
+        let mut ok = s.is_finite() && s > 0.0;
+        for places in row[..n].chunks_exact(self.keep) {
+            let ascending = places[1..].iter().zip(places).fold(true, |a, (next, prev)| a & (next > prev));
+            // `keep >= 1` (`with_format` checks): a group has a last place.
+            ok &= ascending & (usize::from(places[self.keep - 1]) < self.group);
+        }
+        ok
+    }
+
     /// Checks the scale (finite, positive) and that each group's places ascend below `group`.
     pub fn check(self, row: &[u8]) -> Result<()> {
         let n = self.kept();
