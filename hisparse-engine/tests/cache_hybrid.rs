@@ -27,7 +27,8 @@ fn hybrid_equals_sparse_resident_through_demotions_and_promotions() {
     let want = resident(&g, &scenario());
     for (mb, policy, order) in [
         (24, "lru", DemotionOrder::Oldest),
-        (12, "score", DemotionOrder::Largest),
+        (14, "score", DemotionOrder::Largest),
+        (14, "clock", DemotionOrder::Oldest),
         (24, "clock", DemotionOrder::Largest),
     ] {
         let mut c = cache(Mode::Hybrid, &g, mb << 20, policy, order);
@@ -38,7 +39,7 @@ fn hybrid_equals_sparse_resident_through_demotions_and_promotions() {
         // The largest request demoted first stays demoted here until it ends.
         if order == DemotionOrder::Oldest {
             assert!(moved.promotions > 0 && moved.bytes_promoted > 0, "{moved:?}");
-            // Seats taken past the pages in use moved pages out of their rows.
+            // Seats taken under the pages in use moved pages out of their rows.
             assert!(moved.moved_pages > 0 && moved.bytes_moved > 0, "{moved:?}");
         }
         assert!(misses > 0, "demoted requests read their hot buffers");

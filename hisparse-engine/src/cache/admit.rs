@@ -175,16 +175,13 @@ where
     }
 
     /// Registers `id` in the tiers, writes its prompt and makes its swap-in seat fresh. In
-    /// hybrid placement the seat's rows are cleared first, and the request goes on the device
-    /// (its rows written as resident mode's) where pages for `reserve` positions can be had.
+    /// hybrid placement the request goes on the device (its rows written as resident mode's,
+    /// no seat taken) where pages for `reserve` positions can be had, else into a seat.
     fn start<F>(&mut self, id: RequestId, t: usize, reserve: usize, mut fill: F) -> Result<()>
     where
         F: FnMut(usize, &mut [u8], Option<&mut [u8]>) -> Result<()>,
     {
         let (layers, b) = (self.cfg.geometry.layers, self.cfg.hisparse.device_buffer_size);
-        if self.cfg.mode == Mode::Hybrid {
-            self.clear_next_seat()?;
-        }
         self.device.register(id, self.cfg.mode)?;
         // Where this request's rows go: hybrid placement picks by room.
         let mode = match self.cfg.mode {
@@ -244,7 +241,7 @@ where
                 }
             }
         }
-        if let Some(swap) = self.swap.as_mut() {
+        if let (Some(swap), Mode::HiSparse) = (self.swap.as_mut(), mode) {
             swap.reset_seat(self.device.seat(id)?, if preload { t } else { 0 })?;
         }
         Ok(())

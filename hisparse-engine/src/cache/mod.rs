@@ -427,9 +427,21 @@ where
         self.host.as_ref().map_or(0, HostTier::bytes_in_use)
     }
 
-    /// Checks that every pool holds exactly what admitted requests hold (no leak).
+    /// Checks that every pool holds exactly what admitted requests hold (no leak), and in
+    /// hybrid placement that each request holds pages or a seat, one of the two.
     pub fn check(&self) -> Result<()> {
         self.device.check()?;
+        if self.cfg.mode == Mode::Hybrid {
+            for &id in self.requests.keys() {
+                if self.device.holds_pages(id)? == self.device.seat(id).is_ok() {
+                    return Err(EngineError::Config {
+                        field: "placement",
+                        value: id.to_string(),
+                        reason: "a hybrid request holds its KV pages or a seat, one of the two".into(),
+                    });
+                }
+            }
+        }
         if let Some(h) = &self.host {
             h.check()?;
         }

@@ -1,14 +1,16 @@
 //! Hybrid placement ([`Mode::Hybrid`]): where each request's KV lives between steps, and the
 //! copies that move it. A request is admitted with hisparse's whole-life reservation (a seat,
-//! host pages, index keys), so it can always live in its hot buffer; meanwhile its whole KV sits
+//! host pages, index keys), so it can always live in a hot buffer; meanwhile its whole KV sits
 //! in pages of the device's shared pool when they are free, and attention reads it there by
-//! position, with no swap-in and no backup. Demotion (device → host tier, pages freed, the hot
-//! buffer made fresh) happens only when admitting a request needs the pages, victims in
-//! [`DemotionOrder`]; promotion (host tier → pages) at the start of a step, when pages are free.
-//! Every copy is counted in [`PlacementCounters`].
+//! position, with no swap-in and no backup. The seat's rows are taken only while the request is
+//! off the device, so a request in pages leaves them to other requests' pages. Demotion (device
+//! → host tier, pages freed, a seat taken and made fresh) happens only when admitting a request
+//! needs the pages, victims in [`DemotionOrder`]; promotion (host tier → pages, the seat freed)
+//! at the start of a step, when pages are free. Every copy is counted in [`PlacementCounters`].
 //!
-//! Invariant: a request on the device holds pages for its whole reservation, so a step never
-//! needs a page; a demoted request's host rows hold every position it has, as hisparse's do.
+//! Invariant: a hybrid request holds either pages for its whole reservation (on the device) or
+//! a seat (off it), never both between calls, so a step never needs a page or a seat; a request
+//! off the device has every position it has in the host tier, as hisparse's do.
 
 use hisparse_kernels::{Backend, DeviceSwapIn, RowBackup};
 use hisparse_memory::{DeviceMemory, Mode, RequestId};
@@ -82,9 +84,9 @@ where
         Ok(best.map(|(id, _)| id))
     }
 
-    /// Frees the rows of the seat the next admission takes: pages over it move above it where
-    /// free pages allow, else requests on the device are demoted in order.
-    pub(super) fn clear_next_seat(&mut self) -> Result<()> {
+    /// Frees the rows of the next seat: pages over it move above it where free pages allow, else
+    /// requests on the device are demoted in order.
+    fn clear_next_seat(&mut self) -> Result<()> {
         while let Some(&(owner, index)) = self.device.pages_over_next_seat()?.first() {
             if self.device.can_move_page()? {
                 let bytes = self.device.move_page(owner, index)?;
@@ -99,29 +101,40 @@ where
         Ok(())
     }
 
-    /// Places admitted-to-be request `id` (registered, holding its seat) on the device for
-    /// `reserve` positions when the pool can give the pages, demoting others in order where
-    /// that makes room; returns whether it is on the device.
+    /// Gives request `id` (holding no pages) a seat, clearing its rows first.
+    fn take_seat(&mut self, id: RequestId) -> Result<usize> {
+        self.clear_next_seat()?;
+        Ok(self.device.take_seat(id)?)
+    }
+
+    /// Places admitted-to-be request `id` (registered) on the device for `reserve` positions when
+    /// the pool can give the pages, demoting others in order where that makes room; otherwise
+    /// it takes a seat. Returns whether it is on the device.
     pub(super) fn place_new(&mut self, id: RequestId, reserve: usize) -> Result<bool> {
         let want = self.device.pages_for(reserve).max(1);
-        let on_device: usize =
-            self.requests.keys().map(|&r| Ok(self.device.kv_pages(r)?.len())).sum::<Result<usize>>()?;
-        if self.device.usable_free_pages()? + on_device < want {
-            return Ok(false);
+        let mut on_device = 0;
+        for &r in self.requests.keys() {
+            on_device += usize::from(r != id && self.device.holds_pages(r)?);
         }
-        while self.device.usable_free_pages()? < want {
-            let Some(victim) = self.next_victim(Some(id))? else { return Ok(false) };
-            self.demote(victim)?;
+        // With every other request off the device (each in a seat) the pool could hold it.
+        if self.device.pages_beside_seats(on_device)? >= want {
+            while self.device.usable_free_pages()? < want {
+                let Some(victim) = self.next_victim(Some(id))? else { break };
+                self.demote(victim)?;
+            }
         }
-        self.device.place_pages(id, reserve)?;
-        Ok(true)
+        if self.device.usable_free_pages()? >= want {
+            self.device.place_pages(id, reserve)?;
+            return Ok(true);
+        }
+        self.take_seat(id)?;
+        Ok(false)
     }
 
     /// Copies request `id`'s rows of positions `0..t` between its device pages and the host
     /// tier, in every layer, one page's rows at a time (a page's rows are consecutive in every
-    /// layer's pool; the staging is bounded by the page): to the host, then also into its hot
-    /// buffer's slots by position where `preload`, or back to the device. Returns the bytes.
-    fn copy_pages(&mut self, id: RequestId, t: usize, to_host: bool, preload: bool) -> Result<u64> {
+    /// layer's pool; the staging is bounded by the page). Returns the bytes.
+    fn copy_pages(&mut self, id: RequestId, t: usize, to_host: bool) -> Result<u64> {
         let (layers, pt, rb) = (self.cfg.geometry.layers, self.cfg.hisparse.page_tokens, self.kv_row.row_bytes());
         let runs = (0..t.div_ceil(pt))
             .map(|j| Ok((j * pt, self.device.kv_row(id, j * pt)?, pt.min(t - j * pt))))
@@ -132,40 +145,55 @@ where
         for l in 0..layers {
             for &(first, row, n) in &runs {
                 let rows = &mut page[..n * rb];
-                if !to_host {
+                if to_host {
+                    mem.read(self.device.kv(l), row * rb, rows)?;
+                    self.host.as_mut().ok_or_else(no_host)?.write_rows(id, l, first, rows)?;
+                } else {
                     let host = self.host.as_ref().ok_or_else(no_host)?;
                     for (p, out) in rows.chunks_exact_mut(rb).enumerate() {
                         host.read_row(id, l, first + p, out)?;
                     }
                     mem.write(self.device.kv_mut(l), row * rb, rows)?;
-                    continue;
-                }
-                mem.read(self.device.kv(l), row * rb, rows)?;
-                self.host.as_mut().ok_or_else(no_host)?.write_rows(id, l, first, rows)?;
-                if preload {
-                    // A KV shorter than the buffer: position p in slot p, as admission places it.
-                    let slots = (first..first + n).map(|p| Ok(self.device.hot_row(id, p)? as u32));
-                    let slots = slots.collect::<Result<Vec<_>>>()?;
-                    self.backend.write_rows(self.device.hot_mut(l), rb, &slots, rows)?;
                 }
             }
         }
         Ok((t * rb * layers) as u64)
     }
 
-    /// Moves request `id` from device pages to its hot buffer and the host tier: every row it
-    /// has copied to the host a page at a time, a KV shorter than the buffer also into its slots
-    /// as admission does, its seat made fresh, its pages freed.
+    /// Moves request `id` from device pages to a hot buffer and the host tier: every row it has
+    /// copied to the host a page at a time, its pages freed, a seat taken and made fresh (a KV
+    /// shorter than the buffer also read back into its slots, as admission places it).
     pub(crate) fn demote(&mut self, id: RequestId) -> Result<()> {
         let t = self.request(id)?.seq_len;
-        let preload = t < self.cfg.hisparse.device_buffer_size;
-        let bytes = self.copy_pages(id, t, true, preload)?;
-        if let Some(swap) = self.swap.as_mut() {
-            swap.reset_seat(self.device.seat(id)?, if preload { t } else { 0 })?;
-        }
+        let bytes = self.copy_pages(id, t, true)?;
         self.device.drop_pages(id)?;
+        let seat = self.take_seat(id)?;
+        let preload = t < self.cfg.hisparse.device_buffer_size;
+        if preload {
+            self.preload_from_host(id, t)?;
+        }
+        if let Some(swap) = self.swap.as_mut() {
+            swap.reset_seat(seat, if preload { t } else { 0 })?;
+        }
         self.placement.demotions += 1;
         self.placement.bytes_demoted += bytes;
+        Ok(())
+    }
+
+    /// Writes positions `0..t` of request `id` from the host tier into its hot buffer's slots by
+    /// position, in every layer (a KV shorter than the buffer, as admission preloads it).
+    fn preload_from_host(&mut self, id: RequestId, t: usize) -> Result<()> {
+        let rb = self.kv_row.row_bytes();
+        let slots = (0..t).map(|p| Ok(self.device.hot_row(id, p)? as u32)).collect::<Result<Vec<_>>>()?;
+        let mut rows = vec![0u8; t * rb];
+        for l in 0..self.cfg.geometry.layers {
+            let host =
+                self.host.as_ref().ok_or_else(|| EngineError::Worker("hybrid mode without a host tier".into()))?;
+            for (p, out) in rows.chunks_exact_mut(rb).enumerate() {
+                host.read_row(id, l, p, out)?;
+            }
+            self.backend.write_rows(self.device.hot_mut(l), rb, &slots, &rows)?;
+        }
         Ok(())
     }
 
@@ -199,8 +227,9 @@ where
         if let Some(bk) = self.backup.as_mut() {
             bk.wait_all()?;
         }
+        self.device.release_seat(id)?;
         self.device.place_pages(id, reserved)?;
-        let bytes = self.copy_pages(id, t, false, false)?;
+        let bytes = self.copy_pages(id, t, false)?;
         self.placement.promotions += 1;
         self.placement.bytes_promoted += bytes;
         Ok(())

@@ -1,10 +1,10 @@
 //! Hybrid placement in the device tier: a request's KV pages placed in the shared pool (above
 //! the seats in use), dropped when it is demoted, and moved when a seat about to be taken lies
-//! under them. The rows' contents are the caller's to copy in and out (host tier, prompt),
+//! under them; a seat taken when a request leaves the device and freed when it comes back. The rows' contents are the caller's to copy in and out (host tier, prompt),
 //! except for a moved page, which the tier copies itself in every layer.
 
 use super::DeviceTier;
-use super::SharedPool;
+use super::{Held, SharedPool};
 use crate::device_memory::DeviceMemory;
 use crate::error::{MemoryError, Result};
 use crate::request::RequestId;
@@ -22,6 +22,38 @@ impl<M: DeviceMemory> DeviceTier<M> {
     pub fn holds_pages(&self, req: RequestId) -> Result<bool> {
         self.held(req)?;
         Ok(!self.shared()?.pages(req).is_empty())
+    }
+
+    /// Hybrid: gives `req` (registered, holding no pages) the lowest free seat, its hot buffer
+    /// while it is off the device; refused, changing nothing, while held pages share the seat's
+    /// rows ([`DeviceTier::pages_over_next_seat`] names them).
+    pub fn take_seat(&mut self, req: RequestId) -> Result<usize> {
+        let held = self.held(req)?;
+        if held.seat.is_some() || !self.shared()?.pages(req).is_empty() {
+            return Err(MemoryError::invalid(
+                "request",
+                req,
+                "a hybrid request takes a seat once, after leaving its pages",
+            ));
+        }
+        let seat = self.shared_mut()?.take_seat(req)?;
+        self.held.insert(req, Held { seat: Some(seat), ..held });
+        Ok(seat as usize)
+    }
+
+    /// Hybrid: frees `req`'s seat (it is back on the device in pages).
+    pub fn release_seat(&mut self, req: RequestId) -> Result<()> {
+        let held = self.held(req)?;
+        self.shared_mut()?.release_seat(req);
+        self.held.insert(req, Held { seat: None, ..held });
+        Ok(())
+    }
+
+    /// Hybrid: pages of the shared pool above the rows of the seats in use and `more` seats
+    /// besides, taken lowest first (the most pages that could hold KV once `more` requests leave
+    /// the device, before they free theirs).
+    pub fn pages_beside_seats(&self, more: usize) -> Result<usize> {
+        Ok(self.shared()?.pages_beside_seats(more))
     }
 
     /// Hybrid: pages of the shared pool free above every seat in use.

@@ -179,7 +179,8 @@ impl<M: DeviceMemory> DeviceTier<M> {
         &self.cfg
     }
 
-    /// Registers `req` in `mode`: a hisparse request takes a seat now (all or nothing).
+    /// Registers `req` in `mode`: a hisparse request takes a seat now (all or nothing); a hybrid
+    /// one takes a seat only when it leaves the device ([`DeviceTier::take_seat`]).
     pub fn register(&mut self, req: RequestId, mode: Mode) -> Result<()> {
         if self.held.contains_key(&req) {
             return Err(MemoryError::DuplicateRequest { pool: "device tier", request: req.0 });
@@ -187,9 +188,7 @@ impl<M: DeviceMemory> DeviceTier<M> {
         if (mode == Mode::Hybrid) != self.shared.is_some() {
             return Err(MemoryError::invalid("mode", mode, "hybrid placement and a shared pool go together"));
         }
-        let seat = if let Some(shared) = self.shared.as_mut() {
-            Some(shared.take_seat(req)?)
-        } else if mode == Mode::HiSparse {
+        let seat = if mode == Mode::HiSparse {
             self.seats.register(req)?;
             match self.seats.grow_to(req, 1) {
                 Ok(s) => Some(s[0]),
@@ -204,8 +203,8 @@ impl<M: DeviceMemory> DeviceTier<M> {
         if self.cfg.keeps_index
             && let Err(e) = self.index_pages.register(req)
         {
-            if let Some(shared) = self.shared.as_mut() {
-                shared.release_seat(req);
+            if seat.is_some() {
+                self.seats.release(req)?;
             }
             return Err(e);
         }

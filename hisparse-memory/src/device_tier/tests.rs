@@ -101,26 +101,36 @@ fn hybrid_pages_share_the_seats_rows_and_move_out_of_a_new_seats_way() {
     assert!(t.register(RequestId(9), Mode::HiSparse).is_err(), "a shared pool takes hybrid requests");
     let (a, b) = (RequestId(1), RequestId(2));
     t.register(a, Mode::Hybrid).unwrap();
-    assert_eq!(t.seat(a).unwrap(), 0);
-    assert_eq!(t.usable_free_pages().unwrap(), 2);
+    assert!(t.seat(a).is_err(), "a hybrid request holds no seat until it leaves the device");
+    assert_eq!((t.usable_free_pages().unwrap(), t.pages_beside_seats(0).unwrap()), (3, 3));
+    assert_eq!(t.pages_beside_seats(1).unwrap(), 2, "a seat's 4 rows are a page");
     t.place_pages(a, 6).unwrap();
     assert_eq!(t.kv_pages(a).unwrap(), &[2, 1]);
     assert!(t.holds_pages(a).unwrap());
+    assert!(t.take_seat(a).is_err(), "a request in pages takes no seat");
     let row: Vec<u8> = (0..656).map(|i| (i * 7 % 253) as u8).collect();
     t.write_kv_row(a, 1, 5, &row).unwrap();
     assert_eq!(t.kv_row(a, 5).unwrap(), 5, "page 1, row 1");
-    // The next seat (1, rows 4..8) lies under a's page 1: it must move first, and cannot.
-    assert_eq!(t.pages_over_next_seat().unwrap(), vec![(a, 1)]);
-    assert!(t.register(b, Mode::Hybrid).is_err());
-    assert!(t.requests() == 1, "the refused registration holds nothing");
-    assert!(!t.can_move_page().unwrap() && t.move_page(a, 1).is_err(), "no usable page is free");
-    t.drop_pages(a).unwrap();
+    // b goes on the last page; the next seat (0, rows 0..4) is page 0, b's.
     t.register(b, Mode::Hybrid).unwrap();
-    assert_eq!(t.usable_free_pages().unwrap(), 1);
-    t.place_pages(a, 3).unwrap();
-    t.write_kv_row(a, 0, 2, &row).unwrap();
-    assert!(t.pages_over_next_seat().unwrap().contains(&(a, 0)));
+    t.place_pages(b, 2).unwrap();
+    assert_eq!(t.kv_pages(b).unwrap(), &[0]);
+    assert_eq!(t.pages_over_next_seat().unwrap(), vec![(b, 0)]);
+    assert!(!t.can_move_page().unwrap() && t.move_page(b, 0).is_err(), "no usable page is free");
+    // a leaves the device: its pages free, it takes no seat while b's page lies under seat 0.
     t.drop_pages(a).unwrap();
+    t.drop_pages(b).unwrap();
+    assert_eq!(t.take_seat(a).unwrap(), 0);
+    assert!(t.take_seat(a).is_err(), "one seat a request");
+    assert_eq!(t.hot_row(a, 3).unwrap(), 3, "seat 0's reserved slot");
+    assert_eq!(t.usable_free_pages().unwrap(), 2, "pages 1 and 2 lie above seat 0");
+    t.place_pages(b, 6).unwrap();
+    assert_eq!(t.kv_pages(b).unwrap(), &[2, 1]);
+    assert_eq!(t.pages_over_next_seat().unwrap(), vec![(b, 1)], "seat 1 is rows 4..8, page 1");
+    // a comes back: its seat is free again, and no page lies over seat 0.
+    t.release_seat(a).unwrap();
+    assert!(t.seat(a).is_err());
+    assert_eq!(t.usable_free_pages().unwrap(), 1, "page 0, under no seat now");
     t.check().unwrap();
     t.release(a).unwrap();
     t.release(b).unwrap();
