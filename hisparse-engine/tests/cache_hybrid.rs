@@ -57,6 +57,25 @@ fn one_request_stays_on_the_device_and_never_swaps() {
     assert_eq!(c.placement(), Default::default(), "nothing moved");
 }
 
+/// A request in pages holds no seat, so the pages left to others grow by a seat a request:
+/// hybrid misses no more rows than hisparse at any budget, and none where every request's
+/// pages fit beside the seats of the requests off the device. Prints the misses per budget
+/// (`cargo test --test cache_hybrid misses -- --nocapture`).
+#[test]
+fn hybrid_misses_fewer_rows_than_hisparse_and_none_where_pages_fit() {
+    let g = geometry(false);
+    for mb in [8u64, 14, 20, 24, 28] {
+        let misses =
+            |mode| run_requests(&mut cache(mode, &g, mb << 20, "score", DemotionOrder::Oldest), &g, &scenario()).1;
+        let (hy, hs) = (misses(Mode::Hybrid), misses(Mode::HiSparse));
+        eprintln!("{mb} MiB: hybrid {hy} misses, hisparse {hs}");
+        assert!(hy < hs, "{mb} MiB: hybrid {hy}, hisparse {hs}");
+        if mb == 28 {
+            assert_eq!(hy, 0, "28 MiB holds every request's pages once no request in pages holds a seat");
+        }
+    }
+}
+
 #[test]
 fn the_engine_in_hybrid_placement_equals_resident() {
     let cpu = CpuBackend::new;
