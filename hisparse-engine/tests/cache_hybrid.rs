@@ -26,10 +26,10 @@ fn hybrid_equals_sparse_resident_through_demotions_and_promotions() {
     let g = geometry(false);
     let want = resident(&g, &scenario());
     for (mb, policy, order) in [
-        (24, "lru", DemotionOrder::Oldest),
+        (14, "lru", DemotionOrder::Oldest),
         (14, "score", DemotionOrder::Largest),
-        (14, "clock", DemotionOrder::Oldest),
-        (24, "clock", DemotionOrder::Largest),
+        (18, "clock", DemotionOrder::Oldest),
+        (18, "lru", DemotionOrder::Largest),
     ] {
         let mut c = cache(Mode::Hybrid, &g, mb << 20, policy, order);
         let (got, misses) = run_requests(&mut c, &g, &scenario());

@@ -3,9 +3,11 @@
 //! host pages, index keys), so it can always live in a hot buffer; meanwhile its whole KV sits
 //! in pages of the device's shared pool when they are free, and attention reads it there by
 //! position, with no swap-in and no backup. The seat's rows are taken only while the request is
-//! off the device, so a request in pages leaves them to other requests' pages. Demotion (device
-//! → host tier, pages freed, a seat taken and made fresh) happens only when admitting a request
-//! needs the pages, victims in [`DemotionOrder`]; promotion (host tier → pages, the seat freed)
+//! off the device, so a request in pages leaves them to other requests' pages. A new request
+//! goes into pages where they are free, else into a seat. Demotion (device → host tier, pages
+//! freed, a seat taken and made fresh) happens only when a seat being taken (admitting a request,
+//! or demoting one) lies under pages that cannot move, victims in [`DemotionOrder`], or when a
+//! request's reservation grows past the free pages; promotion (host tier → pages, the seat freed)
 //! at the start of a step, when pages are free. Every copy is counted in [`PlacementCounters`].
 //!
 //! Invariant: a hybrid request holds either pages for its whole reservation (on the device) or
@@ -108,22 +110,12 @@ where
     }
 
     /// Places admitted-to-be request `id` (registered) on the device for `reserve` positions when
-    /// the pool can give the pages, demoting others in order where that makes room; otherwise
-    /// it takes a seat. Returns whether it is on the device.
+    /// the pool has the pages free; otherwise it takes a seat (demoting others only where their
+    /// pages lie over the seat: a request on the device is never demoted to place another, which
+    /// would copy a whole KV for no request more on the device). Returns whether it is on the
+    /// device.
     pub(super) fn place_new(&mut self, id: RequestId, reserve: usize) -> Result<bool> {
-        let want = self.device.pages_for(reserve).max(1);
-        let mut on_device = 0;
-        for &r in self.requests.keys() {
-            on_device += usize::from(r != id && self.device.holds_pages(r)?);
-        }
-        // With every other request off the device (each in a seat) the pool could hold it.
-        if self.device.pages_beside_seats(on_device)? >= want {
-            while self.device.usable_free_pages()? < want {
-                let Some(victim) = self.next_victim(Some(id))? else { break };
-                self.demote(victim)?;
-            }
-        }
-        if self.device.usable_free_pages()? >= want {
+        if self.device.usable_free_pages()? >= self.device.pages_for(reserve).max(1) {
             self.device.place_pages(id, reserve)?;
             return Ok(true);
         }
