@@ -832,6 +832,15 @@ fn hybrid_placement_runs_beside_the_other_modes() {
     let hybrid = json["points"].as_array().unwrap().iter().filter(|p| p["mode"] == "hybrid").count();
     assert_eq!(hybrid, 4, "2 contexts x 2 levels");
     assert!(std::fs::read_to_string(sweep.join("throughput.svg")).unwrap().contains("hybrid, context 1024"));
+    // Hybrid alone: its own table, no empty one of the other two modes.
+    let o = hisparse(&argv!(
+        "sweep --backend cpu --preset cpu-small --context 1024 --device-memory 12MiB --mode hybrid",
+        "--concurrency 1,4 --warmup 1 --window 2 --out",
+        dir.join("hybrid-only")
+    ));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let table = String::from_utf8_lossy(&o.stdout);
+    assert!(table.contains("hybrid placement") && !table.contains("hs miss %"), "{table}");
     let o = hisparse(&argv!("run --backend cpu --mode hybrid --demotion newest --out", dir.join("bad")));
     assert_eq!(o.status.code(), Some(2));
     let e = String::from_utf8_lossy(&o.stderr);

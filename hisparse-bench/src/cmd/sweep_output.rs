@@ -218,7 +218,7 @@ pub fn render(r: &SweepReport, out: &std::path::Path) -> String {
         "hisparse sweep: {} geometry, {} backend, buffer {} slots, host tier {}\n\
          hierarchy: {}\n\
          device KV budget {} (tiers hold: {})\nmodel: {}\n\
-         each point: median of {} windows of {} steps [min-max]\n\n{:>8} {:>11} {:>9} {:>9} {:>26} {:>26} {:>7} {:>10}\n",
+         each point: median of {} windows of {} steps [min-max]\n",
         r.preset,
         r.backend,
         r.device_buffer_size,
@@ -229,15 +229,17 @@ pub fn render(r: &SweepReport, out: &std::path::Path) -> String {
         r.emulation,
         r.windows,
         r.window,
-        "context",
-        "concurrency",
-        "resident",
-        "hisparse",
-        "resident tok/s",
-        "hisparse tok/s",
-        "ratio",
-        "hs miss %"
     );
+    // The two modes' table, where the sweep ran either (a hybrid-only sweep has its own table).
+    let two_modes = r.points.iter().any(|p| matches!(p.mode, SweepMode::Resident | SweepMode::HiSparse));
+    let mut keys: Vec<(usize, usize)> = r.points.iter().map(|p| (p.context, p.concurrency)).collect();
+    keys.sort_unstable();
+    keys.dedup();
+    if !two_modes {
+        keys.clear();
+    } else {
+        s += &two_modes_header();
+    }
     if r.gpus > 1 || r.points.iter().any(|p| p.exchange_mb_per_step > 0.0) {
         let x = r.points.iter().map(|p| p.exchange_mb_per_step).fold(0.0, f64::max);
         // The collectives' time is theirs only where layers are launched one by one.
@@ -258,9 +260,6 @@ pub fn render(r: &SweepReport, out: &std::path::Path) -> String {
             ),
         );
     }
-    let mut keys: Vec<(usize, usize)> = r.points.iter().map(|p| (p.context, p.concurrency)).collect();
-    keys.sort_unstable();
-    keys.dedup();
     let cell = Point::tokens_per_s_cell;
     for (c, n) in keys {
         let get = |m: SweepMode| r.points.iter().find(|p| p.context == c && p.concurrency == n && p.mode == m);
@@ -283,7 +282,9 @@ pub fn render(r: &SweepReport, out: &std::path::Path) -> String {
             hs.map_or_else(|| "-".into(), |h| format!("{:.2}%", 100.0 * h.miss_ratio))
         );
     }
-    s += "\n(resident / hisparse: requests decoding at once; the rest waited for capacity)\n";
+    if two_modes {
+        s += "\n(resident / hisparse: requests decoding at once; the rest waited for capacity)\n";
+    }
     s += &hybrid_table(r);
     s += &super::sweep_headline::render_bound(r);
     s += &super::sweep_headline::render_headline(r);
@@ -303,6 +304,14 @@ pub fn render(r: &SweepReport, out: &std::path::Path) -> String {
     .collect();
     s += &format!("wrote {}/sweep.json, sweep.csv\nplots: {}\n", out.display(), plots.join(", "));
     s
+}
+
+/// The header of the resident and hisparse table.
+fn two_modes_header() -> String {
+    format!(
+        "\n{:>8} {:>11} {:>9} {:>9} {:>26} {:>26} {:>7} {:>10}\n",
+        "context", "concurrency", "resident", "hisparse", "resident tok/s", "hisparse tok/s", "ratio", "hs miss %"
+    )
 }
 
 /// Hybrid placement's points (`--mode hybrid` or `all`) against both other modes at the same
