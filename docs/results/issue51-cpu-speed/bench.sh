@@ -4,7 +4,11 @@
 # at 2k (hisparse: top-k past the context, no index), and at 8k llama.cpp's dense against
 # hisparse's sparse decode with each index format given. Per-token P50 and tokens/s.
 # Usage: [THREADS=2] [DECODE=64] [FORMATS=fp8,int4:32] bash bench.sh HISPARSE GGUF TEXT OUT_DIR
-# (llama-cpp-python importable by python3: `pip install --no-binary llama-cpp-python llama-cpp-python`).
+# (llama-cpp-python importable by python3, built from source: `CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON
+# -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON
+# -DGGML_AVX512_BF16=ON -DLLAMA_CURL=OFF" pip install --no-cache-dir --no-binary llama-cpp-python
+# llama-cpp-python`: a native build, or a wheel cached from another machine, dies with an illegal
+# instruction on this workspace's VM, whose CPU flags name AMX tiles it does not run).
 set -euo pipefail
 hs=$1; gguf=$2; text=$3; out=$4
 mkdir -p "$out"
