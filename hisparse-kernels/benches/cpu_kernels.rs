@@ -6,8 +6,37 @@
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use hisparse_kernels::Kernels;
 use hisparse_kernels::random;
-use hisparse_kernels::{AttentionBatch, CpuBackend, IndexerBatch, IndexerRequest, Span};
+use hisparse_kernels::{AttentionBatch, CpuBackend, IndexScore, IndexerBatch, IndexerRequest, Span};
 use hisparse_memory::{IndexKeyLayout, KvRowFormat, KvRowLayout};
+
+/// An indexer call's inputs over a key pool in pages of 64 positions.
+struct Pool<'a> {
+    heads: usize,
+    key: IndexKeyLayout,
+    q: &'a Vec<half::bf16>,
+    w: &'a Vec<f32>,
+    keys: &'a Vec<u8>,
+    page_table: &'a Vec<u32>,
+    requests: &'a [IndexerRequest],
+}
+
+impl Pool<'_> {
+    fn batch(&self, pin_newest: bool, score: IndexScore) -> IndexerBatch<'_, hisparse_memory::EmulatedDevice> {
+        IndexerBatch {
+            heads: self.heads,
+            key_layout: self.key,
+            queries: self.q,
+            weights: self.w,
+            keys: self.keys,
+            page_tokens: 64,
+            page_table: self.page_table,
+            requests: self.requests,
+            pin_newest,
+            queries_as: hisparse_kernels::IndexerQueries::Exact,
+            score,
+        }
+    }
+}
 
 fn indexer(c: &mut Criterion) {
     let mut g = c.benchmark_group("indexer");
@@ -27,22 +56,8 @@ fn indexer(c: &mut Criterion) {
         let mut scores = vec![0f32; batch * len];
         g.throughput(Throughput::Bytes((batch * len * key.row_bytes()) as u64));
         g.bench_function(BenchmarkId::from_parameter(format!("b{batch}xL{len}xH{heads}")), |bch| {
-            bch.iter(|| {
-                let b = IndexerBatch {
-                    heads,
-                    key_layout: key,
-                    queries: &q,
-                    weights: &w,
-                    keys: &keys,
-                    page_tokens: 64,
-                    page_table: &page_table,
-                    requests: &requests,
-                    pin_newest: false,
-                    queries_as: hisparse_kernels::IndexerQueries::Exact,
-                    score: hisparse_kernels::IndexScore::Lightning,
-                };
-                cpu.indexer_scores(&b, &mut scores).unwrap();
-            })
+            let pool = Pool { heads, key, q: &q, w: &w, keys: &keys, page_table: &page_table, requests: &requests };
+            bch.iter(|| cpu.indexer_scores(&pool.batch(false, IndexScore::Lightning), &mut scores).unwrap())
         });
     }
     g.finish();
@@ -72,21 +87,9 @@ fn oracle(c: &mut Criterion) {
         let mut scores = vec![0f32; len];
         g.throughput(Throughput::Bytes((len * key.row_bytes()) as u64));
         g.bench_function(BenchmarkId::from_parameter(format!("{format}_L{len}xH{heads}")), |bch| {
+            let pool = Pool { heads, key, q: &q, w: &w, keys: &keys, page_table: &page_table, requests: &requests };
             bch.iter(|| {
-                let b = IndexerBatch {
-                    heads,
-                    key_layout: key,
-                    queries: &q,
-                    weights: &w,
-                    keys: &keys,
-                    page_tokens: 64,
-                    page_table: &page_table,
-                    requests: &requests,
-                    pin_newest: true,
-                    queries_as: hisparse_kernels::IndexerQueries::Exact,
-                    score: hisparse_kernels::IndexScore::Oracle(Default::default()),
-                };
-                cpu.indexer_scores(&b, &mut scores).unwrap();
+                cpu.indexer_scores(&pool.batch(true, IndexScore::Oracle(Default::default())), &mut scores).unwrap()
             })
         });
     }
