@@ -232,12 +232,11 @@ pub fn render(r: &SweepReport, out: &std::path::Path) -> String {
     );
     // The two modes' table, where the sweep ran either (a hybrid-only sweep has its own table).
     let two_modes = r.points.iter().any(|p| matches!(p.mode, SweepMode::Resident | SweepMode::HiSparse));
-    let mut keys: Vec<(usize, usize)> = r.points.iter().map(|p| (p.context, p.concurrency)).collect();
+    let mut keys: Vec<(usize, usize)> =
+        r.points.iter().filter(|_| two_modes).map(|p| (p.context, p.concurrency)).collect();
     keys.sort_unstable();
     keys.dedup();
-    if !two_modes {
-        keys.clear();
-    } else {
+    if two_modes {
         s += &two_modes_header();
     }
     if r.gpus > 1 || r.points.iter().any(|p| p.exchange_mb_per_step > 0.0) {

@@ -47,6 +47,11 @@ impl DemotionOrder {
     }
 }
 
+/// A hybrid cache's copies need its host tier (every hybrid cache has one).
+fn no_host_tier() -> EngineError {
+    EngineError::Worker("hybrid mode without a host tier".into())
+}
+
 impl<B: Backend> KvCache<B>
 where
     B::Memory: Clone,
@@ -133,18 +138,14 @@ where
             .collect::<Result<Vec<_>>>()?;
         let mem = self.backend.memory().clone();
         let mut page = vec![0u8; pt * rb];
-        let no_host = || EngineError::Worker("hybrid mode without a host tier".into());
         for l in 0..layers {
             for &(first, row, n) in &runs {
                 let rows = &mut page[..n * rb];
                 if to_host {
                     mem.read(self.device.kv(l), row * rb, rows)?;
-                    self.host.as_mut().ok_or_else(no_host)?.write_rows(id, l, first, rows)?;
+                    self.host.as_mut().ok_or_else(no_host_tier)?.write_rows(id, l, first, rows)?;
                 } else {
-                    let host = self.host.as_ref().ok_or_else(no_host)?;
-                    for (p, out) in rows.chunks_exact_mut(rb).enumerate() {
-                        host.read_row(id, l, first + p, out)?;
-                    }
+                    self.read_host_rows(id, l, first, rows)?;
                     mem.write(self.device.kv_mut(l), row * rb, rows)?;
                 }
             }
@@ -179,12 +180,17 @@ where
         let slots = (0..t).map(|p| Ok(self.device.hot_row(id, p)? as u32)).collect::<Result<Vec<_>>>()?;
         let mut rows = vec![0u8; t * rb];
         for l in 0..self.cfg.geometry.layers {
-            let host =
-                self.host.as_ref().ok_or_else(|| EngineError::Worker("hybrid mode without a host tier".into()))?;
-            for (p, out) in rows.chunks_exact_mut(rb).enumerate() {
-                host.read_row(id, l, p, out)?;
-            }
+            self.read_host_rows(id, l, 0, &mut rows)?;
             self.backend.write_rows(self.device.hot_mut(l), rb, &slots, &rows)?;
+        }
+        Ok(())
+    }
+
+    /// Reads request `id`'s host rows of `layer` from position `first` into `rows` (whole rows).
+    fn read_host_rows(&self, id: RequestId, layer: usize, first: usize, rows: &mut [u8]) -> Result<()> {
+        let host = self.host.as_ref().ok_or_else(no_host_tier)?;
+        for (p, out) in rows.chunks_exact_mut(self.kv_row.row_bytes()).enumerate() {
+            host.read_row(id, layer, first + p, out)?;
         }
         Ok(())
     }

@@ -1,7 +1,8 @@
 //! Hybrid placement in the device tier: a request's KV pages placed in the shared pool (above
 //! the seats in use), dropped when it is demoted, and moved when a seat about to be taken lies
-//! under them; a seat taken when a request leaves the device and freed when it comes back. The rows' contents are the caller's to copy in and out (host tier, prompt),
-//! except for a moved page, which the tier copies itself in every layer.
+//! under them; a seat taken when a request leaves the device and freed when it comes back. The
+//! rows' contents are the caller's to copy in and out (host tier, prompt), except for a moved
+//! page, which the tier copies itself in every layer.
 
 use super::DeviceTier;
 use super::{Held, SharedPool};
@@ -47,13 +48,6 @@ impl<M: DeviceMemory> DeviceTier<M> {
         self.shared_mut()?.release_seat(req);
         self.held.insert(req, Held { seat: None, ..held });
         Ok(())
-    }
-
-    /// Hybrid: pages of the shared pool above the rows of the seats in use and `more` seats
-    /// besides, taken lowest first (the most pages that could hold KV once `more` requests leave
-    /// the device, before they free theirs).
-    pub fn pages_beside_seats(&self, more: usize) -> Result<usize> {
-        Ok(self.shared()?.pages_beside_seats(more))
     }
 
     /// Hybrid: pages of the shared pool free above every seat in use.

@@ -92,14 +92,6 @@ impl SharedPool {
         self.free_pages.range(self.first_free_page()..).count()
     }
 
-    /// Pages above the rows of the held seats and `more` seats besides, were the seats the
-    /// lowest ones (free pages or not).
-    pub fn pages_beside_seats(&self, more: usize) -> usize {
-        let seats = (self.seats.len() + more).min(self.seat_total);
-        let rows = hot_seat_base(seats as u64, self.device_buffer_size as u64) as usize;
-        self.page_total.saturating_sub(rows.div_ceil(self.page_rows))
-    }
-
     /// The seat [`SharedPool::take_seat`] would hand out next (the lowest free one).
     pub fn next_seat(&self) -> Option<u32> {
         self.free_seats.first().copied()

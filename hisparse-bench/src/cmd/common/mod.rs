@@ -217,12 +217,13 @@ pub fn parse_index_format(s: &str) -> std::result::Result<IndexKeyFormat, String
     })
 }
 
-/// `--index-queries`' value, parsed once at the edge.
+/// `--demotion`'s value, parsed once at the edge.
 fn parse_demotion(s: &str) -> std::result::Result<hisparse_engine::DemotionOrder, String> {
     hisparse_engine::DemotionOrder::parse(s)
         .ok_or_else(|| format!("expected {}", hisparse_engine::DemotionOrder::NAMES.join(" or ")))
 }
 
+/// `--index-queries`' value, parsed once at the edge.
 fn parse_index_queries(s: &str) -> std::result::Result<IndexerQueries, String> {
     IndexerQueries::from_name(s).ok_or_else(|| format!("expected {}", IndexerQueries::NAMES.join(" or ")))
 }
