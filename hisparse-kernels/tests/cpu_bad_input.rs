@@ -61,10 +61,25 @@ fn attention_rejects_bad_arguments_by_name() {
         let e = attend(&a, 4, fp8(), bad, 4 * 512).unwrap_err();
         assert!(matches!(e, KernelError::InvalidArgument { field: "softmax_scale", .. }), "{e}");
     }
-    // A row format that does not match the pool (656 B rows read as 1152 B rows).
+    // A row format that does not match the pool (ten 656 B rows read as 1152 B rows: five whole
+    // ones, so location 9 lies past them).
     let bf16 = KvRowLayout::new(KvRowFormat::Bf16, 512, 64).unwrap();
     let e = attend(&a, 4, bf16, 0.1, 4 * 512).unwrap_err();
-    assert!(matches!(e, KernelError::InvalidArgument { field: "rows", .. }) && e.to_string().contains("bf16"), "{e}");
+    assert!(matches!(e, KernelError::InvalidArgument { field: "locations", .. }) && e.to_string().contains('9'), "{e}");
+}
+
+#[test]
+fn attention_reads_only_a_pools_whole_rows() {
+    // A shared pool of hybrid placement ends in whole key pages, not always whole rows: bytes
+    // past the last whole row are never read.
+    let a = attn();
+    let want = attend(&a, 4, fp8(), 0.1, 4 * 512).unwrap();
+    let mut long = Attn { q: a.q.clone(), pool: a.pool.clone(), locs: a.locs.clone() };
+    long.pool.extend((0..600).map(|i| (i * 13 % 251) as u8));
+    assert_eq!(attend(&long, 4, fp8(), 0.1, 4 * 512).unwrap(), want);
+    long.locs[2] = 10;
+    let e = attend(&long, 4, fp8(), 0.1, 4 * 512).unwrap_err();
+    assert!(matches!(e, KernelError::InvalidArgument { field: "locations", .. }), "600 bytes are no row: {e}");
 }
 
 #[test]

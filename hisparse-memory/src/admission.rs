@@ -259,7 +259,7 @@ impl CapacityPlan {
                 (shared, (self.device_bytes - seats * seat) / index_page.max(1), seats)
             }
         };
-        Ok(DeviceTierConfig {
+        let mut tier = DeviceTierConfig {
             layers: self.layers,
             index_layers: self.index_layers,
             kv_row: self.kv_row,
@@ -271,7 +271,13 @@ impl CapacityPlan {
             seats,
             device_buffer_size: self.device_buffer_size,
             shared_pool: self.mode == Mode::Hybrid,
-        })
+        };
+        // The shared pool rounds its seats up to whole key pages (`SharedPoolShape::bytes`):
+        // one key page fewer where the budget's remainder does not cover it.
+        if tier.keys_in_shared_pool() && tier.bytes() > self.device_bytes {
+            tier.index_pages = tier.index_pages.saturating_sub(1);
+        }
+        Ok(tier)
     }
 
     /// Host-tier pages (per layer): zero in resident mode.

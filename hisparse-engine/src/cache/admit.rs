@@ -184,6 +184,9 @@ where
         let (layers, b) = (self.cfg.geometry.layers, self.cfg.hisparse.device_buffer_size);
         self.device.register(id, self.cfg.mode)?;
         // Where this request's rows go: hybrid placement picks by room.
+        if self.cfg.mode == Mode::Hybrid {
+            self.take_keys(id, reserve)?;
+        }
         let mode = match self.cfg.mode {
             Mode::Hybrid => match self.place_new(id, reserve)? {
                 true => Mode::Resident,
@@ -271,6 +274,13 @@ where
             host_pages: new.host_pages - old.host_pages,
         };
         let got = self.admission.try_admit(&more);
+        if got == Admission::Admitted && self.cfg.mode == Mode::Hybrid {
+            // Keys for the whole reservation first; a refusal returns what was reserved.
+            if let Err(e) = self.take_keys(id, tokens) {
+                self.admission.release(&more)?;
+                return Err(e);
+            }
+        }
         if got == Admission::Admitted {
             // The request exists: `request` succeeded above.
             if let Some(r) = self.requests.get_mut(&id) {

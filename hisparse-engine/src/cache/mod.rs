@@ -249,6 +249,11 @@ where
             (tier.device_buffer_size < i32::MAX as usize)
                 .then(|| hisparse_memory::device_tier::hot_buffer_rows_of(tier.device_buffer_size))
                 .and_then(|rows| tier.seats.checked_mul(rows)),
+            // Hybrid: rows of either kind over the shared pool's bytes.
+            match tier.shared_pool {
+                true => tier.shared_pool_shape()?.bytes().map(|b| b / key.row_bytes().min(kv_row.row_bytes()).max(1)),
+                false => Some(0),
+            },
         ];
         if rows.iter().any(|r| r.is_none_or(|r| r > i32::MAX as usize)) {
             return Err(EngineError::Config {

@@ -47,6 +47,13 @@ impl DemotionOrder {
     }
 }
 
+/// The shared pool found no room that its plan guarantees (a broken invariant, reported).
+fn no_room(what: &str, id: RequestId) -> EngineError {
+    EngineError::Worker(format!(
+        "hybrid placement found no room for {what} of request {id} with no request left to demote"
+    ))
+}
+
 /// A hybrid cache's copies need its host tier (every hybrid cache has one).
 fn no_host_tier() -> EngineError {
     EngineError::Worker("hybrid mode without a host tier".into())
@@ -91,21 +98,35 @@ where
         Ok(best.map(|(id, _)| id))
     }
 
-    /// Frees the rows of the next seat: pages over it move above it where free pages allow, else
-    /// requests on the device are demoted in order.
+    /// Frees the bytes of the next seat: pages over it (KV rows or index keys) move above it where
+    /// free slots allow, else requests on the device are demoted in order.
     fn clear_next_seat(&mut self) -> Result<()> {
-        while let Some(&(owner, index)) = self.device.pages_over_next_seat()?.first() {
-            if self.device.can_move_page()? {
-                let bytes = self.device.move_page(owner, index)?;
+        while let Some(&(owner, part, index)) = self.device.parts_over_next_seat()?.first() {
+            if self.device.can_move_page(part)? {
+                let bytes = self.device.move_page(owner, part, index)?;
                 self.placement.moved_pages += 1;
                 self.placement.bytes_moved += bytes as u64;
             } else {
-                // A request on the device holds the page over the seat: there is a victim.
-                let victim = self.next_victim(None)?.unwrap_or(owner);
+                // No slot is free above the seat: demoting a request on the device frees its KV
+                // pages. With none on the device, seats and keys fit by the plan (one key page
+                // of slack in `SharedPoolShape::bytes`), so a slot was free.
+                let victim = self.next_victim(None)?.ok_or_else(|| no_room("a seat", owner))?;
                 self.demote(victim)?;
             }
         }
         Ok(())
+    }
+
+    /// Gives request `id` the index keys of positions `0..tokens` (its reservation) where they
+    /// live in the shared pool, demoting requests on the device in order while too few key
+    /// pages are free.
+    pub(super) fn take_keys(&mut self, id: RequestId, tokens: usize) -> Result<()> {
+        while !self.device.can_take_keys(id, tokens)? {
+            // Admission reserved the keys: with no request on the device, they fit by the plan.
+            let victim = self.next_victim(None)?.ok_or_else(|| no_room("index keys", id))?;
+            self.demote(victim)?;
+        }
+        Ok(self.device.take_keys(id, tokens)?)
     }
 
     /// Gives request `id` (holding no pages) a seat, clearing its rows first.
@@ -120,7 +141,7 @@ where
     /// would copy a whole KV for no request more on the device). Returns whether it is on the
     /// device.
     pub(super) fn place_new(&mut self, id: RequestId, reserve: usize) -> Result<bool> {
-        if self.device.usable_free_pages()? >= self.device.pages_for(reserve).max(1) {
+        if self.device.can_place_pages(reserve)? {
             self.device.place_pages(id, reserve)?;
             return Ok(true);
         }
@@ -209,7 +230,7 @@ where
         }
         demoted.sort_unstable();
         for (reserved, id) in demoted {
-            if self.device.usable_free_pages()? < self.device.pages_for(reserved).max(1) {
+            if !self.device.can_place_pages(reserved)? {
                 break;
             }
             self.promote(id)?;

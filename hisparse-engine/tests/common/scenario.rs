@@ -60,6 +60,21 @@ pub fn scenario() -> Vec<Req> {
     ]
 }
 
+/// Four requests of 1,000 positions that fill a small shared pool, then two more: hybrid
+/// placement must demote requests on the device to seat others, and promote them back.
+#[allow(dead_code)] // used by some of the test crates that share this module
+pub fn squeeze() -> Vec<Req> {
+    let r = |id, arrive, prompt, output, abort_after| Req { id, arrive, prompt, output, abort_after };
+    vec![
+        r(1, 0, 1000, 12, None),
+        r(2, 0, 1000, 20, None),
+        r(3, 1, 1000, 30, None),
+        r(4, 2, 1000, 16, None),
+        r(5, 3, 600, 10, Some(5)),
+        r(6, 6, 1200, 8, None),
+    ]
+}
+
 pub fn geometry(shared: bool) -> KvGeometry {
     let g = KvGeometry::preset("cpu-small").unwrap();
     if shared { g.with_indexers(IndexerLayout::Every { first_full: 1, freq: 2 }) } else { g }

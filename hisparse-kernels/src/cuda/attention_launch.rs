@@ -156,7 +156,7 @@ impl AttentionKernels {
             AttnRows::Fill { hot, .. } => hot.len(),
             AttnRows::Read { hot, .. } | AttnRows::Staged { hot, .. } => hot.len(),
         };
-        let (max_len, sel_end) = check_query(q, out, lse, pool_len)?;
+        let (max_len, sel_end) = check_query(q, out, lse)?;
         let (heads, layout, n) = (q.heads, q.layout, q.selections.len());
         let (host_base, host_rows) = match &rows {
             AttnRows::Pool(_) => (0, 0),
@@ -282,13 +282,12 @@ pub(crate) fn base_params(q: &AttentionQuery<'_, CudaMemory>, pool_len: usize) -
     }
 }
 
-/// Checks `q` and the outputs against each other and a pool of `pool_len` bytes; returns the
-/// longest selection and the end of the furthest one.
+/// Checks `q` and the outputs against each other; returns the longest selection and the end of
+/// the furthest one.
 pub(crate) fn check_query(
     q: &AttentionQuery<'_, CudaMemory>,
     out: &CudaSlice<f32>,
     lse: &CudaSlice<f32>,
-    pool_len: usize,
 ) -> Result<(usize, usize)> {
     let (heads, layout) = (q.heads, q.layout);
     let n = q.selections.len();
@@ -316,10 +315,7 @@ pub(crate) fn check_query(
     check_len("queries", n * heads * super::facts::MLA_D_QK, q.queries.len())?;
     check_len("out", n * heads * super::facts::MLA_D_LATENT, out.len())?;
     check_len("lse", n * heads, lse.len())?;
-    let rb = layout.row_bytes();
-    if !pool_len.is_multiple_of(rb) {
-        return Err(KernelError::invalid("rows", pool_len, format!("not a multiple of the row size {rb}")));
-    }
+    // The pool's whole rows are `pool_rows` (`base_params`); bytes past the last are never read.
     check_selections(q)
 }
 

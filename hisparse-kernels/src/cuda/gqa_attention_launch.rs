@@ -71,9 +71,6 @@ impl GqaAttention {
         check_len("queries", n * heads * head_dim, q.queries.len())?;
         check_len("out", n * heads * head_dim, out.len())?;
         check_len("lse", n * heads, lse.len())?;
-        if !pool.len().is_multiple_of(rb) {
-            return Err(KernelError::invalid("rows", pool.len(), format!("not a multiple of the {rb}-byte row")));
-        }
         let (max_len, _) = super::attention_launch::check_selections(q)?;
         let chunks = max_len.div_ceil(GQA_CHUNK).max(1);
         let part_len = [heads, chunks, head_dim + 2]

@@ -4,8 +4,10 @@
 //! regular slots plus the reserved newest slot, one "seat" per request), and the full KV rows of
 //! resident requests. Pages of `page_tokens` positions are shared across layers: a request holds
 //! the same page ids (and seat) in every layer's buffer. In hybrid placement (`shared_pool`) the
-//! KV pages are cut from the hot buffers' rows, one pool per layer ([`SharedPool`]); `hybrid.rs`
-//! places a request's pages, drops them and moves them.
+//! KV pages are cut from the hot buffers' bytes, one pool per layer ([`SharedPool`]), and so are
+//! the index keys where every layer keeps them (`DeviceTierConfig::keys_in_shared_pool`: a layer's
+//! keys then live in its own pool); `hybrid.rs` places a request's pages, drops them and moves
+//! them.
 
 use std::collections::HashMap;
 
@@ -17,7 +19,7 @@ use crate::row::{IndexKeyLayout, KvRowLayout};
 mod hybrid;
 mod shared_pool;
 
-pub use shared_pool::SharedPool;
+pub use shared_pool::{Part, SharedPool, SharedPoolShape};
 
 crate::c_fn! {
     /// Rows of one hot buffer of `slots` regular slots: those, then the newest token's reserved
@@ -64,24 +66,57 @@ pub struct DeviceTierConfig {
     /// Regular slots per hot buffer (`device_buffer_size`); each seat has one more, reserved.
     pub device_buffer_size: usize,
     /// Hybrid placement: the `kv_pages` are cut from the seats' rows (one pool per layer, no KV
-    /// buffer of their own), and every request holds a seat.
+    /// buffer of their own), and so are the `index_pages` where
+    /// [`DeviceTierConfig::keys_in_shared_pool`].
     pub shared_pool: bool,
 }
 
 impl DeviceTierConfig {
+    /// Whether the index keys live in the shared pool (hybrid placement where every layer keeps
+    /// keys: a layer's key pages beside its seats and KV pages, so that memory no request's keys
+    /// need holds KV pages); otherwise they have buffers of their own.
+    pub fn keys_in_shared_pool(&self) -> bool {
+        self.shared_pool && self.keeps_index && self.index_layers == self.layers
+    }
+
+    /// The shape of the shared pool of each layer (hybrid placement).
+    pub fn shared_pool_shape(&self) -> Result<SharedPoolShape> {
+        let key_pages = match self.keys_in_shared_pool() {
+            true => Some((self.index_key.page_bytes(self.page_tokens)?, self.index_pages)),
+            false => None,
+        };
+        Ok(SharedPoolShape {
+            seats: self.seats,
+            device_buffer_size: self.device_buffer_size,
+            kv_row_bytes: self.kv_row.row_bytes(),
+            page_tokens: self.page_tokens,
+            key_pages,
+        })
+    }
+
+    /// Bytes of each layer's hot-buffer pool (in hybrid placement, the shared pool); `None` on
+    /// overflow.
+    fn hot_pool_bytes(&self) -> Option<usize> {
+        if self.shared_pool {
+            return self.shared_pool_shape().ok()?.bytes();
+        }
+        self.seats.checked_mul(self.device_buffer_size.checked_add(1)?)?.checked_mul(self.kv_row.row_bytes())
+    }
+
     /// Device bytes of all buffers (`usize::MAX` if the count overflows: more than any
     /// allocation can give, so such a tier is refused when allocated).
     pub fn bytes(&self) -> usize {
         let m = |a: usize, b: usize, c: usize| a.checked_mul(b).and_then(|x| x.checked_mul(c));
         let kv_pages = if self.shared_pool { 0 } else { self.kv_pages };
         let per_layer = m(kv_pages, self.page_tokens, self.kv_row.row_bytes())
-            .zip(m(self.seats, self.device_buffer_size.saturating_add(1), self.kv_row.row_bytes()))
+            .zip(self.hot_pool_bytes())
             .and_then(|(a, b)| a.checked_add(b));
+        let own_keys = if self.keys_in_shared_pool() { 0 } else { self.index_pages };
         let keys = self
             .index_key
             .page_bytes(self.page_tokens)
             .ok()
-            .and_then(|page| page.checked_mul(self.index_pages))
+            .and_then(|page| page.checked_mul(own_keys))
             .and_then(|k| k.checked_mul(self.index_layers));
         per_layer
             .and_then(|p| p.checked_mul(self.layers))
@@ -148,16 +183,23 @@ impl<M: DeviceMemory> DeviceTier<M> {
                 .ok_or_else(|| MemoryError::invalid(field, v, "its buffer size overflows"))
         };
         let own_kv = if cfg.shared_pool { 0 } else { cfg.kv_pages };
+        let own_keys = if cfg.keys_in_shared_pool() { 0 } else { cfg.index_pages };
         let kv = if cfg.shared_pool { Vec::new() } else { alloc(size("kv_pages", own_kv, cfg.page_tokens, kvb)?)? };
-        let keys = pools(cfg.index_layers, size("index_pages", cfg.index_pages, 1, key_page)?)?;
-        let hot = alloc(size("seats", cfg.seats, cfg.device_buffer_size.saturating_add(1), kvb)?)?;
+        let keys = match cfg.keys_in_shared_pool() {
+            true => Vec::new(),
+            false => pools(cfg.index_layers, size("index_pages", own_keys, 1, key_page)?)?,
+        };
+        let hot = alloc(
+            cfg.hot_pool_bytes()
+                .ok_or_else(|| MemoryError::invalid("seats", cfg.seats, "its buffer size overflows"))?,
+        )?;
         let shared = match cfg.shared_pool {
-            true => Some(SharedPool::new(cfg.seats, cfg.device_buffer_size, cfg.page_tokens)?),
+            true => Some(SharedPool::new(cfg.shared_pool_shape()?)?),
             false => None,
         };
         Ok(Self {
             kv_pages: PagePool::new("device KV pages", own_kv)?,
-            index_pages: PagePool::new("device index-key pages", cfg.index_pages)?,
+            index_pages: PagePool::new("device index-key pages", own_keys)?,
             seats: PagePool::new("device hot-buffer seats", if cfg.shared_pool { 0 } else { cfg.seats })?,
             shared,
             mem,
@@ -200,7 +242,7 @@ impl<M: DeviceMemory> DeviceTier<M> {
         } else {
             None
         };
-        if self.cfg.keeps_index
+        if self.own_keys()
             && let Err(e) = self.index_pages.register(req)
         {
             if seat.is_some() {
@@ -213,6 +255,11 @@ impl<M: DeviceMemory> DeviceTier<M> {
         }
         self.held.insert(req, Held { mode, seat });
         Ok(())
+    }
+
+    /// Whether index keys live in buffers of their own (kept, and not in the shared pool).
+    fn own_keys(&self) -> bool {
+        self.cfg.keeps_index && !self.cfg.keys_in_shared_pool()
     }
 
     fn held(&self, req: RequestId) -> Result<Held> {
@@ -236,17 +283,29 @@ impl<M: DeviceMemory> DeviceTier<M> {
             }
         }
         if let Some(shared) = self.shared.as_ref() {
-            let more = pages.saturating_sub(shared.pages(req).len());
-            if !shared.pages(req).is_empty() && more > shared.usable_free_pages() {
+            let kv = shared.pages(req, Part::KvPage).len();
+            let more = if kv > 0 { pages.saturating_sub(kv) } else { 0 };
+            let keys = pages.saturating_sub(shared.pages(req, Part::KeyPage).len());
+            // Keys in the shared pool are taken for the whole reservation (`take_keys`).
+            if self.cfg.keys_in_shared_pool() && keys > 0 {
+                return Err(MemoryError::CapacityExhausted {
+                    pool: "shared pool index-key pages",
+                    needed: keys,
+                    free: 0,
+                    unit: "pages beyond the request's reservation",
+                });
+            }
+            let free = shared.usable_free(Part::KvPage, more);
+            if more > free {
                 return Err(MemoryError::CapacityExhausted {
                     pool: "shared pool KV pages",
                     needed: more,
-                    free: shared.usable_free_pages(),
+                    free,
                     unit: "pages",
                 });
             }
         }
-        if self.cfg.keeps_index {
+        if self.own_keys() {
             self.index_pages.grow_to(req, pages)?;
         }
         if held.mode == Mode::Resident {
@@ -254,10 +313,10 @@ impl<M: DeviceMemory> DeviceTier<M> {
             self.kv_pages.grow_to(req, pages)?;
         }
         if let Some(shared) = self.shared.as_mut()
-            && !shared.pages(req).is_empty()
+            && !shared.pages(req, Part::KvPage).is_empty()
         {
             // A request placed on the device grows its pages; room was checked above.
-            shared.take_pages(req, pages)?;
+            shared.take_pages(req, Part::KvPage, pages)?;
         }
         Ok(())
     }
@@ -265,14 +324,15 @@ impl<M: DeviceMemory> DeviceTier<M> {
     /// Frees everything `req` holds.
     pub fn release(&mut self, req: RequestId) -> Result<()> {
         let held = self.held.remove(&req).ok_or(MemoryError::UnknownRequest { pool: "device tier", request: req.0 })?;
-        if self.cfg.keeps_index {
+        if self.own_keys() {
             self.index_pages.release(req)?;
         }
         if held.mode == Mode::Resident {
             self.kv_pages.release(req)?;
         }
         if let Some(shared) = self.shared.as_mut() {
-            shared.release_pages(req);
+            shared.release_pages(req, Part::KvPage);
+            shared.release_pages(req, Part::KeyPage);
             shared.release_seat(req);
         } else if held.seat.is_some() {
             self.seats.release(req)?;
@@ -280,8 +340,7 @@ impl<M: DeviceMemory> DeviceTier<M> {
         Ok(())
     }
 
-    fn paged_row(&self, pool: &PagePool, name: &'static str, req: RequestId, position: usize) -> Result<usize> {
-        let pages = pool.pages(req)?;
+    fn paged_row(&self, pages: &[u32], name: &'static str, req: RequestId, position: usize) -> Result<usize> {
         let p = pages.get(position / self.cfg.page_tokens).ok_or(MemoryError::PositionOutOfRange {
             pool: name,
             request: req.0,
@@ -299,24 +358,13 @@ impl<M: DeviceMemory> DeviceTier<M> {
             return Err(MemoryError::invalid("keeps_index", false, "this tier holds no index keys"));
         }
         // Summaries divide the page (checked when the tier was sized): a page's rows are whole.
-        Ok(self.paged_row(&self.index_pages, "device index keys", req, position)?
-            / self.cfg.index_key.positions_per_row())
+        let pages = self.index_pages(req)?;
+        Ok(self.paged_row(pages, "device index keys", req, position)? / self.cfg.index_key.positions_per_row())
     }
 
     /// Row of the KV buffers (any layer) holding resident `req`'s row at `position`.
     pub fn kv_row(&self, req: RequestId, position: usize) -> Result<usize> {
-        if let Some(shared) = self.shared.as_ref() {
-            self.held(req)?;
-            let pages = shared.pages(req);
-            let p = pages.get(position / self.cfg.page_tokens).ok_or(MemoryError::PositionOutOfRange {
-                pool: "device KV",
-                request: req.0,
-                position,
-                capacity: pages.len() * self.cfg.page_tokens,
-            })?;
-            return Ok(*p as usize * self.cfg.page_tokens + position % self.cfg.page_tokens);
-        }
-        self.paged_row(&self.kv_pages, "device KV", req, position)
+        self.paged_row(self.kv_pages(req)?, "device KV", req, position)
     }
 
     /// Row of the hot-buffer buffers (any layer) of hisparse `req`'s `slot` (the reserved slot
@@ -350,9 +398,9 @@ impl<M: DeviceMemory> DeviceTier<M> {
     /// The index-key pages `req` holds, in position order (for the indexer's page table):
     /// none in a tier that keeps no index keys.
     pub fn index_pages(&self, req: RequestId) -> Result<&[u32]> {
-        if !self.cfg.keeps_index {
+        if !self.own_keys() {
             self.held(req)?;
-            return Ok(&[]);
+            return Ok(self.shared.as_ref().map_or(&[], |s| s.pages(req, Part::KeyPage)));
         }
         self.index_pages.pages(req)
     }
@@ -362,7 +410,7 @@ impl<M: DeviceMemory> DeviceTier<M> {
         match self.shared.as_ref() {
             Some(shared) => {
                 self.held(req)?;
-                Ok(shared.pages(req))
+                Ok(shared.pages(req, Part::KvPage))
             }
             None => self.kv_pages.pages(req),
         }
@@ -391,12 +439,14 @@ impl<M: DeviceMemory> DeviceTier<M> {
         check_len("key", b, key.len())?;
         let row = self.index_key_row(req, position)?;
         if position.is_multiple_of(self.cfg.index_key.positions_per_row()) {
-            return self.mem.write(&mut self.keys[pool], row * b, key);
+            let (mem, buf) = self.memory_and_keys(pool);
+            return mem.write(buf, row * b, key);
         }
         let mut summary = vec![0u8; b];
-        self.mem.read(&self.keys[pool], row * b, &mut summary)?;
+        self.mem.read(self.keys(pool), row * b, &mut summary)?;
         self.cfg.index_key.fold(&mut summary, key)?;
-        self.mem.write(&mut self.keys[pool], row * b, &summary)
+        let (mem, buf) = self.memory_and_keys(pool);
+        mem.write(buf, row * b, &summary)
     }
 
     /// Writes resident `req`'s KV row at `position` of `layer`.
@@ -428,9 +478,14 @@ impl<M: DeviceMemory> DeviceTier<M> {
     }
 
     /// The index-key buffer of key pool `pool` (rows of `index_key.row_bytes()`; the pool of a
-    /// full layer is its `KvGeometry::index_slot`).
+    /// full layer is its `KvGeometry::index_slot`; with keys in the shared pool, that layer's
+    /// pool).
     pub fn keys(&self, pool: usize) -> &M::Buffer<u8> {
-        &self.keys[pool.min(self.cfg.index_layers - 1)]
+        let p = pool.min(self.cfg.index_layers - 1);
+        if self.cfg.keys_in_shared_pool() {
+            return &self.hot[p];
+        }
+        &self.keys[p]
     }
 
     /// The resident KV buffer of `layer` (in hybrid placement, the shared pool: the hot buffer).
@@ -448,8 +503,15 @@ impl<M: DeviceMemory> DeviceTier<M> {
 
     /// The index-key buffer of key pool `pool`, writable (for batched writes).
     pub fn keys_mut(&mut self, pool: usize) -> &mut M::Buffer<u8> {
+        self.memory_and_keys(pool).1
+    }
+
+    fn memory_and_keys(&mut self, pool: usize) -> (&M, &mut M::Buffer<u8>) {
         let p = pool.min(self.cfg.index_layers - 1);
-        &mut self.keys[p]
+        match self.cfg.keys_in_shared_pool() {
+            true => (&self.mem, &mut self.hot[p]),
+            false => (&self.mem, &mut self.keys[p]),
+        }
     }
 
     /// The resident KV buffer of `layer`, writable (for batched writes).
@@ -470,12 +532,13 @@ impl<M: DeviceMemory> DeviceTier<M> {
     /// Device bytes held by live requests (all layers).
     pub fn bytes_in_use(&self) -> usize {
         // No overflow: at most what the tier allocated.
-        let (kv_pages, seats) = match self.shared.as_ref() {
-            Some(s) => (s.pages_used(), s.seats_used()),
-            None => (self.kv_pages.used(), self.seats.used()),
+        let per_layer = match self.shared.as_ref() {
+            Some(s) => s.bytes_used(),
+            None => {
+                self.kv_pages.used() * self.cfg.page_tokens * self.cfg.kv_row.row_bytes()
+                    + self.seats.used() * hot_buffer_rows_of(self.cfg.device_buffer_size) * self.cfg.kv_row.row_bytes()
+            }
         };
-        let per_layer = kv_pages * self.cfg.page_tokens * self.cfg.kv_row.row_bytes()
-            + seats * hot_buffer_rows_of(self.cfg.device_buffer_size) * self.cfg.kv_row.row_bytes();
         let keys = self.index_pages.used() * self.cfg.index_key.page_bytes(self.cfg.page_tokens).unwrap_or(0);
         per_layer * self.cfg.layers + keys * self.cfg.index_layers
     }

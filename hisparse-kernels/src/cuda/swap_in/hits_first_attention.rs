@@ -63,7 +63,7 @@ impl AttentionKernels {
             ));
         }
         let rb = q.layout.row_bytes();
-        let (max_len, sel_end) = check_query(q, out, lse, hot.len())?;
+        let (max_len, sel_end) = check_query(q, out, lse)?;
         if fills.len() < sel_end {
             return Err(KernelError::invalid("fills", fills.len(), format!("the selections reach {sel_end}")));
         }
