@@ -6,8 +6,10 @@
 
 mod attention;
 mod backup;
+mod exp;
 mod index_keys;
 mod indexer;
+mod oracle_channels;
 mod oracle_index;
 mod oracle_keys;
 mod swap_in;

@@ -5,10 +5,12 @@
 //! position's `q_h . k_t` is the largest product over its page's box, shared by the page. A head's product runs over its
 //! query's non-zero span only (a GQA head's query fills its group's part of the key), so a
 //! head costs its own dims, not the whole key's. Every sum runs in a fixed order, so the scores
-//! are the same bits on every run.
+//! are the same bits on every run; the exponentials are [`super::exp`]'s (the same bits with
+//! and without AVX2).
 
 use rayon::prelude::*;
 
+use super::exp::exp_in_place;
 use super::index_keys::{key_bounds, key_row};
 use super::oracle_keys::{KeyBlock, key_logits};
 use crate::batch::{HeadCombine, IndexerBatch, OracleScore};
@@ -81,9 +83,10 @@ pub(super) fn oracle_scores(
         logits.par_chunks_mut(BLOCK * heads).for_each(|chunk| {
             for lt in chunk.chunks_mut(heads) {
                 for (l, &m) in lt.iter_mut().zip(&max) {
-                    *l = (*l - m).exp();
+                    *l -= m;
                 }
             }
+            exp_in_place(chunk);
         });
         let exps = logits;
         let mut sum = vec![0f32; heads];

@@ -3,6 +3,7 @@
 //! Where the CPU has AVX2 and F16C, the heads reading the same span share each eight values of
 //! the key (fp8 codes converted in registers, other formats decoded once per key) — the same
 //! products summed in the same order as `dot` sums them, so every path gives the same bits.
+//! Top-channel keys are scored over their kept channels alone (`oracle_channels.rs`).
 
 use super::dot;
 use super::index_keys::key_row;
@@ -24,7 +25,7 @@ pub(super) struct KeyBlock<'a, 'b> {
 
 /// The pool rows of the block's first `n` positions: a page's positions are consecutive rows,
 /// so the page table is read once per page.
-fn key_rows(kb: KeyBlock<'_, '_>, n: usize) -> impl Iterator<Item = usize> {
+pub(super) fn key_rows(kb: KeyBlock<'_, '_>, n: usize) -> impl Iterator<Item = usize> {
     let p = kb.batch.page_tokens;
     let (mut row, mut left_in_page) = (0, 0);
     (kb.first..kb.first + n).map(move |t| {
@@ -40,6 +41,9 @@ fn key_rows(kb: KeyBlock<'_, '_>, n: usize) -> impl Iterator<Item = usize> {
 /// `logits[j * heads + h] = w_h * q_h . k_t` for the positions `t = first + j` of the block
 /// (`logits` holds `[positions, heads]`); `key` holds a decoded key (`dim` values).
 pub(super) fn key_logits(kb: KeyBlock<'_, '_>, logits: &mut [f32], key: &mut [f32]) {
+    if let hisparse_memory::IndexKeyFormat::Channels { keep, group } = kb.batch.key_layout.format() {
+        return super::oracle_channels::channel_logits(kb, logits, keep, group);
+    }
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("f16c") {
         if kb.batch.key_layout.format() == hisparse_memory::IndexKeyFormat::Fp8 {
@@ -248,8 +252,9 @@ mod tests {
     use crate::batch::IndexScore;
 
     /// Every path of `key_logits` (fp8 in registers, other formats decoded once per key, heads
-    /// grouped by span) gives the bits of the portable per-head `dot`s, for spans shared by
-    /// one to five heads, spans with a tail, and an empty span.
+    /// grouped by span) gives the bits of the portable per-head `dot`s, and top-channel keys the
+    /// bits of `dot` over the kept channels of each head's span, for spans shared by one to five
+    /// heads, spans with a tail, and an empty span.
     #[test]
     fn every_key_path_gives_the_portable_bits() {
         let (dim, page, n) = (192usize, 16usize, 77usize);
@@ -315,7 +320,24 @@ mod tests {
             let kb = KeyBlock { batch: &batch, r: &requests[0], first: 3, q: &q, w: &w, spans: &spans };
             let (mut got, mut want, mut key) = (vec![0f32; 70 * heads], vec![0f32; 70 * heads], vec![0f32; dim]);
             key_logits(kb, &mut got, &mut key);
-            key_logits_any(kb, &mut want, &mut key);
+            if let IndexKeyFormat::Channels { keep, group } = format {
+                // The query at the kept places of the span against the decoded key there, as
+                // `dot` sums them; the places read from the row's first bytes.
+                let rows: Vec<usize> = key_rows(kb, 70).collect();
+                for (lt, row) in want.chunks_mut(heads).zip(rows) {
+                    let bytes = &keys[row * rb..][..rb];
+                    layout.decode(bytes, &mut key).unwrap();
+                    for (h, l) in lt.iter_mut().enumerate() {
+                        let (a, b) = spans[h];
+                        let kept = (0..dim / group * keep).map(|j| j / keep * group + usize::from(bytes[j]));
+                        let (qa, ka): (Vec<f32>, Vec<f32>) =
+                            kept.filter(|c| (a..b).contains(c)).map(|c| (q[h * dim + c], key[c])).unzip();
+                        *l = w[h] * dot(&qa, &ka);
+                    }
+                }
+            } else {
+                key_logits_any(kb, &mut want, &mut key);
+            }
             assert!(want.iter().any(|&x| x != 0.0), "{format}: the logits are not all zero");
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&got), bits(&want), "{format}");

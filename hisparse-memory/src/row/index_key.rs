@@ -471,6 +471,18 @@ impl IndexKeyLayout {
         Ok(())
     }
 
+    /// A checked top-channel key's kept values, written to `values` (`dim / group * keep`,
+    /// group by group), and their places within their groups, in the same order: what a score
+    /// over the kept channels alone reads. `None` for the other formats (`values` untouched).
+    pub fn decode_kept<'r>(&self, row: &'r [u8], values: &mut [f32]) -> Option<&'r [u8]> {
+        match self.format {
+            IndexKeyFormat::Channels { keep, group } => {
+                Some(TopChannels { dim: self.dim, keep, group }.decode_kept(row, values))
+            }
+            _ => None,
+        }
+    }
+
     /// [`Self::decode`] of a row whose length and scales were checked ([`Self::check_scales`]):
     /// the kernels' form, which decodes the same key many times. `out` holds `dim` values; a page
     /// summary decodes to its box's centre.

@@ -86,6 +86,17 @@ impl TopChannels {
         Ok(())
     }
 
+    /// Decodes a checked `row`'s kept values into `values` (`dim / group * keep`, group by group;
+    /// as many as `values` holds)
+    /// and returns their places (each within its group, in the same order).
+    pub fn decode_kept<'r>(self, row: &'r [u8], values: &mut [f32]) -> &'r [u8] {
+        let n = self.kept();
+        let at = 2 * n;
+        let s = f32::from_le_bytes([row[at], row[at + 1], row[at + 2], row[at + 3]]);
+        decode_e4m3_scaled(&row[n..2 * n], s, values);
+        &row[..n]
+    }
+
     /// Decodes a checked `row` into `out` (`dim` values): the kept values, zeros elsewhere.
     pub fn decode(self, row: &[u8], out: &mut [f32]) {
         let n = self.kept();
