@@ -3,10 +3,12 @@
 //! host pages, index keys), so it can always live in a hot buffer; meanwhile its whole KV sits
 //! in pages of the device's shared pool when they are free, and attention reads it there by
 //! position, with no swap-in and no backup. The seat's rows are taken only while the request is
-//! off the device, so a request in pages leaves them to other requests' pages. A new request
-//! goes into pages where they are free, else into a seat. Demotion (device → host tier, pages
-//! freed, a seat taken and made fresh) happens only when a seat being taken (admitting a request,
-//! or demoting one) lies under pages that cannot move, victims in [`DemotionOrder`], or when a
+//! off the device, so a request in pages leaves them to other requests' pages. Where every layer
+//! keeps index keys they live in the same pool, taken for a request's reservation as it is
+//! admitted. A new request goes into pages where they are free, else into a seat. Demotion
+//! (device → host tier, pages freed, a seat taken and made fresh) happens only when a seat being
+//! taken (admitting a request, or demoting one) lies under pages that cannot move, when a new
+//! reservation's index keys find too few free key pages, victims in [`DemotionOrder`], or when a
 //! request's reservation grows past the free pages; promotion (host tier → pages, the seat freed)
 //! at the start of a step, when pages are free. Every copy is counted in [`PlacementCounters`].
 //!
@@ -108,8 +110,8 @@ where
                 self.placement.bytes_moved += bytes as u64;
             } else {
                 // No slot is free above the seat: demoting a request on the device frees its KV
-                // pages. With none on the device, seats and keys fit by the plan (one key page
-                // of slack in `SharedPoolShape::bytes`), so a slot was free.
+                // pages. With none on the device, seats and keys fit by the plan (the pool rounds
+                // its seats up to whole key pages, `SharedPoolShape::bytes`), so a slot was free.
                 let victim = self.next_victim(None)?.ok_or_else(|| no_room("a seat", owner))?;
                 self.demote(victim)?;
             }
