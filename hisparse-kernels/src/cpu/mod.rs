@@ -9,6 +9,7 @@ mod backup;
 mod exp;
 mod index_keys;
 mod indexer;
+mod key_block;
 mod oracle_channels;
 mod oracle_index;
 mod oracle_keys;

@@ -6,7 +6,7 @@
 //! every path gives the same bits.
 
 use super::dot;
-use super::oracle_keys::{KeyBlock, key_rows};
+use super::key_block::{KeyBlock, key_rows};
 
 /// What a head's span covers of the key's groups.
 #[derive(Clone, Copy)]

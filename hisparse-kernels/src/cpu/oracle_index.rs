@@ -12,7 +12,8 @@ use rayon::prelude::*;
 
 use super::exp::exp_in_place;
 use super::index_keys::{key_bounds, key_row};
-use super::oracle_keys::{KeyBlock, key_logits};
+use super::key_block::KeyBlock;
+use super::oracle_keys::key_logits;
 use crate::batch::{HeadCombine, IndexerBatch, OracleScore};
 use hisparse_memory::{EmulatedDevice, page_upper_bound};
 

@@ -6,37 +6,11 @@
 //! Top-channel keys are scored over their kept channels alone (`oracle_channels.rs`).
 
 use super::dot;
-use super::index_keys::key_row;
+use super::key_block::{KeyBlock, key_rows};
+#[cfg(test)]
 use crate::batch::{IndexerBatch, IndexerRequest};
+#[cfg(test)]
 use hisparse_memory::EmulatedDevice;
-
-/// A block of positions of one request, and the queries that score them.
-#[derive(Clone, Copy)]
-pub(super) struct KeyBlock<'a, 'b> {
-    pub batch: &'a IndexerBatch<'b, EmulatedDevice>,
-    pub r: &'a IndexerRequest,
-    /// The block's first position.
-    pub first: usize,
-    pub q: &'a [f32],
-    pub w: &'a [f32],
-    /// Each head's non-zero span of its query.
-    pub spans: &'a [(usize, usize)],
-}
-
-/// The pool rows of the block's first `n` positions: a page's positions are consecutive rows,
-/// so the page table is read once per page.
-pub(super) fn key_rows(kb: KeyBlock<'_, '_>, n: usize) -> impl Iterator<Item = usize> {
-    let p = kb.batch.page_tokens;
-    let (mut row, mut left_in_page) = (0, 0);
-    (kb.first..kb.first + n).map(move |t| {
-        if left_in_page == 0 {
-            row = key_row(kb.batch, kb.r, t);
-            left_in_page = p - t % p;
-        }
-        (row, left_in_page) = (row + 1, left_in_page - 1);
-        row - 1
-    })
-}
 
 /// `logits[j * heads + h] = w_h * q_h . k_t` for the positions `t = first + j` of the block
 /// (`logits` holds `[positions, heads]`); `key` holds a decoded key (`dim` values).
