@@ -1,7 +1,8 @@
 // The oracle selection's scores of a model without an indexer (`IndexScore::Oracle`), the CUDA
 // twin of `src/cpu/oracle_index.rs`: per request and head the softmax over the request's
 // positions of `w_h * q_h . k_t` (keys as e4m3 index keys with an f32 scale; a head's product over
-// its query's non-zero part, its group's part of the key), combined over heads by sum or max;
+// its query's non-zero part, its group's part of the key; top-channel keys expanded into such
+// rows as a tile is staged), combined over heads by sum or max;
 // the first `sink` and last `window` positions (and the newest, with `pin_newest`) scored +inf.
 //
 // Four launches:
@@ -151,18 +152,42 @@ extern "C" __global__ void __launch_bounds__(ORACLE_THREADS) oracle_logits(
         src_at[tid] = at;
     }
     __syncthreads();
-    // The tile's key rows, a warp per row, copied asynchronously (every copy in flight at once).
-    const unsigned words = a.key_bytes / 4;
-    for (unsigned row = warp; row < ORACLE_TILE; row += ORACLE_THREADS / 32) {
-        const long long at = src_at[row];
-        const unsigned char* src = keys + (at < 0 ? 0 : at);
-        const unsigned size = at < 0 ? 0 : 4;
-        const unsigned dst = (unsigned)__cvta_generic_to_shared(rows + row * stride);
-        for (unsigned w = lane; w < words; w += 32)
-            asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst + 4 * w),
-                         "l"(src + (size ? 4 * w : 0)), "r"(size));
+    if (a.keep == 0) {
+        // The tile's key rows, a warp per row, copied asynchronously (every copy in flight at once).
+        const unsigned words = a.key_bytes / 4;
+        for (unsigned row = warp; row < ORACLE_TILE; row += ORACLE_THREADS / 32) {
+            const long long at = src_at[row];
+            const unsigned char* src = keys + (at < 0 ? 0 : at);
+            const unsigned size = at < 0 ? 0 : 4;
+            const unsigned dst = (unsigned)__cvta_generic_to_shared(rows + row * stride);
+            for (unsigned w = lane; w < words; w += 32)
+                asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst + 4 * w),
+                             "l"(src + (size ? 4 * w : 0)), "r"(size));
+        }
+        asm volatile("cp.async.wait_all;\n" ::);
+    } else {
+        // Top-channel keys (`keep` places of every `group` values, their codes, the scale),
+        // expanded into fp8 rows, a warp per row: the row's codes zeroed, then each kept code put
+        // at its place (a place past its group raises `fault` and is not put), then the scale. A
+        // missing row reads as zeros.
+        const unsigned kept = dim / a.group * a.keep;
+        for (unsigned row = warp; row < ORACLE_TILE; row += ORACLE_THREADS / 32) {
+            const long long at = src_at[row];
+            unsigned char* dst = rows + row * stride;
+            for (unsigned w = lane; w < dim / 4 + 1; w += 32) reinterpret_cast<unsigned*>(dst)[w] = 0u;
+            __syncwarp();
+            if (at < 0) continue;
+            const unsigned char* src = keys + at;
+            for (unsigned j = lane; j < kept; j += 32) {
+                const unsigned place = src[j];
+                if (place < a.group)
+                    dst[(j / a.keep) * a.group + place] = src[kept + j];
+                else
+                    atomicOr(fault, 1u);
+            }
+            if (lane < 4) dst[dim + lane] = src[2 * kept + lane];
+        }
     }
-    asm volatile("cp.async.wait_all;\n" ::);
     __syncthreads();
     // Warp w: rows (w % 4) * 16 .. + 16, head blocks w / 4, w / 4 + 2, ...; lane: row g (and
     // g + 8) of the 16, the four key bytes 4t .. 4t + 3 of each chunk.

@@ -1,9 +1,9 @@
 //! The CUDA backend's oracle scores (`kernels/oracle_index.cu`) against the CPU backend's on
-//! random grouped-query batches: SmolLM2's geometry (9 query heads in 3 groups of 64) and
+//! random grouped-query batches, fp8 and top-channel (`channels:16:64`) keys: SmolLM2's geometry (9 query heads in 3 groups of 64) and
 //! Llama-3.1-8B's (32 in 8 groups of 128), sum and max over heads, sinks, windows and the pinned
 //! newest position, requests of 0 to 8192 positions over shuffled pages: the kept positions
 //! exactly, every other score within 1e-4 of itself (expf and the sum's order); a page id
-//! outside the pool reported as a fault; fp8 queries refused.
+//! outside the pool reported as a fault; fp8 queries and int4 keys refused.
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
 use half::bf16;
@@ -13,7 +13,7 @@ use hisparse_kernels::{
     CpuBackend, HeadCombine, IndexScore, IndexerBatch, IndexerQueries, IndexerRequest, Kernels, OracleScore,
     StepControl,
 };
-use hisparse_memory::{DeviceMemory, EmulatedDevice, IndexKeyLayout};
+use hisparse_memory::{DeviceMemory, EmulatedDevice, IndexKeyFormat, IndexKeyLayout};
 use rand::Rng;
 use rand::seq::SliceRandom;
 
@@ -31,9 +31,16 @@ struct OracleCase {
     positions: usize,
 }
 
-fn case(seed: u64, heads: usize, kv_heads: usize, head_dim: usize, lens: &[usize]) -> OracleCase {
+fn case(
+    seed: u64,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    lens: &[usize],
+    format: IndexKeyFormat,
+) -> OracleCase {
     let mut rng = random::rng(seed);
-    let key = IndexKeyLayout::new(kv_heads * head_dim).unwrap();
+    let key = IndexKeyLayout::with_format(kv_heads * head_dim, format).unwrap();
     let pages: usize = lens.iter().map(|l| l.div_ceil(PAGE)).sum::<usize>() + 3;
     let keys = random::index_key_pool(&mut rng, key, pages * PAGE).unwrap();
     let mut table: Vec<u32> = (0..pages as u32).collect();
@@ -91,8 +98,14 @@ fn gpu_oracle_scores_match_the_cpu_oracle() {
     let gpu = CudaBackend::new(0).expect("a CUDA GPU");
     let mem = gpu.memory();
     let lens = [2048usize, 100, 1, 0, 5000, 8192];
-    for (seed, heads, kv_heads, head_dim) in [(1, 9, 3, 64), (2, 32, 8, 128)] {
-        let c = case(seed, heads, kv_heads, head_dim, &lens);
+    let channels = IndexKeyFormat::Channels { keep: 16, group: 64 };
+    for (seed, heads, kv_heads, head_dim, format) in [
+        (1, 9, 3, 64, IndexKeyFormat::Fp8),
+        (2, 32, 8, 128, IndexKeyFormat::Fp8),
+        (4, 9, 3, 64, channels),
+        (5, 32, 8, 128, channels),
+    ] {
+        let c = case(seed, heads, kv_heads, head_dim, &lens, format);
         let (qd, wd, kd, td) = (
             mem.upload(&c.q).unwrap(),
             mem.upload(&c.w).unwrap(),
@@ -110,8 +123,9 @@ fn gpu_oracle_scores_match_the_cpu_oracle() {
             gpu.indexer_scores(&batch(&c, (&qd, &wd, &kd, &td), oracle, pin), &mut got_d).unwrap();
             gpu.finish_step().unwrap();
             let got = mem.download(&got_d).unwrap();
-            let what =
-                format!("{heads} heads in {kv_heads} groups of {head_dim}, {combine:?} sink {sink} window {window}");
+            let what = format!(
+                "{format} keys, {heads} heads in {kv_heads} groups of {head_dim}, {combine:?} sink {sink} window {window}"
+            );
             let finite = want.iter().filter(|x| x.is_finite()).count();
             assert!(finite > c.positions / 2 && want.iter().any(|x| *x > 0.0), "{what}: scores are not trivial");
             for (t, (g, w)) in got.iter().zip(&want).enumerate() {
@@ -127,7 +141,7 @@ fn gpu_oracle_scores_match_the_cpu_oracle() {
 fn gpu_oracle_reports_bad_pages_and_refuses_fp8_queries() {
     let gpu = CudaBackend::new(0).expect("a CUDA GPU");
     let mem = gpu.memory();
-    let mut c = case(3, 9, 3, 64, &[300]);
+    let mut c = case(3, 9, 3, 64, &[300], IndexKeyFormat::Fp8);
     c.table[2] = 1 << 20;
     let (qd, wd, kd, td) = (
         mem.upload(&c.q).unwrap(),
@@ -144,4 +158,10 @@ fn gpu_oracle_reports_bad_pages_and_refuses_fp8_queries() {
     let fp8 = IndexerBatch { queries_as: IndexerQueries::Fp8, ..batch(&c, (&qd, &wd, &kd, &td), oracle, false) };
     let e = gpu.indexer_scores(&fp8, &mut out).unwrap_err();
     assert!(e.to_string().contains("queries_as"), "{e}");
+    // Keys of a format the CUDA oracle does not read are refused by name.
+    let int4 = IndexKeyLayout::with_format(192, IndexKeyFormat::Int4 { group: 32 }).unwrap();
+    let e = gpu
+        .indexer_scores(&IndexerBatch { key_layout: int4, ..batch(&c, (&qd, &wd, &kd, &td), oracle, false) }, &mut out)
+        .unwrap_err();
+    assert!(e.to_string().contains("index_format") && e.to_string().contains("int4:32"), "{e}");
 }

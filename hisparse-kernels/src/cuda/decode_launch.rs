@@ -172,15 +172,14 @@ impl IndexerKernels {
 
 /// `batch`'s requests as the indexer kernels read them, checked: the page size, the queries and
 /// weights against the requests, the key pool in whole pages, each request's pages within the
-/// page table and its scores within `scores_len` (checked sums), every field within 32 bits;
-/// keys of a format the CUDA kernels read.
+/// page table and its scores within `scores_len` (checked sums), every field within 32 bits
+/// (the key format is the caller's to check: [`refuse_unread_format`], or the oracle's own).
 /// With the longest request and the end of the furthest score span.
 pub(crate) fn checked_requests(
     batch: &IndexerBatch<'_, CudaMemory>,
     scores_len: usize,
 ) -> Result<(Vec<GpuIndexerReq>, usize, usize)> {
     let (heads, dim, p) = (batch.heads, batch.key_layout.dim(), batch.page_tokens);
-    refuse_unread_format(batch.key_layout)?;
     if p == 0 {
         return Err(KernelError::invalid("page_tokens", p, "must be at least 1"));
     }
@@ -249,6 +248,7 @@ impl DecodeLaunch<'_> {
         if dim != 128 {
             return Err(KernelError::invalid("key_layout.dim", dim, "the CUDA indexer is built for 128"));
         }
+        refuse_unread_format(batch.key_layout)?;
         let (reqs, max_len, _) = checked_requests(batch, scores.len())?;
         let (n, pool_pages) = (batch.requests.len(), batch.keys.len() / (kb * p));
         if n == 0 || max_len == 0 {
@@ -344,11 +344,12 @@ impl DecodeLaunch<'_> {
     }
 }
 
-/// The CUDA kernels read fp8 index keys only (the CPU backend reads every format).
+/// The CUDA kernels read fp8 index keys (the oracle top-channel keys too; the CPU backend reads
+/// every format).
 pub(crate) fn refuse_unread_format(key: hisparse_memory::IndexKeyLayout) -> Result<()> {
     match key.format() {
         hisparse_memory::IndexKeyFormat::Fp8 => Ok(()),
-        other => Err(KernelError::invalid("index_format", other, "the CUDA backend reads fp8 index keys only")),
+        other => Err(KernelError::invalid("index_format", other, "the CUDA backend reads fp8 index keys here")),
     }
 }
 

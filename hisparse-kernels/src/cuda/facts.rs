@@ -160,7 +160,8 @@ hisparse_memory::c_struct! {
         pub(crate) heads: u32,
         /// Dims of a key (every KV head's).
         pub(crate) dim: u32,
-        /// Bytes of a key row (the e4m3 key and its f32 scale).
+        /// Bytes of a key row in the pool (fp8: the e4m3 key and its f32 scale; top-channel: the
+        /// places, the codes and the scale).
         pub(crate) key_bytes: u32,
         /// Positions per page of the key pool.
         pub(crate) page_tokens: u32,
@@ -180,6 +181,10 @@ hisparse_memory::c_struct! {
         pub(crate) tile_stride: u32,
         /// 16-dim chunks of a key (`dim / 16`, at most `ORACLE_MAX_CHUNKS`).
         pub(crate) chunks: u32,
+        /// Top-channel keys: values kept of every `group` (0: fp8 keys, staged as they are).
+        pub(crate) keep: u32,
+        /// Top-channel keys: values per group (0 for fp8 keys).
+        pub(crate) group: u32,
     }
 }
 

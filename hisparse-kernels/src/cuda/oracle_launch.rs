@@ -8,6 +8,7 @@ use std::sync::{Mutex, OnceLock};
 
 use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig};
+use hisparse_memory::IndexKeyFormat;
 use hisparse_memory::cuda::CudaMemory;
 
 use super::buffers::{lock, room, upload_cached};
@@ -71,12 +72,24 @@ impl OracleKernels {
         if batch.queries_as != IndexerQueries::Exact {
             return Err(KernelError::invalid("queries_as", "fp8", "the oracle reads exact queries"));
         }
+        // fp8 keys staged as they are; top-channel keys expanded in the tile into fp8 rows.
+        let (keep, group) = match batch.key_layout.format() {
+            IndexKeyFormat::Fp8 => (0, 0),
+            IndexKeyFormat::Channels { keep, group } => (keep, group),
+            other => {
+                return Err(KernelError::invalid(
+                    "index_format",
+                    other,
+                    "the oracle on CUDA reads fp8 and top-channel keys",
+                ));
+            }
+        };
         let (reqs, max_len, score_end) = super::decode_launch::checked_requests(batch, scores.len())?;
         let n = batch.requests.len();
         if n == 0 || max_len == 0 {
             return Ok(());
         }
-        if dim % 16 != 0 || kb % 4 != 0 || dim / 16 > ORACLE_MAX_CHUNKS {
+        if dim % 16 != 0 || (keep == 0 && kb % 4 != 0) || dim / 16 > ORACLE_MAX_CHUNKS {
             return Err(KernelError::invalid(
                 "key_layout.dim",
                 dim,
@@ -85,7 +98,8 @@ impl OracleKernels {
         }
         // Shared memory of the logits: the tile's rows, which then hold its logits (a padded row of
         // heads per position).
-        let stride = oracle_tile_stride(kb);
+        // A staged row is an fp8 key: `dim` codes, then the f32 scale.
+        let stride = oracle_tile_stride(dim + 4);
         let (hbs, dc) = (heads.div_ceil(8), dim / 16);
         let smem = (ORACLE_TILE * stride).max(ORACLE_TILE * (heads + 1) * 4);
         if smem > ORACLE_SMEM_MAX {
@@ -110,6 +124,9 @@ impl OracleKernels {
             tiles: u32_of("requests.seq_len", tiles)?,
             tile_stride: stride as u32,
             chunks: dc as u32,
+            // Below 256 each (`IndexKeyLayout::with_format` checks).
+            keep: keep as u32,
+            group: group as u32,
         };
         let too_big = |what: &'static str| KernelError::invalid("requests.score_offset", score_end, what);
         let logits_len = score_end.checked_mul(heads).ok_or_else(|| too_big("times the heads overflows"))?;
