@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# A short device call, most wanted first: hybrid placement's GPU tests with index keys in the
+# shared pool (issue 53), the CUDA oracle over fp8 and top-channel keys against the CPU's
+# (issue 52), then hybrid against resident and hisparse at one request and at resident's
+# capacity — GLM-5.1 32k fp8 on an H200 (levels 1, 12), Llama-3.1-8B 32k bf16 with 8192-slot
+# buffers on an H100 (levels 1, 10) — within what is left of DEADLINE_S.
+# Usage: DEADLINE_S=400 bash run-short.sh   (writes under $OUT)
+cd "$(dirname "$0")/../../.."
+export HISPARSE_CUDA_INCLUDE=/usr/local/cuda/include RUST_BACKTRACE=1
+end=$(( $(date +%s) + ${DEADLINE_S:-400} ))
+left() { local l=$(( end - $(date +%s) )); [ $l -gt 1 ] && echo $l || echo 1; }
+O=$OUT; B=.gpu/bin
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv > $O/gpu.txt 2>&1
+cat $O/gpu.txt
+timeout $(left) $B/test-gpu_engine --include-ignored --test-threads=1 hybrid > $O/test-hybrid.log 2>&1
+echo "gpu_engine hybrid rc=$? $(grep -E '^test result' $O/test-hybrid.log)"
+timeout $(left) $B/test-gpu_oracle --include-ignored --test-threads=1 > $O/test-oracle.log 2>&1
+echo "gpu_oracle rc=$? $(grep -E '^test result' $O/test-oracle.log)"
+mkdir -p /tmp/hy
+if grep -q H200 $O/gpu.txt; then
+  OUT=/tmp/hy DEADLINE_S=$(( $(left) - 5 )) LEVELS=1,12 bash docs/results/issue53-hybrid/run.sh
+else
+  OUT=/tmp/hy DEADLINE_S=$(( $(left) - 5 )) PRESET=llama-3.1-8b KV=bf16 LEVELS=1,10 WARMUP=16 WINDOW=6 \
+    EXTRA="--device-buffer-size 8192" bash docs/results/issue53-hybrid/run.sh
+fi
+cp /tmp/hy/sweep.log /tmp/hy/outputs.tgz $O/ 2>/dev/null
