@@ -5,7 +5,7 @@
 //! key is decoded once per group of heads that share it, its value once per piece of the output
 //! (in parallel blocks, without a decoded copy of every row); every sum runs in selection order,
 //! so the result depends only on the selected rows' bytes and their order — not on where the
-//! rows live.
+//! rows live. The softmax's exponentials are [`super::exp`]'s, eight at a time.
 
 use half::bf16;
 use std::ops::Range;
@@ -14,6 +14,7 @@ use hisparse_memory::{EmulatedDevice, KvRowLayout, MemoryError};
 use rayon::prelude::*;
 
 use super::dot;
+use super::exp::exp_in_place;
 use crate::batch::AttentionBatch;
 use crate::error::{KernelError, Result, check_len};
 
@@ -160,9 +161,10 @@ fn attend_request(r: RequestRows<'_>, out: &mut [f32], lse: &mut [f32]) -> Resul
     probs.par_chunks_mut(ROWS * heads).for_each(|chunk| {
         for lt in chunk.chunks_mut(heads) {
             for (p, &m) in lt.iter_mut().zip(&max) {
-                *p = (*p - m).exp();
+                *p -= m;
             }
         }
+        exp_in_place(chunk);
     });
     let mut sum = vec![0f32; heads];
     for pt in probs.chunks(heads) {
