@@ -6,14 +6,7 @@
 # commands' CUDA run (issue 52), each within what is left of DEADLINE_S.
 # Usage: DEADLINE_S=570 bash run-first.sh   (writes under $OUT)
 cd "$(dirname "$0")/../../.."
-export HISPARSE_CUDA_INCLUDE=/usr/local/cuda/include RUST_BACKTRACE=1
-end=$(( $(date +%s) + ${DEADLINE_S:-570} ))
-left() { local l=$(( end - $(date +%s) )); [ $l -gt 1 ] && echo $l || echo 1; }
-O=$OUT; B=.gpu/bin
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv > $O/gpu.txt 2>&1
-cat $O/gpu.txt
-timeout $(left) $B/test-gpu_engine --include-ignored --test-threads=1 hybrid > $O/test-hybrid.log 2>&1
-echo "gpu_engine hybrid rc=$? $(grep -E '^test result' $O/test-hybrid.log)"
+. docs/results/issue53-hybrid/call-start.sh 570
 mkdir -p /tmp/hy /tmp/lat
 if grep -q H200 $O/gpu.txt; then
   OUT=/tmp/hy DEADLINE_S=$(( $(left) * 3 / 5 )) LEVELS=1,12,44 bash docs/results/issue53-hybrid/run.sh

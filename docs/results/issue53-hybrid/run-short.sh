@@ -6,14 +6,7 @@
 # buffers on an H100 (levels 1, 10) — within what is left of DEADLINE_S.
 # Usage: DEADLINE_S=400 bash run-short.sh   (writes under $OUT)
 cd "$(dirname "$0")/../../.."
-export HISPARSE_CUDA_INCLUDE=/usr/local/cuda/include RUST_BACKTRACE=1
-end=$(( $(date +%s) + ${DEADLINE_S:-400} ))
-left() { local l=$(( end - $(date +%s) )); [ $l -gt 1 ] && echo $l || echo 1; }
-O=$OUT; B=.gpu/bin
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv > $O/gpu.txt 2>&1
-cat $O/gpu.txt
-timeout $(left) $B/test-gpu_engine --include-ignored --test-threads=1 hybrid > $O/test-hybrid.log 2>&1
-echo "gpu_engine hybrid rc=$? $(grep -E '^test result' $O/test-hybrid.log)"
+. docs/results/issue53-hybrid/call-start.sh 400
 timeout $(left) $B/test-gpu_oracle --include-ignored --test-threads=1 > $O/test-oracle.log 2>&1
 echo "gpu_oracle rc=$? $(grep -E '^test result' $O/test-oracle.log)"
 mkdir -p /tmp/hy

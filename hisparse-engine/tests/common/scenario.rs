@@ -48,8 +48,14 @@ pub struct Req {
     pub abort_after: Option<usize>,
 }
 
+impl Req {
+    pub fn new(id: u64, arrive: usize, prompt: usize, output: usize, abort_after: Option<usize>) -> Self {
+        Self { id, arrive, prompt, output, abort_after }
+    }
+}
+
 pub fn scenario() -> Vec<Req> {
-    let r = |id, arrive, prompt, output, abort_after| Req { id, arrive, prompt, output, abort_after };
+    let r = Req::new;
     vec![
         r(1, 0, 100, 12, None),
         r(2, 0, 700, 20, None),
@@ -64,7 +70,7 @@ pub fn scenario() -> Vec<Req> {
 /// placement must demote requests on the device to seat others, and promote them back.
 #[allow(dead_code)] // used by some of the test crates that share this module
 pub fn squeeze() -> Vec<Req> {
-    let r = |id, arrive, prompt, output, abort_after| Req { id, arrive, prompt, output, abort_after };
+    let r = Req::new;
     vec![
         r(1, 0, 1000, 12, None),
         r(2, 0, 1000, 20, None),

@@ -87,6 +87,8 @@ pub struct SharedPool {
     free: BTreeMap<usize, usize>,
     /// Held byte ranges by start.
     held: BTreeMap<usize, Span>,
+    /// Bytes the held ranges cover.
+    used: usize,
     seats: HashMap<RequestId, u32>,
     pages: HashMap<(RequestId, Part), Vec<u32>>,
 }
@@ -126,6 +128,7 @@ impl SharedPool {
             free_seats: (0..count("seats", shape.seats)?).collect(),
             free: if bytes > 0 { BTreeMap::from([(0, bytes)]) } else { BTreeMap::new() },
             held: BTreeMap::new(),
+            used: 0,
             seats: HashMap::new(),
             pages: HashMap::new(),
         })
@@ -153,7 +156,7 @@ impl SharedPool {
 
     /// Bytes held, of one layer.
     pub fn bytes_used(&self) -> usize {
-        self.held.iter().map(|(s, span)| span.end - s).sum()
+        self.used
     }
 
     /// Pages of `part` held.
@@ -222,11 +225,13 @@ impl SharedPool {
         if range.end < b {
             self.free.insert(range.end, b);
         }
+        self.used += range.len();
         self.held.insert(range.start, Span { end: range.end, part, owner });
     }
 
     fn unhold(&mut self, start: usize) {
         let Some(span) = self.held.remove(&start) else { return };
+        self.used -= span.end - start;
         let (mut a, mut b) = (start, span.end);
         if let Some((&pa, &pb)) = self.free.range(..a).next_back()
             && pb == a
@@ -397,6 +402,9 @@ impl SharedPool {
         }
         if at != self.bytes {
             return bad(format!("ranges end at {at} of {} bytes", self.bytes));
+        }
+        if self.used != self.held.iter().map(|(s, span)| span.end - s).sum::<usize>() {
+            return bad(format!("{} bytes counted held, not what the held ranges cover", self.used));
         }
         let listed = self.seats.len() + self.pages.values().map(Vec::len).sum::<usize>();
         if listed != self.held.len() {

@@ -271,7 +271,11 @@ impl EngineArgs {
         }
         if let Some(f) = self.index_format {
             if self.backend == BackendKind::Cuda && f != IndexKeyFormat::Fp8 {
-                return Err(BenchError::flag("index-format", f, "the CUDA backend reads fp8 index keys only"));
+                return Err(BenchError::flag(
+                    "index-format",
+                    f,
+                    "the emulated model writes fp8 index keys on the CUDA backend",
+                ));
             }
             if g.kv_heads().is_none() && f != IndexKeyFormat::Fp8 {
                 return Err(BenchError::flag(
