@@ -116,14 +116,23 @@ fn sparse_attention(c: &mut Criterion) {
     let mut g = c.benchmark_group("sparse_attention");
     g.sample_size(10);
     let cpu = CpuBackend::new();
-    for (format, heads, batch) in [(KvRowFormat::Fp8, 64usize, 1usize), (KvRowFormat::Bf16, 128, 4)] {
-        let layout = KvRowLayout::new(format, 512, 64).unwrap();
+    // MLA rows (GLM's geometry), then SmolLM2-135M's dense GQA rows (9 query heads over 3 KV
+    // heads of 64): one request's whole 2k context in order, as the real model's dense decode
+    // reads it.
+    let mla = |f| KvRowLayout::new(f, 512, 64).unwrap();
+    let gqa = KvRowLayout::gqa(KvRowFormat::Bf16, 3, 64).unwrap();
+    for (layout, heads, batch) in
+        [(mla(KvRowFormat::Fp8), 64usize, 1usize), (mla(KvRowFormat::Bf16), 128, 4), (gqa, 9, 1)]
+    {
+        let format = if layout.mla_dims().is_some() { layout.format().to_string() } else { "gqa_bf16".into() };
         let mut rng = random::rng(3);
         let (pool, _) = random::kv_pool(&mut rng, layout, 8192).unwrap();
-        let q = random::normal_bf16(&mut rng, batch * heads * 576, 1.0);
-        let locations: Vec<i32> = (0..batch * 2048).map(|i| ((i * 7919) % 8192) as i32).collect();
+        let q = random::normal_bf16(&mut rng, batch * heads * layout.query_dim(), 1.0);
+        // Scattered rows for MLA; the dense decode's rows in order for GQA.
+        let step = if layout.mla_dims().is_some() { 7919 } else { 1 };
+        let locations: Vec<i32> = (0..batch * 2048).map(|i| ((i * step) % 8192) as i32).collect();
         let sel: Vec<Span> = (0..batch).map(|i| Span::new(i * 2048, 2048)).collect();
-        let mut out = vec![0f32; batch * heads * 512];
+        let mut out = vec![0f32; batch * heads * layout.value_dim()];
         let mut lse = vec![0f32; batch * heads];
         g.throughput(Throughput::Bytes((batch * 2048 * layout.row_bytes()) as u64));
         g.bench_function(BenchmarkId::from_parameter(format!("{format}_h{heads}_b{batch}_k2048")), |b| {

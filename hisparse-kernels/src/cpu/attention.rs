@@ -13,8 +13,10 @@ use std::ops::Range;
 use hisparse_memory::{EmulatedDevice, KvRowLayout, MemoryError};
 use rayon::prelude::*;
 
-use super::dot;
 use super::exp::exp_in_place;
+#[cfg(target_arch = "x86_64")]
+use super::sum_lanes;
+use super::{dot, dot_fixed};
 use crate::batch::AttentionBatch;
 use crate::error::{KernelError, Result, check_len};
 
@@ -214,17 +216,69 @@ unsafe fn logits_avx2(r: RequestRows<'_>, first: usize, chunk: &mut [f32]) -> Re
 fn logits_any(r: RequestRows<'_>, first: usize, chunk: &mut [f32]) -> Result<()> {
     let (d_q, n) = (r.layout.query_dim(), chunk.len() / r.heads);
     let locs = &r.locs[first..first + n];
-    // The block's keys of one group at a time, row after row.
+    // The block's keys of one group at a time, row after row; then each head of the group over
+    // them (its query held across the rows).
     let mut keys = vec![0f32; n * d_q];
     for g in r.groups {
         r.layout.decode_ranges_checked(r.pool, locs, g.k_at, d_q, &mut keys)?;
-        for (lt, key) in chunk.chunks_mut(r.heads).zip(keys.chunks_exact(d_q)) {
-            for h in g.heads.clone() {
-                lt[h] = r.scale * dot(&r.q[h * d_q..(h + 1) * d_q], key);
+        for h in g.heads.clone() {
+            let q = &r.q[h * d_q..(h + 1) * d_q];
+            match d_q {
+                64 => head_logits::<8>(q, &keys, r.scale, r.heads, h, chunk),
+                128 => head_logits::<16>(q, &keys, r.scale, r.heads, h, chunk),
+                _ => {
+                    for (lt, key) in chunk.chunks_mut(r.heads).zip(keys.chunks_exact(d_q)) {
+                        lt[h] = r.scale * dot(q, key);
+                    }
+                }
             }
         }
     }
     Ok(())
+}
+
+/// `chunk[j * heads + h] = scale * q . key_j` for keys of exactly `8 * C` values, as [`dot`]
+/// sums them; with AVX2 where the CPU has it (the query in registers across the rows).
+#[inline(always)]
+fn head_logits<const C: usize>(q: &[f32], keys: &[f32], scale: f32, heads: usize, h: usize, chunk: &mut [f32]) {
+    let (q, _) = q.as_chunks::<8>();
+    // Invariant: the caller passes a query of `8 * C` values (its query dim, matched to C).
+    let q: &[[f32; 8]; C] = q.try_into().expect("a query of 8 * C values");
+    let (keys, _) = keys.as_chunks::<8>();
+    let keys = keys.as_chunks::<C>().0;
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2 (checked just above).
+        return unsafe { head_logits_avx2(q, keys, scale, heads, h, chunk) };
+    }
+    for (lt, key) in chunk.chunks_mut(heads).zip(keys) {
+        lt[h] = scale * dot_fixed(q, key);
+    }
+}
+
+/// [`head_logits`] with each row's eight accumulators in one register, as `dot`'s AVX2 form.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn head_logits_avx2<const C: usize>(
+    q: &[[f32; 8]; C],
+    keys: &[[[f32; 8]; C]],
+    scale: f32,
+    heads: usize,
+    h: usize,
+    chunk: &mut [f32],
+) {
+    use std::arch::x86_64::*;
+    // SAFETY: each `[f32; 8]` is eight f32; the loads are unaligned.
+    let q: [__m256; C] = std::array::from_fn(|c| unsafe { _mm256_loadu_ps(q[c].as_ptr()) });
+    for (lt, key) in chunk.chunks_mut(heads).zip(keys) {
+        let mut acc = _mm256_setzero_ps();
+        for (q, k) in q.iter().zip(key) {
+            // SAFETY: `k` is eight f32; the load is unaligned.
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(*q, unsafe { _mm256_loadu_ps(k.as_ptr()) }));
+        }
+        // SAFETY: this function runs only where the CPU has AVX2.
+        lt[h] = scale * unsafe { sum_lanes(acc, 0.0) };
+    }
 }
 
 /// `sum_j p_j v_j` over dims `dims` of the group's value for each of its heads (`[heads of the
@@ -254,20 +308,98 @@ unsafe fn weighted_values_avx2(
 fn weighted_values_any(r: RequestRows<'_>, group: &HeadGroup, dims: Range<usize>, probs: &[f32]) -> Result<Vec<f32>> {
     let w = dims.len();
     let mut acc = vec![0f32; group.heads.len() * w];
-    // The values' pieces of a block of rows at a time, then summed row after row.
+    // The values' pieces of a block of rows at a time; then each head of the group sums them
+    // row after row (its sums held across the rows).
     let mut vals = vec![0f32; ROWS * w];
     for (b, locs) in r.locs.chunks(ROWS).enumerate() {
         let vals = &mut vals[..locs.len() * w];
         r.layout.decode_ranges_checked(r.pool, locs, group.v_at + dims.start, w, vals)?;
-        for (j, v) in vals.chunks_exact(w).enumerate() {
-            let pt = &probs[(b * ROWS + j) * r.heads..][..r.heads];
-            for (acc, h) in acc.chunks_mut(w).zip(group.heads.clone()) {
-                let p = pt[h];
-                for (a, v) in acc.iter_mut().zip(v) {
-                    *a += p * v;
+        let probs = &probs[b * ROWS * r.heads..][..locs.len() * r.heads];
+        for (acc, h) in acc.chunks_mut(w).zip(group.heads.clone()) {
+            if w == DIMS {
+                head_values::<{ DIMS / 8 }>(acc, vals, probs, r.heads, h);
+            } else {
+                for (v, pt) in vals.chunks_exact(w).zip(probs.chunks_exact(r.heads)) {
+                    let p = pt[h];
+                    for (a, v) in acc.iter_mut().zip(v) {
+                        *a += p * v;
+                    }
                 }
             }
         }
     }
     Ok(acc)
+}
+
+/// `acc += p_j,h * v_j` for values of exactly `8 * C` dims, row after row (each dim its own
+/// product, then sum: the bits of the plain loop).
+#[inline(always)]
+fn head_values<const C: usize>(acc: &mut [f32], vals: &[f32], probs: &[f32], heads: usize, h: usize) {
+    let (acc, _) = acc.as_chunks_mut::<8>();
+    // Invariant: the caller passes a piece of `DIMS = 8 * C` dims.
+    let acc: &mut [[f32; 8]; C] = acc.try_into().expect("a piece of 8 * C dims");
+    let mut a = *acc;
+    let (vals, _) = vals.as_chunks::<8>();
+    for (v, pt) in vals.as_chunks::<C>().0.iter().zip(probs.chunks_exact(heads)) {
+        let p = pt[h];
+        for (a, v) in a.iter_mut().zip(v) {
+            for i in 0..8 {
+                a[i] += p * v[i];
+            }
+        }
+    }
+    *acc = a;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::Rng;
+
+    /// Values of mixed signs and magnitudes, so that rounding depends on the order of the sums.
+    fn values(rng: &mut impl Rng, n: usize) -> Vec<f32> {
+        (0..n).map(|_| rng.random_range(-1f32..1.0) * 10f32.powi(rng.random_range(-2..3))).collect()
+    }
+
+    fn fixed_logits_are_dots<const C: usize>(rng: &mut impl Rng) {
+        let (d, heads, rows) = (8 * C, 5, 37);
+        let (q, keys) = (values(rng, heads * d), values(rng, rows * d));
+        let mut got = vec![f32::NAN; rows * heads];
+        for h in 0..heads {
+            head_logits::<C>(&q[h * d..(h + 1) * d], &keys, 0.3, heads, h, &mut got);
+        }
+        for (j, key) in keys.chunks(d).enumerate() {
+            for h in 0..heads {
+                let want = 0.3 * dot(&q[h * d..(h + 1) * d], key);
+                assert_eq!(got[j * heads + h].to_bits(), want.to_bits(), "dim {d} row {j} head {h}");
+            }
+        }
+    }
+
+    #[test]
+    fn fixed_width_logits_are_dots_bits() {
+        let mut rng = crate::random::rng(41);
+        fixed_logits_are_dots::<8>(&mut rng);
+        fixed_logits_are_dots::<16>(&mut rng);
+    }
+
+    #[test]
+    fn fixed_width_values_are_the_plain_sums_bits() {
+        let mut rng = crate::random::rng(42);
+        let (heads, rows, w) = (7, 129, DIMS);
+        let (vals, probs) = (values(&mut rng, rows * w), values(&mut rng, rows * heads));
+        for h in 0..heads {
+            let start = values(&mut rng, w);
+            let mut got = start.clone();
+            head_values::<{ DIMS / 8 }>(&mut got, &vals, &probs, heads, h);
+            let mut want = start;
+            for (v, pt) in vals.chunks(w).zip(probs.chunks(heads)) {
+                for (a, v) in want.iter_mut().zip(v) {
+                    *a += pt[h] * v;
+                }
+            }
+            let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "head {h}");
+        }
+    }
 }

@@ -144,6 +144,26 @@ fn dot_lanes(a: &[f32], b: &[f32]) -> f32 {
     for (x, y) in ra.iter().zip(rb) {
         tail += x * y;
     }
+    pair_lanes(&acc, tail)
+}
+
+/// [`dot_lanes`] over exactly `8 * C` values each, as whole arrays (the same products, sums
+/// and pairing: the same bits), so that a caller's fixed width unrolls and `a` stays in
+/// registers across many `b`.
+#[inline(always)]
+pub(crate) fn dot_fixed<const C: usize>(a: &[[f32; 8]; C], b: &[[f32; 8]; C]) -> f32 {
+    let mut acc = [0f32; 8];
+    for (x, y) in a.iter().zip(b) {
+        for i in 0..8 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    pair_lanes(&acc, 0.0)
+}
+
+/// The last step of [`dot`]: `(a0 + a4) + (a1 + a5)`, plus `(a2 + a6) + (a3 + a7)`, plus `tail`.
+#[inline(always)]
+fn pair_lanes(acc: &[f32; 8], tail: f32) -> f32 {
     ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
 }
 
@@ -234,6 +254,11 @@ mod tests {
             let b: Vec<f32> = (0..n).map(|i| (i as f32 * 1.3 + 0.2).cos() * 3.0).collect();
             assert_eq!(dot(&a, &b).to_bits(), dot_lanes(&a, &b).to_bits(), "length {n}");
         }
+        // The fixed-width form, at a width of 64.
+        let a: Vec<f32> = (0..64).map(|i| (i as f32 * 0.37).sin() * 10f32.powi(i % 5 - 2)).collect();
+        let b: Vec<f32> = (0..64).map(|i| (i as f32 * 1.3 + 0.2).cos() * 3.0).collect();
+        let fixed = |x: &[f32]| -> [[f32; 8]; 8] { std::array::from_fn(|c| std::array::from_fn(|i| x[8 * c + i])) };
+        assert_eq!(dot_fixed(&fixed(&a), &fixed(&b)).to_bits(), dot_lanes(&a, &b).to_bits());
     }
 
     #[test]

@@ -69,7 +69,9 @@ unsafe fn decode_bf16_rows_avx2(pool: &[u8], rows: &[i32], row_bytes: usize, at:
         let src = &pool[r as usize * row_bytes + at..][..2 * width];
         // SAFETY: this function runs only where the CPU has AVX2.
         let done = unsafe { decode_bf16_avx2(src, o) };
-        decode_bf16_into(&src[2 * done..], &mut o[done..]);
+        if done < width {
+            decode_bf16_into(&src[2 * done..], &mut o[done..]);
+        }
     }
 }
 
