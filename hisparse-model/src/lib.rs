@@ -1,4 +1,5 @@
-//! A real llama-architecture model decoding through hisparse's KV hierarchy on the CPU.
+//! A real llama-architecture model decoding through hisparse's KV hierarchy, its projections on
+//! the CPU or (with `candle-cuda`) on a CUDA device's, its cache on the engine's backend.
 //!
 //! The model ([`Llama`]) owns its weights (a GGUF file read with candle's quantized tensors) and
 //! computes queries, keys and values; every layer's attention goes through the cache's per-layer
@@ -26,6 +27,8 @@ pub mod tiny;
 mod tokenizer;
 mod weights;
 
+/// candle's device, where [`Llama::load_on`] puts the projections.
+pub use candle_core::Device;
 pub use client::{LlamaDecoder, TraceSink};
 pub use config::LlamaConfig;
 pub use decode::{DecodeOut, LayerObserver, StepToken};

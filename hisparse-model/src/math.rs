@@ -2,8 +2,8 @@
 //! (GGUF's llama convention: pairs `(2i, 2i+1)`), SiLU, and the matmuls through a
 //! [`Projection`] (quantized) or its weight dequantized (long prompts).
 
+use candle_core::Tensor;
 use candle_core::quantized::QMatMul;
-use candle_core::{Device, Tensor};
 
 use crate::error::Result;
 use crate::projection::Projection;
@@ -72,18 +72,18 @@ pub fn matmul(w: &Projection, x: &[f32], rows: usize) -> Result<Vec<f32>> {
     w.matmul(x, rows)
 }
 
-/// `x @ w^T` for `rows` rows through the weight dequantized to f32 and candle's multi-threaded
-/// GEMM: for prompts, where the quantized kernel's row-by-row products would take minutes. The
+/// `x @ w^T` for `rows` rows through the weight dequantized to f32 and candle's GEMM on the
+/// weight's device (multi-threaded on the CPU): for prompts, where the quantized kernel's row-by-row products would take minutes. The
 /// activations stay f32 (the quantized kernel rounds them to 8 bits), so the result differs from
 /// [`matmul`]'s in the last digits.
 pub fn matmul_f32(w: &Projection, x: &[f32], rows: usize) -> Result<Vec<f32>> {
     let cols = x.len() / rows.max(1);
     let wt = match w.qmatmul() {
-        QMatMul::QTensor(q) => q.dequantize(&Device::Cpu)?,
+        QMatMul::QTensor(q) => q.dequantize(w.device())?,
         QMatMul::Tensor(t) => t.clone(),
         QMatMul::TensorF16(t) => t.to_dtype(candle_core::DType::F32)?,
     };
-    let xt = Tensor::from_slice(x, (rows, cols), &Device::Cpu)?;
+    let xt = Tensor::from_slice(x, (rows, cols), w.device())?;
     Ok(xt.matmul(&wt.t()?)?.flatten_all()?.to_vec1::<f32>()?)
 }
 

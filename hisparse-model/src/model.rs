@@ -3,6 +3,8 @@
 
 use std::path::Path;
 
+use candle_core::Device;
+
 use hisparse_engine::{CacheConfig, Mode, StopFlag, StorageFormats};
 
 use crate::config::LlamaConfig;
@@ -23,13 +25,21 @@ pub struct Llama {
 }
 
 impl Llama {
-    /// Loads the weights and the tokenizer of the llama GGUF file at `path`.
+    /// Loads the weights and the tokenizer of the llama GGUF file at `path`, the projections
+    /// on the CPU.
     pub fn load(path: &Path) -> Result<Self> {
+        Self::load_on(path, &Device::Cpu)
+    }
+
+    /// Loads the weights and the tokenizer of the llama GGUF file at `path`, the projections on
+    /// `device` (a CUDA device's, `Device::new_cuda`, where candle is built with `cuda`: this
+    /// crate's `candle-cuda`), where their products run; everything else stays on the host.
+    pub fn load_on(path: &Path, device: &Device) -> Result<Self> {
         let tokenizer = {
             let (content, _) = open(path)?;
             TextTokenizer::from_gguf(&content)?
         };
-        let weights = LlamaWeights::load(path)?;
+        let weights = LlamaWeights::load_on(path, device)?;
         let c = &weights.config;
         if tokenizer.vocab() != c.vocab {
             return Err(ModelError::invalid(

@@ -5,7 +5,8 @@
 //! output the blocks' integer dot products scaled and summed in candle's order: Q4_1's scalar
 //! loop, Q8_0's AVX2 lanes), so its outputs are candle's bit for bit (tested). Candle runs those
 //! products behind a pool whose threads spin while they wait, most of a decode step on two
-//! cores. Every other weight type goes through candle's `QMatMul`.
+//! cores. Every other weight type, and every weight on another device than the CPU (a CUDA
+//! device's, with candle's `cuda`), goes through candle's `QMatMul` on the weight's device.
 
 use candle_core::quantized::{GgmlDType, QMatMul};
 use candle_core::{Device, Module, Tensor};
@@ -279,13 +280,21 @@ enum Kernel {
 pub struct Projection {
     q: QMatMul,
     kernel: Option<Kernel>,
+    /// Where the weight lives and its products run (a CUDA device's: candle's kernels there).
+    device: Device,
 }
 
 impl Projection {
     /// `q`, with its blocks read for our kernel where it is a Q4_1 or Q8_0 matrix of whole
     /// blocks (Q8_0 only where candle's AVX2 kernel is the one to match).
+    /// A weight on another device than the CPU is multiplied there by candle's kernels.
     pub fn new(q: QMatMul) -> Result<Self> {
+        let device = match &q {
+            QMatMul::QTensor(t) => t.device(),
+            QMatMul::Tensor(t) | QMatMul::TensorF16(t) => t.device().clone(),
+        };
         let kernel = match &q {
+            QMatMul::QTensor(_) if !device.is_cpu() => None,
             QMatMul::QTensor(t) => match (t.dtype(), t.shape().dims()) {
                 (GgmlDType::Q4_1, &[features, cols]) => {
                     BlockRows::from_bytes(features, cols, &t.data()?).map(Kernel::Q4_1)
@@ -297,12 +306,17 @@ impl Projection {
             },
             _ => None,
         };
-        Ok(Self { q, kernel })
+        Ok(Self { q, kernel, device })
     }
 
     /// The candle weight.
     pub fn qmatmul(&self) -> &QMatMul {
         &self.q
+    }
+
+    /// The device the weight lives on, where its products run.
+    pub fn device(&self) -> &Device {
+        &self.device
     }
 
     /// `x @ w^T` for `rows` rows of `x` (the weight's columns each).
@@ -323,15 +337,16 @@ impl Projection {
         })
     }
 
-    /// `x @ w^T` through candle's `QMatMul`, rows split over rayon's workers.
+    /// `x @ w^T` through candle's `QMatMul` on the weight's device (`x` copied there and the
+    /// product back), on the CPU with the rows split over rayon's workers.
     pub fn candle_matmul(&self, x: &[f32], rows: usize) -> Result<Vec<f32>> {
         let cols = x.len() / rows.max(1);
         let one = |x: &[f32]| -> Result<Vec<f32>> {
-            let t = Tensor::from_slice(x, (x.len() / cols.max(1), cols), &Device::Cpu)?;
+            let t = Tensor::from_slice(x, (x.len() / cols.max(1), cols), &self.device)?;
             Ok(self.q.forward(&t)?.flatten_all()?.to_vec1::<f32>()?)
         };
         let threads = rayon::current_num_threads();
-        if rows < 2 || threads < 2 {
+        if rows < 2 || threads < 2 || !self.device.is_cpu() {
             return one(x);
         }
         let per = rows.div_ceil(threads.min(rows));

@@ -1,5 +1,6 @@
 //! `LlamaWeights`: a llama GGUF file's tensors as candle's quantized matrices (the projections,
-//! kept quantized and multiplied by candle's CPU kernels), the norms and the embedding as f32.
+//! kept quantized on the device they are loaded onto: the CPU, or a CUDA device's memory with
+//! candle's `cuda`), the norms and the embedding as f32 on the host.
 //! Every tensor's shape is checked against the config before the model is used; the memory
 //! the f32 embedding needs is checked against what the machine has before it is made.
 
@@ -67,10 +68,16 @@ struct Reader<'a> {
     content: &'a Content,
     r: &'a mut BufReader<File>,
     file_len: u64,
+    /// Where the projections are loaded.
+    device: &'a Device,
 }
 
 impl Reader<'_> {
     fn tensor(&mut self, name: &str, shape: &[usize]) -> Result<QTensor> {
+        self.tensor_on(name, shape, &Device::Cpu)
+    }
+
+    fn tensor_on(&mut self, name: &str, shape: &[usize], device: &Device) -> Result<QTensor> {
         let Some(info) = self.content.tensor_infos.get(name) else {
             return Err(ModelError::invalid(name, "missing", "a llama GGUF file holds it"));
         };
@@ -91,11 +98,12 @@ impl Reader<'_> {
                 format!("its data lies past the end of the file ({} B)", self.file_len),
             ));
         }
-        Ok(self.content.tensor(self.r, name, &Device::Cpu)?)
+        Ok(self.content.tensor(self.r, name, device)?)
     }
 
     fn matrix(&mut self, name: &str, shape: &[usize]) -> Result<Projection> {
-        Projection::new(QMatMul::from_qtensor(self.tensor(name, shape)?)?)
+        let device = self.device;
+        Projection::new(QMatMul::from_qtensor(self.tensor_on(name, shape, device)?)?)
     }
 
     fn vector(&mut self, name: &str, len: usize) -> Result<Vec<f32>> {
@@ -108,8 +116,14 @@ impl Reader<'_> {
 }
 
 impl LlamaWeights {
-    /// Reads every tensor of the llama GGUF file at `path`.
+    /// Reads every tensor of the llama GGUF file at `path`, the projections onto the CPU.
     pub fn load(path: &Path) -> Result<Self> {
+        Self::load_on(path, &Device::Cpu)
+    }
+
+    /// Reads every tensor of the llama GGUF file at `path`, the projections (the output head's
+    /// included) onto `device`, where their products run.
+    pub fn load_on(path: &Path, device: &Device) -> Result<Self> {
         let (content, mut r) = open(path)?;
         let config = LlamaConfig::from_gguf(&content)?;
         let c = &config;
@@ -124,7 +138,7 @@ impl LlamaWeights {
             ));
         }
         let file_len = r.get_ref().metadata().map_err(|source| ModelError::Io { path: path.to_owned(), source })?.len();
-        let mut rd = Reader { content: &content, r: &mut r, file_len };
+        let mut rd = Reader { content: &content, r: &mut r, file_len, device };
         let embed_q = rd.tensor("token_embd.weight", &[c.vocab, c.hidden])?;
         let embed = embed_q.dequantize(&Device::Cpu)?.flatten_all()?.to_vec1::<f32>()?;
         let (qd, kvd) = (c.heads * c.head_dim, c.kv_heads * c.head_dim);
@@ -146,8 +160,10 @@ impl LlamaWeights {
         let norm = rd.vector("output_norm.weight", c.hidden)?;
         let output = if content.tensor_infos.contains_key("output.weight") {
             rd.matrix("output.weight", &[c.vocab, c.hidden])?
-        } else {
+        } else if device.is_cpu() {
             Projection::new(QMatMul::from_qtensor(embed_q)?)?
+        } else {
+            rd.matrix("token_embd.weight", &[c.vocab, c.hidden])?
         };
         Ok(Self { config, embed, blocks, norm, output })
     }

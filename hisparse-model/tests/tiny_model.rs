@@ -62,6 +62,25 @@ fn a_prefill_for_several_key_layouts_is_each_ones_prefill() {
 }
 
 #[test]
+fn projections_loaded_onto_the_cpu_are_the_default_loads() {
+    let (dir, m) = tiny("load-on", 3);
+    let on = Llama::load_on(&dir.join("tiny.gguf"), &hisparse_model::Device::Cpu).unwrap();
+    let b = &on.weights.blocks[1];
+    assert!(
+        [&b.wq, &b.wk, &b.wv, &b.wo, &b.gate, &b.up, &b.down, &on.weights.output].iter().all(|p| p.device().is_cpu())
+    );
+    let ids = text_tokens(&m, 40);
+    let (kv, key) = cache(&m, AttentionKind::Dense, 0, 0, BuiltinPolicy::Lru).layouts();
+    let (a, b) = (m.prefill(&ids, kv, key).unwrap(), on.prefill(&ids, kv, key).unwrap());
+    assert!(a.logits == b.logits && a.logits.iter().any(|x| *x != 0.0));
+    // Where candle is built without CUDA, asking for a CUDA device is an error, not a panic.
+    if !candle_core::utils::cuda_is_available() {
+        assert!(hisparse_model::Device::new_cuda(0).is_err());
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
 fn prefill_and_decode_agree() {
     let (dir, m) = tiny("agree", 2);
     // 60 tokens go through the quantized kernel, 100 through f32 GEMMs of the dequantized

@@ -6,7 +6,8 @@
 use crate::workspace_root;
 
 /// Features whose builds link CUDA's libraries.
-pub const LINKING: [&str; 1] = ["hisparse-engine/candle-cuda"];
+pub const LINKING: [&str; 3] =
+    ["hisparse-engine/candle-cuda", "hisparse-model/candle-cuda", "hisparse-bench/model-cuda"];
 
 /// The members whose features count.
 const MEMBERS: [&str; 6] =

@@ -9,7 +9,7 @@ use hisparse_engine::{
     BuiltinPolicy, CacheConfig, HeadCombine, IndexKeyFormat, IndexKeyLayout, IndexScore, KvRowFormat, KvRowLayout,
     OracleScore, StorageFormats,
 };
-use hisparse_model::{AttentionKind, Llama, LlamaConfig, ModelError, cache_config, fetch};
+use hisparse_model::{AttentionKind, Device, Llama, LlamaConfig, ModelError, cache_config, fetch};
 
 use crate::cleanup;
 use crate::error::{BenchError, Result};
@@ -49,7 +49,8 @@ pub struct ModelArgs {
     #[arg(long, default_value_t = 0)]
     pub window: usize,
     /// Where the cache runs: the CPU backend, or the CUDA backend of GPU 0 (the model's
-    /// projections stay on the host either way).
+    /// projections on GPU 0 too where this build has feature `model-cuda`, on the host
+    /// otherwise).
     #[arg(long, value_enum, default_value_t = ModelBackend::Cpu)]
     pub backend: ModelBackend,
 }
@@ -118,8 +119,9 @@ impl ModelArgs {
                 "is not a regular file (a GGUF is read in place: save a pipe's bytes to a file first)",
             ));
         }
+        let device = self.projection_device()?;
         // What the file holds is named with the file: the key or tensor at fault in it.
-        let mut m = Llama::load(&path).map_err(|e| match e {
+        let mut m = Llama::load_on(&path, &device).map_err(|e| match e {
             e @ (ModelError::Invalid { .. } | ModelError::Tensor(_) | ModelError::Tokenizer(_)) => {
                 BenchError::flag("gguf", path.display(), e.to_string())
             }
@@ -127,6 +129,23 @@ impl ModelArgs {
         })?;
         m.set_stop(interrupt::engine_stop());
         Ok(m)
+    }
+
+    /// Where the projections live and run: GPU 0 under `--backend cuda` where this build has
+    /// candle's CUDA kernels (feature `model-cuda`), the host otherwise.
+    pub fn projection_device(&self) -> Result<Device> {
+        #[cfg(feature = "model-cuda")]
+        if self.backend == ModelBackend::Cuda {
+            // candle's CUDA device loads the driver as it starts, and stops the process where
+            // there is none.
+            if !hisparse_kernels::cuda::driver_available() {
+                return Err(BenchError::flag("backend", "cuda", "no CUDA driver (libcuda.so) on this machine"));
+            }
+            return Device::new_cuda(0).map_err(|e| {
+                BenchError::flag("backend", "cuda", format!("the model's projections could not start on GPU 0: {e}"))
+            });
+        }
+        Ok(Device::Cpu)
     }
 
     /// The KV rows' and index keys' layouts of a cache of `cfg` (its geometry's: what the

@@ -2,7 +2,8 @@
 //! `--gguf FILE`): prompts are windows of a text (`--text`), prefilled once each; requests
 //! continue them in turn (request i prompt i modulo `--prompts`) and decode greedily. The model
 //! is the engine's client (`LlamaDecoder`), its projections on the host and its cache on the CPU
-//! backend or, with `--backend cuda`, on the GPU: scheduling, admission, arrivals
+//! backend or, with `--backend cuda`, on the GPU (the projections too where the build has feature
+//! `model-cuda`): scheduling, admission, arrivals
 //! (`--arrival-rate`), the waiting queue (`--max-queued`), latencies, traces and metrics are the
 //! engine's, as with the emulated workload. The engine flags that describe the cache apply
 //! (`--device-memory`, `--device-buffer-size`, `--eviction-policy`, `--prefetcher`,
@@ -26,7 +27,8 @@ use crate::files::OutputDir;
 use crate::{guard, interrupt, progress};
 
 /// The engine of a real model's run: its decoder over the prompts, on the CPU backend or, with
-/// `--backend cuda`, the cache on the CUDA backend (the projections on the host).
+/// `--backend cuda`, the cache on the CUDA backend (the projections on the GPU too where the
+/// build has feature `model-cuda`).
 pub enum ModelEngine<'a> {
     /// On the CPU backend.
     Cpu(Box<Engine<CpuBackend, LlamaDecoder<'a>>>),
@@ -94,7 +96,10 @@ impl ModelInput {
             combine: CombineArg::Sum,
             sink: 0,
             window: 0,
-            backend: super::model_args::ModelBackend::Cpu,
+            backend: match engine.backend {
+                BackendKind::Cuda => super::model_args::ModelBackend::Cuda,
+                _ => super::model_args::ModelBackend::Cpu,
+            },
         };
         let model = args.load()?;
         let buffer = engine.device_buffer_size.map(|b| ("device-buffer-size", b));
