@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
-# Packs `hisparse-engine/tests/gpu_candle.rs` (feature `candle-cuda`) into .gpu/bin on a machine
-# without CUDA's libraries. candle's `dynamic-linking` names libcuda, libcudart, libnvrtc,
+# Packs a GPU test that needs candle's CUDA kernels: `hisparse-engine/tests/gpu_candle.rs` (feature
+# `candle-cuda`) by default, or another as `pack-candle.sh PACKAGE TEST FEATURES` (the model's
+# projections on CUDA: `pack-candle.sh hisparse-model gpu_model candle-cuda`; the CLI with them:
+# `pack-candle.sh hisparse-bench bin:hisparse model-cuda`), on a machine without CUDA's
+# libraries; writes .gpu/candle-TEST.xz (a program: .gpu/candle-NAME.xz). candle's `dynamic-linking` names libcuda, libcudart, libnvrtc,
 # cuBLAS(Lt) and cuRAND at link time; this links the test against stub libraries of those names
 # (the same sonames, each defining the symbols the link asked of it as empty functions), so the
 # executable records them as needed and the GPU host's real libraries are the ones loaded.
 # Two passes: the first link's undefined symbols make the stubs. nvcc from .ci/nvcc-env.sh.
-# Run from the repository root after ../shared/tools/gpu-pack; writes .gpu/candle.xz.
+# Run from the repository root after ../shared/tools/gpu-pack.
 set -uo pipefail
+pkg=${1:-hisparse-engine} test=${2:-gpu_candle} features=${3:-candle-cuda}
+target=(--test "$test")
+case $test in bin:*) test=${test#bin:}; target=(--bin "$test") ;; esac
 . .ci/nvcc-env.sh >/dev/null
 stubs=${CUDA_STUBS:-$HOME/.cache/hisparse/cuda-stubs}
 mkdir -p "$stubs" .gpu/bin
 build() {
-  cargo rustc --release -p hisparse-engine --test gpu_candle --features candle-cuda --message-format=json-render-diagnostics -- \
+  cargo rustc --release -p "$pkg" "${target[@]}" --features "$features" --message-format=json-render-diagnostics -- \
     -L "native=$stubs" -C link-arg=-Wl,--error-limit=0 2> "$stubs/link.log"
 }
 lib_of() {
@@ -43,7 +49,7 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable"): print(m["executable"])')
 [ -n "$exe" ] || { echo "pack-candle: the link failed (see $stubs/link.log)"; tail -5 "$stubs/link.log"; exit 1; }
 # Compressed (38 MB of candle's kernels; .gpu must stay under 64 MiB): issue41-tip/run-tests.sh
-# unpacks it on the GPU host.
-cp "$exe" /tmp/test-gpu_candle && strip /tmp/test-gpu_candle
-echo "pack-candle: test-gpu_candle needs: $(readelf -d /tmp/test-gpu_candle | grep -o 'lib[a-zA-Z]*\.so\.[0-9]*' | tr '\n' ' ')"
-xz -T2 -6 -c /tmp/test-gpu_candle > .gpu/candle.xz && rm /tmp/test-gpu_candle && du -h .gpu/candle.xz
+# unpacks every .gpu/candle-*.xz on the GPU host.
+cp "$exe" "/tmp/test-$test" && strip "/tmp/test-$test"
+echo "pack-candle: test-$test needs: $(readelf -d "/tmp/test-$test" | grep -o 'lib[a-zA-Z]*\.so\.[0-9]*' | tr '\n' ' ')"
+xz -T2 -6 -c "/tmp/test-$test" > ".gpu/candle-$test.xz" && rm "/tmp/test-$test" && du -h ".gpu/candle-$test.xz"

@@ -9,8 +9,8 @@ export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 R=$OUT/r; mkdir -p $R; B=.gpu/bin
 deadline=$(( $(date +%s) + ${1:-200} ))
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv > $R/gpu.txt 2>&1
-[ -f .gpu/candle.xz ] && python3 -c 'import lzma,sys; open(sys.argv[2],"wb").write(lzma.open(sys.argv[1]).read())' \
-  .gpu/candle.xz /tmp/test-gpu_candle && chmod +x /tmp/test-gpu_candle
+[ -f .gpu/candle-gpu_candle.xz ] && python3 -c 'import lzma,sys; open(sys.argv[2],"wb").write(lzma.open(sys.argv[1]).read())' \
+  .gpu/candle-gpu_candle.xz /tmp/test-gpu_candle && chmod +x /tmp/test-gpu_candle
 one() { local t=$1; local n=$(basename $t); local s=$(date +%s); local left=$(( deadline - s ))
   [ $left -gt 5 ] || { echo "$n not run (deadline)"; return; }
   timeout $left $t --include-ignored --test-threads=1 > $R/$n.log 2>&1; local rc=$?

@@ -15,15 +15,21 @@ one() { local t=$1; local n=$(basename $t); local s=$(date +%s); local left=$(( 
 lane() { for t in "$@"; do one $t; done; }
 swap=$(ls $B/test-gpu_swap_in*)
 replay="$(ls $B/test-gpu_long_replay* $B/test-gpu_hits_first*)"
-# The candle adapter's CUDA test travels compressed (docs/results/issue40-gpu/pack-candle.sh);
-# it loads CUDA's runtime, cuBLAS and cuRAND from the toolkit.
+# The tests built with candle's CUDA kernels travel compressed (.gpu/candle-gpu_*.xz, from
+# docs/results/issue40-gpu/pack-candle.sh); they load CUDA's runtime, cuBLAS and cuRAND from the
+# toolkit. One named as a test of the pack runs instead of the pack's.
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 ls /usr/local/cuda/lib64 > $R/cuda-lib64.txt 2>&1
-if [ -f .gpu/candle.xz ]; then
-  python3 -c 'import lzma,sys; open(sys.argv[2],"wb").write(lzma.open(sys.argv[1]).read())' .gpu/candle.xz /tmp/test-gpu_candle \
-    && chmod +x /tmp/test-gpu_candle
-fi
-rest="$(ls $B/test-gpu_engine*) $(ls /tmp/test-gpu_candle 2>/dev/null) $(ls $B/test-* | grep -v -e gpu_swap_in -e gpu_engine -e gpu_hits_first -e gpu_long_replay)"
+mkdir -p /tmp/candle
+for x in .gpu/candle-gpu_*.xz; do
+  [ -f "$x" ] || continue
+  t=$(basename "$x" .xz); t=test-${t#candle-}
+  python3 -c 'import lzma,sys; open(sys.argv[2],"wb").write(lzma.open(sys.argv[1]).read())' "$x" "/tmp/candle/$t" \
+    && chmod +x "/tmp/candle/$t"
+done
+candle=$(ls /tmp/candle/test-* 2>/dev/null)
+skip=$(for c in $candle; do printf -- '-e %s ' "$(basename $c)"; done)
+rest="$(ls $B/test-gpu_engine*) $candle $(ls $B/test-* | grep -v -e gpu_swap_in -e gpu_engine -e gpu_hits_first -e gpu_long_replay $skip)"
 lane $swap > $R/lane-swap.txt & lane $replay > $R/lane-replay.txt & lane $rest > $R/lane-rest.txt & wait
 cat $R/lane-*.txt
 echo "executables: $(cat $R/lane-*.txt | wc -l), passed: $(cat $R/lane-*.txt | grep -c 'rc=0 ')"

@@ -10,17 +10,27 @@ T=hisparse-model/tests/data/apache-2.0.txt
 rm -rf "$R"; mkdir -p "$R" "$O"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv > $R/gpu.txt 2>&1
 common="--gguf $G --text $T --top-k 16 --context 200 --prompts 2 --device-buffer-size 32"
-for be in cuda cpu; do
-  timeout 120 $B/hisparse run $common --backend $be --out $R/run-$be > $R/run-$be.log 2>&1
-  echo "run $be rc=$?"; tail -n 12 $R/run-$be.log
-  timeout 120 $B/hisparse sweep $common --backend $be --concurrency 1,2 --out $R/sweep-$be > $R/sweep-$be.log 2>&1
-  echo "sweep $be rc=$?"; tail -n 12 $R/sweep-$be.log
+# A build with the projections on the GPU too (feature model-cuda, .gpu/candle-hisparse.xz from
+# docs/results/issue40-gpu/pack-candle.sh) runs as the backend "cuda-projections".
+bes="cuda cpu"
+if [ -f .gpu/candle-hisparse.xz ]; then
+  export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+  mkdir -p /tmp/candle-bin && python3 -c 'import lzma,sys; open(sys.argv[2],"wb").write(lzma.open(sys.argv[1]).read())' \
+    .gpu/candle-hisparse.xz /tmp/candle-bin/hisparse && chmod +x /tmp/candle-bin/hisparse && bes="cuda-projections $bes"
+fi
+for tag in $bes; do
+  B=.gpu/bin be=$tag
+  [ $tag = cuda-projections ] && { B=/tmp/candle-bin; be=cuda; }
+  timeout 120 $B/hisparse run $common --backend $be --out $R/run-$tag > $R/run-$tag.log 2>&1
+  echo "run $tag rc=$?"; tail -n 12 $R/run-$tag.log
+  timeout 120 $B/hisparse sweep $common --backend $be --concurrency 1,2 --out $R/sweep-$tag > $R/sweep-$tag.log 2>&1
+  echo "sweep $tag rc=$?"; tail -n 12 $R/sweep-$tag.log
   timeout 180 $B/hisparse eval --gguf $G --text $T --contexts 200 --decode 32 --windows 2 --top-k 16 \
-    --backend $be --index-format fp8 --out $R/eval-$be > $R/eval-$be.log 2>&1
-  echo "eval $be rc=$?"; tail -n 12 $R/eval-$be.log
+    --backend $be --index-format fp8 --out $R/eval-$tag > $R/eval-$tag.log 2>&1
+  echo "eval $tag rc=$?"; tail -n 12 $R/eval-$tag.log
   timeout 120 $B/hisparse generate --gguf $G --prompt "the theory of the thing" --max-tokens 40 \
-    --top-k 16 --device-buffer-size 32 --show-misses --backend $be > $R/generate-$be.log 2>&1
-  echo "generate $be rc=$?"; tail -n 6 $R/generate-$be.log
+    --top-k 16 --device-buffer-size 32 --show-misses --backend $be > $R/generate-$tag.log 2>&1
+  echo "generate $tag rc=$?"; tail -n 6 $R/generate-$tag.log
 done
 # At most 8 files come back from the device: the outputs and logs travel as one archive.
 (cd $R && tar czf $O/model-cli.tgz .)
