@@ -2,7 +2,7 @@
 //! checked before any tensor is read; the cache geometry it needs.
 
 use candle_core::quantized::gguf_file::{Content, Value};
-use hisparse_engine::{KvGeometry, KvRowLayout, StorageFormats};
+use hisparse_engine::{IndexKeyFormat, IndexKeyLayout, KvGeometry, KvRowLayout, StorageFormats};
 
 use crate::error::{ModelError, Result};
 
@@ -113,6 +113,20 @@ impl LlamaConfig {
         Ok(Self { name, layers, hidden, heads, kv_heads, head_dim, ffn, rope_base, rms_eps, vocab, context })
     }
 
+    /// The index format this model's caches keep by default, by the rule BENCHMARKS.md states
+    /// (issue 51: the smallest index within 1% of fp8 keys' perplexity at top-k 256 of 8k on
+    /// legal text, code and prose): 16 of every 64 key values with their places
+    /// (`channels:16:64`, 100 B a token and layer for SmolLM2 against fp8's 196) where the
+    /// model's keys (every KV head's, one after another) hold whole groups of 64; fp8 keys
+    /// otherwise.
+    pub fn default_index_format(&self) -> IndexKeyFormat {
+        let channels = IndexKeyFormat::Channels { keep: 16, group: 64 };
+        match IndexKeyLayout::with_format(self.kv_heads * self.head_dim, channels) {
+            Ok(_) => channels,
+            Err(_) => IndexKeyFormat::Fp8,
+        }
+    }
+
     /// The cache geometry of this model: its GQA rows and index keys in `formats` (a
     /// [`KvRowFormat`](hisparse_engine::KvRowFormat) alone: fp8 index keys), `top_k` selected per layer by the oracle.
     pub fn geometry(&self, top_k: usize, formats: impl Into<StorageFormats>) -> Result<KvGeometry> {
@@ -135,5 +149,42 @@ impl LlamaConfig {
         KvGeometry::gqa(name, self.layers, self.heads, self.kv_heads, self.head_dim, top_k, kv_format)
             .and_then(|g| g.with_index_format(index))
             .map_err(|e| ModelError::Engine(e.into()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(kv_heads: usize, head_dim: usize) -> LlamaConfig {
+        LlamaConfig {
+            name: "test".into(),
+            layers: 2,
+            hidden: 4 * kv_heads * head_dim,
+            heads: 4 * kv_heads,
+            kv_heads,
+            head_dim,
+            ffn: 64,
+            rope_base: 1e4,
+            rms_eps: 1e-5,
+            vocab: 100,
+            context: 256,
+        }
+    }
+
+    #[test]
+    fn the_default_index_is_top_channels_where_keys_hold_whole_groups_of_64() {
+        let channels = IndexKeyFormat::Channels { keep: 16, group: 64 };
+        // SmolLM2 (3 KV heads of 64), Llama-3.1-8B (8 of 128); then keys of 32 and 96 values.
+        assert_eq!(shape(3, 64).default_index_format(), channels);
+        assert_eq!(shape(8, 128).default_index_format(), channels);
+        assert_eq!(shape(2, 16).default_index_format(), IndexKeyFormat::Fp8);
+        assert_eq!(shape(3, 32).default_index_format(), IndexKeyFormat::Fp8);
+        // The default makes a geometry.
+        assert!(
+            shape(3, 64)
+                .geometry(16, StorageFormats { kv: hisparse_engine::KvRowFormat::Bf16, index: channels })
+                .is_ok()
+        );
     }
 }

@@ -139,7 +139,7 @@ fn check(args: &EvalArgs, context_max: usize) -> Result<()> {
     }
     super::model_source::check_score_margin(args.score_margin, args.record_trace.is_some())?;
     if let Some(p) = &args.record_trace
-        && (args.contexts.len() != 1 || args.top_k.len() != 1 || args.model.index_format.len() != 1)
+        && (args.contexts.len() != 1 || args.top_k.len() != 1 || args.model.index_format.len() > 1)
     {
         return Err(BenchError::flag(
             "record-trace",
@@ -214,7 +214,7 @@ pub fn run(args: &EvalArgs) -> Result<(Vec<EvalRow>, Option<PathBuf>)> {
     let mut trace =
         args.record_trace.as_ref().map(|p| AtomicFile::create("record-trace", p, args.overwrite)).transpose()?;
     let tokens = super::model_args::read_tokens(&args.text, &m)?;
-    let formats = &args.model.index_format;
+    let formats = &args.model.index_formats(m.config());
     let runs_per_context = 1 + 2 * args.top_k.len() * formats.len();
     let bar = progress::bar((args.contexts.len() * (1 + runs_per_context)) as u64, "prefill and decode");
     let mut rows = Vec::new();

@@ -91,7 +91,7 @@ impl ModelInput {
         let args = ModelArgs {
             gguf: source.gguf.clone(),
             kv_format,
-            index_format: vec![engine.index_format.unwrap_or_default()],
+            index_format: engine.index_format.into_iter().collect(),
             policy: engine.eviction_policy.unwrap_or(hisparse_engine::BuiltinPolicy::Lru),
             combine: CombineArg::Sum,
             sink: 0,
@@ -121,13 +121,21 @@ impl ModelInput {
             ));
         }
         // The prompts' rows are held whole: refused before any is made if the machine lacks them.
-        cache_config(self.model.config(), AttentionKind::Dense, 0, 0, context, self.args.formats(), self.count)
-            .map_err(|e| match e {
-                hisparse_model::ModelError::Invalid { field, reason, .. } if field == "requests" => {
-                    BenchError::flag("prompts", self.count, reason)
-                }
-                e => super::model_args::named(e, "device-buffer-size"),
-            })?;
+        cache_config(
+            self.model.config(),
+            AttentionKind::Dense,
+            0,
+            0,
+            context,
+            self.args.formats(self.model.config()),
+            self.count,
+        )
+        .map_err(|e| match e {
+            hisparse_model::ModelError::Invalid { field, reason, .. } if field == "requests" => {
+                BenchError::flag("prompts", self.count, reason)
+            }
+            e => super::model_args::named(e, "device-buffer-size"),
+        })?;
         let starts = window_starts(self.tokens.len(), context, self.count)?;
         let probe = self.args.cache_config(
             self.model.config(),
@@ -184,7 +192,7 @@ impl ModelInput {
             Some(b) => b,
             None => hisparse_policy::default_device_buffer_size(self.top_k),
         };
-        let (c, k, f) = (self.model.config(), self.top_k, self.args.formats());
+        let (c, k, f) = (self.model.config(), self.top_k, self.args.formats(self.model.config()));
         let mut cfg = match &engine.device_memory {
             Some(s) => {
                 cache_config_within(c, kind, k, buffer, max_tokens, f, requests, parse_bytes("device-memory", s)?)

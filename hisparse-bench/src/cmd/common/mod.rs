@@ -162,11 +162,13 @@ pub struct EngineArgs {
     /// KV row format: fp8 or bf16 (default: the preset's; MLA rows of 656 or 1152 B).
     #[arg(long, value_parser = parse_kv_format)]
     pub kv_format: Option<KvRowFormat>,
-    /// Index key format of a grouped-query geometry (the oracle selecting): fp8 (default), int4
+    /// Index key format of a grouped-query geometry (the oracle selecting): fp8, int4
     /// or int2 (4-bit or 2-bit integers, a scale per 32 values), int4:GROUP or int2:GROUP,
     /// pages or pages:TOKENS (page summaries of 16 or TOKENS positions), channels,
     /// channels:KEEP or channels:KEEP:GROUP (each key's KEEP largest of every GROUP values; 16
-    /// of 64 by default); the CPU backend reads all, CUDA fp8 only.
+    /// of 64 by default). Default: fp8 for a preset; for a real model (`--model`, `--gguf`)
+    /// the model's (`generate --help` says which). The CPU backend reads all; CUDA fp8, and
+    /// a real model's channel keys.
     #[arg(long, value_parser = parse_index_format)]
     pub index_format: Option<IndexKeyFormat>,
     /// Device memory for the KV cache, index keys and hot buffers, e.g. 48MiB, 80GiB
