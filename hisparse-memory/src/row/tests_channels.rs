@@ -107,14 +107,16 @@ proptest! {
     /// `check_scales` refuses, with that first row's error.
     #[test]
     fn a_pools_check_finds_the_first_bad_row(
-        values in proptest::collection::vec(-100.0f32..100.0, 4 * 32),
-        keep in 1usize..=8,
-        hits in proptest::collection::vec((0usize..4, 0usize..64, any::<u8>()), 0..3),
+        values in proptest::collection::vec(-100.0f32..100.0, 4 * 128),
+        (keep, group) in prop_oneof![(1usize..=8).prop_map(|k| (k, 8)), Just((16, 64)), Just((32, 64)), Just((5, 64))],
+        hits in proptest::collection::vec((0usize..4, 0usize..300, any::<u8>()), 0..3),
     ) {
-        let l = channels(32, keep, 8);
+        // Groups of 8 (every keep) and of 64 (the whole-array tests of 16 and 32 kept, and another).
+        let dim = if group == 8 { 32 } else { 128 };
+        let l = channels(dim, keep, group);
         let rb = l.row_bytes();
         let mut rows = vec![0u8; 4 * rb];
-        for (row, v) in rows.chunks_exact_mut(rb).zip(values.chunks(32)) {
+        for (row, v) in rows.chunks_exact_mut(rb).zip(values.chunks(dim)) {
             l.encode(v, row).unwrap();
         }
         for (r, at, v) in hits {

@@ -60,13 +60,22 @@ impl TopChannels {
         let n = self.kept();
         let at = 2 * n;
         let s = f32::from_le_bytes([row[at], row[at + 1], row[at + 2], row[at + 3]]);
-        let mut ok = s.is_finite() && s > 0.0;
-        for places in row[..n].chunks_exact(self.keep) {
-            let ascending = places[1..].iter().zip(places).fold(true, |a, (next, prev)| a & (next > prev));
-            // `keep >= 1` (`with_format` checks): a group has a last place.
-            ok &= ascending & (usize::from(places[self.keep - 1]) < self.group);
+        let ok = s.is_finite() && s > 0.0;
+        match self.keep {
+            // The rule's `channels:16:64` (and 8 or 32 kept): whole arrays, compared as vectors.
+            8 => ok & groups_valid::<8>(&row[..n], self.group),
+            16 => ok & groups_valid::<16>(&row[..n], self.group),
+            32 => ok & groups_valid::<32>(&row[..n], self.group),
+            _ => {
+                let mut ok = ok;
+                for places in row[..n].chunks_exact(self.keep) {
+                    let ascending = places[1..].iter().zip(places).fold(true, |a, (next, prev)| a & (next > prev));
+                    // `keep >= 1` (`with_format` checks): a group has a last place.
+                    ok &= ascending & (usize::from(places[self.keep - 1]) < self.group);
+                }
+                ok
+            }
         }
-        ok
     }
 
     /// Checks the scale (finite, positive) and that each group's places ascend below `group`.
@@ -117,4 +126,18 @@ impl TopChannels {
             }
         }
     }
+}
+
+/// [`TopChannels::is_valid`]'s test of the places of whole groups of `K` kept values.
+#[inline]
+fn groups_valid<const K: usize>(places: &[u8], group: usize) -> bool {
+    let mut ok = true;
+    for p in places.as_chunks::<K>().0 {
+        let mut ascending = true;
+        for i in 1..K {
+            ascending &= p[i] > p[i - 1];
+        }
+        ok &= ascending & (usize::from(p[K - 1]) < group);
+    }
+    ok
 }
