@@ -3,10 +3,12 @@
 # `candle-cuda`) by default, or another as `pack-candle.sh PACKAGE TEST FEATURES` (the model's
 # projections on CUDA: `pack-candle.sh hisparse-model gpu_model candle-cuda`; the CLI with them:
 # `pack-candle.sh hisparse-bench bin:hisparse model-cuda`), on a machine without CUDA's
-# libraries; writes .gpu/candle-TEST.xz (a program: .gpu/candle-NAME.xz). candle's `dynamic-linking` names libcuda, libcudart, libnvrtc,
-# cuBLAS(Lt) and cuRAND at link time; this links the test against stub libraries of those names
-# (the same sonames, each defining the symbols the link asked of it as empty functions), so the
-# executable records them as needed and the GPU host's real libraries are the ones loaded.
+# libraries; writes .gpu/candle-TEST.xz (a program: .gpu/candle-NAME.xz). candle's
+# `dynamic-linking` names libcuda, libcudart, libnvrtc, cuBLAS(Lt) and cuRAND at link time (and
+# NCCL, for a build with the `nccl` feature: the GPU host's is PyTorch's libnccl.so.2); this links
+# against stub libraries of those names (the same sonames, each defining the symbols the link
+# asked of it as empty functions), so the executable records them as needed and the GPU host's
+# real libraries are the ones loaded.
 # Two passes: the first link's undefined symbols make the stubs. nvcc from .ci/nvcc-env.sh.
 # Run from the repository root after ../shared/tools/gpu-pack.
 set -uo pipefail
@@ -23,17 +25,17 @@ build() {
 lib_of() {
   case $1 in
     __cuda*|cuda[A-Z]*) echo cudart:13 ;; cublasLt*) echo cublasLt:13 ;; cublas*) echo cublas:13 ;;
-    curand*) echo curand:10 ;; nvrtc*) echo nvrtc:13 ;; cu[A-Z]*) echo cuda:1 ;; *) echo "" ;;
+    curand*) echo curand:10 ;; nvrtc*) echo nvrtc:13 ;; nccl*) echo nccl:2 ;; cu[A-Z]*) echo cuda:1 ;; *) echo "" ;;
   esac
 }
 make_stubs() {
   rm -f "$stubs"/*.c "$stubs"/*.so
-  for lib in cuda:1 cudart:13 nvrtc:13 cublas:13 cublasLt:13 curand:10; do : > "$stubs/${lib%%:*}.c"; done
+  for lib in cuda:1 cudart:13 nvrtc:13 cublas:13 cublasLt:13 curand:10 nccl:2; do : > "$stubs/${lib%%:*}.c"; done
   for sym in "$@"; do
     l=$(lib_of "$sym"); [ -n "$l" ] || { echo "pack-candle: no library for $sym"; exit 1; }
     echo "void $sym(void) {}" >> "$stubs/${l%%:*}.c"
   done
-  for lib in cuda:1 cudart:13 nvrtc:13 cublas:13 cublasLt:13 curand:10; do
+  for lib in cuda:1 cudart:13 nvrtc:13 cublas:13 cublasLt:13 curand:10 nccl:2; do
     n=${lib%%:*}; gcc -shared -fPIC -o "$stubs/lib$n.so" "$stubs/$n.c" -Wl,-soname,"lib$n.so.${lib##*:}" || exit 1
   done
 }

@@ -13,14 +13,11 @@ common="--gguf $G --text $T --top-k 16 --context 200 --prompts 2 --device-buffer
 # A build with the projections on the GPU too (feature model-cuda, .gpu/candle-hisparse.xz from
 # docs/results/issue40-gpu/pack-candle.sh) runs as the backend "cuda-projections".
 bes="cuda cpu"
-if [ -f .gpu/candle-hisparse.xz ]; then
-  export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-  mkdir -p /tmp/candle-bin && python3 -c 'import lzma,sys; open(sys.argv[2],"wb").write(lzma.open(sys.argv[1]).read())' \
-    .gpu/candle-hisparse.xz /tmp/candle-bin/hisparse && chmod +x /tmp/candle-bin/hisparse && bes="cuda-projections $bes"
-fi
+. docs/results/issue52-model-cli/candle-bin.sh
+[ -n "$CANDLE_BIN" ] && bes="cuda-projections $bes"
 for tag in $bes; do
   B=.gpu/bin be=$tag
-  [ $tag = cuda-projections ] && { B=/tmp/candle-bin; be=cuda; }
+  [ $tag = cuda-projections ] && { B=$CANDLE_BIN; be=cuda; }
   timeout 120 $B/hisparse run $common --backend $be --out $R/run-$tag > $R/run-$tag.log 2>&1
   echo "run $tag rc=$?"; tail -n 12 $R/run-$tag.log
   timeout 120 $B/hisparse sweep $common --backend $be --concurrency 1,2 --out $R/sweep-$tag > $R/sweep-$tag.log 2>&1

@@ -13,11 +13,8 @@ T=hisparse-model/tests/data/apache-2.0.txt
 rm -rf "$R"; mkdir -p "$R" "$O"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv > $R/gpu.txt 2>&1
 bins="gpu:.gpu/bin"
-if [ -f .gpu/candle-hisparse.xz ]; then
-  export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-  mkdir -p /tmp/candle-bin && python3 -c 'import lzma,sys; open(sys.argv[2],"wb").write(lzma.open(sys.argv[1]).read())' \
-    .gpu/candle-hisparse.xz /tmp/candle-bin/hisparse && chmod +x /tmp/candle-bin/hisparse && bins="$bins gpu-projections:/tmp/candle-bin"
-fi
+. docs/results/issue52-model-cli/candle-bin.sh
+[ -n "$CANDLE_BIN" ] && bins="$bins gpu-projections:$CANDLE_BIN"
 for b in $bins cpu:.gpu/bin; do
   tag=${b%%:*} B=${b#*:} be=cuda
   [ $tag = cpu ] && be=cpu
