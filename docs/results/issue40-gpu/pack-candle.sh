@@ -52,6 +52,6 @@ for line in sys.stdin:
 [ -n "$exe" ] || { echo "pack-candle: the link failed (see $stubs/link.log)"; tail -5 "$stubs/link.log"; exit 1; }
 # Compressed (38 MB of candle's kernels; .gpu must stay under 64 MiB): issue41-tip/run-tests.sh
 # unpacks every .gpu/candle-*.xz on the GPU host.
-cp "$exe" "/tmp/test-$test" && strip "/tmp/test-$test"
-echo "pack-candle: test-$test needs: $(readelf -d "/tmp/test-$test" | grep -o 'lib[a-zA-Z]*\.so\.[0-9]*' | tr '\n' ' ')"
-xz -T2 -6 -c "/tmp/test-$test" > ".gpu/candle-$test.xz" && rm "/tmp/test-$test" && du -h ".gpu/candle-$test.xz"
+cp "$exe" "/tmp/pack-$test" && strip "/tmp/pack-$test"
+echo "pack-candle: $test needs: $(readelf -d "/tmp/pack-$test" | grep -o 'lib[a-zA-Z]*\.so\.[0-9]*' | tr '\n' ' ')"
+xz -T2 -6 -c "/tmp/pack-$test" > ".gpu/candle-$test.xz" && rm "/tmp/pack-$test" && du -h ".gpu/candle-$test.xz"

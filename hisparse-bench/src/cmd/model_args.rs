@@ -159,7 +159,10 @@ impl ModelArgs {
                 return Err(BenchError::flag("backend", "cuda", "no CUDA driver (libcuda.so) on this machine"));
             }
             return Device::new_cuda(0).map_err(|e| {
-                BenchError::flag("backend", "cuda", format!("the model's projections could not start on GPU 0: {e}"))
+                // candle's error may carry a backtrace after its first line.
+                let e = e.to_string();
+                let first = e.lines().next().unwrap_or_default();
+                BenchError::flag("backend", "cuda", format!("the model's projections could not start on GPU 0: {first}"))
             });
         }
         Ok(Device::Cpu)
