@@ -162,7 +162,11 @@ impl ModelArgs {
                 // candle's error may carry a backtrace after its first line.
                 let e = e.to_string();
                 let first = e.lines().next().unwrap_or_default();
-                BenchError::flag("backend", "cuda", format!("the model's projections could not start on GPU 0: {first}"))
+                BenchError::flag(
+                    "backend",
+                    "cuda",
+                    format!("the model's projections could not start on GPU 0: {first}"),
+                )
             });
         }
         Ok(Device::Cpu)
