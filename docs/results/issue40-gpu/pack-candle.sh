@@ -14,12 +14,15 @@
 set -uo pipefail
 pkg=${1:-hisparse-engine} test=${2:-gpu_candle} features=${3:-candle-cuda}
 target=(--test "$test")
+# A target folder of its own: these builds link CUDA's libraries (stubs here), and a program built
+# into target/release would replace the one the CPU runs use.
+tdir=${CANDLE_TARGET_DIR:-target/candle}
 case $test in bin:*) test=${test#bin:}; target=(--bin "$test") ;; esac
 . .ci/nvcc-env.sh >/dev/null
 stubs=${CUDA_STUBS:-$HOME/.cache/hisparse/cuda-stubs}
 mkdir -p "$stubs" .gpu/bin
 build() {
-  cargo rustc --release -p "$pkg" "${target[@]}" --features "$features" --message-format=json-render-diagnostics -- \
+  cargo rustc --release --target-dir "$tdir" -p "$pkg" "${target[@]}" --features "$features" --message-format=json-render-diagnostics -- \
     -L "native=$stubs" -C link-arg=-Wl,--error-limit=0 2> "$stubs/link.log"
 }
 lib_of() {
