@@ -20,9 +20,12 @@ run() { local name=$1; shift
   [ -f "$out/$name/eval.csv" ] && { echo "$name: done before"; return; }
   "$hs" eval "$@" --decode 500 --windows 2 --index-format int2:32,pages:16 --out "$out/$name" > "$out/$name.log" 2>&1
   echo "$name rc=$?"; }
-run legal-2k --text "$legal" --contexts 2048 --top-k 64,256,1024
-run code-2k "${code[@]}" --contexts 2048 --top-k 64,256,1024
-run prose-2k --text "$prose" --contexts 2048 --top-k 64,256,1024
+# The 2k cells again only with ALL=1 (they are recorded).
+if [ "${ALL:-0}" = 1 ]; then
+  run legal-2k --text "$legal" --contexts 2048 --top-k 64,256,1024
+  run code-2k "${code[@]}" --contexts 2048 --top-k 64,256,1024
+  run prose-2k --text "$prose" --contexts 2048 --top-k 64,256,1024
+fi
 run legal-8k --text "$legal" --contexts 7680 --top-k 64,256,1024
 run code-8k --text "$code8k" --contexts 7680 --top-k 64,256,1024
 run prose-8k --text "$prose" --contexts 7680 --top-k 64,256,1024
