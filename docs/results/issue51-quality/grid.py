@@ -8,7 +8,8 @@ cell is set against the dense run and the fp8 run of its own machine (its runs w
 perplexity is the same to the last digit), never against another machine's. A cell measured on
 two machines keeps the later run (the folders' names sort by date).
 
-Usage: python3 grid.py [FOLDER]   (prints the table; FOLDER defaults to this script's)
+Usage: python3 grid.py [--matrix] [FOLDER]   (prints the table, or with --matrix a row per text,
+context and top-k with each format's perplexity against dense; FOLDER defaults to this script's)
 """
 import csv
 import os
@@ -16,6 +17,8 @@ import sys
 
 TEXTS = ("legal", "code", "prose")
 FORMATS = ("fp8", "int4:32", "channels:16:64", "int2:32", "pages:16")
+# Their index bytes per token and layer for SmolLM2 (as each run's CSV says).
+BYTES = (196, 120, 100, 72, 48)
 
 
 def runs(folder):
@@ -86,6 +89,25 @@ def table(cells):
     return "\n".join(out)
 
 
+def matrix(cells):
+    """The grid in one screen: a row per text, context and top-k, a column per format, each cell
+    its perplexity against the dense run of the machine it ran on."""
+    out = ["| text | context | top-k | " + " | ".join(f"{f} ({b} B)" for f, b in zip(FORMATS, BYTES)) + " |",
+           "| --- | --- | --- |" + " --- |" * len(FORMATS)]
+    for text in TEXTS:
+        for ctx in sorted(c for t, c in cells if t == text):
+            machines = cells[(text, ctx)]
+            for k in sorted({k for m in machines.values() for _, k in m}):
+                row = []
+                for fmt in FORMATS:
+                    hit = [(d, m[(fmt, k)]) for d, m in machines.items() if (fmt, k) in m]
+                    row.append(pct(hit[-1][1][0], float(hit[-1][0])) if hit else "—")
+                out.append(f"| {text} | {ctx} | {k} | " + " | ".join(row) + " |")
+    return "\n".join(out)
+
+
 if __name__ == "__main__":
-    here = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
-    print(table(grid(here)))
+    args = [a for a in sys.argv[1:] if a != "--matrix"]
+    here = args[0] if args else os.path.dirname(os.path.abspath(__file__))
+    cells = grid(here)
+    print(matrix(cells) if "--matrix" in sys.argv else table(cells))
