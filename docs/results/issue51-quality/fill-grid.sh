@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Issue 51, item 2: the quality grid's cells for 2-bit keys (int2:32) and page summaries
 # (pages:16) at top-k 64, 256 and 1024, at 2k and 8k, on legal text, code and prose (fp8,
-# int4:32 and channels:16:64 have every cell; the 2k cells of these two were measured on
-# 2026-12-07: BENCHMARKS.md; the 8k ones remain — compare them with fp8 measured on the same
-# machine, whose numbers differ from other machines'). One eval per text and
+# int4:32 and channels:16:64 have every cell; these two's 2k cells were measured on 2026-12-07,
+# their 8k cells on 2026-12-08: BENCHMARKS.md; a machine's numbers differ from another's, so
+# compare a cell only with runs of the same machine). One eval per text and
 # context (one prefill for both formats), 2 windows of 500 scored tokens, alone on the machine
 # for hours (a 2k eval of 13 runs takes about 45 minutes on 2 cores).
 # Usage: bash fill-grid.sh HISPARSE LEGAL CODE... -- PROSE OUT_DIR
