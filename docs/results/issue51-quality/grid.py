@@ -6,7 +6,8 @@ Runs with the same text and context agree on dense attention's perplexity only w
 machines of the same arithmetic (BENCHMARKS.md, "2-bit keys and page summaries at 2k"): each
 cell is set against the dense run and the fp8 run of its own machine (its runs whose dense
 perplexity is the same to the last digit), never against another machine's. A cell measured on
-two machines keeps the later run (the folders' names sort by date).
+two machines keeps the later run (the folders' names sort by date); the matrix takes each row
+from the machine with the most cells at that top-k and marks a cell from another machine with *.
 
 Usage: python3 grid.py [--matrix] [FOLDER]   (prints the table, or with --matrix a row per text,
 context and top-k with each format's perplexity against dense; FOLDER defaults to this script's)
@@ -17,8 +18,6 @@ import sys
 
 TEXTS = ("legal", "code", "prose")
 FORMATS = ("fp8", "int4:32", "channels:16:64", "int2:32", "pages:16")
-# Their index bytes per token and layer for SmolLM2 (as each run's CSV says).
-BYTES = (196, 120, 100, 72, 48)
 
 
 def runs(folder):
@@ -39,7 +38,8 @@ def runs(folder):
 
 
 def grid(folder):
-    """Maps (text, context) to {"machines": {dense: {(format, top_k): (ppl, agreement, bytes, run)}}}."""
+    """Maps (text, context) to {dense perplexity (a machine): {(format, top_k): (perplexity,
+    agreement, index bytes, run, hisparse identical, select ms)}}."""
     cells = {}
     for name, text, rows in runs(folder):
         dense = [r for r in rows if r["attention"] == "dense"]
@@ -90,18 +90,26 @@ def table(cells):
 
 
 def matrix(cells):
-    """The grid in one screen: a row per text, context and top-k, a column per format, each cell
-    its perplexity against the dense run of the machine it ran on."""
-    out = ["| text | context | top-k | " + " | ".join(f"{f} ({b} B)" for f, b in zip(FORMATS, BYTES)) + " |",
+    """The grid in one screen: a row per text, context and top-k, a column per format (headed by
+    its index bytes, as the runs' CSVs give them), each cell its perplexity against the dense run
+    of the machine it ran on. A row's cells come from the machine with the most cells at that
+    top-k; a cell only another machine measured is marked *, comparable with dense alone."""
+    nbytes = {f: b for m in cells.values() for c in m.values() for (f, _), v in c.items() for b in [v[2]]}
+    out = ["| text | context | top-k | " + " | ".join(f"{f} ({nbytes.get(f, '?')} B)" for f in FORMATS) + " |",
            "| --- | --- | --- |" + " --- |" * len(FORMATS)]
     for text in TEXTS:
         for ctx in sorted(c for t, c in cells if t == text):
             machines = cells[(text, ctx)]
             for k in sorted({k for m in machines.values() for _, k in m}):
+                home = max(machines, key=lambda d: sum((f, k) in machines[d] for f in FORMATS))
                 row = []
                 for fmt in FORMATS:
-                    hit = [(d, m[(fmt, k)]) for d, m in machines.items() if (fmt, k) in m]
-                    row.append(pct(hit[-1][1][0], float(hit[-1][0])) if hit else "—")
+                    if (fmt, k) in machines[home]:
+                        row.append(pct(machines[home][(fmt, k)][0], float(home)))
+                        continue
+                    other = [(m[(fmt, k)][3], d) for d, m in machines.items() if (fmt, k) in m]
+                    d = max(other)[1] if other else None
+                    row.append(pct(machines[d][(fmt, k)][0], float(d)) + "*" if d else "—")
                 out.append(f"| {text} | {ctx} | {k} | " + " | ".join(row) + " |")
     return "\n".join(out)
 
